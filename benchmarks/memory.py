@@ -1,0 +1,315 @@
+"""Measure the real peak memory of sampling and of one training step, and compare it to the planner.
+
+Each (case, phase) runs in a fresh subprocess. On the CPU the peak is the process's peak resident set
+(VmHWM, reset through /proc/self/clear_refs after imports) minus the resident set after imports; on a GPU
+it is torch.cuda.max_memory_allocated minus what was allocated before. Models are built from configs
+with random weights (no download): the embedded tiny Llama and real shapes (some with fewer layers).
+
+    python benchmarks/memory.py                 # all CPU cases, markdown table on stdout
+    python benchmarks/memory.py --quick         # the small CPU cases only (~1 minute)
+    python benchmarks/memory.py --device cuda   # GPU cases: qwen3-0.6b and qwen3-1.7b shapes in bf16
+    python benchmarks/memory.py --case embedded --phase train   # one measurement
+
+Sampling goes through the project's GroupSampler (continuous policy, g slots, shared prompt KV, every
+completion forced to max length by disabling EOS). The training step lives in `measure_training_step`:
+token-budget micro-batches of infsamp.rl.logprobs, the GRPO loss of infsamp.rl.losses, backward, AdamW.
+
+Deliberately simple: one prompt per step; completions all of maximum length (the worst case the planner
+sizes for); random token ids.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from infsamp.planner import load_shape, plan_memory, with_layers  # noqa: E402
+from infsamp.planner.presets import ModelShape, shape_from_config  # noqa: E402
+
+MIB = 2**20
+NO_LIMIT = 2**50
+
+
+@dataclass(frozen=True)
+class Case:
+    model: str  # preset name or 'embedded'
+    layers: int = 0  # 0: the preset's own layer count
+    group_size: int = 8  # G
+    micro_group: int = 8  # g (sampling)
+    max_prompt: int = 64
+    max_completion: int = 128
+    train_sequences: int = 2  # sequences per training micro-batch
+    quick: bool = False
+    device: str = "cpu"
+
+    @property
+    def train_micro_batch_tokens(self) -> int:
+        return self.train_sequences * (self.max_prompt + self.max_completion)
+
+    @property
+    def dtype(self) -> str:
+        return "bf16" if self.device == "cuda" else "fp32"
+
+
+CASES: dict[str, Case] = {
+    "embedded": Case("embedded", group_size=64, micro_group=32, max_prompt=64, max_completion=512,
+                     train_sequences=16, quick=True),
+    "qwen3-0.6b-2l": Case("qwen3-0.6b", layers=2, group_size=16, micro_group=16, max_prompt=128,
+                          max_completion=256, train_sequences=4, quick=True),
+    "llama-3.2-1b-2l": Case("llama-3.2-1b", layers=2, group_size=16, micro_group=8, max_prompt=128,
+                            max_completion=256, train_sequences=4),
+    "qwen2.5-0.5b-8l": Case("qwen2.5-0.5b", layers=8, group_size=16, micro_group=16, max_prompt=128,
+                            max_completion=256, train_sequences=4),
+    "qwen3-0.6b-8l": Case("qwen3-0.6b", layers=8, group_size=8, micro_group=8, max_prompt=128,
+                          max_completion=384, train_sequences=4),
+    "qwen3-0.6b": Case("qwen3-0.6b", group_size=8, micro_group=8, max_prompt=128, max_completion=128,
+                       train_sequences=2),
+    "gpu-qwen3-0.6b": Case("qwen3-0.6b", group_size=32, micro_group=32, max_prompt=256, max_completion=1024,
+                           train_sequences=8, device="cuda"),
+    "gpu-qwen3-1.7b": Case("qwen3-1.7b", group_size=32, micro_group=32, max_prompt=256, max_completion=1024,
+                           train_sequences=4, device="cuda"),
+}
+PHASES = ("sample", "train")
+
+
+# --- models (child process only: torch is imported lazily) ----------------------------------------
+
+
+def case_shape(case: Case) -> ModelShape:
+    if case.model == "embedded":
+        return embedded_shape()
+    shape = load_shape(case.model)
+    return with_layers(shape, case.layers) if case.layers else shape
+
+
+def embedded_shape() -> ModelShape:
+    checkpoint = ROOT / "src/infsamp/models/embedded"
+    if (checkpoint / "config.json").exists():
+        return load_shape(str(checkpoint))
+    from infsamp.models.tiny import build_tokenizer, model_config
+
+    return shape_from_config(model_config(build_tokenizer()), name="embedded")
+
+
+def hf_config(shape: ModelShape):
+    """A transformers config of the shape's family (Qwen3: qk-norm, Qwen2: q/k/v bias, else Llama)."""
+    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+
+    family = Qwen3Config if shape.qk_norm else Qwen2Config if shape.attention_bias else LlamaConfig
+    extra = {} if family is Qwen2Config else {"head_dim": shape.head_dim}
+    return family(vocab_size=shape.vocab_size, hidden_size=shape.hidden_size,
+                  intermediate_size=shape.intermediate_size, num_hidden_layers=shape.num_hidden_layers,
+                  num_attention_heads=shape.num_attention_heads, num_key_value_heads=shape.num_key_value_heads,
+                  max_position_embeddings=shape.max_position_embeddings,
+                  tie_word_embeddings=shape.tie_word_embeddings, eos_token_id=None, bos_token_id=None,
+                  pad_token_id=0, **extra)
+
+
+def build_model(case: Case):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    dtype = torch.bfloat16 if case.dtype == "bf16" else torch.float32
+    torch.manual_seed(0)
+    config = hf_config(case_shape(case))
+    config._attn_implementation = "sdpa"
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype).to(case.device)
+    model.config.eos_token_id = None  # completions run to max length: the worst case
+    return model
+
+
+# --- the two measured phases -----------------------------------------------------------------------
+
+
+def measure_sampling(model, case: Case) -> None:
+    """G completions of one prompt, g at a time, through the project's sampler."""
+    import torch
+
+    from infsamp.config import SamplingConfig
+    from infsamp.sampling.sampler import GroupSampler
+
+    prompt = torch.randint(1, model.config.vocab_size, (case.max_prompt,)).tolist()
+    cfg = SamplingConfig(num_generations=case.group_size, policy="continuous", micro_group=case.micro_group,
+                         kv_budget=str(10**9), max_new_tokens=case.max_completion)
+    GroupSampler(model, None, cfg).sample([prompt], case.group_size)
+
+
+def random_sequences(vocab_size: int, num: int, prompt_len: int, completion_len: int):
+    import torch
+
+    prompts = torch.randint(1, vocab_size, (num, prompt_len)).tolist()
+    completions = torch.randint(1, vocab_size, (num, completion_len)).tolist()
+    return prompts, completions
+
+
+def measure_training_step(model, optimizer, prompts, completions, *, max_tokens: int,
+                          max_completion: int) -> None:
+    """One GRPO optimizer step over token-budget micro-batches (the lead may swap in the trainer's step)."""
+    import torch
+
+    from infsamp.rl.logprobs import build_micro_batches, micro_batch_logprobs
+    from infsamp.rl.losses import LOSS_TYPES, BatchTotals, per_token_loss
+
+    advantages = torch.randn(len(completions))  # [N]
+    totals = BatchTotals.from_lengths([len(c) for c in completions], max_completion)
+    for mb in build_micro_batches(prompts, completions, max_tokens=max_tokens, pad_token_id=0):
+        logps = micro_batch_logprobs(model, mb)  # [b, T_c]
+        loss, _ = per_token_loss(logps, None, None, mb.rows(advantages), epsilon_low=0.2, epsilon_high=0.2,
+                                 beta=0.0, mask=mb.completion_mask)
+        LOSS_TYPES["dapo"](loss, mb.completion_mask, totals).backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+# --- peak memory -----------------------------------------------------------------------------------
+
+
+def _status_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+class PeakMeter:
+    """Peak bytes above a baseline: CPU resident set (VmHWM) or CUDA max_memory_allocated."""
+
+    def __init__(self, device: str):
+        self.device = device
+        self.baseline = self._current()
+        self.reset()
+
+    def _current(self) -> int:
+        if self.device == "cuda":
+            import torch
+
+            return torch.cuda.memory_allocated()
+        return _status_kib("VmRSS") * 1024
+
+    def reset(self) -> None:
+        if self.device == "cuda":
+            import torch
+
+            torch.cuda.reset_peak_memory_stats()
+        else:
+            Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
+
+    def peak(self) -> int:
+        if self.device == "cuda":
+            import torch
+
+            return torch.cuda.max_memory_allocated() - self.baseline
+        return _status_kib("VmHWM") * 1024 - self.baseline
+
+
+def run_child(name: str, phase: str) -> dict:
+    case = CASES[name]
+    import torch
+
+    torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+    import infsamp.rl.logprobs  # noqa: F401  (imports before the baseline)
+    import infsamp.sampling.sampler  # noqa: F401
+    import transformers  # noqa: F401
+
+    meter = PeakMeter(case.device)
+    start = time.perf_counter()
+    model = build_model(case)
+    if phase == "sample":
+        measure_sampling(model, case)
+    else:
+        train_phase(model, case, meter)
+    return {"measured_bytes": meter.peak(), "seconds": round(time.perf_counter() - start, 1)}
+
+
+def train_phase(model, case: Case, meter: PeakMeter) -> None:
+    """A warm-up step on one short sequence creates the optimizer states; then the measured step."""
+    import torch
+
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    vocab = model.config.vocab_size
+    measure_training_step(model, optimizer, *random_sequences(vocab, 1, 4, 4), max_tokens=8, max_completion=4)
+    meter.reset()
+    prompts, completions = random_sequences(vocab, case.group_size, case.max_prompt, case.max_completion)
+    measure_training_step(model, optimizer, prompts, completions, max_tokens=case.train_micro_batch_tokens,
+                          max_completion=case.max_completion)
+
+
+# --- planner side and the table --------------------------------------------------------------------
+
+
+def planned_bytes(case: Case, phase: str) -> int:
+    """The planner's peak for what the child runs (no optimizer state while sampling alone)."""
+    plan = plan_memory(case_shape(case), gpu_memory_bytes=NO_LIMIT, group_size=case.group_size,
+                       max_prompt=case.max_prompt, max_completion=case.max_completion,
+                       micro_group=case.micro_group, train_micro_batch_tokens=case.train_micro_batch_tokens,
+                       optimizer="sgd" if phase == "sample" else "adamw", dtype=case.dtype, device=case.device)
+    parts = plan.generation if phase == "sample" else plan.training
+    # torch.cuda.max_memory_allocated excludes the CUDA context and the allocator's slack
+    return parts["peak"] - (parts["overhead"] if case.device == "cuda" else 0)
+
+
+def measure(name: str, phase: str) -> dict:
+    """Run one measurement in a fresh interpreter."""
+    command = [sys.executable, __file__, "--child", "--case", name, "--phase", phase]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+    if done.returncode != 0:
+        return {"error": (done.stderr.strip().splitlines() or ["failed"])[-1]}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def describe(case: Case, phase: str) -> str:
+    if phase == "sample":
+        return f"G={case.group_size}, g={case.micro_group}, P={case.max_prompt}, C={case.max_completion}"
+    return (f"{case.group_size} seqs of {case.max_prompt}+{case.max_completion}, "
+            f"micro-batch {case.train_micro_batch_tokens} tok")
+
+
+def table_row(name: str, phase: str, result: dict) -> str:
+    case = CASES[name]
+    shape = case_shape(case)
+    from infsamp.planner.presets import count_parameters
+
+    params = f"{count_parameters(shape) / 1e6:.1f}M"
+    planned = planned_bytes(case, phase)
+    if "error" in result:
+        return f"| {name} | {params} | {phase} | {describe(case, phase)} | error: {result['error']} | | |"
+    measured = result["measured_bytes"]
+    error = 100.0 * (planned - measured) / measured
+    return (f"| {name} | {params} | {phase} | {describe(case, phase)} | {measured / MIB:,.0f} | "
+            f"{planned / MIB:,.0f} | {error:+.1f}% | {result['seconds']} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--quick", action="store_true", help="small CPU cases only")
+    parser.add_argument("--case", choices=sorted(CASES), help="one case")
+    parser.add_argument("--phase", choices=PHASES, help="one phase")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps(run_child(args.case, args.phase)))
+        return 0
+    names = [args.case] if args.case else [n for n, c in CASES.items()
+                                           if c.device == args.device and (c.quick or not args.quick)]
+    print("| case | params | phase | setting | measured MiB | planned MiB | error | s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name in names:
+        for phase in [args.phase] if args.phase else PHASES:
+            print(table_row(name, phase, measure(name, phase)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

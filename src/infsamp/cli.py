@@ -1,0 +1,60 @@
+"""The `infsamp` command line: train, sample, bench, simulate, plan.
+
+Each subcommand lives in `infsamp.commands.<name>` and exposes `add_arguments(parser)` and
+`run(args) -> int`; this file only wires them up, imports them lazily (fast `--help`), and turns
+the project's expected errors into one clear line on stderr with exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from infsamp.errors import InfsampError
+
+SUBCOMMANDS = {
+    "train": "GRPO training (no arguments: the embedded demo)",
+    "sample": "run the sampler alone and print or write completions and statistics",
+    "bench": "benchmarks (bench sampling: all policies side by side)",
+    "simulate": "replay completion lengths through a scheduling policy without a model",
+    "plan": "memory plan: what fits on a GPU, and which switches make it fit",
+}
+
+
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="infsamp", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    wanted = next((a for a in argv if a in SUBCOMMANDS), None)
+    for name, help_text in SUBCOMMANDS.items():
+        sp = sub.add_parser(name, help=help_text, description=help_text)
+        if name == wanted:  # import only the module that will run
+            _module(name).add_arguments(sp)
+    return parser
+
+
+def _module(name: str):
+    return importlib.import_module(f"infsamp.commands.{name}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv:
+        argv = ["train"]
+    parser = build_parser(argv)
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    try:
+        return int(_module(args.command).run(args) or 0)
+    except InfsampError as err:
+        print(f"infsamp {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"infsamp {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

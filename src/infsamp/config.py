@@ -1,0 +1,402 @@
+"""The single source of configuration: a tree of dataclasses.
+
+YAML files and command-line flags (`--training.learning_rate 1e-5`) are both derived from this tree;
+each option's help text lives in its field's metadata and nowhere else. `load_config` validates
+types and values and raises `ConfigError` with one line that names the offending key.
+
+Deliberately simple: no interpolation, no includes; lists are given in YAML or as comma-separated
+strings on the command line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+EMBEDDED_MODEL = "embedded"
+EMBEDDED_TASK = "embedded:arithmetic"
+
+
+from infsamp.errors import InfsampError
+
+
+class ConfigError(InfsampError, ValueError):
+    """A configuration problem, reported as one line naming the key."""
+
+
+def opt(default: Any, help: str, **kw: Any) -> Any:
+    """A config field with its help text (the one place the help lives)."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata={"help": help, **kw})
+    return field(default=default, metadata={"help": help, **kw})
+
+
+@dataclass
+class ModelConfig:
+    name_or_path: str = opt(EMBEDDED_MODEL, "HF checkpoint directory, or 'embedded' for the bundled tiny model")
+    dtype: str = opt("auto", "weights dtype: auto (fp32 on CPU, bf16 on GPU), fp32, bf16, fp16",
+                     choices=("auto", "fp32", "bf16", "fp16"))
+    attn_implementation: str = opt("sdpa", "attention kernel passed to transformers (sdpa, eager, flash_attention_2)")
+    lora_rank: int = opt(0, "LoRA rank through peft; 0 trains all weights")
+    lora_alpha: int = opt(32, "LoRA alpha")
+    lora_dropout: float = opt(0.0, "LoRA dropout")
+    lora_target_modules: list[str] = opt(["all-linear"], "modules LoRA adapts (peft names)")
+    gradient_checkpointing: bool = opt(False, "recompute activations in the backward pass to save memory")
+    device: str = opt("auto", "auto, cpu or cuda[:N]")
+
+    def validate(self) -> None:
+        _require(self.lora_rank >= 0, "model.lora_rank", self.lora_rank, "must be >= 0")
+        if self.name_or_path != EMBEDDED_MODEL and not _looks_like_hub_id(self.name_or_path):
+            _require(Path(self.name_or_path).exists(), "model.name_or_path", self.name_or_path,
+                     "path does not exist")
+
+
+@dataclass
+class DataConfig:
+    dataset: str = opt(EMBEDDED_TASK, "embedded:arithmetic, a local .jsonl/.json path, or a datasets hub id")
+    dataset_config: str = opt("", "datasets config name (e.g. 'main' for openai/gsm8k)")
+    train_split: str = opt("train", "split used for training")
+    eval_split: str = opt("test", "split used for held-out evaluation")
+    prompt_column: str = opt("prompt", "column with the question / prompt text")
+    answer_column: str = opt("answer", "column with the reference answer")
+    answer_parser: str = opt("none", "how to read the reference: none, or gsm8k ('#### 42')",
+                             choices=("none", "gsm8k"))
+    system_prompt: str = opt("", "system prompt for chat models (empty: none)")
+    use_chat_template: str = opt("auto", "auto (if the tokenizer has one), always, never",
+                                 choices=("auto", "always", "never"))
+    num_train_examples: int = opt(4000, "embedded task: number of generated training problems")
+    num_eval_examples: int = opt(200, "embedded task: number of held-out problems")
+    max_prompt_length: int = opt(256, "prompts longer than this (tokens) are left-truncated")
+    seed: int = opt(1234, "seed of the embedded task generator")
+
+    def validate(self) -> None:
+        _require(self.max_prompt_length > 0, "data.max_prompt_length", self.max_prompt_length, "must be > 0")
+        _require(self.num_eval_examples >= 0, "data.num_eval_examples", self.num_eval_examples, "must be >= 0")
+        _require(self.num_train_examples > 0, "data.num_train_examples", self.num_train_examples, "must be > 0")
+        if self.dataset.endswith((".jsonl", ".json")):
+            _require(Path(self.dataset).exists(), "data.dataset", self.dataset, "path does not exist")
+
+
+@dataclass
+class RewardsConfig:
+    functions: list[str] = opt(["format", "accuracy"],
+                               "reward functions: built-in names (format, accuracy) or 'module:function'")
+    weights: list[float] = opt([], "one weight per function (default: all 1.0)")
+
+    def validate(self) -> None:
+        _require(len(self.functions) > 0, "rewards.functions", self.functions, "needs at least one function")
+        _require(not self.weights or len(self.weights) == len(self.functions), "rewards.weights",
+                 self.weights, f"needs {len(self.functions)} values, one per function")
+
+
+@dataclass
+class SamplingConfig:
+    num_generations: int = opt(8, "G: completions sampled per prompt (the group size)")
+    policy: str = opt("continuous", "full, rounds, continuous or length_aware")
+    micro_group: int = opt(0, "g: samples decoded at once; 0 derives it from kv_budget")
+    kv_budget: str = opt("auto", "KV-cache budget: tokens (8192), bytes ('2GiB') or auto")
+    max_new_tokens: int = opt(256, "maximum completion length in tokens")
+    temperature: float = opt(1.0, "sampling temperature (0 = greedy)")
+    top_p: float = opt(1.0, "nucleus sampling threshold")
+    top_k: int = opt(0, "top-k sampling (0 = off)")
+    predictor: str = opt("online", "length predictor for length_aware: online, none, oracle")
+    predictor_prefix_tokens: int = opt(16, "k: tokens decoded before a sample's length is re-predicted")
+    refill: str = opt("auto", "runtime refill order for length_aware: auto, sjf (shortest first), ljf")
+    grouping_epsilon: float = opt(0.1, "FPTAS epsilon of the global grouping (smaller: closer to optimal)")
+    engine: str = opt("auto", "decoding engine: auto, hf (transformers), vllm")
+
+    def validate(self) -> None:
+        _require(self.num_generations >= 2, "sampling.num_generations", self.num_generations,
+                 "must be >= 2 (GRPO compares samples within a group)")
+        _require(self.micro_group >= 0, "sampling.micro_group", self.micro_group, "must be >= 0")
+        _require(self.max_new_tokens > 0, "sampling.max_new_tokens", self.max_new_tokens, "must be > 0")
+        _require(self.temperature >= 0, "sampling.temperature", self.temperature, "must be >= 0")
+        _require(0 < self.top_p <= 1, "sampling.top_p", self.top_p, "must be in (0, 1]")
+        _require(self.top_k >= 0, "sampling.top_k", self.top_k, "must be >= 0")
+        _require(self.predictor_prefix_tokens >= 0, "sampling.predictor_prefix_tokens",
+                 self.predictor_prefix_tokens, "must be >= 0")
+        _require(self.grouping_epsilon > 0, "sampling.grouping_epsilon", self.grouping_epsilon, "must be > 0")
+        if self.kv_budget != "auto":
+            try:
+                parse_size(self.kv_budget)
+            except ValueError as err:
+                raise ConfigError(f"sampling.kv_budget: {err}") from None
+
+
+@dataclass
+class TrainingConfig:
+    max_steps: int = opt(60, "optimizer steps to run")
+    prompts_per_step: int = opt(4, "prompts per step; each is sampled G times")
+    learning_rate: float = opt(3e-4, "peak learning rate")
+    lr_scheduler: str = opt("constant_with_warmup", "transformers scheduler name (cosine, linear, constant...)")
+    warmup_ratio: float = opt(0.05, "fraction of steps spent warming up")
+    weight_decay: float = opt(0.0, "AdamW weight decay")
+    adam_beta1: float = opt(0.9, "AdamW beta1")
+    adam_beta2: float = opt(0.99, "AdamW beta2")
+    optimizer: str = opt("adamw", "adamw, adamw8bit (bitsandbytes) or sgd")
+    max_grad_norm: float = opt(1.0, "gradient clipping norm (0 = off)")
+    loss_type: str = opt("dapo", "token aggregation: grpo, dr_grpo, dapo, bnpo")
+    scale_rewards: str = opt("group", "advantage scaling: group, batch, none")
+    beta: float = opt(0.0, "KL coefficient to the reference model (0: no reference)")
+    epsilon: float = opt(0.2, "lower clip range of the ratio")
+    epsilon_high: float = opt(0.0, "upper clip range (0: same as epsilon)")
+    num_iterations: int = opt(1, "optimisation passes over each sampled batch (mu)")
+    train_micro_batch_tokens: int = opt(0, "tokens per training micro-batch; 0 = auto from the planner")
+    seed: int = opt(0, "seed for sampling, shuffling and initialisation")
+
+    def validate(self) -> None:
+        _require(self.max_steps > 0, "training.max_steps", self.max_steps, "must be > 0")
+        _require(self.prompts_per_step > 0, "training.prompts_per_step", self.prompts_per_step, "must be > 0")
+        _require(self.learning_rate >= 0, "training.learning_rate", self.learning_rate, "must be >= 0")
+        _require(0 <= self.warmup_ratio < 1, "training.warmup_ratio", self.warmup_ratio, "must be in [0, 1)")
+        _require(self.beta >= 0, "training.beta", self.beta, "must be >= 0")
+        _require(self.epsilon >= 0, "training.epsilon", self.epsilon, "must be >= 0")
+        _require(self.epsilon_high >= 0, "training.epsilon_high", self.epsilon_high, "must be >= 0")
+        _require(self.num_iterations >= 1, "training.num_iterations", self.num_iterations, "must be >= 1")
+        _require(self.max_grad_norm >= 0, "training.max_grad_norm", self.max_grad_norm, "must be >= 0")
+        _require(self.train_micro_batch_tokens >= 0, "training.train_micro_batch_tokens",
+                 self.train_micro_batch_tokens, "must be >= 0")
+        _check_choice("training.loss_type", self.loss_type, "infsamp.rl.losses", "LOSS_TYPES")
+        _check_choice("training.scale_rewards", self.scale_rewards, "infsamp.rl.advantages", "REWARD_SCALERS")
+        _require(self.optimizer in ("adamw", "adamw8bit", "sgd"), "training.optimizer", self.optimizer,
+                 "must be one of adamw, adamw8bit, sgd")
+
+
+@dataclass
+class EvalConfig:
+    every_steps: int = opt(0, "evaluate every N steps (0: only before and after training)")
+    num_problems: int = opt(200, "held-out problems evaluated (0 disables evaluation)")
+    temperature: float = opt(0.0, "decoding temperature for evaluation (0 = greedy)")
+    max_new_tokens: int = opt(0, "completion limit for evaluation (0: same as sampling)")
+
+    def validate(self) -> None:
+        _require(self.every_steps >= 0, "eval.every_steps", self.every_steps, "must be >= 0")
+        _require(self.num_problems >= 0, "eval.num_problems", self.num_problems, "must be >= 0")
+        _require(self.temperature >= 0, "eval.temperature", self.temperature, "must be >= 0")
+
+
+@dataclass
+class LoggingConfig:
+    output_dir: str = opt("runs/demo", "run folder: metrics.jsonl, plots, checkpoints, lengths.jsonl")
+    log_every: int = opt(1, "print a metrics line every N steps")
+    progress_bar: bool = opt(True, "show a tqdm progress bar")
+    plot: bool = opt(True, "write reward/accuracy plots (PNG) at the end")
+
+    def validate(self) -> None:
+        _require(self.log_every >= 1, "logging.log_every", self.log_every, "must be >= 1")
+
+
+@dataclass
+class CheckpointConfig:
+    save_every: int = opt(0, "save a checkpoint every N steps (0: only at the end)")
+    keep_last: int = opt(2, "number of step checkpoints kept")
+    resume: str = opt("", "checkpoint directory to resume from, or 'latest' in output_dir")
+
+    def validate(self) -> None:
+        _require(self.save_every >= 0, "checkpointing.save_every", self.save_every, "must be >= 0")
+        _require(self.keep_last >= 1, "checkpointing.keep_last", self.keep_last, "must be >= 1")
+        if self.resume and self.resume != "latest":
+            _require(Path(self.resume).exists(), "checkpointing.resume", self.resume, "path does not exist")
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rewards: RewardsConfig = field(default_factory=RewardsConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    checkpointing: CheckpointConfig = field(default_factory=CheckpointConfig)
+
+    def validate(self) -> "Config":
+        for section in dataclasses.fields(self):
+            getattr(self, section.name).validate()
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _require(ok: bool, key: str, value: Any, why: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}: {why} (got {value!r})")
+
+
+def _check_choice(key: str, value: str, module: str, registry: str) -> None:
+    import importlib
+
+    names = getattr(importlib.import_module(module), registry)
+    _require(value in names, key, value, f"must be one of {', '.join(sorted(names))}")
+
+
+def _looks_like_hub_id(name: str) -> bool:
+    return bool(re.fullmatch(r"[\w.-]+/[\w.-]+", name)) and not Path(name).exists()
+
+
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9, "t": 1e12,
+               "tb": 1e12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_size(text: str | int) -> int:
+    """'2GiB' -> bytes; a bare number stays a number (tokens or bytes, as the caller decides)."""
+    if isinstance(text, int):
+        return text
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
+    if not match or match.group(2).lower() not in _SIZE_UNITS:
+        raise ValueError(f"cannot read size {text!r} (use e.g. 8192, 512MiB, 2GiB, 24GB)")
+    value = float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()]
+    if value <= 0:
+        raise ValueError(f"size must be positive (got {text!r})")
+    return int(value)
+
+
+def size_is_bytes(text: str) -> bool:
+    """True when a size string carries a unit ('2GiB'), False for a bare token count ('8192')."""
+    return bool(re.search(r"[A-Za-z]", str(text)))
+
+
+def _coerce(value: Any, annotation: Any, key: str) -> Any:
+    """Convert `value` to the annotated type or raise ConfigError naming `key`."""
+    origin = typing.get_origin(annotation)
+    if origin in (list, typing.List):
+        (item_type,) = typing.get_args(annotation)
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        return [_coerce(v, item_type, key) for v in value]
+    if annotation is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "false", "0", "no"):
+            return value.lower() in ("true", "1", "yes")
+        raise ConfigError(f"{key}: expected true or false, got {value!r}")
+    if annotation is int:
+        if isinstance(value, bool) or not _is_intlike(value):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        return int(float(value)) if isinstance(value, str) else int(value)
+    if annotation is float:
+        try:
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{key}: expected a number, got {value!r}") from None
+    if annotation is str:
+        if isinstance(value, (dict, list)):
+            raise ConfigError(f"{key}: expected a string, got {value!r}")
+        return str(value)
+    return value
+
+
+def _is_intlike(value: Any) -> bool:
+    if isinstance(value, int):
+        return True
+    if isinstance(value, float):
+        return value.is_integer()
+    if isinstance(value, str):
+        try:
+            return float(value).is_integer()
+        except ValueError:
+            return False
+    return False
+
+
+def _section_types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def apply_overrides(cfg: Config, overrides: dict[str, Any]) -> Config:
+    """Set dotted keys ('training.learning_rate') on `cfg`, converting and checking types."""
+    for key, value in overrides.items():
+        section_name, _, name = key.partition(".")
+        if not hasattr(cfg, section_name) or not dataclasses.is_dataclass(getattr(cfg, section_name)):
+            raise ConfigError(f"{key}: unknown section {section_name!r} "
+                              f"(known: {', '.join(f.name for f in dataclasses.fields(Config))})")
+        section = getattr(cfg, section_name)
+        hints = _section_types(type(section))
+        if name not in hints:
+            raise ConfigError(f"{key}: unknown key (known in {section_name}: {', '.join(hints)})")
+        choices = _field(type(section), name).metadata.get("choices")
+        converted = _coerce(value, hints[name], key)
+        if choices and converted not in choices:
+            raise ConfigError(f"{key}: must be one of {', '.join(choices)} (got {converted!r})")
+        setattr(section, name, converted)
+    return cfg
+
+
+def _field(cls: type, name: str) -> dataclasses.Field:
+    return next(f for f in dataclasses.fields(cls) if f.name == name)
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{'a': {'b': 1}} -> {'a.b': 1}; a non-dict section value is kept as is for the error message."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict) and not prefix:
+            flat.update(flatten(value, dotted + "."))
+        else:
+            flat[dotted] = value
+    return flat
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"config file {path}: does not exist")
+    try:
+        tree = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"config file {path}{where}: not valid YAML") from None
+    if not isinstance(tree, dict):
+        raise ConfigError(f"config file {path}: top level must be a mapping of sections")
+    for section, value in tree.items():
+        if not isinstance(value, dict):
+            raise ConfigError(f"{section}: expected a mapping of options, got {value!r}")
+    return tree
+
+
+def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> Config:
+    """Defaults <- YAML file <- overrides, then validation. Raises ConfigError (one line)."""
+    cfg = Config()
+    if path is not None:
+        apply_overrides(cfg, flatten(read_yaml(path)))
+    apply_overrides(cfg, overrides or {})
+    return cfg.validate()
+
+
+def save_config(cfg: Config, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+
+
+def iter_options() -> typing.Iterator[tuple[str, Any, Any, str]]:
+    """(dotted key, type, default, help) for every option: drives the CLI flags and the docs."""
+    for section in dataclasses.fields(Config):
+        cls = section.default_factory  # type: ignore[misc]
+        hints = _section_types(cls)
+        defaults = cls()
+        for f in dataclasses.fields(cls):
+            yield f"{section.name}.{f.name}", hints[f.name], getattr(defaults, f.name), f.metadata.get("help", "")
+
+
+def type_name(annotation: Any) -> str:
+    if typing.get_origin(annotation) in (list, typing.List):
+        return f"list[{type_name(typing.get_args(annotation)[0])}]"
+    if isinstance(annotation, types.GenericAlias):
+        return str(annotation)
+    return getattr(annotation, "__name__", str(annotation))

@@ -1,0 +1,23 @@
+"""Errors the user can fix. The CLI prints them as one line (no traceback) and exits with code 2."""
+
+from __future__ import annotations
+
+
+class InfsampError(Exception):
+    """Base of every user-facing error: bad config, dataset row, reward function, model path, trace."""
+
+
+class DataError(InfsampError):
+    """A dataset, trace or prompt file that cannot be read; the message names the row or line."""
+
+
+class RewardError(InfsampError):
+    """A reward function that raised, returned the wrong count, or returned NaN."""
+
+
+class ModelError(InfsampError):
+    """A model path or checkpoint that cannot be loaded."""
+
+
+class SamplingError(InfsampError):
+    """A sampling request that cannot be served (prompt too long, budget too small, G < 1)."""

@@ -1,0 +1,236 @@
+"""`plan_memory`: pick g and the training micro-batch, say whether the run fits, and which switch fixes it.
+
+Also the two entry points the sampler and the trainer call at run time: `auto_kv_budget_tokens`
+(`sampling.kv_budget: auto`) and `auto_train_micro_batch_tokens` (`training.train_micro_batch_tokens: 0`).
+
+Advice is not a lookup table: each switch (LoRA, 8-bit AdamW, gradient checkpointing, no reference model,
+bf16) is applied to the inputs and the estimate is re-run; the smallest sets of switches that fit are named.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from infsamp.config import ConfigError
+from infsamp.planner.estimate import (DEVICES, DTYPE_BYTES, GIB, OPTIMIZERS, PlanInputs, activation_bytes_per_token,
+                                      decode_logits_bytes_per_row, generation_breakdown, inference_workspace_bytes,
+                                      kv_bytes_per_token, largest_micro_batch_sequences, largest_micro_group,
+                                      train_logits_bytes_per_row, training_breakdown)
+from infsamp.planner.presets import LORA_TARGETS_ALL_LINEAR, ModelShape
+
+DEFAULT_LORA_RANK = 16
+
+
+@dataclass
+class MemoryPlan:
+    """The answer of `plan_memory`; byte maps have the keys of estimate.PARTS plus 'peak'."""
+
+    fits: bool
+    micro_group: int  # g: samples decoded at once (0: not even one fits)
+    train_micro_batch_tokens: int  # padded tokens per training micro-batch (0: not even one sequence fits)
+    kv_budget_tokens: int  # KV tokens of the plan: shared prompt + g * max_completion
+    generation: dict[str, int]
+    training: dict[str, int]
+    peak_bytes: int
+    advice: list[str]
+    num_parameters: int
+    num_trainable_parameters: int
+    inputs: PlanInputs = field(repr=False)
+
+    @property
+    def train_micro_batch_sequences(self) -> int:
+        return self.train_micro_batch_tokens // self.inputs.seq_len
+
+    def to_dict(self) -> dict[str, Any]:
+        settings = {k: v for k, v in dataclasses.asdict(self.inputs).items() if k != "shape"}
+        return dict(fits=self.fits, micro_group=self.micro_group,
+                    train_micro_batch_tokens=self.train_micro_batch_tokens,
+                    train_micro_batch_sequences=self.train_micro_batch_sequences,
+                    kv_budget_tokens=self.kv_budget_tokens, generation=self.generation, training=self.training,
+                    peak_bytes=self.peak_bytes, gpu_memory_bytes=self.inputs.gpu_memory_bytes,
+                    advice=self.advice, num_parameters=self.num_parameters,
+                    num_trainable_parameters=self.num_trainable_parameters,
+                    model=dataclasses.asdict(self.inputs.shape), settings=settings)
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+
+# --- validation ------------------------------------------------------------------------------------
+
+
+def _check(ok: bool, key: str, value: Any, why: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}: {why} (got {value!r})")
+
+
+def validate_inputs(p: PlanInputs) -> None:
+    """One ConfigError line naming the first bad setting."""
+    _check(p.gpu_memory_bytes > 0, "gpu_memory", p.gpu_memory_bytes, "must be > 0")
+    for key in ("group_size", "max_prompt", "max_completion"):
+        _check(getattr(p, key) > 0, key, getattr(p, key), "must be > 0")
+    for key in ("lora_rank", "micro_group", "train_micro_batch_tokens"):
+        _check(getattr(p, key) >= 0, key, getattr(p, key), "must be >= 0")
+    _check(p.micro_group <= p.group_size, "micro_group", p.micro_group, f"must be <= group_size {p.group_size}")
+    _check(p.beta >= 0, "beta", p.beta, "must be >= 0")
+    _check(p.optimizer in OPTIMIZERS, "optimizer", p.optimizer, f"must be one of {', '.join(OPTIMIZERS)}")
+    _check(p.dtype in DTYPE_BYTES, "dtype", p.dtype, f"must be one of {', '.join(DTYPE_BYTES)}")
+    _check(p.device in DEVICES, "device", p.device, f"must be one of {', '.join(DEVICES)}")
+
+
+# --- the plan --------------------------------------------------------------------------------------
+
+
+def _choose(p: PlanInputs) -> tuple[int, int]:
+    """(g, micro-batch tokens) that fit; 0 for a part where nothing fits."""
+    if p.micro_group:
+        g = p.micro_group if generation_breakdown(p, p.micro_group)["peak"] <= p.gpu_memory_bytes else 0
+    else:
+        g = largest_micro_group(p)
+    if p.train_micro_batch_tokens:
+        tokens = max(p.train_micro_batch_tokens, p.seq_len)  # a longer sequence still gets its own micro-batch
+        fits = training_breakdown(p, tokens)["peak"] <= p.gpu_memory_bytes
+        return g, tokens if fits else 0
+    return g, largest_micro_batch_sequences(p) * p.seq_len
+
+
+def _evaluate(p: PlanInputs) -> tuple[int, int, dict[str, int], dict[str, int]]:
+    g, tokens = _choose(p)
+    generation = generation_breakdown(p, g or p.micro_group or 1)
+    training = training_breakdown(p, tokens or max(p.train_micro_batch_tokens, p.seq_len))
+    return g, tokens, generation, training
+
+
+def plan_memory(shape: ModelShape, *, gpu_memory_bytes: int, group_size: int, max_prompt: int,
+                max_completion: int, lora_rank: int = 0, optimizer: str = "adamw",
+                gradient_checkpointing: bool = False, beta: float = 0.0, dtype: str = "bf16",
+                device: str = "cuda", shared_prompt_kv: bool = True, micro_group: int = 0,
+                train_micro_batch_tokens: int = 0,
+                lora_targets: tuple[str, ...] = LORA_TARGETS_ALL_LINEAR) -> MemoryPlan:
+    """Estimate both phases, choose g and the micro-batch, and advise when it does not fit."""
+    p = PlanInputs(shape, int(gpu_memory_bytes), group_size, max_prompt, max_completion, lora_rank,
+                   tuple(lora_targets), optimizer, gradient_checkpointing, float(beta), dtype, device,
+                   shared_prompt_kv, micro_group, train_micro_batch_tokens)
+    validate_inputs(p)
+    g, tokens, generation, training = _evaluate(p)
+    fits = g > 0 and tokens > 0
+    kv_tokens = max(g, 1) * p.max_completion + p.max_prompt if p.shared_prompt_kv else max(g, 1) * p.seq_len
+    return MemoryPlan(fits=fits, micro_group=g, train_micro_batch_tokens=tokens, kv_budget_tokens=kv_tokens,
+                      generation=generation, training=training,
+                      peak_bytes=max(generation["peak"], training["peak"]),
+                      advice=[] if fits else advise(p, g, tokens), num_parameters=p.num_parameters,
+                      num_trainable_parameters=p.num_trainable, inputs=p)
+
+
+# --- advice: re-run the estimate with each switch ---------------------------------------------------
+
+
+def _only_if(condition: Callable[[PlanInputs], bool], **changes: Any) -> Callable[[PlanInputs], PlanInputs | None]:
+    return lambda p: dataclasses.replace(p, **changes) if condition(p) else None
+
+
+SWITCHES: dict[str, Callable[[PlanInputs], PlanInputs | None]] = {
+    f"--lora-rank {DEFAULT_LORA_RANK}": _only_if(lambda p: p.lora_rank == 0, lora_rank=DEFAULT_LORA_RANK),
+    "--optimizer adamw8bit": _only_if(lambda p: p.optimizer == "adamw", optimizer="adamw8bit"),
+    "--gradient-checkpointing": _only_if(lambda p: not p.gradient_checkpointing, gradient_checkpointing=True),
+    "--beta 0 (no reference model)": _only_if(lambda p: p.beta > 0 and p.lora_rank == 0, beta=0.0),
+    "--dtype bf16": _only_if(lambda p: p.dtype == "fp32", dtype="bf16"),
+}
+
+
+def _apply(p: PlanInputs, names: tuple[str, ...]) -> PlanInputs | None:
+    for name in names:
+        p = SWITCHES[name](p)
+        if p is None:
+            return None
+    return p
+
+
+def _describe(names: tuple[str, ...], p: PlanInputs, g: int, tokens: int) -> str:
+    peak = max(generation_breakdown(p, g)["peak"], training_breakdown(p, tokens)["peak"])
+    return (f"fits with {' + '.join(names)}: peak {peak / GIB:.2f} GiB, g = {g}, "
+            f"micro-batch {tokens} tokens ({tokens // p.seq_len} sequences)")
+
+
+def _switch_advice(p: PlanInputs) -> list[str]:
+    """The smallest combinations of switches that make the plan fit (all of that size)."""
+    for size in range(1, len(SWITCHES) + 1):
+        found = []
+        for names in itertools.combinations(SWITCHES, size):
+            changed = _apply(p, names)
+            if changed is not None:
+                g, tokens = _choose(changed)
+                if g and tokens:
+                    found.append(_describe(names, changed, g, tokens))
+        if found:
+            return found
+    return []
+
+
+def _smaller_setting_advice(p: PlanInputs, g: int, tokens: int) -> list[str]:
+    """A user-fixed g or micro-batch that is too large: the largest that fits."""
+    advice = []
+    if p.micro_group and not g:
+        best = largest_micro_group(dataclasses.replace(p, micro_group=0))
+        if best:
+            advice.append(f"fits with a smaller g: --micro-group {best} (or 0 for auto)")
+    if p.train_micro_batch_tokens and not tokens:
+        best = largest_micro_batch_sequences(p) * p.seq_len
+        if best:
+            advice.append(f"fits with a smaller micro-batch: --train-micro-batch-tokens {best} (or 0 for auto)")
+    return advice
+
+
+def advise(p: PlanInputs, g: int, tokens: int) -> list[str]:
+    advice = _smaller_setting_advice(p, g, tokens)
+    if advice:
+        return advice
+    advice = _switch_advice(p)
+    if advice:
+        return advice
+    minimum = dataclasses.replace(p, micro_group=1, train_micro_batch_tokens=p.seq_len)
+    need = max(generation_breakdown(minimum, 1)["peak"], training_breakdown(minimum, p.seq_len)["peak"])
+    return [f"does not fit even with every switch; these settings need {need / GIB:.2f} GiB at g = 1 and "
+            "one sequence per micro-batch: use a larger GPU, a smaller model or shorter sequences"]
+
+
+# --- run-time entry points for the sampler and the trainer -----------------------------------------
+
+
+def auto_kv_budget_tokens(shape: ModelShape, free_bytes: int, *, dtype: str = "bf16", max_micro_group: int = 1,
+                          prefill_tokens: int = 0, device: str = "cuda") -> int:
+    """KV-cache tokens that fit in `free_bytes` after the decoding workspace of `max_micro_group` rows.
+
+    `free_bytes`: memory the sampler may use now, with weights (and optimizer states, which stay resident
+    between steps) already subtracted; the runtime context is assumed already paid.
+    """
+    p = PlanInputs(shape, 1, max(max_micro_group, 1), max(prefill_tokens, 1), 1, dtype=dtype, device=device)
+    workspace = (max_micro_group * decode_logits_bytes_per_row(p)
+                 + inference_workspace_bytes(p, max(prefill_tokens, max_micro_group)))
+    usable = free_bytes / (1 + DEVICES[device].fragmentation) - workspace
+    return max(0, math.floor(usable / kv_bytes_per_token(shape, dtype)))
+
+
+def train_bytes_per_token(p: PlanInputs) -> float:
+    """Activations + logits of one padded training token (logits only on the completion share)."""
+    return activation_bytes_per_token(p) + train_logits_bytes_per_row(p) * p.max_completion / p.seq_len
+
+
+def auto_train_micro_batch_tokens(shape: ModelShape, free_bytes: int, *, max_prompt: int, max_completion: int,
+                                  dtype: str = "bf16", gradient_checkpointing: bool = False, lora_rank: int = 0,
+                                  device: str = "cuda") -> int:
+    """Padded tokens per training micro-batch that fit in `free_bytes` (memory left after weights,
+    reference, gradients and optimizer states), in whole sequences of max_prompt + max_completion;
+    at least one sequence (whether that fits is plan_memory's answer).
+    """
+    p = PlanInputs(shape, 1, 1, max_prompt, max_completion, lora_rank=lora_rank, dtype=dtype, device=device,
+                   gradient_checkpointing=gradient_checkpointing)
+    usable = free_bytes / (1 + DEVICES[device].fragmentation)
+    sequences = math.floor(usable / (train_bytes_per_token(p) * p.seq_len))
+    return max(sequences, 1) * p.seq_len

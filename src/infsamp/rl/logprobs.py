@@ -1,0 +1,200 @@
+"""Memory-bounded per-token log-probs of completions, in micro-batches sized by a token budget.
+
+Layout of a micro-batch: prompts LEFT-padded to the micro-batch's longest prompt, completions RIGHT-padded to
+its longest completion, so every completion occupies the last `T_c` positions:
+
+    [pad pad p p p | c c c pad]   attention_mask 0 0 1 1 1 | 1 1 1 0,  position_ids from the mask's cumsum
+
+The forward asks the model for only `T_c + 1` logits (`logits_to_keep`, so the lm_head runs on completion
+positions only) and drops the last one. Chosen-token log-probs are taken by `selective_log_softmax`, which
+runs logsumexp over row chunks in fp32 instead of materialising a full-vocabulary log-softmax of the
+micro-batch. Logits are divided by the sampling temperature first, as TRL does.
+
+Training loop these pieces are made for (one micro-batch of activations alive at a time):
+
+    totals = BatchTotals.from_lengths([len(c) for c in completions], max_completion_length)
+    for mb in build_micro_batches(prompts, completions, max_tokens=budget, pad_token_id=pad):
+        logps = micro_batch_logprobs(model, mb, temperature)              # [b, T_c], with grad
+        loss, stats = per_token_loss(logps, mb.gather(old), mb.gather(ref), mb.rows(advantages), ...)
+        LOSS_TYPES[loss_type](loss, mb.completion_mask, totals).backward()  # accumulates .grad
+
+Simplifications: sequences are never packed end to end (padding only); a model whose forward refuses
+`logits_to_keep` gets full logits which are then sliced (correct, but no memory saving).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+# --- planning: which sequences share a micro-batch ------------------------------------------------
+
+
+def _pack(order: Sequence[int], padded_size: Callable[[list[int]], int], max_tokens: int) -> list[list[int]]:
+    """Greedy packing of `order` into consecutive groups whose padded size stays <= max_tokens."""
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens: must be >= 1, got {max_tokens}")
+    batches: list[list[int]] = []
+    for index in order:
+        if batches and padded_size(batches[-1] + [index]) <= max_tokens:
+            batches[-1].append(index)
+        else:
+            batches.append([index])  # a sequence over budget on its own still gets a micro-batch
+    return batches
+
+
+def plan_micro_batches(seq_lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Sequence indices grouped so that count * longest length <= max_tokens; longest first."""
+    order = sorted(range(len(seq_lengths)), key=lambda i: -seq_lengths[i])
+    return _pack(order, lambda batch: len(batch) * max(seq_lengths[i] for i in batch), max_tokens)
+
+
+def plan_prompt_completion_batches(prompt_lengths: Sequence[int], completion_lengths: Sequence[int],
+                                   max_tokens: int) -> list[list[int]]:
+    """As plan_micro_batches, for the left/right-padded layout: count * (max prompt + max completion)."""
+    def padded_size(batch: list[int]) -> int:
+        return len(batch) * (max(prompt_lengths[i] for i in batch) + max(completion_lengths[i] for i in batch))
+
+    totals = [p + c for p, c in zip(prompt_lengths, completion_lengths)]
+    order = sorted(range(len(totals)), key=lambda i: (-totals[i], -completion_lengths[i]))
+    return _pack(order, padded_size, max_tokens)
+
+
+# --- tensors of one micro-batch -------------------------------------------------------------------
+
+
+@dataclass
+class MicroBatch:
+    indices: list[int]  # positions of these sequences in the step's batch
+    input_ids: Tensor  # [b, T_p + T_c]
+    attention_mask: Tensor  # [b, T_p + T_c]
+    position_ids: Tensor  # [b, T_p + T_c]
+    completion_ids: Tensor  # [b, T_c]
+    completion_mask: Tensor  # [b, T_c] float, 1 on real completion tokens
+
+    @property
+    def num_completion_positions(self) -> int:
+        return self.completion_ids.shape[1]
+
+    def rows(self, values: Tensor) -> Tensor:
+        """Pick this micro-batch's rows from a per-sequence tensor of the whole step ([N, ...] -> [b, ...])."""
+        return values[torch.as_tensor(self.indices, device=values.device)]
+
+    def gather(self, per_sequence: Sequence[Tensor] | None) -> Tensor | None:
+        """Right-pad this micro-batch's entries of a per-sequence list (e.g. old log-probs) to [b, T_c]."""
+        if per_sequence is None:
+            return None
+        out = torch.zeros(self.completion_mask.shape, dtype=torch.float32, device=self.completion_mask.device)
+        for row, index in enumerate(self.indices):
+            values = per_sequence[index]
+            out[row, : values.shape[0]] = values.to(out.device, torch.float32)
+        return out  # [b, T_c]
+
+
+def _pad_rows(rows: list[Sequence[int]], width: int, pad: int, left: bool) -> Tensor:
+    out = torch.full((len(rows), width), pad, dtype=torch.long)  # [b, width]
+    for i, row in enumerate(rows):
+        span = slice(width - len(row), width) if left else slice(0, len(row))
+        out[i, span] = torch.as_tensor(list(row), dtype=torch.long)
+    return out
+
+
+def _lengths_mask(lengths: list[int], width: int, left: bool) -> Tensor:
+    positions = torch.arange(width).unsqueeze(0)  # [1, width]
+    sizes = torch.as_tensor(lengths).unsqueeze(1)  # [b, 1]
+    return (positions >= width - sizes) if left else (positions < sizes)  # [b, width] bool
+
+
+def make_micro_batch(prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]],
+                     indices: list[int], pad_token_id: int, device: torch.device | str = "cpu") -> MicroBatch:
+    """Left-pad the prompts and right-pad the completions of `indices` into one micro-batch."""
+    prompts = [prompt_ids[i] for i in indices]
+    completions = [completion_ids[i] for i in indices]
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("make_micro_batch: an empty prompt has no token to predict the completion from")
+    width_p, width_c = max(map(len, prompts)), max(1, max(map(len, completions)))
+    prompt_mask = _lengths_mask([len(p) for p in prompts], width_p, left=True)  # [b, T_p]
+    completion_mask = _lengths_mask([len(c) for c in completions], width_c, left=False)  # [b, T_c]
+    attention_mask = torch.cat([prompt_mask, completion_mask], dim=1).long()  # [b, T_p + T_c]
+    completion_tensor = _pad_rows(completions, width_c, pad_token_id, left=False)  # [b, T_c]
+    input_ids = torch.cat([_pad_rows(prompts, width_p, pad_token_id, left=True), completion_tensor], dim=1)
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # [b, T_p + T_c]
+    return MicroBatch(indices, input_ids.to(device), attention_mask.to(device), position_ids.to(device),
+                      completion_tensor.to(device), completion_mask.float().to(device))
+
+
+def build_micro_batches(prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]], *,
+                        max_tokens: int, pad_token_id: int, device: torch.device | str = "cpu",
+                        indices: Sequence[int] | None = None):
+    """Yield MicroBatch objects covering `indices` (default: all) within the padded token budget.
+
+    A generator: each micro-batch's tensors are built only when the loop reaches it. Re-calling it with the
+    indices of a failed micro-batch and a smaller budget splits just that part (out-of-memory retry).
+    """
+    chosen = list(range(len(completion_ids))) if indices is None else list(indices)
+    plan = plan_prompt_completion_batches([len(prompt_ids[i]) for i in chosen],
+                                          [len(completion_ids[i]) for i in chosen], max_tokens)
+    for batch in plan:
+        yield make_micro_batch(prompt_ids, completion_ids, [chosen[j] for j in batch], pad_token_id, device)
+
+
+# --- log-probs --------------------------------------------------------------------------------------
+
+
+def selective_log_softmax(logits: Tensor, index: Tensor, chunk_rows: int = 256) -> Tensor:
+    """log_softmax(logits).gather(index) without a full [b, t, V] log-softmax: fp32 logsumexp per row chunk."""
+    flat_logits = logits.reshape(-1, logits.shape[-1])  # [R, V]
+    flat_index = index.reshape(-1, 1)  # [R, 1]
+    pieces = []
+    for start in range(0, flat_logits.shape[0], chunk_rows):
+        chunk = flat_logits[start: start + chunk_rows].float()  # [r, V]
+        chosen = chunk.gather(-1, flat_index[start: start + chunk_rows]).squeeze(-1)  # [r]
+        pieces.append(chosen - torch.logsumexp(chunk, dim=-1))  # [r]
+    return torch.cat(pieces).reshape(index.shape)  # [b, t]
+
+
+def _completion_logits(model: torch.nn.Module, mb: MicroBatch) -> Tensor:
+    """Logits predicting each completion position: [b, T_c, V]."""
+    keep = mb.num_completion_positions + 1
+    inputs = dict(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=mb.position_ids,
+                  use_cache=False)
+    try:
+        logits = model(**inputs, logits_to_keep=keep).logits  # [b, T_c + 1, V]
+    except TypeError:  # a model without logits_to_keep: full logits, then slice
+        logits = model(**inputs).logits[:, -keep:]  # [b, T_c + 1, V]
+    return logits[:, :-1]  # [b, T_c, V]
+
+
+def micro_batch_logprobs(model: torch.nn.Module, mb: MicroBatch, temperature: float = 1.0,
+                         chunk_rows: int = 256) -> Tensor:
+    """Per-token log-probs [b, T_c] (fp32) of the micro-batch's completions; grad follows torch's mode.
+
+    Padded completion positions hold meaningless values: multiply by `mb.completion_mask`.
+    """
+    logits = _completion_logits(model, mb)  # [b, T_c, V]
+    if temperature > 0 and temperature != 1.0:  # temperature 0 (greedy) leaves logits unscaled
+        logits = logits / temperature
+    return selective_log_softmax(logits, mb.completion_ids, chunk_rows)  # [b, T_c]
+
+
+def sequence_logprobs(model: torch.nn.Module, prompt_ids: Sequence[Sequence[int]],
+                      completion_ids: Sequence[Sequence[int]], *, max_tokens: int, pad_token_id: int,
+                      temperature: float = 1.0, grad: bool = False) -> list[Tensor]:
+    """Log-probs of every completion token, one 1-D fp32 tensor per sequence, in the input order.
+
+    For old / reference log-probs (grad=False). With grad=True every micro-batch's graph stays alive; for
+    training use the build_micro_batches loop in the module docstring instead.
+    """
+    device = next(model.parameters()).device
+    out: list[Tensor] = [torch.empty(0)] * len(completion_ids)
+    with torch.set_grad_enabled(grad):
+        for mb in build_micro_batches(prompt_ids, completion_ids, max_tokens=max_tokens,
+                                      pad_token_id=pad_token_id, device=device):
+            logps = micro_batch_logprobs(model, mb, temperature)  # [b, T_c]
+            for row, index in enumerate(mb.indices):
+                out[index] = logps[row, : len(completion_ids[index])]
+    return out

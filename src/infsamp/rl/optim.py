@@ -1,0 +1,57 @@
+"""Optimizers (a small registry) and the learning-rate schedule.
+
+`adamw` and `sgd` come from torch; `adamw8bit` from bitsandbytes, which needs a CUDA GPU: asking for
+it elsewhere ends in one clear error. The schedule is transformers' `get_scheduler`.
+
+Deliberately simple: one parameter group (no per-layer learning rates).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from transformers import get_scheduler
+
+from infsamp.config import TrainingConfig
+from infsamp.errors import InfsampError
+
+
+def _adamw(params, cfg: TrainingConfig) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(params, lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2),
+                             weight_decay=cfg.weight_decay)
+
+
+def _adamw8bit(params, cfg: TrainingConfig) -> torch.optim.Optimizer:
+    if not torch.cuda.is_available():
+        raise InfsampError("training.optimizer adamw8bit: bitsandbytes 8-bit AdamW needs a CUDA GPU "
+                           "(use adamw on CPU)")
+    try:
+        import bitsandbytes as bnb
+    except ImportError:
+        raise InfsampError("training.optimizer adamw8bit: bitsandbytes is not installed "
+                           "(pip install 'infsamp[gpu]')") from None
+    return bnb.optim.AdamW8bit(params, lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2),
+                               weight_decay=cfg.weight_decay)
+
+
+def _sgd(params, cfg: TrainingConfig) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+
+
+OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
+    "adamw": _adamw, "adamw8bit": _adamw8bit, "sgd": _sgd}
+
+
+def build_optimizer(model: torch.nn.Module, cfg: TrainingConfig) -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if p.requires_grad]
+    return OPTIMIZERS[cfg.optimizer](params, cfg)
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainingConfig):
+    num_warmup = int(round(cfg.warmup_ratio * cfg.max_steps))
+    try:
+        return get_scheduler(cfg.lr_scheduler, optimizer, num_warmup_steps=num_warmup,
+                             num_training_steps=cfg.max_steps)
+    except ValueError as err:
+        raise InfsampError(f"training.lr_scheduler {cfg.lr_scheduler!r}: {str(err).splitlines()[0]}") from None

@@ -1,0 +1,118 @@
+"""Run outputs: per-step JSONL metrics, console lines, a tqdm bar, the lengths trace and PNG plots.
+
+Files in the run folder: `metrics.jsonl` (one object per step, TRL metric names where they exist),
+`eval.jsonl` (held-out accuracy by step), `lengths.jsonl` (one line per sampled group, the trace that
+`infsamp simulate` replays), `plots/training.png`. Lines are appended and flushed, so a crash loses at
+most the step in flight; a resumed run truncates them back to the checkpoint's step.
+
+Deliberately simple: no TensorBoard/W&B integration; the JSONL files are easy to load into either.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+CONSOLE_KEYS = ("reward", "accuracy", "reward_std", "frac_reward_zero_std", "completions/mean_length",
+                "loss", "kl", "clip_ratio/region_mean", "sampling/decode_steps", "step_time")
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def append_jsonl(path: Path, record: dict[str, Any]) -> None:
+    with path.open("a") as fh:
+        fh.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def truncate_after_step(path: Path, step: int) -> None:
+    """Drop records past `step` (a resumed run rewrites them)."""
+    if path.exists():
+        kept = [r for r in read_jsonl(path) if r.get("step", 0) <= step]
+        path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+
+
+class RunLogger:
+    def __init__(self, output_dir: Path, max_steps: int, start_step: int, log_every: int, progress_bar: bool):
+        self.dir = output_dir
+        self.log_every = log_every
+        for name in ("metrics.jsonl", "eval.jsonl", "lengths.jsonl"):
+            truncate_after_step(self.dir / name, start_step)
+        self.bar = tqdm(total=max_steps, initial=start_step, desc="grpo", unit="step", disable=not progress_bar,
+                        dynamic_ncols=True)
+
+    def log_step(self, step: int, metrics: dict[str, Any]) -> None:
+        append_jsonl(self.dir / "metrics.jsonl", {"step": step, **metrics})
+        self.bar.update(1)
+        self.bar.set_postfix(reward=f"{metrics.get('reward', float('nan')):.3f}",
+                             len=f"{metrics.get('completions/mean_length', 0):.0f}")
+        if step % self.log_every == 0:
+            shown = " ".join(f"{k}={_fmt(metrics[k])}" for k in CONSOLE_KEYS if k in metrics)
+            self.bar.write(f"step {step}: {shown}")
+
+    def log_eval(self, step: int, metrics: dict[str, Any]) -> None:
+        append_jsonl(self.dir / "eval.jsonl", {"step": step, **metrics})
+        self.bar.write(f"eval @ step {step}: " + " ".join(f"{k}={_fmt(v)}" for k, v in metrics.items()))
+
+    def log_lengths(self, step: int, groups: list[dict[str, Any]]) -> None:
+        with (self.dir / "lengths.jsonl").open("a") as fh:
+            for group in groups:
+                fh.write(json.dumps({"step": step, **group}) + "\n")
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def plot_run(output_dir: Path) -> Path | None:
+    """reward and held-out accuracy against step -> plots/training.png."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metrics, evals = read_jsonl(output_dir / "metrics.jsonl"), read_jsonl(output_dir / "eval.jsonl")
+    if not metrics:
+        return None
+    fig, (ax_reward, ax_len) = plt.subplots(1, 2, figsize=(11, 4))
+    steps = [m["step"] for m in metrics]
+    ax_reward.plot(steps, [m.get("reward") for m in metrics], label="train reward", color="tab:blue", alpha=0.6)
+    ax_reward.set_xlabel("step")
+    ax_reward.set_ylabel("mean reward")
+    if evals:
+        ax_acc = ax_reward.twinx()
+        ax_acc.plot([e["step"] for e in evals], [e.get("eval/accuracy") for e in evals], "o-", color="tab:red",
+                    label="held-out accuracy")
+        ax_acc.set_ylabel("held-out accuracy")
+        ax_acc.set_ylim(0, 1)
+        ax_acc.legend(loc="lower right")
+    ax_reward.legend(loc="upper left")
+    ax_len.plot(steps, [m.get("completions/mean_length") for m in metrics], label="mean length")
+    ax_len.plot(steps, [m.get("completions/max_length") for m in metrics], label="max length", alpha=0.6)
+    ax_len.set_xlabel("step")
+    ax_len.set_ylabel("completion tokens")
+    ax_len.legend()
+    fig.tight_layout()
+    path = output_dir / "plots" / "training.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

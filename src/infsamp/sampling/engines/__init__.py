@@ -1,0 +1,1 @@
+"""Decoding engines behind the sampler: `slots` (transformers model forward, CPU/GPU) and, later, vLLM."""

@@ -1,0 +1,59 @@
+"""Next-token selection whose randomness belongs to the sample, not to the batch.
+
+Greedy (temperature 0) is an argmax. Otherwise tokens are drawn by the Gumbel-max trick:
+argmax(logits / T + Gumbel noise), which samples exactly from softmax(logits / T). The noise of sample s
+at its n-th token is a counter-based hash of (seed, s, n, vocab index), so a sample draws the same random
+numbers whichever slot, round or batch it lands in: the policies differ only in schedule, not in outcome
+(up to floating-point differences of the logits). top-k / top-p use transformers' logits warpers.
+
+Deliberately simple: a 32-bit integer hash (lowbias32), 24-bit uniforms; ample for sampling, not crypto.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
+
+from infsamp.sampling.engines.base import DecodeOptions
+
+_MASK32 = 0xFFFFFFFF
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """lowbias32 finaliser on int64 tensors holding 32-bit values (products wrap, the mask keeps 32 bits)."""
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _MASK32
+    x = x ^ (x >> 15)
+    x = (x * 0x846CA68B) & _MASK32
+    return x ^ (x >> 16)
+
+
+def uniform_noise(seed: int, sample_ids: torch.Tensor, num_generated: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """U(0,1) noise [S, V] that depends only on (seed, sample id, token index, vocab index)."""
+    per_sample = _mix32((sample_ids * 0x9E3779B1 + (seed & _MASK32)) & _MASK32)  # [S]
+    per_token = _mix32((per_sample + num_generated * 0x85EBCA77) & _MASK32)  # [S]
+    vocab = torch.arange(vocab_size, device=sample_ids.device) * 0xC2B2AE3D  # [V]
+    bits = _mix32((per_token[:, None] + vocab[None, :]) & _MASK32)  # [S, V]
+    return ((bits >> 8).to(torch.float32) + 0.5) / float(1 << 24)
+
+
+def build_warpers(options: DecodeOptions) -> list:
+    warpers = []
+    if options.top_k > 0:
+        warpers.append(TopKLogitsWarper(top_k=options.top_k))
+    if options.top_p < 1.0:
+        warpers.append(TopPLogitsWarper(top_p=options.top_p))
+    return warpers
+
+
+def select_tokens(scores: torch.Tensor, sample_ids: torch.Tensor, num_generated: torch.Tensor,
+                  options: DecodeOptions, warpers: list) -> torch.Tensor:
+    """Next token per row of `scores` [S, V] (float32 logits after any custom processor) -> [S]."""
+    if options.temperature == 0:
+        return scores.argmax(dim=-1)
+    scores = scores / options.temperature
+    for warper in warpers:
+        scores = warper(None, scores)
+    noise = uniform_noise(options.seed, sample_ids, num_generated, scores.shape[-1])  # [S, V]
+    gumbel = -torch.log(-torch.log(noise))
+    return (scores + gumbel).argmax(dim=-1)

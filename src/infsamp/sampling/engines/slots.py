@@ -1,0 +1,270 @@
+"""The slot engine: g decode slots over a transformers causal LM, with each group's prompt KV held once.
+
+Memory layout (per layer, keys and values alike):
+
+    prompt table  [R, H_kv, P_max, D]   one row per group alive now (prompt minus its last token)
+    slot buffers  [S, H_kv, C, D]       one row per slot, C = max_new_tokens; preallocated, never regrown
+
+A sample of length L occupies its slot for exactly L decode steps: step 1 feeds the prompt's last token,
+step n writes the KV of its input at column n-1 of the slot row. Each step the cache object below hands
+the model `cat(prompt rows of the slots' groups, slot columns [0, W))` with a [S, 1, 1, P_max + W] mask,
+so attention sees the group's shared prompt plus the slot's own tokens and nothing else. Rotary
+positions are explicit (`position_ids = prompt_len - 1 + n`), so the order of key columns is free.
+
+Why not transformers' continuous batching (checked on 5.24): its loop runs in a background thread,
+draws tokens with one global `torch.multinomial` (no per-sample random streams, so policies could not
+agree sample for sample), accepts only its fixed temperature/top-k/top-p processors (no per-sample
+forced lengths), and forks the `num_return_sequences` children of a request all at prefill time, so a
+slot refilled later with the 20th sample of a group has no parent whose prompt blocks it can share.
+This file is the missing piece: about 200 lines over the model's ordinary forward.
+
+Deliberately simple: the concatenation is one temporary per layer and step (a paged kernel would read
+the shared rows in place); rows of inactive slots are computed and ignored, as `generate` does.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+from infsamp.sampling.engines.base import DecodeOptions, EngineCounters, SlotLogitsProcessor
+from infsamp.sampling.engines.select import build_warpers, select_tokens
+
+
+class SlotKVCache:
+    """Duck-typed transformers cache: the model calls `update(k, v, layer_idx)` once per layer and step."""
+
+    def __init__(self, num_layers: int, num_slots: int, slot_capacity: int, kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device):
+        shape = (num_slots, kv_heads, slot_capacity, head_dim)
+        self.slot_keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.slot_values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        empty = (0, kv_heads, 0, head_dim)
+        self.prompt_keys = [torch.zeros(empty, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.prompt_values = [torch.zeros(empty, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.group_rows: dict[int, int] = {}  # group id -> row of the prompt table
+        self.prompt_lengths: list[int] = []  # KV tokens of each row (prompt length - 1)
+        self.slot_index = torch.arange(num_slots, device=device)
+        self.step_rows: torch.Tensor | None = None  # [S] prompt row of each slot this step; None: one row
+        self.write_index = torch.zeros(num_slots, dtype=torch.long, device=device)  # [S]
+        self.width = 1  # slot columns attended this step
+
+    # ---- prompt table
+    def add_prompt(self, group_id: int, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor]) -> None:
+        """Append a group's prompt KV (per layer [1, H, P-1, D]) as a new row of the table."""
+        self.group_rows[group_id] = len(self.prompt_lengths)
+        self.prompt_lengths.append(keys[0].shape[2])
+        self.prompt_keys = [_append_row(t, k) for t, k in zip(self.prompt_keys, keys)]
+        self.prompt_values = [_append_row(t, v) for t, v in zip(self.prompt_values, values)]
+
+    def drop_prompt(self, group_id: int) -> None:
+        row = self.group_rows.pop(group_id)
+        del self.prompt_lengths[row]
+        self.group_rows = {g: r - (r > row) for g, r in self.group_rows.items()}
+        width = max(self.prompt_lengths, default=0)
+        keep = [r for r in range(len(self.prompt_lengths) + 1) if r != row]
+        self.prompt_keys = [t[keep, :, :width].contiguous() for t in self.prompt_keys]
+        self.prompt_values = [t[keep, :, :width].contiguous() for t in self.prompt_values]
+
+    def held_tensors(self) -> list[torch.Tensor]:
+        return self.slot_keys + self.slot_values + self.prompt_keys + self.prompt_values
+
+    def held_tokens(self) -> int:
+        num_slots, _, capacity, _ = self.slot_keys[0].shape
+        num_rows, _, prompt_width, _ = self.prompt_keys[0].shape
+        return num_slots * capacity + num_rows * prompt_width
+
+    # ---- per step
+    def prepare_step(self, slot_rows: list[int], write_index: list[int], is_causal_eager: bool) -> torch.Tensor:
+        """Set this step's layout; returns the attention mask [S, 1, 1, P_max + W] (bool, or additive)."""
+        self.write_index = torch.tensor(write_index, device=self.slot_index.device)  # [S]
+        self.width = max(write_index) + 1
+        num_rows = len(self.prompt_lengths)
+        self.step_rows = None if num_rows <= 1 else torch.tensor(slot_rows, device=self.slot_index.device)
+        lengths = torch.tensor([self.prompt_lengths[r] if num_rows else 0 for r in slot_rows],
+                               device=self.slot_index.device)  # [S]
+        prompt_cols = torch.arange(self.prompt_keys[0].shape[2], device=lengths.device)
+        slot_cols = torch.arange(self.width, device=lengths.device)
+        mask = torch.cat([prompt_cols[None, :] < lengths[:, None],
+                          slot_cols[None, :] <= self.write_index[:, None]], dim=1)  # [S, P_max + W]
+        mask = mask[:, None, None, :]
+        if is_causal_eager:
+            return torch.zeros(mask.shape, dtype=self.slot_keys[0].dtype, device=mask.device).masked_fill(
+                ~mask, torch.finfo(self.slot_keys[0].dtype).min)
+        return mask
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, **_: Any):
+        """Write the step's K/V [S, H, 1, D] at each slot's column; return prompt + slot K/V to attend."""
+        slot_k, slot_v = self.slot_keys[layer_idx], self.slot_values[layer_idx]
+        slot_k[self.slot_index, :, self.write_index] = key_states[:, :, 0]
+        slot_v[self.slot_index, :, self.write_index] = value_states[:, :, 0]
+        keys = self._with_prompt(self.prompt_keys[layer_idx], slot_k[:, :, : self.width])
+        values = self._with_prompt(self.prompt_values[layer_idx], slot_v[:, :, : self.width])
+        return keys, values  # [S, H, P_max + W, D]
+
+    def _with_prompt(self, table: torch.Tensor, slot_part: torch.Tensor) -> torch.Tensor:
+        if table.shape[0] == 0 or table.shape[2] == 0:
+            return slot_part
+        rows = table.expand(slot_part.shape[0], -1, -1, -1) if self.step_rows is None else table[self.step_rows]
+        return torch.cat([rows, slot_part], dim=2)
+
+    # transformers' mask helpers look for these on cache objects
+    is_sliding = is_linear = is_dummy = ()
+
+
+def _append_row(table: torch.Tensor, row: torch.Tensor) -> torch.Tensor:
+    width = max(table.shape[2], row.shape[2])
+    table = torch.nn.functional.pad(table, (0, 0, 0, width - table.shape[2]))
+    row = torch.nn.functional.pad(row, (0, 0, 0, width - row.shape[2]))
+    return torch.cat([table, row], dim=0)
+
+
+class SlotEngine:
+    """Executes a SlotScheduler's decisions on a transformers model (see module docstring)."""
+
+    def __init__(self, model, prompts: Sequence[Sequence[int]], group_sizes: Sequence[int], num_slots: int,
+                 slot_capacity: int, options: DecodeOptions, processor: SlotLogitsProcessor | None = None):
+        self.model, self.prompts, self.options, self.processor = model, prompts, options, processor
+        config = model.config
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        param = next(model.parameters())
+        self.device = param.device
+        self.cache = SlotKVCache(config.num_hidden_layers, num_slots, slot_capacity, kv_heads, head_dim,
+                                 param.dtype, param.device)
+        self.eager_mask = getattr(config, "_attn_implementation", "sdpa") == "eager"
+        self.cache_kwarg = _cache_kwarg_name(model)
+        self.warpers = build_warpers(options)
+        self.eos_ids = set(options.eos_token_ids)
+        self.remaining = {g: n for g, n in enumerate(group_sizes)}  # samples of a group not yet ended
+        self.slot_sample: list[Any | None] = [None] * num_slots  # SampleSpec per slot
+        self.slot_group_row = [0] * num_slots
+        self.generated: dict[int, list[int]] = {}
+        self.finish: dict[int, str] = {}
+        self.counters = EngineCounters()
+        self._track_peak()
+
+    # ---- Engine protocol
+    def start(self, slot: int, spec: Any) -> None:
+        previous = self.slot_sample[slot]
+        if previous is not None and previous.sample_id not in self.finish:
+            self._preempt(slot)
+        if spec.group_id not in self.cache.group_rows:
+            self._prefill(spec.group_id)
+        old_tokens = self.generated.get(spec.sample_id)
+        if old_tokens:
+            self.counters.recomputed_tokens += len(old_tokens)
+        self.generated[spec.sample_id] = []
+        self.slot_sample[slot] = spec
+
+    def decode_step(self, active: dict[int, Any]) -> list[tuple[int, int]]:
+        self._drop_preempted(active)
+        slots = sorted(active)
+        inputs, positions, write_index, rows = self._step_layout()
+        mask = self.cache.prepare_step(rows, write_index, self.eager_mask)
+        start = time.perf_counter()
+        logits = self._forward(inputs, positions, mask)  # [S, V]
+        tokens = self._select(logits, write_index).tolist()
+        self.counters.model_time_s += time.perf_counter() - start
+        return self._record(slots, tokens)
+
+    def tokens(self, sample_id: int) -> list[int]:
+        return self.generated[sample_id]
+
+    def finish_reason(self, sample_id: int) -> str:
+        return self.finish[sample_id]
+
+    def is_running(self, sample_id: int) -> bool:
+        return sample_id in self.generated and sample_id not in self.finish
+
+    # ---- internals
+    def _step_layout(self):
+        inputs, positions, write_index, rows = [], [], [], []
+        for spec in self.slot_sample:
+            if spec is None or spec.sample_id in self.finish:
+                inputs.append(0), positions.append(0), write_index.append(0), rows.append(0)
+                continue
+            done = self.generated[spec.sample_id]
+            prompt = self.prompts[spec.group_id]
+            inputs.append(done[-1] if done else prompt[-1])
+            positions.append(len(prompt) - 1 + len(done))
+            write_index.append(len(done))
+            rows.append(self.cache.group_rows[spec.group_id])
+        return inputs, positions, write_index, rows
+
+    def _forward(self, inputs: list[int], positions: list[int], mask: torch.Tensor) -> torch.Tensor:
+        input_ids = torch.tensor(inputs, device=self.device)[:, None]  # [S, 1]
+        position_ids = torch.tensor(positions, device=self.device)[:, None]  # [S, 1]
+        out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
+                         use_cache=True, **{self.cache_kwarg: self.cache})
+        return out.logits[:, -1].float()  # [S, V]
+
+    def _select(self, logits: torch.Tensor, write_index: list[int]) -> torch.Tensor:
+        sample_ids = torch.tensor([s.sample_id if s is not None else 0 for s in self.slot_sample],
+                                  device=self.device)  # [S]
+        num_generated = torch.tensor(write_index, device=self.device)  # [S]
+        if self.processor is not None:
+            logits = self.processor(sample_ids, num_generated, logits)
+        return select_tokens(logits, sample_ids, num_generated, self.options, self.warpers)
+
+    def _record(self, slots: list[int], tokens: list[int]) -> list[tuple[int, int]]:
+        ended = []
+        for slot in slots:
+            spec = self.slot_sample[slot]
+            done = self.generated[spec.sample_id]
+            done.append(tokens[slot])
+            self.counters.generated_tokens += 1
+            if tokens[slot] in self.eos_ids or len(done) >= spec.max_new_tokens:
+                self.finish[spec.sample_id] = "eos" if tokens[slot] in self.eos_ids else "length"
+                ended.append((spec.sample_id, len(done)))
+                self._release_group(spec.group_id)
+        return ended
+
+    def _prefill(self, group_id: int) -> None:
+        prompt_kv = self.prompts[group_id][:-1]
+        cache = DynamicCache(config=self.model.config)
+        start = time.perf_counter()
+        if prompt_kv:
+            input_ids = torch.tensor([prompt_kv], device=self.device)  # [1, P-1]
+            self.model(input_ids=input_ids, use_cache=True, **{self.cache_kwarg: cache})
+            keys = [layer.keys for layer in cache.layers]
+            values = [layer.values for layer in cache.layers]
+        else:
+            empty = self.cache.prompt_keys[0][:1, :, :0]
+            keys = values = [empty] * len(self.cache.prompt_keys)
+        self.cache.add_prompt(group_id, keys, values)
+        self.counters.model_time_s += time.perf_counter() - start
+        self.counters.prefill_tokens += len(prompt_kv)
+        self._track_peak()
+
+    def _release_group(self, group_id: int) -> None:
+        self.remaining[group_id] -= 1
+        if self.remaining[group_id] == 0:
+            self.cache.drop_prompt(group_id)
+
+    def _drop_preempted(self, active: dict[int, Any]) -> None:
+        for slot, spec in enumerate(self.slot_sample):
+            running = active.get(slot)
+            if spec is not None and spec.sample_id not in self.finish and (running is None or running.sample_id != spec.sample_id):
+                self._preempt(slot)
+
+    def _preempt(self, slot: int) -> None:
+        self.counters.num_preemptions += 1
+        self.slot_sample[slot] = None
+
+    def _track_peak(self) -> None:
+        held = sum(t.numel() * t.element_size() for t in self.cache.held_tensors())
+        self.counters.peak_kv_bytes = max(self.counters.peak_kv_bytes, held)
+        self.counters.peak_kv_tokens = max(self.counters.peak_kv_tokens, self.cache.held_tokens())
+
+
+def _cache_kwarg_name(model) -> str:
+    """transformers renamed `past_key_values` to `cache` (5.2x); use whichever this version takes."""
+    import inspect
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"

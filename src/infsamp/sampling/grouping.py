@@ -1,0 +1,154 @@
+"""Global grouping: assign samples (jobs of predicted length) to g identical slots, minimising the
+busiest slot (makespan, P||Cmax). Pure Python, no torch.
+
+- `fptas`: the classic dynamic program over slot-load vectors with every length rounded down to a grid
+  of `delta = epsilon * LB / n`; the rounded instance is solved exactly, so the result is within
+  (1 + epsilon) of the optimum. Load vectors are kept sorted (slots are identical) and pruned at the
+  LPT makespan. It is polynomial only for fixed g; when the states exceed `max_states` it gives up
+  (returns None) and the caller falls back to LPT.
+- `lpt`: longest processing time first onto the least loaded slot (a 4/3-approximation, O(n log n)).
+- `lower_bound`: max(ceil(sum / g), max): no schedule of these lengths on g slots finishes sooner.
+
+Simplification: slots may start with loads (`initial_loads`: the predicted remaining work of samples
+already running), but a running sample is never moved.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from typing import Sequence
+
+DEFAULT_MAX_STATES = 2_000  # visited DP states before the search settles for its best plan
+MAX_SEARCH_JOBS = 400       # beyond this LPT is within a fraction of a percent anyway (and recursion)
+
+
+@dataclass
+class Grouping:
+    slots: list[list[int]]  # job indices per slot
+    makespan: float         # predicted busiest slot, initial loads included
+    method: str             # "fptas" or "lpt"
+
+
+def lower_bound(lengths: Sequence[int], num_slots: int) -> int:
+    """max(ceil(sum(L) / g), max(L)): decode steps no schedule on g slots can beat."""
+    if not lengths:
+        return 0
+    return max(-(-sum(lengths) // num_slots), max(lengths))
+
+
+def makespan(slots: Sequence[Sequence[int]], weights: Sequence[float],
+             initial_loads: Sequence[float] | None = None) -> float:
+    loads = list(initial_loads) if initial_loads else [0.0] * len(slots)
+    return max((loads[s] + sum(weights[j] for j in jobs) for s, jobs in enumerate(slots)), default=0.0)
+
+
+def lpt(weights: Sequence[float], num_slots: int,
+        initial_loads: Sequence[float] | None = None) -> list[list[int]]:
+    """Longest job first onto the currently least loaded slot (ties: lowest slot)."""
+    loads = [(float(initial_loads[s]) if initial_loads else 0.0, s) for s in range(num_slots)]
+    heapq.heapify(loads)
+    slots: list[list[int]] = [[] for _ in range(num_slots)]
+    for job in sorted(range(len(weights)), key=lambda j: -weights[j]):
+        load, slot = heapq.heappop(loads)
+        slots[slot].append(job)
+        heapq.heappush(loads, (load + weights[job], slot))
+    return slots
+
+
+def fptas(weights: Sequence[float], num_slots: int, epsilon: float,
+          initial_loads: Sequence[float] | None = None,
+          max_states: int = DEFAULT_MAX_STATES) -> list[list[int]] | None:
+    """(1 + epsilon)-optimal assignment, or None when the search would exceed `max_states` states."""
+    slots, complete = search(weights, num_slots, epsilon, initial_loads, max_states)
+    return slots if complete else None
+
+
+def search(weights: Sequence[float], num_slots: int, epsilon: float,
+           initial_loads: Sequence[float] | None = None,
+           max_states: int = DEFAULT_MAX_STATES) -> tuple[list[list[int]], bool]:
+    """The FPTAS's dynamic program over rounded load vectors, walked depth first from the LPT plan.
+
+    Lengths are rounded down to multiples of `delta = epsilon * LB / n`, so any assignment's rounded
+    makespan is within epsilon * OPT of its real one. Visited states (job, sorted loads) are memoised
+    exactly as the DP table would hold them; branches whose load bound cannot beat the best plan so far
+    are cut. Returns (best plan found, whether the search completed: only then is it (1 + eps)-optimal).
+    """
+    n = len(weights)
+    initial = [float(x) for x in initial_loads] if initial_loads else [0.0] * num_slots
+    if n == 0:
+        return [[] for _ in range(num_slots)], True
+    jobs = sorted(range(n), key=lambda j: -weights[j])
+    delta = epsilon * max((sum(weights) + sum(initial)) / num_slots, max(weights)) / n
+    state = _Search([int(weights[j] // delta) for j in jobs], [int(x // delta) for x in initial], max_states)
+    greedy = lpt(weights, num_slots, initial_loads)
+    slot_of = {j: s for s, slot_jobs in enumerate(greedy) for j in slot_jobs}
+    state.best_assign = [slot_of[j] for j in jobs]
+    state.best = max(state.loads[s] + sum(state.units[i] for i, j in enumerate(jobs) if slot_of[j] == s)
+                     for s in range(num_slots))
+    complete = state.run()
+    slots: list[list[int]] = [[] for _ in range(num_slots)]
+    for position, slot in enumerate(state.best_assign):
+        slots[slot].append(jobs[position])
+    return slots, complete
+
+
+class _Search:
+    """Depth-first branch and bound over (job, sorted slot loads) states, in rounded units."""
+
+    def __init__(self, units: list[int], loads: list[int], max_states: int):
+        self.units, self.loads, self.max_states = units, loads, max_states
+        self.suffix = [sum(units[i:]) for i in range(len(units))] + [0]
+        self.target = max(-(-(sum(loads) + self.suffix[0]) // len(loads)), max(loads))
+        self.assign = [0] * len(units)
+        self.best_assign: list[int] = []
+        self.best = 0
+        self.visited: set = set()
+
+    def run(self) -> bool:
+        try:
+            self._visit(0)
+        except _OutOfStates:
+            return False
+        return True
+
+    def _visit(self, depth: int) -> None:
+        loads = self.loads
+        if self.best <= self.target:
+            return
+        if depth == len(self.units):
+            self.best, self.best_assign = max(loads), list(self.assign)
+            return
+        bound = max(max(loads), -(-(sum(loads) + self.suffix[depth]) // len(loads)))
+        key = (depth, tuple(sorted(loads)))
+        if bound >= self.best or key in self.visited:
+            return
+        if len(self.visited) >= self.max_states:
+            raise _OutOfStates
+        self.visited.add(key)
+        unit, tried = self.units[depth], set()
+        for slot in sorted(range(len(loads)), key=loads.__getitem__):  # least loaded first
+            if loads[slot] in tried:
+                continue
+            if loads[slot] + unit >= self.best:
+                break
+            tried.add(loads[slot])
+            loads[slot] += unit
+            self.assign[depth] = slot
+            self._visit(depth + 1)
+            loads[slot] -= unit
+
+
+class _OutOfStates(Exception):
+    pass
+
+
+def balance(weights: Sequence[float], num_slots: int, epsilon: float = 0.1,
+            initial_loads: Sequence[float] | None = None,
+            max_states: int = DEFAULT_MAX_STATES) -> Grouping:
+    """The FPTAS search when affordable (its best plan so far if cut short), else LPT."""
+    if len(weights) <= num_slots or len(weights) > MAX_SEARCH_JOBS or max_states <= 0:
+        slots = lpt(weights, num_slots, initial_loads)
+        return Grouping(slots, makespan(slots, weights, initial_loads), "lpt")
+    slots, complete = search(weights, num_slots, epsilon, initial_loads, max_states)
+    return Grouping(slots, makespan(slots, weights, initial_loads), "fptas" if complete else "fptas_cut")

@@ -1,0 +1,281 @@
+"""Length predictors for the length-aware scheduler, and their quality measure. No torch.
+
+Interface (`LengthPredictor`): `predict(spec)` expected total length; `predict_remaining(spec, prefix)`
+remaining length after the first generated tokens; `observe_finished(spec, length)` a sample of the
+current call ended (its siblings can use it); `end_call()` the call (training step) is over, learn from
+it. `SlotScheduler` makes these calls itself; the engine only hands the predictor in.
+
+Registry (`make_predictor`): `none` (a constant: no information), `oracle` (the true lengths, for
+measurement only), `noisy:SIGMA` (the true length times a log-normal error of that sigma, to show what
+a predictor of a given quality buys) and `online`: a ridge regression on log length, learned inside the
+run from its own completions (exponentially forgotten, so it follows the policy as it changes), over
+cheap features: prompt length and digit counts, the same prompt's mean length in earlier calls, the mean
+of siblings already finished in this call, the run's recent mean; and, token-conditioned, a second
+ridge over the same features plus a hashed bag of the first k generated token ids. O(features^2) per
+observation, a d x d solve every few dozen observations (d < 50).
+
+Simplification: features are fixed and hand-picked; no hidden states of the policy model.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+from collections import defaultdict
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
+
+import numpy as np
+
+from infsamp.errors import SamplingError
+
+if TYPE_CHECKING:
+    from infsamp.sampling.scheduler import SampleSpec
+
+NUMBER = re.compile(r"\d+")
+
+
+class LengthPredictor:
+    name = ""
+    uses_prefix = False  # wants observe_prefix (predict_remaining with the first k tokens)
+    adaptive = False     # predictions of pending samples change as samples finish
+
+    def predict(self, spec: "SampleSpec") -> float:
+        raise NotImplementedError
+
+    def predict_remaining(self, spec: "SampleSpec", prefix_token_ids: Sequence[int]) -> float:
+        return max(1.0, self.predict(spec) - len(prefix_token_ids))
+
+    def observe_finished(self, spec: "SampleSpec", length: int) -> None:
+        pass
+
+    def end_call(self) -> None:
+        pass
+
+    def update(self, specs: Sequence["SampleSpec"], lengths: Sequence[int]) -> None:
+        """Learn from a whole finished call at once (when the scheduler did not see it)."""
+        for spec, length in zip(specs, lengths):
+            self.observe_finished(spec, length)
+        self.end_call()
+
+
+class ConstantPredictor(LengthPredictor):
+    """`none`: every sample looks alike (half its max_new_tokens)."""
+    name = "none"
+
+    def predict(self, spec):
+        return spec.max_new_tokens / 2
+
+
+class OraclePredictor(LengthPredictor):
+    """`oracle`: the true length, from a sample_id -> length mapping or a spec -> length function."""
+    name = "oracle"
+
+    def __init__(self, lengths: Mapping[int, int] | Callable[["SampleSpec"], int] | None = None):
+        self.set_lengths(lengths or {})
+
+    def set_lengths(self, lengths: Mapping[int, int] | Callable[["SampleSpec"], int]) -> None:
+        """The true lengths of the next call's samples."""
+        self._length_of = lengths if callable(lengths) else (lambda spec: lengths[spec.sample_id])
+
+    def predict(self, spec):
+        return float(self._length_of(spec))
+
+
+class NoisyOraclePredictor(OraclePredictor):
+    """`noisy:SIGMA`: the true length times exp(N(0, SIGMA)), fixed per sample and call."""
+    name = "noisy"
+
+    def __init__(self, sigma: float, lengths=None, seed: int = 0):
+        super().__init__(lengths)
+        self.sigma, self._rng = sigma, random.Random(seed)
+        self._noise: dict[int, float] = {}
+
+    def predict(self, spec):
+        if spec.sample_id not in self._noise:
+            self._noise[spec.sample_id] = math.exp(self._rng.gauss(0.0, self.sigma))
+        return super().predict(spec) * self._noise[spec.sample_id]
+
+    def end_call(self):
+        self._noise.clear()
+
+
+class _Ridge:
+    """Ridge regression with exponential forgetting, refit lazily; silent until MIN_SEEN samples."""
+    MIN_SEEN = 16
+
+    def __init__(self, num_features: int, l2: float = 1.0, decay: float = 0.999, refit_every: int = 32):
+        self.a = np.eye(num_features) * l2
+        self.b = np.zeros(num_features)
+        self.weights: np.ndarray | None = None
+        self.decay, self.refit_every, self.num_unfit, self.num_seen = decay, refit_every, 0, 0
+
+    def add(self, x: np.ndarray, y: float) -> None:
+        self.a *= self.decay
+        self.b *= self.decay
+        self.a += np.outer(x, x)
+        self.b += y * x
+        self.num_unfit += 1
+        self.num_seen += 1
+        if self.num_unfit >= self.refit_every or self.weights is None and self.num_seen >= self.MIN_SEEN:
+            self.fit()
+
+    def fit(self) -> None:
+        if self.num_seen >= self.MIN_SEEN:
+            self.weights = np.linalg.solve(self.a, self.b)
+            self.num_unfit = 0
+
+    def predict(self, x: np.ndarray) -> float | None:
+        return None if self.weights is None else float(x @ self.weights)
+
+
+class OnlinePredictor(LengthPredictor):
+    """`online`: learned inside the run from its own completions (see the module docstring)."""
+    name = "online"
+    uses_prefix = True
+    adaptive = True
+    NUM_BUCKETS = 32
+
+    def __init__(self, l2: float = 1.0, decay: float = 0.999):
+        self._prompt_features: dict[str, list[float]] = {}
+        self._history: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])  # key -> [sum log L, n]
+        self._siblings: dict[int, list[float]] = defaultdict(lambda: [0.0, 0])  # group -> same, this call
+        self._call_logs: list[tuple[str, float]] = []
+        self._prefix_x: dict[int, np.ndarray] = {}
+        self._run_mean: float | None = None
+        self._cache: dict[tuple[int, str], float] = {}  # (group, key) -> prediction; cleared on news
+        self._model = _Ridge(len(self._features(_probe_spec())), l2, decay)
+        self._prefix_model = _Ridge(len(self._features(_probe_spec())) + self.NUM_BUCKETS + 1, l2, decay)
+
+    def predict(self, spec):
+        cache_key = (spec.group_id, spec.prompt_key)  # siblings look alike until a prefix is seen
+        if cache_key not in self._cache:
+            self._cache[cache_key] = self._from_log(self._model.predict(self._features(spec)), spec)
+        return self._cache[cache_key]
+
+    def predict_remaining(self, spec, prefix_token_ids):
+        num_prefix = len(prefix_token_ids)
+        x = np.concatenate([self._features(spec), self._bag(prefix_token_ids)])
+        self._prefix_x[spec.sample_id] = x
+        total = self._from_log(self._prefix_model.predict(x), spec)
+        return max(1.0, total - num_prefix)
+
+    def observe_finished(self, spec, length):
+        self._cache.clear()
+        log_length = math.log(max(1, length))
+        self._model.add(self._features(spec), log_length)
+        x = self._prefix_x.pop(spec.sample_id, None)
+        if x is not None and length > x[-1] * 64:  # the last feature is k / 64
+            self._prefix_model.add(x, log_length)
+        sibling = self._siblings[spec.group_id]
+        sibling[0] += log_length
+        sibling[1] += 1
+        self._call_logs.append((spec.prompt_key, log_length))
+        self._run_mean = log_length if self._run_mean is None else 0.98 * self._run_mean + 0.02 * log_length
+
+    def end_call(self):
+        for key, log_length in self._call_logs:
+            if key:
+                self._history[key][0] += log_length
+                self._history[key][1] += 1
+        self._call_logs.clear()
+        self._cache.clear()
+        self._siblings.clear()
+        self._prefix_x.clear()
+        self._model.fit()
+        self._prefix_model.fit()
+
+    def _from_log(self, log_length: float | None, spec) -> float:
+        if log_length is None:  # not fitted yet: siblings, history, run mean, then half the limit
+            log_length = self._fallback_log(spec)
+        return float(min(spec.max_new_tokens, max(1.0, math.exp(min(log_length, 30.0)))))
+
+    def _fallback_log(self, spec) -> float:
+        for total, count in (self._siblings.get(spec.group_id, (0.0, 0)),
+                             self._history.get(spec.prompt_key, (0.0, 0))):
+            if count:
+                return total / count
+        return self._run_mean if self._run_mean is not None else math.log(spec.max_new_tokens / 2)
+
+    def _features(self, spec) -> np.ndarray:
+        prompt = self._prompt_features.get(spec.prompt_text)
+        if prompt is None:
+            prompt = self._prompt_features[spec.prompt_text] = _text_features(spec.prompt_text)
+        sib_total, sib_count = self._siblings.get(spec.group_id, (0.0, 0))
+        hist_total, hist_count = self._history.get(spec.prompt_key, (0.0, 0)) if spec.prompt_key else (0.0, 0)
+        run = self._run_mean if self._run_mean is not None else 0.0
+        return np.array([1.0, math.log1p(spec.prompt_tokens), *prompt, run,
+                         float(sib_count > 0), sib_total / sib_count if sib_count else 0.0,
+                         float(hist_count > 0), hist_total / hist_count if hist_count else 0.0])
+
+    def _bag(self, token_ids: Sequence[int]) -> np.ndarray:
+        bag = np.zeros(self.NUM_BUCKETS + 1)
+        for token in token_ids:
+            bag[(int(token) * 2654435761) % self.NUM_BUCKETS] += 1.0
+        if len(token_ids):
+            bag[:-1] /= len(token_ids)
+        bag[-1] = len(token_ids) / 64
+        return bag
+
+
+def _text_features(text: str) -> list[float]:
+    numbers = NUMBER.findall(text)
+    longest = max((len(n) for n in numbers), default=0)
+    return [math.log1p(len(text)), math.log1p(sum(len(n) for n in numbers)), math.log1p(len(numbers)),
+            float(longest), float(longest) ** 2 / 10]
+
+
+def _probe_spec():
+    from infsamp.sampling.scheduler import SampleSpec
+    return SampleSpec(0, 0, 0, 1, 1)
+
+
+PREDICTORS: dict[str, Callable[[str | None], LengthPredictor]] = {
+    "none": lambda arg: ConstantPredictor(),
+    "oracle": lambda arg: OraclePredictor(),
+    "online": lambda arg: OnlinePredictor(),
+    "noisy": lambda arg: NoisyOraclePredictor(_parse_sigma(arg)),
+}
+
+
+def make_predictor(name: str) -> LengthPredictor:
+    """`none`, `oracle`, `online` or `noisy:SIGMA` (oracle/noisy need `set_lengths` before each call)."""
+    base, _, arg = name.partition(":")
+    if base not in PREDICTORS:
+        raise SamplingError(f"unknown length predictor {name!r}; choose none, oracle, online or noisy:SIGMA")
+    return PREDICTORS[base](arg or None)
+
+
+def _parse_sigma(arg: str | None) -> float:
+    try:
+        sigma = float(arg)
+    except (TypeError, ValueError):
+        raise SamplingError(f"noisy predictor needs a sigma, as noisy:0.5; got {arg!r}") from None
+    if not sigma >= 0:
+        raise SamplingError(f"noisy predictor sigma must be >= 0, got {sigma}")
+    return sigma
+
+
+def kendall_tau(predicted: Sequence[float], real: Sequence[float]) -> float:
+    """Kendall's tau-b (ties allowed); 0.0 when either side is constant. O(n^2) in numpy chunks."""
+    x, y = np.asarray(predicted, dtype=float), np.asarray(real, dtype=float)
+    concordance, untied_x, untied_y = 0.0, 0.0, 0.0
+    for start in range(0, len(x), 512):
+        dx = np.sign(x[start:start + 512, None] - x[None, :])  # [chunk, n]
+        dy = np.sign(y[start:start + 512, None] - y[None, :])  # [chunk, n]
+        concordance += float((dx * dy).sum())
+        untied_x += float(np.abs(dx).sum())
+        untied_y += float(np.abs(dy).sum())
+    if untied_x == 0 or untied_y == 0:
+        return 0.0
+    return concordance / math.sqrt(untied_x * untied_y)
+
+
+def prediction_quality(predicted: Sequence[float], real: Sequence[float]) -> tuple[float, float]:
+    """(Kendall tau-b, mean absolute error) of predicted vs real lengths over one call's samples."""
+    if len(predicted) != len(real):
+        raise ValueError(f"prediction_quality: {len(predicted)} predictions for {len(real)} lengths")
+    if not real:
+        return 0.0, 0.0
+    mae = float(np.mean(np.abs(np.asarray(predicted, dtype=float) - np.asarray(real, dtype=float))))
+    return kendall_tau(predicted, real), mae

@@ -1,0 +1,95 @@
+"""The embedded task: multi-operand addition, solved column by column with carries.
+
+Each problem is generated deterministically from a seed. The worked solution writes one line per
+column (`7+5+1=13 -> 30`: digits, carry in, column sum, and the partial answer so far), so its length
+grows with the number of digits (about quadratically, because each line repeats the partial answer).
+Digit counts are drawn log-normally, which makes completion lengths heavy-tailed and
+prompt-dependent, like real reasoning traces. Completions use the XML format of the GSM8K recipe
+(`<reasoning>` ... `</reasoning>` `<answer>` ... `</answer>`), so the same format and accuracy rewards
+score both.
+
+Deliberately simple: addition only, non-negative integers, no natural-language wording.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+MAX_DIGITS = 8
+MEDIAN_DIGITS = 3.0
+DIGITS_SIGMA = 0.6
+SPLIT_OFFSETS = {"train": 0, "test": 1, "sft": 2}
+NUM_HELD_OUT_RESERVED = 2000  # the first 2000 test prompts never appear in train or sft
+
+
+def _num_digits(rng: random.Random) -> int:
+    return max(1, min(MAX_DIGITS, round(rng.lognormvariate(math.log(MEDIAN_DIGITS), DIGITS_SIGMA))))
+
+
+def _random_number(rng: random.Random, num_digits: int) -> int:
+    low = 0 if num_digits == 1 else 10 ** (num_digits - 1)
+    return rng.randint(low, 10**num_digits - 1)
+
+
+def make_operands(rng: random.Random) -> list[int]:
+    """Two operands most of the time, three for one problem in four."""
+    num_operands = 3 if rng.random() < 0.25 else 2
+    return [_random_number(rng, _num_digits(rng)) for _ in range(num_operands)]
+
+
+def format_prompt(operands: list[int]) -> str:
+    return "+".join(str(x) for x in operands) + "=?\n"
+
+
+def worked_solution(operands: list[int]) -> str:
+    """Column-by-column reasoning in the XML answer format; the answer is the sum."""
+    width = max(len(str(x)) for x in operands)
+    digits = [str(x).zfill(width)[::-1] for x in operands]  # least significant first
+    lines, partial, carry = [], "", 0
+    for col in range(width):
+        column = [int(d[col]) for d in digits]
+        total = sum(column) + carry
+        partial = str(total % 10) + partial
+        terms = "+".join(str(v) for v in column + [carry])
+        lines.append(f"{terms}={total} -> {partial}")
+        carry = total // 10
+    if carry:
+        partial = str(carry) + partial
+        lines.append(f"carry {carry} -> {partial}")
+    answer = str(sum(operands))
+    assert partial.lstrip("0") == answer.lstrip("0") or answer == "0"
+    return "<reasoning>\n" + "\n".join(lines) + "\n</reasoning>\n<answer>\n" + answer + "\n</answer>\n"
+
+
+def make_problem(operands: list[int]) -> dict[str, Any]:
+    return {
+        "prompt": format_prompt(operands),
+        "answer": str(sum(operands)),
+        "solution": worked_solution(operands),
+        "num_digits": max(len(str(x)) for x in operands),
+        "num_operands": len(operands),
+    }
+
+
+def _draw(num: int, seed: int, split: str, exclude: set[str]) -> list[dict[str, Any]]:
+    rng = random.Random(seed * 1000 + SPLIT_OFFSETS[split])
+    problems: list[dict[str, Any]] = []
+    max_tries = num * 50
+    while len(problems) < num and max_tries:
+        max_tries -= 1
+        problem = make_problem(make_operands(rng))
+        if problem["prompt"] not in exclude:
+            problems.append(problem)
+    return problems
+
+
+def generate_problems(num: int, seed: int = 1234, split: str = "train") -> list[dict[str, Any]]:
+    """`num` problems of `split` (train, test or sft); train/sft exclude the first 2000 test prompts."""
+    if split not in SPLIT_OFFSETS:
+        raise ValueError(f"unknown split {split!r} (known: {', '.join(SPLIT_OFFSETS)})")
+    if split == "test":
+        return _draw(num, seed, split, exclude=set())
+    held_out = {p["prompt"] for p in _draw(NUM_HELD_OUT_RESERVED, seed, "test", exclude=set())}
+    return _draw(num, seed, split, exclude=held_out)

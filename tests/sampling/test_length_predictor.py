@@ -1,0 +1,121 @@
+"""Length predictors: registry, oracle/noisy, the online ridge learning across calls, quality measure."""
+
+import itertools
+import math
+import random
+import time
+
+import pytest
+
+from infsamp.errors import SamplingError
+from infsamp.sampling.length_predictor import (
+    ConstantPredictor, NoisyOraclePredictor, OnlinePredictor, OraclePredictor, kendall_tau, make_predictor,
+    prediction_quality)
+from infsamp.sampling.scheduler import SampleSpec
+
+
+def brute_tau_b(x, y):
+    pairs = list(itertools.combinations(range(len(x)), 2))
+    sign = lambda v: (v > 0) - (v < 0)
+    s = sum(sign(x[i] - x[j]) * sign(y[i] - y[j]) for i, j in pairs)
+    ux = sum(abs(sign(x[i] - x[j])) for i, j in pairs)
+    uy = sum(abs(sign(y[i] - y[j])) for i, j in pairs)
+    return s / math.sqrt(ux * uy)
+
+
+def test_kendall_tau_matches_brute_force_with_ties():
+    rng = random.Random(1)
+    x = [rng.randint(0, 5) for _ in range(700)]  # > one 512-row chunk
+    y = [xi + rng.randint(-3, 3) for xi in x]
+    assert kendall_tau(x, y) == pytest.approx(brute_tau_b(x, y))
+    assert kendall_tau([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
+    assert kendall_tau([1, 1, 1], [1, 2, 3]) == 0.0
+
+
+def test_prediction_quality():
+    tau, mae = prediction_quality([10, 20, 30], [12, 18, 33])
+    assert tau == pytest.approx(1.0) and mae == pytest.approx(7 / 3)
+    with pytest.raises(ValueError):
+        prediction_quality([1], [1, 2])
+
+
+def test_registry():
+    assert isinstance(make_predictor("none"), ConstantPredictor)
+    assert isinstance(make_predictor("oracle"), OraclePredictor)
+    assert isinstance(make_predictor("online"), OnlinePredictor)
+    noisy = make_predictor("noisy:0.5")
+    assert isinstance(noisy, NoisyOraclePredictor) and noisy.sigma == 0.5
+    for bad in ("bert", "noisy", "noisy:x", "noisy:-1"):
+        with pytest.raises(SamplingError):
+            make_predictor(bad)
+
+
+def spec(sample_id, group_id=0, key="", text="", prompt_tokens=10, max_new=1024):
+    return SampleSpec(sample_id, group_id, 0, prompt_tokens, max_new, key, text)
+
+
+def test_oracle_and_noisy():
+    oracle = OraclePredictor({0: 7})
+    assert oracle.predict(spec(0)) == 7 and oracle.predict_remaining(spec(0), [1, 2]) == 5
+    oracle.set_lengths(lambda s: 3 * s.sample_id)
+    assert oracle.predict(spec(4)) == 12
+    noisy = NoisyOraclePredictor(0.5, {0: 100}, seed=3)
+    first = noisy.predict(spec(0))
+    assert first == noisy.predict(spec(0)) != 100  # fixed per sample within a call
+    assert NoisyOraclePredictor(0.0, {0: 100}).predict(spec(0)) == 100
+
+
+def arithmetic_like_call(rng, prompts):
+    """Length grows with the digits of the prompt, like the embedded task."""
+    specs, lengths = [], []
+    for group_id, digits in enumerate(prompts):
+        text = "+".join(str(rng.randint(10 ** (digits - 1), 10 ** digits - 1)) for _ in range(2)) + "=?"
+        for _ in range(8):
+            specs.append(spec(len(specs), group_id, f"k{digits}", text))
+            lengths.append(max(1, round(12 * digits ** 2 * rng.lognormvariate(0, 0.15))))
+    return specs, lengths
+
+
+def test_online_learns_prompt_features_across_calls():
+    rng = random.Random(0)
+    predictor = OnlinePredictor()
+    taus = []
+    for _ in range(12):
+        specs, lengths = arithmetic_like_call(rng, [rng.randint(1, 8) for _ in range(4)])
+        taus.append(kendall_tau([predictor.predict(s) for s in specs], lengths))
+        predictor.update(specs, lengths)
+    assert taus[0] == 0.0  # nothing known yet: every prediction alike
+    assert min(taus[-4:]) > 0.6
+
+
+def test_online_uses_finished_siblings_and_history():
+    predictor = OnlinePredictor()
+    assert predictor.predict(spec(0, max_new=100)) == pytest.approx(50)  # no data: half the limit
+    predictor.observe_finished(spec(0, group_id=0, key="a"), 40)
+    assert predictor.predict(spec(1, group_id=0, key="a")) == pytest.approx(40)  # a finished sibling
+    predictor.end_call()
+    assert predictor.predict(spec(0, group_id=3, key="a")) == pytest.approx(40)  # an earlier epoch
+
+
+def test_online_prefix_model_learns_token_signal():
+    rng = random.Random(0)
+    predictor = OnlinePredictor()
+    for _ in range(300):  # token 7 in the prefix means a long completion
+        long = rng.random() < 0.5
+        prefix = [7 if long else 3] * 4
+        predictor.predict_remaining(spec(0), prefix)
+        predictor.observe_finished(spec(0), 400 if long else 40)
+        predictor.end_call()
+    assert predictor.predict_remaining(spec(0), [7] * 4) > 5 * predictor.predict_remaining(spec(0), [3] * 4)
+
+
+def test_online_is_cheap():
+    predictor, rng = OnlinePredictor(), random.Random(0)
+    specs, lengths = arithmetic_like_call(rng, [3] * 64)
+    start = time.perf_counter()
+    for s, length in zip(specs, lengths):
+        predictor.predict(s)
+        predictor.predict_remaining(s, list(range(16)))
+        predictor.observe_finished(s, length)
+    per_sample = (time.perf_counter() - start) / len(specs)
+    assert per_sample < 1e-3, f"{per_sample * 1e6:.0f} us per sample"

@@ -1,0 +1,161 @@
+"""GroupSampler end to end on a random tiny Llama: policies agree, budgets hold, bad requests fail early."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from infsamp.config import SamplingConfig
+from infsamp.errors import SamplingError
+from infsamp.sampling.sampler import GroupSampler, model_kv_bytes_per_token, resolve_budget
+
+EOS = 1
+PROMPTS = [[5, 6, 7, 8, 9], [10, 11, 12], [13], [20, 21, 22, 23, 24, 25, 26]]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models run fastest on one thread (and do not fight parallel test workers)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                         eos_token_id=EOS, pad_token_id=0)
+    return LlamaForCausalLM(config).eval()
+
+
+def sampler(model, **overrides) -> GroupSampler:
+    options = dict(policy="continuous", micro_group=3, kv_budget="100000", max_new_tokens=12,
+                   temperature=0.0, predictor="none")
+    options.update(overrides)
+    return GroupSampler(model, None, SamplingConfig(**options))
+
+
+class EosBoost:
+    """Makes EOS likely so sampled lengths vary (a random model rarely ends on its own)."""
+
+    def __init__(self, specs):
+        self.num_samples = len(specs)
+
+    def __call__(self, sample_ids, num_generated, scores):
+        scores = scores.clone()
+        scores[:, EOS] += 3.0
+        return scores
+
+
+def token_ids(result):
+    return [[c.token_ids for c in group] for group in result.groups]
+
+
+def test_greedy_policies_agree_with_generate(model):
+    results = {p: sampler(model, policy=p).sample(PROMPTS, 5) for p in ("full", "rounds", "continuous")}
+    reference = token_ids(results["full"])
+    for policy, result in results.items():
+        assert token_ids(result) == reference, policy
+    for prompt, group in zip(PROMPTS, reference):
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, eos_token_id=EOS,
+                             pad_token_id=0)
+        expected = out[0, len(prompt):].tolist()
+        assert group[0] == expected[: expected.index(EOS) + 1] if EOS in expected else expected
+
+
+def test_sampling_is_independent_of_schedule(model):
+    runs = []
+    for policy, g in (("full", 0), ("rounds", 2), ("continuous", 3), ("continuous", 7)):
+        gen = torch.Generator().manual_seed(123)
+        result = sampler(model, policy=policy, micro_group=g, temperature=1.0).sample(
+            PROMPTS, 6, logits_processor_factory=EosBoost, generator=gen)
+        runs.append(token_ids(result))
+    assert all(run == runs[0] for run in runs[1:])
+    group = runs[0][0]
+    assert len({tuple(t) for t in group}) > 1  # samples of a group differ
+
+
+def test_sampled_length_distributions_agree(model):
+    lengths = {}
+    for policy in ("full", "rounds", "continuous"):
+        gen = torch.Generator().manual_seed(7)
+        result = sampler(model, policy=policy, temperature=1.0, top_k=20).sample(
+            PROMPTS, 16, logits_processor_factory=EosBoost, generator=gen)
+        lengths[policy] = [sorted(c.length for c in group) for group in result.groups]
+    for policy in ("rounds", "continuous"):
+        for ref, got in zip(lengths["full"], lengths[policy]):
+            ks = max(abs(sum(x <= t for x in ref) - sum(x <= t for x in got)) for t in range(13)) / 16
+            assert ks < 0.3, (policy, ref, got)  # two-sample KS statistic; identical draws give 0
+    assert len({length for group in lengths["full"] for length in group}) > 3
+
+
+def test_statistics(model):
+    result = sampler(model, policy="rounds").sample(PROMPTS, 5)
+    stats = result.stats
+    assert stats.prefill_tokens == sum(len(p) - 1 for p in PROMPTS)  # once per group
+    assert stats.generated_tokens == sum(c.length for c in result.completions)
+    assert stats.decode_steps >= stats.lower_bound > 0
+    assert stats.num_slots == 3 and stats.num_preemptions == 0
+    metrics = stats.to_metrics()
+    assert metrics["sampling/decode_steps"] == stats.decode_steps and "sampling/peak_kv_bytes" in metrics
+    for c in result.completions:
+        assert c.finish_reason == ("eos" if c.token_ids[-1] == EOS else "length")
+        assert c.length == len(c.token_ids) <= 12
+
+
+def test_peak_kv_flat_in_group_size_and_within_budget(model):
+    per_token = model_kv_bytes_per_token(model)
+    assert per_token == 2 * 2 * 2 * 16 * 4
+    budget = 3 * 12 + 8
+    peaks = {}
+    for policy in ("full", "rounds", "continuous"):
+        for group_size in (4, 16):
+            stats = sampler(model, policy=policy, micro_group=0, kv_budget=str(budget)).sample(
+                [PROMPTS[0]], group_size).stats
+            peaks[policy, group_size] = stats.peak_kv_bytes
+            if policy != "full":
+                assert stats.num_slots == 3 and stats.peak_kv_tokens <= budget
+    assert peaks["rounds", 16] == peaks["rounds", 4] == peaks["continuous", 16]
+    assert peaks["full", 16] > 3.5 * peaks["full", 4]  # 16 vs 4 slots, one shared prompt
+
+
+def test_budget_in_bytes(model):
+    per_token = model_kv_bytes_per_token(model)
+    assert resolve_budget("8192", model) == 8192
+    assert resolve_budget("1MiB", model) == 2**20 // per_token
+    assert resolve_budget("auto", model) > 0
+
+
+class ExplodingModel(torch.nn.Module):
+    """Any forward pass fails: proves the checks run before any work."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.config = model.config
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, *args, **kwargs):
+        raise AssertionError("forward called before the request was checked")
+
+
+@pytest.mark.parametrize("prompts, group_size, budget, match", [
+    ([[5, 6], []], 4, "1000", "prompt 1 is empty"),
+    ([list(range(2, 66))], 4, "1000", "prompt 0 has 64 tokens"),
+    ([[5, 6]], 0, "1000", "num_generations"),
+    ([[5, 6, 7, 8]], 4, "4", "kv_budget='4'"),
+])
+def test_bad_requests_fail_before_work(model, prompts, group_size, budget, match):
+    bad = GroupSampler(ExplodingModel(model), None, SamplingConfig(kv_budget=budget, max_new_tokens=8))
+    with pytest.raises(SamplingError, match=match):
+        bad.sample(prompts, group_size)
+
+
+def test_small_budget_lowers_max_new_tokens(model):
+    with pytest.warns(UserWarning, match="max_new_tokens lowered"):
+        result = sampler(model, kv_budget="8", max_new_tokens=12).sample([[5, 6, 7, 8, 9]], 2)
+    assert all(c.length <= 3 for c in result.completions)
+    assert result.stats.num_slots == 1

@@ -1,0 +1,199 @@
+"""SlotScheduler and the admission policies, alone (no model): hand-checked cases and properties."""
+
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from infsamp.errors import SamplingError
+from infsamp.sampling.grouping import lower_bound
+from infsamp.sampling.length_predictor import OraclePredictor, make_predictor
+from infsamp.sampling.scheduler import SampleSpec, SlotScheduler, make_group_specs
+from infsamp.sampling.simulator import run_call
+
+POLICIES = ["full", "rounds", "continuous", "length_aware"]
+
+
+def specs_for(groups, prompt_tokens=10, max_new=64):
+    """groups: list of length lists -> (specs, flat lengths)."""
+    specs, lengths = [], []
+    for group_id, group in enumerate(groups):
+        for index, length in enumerate(group):
+            specs.append(SampleSpec(len(specs), group_id, index, prompt_tokens, max_new, f"p{group_id}"))
+            lengths.append(length)
+    return specs, lengths
+
+
+def checked_run(specs, lengths, policy, num_slots, budget=None, predictor=None, **options):
+    """The engine loop, with the engine-side checks the scheduler must satisfy."""
+    sched = SlotScheduler(specs, policy, num_slots, budget, predictor, **options)
+    started, age, open_groups, unfinished = set(), {}, set(), {}
+    for spec in specs:
+        unfinished[spec.group_id] = unfinished.get(spec.group_id, 0) + 1
+    peak = 0
+    while not sched.done:
+        for slot, spec in sched.admit():
+            assert spec.sample_id not in started, "sample scheduled twice"
+            started.add(spec.sample_id)
+            age[spec.sample_id] = 0
+            open_groups.add(spec.group_id)
+        active = sched.active()
+        assert 0 < len(active) <= sched.num_slots
+        finished = []
+        for spec in active.values():
+            age[spec.sample_id] += 1
+            if age[spec.sample_id] == lengths[spec.sample_id]:
+                finished.append((spec.sample_id, age[spec.sample_id]))
+        kv = sum(specs[[s.group_id for s in specs].index(g)].prompt_tokens for g in open_groups)
+        kv += sum(age[s.sample_id] for s in active.values())
+        peak = max(peak, kv)
+        if budget is not None and policy != "full":
+            assert kv <= budget, f"KV {kv} over budget {budget}"
+        for sample_id, _ in finished:
+            group = specs[sample_id].group_id
+            unfinished[group] -= 1
+            if unfinished[group] == 0:
+                open_groups.discard(group)
+        sched.step(finished)
+    assert started == set(range(len(specs))), "some sample never ran"
+    stats = sched.stats()
+    assert stats.peak_kv_tokens == peak
+    assert stats.generated_tokens == sum(lengths)
+    assert stats.decode_steps >= stats.lower_bound == lower_bound(lengths, sched.num_slots)
+    return stats
+
+
+def test_full_takes_the_longest_sample():
+    specs, lengths = specs_for([[5, 1, 3, 2]])
+    stats = checked_run(specs, lengths, "full", num_slots=2, budget=1)  # full ignores slots and budget
+    assert stats.decode_steps == 5 and stats.num_slots == 4 and stats.num_rounds == 1
+    assert stats.peak_kv_tokens == 10 + 2 + 2 + 2  # prompt once + 2 tokens each of the 3 left after step 2
+
+
+def test_rounds_wait_for_their_longest():
+    specs, lengths = specs_for([[5, 1, 1, 1, 2, 2]])
+    stats = checked_run(specs, lengths, "rounds", num_slots=2)
+    assert stats.decode_steps == 5 + 1 + 2 and stats.num_rounds == 3
+
+
+def test_length_sorted_rounds_group_the_long_ones():
+    specs, lengths = specs_for([[5, 1, 1, 4, 1, 1]])
+    oracle = OraclePredictor(dict(enumerate(lengths)))
+    stats = checked_run(specs, lengths, "rounds", 2, predictor=oracle, length_sorted=True)
+    assert stats.decode_steps == 5 + 1 + 1
+
+
+def test_continuous_refills_a_freed_slot_at_once():
+    specs, lengths = specs_for([[5, 1, 1, 1], [2, 2]])
+    stats = checked_run(specs, lengths, "continuous", num_slots=2)
+    # slot 0 runs the 5; slot 1 runs 1,1,1 then group 1's 2 (steps 4-5); both end at step 5, so the
+    # last 2 (steps 6-7) starts from an empty engine: a second "round"
+    assert stats.decode_steps == 7 and stats.num_rounds == 2
+
+
+def test_continuous_takes_arrival_order():
+    specs, lengths = specs_for([[3, 3, 3]])
+    sched = SlotScheduler(specs, "continuous", 2)
+    assert [(slot, s.sample_id) for slot, s in sched.admit()] == [(0, 0), (1, 1)]
+
+
+def test_shared_prompt_counted_once_per_group():
+    specs, lengths = specs_for([[2, 2, 2, 2]], prompt_tokens=100)
+    stats = checked_run(specs, lengths, "rounds", num_slots=2)
+    assert stats.peak_kv_tokens == 100 + 2 * 2
+
+
+def test_budget_caps_concurrency_below_the_slots():
+    specs, lengths = specs_for([[4] * 8], prompt_tokens=10, max_new=8)
+    stats = checked_run(specs, lengths, "continuous", num_slots=8, budget=10 + 3 * 8)
+    assert stats.decode_steps == 12  # 3 at a time, 8 samples of 4 -> ceil(8/3) waves of 4
+
+
+@pytest.mark.parametrize("policy", ["rounds", "continuous", "length_aware"])
+def test_budget_too_small_is_a_clear_error(policy):
+    specs, _ = specs_for([[3]], prompt_tokens=50, max_new=20)
+    with pytest.raises(SamplingError, match="kv budget 60 .*prompt 50"):
+        SlotScheduler(specs, policy, 4, max_kv_tokens=60)
+
+
+def test_bad_inputs_are_rejected():
+    specs, _ = specs_for([[3, 3]])
+    with pytest.raises(SamplingError, match="unknown sampling policy 'fifo'"):
+        SlotScheduler(specs, "fifo", 2)
+    with pytest.raises(SamplingError, match="unknown option 'refil'"):
+        SlotScheduler(specs, "length_aware", 2, refil="sjf")
+    with pytest.raises(SamplingError, match="num_slots"):
+        SlotScheduler(specs, "continuous", 0)
+    with pytest.raises(ValueError, match="numbered"):
+        SlotScheduler(list(reversed(specs)), "continuous", 2)
+
+
+def test_engine_disagreement_is_caught():
+    specs, _ = specs_for([[3, 3]])
+    sched = SlotScheduler(specs, "continuous", 2)
+    sched.admit()
+    with pytest.raises(ValueError, match="length 3 after 1 decode steps"):
+        sched.step([(0, 3)])
+    with pytest.raises(ValueError, match="sample 7 finished but is not active"):
+        sched.step([(7, 2)])
+
+
+def test_make_group_specs_is_group_major():
+    specs = make_group_specs([5, 7], group_size=3, max_new_tokens=9, prompt_keys=["a", "b"])
+    assert [(s.sample_id, s.group_id, s.index_in_group, s.prompt_tokens) for s in specs] == [
+        (0, 0, 0, 5), (1, 0, 1, 5), (2, 0, 2, 5), (3, 1, 0, 7), (4, 1, 1, 7), (5, 1, 2, 7)]
+    assert specs[4].prompt_key == "b"
+
+
+def test_length_aware_asks_for_prefix_only_with_a_token_conditioned_predictor():
+    specs, lengths = specs_for([[30, 5, 20, 40]])
+    assert SlotScheduler(specs, "length_aware", 2, predictor=make_predictor("online"),
+                         prefix_tokens=8).prefix_tokens_wanted == 8
+    assert SlotScheduler(specs, "length_aware", 2, predictor=make_predictor("none")).prefix_tokens_wanted == 0
+    assert SlotScheduler(specs, "continuous", 2).prefix_tokens_wanted == 0
+
+
+def test_length_aware_with_oracle_balances_slots():
+    specs, lengths = specs_for([[8, 7, 6, 5, 4, 3, 2, 1]])
+    stats = checked_run(specs, lengths, "length_aware", 2, predictor=OraclePredictor(dict(enumerate(lengths))))
+    assert stats.decode_steps == stats.lower_bound == 18
+    assert stats.kendall_tau == pytest.approx(1.0) and stats.mae == 0.0
+
+
+def test_scheduler_is_fast_per_decode_step():
+    specs = make_group_specs([64] * 4, group_size=256, max_new_tokens=64)
+    lengths = [1 + (i * 37) % 64 for i in range(len(specs))]
+    for policy in ("continuous", "length_aware"):
+        start = time.perf_counter()
+        stats = run_call(specs, lengths, policy, 64, predictor=OraclePredictor())
+        per_step = (time.perf_counter() - start) / stats.decode_steps
+        assert per_step < 2e-3, f"{policy}: {per_step * 1e3:.2f} ms per decode step (engine loop included)"
+
+
+lengths_st = st.lists(st.lists(st.integers(1, 40), min_size=1, max_size=12), min_size=1, max_size=4)
+
+
+@settings(max_examples=150, deadline=None)
+@given(groups=lengths_st, policy=st.sampled_from(POLICIES), num_slots=st.integers(1, 9),
+       prompt_tokens=st.integers(0, 30), extra_budget=st.one_of(st.none(), st.integers(0, 200)),
+       predictor=st.sampled_from(["none", "oracle", "noisy:1.0", "online"]),
+       refill=st.sampled_from(["sjf", "ljf"]))
+def test_every_sample_once_and_budget_kept(groups, policy, num_slots, prompt_tokens, extra_budget,
+                                            predictor, refill):
+    specs, lengths = specs_for(groups, prompt_tokens=prompt_tokens, max_new=40)
+    budget = None if extra_budget is None else prompt_tokens + 40 + extra_budget
+    length_predictor = make_predictor(predictor)
+    if isinstance(length_predictor, OraclePredictor):
+        length_predictor.set_lengths(dict(enumerate(lengths)))
+    checked_run(specs, lengths, policy, num_slots, budget, length_predictor, refill=refill)
+
+
+@settings(max_examples=60, deadline=None)
+@given(groups=lengths_st, num_slots=st.integers(1, 6), extra_budget=st.integers(0, 120))
+def test_mispredicted_samples_still_complete_within_budget(groups, num_slots, extra_budget):
+    """The predictor claims the reverse of the truth: long looks short and short looks long."""
+    specs, lengths = specs_for(groups, prompt_tokens=5, max_new=40)
+    liar = OraclePredictor({i: 41 - length for i, length in enumerate(lengths)})
+    stats = checked_run(specs, lengths, "length_aware", num_slots, 5 + 40 + extra_budget, liar)
+    assert stats.num_samples == len(lengths)

@@ -1,0 +1,37 @@
+"""The embedded arithmetic task: deterministic, correct worked solutions, disjoint splits, long tail."""
+
+import re
+
+from infsamp.tasks.arithmetic import generate_problems, make_problem, worked_solution
+
+
+def test_deterministic_and_disjoint():
+    train = generate_problems(300, seed=7, split="train")
+    assert train == generate_problems(300, seed=7, split="train")
+    test = generate_problems(100, seed=7, split="test")
+    assert not {p["prompt"] for p in train} & {p["prompt"] for p in test}
+
+
+def test_solution_carries_and_answer():
+    text = worked_solution([95, 7])
+    assert "5+7+0=12 -> 2" in text
+    assert "9+0+1=10 -> 02" in text
+    assert "carry 1 -> 102" in text
+    assert re.search(r"<answer>\n102\n</answer>\n$", text)
+
+
+def test_every_solution_ends_with_the_sum():
+    for problem in generate_problems(200, seed=3, split="sft"):
+        operands = [int(x) for x in problem["prompt"].rstrip("=?\n").split("+")]
+        assert problem["answer"] == str(sum(operands))
+        assert problem["solution"].endswith(f"<answer>\n{problem['answer']}\n</answer>\n")
+
+
+def test_lengths_are_heavy_tailed_and_prompt_dependent():
+    problems = generate_problems(2000, seed=1, split="train")
+    lengths = sorted(len(p["solution"]) for p in problems)
+    median, p99 = lengths[len(lengths) // 2], lengths[int(0.99 * len(lengths))]
+    assert p99 > 1.6 * median
+    short = make_problem([3, 4])["solution"]
+    long = make_problem([12345678, 87654321])["solution"]
+    assert len(long) > 3 * len(short)

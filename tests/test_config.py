@@ -1,0 +1,73 @@
+"""Config tree: YAML + overrides, type coercion, validation errors that name the key."""
+
+import pytest
+
+from infsamp.config import Config, ConfigError, load_config, parse_size, save_config
+
+
+def test_defaults_validate():
+    cfg = load_config()
+    assert cfg.sampling.num_generations >= 2
+    assert cfg.model.name_or_path == "embedded"
+
+
+def test_yaml_then_overrides(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("training:\n  learning_rate: 1.0e-4\n  max_steps: 7\nsampling:\n  num_generations: 16\n")
+    cfg = load_config(path, {"training.learning_rate": "1e-5", "rewards.functions": "format,accuracy"})
+    assert cfg.training.learning_rate == 1e-5
+    assert cfg.training.max_steps == 7
+    assert cfg.sampling.num_generations == 16
+    assert cfg.rewards.functions == ["format", "accuracy"]
+
+
+@pytest.mark.parametrize("overrides, key", [
+    ({"training.bogus": 1}, "training.bogus"),
+    ({"nosection.x": 1}, "nosection.x"),
+    ({"training.max_steps": "abc"}, "training.max_steps"),
+    ({"training.max_steps": 2.5}, "training.max_steps"),
+    ({"training.learning_rate": -1}, "training.learning_rate"),
+    ({"sampling.num_generations": 1}, "sampling.num_generations"),
+    ({"sampling.max_new_tokens": 0}, "sampling.max_new_tokens"),
+    ({"model.name_or_path": "/does/not/exist"}, "model.name_or_path"),
+    ({"training.loss_type": "ppo"}, "training.loss_type"),
+    ({"training.scale_rewards": "median"}, "training.scale_rewards"),
+    ({"sampling.kv_budget": "24XB"}, "sampling.kv_budget"),
+    ({"logging.progress_bar": "maybe"}, "logging.progress_bar"),
+    ({"rewards.weights": "1.0"}, "rewards.weights"),
+])
+def test_bad_values_name_the_key(overrides, key):
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides=overrides)
+    message = str(info.value)
+    assert message.startswith(key)
+    assert "\n" not in message
+
+
+def test_yaml_errors(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("training: [1, 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+    wrong = tmp_path / "wrong.yaml"
+    wrong.write_text("training: 3\n")
+    with pytest.raises(ConfigError, match="^training: expected a mapping"):
+        load_config(wrong)
+
+
+def test_save_and_reload_roundtrip(tmp_path):
+    cfg = load_config(overrides={"training.max_steps": 3, "sampling.policy": "rounds"})
+    save_config(cfg, tmp_path / "out.yaml")
+    again = load_config(tmp_path / "out.yaml")
+    assert again.to_dict() == cfg.to_dict()
+    assert isinstance(again, Config)
+
+
+def test_parse_size():
+    assert parse_size("2GiB") == 2 * 2**30
+    assert parse_size("24GB") == 24 * 10**9
+    assert parse_size("8192") == 8192
+    with pytest.raises(ValueError):
+        parse_size("24XB")
+    with pytest.raises(ValueError):
+        parse_size("0")
