@@ -48,6 +48,14 @@ def greedy_accuracy(model, tokenizer, problems: list[dict], max_new_tokens: int 
     return evaluate_accuracy(model, tokenizer, problems, max_new_tokens=max_new_tokens)
 
 
+def length_buckets(tokenizer, problems: list[dict], batch_size: int, rng: random.Random) -> list[list[dict]]:
+    """Batches of similar length (little padding), in random order."""
+    ordered = sorted(problems, key=lambda p: len(p["prompt"]) + len(p["solution"]))
+    batches = [ordered[i: i + batch_size] for i in range(0, len(ordered) - batch_size + 1, batch_size)]
+    rng.shuffle(batches)
+    return batches
+
+
 def lr_at(step: int, max_steps: int, peak: float, warmup: int = 50) -> float:
     if step < warmup:
         return peak * (step + 1) / warmup
@@ -64,10 +72,13 @@ def train(args: argparse.Namespace) -> None:
     held_out = generate_problems(args.num_eval, seed=1234, split="test")
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.98))
     start = time.time()
+    batches: list[list[dict]] = []
     for step in range(args.steps):
+        if not batches:
+            batches = length_buckets(tokenizer, problems, args.batch_size, rng)
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, args.steps, args.lr)
-        input_ids, attention, labels = make_batch(tokenizer, rng.sample(problems, args.batch_size))
+        input_ids, attention, labels = make_batch(tokenizer, batches.pop())
         loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -197,3 +197,12 @@ def test_mispredicted_samples_still_complete_within_budget(groups, num_slots, ex
     liar = OraclePredictor({i: 41 - length for i, length in enumerate(lengths)})
     stats = checked_run(specs, lengths, "length_aware", num_slots, 5 + 40 + extra_budget, liar)
     assert stats.num_samples == len(lengths)
+
+
+def test_the_docs_diagram():
+    """docs/scheduling.md: one group a..h on 3 slots takes 15 / 9 / 8 decode steps."""
+    specs, lengths = specs_for([[6, 2, 3, 1, 5, 2, 4, 1]])
+    oracle = OraclePredictor(dict(enumerate(lengths)))
+    steps = {policy: checked_run(specs, lengths, policy, 3, predictor=oracle).decode_steps
+             for policy in ("rounds", "continuous", "length_aware")}
+    assert steps == {"rounds": 15, "continuous": 9, "length_aware": 8}

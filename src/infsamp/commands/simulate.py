@@ -6,7 +6,7 @@
 
 `--plot` sweeps predictor quality (the true length times a log-normal error, sigma 0 .. 1.5, plus the
 `none` and `online` predictors) under `length_aware` and draws decode steps against the measured
-Kendall tau, with `rounds` and `continuous` as reference lines.
+Kendall tau, with `continuous` and the lower bound as lines and `rounds` as a number.
 """
 
 from __future__ import annotations
@@ -16,16 +16,19 @@ import json
 
 from infsamp.errors import SamplingError
 from infsamp.sampling.policies import POLICIES, REFILL_ORDERS
-from infsamp.sampling.simulator import SimulationResult, read_trace, simulate, synthetic_trace, write_trace
+from infsamp.sampling.simulator import (
+    SimulationResult, arithmetic_trace, read_trace, simulate, synthetic_trace, write_trace)
 
-SYNTHETIC = {"lognormal": synthetic_trace}
+SYNTHETIC = {"lognormal": synthetic_trace, "arithmetic": arithmetic_trace}
 PLOT_SIGMAS = (0.0, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--trace", help="JSONL trace: {prompt_id, prompt_tokens, lengths} per line")
-    source.add_argument("--synthetic", choices=sorted(SYNTHETIC), help="generate a workload instead")
+    source.add_argument("--synthetic", choices=sorted(SYNTHETIC),
+                        help="generate a workload instead: lognormal (the paper's length-controlled one) or "
+                             "arithmetic (worked-solution lengths of the embedded task, with prompt text)")
     parser.add_argument("--groups", type=int, default=20, help="synthetic: prompts per epoch")
     parser.add_argument("--group-size", type=int, default=32, help="synthetic: G, samples per prompt")
     parser.add_argument("--epochs", type=int, default=1, help="synthetic: passes over the same prompts")
@@ -110,9 +113,13 @@ def _plot(groups, args) -> None:
         point = run_one("length_aware", predictor)
         ax.scatter([point.kendall_tau], [point.decode_steps], marker=marker, s=90, zorder=3,
                    label=f"length_aware, {predictor} predictor")
-    for policy, style in (("rounds", ":"), ("continuous", "--")):
-        ax.axhline(run_one(policy, "none").decode_steps, linestyle=style, color="gray", label=policy)
+    continuous = run_one("continuous", "none").decode_steps
+    ax.axhline(continuous, linestyle="--", color="gray", label="continuous (arrival order)")
     ax.axhline(point.lower_bound, color="black", linewidth=0.8, label="lower bound")
+    top = 1.05 * max([continuous] + [line.get_ydata().max() for line in ax.get_lines()[:2]])
+    ax.set_ylim(0.98 * point.lower_bound, top)
+    rounds = run_one("rounds", "none").decode_steps
+    ax.text(0.01, 0.98, f"rounds: {rounds} decode steps", transform=ax.transAxes, va="top", fontsize=8)
     ax.set_xlabel("predictor Kendall tau (per step, mean)")
     ax.set_ylabel("decode steps")
     ax.set_title(f"{len(groups)} groups, g={point.num_slots}, {args.prompts_per_step} prompt(s)/step")

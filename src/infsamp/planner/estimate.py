@@ -217,16 +217,42 @@ def generation_breakdown(p: PlanInputs, micro_group: int) -> dict[str, int]:
     return _with_overhead(parts, p.device)
 
 
+def embedding_grad_bytes(p: PlanInputs) -> int:
+    """One embedding-sized gradient (V x H), the largest tensor autograd creates; none with LoRA."""
+    return 0 if p.lora_rank > 0 else embedding_parameters(p.shape) * p.trainable_bytes
+
+
+def training_moments(p: PlanInputs, micro_batch_tokens: int) -> dict[str, dict[str, int]]:
+    """Dynamic bytes at the three candidate peak moments of a step (static parts excluded).
+
+    backward: all saved activations + the logits' backward buffers + lm_head's fresh weight gradient;
+    end of backward: with tied embeddings lm_head's gradient waits for the embedding's, then both are
+    summed (3 x V x H), untied only the embedding's own (1 x); optimizer step: step() temporaries.
+    """
+    vocab_grad = embedding_grad_bytes(p)
+    tied_factor = 3 if p.shape.tie_word_embeddings else 1
+    return {
+        "backward": dict(activations=micro_batch_tokens * activation_bytes_per_token(p),
+                         logits=completion_rows(p, micro_batch_tokens) * train_logits_bytes_per_row(p),
+                         gradients=vocab_grad),
+        "end of backward": dict(gradients=tied_factor * vocab_grad),
+        "optimizer step": dict(optimizer=optimizer_step_temporaries(p)),
+    }
+
+
+def peak_training_moment(p: PlanInputs, micro_batch_tokens: int) -> tuple[str, dict[str, int]]:
+    moments = training_moments(p, micro_batch_tokens)
+    name = max(moments, key=lambda m: sum(moments[m].values()))  # first wins ties: backward
+    return name, moments[name]
+
+
 def training_breakdown(p: PlanInputs, micro_batch_tokens: int) -> dict[str, int]:
-    """Bytes of one training micro-batch's forward+backward (or of optimizer.step(), if larger)."""
-    static = dict(weights=weights_bytes(p), reference=reference_bytes(p), gradients=gradients_bytes(p),
-                  optimizer=optimizer_bytes(p))
-    activations = micro_batch_tokens * activation_bytes_per_token(p)
-    logits = completion_rows(p, micro_batch_tokens) * train_logits_bytes_per_row(p)
-    step_temporaries = optimizer_step_temporaries(p)
-    if step_temporaries > activations + logits:  # the step, not the backward pass, sets the peak
-        activations, logits = step_temporaries, 0
-    return _with_overhead({**static, "activations": activations, "logits": logits, "kv_cache": 0}, p.device)
+    """Bytes at the peak moment of a training step with a micro-batch of `micro_batch_tokens` tokens."""
+    parts = dict(weights=weights_bytes(p), reference=reference_bytes(p), gradients=gradients_bytes(p),
+                 optimizer=optimizer_bytes(p), activations=0, logits=0, kv_cache=0)
+    for key, value in peak_training_moment(p, micro_batch_tokens)[1].items():
+        parts[key] += value
+    return _with_overhead(parts, p.device)
 
 
 # --- choosing g and the micro-batch ----------------------------------------------------------------

@@ -19,8 +19,9 @@ from typing import Any
 
 from infsamp.config import ConfigError
 from infsamp.planner.estimate import (DEVICES, DTYPE_BYTES, GIB, OPTIMIZERS, PlanInputs, activation_bytes_per_token,
-                                      decode_logits_bytes_per_row, generation_breakdown, inference_workspace_bytes,
+                                      decode_logits_bytes_per_row, embedding_grad_bytes, generation_breakdown, inference_workspace_bytes,
                                       kv_bytes_per_token, largest_micro_batch_sequences, largest_micro_group,
+                                      peak_training_moment,
                                       train_logits_bytes_per_row, training_breakdown)
 from infsamp.planner.presets import LORA_TARGETS_ALL_LINEAR, ModelShape
 
@@ -39,6 +40,7 @@ class MemoryPlan:
     training: dict[str, int]
     peak_bytes: int
     advice: list[str]
+    training_peak_moment: str  # backward, end of backward, or optimizer step
     num_parameters: int
     num_trainable_parameters: int
     inputs: PlanInputs = field(repr=False)
@@ -54,6 +56,7 @@ class MemoryPlan:
                     train_micro_batch_sequences=self.train_micro_batch_sequences,
                     kv_budget_tokens=self.kv_budget_tokens, generation=self.generation, training=self.training,
                     peak_bytes=self.peak_bytes, gpu_memory_bytes=self.inputs.gpu_memory_bytes,
+                    training_peak_moment=self.training_peak_moment,
                     advice=self.advice, num_parameters=self.num_parameters,
                     num_trainable_parameters=self.num_trainable_parameters,
                     model=dataclasses.asdict(self.inputs.shape), settings=settings)
@@ -100,11 +103,9 @@ def _choose(p: PlanInputs) -> tuple[int, int]:
     return g, largest_micro_batch_sequences(p) * p.seq_len
 
 
-def _evaluate(p: PlanInputs) -> tuple[int, int, dict[str, int], dict[str, int]]:
-    g, tokens = _choose(p)
-    generation = generation_breakdown(p, g or p.micro_group or 1)
-    training = training_breakdown(p, tokens or max(p.train_micro_batch_tokens, p.seq_len))
-    return g, tokens, generation, training
+def _shown_sizes(p: PlanInputs, g: int, tokens: int) -> tuple[int, int]:
+    """The g and micro-batch whose breakdown is shown: the chosen ones, or the smallest when none fits."""
+    return g or p.micro_group or 1, tokens or max(p.train_micro_batch_tokens, p.seq_len)
 
 
 def plan_memory(shape: ModelShape, *, gpu_memory_bytes: int, group_size: int, max_prompt: int,
@@ -118,14 +119,17 @@ def plan_memory(shape: ModelShape, *, gpu_memory_bytes: int, group_size: int, ma
                    tuple(lora_targets), optimizer, gradient_checkpointing, float(beta), dtype, device,
                    shared_prompt_kv, micro_group, train_micro_batch_tokens)
     validate_inputs(p)
-    g, tokens, generation, training = _evaluate(p)
+    g, tokens = _choose(p)
+    shown_g, shown_tokens = _shown_sizes(p, g, tokens)
+    generation, training = generation_breakdown(p, shown_g), training_breakdown(p, shown_tokens)
     fits = g > 0 and tokens > 0
-    kv_tokens = max(g, 1) * p.max_completion + p.max_prompt if p.shared_prompt_kv else max(g, 1) * p.seq_len
+    kv_tokens = p.max_prompt + shown_g * p.max_completion if p.shared_prompt_kv else shown_g * p.seq_len
     return MemoryPlan(fits=fits, micro_group=g, train_micro_batch_tokens=tokens, kv_budget_tokens=kv_tokens,
                       generation=generation, training=training,
                       peak_bytes=max(generation["peak"], training["peak"]),
-                      advice=[] if fits else advise(p, g, tokens), num_parameters=p.num_parameters,
-                      num_trainable_parameters=p.num_trainable, inputs=p)
+                      advice=[] if fits else advise(p, g, tokens),
+                      training_peak_moment=peak_training_moment(p, shown_tokens)[0],
+                      num_parameters=p.num_parameters, num_trainable_parameters=p.num_trainable, inputs=p)
 
 
 # --- advice: re-run the estimate with each switch ---------------------------------------------------
@@ -154,8 +158,9 @@ def _apply(p: PlanInputs, names: tuple[str, ...]) -> PlanInputs | None:
 
 def _describe(names: tuple[str, ...], p: PlanInputs, g: int, tokens: int) -> str:
     peak = max(generation_breakdown(p, g)["peak"], training_breakdown(p, tokens)["peak"])
-    return (f"fits with {' + '.join(names)}: peak {peak / GIB:.2f} GiB, g = {g}, "
-            f"micro-batch {tokens} tokens ({tokens // p.seq_len} sequences)")
+    sequences = tokens // p.seq_len
+    return (f"fits with {' + '.join(names)}: peak {peak / GIB:.2f} GiB, g = {g}, micro-batch {tokens} tokens "
+            f"({sequences} sequence{'s' if sequences > 1 else ''})")
 
 
 def _switch_advice(p: PlanInputs) -> list[str]:
@@ -231,6 +236,6 @@ def auto_train_micro_batch_tokens(shape: ModelShape, free_bytes: int, *, max_pro
     """
     p = PlanInputs(shape, 1, 1, max_prompt, max_completion, lora_rank=lora_rank, dtype=dtype, device=device,
                    gradient_checkpointing=gradient_checkpointing)
-    usable = free_bytes / (1 + DEVICES[device].fragmentation)
+    usable = free_bytes / (1 + DEVICES[device].fragmentation) - embedding_grad_bytes(p)
     sequences = math.floor(usable / (train_bytes_per_token(p) * p.seq_len))
     return max(sequences, 1) * p.seq_len

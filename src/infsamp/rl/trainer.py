@@ -33,10 +33,11 @@ from infsamp.rewards import compute_rewards, load_reward_functions
 from infsamp.rl import checkpoint as ckpt
 from infsamp.rl.advantages import compute_advantages
 from infsamp.rl.evaluation import evaluate_accuracy
-from infsamp.rl.grpo_step import GRPOStep, Rollout
+from infsamp.rl.grpo_step import GRPOStep, Rollout, is_out_of_memory
 from infsamp.rl.optim import build_optimizer, build_scheduler
 from infsamp.rl.prompt_stream import PromptStream
 from infsamp.rl.run_log import RunLogger, plot_run
+from infsamp.sampling.length_predictor import make_predictor
 from infsamp.sampling.sampler import GroupSampler
 from infsamp.tasks.loading import (completion_for_rewards, load_examples, prompt_for_rewards, render_prompt,
                                     uses_chat_template)
@@ -48,6 +49,14 @@ class TrainResult:
     final_step: int
     eval_before: float | None
     eval_after: float | None
+
+
+def quiet_transformers() -> None:
+    """No per-save progress bars or advisory warnings between our own log lines."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
 
 
 def seed_everything(seed: int) -> None:
@@ -65,6 +74,7 @@ class GRPOTrainer:
         self.output_dir = Path(cfg.logging.output_dir)
         self.output_dir.mkdir(parents=True, exist_ok=True)
         seed_everything(cfg.training.seed)
+        quiet_transformers()
         self.device = resolve_device(cfg.model.device)
         self.model, self.tokenizer = load_model_and_tokenizer(cfg.model, self.device)
         self.reward_funcs = reward_funcs or load_reward_functions(cfg.rewards.functions)
@@ -73,7 +83,7 @@ class GRPOTrainer:
         self.eval_examples = load_examples(cfg.data, cfg.data.eval_split)[: cfg.eval.num_problems] \
             if cfg.eval.num_problems else []
         self.stream = PromptStream(self.train_examples, cfg.training.prompts_per_step, cfg.training.seed)
-        self.sampler = GroupSampler(self.model, self.tokenizer, cfg.sampling)
+        self.sampler = GroupSampler(self.model, self.tokenizer, cfg.sampling, predictor=self._length_predictor())
         self.generator = torch.Generator(device="cpu").manual_seed(cfg.training.seed)
         self.ref_model = self._reference_model()
         self.grpo = GRPOStep(self.model, cfg.training, pad_token_id=self.tokenizer.pad_token_id,
@@ -82,12 +92,22 @@ class GRPOTrainer:
         self.optimizer = build_optimizer(self.model, cfg.training)
         self.scheduler = build_scheduler(self.optimizer, cfg.training)
         self.step_callback = step_callback
+        self.num_sampling_oom_retries = 0
         self.step = 0
         self.eval_before: float | None = None
         self._resume()
         save_config(cfg, self.output_dir / "config.yaml")
 
     # ------------------------------------------------------------------ setup
+
+    def _length_predictor(self):
+        """The length_aware policy's predictor, kept for the whole run so it learns across epochs."""
+        if self.cfg.sampling.policy != "length_aware":
+            return None
+        if self.cfg.sampling.predictor not in ("online", "none"):
+            raise InfsampError(f"sampling.predictor {self.cfg.sampling.predictor!r}: training needs online or "
+                               "none (oracle and noisy know the true lengths: bench and simulate only)")
+        return make_predictor(self.cfg.sampling.predictor)
 
     def _reference_model(self):
         """None with beta 0; with LoRA the base with adapters disabled; else a frozen copy."""
@@ -109,8 +129,8 @@ class GRPOTrainer:
         self.generator.set_state(blob["generator"])
         self.stream.load_state_dict(state["data"])
         self.step, self.eval_before = state["step"], state.get("eval_before")
-        if blob.get("predictor") is not None and hasattr(self.sampler, "load_state_dict"):
-            self.sampler.load_state_dict(blob["predictor"])
+        if blob.get("predictor") is not None:
+            self.sampler.predictor = blob["predictor"]
         print(f"resumed from {path} at step {self.step}")
 
     def _load_weights(self, model_dir: Path) -> None:
@@ -184,11 +204,8 @@ class GRPOTrainer:
         ckpt.save_checkpoint(
             self.output_dir, self.step, model=self.model, tokenizer=self.tokenizer, optimizer=self.optimizer,
             scheduler=self.scheduler, keep_last=self.cfg.checkpointing.keep_last,
-            extra={"generator": self.generator.get_state(), "predictor": self._predictor_state()},
+            extra={"generator": self.generator.get_state(), "predictor": self.sampler.predictor},
             trainer_state={"data": self.stream.state_dict(), "eval_before": self.eval_before})
-
-    def _predictor_state(self) -> Any:
-        return self.sampler.state_dict() if hasattr(self.sampler, "state_dict") else None
 
     # ------------------------------------------------------------------ one step
 
@@ -208,8 +225,7 @@ class GRPOTrainer:
         G = self.cfg.sampling.num_generations
         texts = [render_prompt(ex, self.tokenizer, self.cfg.data) for _, ex in batch]
         prompt_ids = [self._encode_prompt(t) for t in texts]
-        result = self.sampler.sample(prompt_ids, G, prompt_keys=[str(i) for i, _ in batch], prompt_texts=texts,
-                                     generator=self.generator)
+        result = self._sample_with_retry(prompt_ids, G, [str(i) for i, _ in batch], texts)
         completions = [c for group in result.groups for c in group]  # group-major, N = B*G
         examples = [ex for _, ex in batch for _ in range(G)]
         rewards = self._score(examples, completions)
@@ -221,6 +237,24 @@ class GRPOTrainer:
         groups = [{"prompt_id": str(i), "prompt_tokens": len(p), "lengths": [c.length for c in grp]}
                   for (i, _), p, grp in zip(batch, prompt_ids, result.groups)]
         return rollout, metrics, groups
+
+    def _sample_with_retry(self, prompt_ids, G: int, keys: list[str], texts: list[str]):
+        """On out-of-memory, halve g (leaving `full` for `continuous`) and sample the step again."""
+        while True:
+            state = self.generator.get_state()
+            try:
+                return self.sampler.sample(prompt_ids, G, prompt_keys=keys, prompt_texts=texts,
+                                           generator=self.generator)
+            except (torch.OutOfMemoryError, RuntimeError) as err:
+                g = self.cfg.sampling.micro_group or G * len(prompt_ids)
+                if not is_out_of_memory(err) or g <= 1:
+                    raise
+                self.generator.set_state(state)
+                self.cfg.sampling.micro_group = g // 2
+                if self.cfg.sampling.policy == "full":
+                    self.cfg.sampling.policy = "continuous"
+                self.num_sampling_oom_retries += 1
+                print(f"out of memory while sampling: retrying with micro_group={g // 2}")
 
     def _encode_prompt(self, text: str) -> list[int]:
         ids = self.tokenizer(text, add_special_tokens=False).input_ids
@@ -252,4 +286,5 @@ class GRPOTrainer:
             values = rewards.per_function["accuracy"]
             metrics["accuracy"] = sum(1 for v in values if v and v > 0) / len(values)
         metrics.update(sampler_metrics)
+        metrics["sampling/oom_retries"] = self.num_sampling_oom_retries
         return metrics

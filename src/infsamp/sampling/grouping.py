@@ -1,11 +1,12 @@
 """Global grouping: assign samples (jobs of predicted length) to g identical slots, minimising the
 busiest slot (makespan, P||Cmax). Pure Python, no torch.
 
-- `fptas`: the classic dynamic program over slot-load vectors with every length rounded down to a grid
-  of `delta = epsilon * LB / n`; the rounded instance is solved exactly, so the result is within
-  (1 + epsilon) of the optimum. Load vectors are kept sorted (slots are identical) and pruned at the
-  LPT makespan. It is polynomial only for fixed g; when the states exceed `max_states` it gives up
-  (returns None) and the caller falls back to LPT.
+- `fptas` / `search`: the classic FPTAS for fixed g: every length is rounded down to a grid of
+  `delta = epsilon * LB / n`, and the dynamic program over slot-load vectors of the rounded instance
+  is solved exactly, so the plan is within (1 + epsilon) of the optimum. The DP states (job, sorted
+  loads) are walked depth first from the LPT plan with memoisation and bound cuts, which visits a small
+  part of the table; past `max_states` visited states the search keeps its best plan so far (never
+  worse than LPT) and reports that it was cut short (`fptas` then returns None).
 - `lpt`: longest processing time first onto the least loaded slot (a 4/3-approximation, O(n log n)).
 - `lower_bound`: max(ceil(sum / g), max): no schedule of these lengths on g slots finishes sooner.
 

@@ -9,10 +9,13 @@ A policy only orders pending samples; `SlotScheduler` owns the slots and the KV 
   of round maxima when only the count per round is capped.
 - `continuous`: a freed slot takes the next pending sample in arrival order (same group, then the next).
 - `length_aware`: global grouping of the call's samples onto the g slots by predicted length (FPTAS,
-  LPT fallback, `grouping.py`), then runtime refill: a slot runs its own planned queue in refill order
-  (`sjf` shortest predicted first, `ljf` longest first) and, once empty, takes the next sample of the
-  queue with the most predicted work left. With an adaptive predictor the pending samples are
-  re-planned (LPT, running samples' predicted remaining work as slot loads) every g new observations.
+  LPT fallback, `grouping.py`); each slot runs its planned queue in refill order (`sjf` shortest
+  predicted first, `ljf` longest first) and, once empty, takes from the queue with the most predicted
+  work left. As soon as a sample ends more than 2% off its prediction (or an adaptive predictor has
+  learnt something new), the plan is stale: from then on every free slot takes the next pending sample
+  of the whole call in refill order (list scheduling; with `ljf` that is LPT on the remaining samples).
+  With exact predictions the plan is followed to the end. `refill: auto` is `ljf` (measured: sjf is
+  worse than plain arrival order whenever predictions are imperfect; see docs/scheduling.md).
 
 Simplification: a policy never preempts; the scheduler's conservative reservation makes that safe.
 """
@@ -66,7 +69,7 @@ class AdmissionPolicy:
     def on_finished(self, spec: "SampleSpec", length: int) -> None:
         pass
 
-    def on_prefix(self, spec: "SampleSpec", token_ids: Sequence[int], age: int) -> None:
+    def on_prefix(self, spec: "SampleSpec", token_ids: Sequence[int]) -> None:
         pass
 
 
@@ -164,9 +167,9 @@ class LengthAwarePolicy(AdmissionPolicy):
         if abs(length - planned) > self.tolerance * planned:
             self._off_plan = True
 
-    def on_prefix(self, spec, token_ids, age):
+    def on_prefix(self, spec, token_ids):
         remaining = self.predictor.predict_remaining(spec, token_ids)
-        self._prefix_total[spec.sample_id] = age + max(1.0, float(remaining))
+        self._prefix_total[spec.sample_id] = len(token_ids) + max(1.0, float(remaining))
         self._events_since_plan += 1
 
     # ---- planning -------------------------------------------------------------------------------

@@ -141,7 +141,7 @@ class SlotScheduler:
         """The engine reports a sample's first `prefix_tokens_wanted` generated tokens (once)."""
         if sample_id not in self._slot_of:
             raise ValueError(f"observe_prefix: sample {sample_id} is not active")
-        self._policy.on_prefix(self._samples[sample_id], token_ids, self.age(sample_id))
+        self._policy.on_prefix(self._samples[sample_id], token_ids)
 
     def active(self) -> dict[int, SampleSpec]:
         """slot -> running sample."""

@@ -31,6 +31,7 @@ class TraceGroup:
     prompt_id: str
     prompt_tokens: int
     lengths: list[int]
+    prompt_text: str = ""  # optional in a trace; gives the online predictor its prompt features
 
 
 @dataclass
@@ -85,7 +86,10 @@ def _parse_line(path: Path, number: int, line: str) -> TraceGroup:
     for position, length in enumerate(lengths):
         if not _is_int(length) or length < 1:
             raise DataError(f"{where}: lengths[{position}] must be an integer >= 1, got {length!r}")
-    return TraceGroup(str(row["prompt_id"]), row["prompt_tokens"], list(lengths))
+    text = row.get("prompt_text", "")
+    if not isinstance(text, str):
+        raise DataError(f"{where}: prompt_text must be a string, got {type(text).__name__}")
+    return TraceGroup(str(row["prompt_id"]), row["prompt_tokens"], list(lengths), text)
 
 
 def _is_int(value) -> bool:
@@ -96,6 +100,8 @@ def write_trace(groups: Iterable[TraceGroup], path: str | Path) -> None:
     with open(path, "w") as handle:
         for group in groups:
             row = {"prompt_id": group.prompt_id, "prompt_tokens": group.prompt_tokens, "lengths": group.lengths}
+            if group.prompt_text:
+                row["prompt_text"] = group.prompt_text
             handle.write(json.dumps(row) + "\n")
 
 
@@ -114,6 +120,28 @@ def synthetic_trace(num_groups: int, group_size: int, epochs: int = 1, seed: int
                        for _ in range(group_size)]
             groups.append(TraceGroup(prompt_id, prompt_tokens, lengths))
     return groups
+
+
+def arithmetic_trace(num_groups: int, group_size: int, epochs: int = 1, seed: int = 0,
+                     sigma_sample: float = 0.3, max_length: int = 1024) -> list[TraceGroup]:
+    """A stand-in for the embedded task: each sample's length is the worked solution's length in
+    characters (the embedded tokenizer is character-level, tags are one token, plus EOS) times a
+    log-normal error of `sigma_sample` (a policy that is not yet exact); prompts carry their text."""
+    from infsamp.tasks.arithmetic import generate_problems
+
+    rng = random.Random(seed)
+    problems = generate_problems(num_groups, seed=seed)
+    groups = []
+    for _ in range(epochs):
+        for number, problem in enumerate(problems):
+            ideal = len(problem["solution"]) - sum(len(t) - 1 for t in _TAGS) + 1
+            lengths = [min(max_length, max(1, round(ideal * rng.lognormvariate(0.0, sigma_sample))))
+                       for _ in range(group_size)]
+            groups.append(TraceGroup(f"a{number}", len(problem["prompt"]), lengths, problem["prompt"]))
+    return groups
+
+
+_TAGS = ("<reasoning>", "</reasoning>", "<answer>", "</answer>")
 
 
 # ---- replay -------------------------------------------------------------------------------------
@@ -199,7 +227,7 @@ def _call_specs(step_groups: Sequence[TraceGroup], max_new: int) -> tuple[list[S
     for group_id, group in enumerate(step_groups):
         for index, length in enumerate(group.lengths):
             specs.append(SampleSpec(len(specs), group_id, index, group.prompt_tokens, max_new,
-                                    group.prompt_id))
+                                    group.prompt_id, group.prompt_text))
             lengths.append(length)
     return specs, lengths
 

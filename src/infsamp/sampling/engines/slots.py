@@ -248,8 +248,10 @@ class SlotEngine:
 
     def _drop_preempted(self, active: dict[int, Any]) -> None:
         for slot, spec in enumerate(self.slot_sample):
+            if spec is None or spec.sample_id in self.finish:
+                continue
             running = active.get(slot)
-            if spec is not None and spec.sample_id not in self.finish and (running is None or running.sample_id != spec.sample_id):
+            if running is None or running.sample_id != spec.sample_id:  # the scheduler took the slot back
                 self._preempt(slot)
 
     def _preempt(self, slot: int) -> None:

@@ -1,0 +1,82 @@
+"""Human-readable text of a MemoryPlan: settings, the two-phase breakdown, g, micro-batch, verdict, advice.
+
+Deliberately plain: fixed-width columns in GiB (2**30 bytes), no colours, so it can be pasted into docs.
+"""
+
+from __future__ import annotations
+
+import math
+
+from infsamp.planner.estimate import (GIB, PARTS, activation_bytes_per_token, kv_bytes_per_token,
+                                      train_logits_bytes_per_row)
+from infsamp.planner.plan import MemoryPlan
+
+TIGHT_FRACTION = 0.95  # a plan above this share of the memory is flagged as tight
+
+
+def _gib(num_bytes: float) -> str:
+    return f"{num_bytes / GIB:9.2f} GiB"
+
+
+def _kib(num_bytes: float) -> str:
+    return f"{num_bytes / 1024:,.1f} KiB"
+
+
+def header_lines(plan: MemoryPlan) -> list[str]:
+    p = plan.inputs
+    reference = "reference = base with adapters off" if p.lora_rank else (
+        f"beta {p.beta:g}: reference model" if p.beta > 0 else "beta 0: no reference model")
+    training = f"LoRA rank {p.lora_rank}" if p.lora_rank else "full fine-tuning"
+    return [
+        f"model {p.shape.name}: {plan.num_parameters / 1e9:.3f}B parameters, "
+        f"{plan.num_trainable_parameters / 1e6:,.1f}M trainable ({training})",
+        f"{p.dtype} on {p.device} with {p.gpu_memory_bytes / GIB:.2f} GiB; G = {p.group_size}, prompt <= "
+        f"{p.max_prompt}, completion <= {p.max_completion} tokens",
+        f"optimizer {p.optimizer}, {reference}, gradient checkpointing "
+        f"{'on' if p.gradient_checkpointing else 'off'}",
+    ]
+
+
+def breakdown_lines(plan: MemoryPlan) -> list[str]:
+    lines = [f"{'':14}{'generation':>13}{'training':>14}"]
+    for part in (*PARTS, "peak"):
+        lines.append(f"  {part:<12}{_gib(plan.generation[part])} {_gib(plan.training[part])}")
+    return lines
+
+
+def sizes_lines(plan: MemoryPlan) -> list[str]:
+    p = plan.inputs
+    kv_token = kv_bytes_per_token(p.shape, p.dtype)
+    g_text = (f"micro-group g = {plan.micro_group} of G = {p.group_size} decoded at once"
+              if plan.micro_group else "micro-group: not even g = 1 fits (breakdown shows g = 1)")
+    kv = (f"KV cache {_kib(kv_token)}/token: {p.max_prompt} prompt tokens once + g x {p.max_completion}"
+          if p.shared_prompt_kv else f"KV cache {_kib(kv_token)}/token: g x {p.seq_len}")
+    per_token = _kib(activation_bytes_per_token(p))
+    logits_row = _kib(train_logits_bytes_per_row(p))
+    if plan.train_micro_batch_tokens:
+        sequences = plan.train_micro_batch_sequences
+        batch = (f"training micro-batch = {plan.train_micro_batch_tokens:,} tokens ({sequences} x "
+                 f"{p.seq_len}); G = {p.group_size} takes {math.ceil(p.group_size / sequences)} micro-batches")
+    else:
+        batch = f"training micro-batch: not even one sequence of {p.seq_len} tokens fits (breakdown shows one)"
+    return [
+        g_text, f"  {kv}",
+        batch,
+        f"  per token: activations {per_token} ({'with' if p.gradient_checkpointing else 'without'} "
+        f"checkpointing), logits {logits_row} per completion token; peak at: {plan.training_peak_moment}",
+    ]
+
+
+def verdict_lines(plan: MemoryPlan) -> list[str]:
+    share = plan.peak_bytes / plan.inputs.gpu_memory_bytes
+    if plan.fits:
+        tight = " (tight: allocator behaviour may push it over)" if share > TIGHT_FRACTION else ""
+        lines = [f"FITS: peak {plan.peak_bytes / GIB:.2f} GiB = {100 * share:.0f}% of the memory{tight}"]
+    else:
+        lines = [f"DOES NOT FIT: peak {plan.peak_bytes / GIB:.2f} GiB = {100 * share:.0f}% of the memory"]
+    return lines + [f"  advice: {line}" for line in plan.advice]
+
+
+def format_plan(plan: MemoryPlan) -> str:
+    sections = [header_lines(plan), breakdown_lines(plan), sizes_lines(plan), verdict_lines(plan)]
+    return "\n\n".join("\n".join(section) for section in sections)

@@ -1,0 +1,80 @@
+"""`infsamp sample` and the pieces of `infsamp bench sampling` on a tiny char-level checkpoint."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from infsamp.cli import main
+from infsamp.commands import bench
+from infsamp.config import SamplingConfig
+from infsamp.models.tiny import build_tokenizer
+from infsamp.sampling.sampler import GroupSampler
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny")
+    tokenizer = build_tokenizer()
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    LlamaForCausalLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def test_sample_command_writes_completions_and_trace(checkpoint, tmp_path, capsys):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("What is 2+3?\n\nHello\n")
+    out, trace = tmp_path / "out.jsonl", tmp_path / "trace.jsonl"
+    code = main(["sample", "--model", str(checkpoint), "--prompts", str(prompts), "-G", "3",
+                 "--max-new-tokens", "5", "--kv-budget", "40", "--out", str(out), "--trace", str(trace)])
+    assert code == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 6 and {r["prompt"] for r in rows} == {"What is 2+3?", "Hello"}
+    lines = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert lines[0]["prompt_tokens"] == 12 and len(lines[0]["lengths"]) == 3
+    assert "decode steps" in capsys.readouterr().out
+
+
+def test_sample_command_reports_bad_budget(checkpoint, tmp_path, capsys):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("What is 2+3?\n")
+    code = main(["sample", "--model", str(checkpoint), "--prompts", str(prompts), "--kv-budget", "5"])
+    assert code == 2 and "kv_budget='5'" in capsys.readouterr().err
+
+
+def test_forced_lengths_are_exact(checkpoint):
+    from infsamp.models.loading import load_model_and_tokenizer
+    from infsamp.config import ModelConfig
+
+    model, tokenizer = load_model_and_tokenizer(ModelConfig(name_or_path=str(checkpoint)))
+    workload = bench.Workload("controlled", (8,), 40, median=12, min_length=2, controlled=True)
+    targets = bench.target_lengths(workload, 8, 0, seed=0)
+    cfg = SamplingConfig(policy="continuous", micro_group=3, kv_budget="1000", max_new_tokens=40)
+    result = GroupSampler(model, tokenizer, cfg).sample(
+        [[5, 6, 7]], 8, logits_processor_factory=lambda specs: bench.ForcedLengths(targets, tokenizer.eos_token_id))
+    assert [c.length for c in result.groups[0]] == targets
+    assert all(c.finish_reason == "eos" for c in result.completions)
+
+
+def test_bench_cells_and_targets(checkpoint):
+    from infsamp.models.loading import load_model_and_tokenizer
+    from infsamp.config import ModelConfig
+
+    model, tokenizer = load_model_and_tokenizer(ModelConfig(name_or_path=str(checkpoint)))
+    workload = bench.Workload("controlled", (4, 8), 24, {4: 1, 8: 1}, median=8, min_length=2, controlled=True)
+    args = argparse.Namespace(micro_group=2, seed=0)
+    prompts = bench.bench_prompts(tokenizer, 1, 0)
+    rows = [bench.run_cell(model, tokenizer, workload, prompts, size, policy, args)
+            for size in (4, 8) for policy in bench.POLICIES]
+    targets = bench.check_targets(rows, 2)
+    assert targets["controlled/continuous: peak KV G=8 / G=4"] == 1.0
+    assert targets["controlled: peak KV full / continuous at G=8"] > 3
+    assert all(r["decode_steps"] >= r["lower_bound"] for r in rows)

@@ -1,0 +1,119 @@
+"""Trace reading (validated), the replay, the synthetic workload and the `infsamp simulate` CLI."""
+
+import json
+
+import pytest
+
+from infsamp.cli import main
+from infsamp.errors import DataError, SamplingError
+from infsamp.sampling.simulator import TraceGroup, read_trace, simulate, synthetic_trace, write_trace
+
+
+def write_lines(tmp_path, lines):
+    path = tmp_path / "trace.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+GOOD = '{"prompt_id": "a", "prompt_tokens": 5, "lengths": [3, 4]}'
+
+
+def test_read_trace_round_trip(tmp_path):
+    groups = [TraceGroup("a", 5, [3, 4]), TraceGroup("b", 7, [1])]
+    write_trace(groups, tmp_path / "t.jsonl")
+    assert read_trace(tmp_path / "t.jsonl") == groups
+
+
+@pytest.mark.parametrize("bad, message", [
+    ("{not json", "not valid JSON"),
+    ("[1, 2]", "expected a JSON object"),
+    ('{"prompt_id": "a", "lengths": [3]}', "missing field 'prompt_tokens'"),
+    ('{"prompt_id": "a", "prompt_tokens": 5}', "missing field 'lengths'"),
+    ('{"prompt_id": "a", "prompt_tokens": -1, "lengths": [3]}', "prompt_tokens must be"),
+    ('{"prompt_id": "a", "prompt_tokens": 5, "lengths": []}', "lengths must be a non-empty list"),
+    ('{"prompt_id": "a", "prompt_tokens": 5, "lengths": [3, -4]}', r"lengths\[1\] must be an integer >= 1, got -4"),
+    ('{"prompt_id": "a", "prompt_tokens": 5, "lengths": [3.5]}', r"lengths\[0\] .* got 3.5"),
+    ('{"prompt_id": "a", "prompt_tokens": 5, "lengths": ["3"]}', r"lengths\[0\]"),
+    ('{"prompt_id": "a", "prompt_tokens": 5, "lengths": [true]}', r"lengths\[0\]"),
+    ('{"prompt_id": null, "prompt_tokens": 5, "lengths": [3]}', "prompt_id must be"),
+])
+def test_malformed_line_names_file_and_line(tmp_path, bad, message):
+    path = write_lines(tmp_path, [GOOD, "", bad])  # the blank line still counts
+    with pytest.raises(DataError, match=rf"trace.jsonl:3: {message}"):
+        read_trace(path)
+
+
+def test_empty_or_missing_trace(tmp_path):
+    with pytest.raises(DataError, match="empty"):
+        read_trace(write_lines(tmp_path, [""]))
+    with pytest.raises(DataError, match="cannot read"):
+        read_trace(tmp_path / "nope.jsonl")
+
+
+def test_synthetic_trace_is_the_length_controlled_workload():
+    groups = synthetic_trace(50, 32, epochs=2, seed=3)
+    assert len(groups) == 100 and groups[0].prompt_id == groups[50].prompt_id
+    lengths = [x for g in groups for x in g.lengths]
+    assert min(lengths) >= 16 and max(lengths) <= 1024
+    assert 120 < sorted(lengths)[len(lengths) // 2] < 260  # median around 180
+    assert synthetic_trace(5, 4, seed=3) == synthetic_trace(5, 4, seed=3)
+
+
+def test_steps_group_consecutive_lines():
+    groups = [TraceGroup("a", 5, [4, 1]), TraceGroup("b", 5, [1, 1]), TraceGroup("c", 5, [2])]
+    result = simulate(groups, "continuous", num_slots=2, prompts_per_step=2)
+    # step 1: slot 0 runs 4; slot 1 runs 1, 1, 1 -> 4 steps; step 2: 2 steps
+    assert (result.num_steps, result.decode_steps, result.lower_bound) == (2, 6, 4 + 2)
+    assert result.num_samples == 5 and result.generated_tokens == 9
+    assert result.peak_kv_tokens == 5 + 5 + 3 + 1  # both prompts held at step 2 of step 1
+
+
+def test_kv_budget_sets_the_slots():
+    groups = synthetic_trace(2, 16, seed=0)
+    result = simulate(groups, "continuous", kv_budget=160 + 4 * 1024, max_new_tokens=1024)
+    assert result.num_slots == 4 and result.peak_kv_tokens <= 160 + 4 * 1024
+    with pytest.raises(SamplingError, match="too small"):
+        simulate(groups, "continuous", kv_budget=500, max_new_tokens=1024)
+    with pytest.raises(SamplingError, match="--max-new-tokens"):
+        simulate(groups, "continuous", num_slots=2, max_new_tokens=8)
+
+
+def test_oracle_length_aware_near_the_lower_bound():
+    for prompts_per_step in (1, 4):
+        groups = synthetic_trace(8, 32, seed=1)
+        result = simulate(groups, "length_aware", num_slots=8, predictor="oracle",
+                          prompts_per_step=prompts_per_step)
+        assert result.decode_steps <= 1.03 * result.lower_bound
+        rounds = simulate(groups, "rounds", num_slots=8, prompts_per_step=prompts_per_step)
+        assert result.decode_steps < 0.7 * rounds.decode_steps
+
+
+def test_cli_json(tmp_path, capsys):
+    trace = tmp_path / "t.jsonl"
+    code = main(["simulate", "--synthetic", "lognormal", "--groups", "4", "--group-size", "16", "--epochs", "2",
+                 "--slots", "4", "--policy", "length_aware", "--predictor", "online", "--json",
+                 "--prompts-per-step", "2", "--write-trace", str(trace)])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and len(read_trace(trace)) == 8
+    for key in ("decode_steps", "lower_bound", "peak_kv_tokens", "num_samples", "generated_tokens",
+                "kendall_tau", "mae"):
+        assert out[key] is not None, key
+    assert out["num_samples"] == 128 and out["decode_steps"] >= out["lower_bound"]
+    main(["simulate", "--trace", str(trace), "--slots", "4", "--json"])
+    assert json.loads(capsys.readouterr().out)["generated_tokens"] == out["generated_tokens"]
+
+
+def test_cli_errors_are_one_line(tmp_path, capsys):
+    path = write_lines(tmp_path, [GOOD, '{"prompt_id": "a"}'])
+    assert main(["simulate", "--trace", str(path), "--slots", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().count("\n") == 0 and "trace.jsonl:2: missing field" in err
+    assert main(["simulate", "--trace", str(write_lines(tmp_path, [GOOD])), "--policy", "rounds"]) == 2
+    assert "--slots or --kv-budget" in capsys.readouterr().err
+
+
+def test_cli_plot(tmp_path, capsys):
+    png = tmp_path / "quality.png"
+    code = main(["simulate", "--synthetic", "lognormal", "--groups", "3", "--group-size", "8", "--slots", "4",
+                 "--plot", str(png)])
+    assert code == 0 and png.read_bytes()[:4] == b"\x89PNG"
