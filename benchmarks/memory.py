@@ -38,6 +38,9 @@ from infsamp.planner.presets import ModelShape, shape_from_config  # noqa: E402
 
 MIB = 2**20
 NO_LIMIT = 2**50
+# glibc raises its mmap threshold after large frees and then keeps freed tensors in the heap, so the
+# resident set tracks the allocator's history, not the live tensors; a fixed threshold returns them.
+FIXED_MMAP_THRESHOLD = {"MALLOC_MMAP_THRESHOLD_": "131072"}
 
 
 @dataclass(frozen=True)
@@ -65,14 +68,14 @@ CASES: dict[str, Case] = {
     "embedded": Case("embedded", group_size=32, micro_group=32, max_prompt=32, max_completion=128,
                      train_sequences=8, quick=True),
     "qwen3-0.6b-2l": Case("qwen3-0.6b", layers=2, group_size=8, micro_group=8, max_prompt=64,
-                          max_completion=64, train_sequences=4, quick=True),
-    "llama-3.2-1b-2l": Case("llama-3.2-1b", layers=2, group_size=8, micro_group=8, max_prompt=64,
-                            max_completion=32, train_sequences=4),
-    "qwen2.5-0.5b-8l": Case("qwen2.5-0.5b", layers=8, group_size=8, micro_group=8, max_prompt=128,
-                            max_completion=32, train_sequences=4),
-    "qwen3-0.6b-8l": Case("qwen3-0.6b", layers=8, group_size=8, micro_group=8, max_prompt=128,
-                          max_completion=32, train_sequences=4),
-    "qwen3-0.6b": Case("qwen3-0.6b", group_size=4, micro_group=4, max_prompt=64, max_completion=16,
+                          max_completion=16, train_sequences=4, quick=True),
+    "llama-3.2-1b-2l": Case("llama-3.2-1b", layers=2, group_size=8, micro_group=8, max_prompt=128,
+                            max_completion=16, train_sequences=4),
+    "qwen2.5-0.5b-8l": Case("qwen2.5-0.5b", layers=8, group_size=8, micro_group=8, max_prompt=256,
+                            max_completion=16, train_sequences=4),
+    "qwen3-0.6b-8l": Case("qwen3-0.6b", layers=8, group_size=8, micro_group=8, max_prompt=256,
+                          max_completion=16, train_sequences=4),
+    "qwen3-0.6b": Case("qwen3-0.6b", group_size=4, micro_group=4, max_prompt=128, max_completion=16,
                        train_sequences=2),
     "gpu-qwen3-0.6b": Case("qwen3-0.6b", group_size=32, micro_group=32, max_prompt=256, max_completion=1024,
                            train_sequences=8, device="cuda"),
@@ -271,10 +274,11 @@ def planned_bytes(case: Case, phase: str) -> int:
     return parts["peak"] - (parts["overhead"] if case.device == "cuda" else 0)
 
 
-def measure(name: str, phase: str) -> dict:
+def measure(name: str, phase: str, default_malloc: bool = False) -> dict:
     """Run one measurement in a fresh interpreter."""
     command = [sys.executable, __file__, "--child", "--case", name, "--phase", phase]
-    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+    env = {**os.environ, **({} if default_malloc else FIXED_MMAP_THRESHOLD)}
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env)
     if done.returncode != 0:
         return {"error": (done.stderr.strip().splitlines() or ["failed"])[-1]}
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -308,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small CPU cases only")
     parser.add_argument("--case", choices=sorted(CASES), help="one case")
     parser.add_argument("--phase", choices=PHASES, help="one phase")
+    parser.add_argument("--default-malloc", action="store_true",
+                        help="keep glibc's adaptive mmap threshold (resident set then includes freed heap)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -319,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|---|---|---|")
     for name in names:
         for phase in [args.phase] if args.phase else PHASES:
-            print(table_row(name, phase, measure(name, phase)), flush=True)
+            print(table_row(name, phase, measure(name, phase, args.default_malloc)), flush=True)
     return 0
 
 

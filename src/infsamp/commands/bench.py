@@ -72,6 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run only this workload (repeatable)")
     parser.add_argument("--sizes", help="comma-separated G values instead of the workload's list")
     parser.add_argument("--prompts", type=int, help="sampler calls (prompts) per G instead of the default")
+    parser.add_argument("--policies", default=",".join(POLICIES), help="comma-separated subset of policies")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 is fastest for tiny models)")
     parser.add_argument("--seed", type=int, default=0)
 
@@ -91,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     for workload in selected:
         prompts = bench_prompts(tokenizer, max(workload.prompts_per_size.values()), args.seed)
         for group_size in workload.group_sizes:
-            for policy in POLICIES:
+            for policy in args.policies.split(","):
                 rows.append(run_cell(model, tokenizer, workload, prompts, group_size, policy, args))
                 print(format_row(rows[-1]), flush=True)
                 (out / "sampling.partial.json").write_text(json.dumps(rows, indent=1))
@@ -200,10 +201,14 @@ def check_targets(rows: list[dict], micro_group: int) -> dict:
         sizes = sorted({r["G"] for r in rows if r["workload"] == workload})
         for policy in ("rounds", "continuous"):
             first, last = _cell(rows, workload, sizes[0], policy), _cell(rows, workload, sizes[-1], policy)
+            if not (first and last):
+                continue
             targets[f"{workload}/{policy}: peak KV G={sizes[-1]} / G={sizes[0]}"] = (
                 last["peak_kv_bytes"] / first["peak_kv_bytes"])
         for size in sizes:
             full, cont = _cell(rows, workload, size, "full"), _cell(rows, workload, size, "continuous")
+            if not (full and cont):
+                continue
             ratio = full["peak_kv_bytes"] / cont["peak_kv_bytes"]
             targets[f"{workload}: peak KV full / continuous at G={size}"] = ratio
     for r in rows:
@@ -284,7 +289,8 @@ def plot(rows: list[dict], path: Path) -> None:
     fig, axes = plt.subplots(len(names), 2, figsize=(10, 3.6 * len(names)), squeeze=False)
     for row_axes, workload in zip(axes, names):
         for policy in POLICIES:
-            cells = sorted((r for r in rows if (r["workload"], r["policy"]) == (workload, policy)), key=lambda r: r["G"])
+            cells = sorted((r for r in rows if (r["workload"], r["policy"]) == (workload, policy)),
+                           key=lambda r: r["G"])
             sizes = [r["G"] for r in cells]
             row_axes[0].plot(sizes, [r["peak_kv_bytes"] / 2**20 for r in cells], marker="o", label=policy)
             row_axes[1].plot(sizes, [r["decode_steps"] / r["num_prompts"] for r in cells], marker="o", label=policy)

@@ -1,0 +1,111 @@
+"""The trainer end to end on a tiny model: metrics, resume after a kill, OOM retries, reward errors."""
+
+import json
+
+import pytest
+import torch
+
+from infsamp.errors import RewardError
+from infsamp.rl import grpo_step
+from infsamp.rl.checkpoint import list_checkpoints
+from infsamp.rl.trainer import GRPOTrainer
+
+
+class Killed(Exception):
+    pass
+
+
+def weights(model):
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def assert_same_weights(a, b):
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=0, atol=1e-6, msg=key)
+
+
+def test_run_writes_metrics_trace_and_checkpoint(tiny_config):
+    cfg = tiny_config(**{"training.max_steps": 2, "logging.plot": True})
+    result = GRPOTrainer(cfg).train()
+    out = result.output_dir
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2]
+    for key in ("reward", "reward_std", "rewards/format/mean", "rewards/accuracy/mean", "accuracy",
+                "completions/mean_length", "completions/max_length", "frac_reward_zero_std", "loss", "kl",
+                "clip_ratio/region_mean", "step_time", "sampling/decode_steps", "sampling/peak_kv_bytes",
+                "sampling/tokens_per_second"):
+        assert key in metrics[0], key
+    trace = [json.loads(line) for line in (out / "lengths.jsonl").read_text().splitlines()]
+    assert len(trace) == 4 and all(len(t["lengths"]) == 4 for t in trace)
+    assert list_checkpoints(out)[-1].name == "checkpoint-2"
+    assert (out / "plots" / "training.png").exists()
+    evals = [json.loads(line) for line in (out / "eval.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in evals] == [0, 2]
+
+
+def test_resume_after_kill_matches_uninterrupted_run(tiny_config, tmp_path):
+    straight = GRPOTrainer(tiny_config(**{"logging.output_dir": str(tmp_path / "a")}))
+    straight.train()
+    expected = weights(straight.model)
+
+    def kill_after_step_2(step, _metrics):
+        if step == 2:
+            raise Killed
+
+    cfg = tiny_config(**{"logging.output_dir": str(tmp_path / "b"), "checkpointing.save_every": 2})
+    with pytest.raises(Killed):
+        GRPOTrainer(cfg, step_callback=kill_after_step_2).train()
+    torch.manual_seed(12345)  # the resumed run must not depend on the process's RNG state
+    resumed = GRPOTrainer(tiny_config(**{"logging.output_dir": str(tmp_path / "b"),
+                                         "checkpointing.resume": "latest"}))
+    assert resumed.step == 2
+    resumed.train()
+    assert_same_weights(weights(resumed.model), expected)
+    steps = [json.loads(line)["step"] for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4]
+
+
+def test_training_oom_splits_micro_batch_and_keeps_gradient(tiny_config, tmp_path, monkeypatch):
+    clean = GRPOTrainer(tiny_config(**{"logging.output_dir": str(tmp_path / "a"), "training.max_steps": 2}))
+    clean.train()
+    original = grpo_step.GRPOStep._micro_batch_backward
+    calls = {"n": 0}
+
+    def flaky(self, mb, *args):
+        calls["n"] += 1
+        if calls["n"] == 1 and len(mb.indices) > 1:
+            raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+        return original(self, mb, *args)
+
+    monkeypatch.setattr(grpo_step.GRPOStep, "_micro_batch_backward", flaky)
+    retried = GRPOTrainer(tiny_config(**{"logging.output_dir": str(tmp_path / "b"), "training.max_steps": 2}))
+    retried.train()
+    assert retried.grpo.num_oom_retries == 1
+    assert_same_weights(weights(retried.model), weights(clean.model))
+
+
+def test_sampling_oom_halves_micro_group(tiny_config, monkeypatch):
+    trainer = GRPOTrainer(tiny_config(**{"training.max_steps": 1, "eval.num_problems": 0}))
+    original = trainer.sampler.sample
+    calls = {"n": 0}
+
+    def flaky(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(trainer.sampler, "sample", flaky)
+    trainer.train()
+    assert trainer.num_sampling_oom_retries == 1
+    assert trainer.cfg.sampling.micro_group == 2
+
+
+def test_bad_reward_function_names_function_and_row(tiny_config):
+    def broken(prompts, completions, **kwargs):
+        return [1.0] * (len(completions) - 1)
+
+    trainer = GRPOTrainer(tiny_config(**{"eval.num_problems": 0}), reward_funcs=[("broken", broken)])
+    with pytest.raises(RewardError, match="broken"):
+        trainer.train()
