@@ -167,9 +167,10 @@ def measure_training_step(model, optimizer, prompts, completions, *, max_tokens:
     from infsamp.rl.logprobs import build_micro_batches, micro_batch_logprobs
     from infsamp.rl.losses import LOSS_TYPES, BatchTotals, per_token_loss
 
-    advantages = torch.randn(len(completions))  # [N]
+    device = next(model.parameters()).device
+    advantages = torch.randn(len(completions), device=device)  # [N]
     totals = BatchTotals.from_lengths([len(c) for c in completions], max_completion)
-    for mb in build_micro_batches(prompts, completions, max_tokens=max_tokens, pad_token_id=0):
+    for mb in build_micro_batches(prompts, completions, max_tokens=max_tokens, pad_token_id=0, device=device):
         logps = micro_batch_logprobs(model, mb)  # [b, T_c]
         loss, _ = per_token_loss(logps, None, None, mb.rows(advantages), epsilon_low=0.2, epsilon_high=0.2,
                                  beta=0.0, mask=mb.completion_mask)

@@ -1,7 +1,10 @@
-"""Shared test setup: GPU tests skip cleanly without CUDA; torch runs single-threaded-friendly."""
+"""Shared test setup: GPU tests skip cleanly without CUDA; a tiny char-level checkpoint for CLI/trainer tests."""
 
 import pytest
 import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from infsamp.models.tiny import build_tokenizer
 
 
 def pytest_collection_modifyitems(config, items):
@@ -11,3 +14,18 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A random 2-layer Llama (hidden 32) with the embedded char tokenizer, saved once per session."""
+    path = tmp_path_factory.mktemp("tiny_model")
+    tokenizer = build_tokenizer()
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=512,
+                         tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
+                         eos_token_id=tokenizer.eos_token_id, bos_token_id=None)
+    LlamaForCausalLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path

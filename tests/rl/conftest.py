@@ -1,25 +1,7 @@
-"""A tiny random Llama with the embedded char tokenizer, saved once per session, and a small config."""
+"""A small trainer config around the shared tiny checkpoint (tests/conftest.py)."""
 
 import pytest
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM
-
 from infsamp.config import load_config
-from infsamp.models.tiny import build_tokenizer
-
-
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny_model")
-    tokenizer = build_tokenizer()
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=512,
-                         tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
-                         eos_token_id=tokenizer.eos_token_id, bos_token_id=None)
-    LlamaForCausalLM(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
 
 
 @pytest.fixture

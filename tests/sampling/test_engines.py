@@ -12,6 +12,9 @@ from infsamp.sampling.engines.slots import SlotEngine, SlotKVCache
 from infsamp.sampling.scheduler import SampleSpec
 
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
 @pytest.fixture(scope="module")
 def model():
     torch.manual_seed(1)

@@ -10,17 +10,9 @@ from infsamp.config import SamplingConfig
 from infsamp.errors import SamplingError
 from infsamp.sampling.sampler import GroupSampler, model_kv_bytes_per_token, resolve_budget
 
+pytestmark = pytest.mark.usefixtures("one_thread")
 EOS = 1
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11, 12], [13], [20, 21, 22, 23, 24, 25, 26]]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread (and do not fight parallel test workers)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope="module")

@@ -6,27 +6,19 @@ import argparse
 import json
 
 import pytest
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from infsamp.cli import main
 from infsamp.commands import bench
 from infsamp.config import SamplingConfig
-from infsamp.models.tiny import build_tokenizer
 from infsamp.sampling.sampler import GroupSampler
 
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny")
-    tokenizer = build_tokenizer()
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
-                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-    LlamaForCausalLM(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+def checkpoint(tiny_model_dir):
+    return tiny_model_dir
 
 
 def test_sample_command_writes_completions_and_trace(checkpoint, tmp_path, capsys):

@@ -14,8 +14,8 @@ def test_deterministic_and_disjoint():
 
 def test_solution_carries_and_answer():
     text = worked_solution([95, 7])
-    assert "5+7+0=12 -> 2" in text
-    assert "9+0+1=10 -> 02" in text
+    assert "95+07 c0: 5+7+0=12 -> 2" in text
+    assert "9+0 c1: 9+0+1=10 -> 02" in text
     assert "carry 1 -> 102" in text
     assert re.search(r"<answer>\n102\n</answer>\n$", text)
 

@@ -19,13 +19,10 @@ old / reference log-probs are assumed to stay below the training peak (they hold
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from infsamp.config import ConfigError
 from infsamp.planner.presets import (LORA_TARGETS_ALL_LINEAR, ModelShape, count_lora_parameters,
                                      count_parameters, embedding_parameters)
 
@@ -182,6 +179,11 @@ def decode_logits_bytes_per_row(p: PlanInputs) -> int:
     return p.shape.vocab_size * (p.dtype_bytes + 12)
 
 
+def prefill_logits_bytes(p: PlanInputs) -> int:
+    """Logits of a prompt's prefill: the sampler asks for every prompt position (no logits_to_keep)."""
+    return p.max_prompt * p.shape.vocab_size * p.dtype_bytes
+
+
 def inference_workspace_bytes(p: PlanInputs, tokens: int) -> int:
     """No-grad forward working set: one layer's intermediates for `tokens` tokens at a time."""
     s = p.shape
@@ -212,7 +214,7 @@ def generation_breakdown(p: PlanInputs, micro_group: int) -> dict[str, int]:
     parts = dict(weights=weights_bytes(p), reference=reference_bytes(p), gradients=0,
                  optimizer=optimizer_bytes(p),
                  activations=inference_workspace_bytes(p, max(prefill_tokens, micro_group)),
-                 logits=micro_group * decode_logits_bytes_per_row(p),
+                 logits=max(micro_group * decode_logits_bytes_per_row(p), prefill_logits_bytes(p)),
                  kv_cache=kv_tokens * kv_bytes_per_token(p.shape, p.dtype))
     return _with_overhead(parts, p.device)
 

@@ -1,8 +1,8 @@
 """The embedded task: multi-operand addition, solved column by column with carries.
 
 Each problem is generated deterministically from a seed. The worked solution writes one line per
-column (`7+5+1=13 -> 30`: digits, carry in, column sum, and the partial answer so far), so its length
-grows with the number of digits (about quadratically, because each line repeats the partial answer).
+column (`95+07 c0: 5+7+0=12 -> 2`: the operands still to add, the carry in, the column sum and the
+partial answer so far), so its length grows about quadratically with the number of digits.
 Digit counts are drawn log-normally, which makes completion lengths heavy-tailed and
 prompt-dependent, like real reasoning traces. Completions use the XML format of the GSM8K recipe
 (`<reasoning>` ... `</reasoning>` `<answer>` ... `</answer>`), so the same format and accuracy rewards
@@ -17,7 +17,7 @@ import math
 import random
 from typing import Any
 
-MAX_DIGITS = 8
+MAX_DIGITS = 6
 MEDIAN_DIGITS = 3.0
 DIGITS_SIGMA = 0.6
 SPLIT_OFFSETS = {"train": 0, "test": 1, "sft": 2}
@@ -44,16 +44,21 @@ def format_prompt(operands: list[int]) -> str:
 
 
 def worked_solution(operands: list[int]) -> str:
-    """Column-by-column reasoning in the XML answer format; the answer is the sum."""
+    """Column-by-column reasoning in the XML answer format; the answer is the sum.
+
+    Each line restates the operands still to add (zero-padded to one width, last digit dropped per
+    line), so every step only reads its own line and the line above: `4821+0379 c0: 1+9+0=10 -> 0`.
+    """
     width = max(len(str(x)) for x in operands)
-    digits = [str(x).zfill(width)[::-1] for x in operands]  # least significant first
+    padded = [str(x).zfill(width) for x in operands]
     lines, partial, carry = [], "", 0
-    for col in range(width):
-        column = [int(d[col]) for d in digits]
+    for cut in range(width, 0, -1):
+        remaining = [p[:cut] for p in padded]
+        column = [int(p[-1]) for p in remaining]
         total = sum(column) + carry
         partial = str(total % 10) + partial
         terms = "+".join(str(v) for v in column + [carry])
-        lines.append(f"{terms}={total} -> {partial}")
+        lines.append(f"{'+'.join(remaining)} c{carry}: {terms}={total} -> {partial}")
         carry = total // 10
     if carry:
         partial = str(carry) + partial

@@ -16,7 +16,7 @@ draws tokens with one global `torch.multinomial` (no per-sample random streams, 
 agree sample for sample), accepts only its fixed temperature/top-k/top-p processors (no per-sample
 forced lengths), and forks the `num_return_sequences` children of a request all at prefill time, so a
 slot refilled later with the 20th sample of a group has no parent whose prompt blocks it can share.
-This file is the missing piece: about 200 lines over the model's ordinary forward.
+This file is the missing piece: under 300 lines over the model's ordinary forward.
 
 Deliberately simple: the concatenation is one temporary per layer and step (a paged kernel would read
 the shared rows in place); rows of inactive slots are computed and ignored, as `generate` does.
