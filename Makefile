@@ -19,7 +19,7 @@ demo: $(STAMP)
 	$(BIN)/infsamp train
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -m "not gpu"
+	$(BIN)/python -m pytest -q -m "not gpu"
 
 test-all: $(STAMP)
 	$(BIN)/python -m pytest

@@ -7,7 +7,8 @@
 Both frameworks train the SAME random-init Llama (built once and saved to a temp dir, or `--model PATH`)
 on the same prompts (the embedded arithmetic task), with the same rewards (`format_reward`,
 `accuracy_reward`), G, max completion length, temperature 1.0, learning rate, one prompt per step,
-beta 0, fp32 on CPU. TRL runs its default layout: one generation batch of G completions, one forward/
+beta 0, fp32 on CPU, gradient checkpointing on in both (TRL 1.16's GRPOConfig default; `off` for
+neither). TRL runs its default layout: one generation batch of G completions, one forward/
 backward over all of them (per_device_train_batch_size=G, steps_per_generation=1). infsamp runs the
 continuous policy with a fixed micro group g and token-budget training micro-batches.
 
@@ -140,7 +141,8 @@ def trl_config(args, G: int, out_dir: Path):
         steps_per_generation=1, max_completion_length=args.max_completion, learning_rate=args.learning_rate,
         temperature=1.0, beta=0.0, use_vllm=False, bf16=False, fp16=False, use_cpu=True, report_to=[],
         logging_steps=1, save_strategy="no", max_steps=1 + args.steps, lr_scheduler_type="constant",
-        disable_tqdm=True, dataloader_num_workers=0, seed=0, loss_type="dapo")
+        disable_tqdm=True, dataloader_num_workers=0, seed=0, loss_type="dapo",
+        gradient_checkpointing=args.gradient_checkpointing == "on")
 
 
 def make_step_callback(meter: PeakRss, times: list[float], lengths: list[float]):
@@ -192,6 +194,7 @@ def infsamp_trainer(args, G: int, model_dir: Path, tmp: Path):
     g = min(args.micro_group, G)
     cfg = load_config(overrides={
         "model.name_or_path": str(model_dir), "model.device": "cpu", "model.dtype": "fp32",
+        "model.gradient_checkpointing": args.gradient_checkpointing == "on",
         "data.num_train_examples": NUM_PROMPTS, "data.max_prompt_length": MAX_PROMPT_TOKENS,
         "sampling.num_generations": G, "sampling.policy": "continuous", "sampling.micro_group": g,
         "sampling.kv_budget": str(g * (MAX_PROMPT_TOKENS + args.max_completion)),
@@ -265,7 +268,8 @@ def run_case(args, worker: str, model_dir: Path) -> dict:
 def shared_argv(args) -> list[str]:
     return ["--steps", str(args.steps), "--max-completion", str(args.max_completion),
             "--learning-rate", str(args.learning_rate), "--micro-group", str(args.micro_group),
-            "--train-micro-batch-tokens", str(args.train_micro_batch_tokens), "--threads", str(args.threads)]
+            "--train-micro-batch-tokens", str(args.train_micro_batch_tokens), "--threads", str(args.threads),
+            "--gradient-checkpointing", args.gradient_checkpointing]
 
 
 def summarise(framework: str, G: int, raw: dict) -> dict:
@@ -326,6 +330,8 @@ def parse_args(argv=None):
     p.add_argument("--train-micro-batch-tokens", type=int, default=4096, help="infsamp: tokens per micro-batch")
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads in each case (1: on a shared CPU, 2 threads spin-wait and run ~10x slower)")
+    p.add_argument("--gradient-checkpointing", choices=("on", "off"), default="on",
+                   help="both frameworks (on: TRL 1.16's GRPOConfig default)")
     p.add_argument("--profile", type=int, default=0, help="also cProfile one infsamp step at this G")
     p.add_argument("--quick", action="store_true", help="smoke check: G=8, 1 measured step")
     p.add_argument("--out", default="", help="write the results as JSON here")

@@ -56,7 +56,7 @@ def length_buckets(tokenizer, problems: list[dict], batch_size: int, rng: random
     return batches
 
 
-def lr_at(step: int, max_steps: int, peak: float, warmup: int = 50) -> float:
+def lr_at(step: int, max_steps: int, peak: float, warmup: int = 100) -> float:
     if step < warmup:
         return peak * (step + 1) / warmup
     return peak * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, max_steps - warmup)))

@@ -108,9 +108,10 @@ class SamplingConfig:
     top_k: int = opt(0, "top-k sampling (0 = off)")
     predictor: str = opt("online", "length predictor for length_aware: online, none, oracle")
     predictor_prefix_tokens: int = opt(16, "k: tokens decoded before a sample's length is re-predicted")
-    refill: str = opt("auto", "runtime refill order for length_aware: auto, sjf (shortest first), ljf")
+    refill: str = opt("auto", "runtime refill order for length_aware: auto (= ljf, measured best), sjf, ljf")
     grouping_epsilon: float = opt(0.1, "FPTAS epsilon of the global grouping (smaller: closer to optimal)")
-    engine: str = opt("auto", "decoding engine: auto, hf (transformers), vllm")
+    engine: str = opt("auto", "decoding engine: auto or hf (infsamp's slot engine over the transformers model)",
+                      choices=("auto", "hf"))
 
     def validate(self) -> None:
         _require(self.num_generations >= 2, "sampling.num_generations", self.num_generations,
@@ -122,6 +123,10 @@ class SamplingConfig:
         _require(self.top_k >= 0, "sampling.top_k", self.top_k, "must be >= 0")
         _require(self.predictor_prefix_tokens >= 0, "sampling.predictor_prefix_tokens",
                  self.predictor_prefix_tokens, "must be >= 0")
+        _check_choice("sampling.policy", self.policy, "infsamp.sampling.policies", "POLICIES")
+        _require(self.predictor.partition(":")[0] in ("online", "none", "oracle", "noisy"), "sampling.predictor",
+                 self.predictor, "must be online, none, oracle or noisy:SIGMA")
+        _require(self.refill in ("auto", "sjf", "ljf"), "sampling.refill", self.refill, "must be auto, sjf or ljf")
         _require(self.grouping_epsilon > 0, "sampling.grouping_epsilon", self.grouping_epsilon, "must be > 0")
         if self.kv_budget != "auto":
             try:
@@ -150,8 +155,10 @@ class TrainingConfig:
     num_iterations: int = opt(1, "optimisation passes over each sampled batch (mu)")
     train_micro_batch_tokens: int = opt(0, "tokens per training micro-batch; 0 = auto from the planner")
     seed: int = opt(0, "seed for sampling, shuffling and initialisation")
+    num_threads: int = opt(0, "torch CPU threads (0: torch's default; 1 is fastest for tiny models)")
 
     def validate(self) -> None:
+        _require(self.num_threads >= 0, "training.num_threads", self.num_threads, "must be >= 0")
         _require(self.max_steps > 0, "training.max_steps", self.max_steps, "must be > 0")
         _require(self.prompts_per_step > 0, "training.prompts_per_step", self.prompts_per_step, "must be > 0")
         _require(self.learning_rate >= 0, "training.learning_rate", self.learning_rate, "must be >= 0")

@@ -99,7 +99,7 @@ def test_sampling_oom_halves_micro_group(tiny_config, monkeypatch):
     monkeypatch.setattr(trainer.sampler, "sample", flaky)
     trainer.train()
     assert trainer.num_sampling_oom_retries == 1
-    assert trainer.cfg.sampling.micro_group == 2
+    assert trainer.sampler.cfg.micro_group == 2
 
 
 def test_bad_reward_function_names_function_and_row(tiny_config):

@@ -37,11 +37,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, overrides)
     if args.config is None:
         print(DEMO_HINT)
-    import torch
-
     from infsamp.rl.trainer import GRPOTrainer
 
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     result = GRPOTrainer(cfg).train()
     before, after = result.eval_before, result.eval_after
     if before is not None and after is not None:

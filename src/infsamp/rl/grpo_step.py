@@ -44,14 +44,14 @@ def is_out_of_memory(err: BaseException) -> bool:
 
 class GRPOStep:
     def __init__(self, model, cfg: TrainingConfig, *, pad_token_id: int, temperature: float,
-                 max_completion_length: int, ref_model=None):
+                 max_completion_length: int, ref_model=None, micro_batch_tokens: int = 0):
         self.model = model
         self.cfg = cfg
         self.pad_token_id = pad_token_id
         self.temperature = temperature
         self.max_completion_length = max_completion_length
         self.ref_model = ref_model
-        self.micro_batch_tokens = cfg.train_micro_batch_tokens or DEFAULT_MICRO_BATCH_TOKENS
+        self.micro_batch_tokens = micro_batch_tokens or cfg.train_micro_batch_tokens or DEFAULT_MICRO_BATCH_TOKENS
         self.num_oom_retries = 0
 
     # ------------------------------------------------------------------ no-grad passes

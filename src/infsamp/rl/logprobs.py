@@ -149,10 +149,10 @@ def selective_log_softmax(logits: Tensor, index: Tensor, chunk_rows: int = 256) 
     """log_softmax(logits).gather(index) without a full [b, t, V] log-softmax: fp32 logsumexp per row chunk."""
     flat_logits = logits.reshape(-1, logits.shape[-1])  # [R, V]
     flat_index = index.reshape(-1, 1)  # [R, 1]
-    pieces = []
-    for start in range(0, flat_logits.shape[0], chunk_rows):
-        chunk = flat_logits[start: start + chunk_rows].float()  # [r, V]
-        chosen = chunk.gather(-1, flat_index[start: start + chunk_rows]).squeeze(-1)  # [r]
+    pieces = []  # split (not slicing): its backward concatenates chunk grads instead of R/r full-size zeros
+    for chunk, chunk_index in zip(flat_logits.split(chunk_rows), flat_index.split(chunk_rows)):
+        chunk = chunk.float()  # [r, V]
+        chosen = chunk.gather(-1, chunk_index).squeeze(-1)  # [r]
         pieces.append(chosen - torch.logsumexp(chunk, dim=-1))  # [r]
     return torch.cat(pieces).reshape(index.shape)  # [b, t]
 

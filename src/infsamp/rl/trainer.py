@@ -19,7 +19,7 @@ from __future__ import annotations
 import random
 import time
 from copy import deepcopy
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -33,6 +33,7 @@ from infsamp.rewards import compute_rewards, load_reward_functions
 from infsamp.rl import checkpoint as ckpt
 from infsamp.rl.advantages import compute_advantages
 from infsamp.rl.evaluation import evaluate_accuracy
+from infsamp.rl.memory import plan_run
 from infsamp.rl.grpo_step import GRPOStep, Rollout, is_out_of_memory
 from infsamp.rl.optim import build_optimizer, build_scheduler
 from infsamp.rl.prompt_stream import PromptStream
@@ -75,6 +76,8 @@ class GRPOTrainer:
         self.output_dir.mkdir(parents=True, exist_ok=True)
         seed_everything(cfg.training.seed)
         quiet_transformers()
+        if cfg.training.num_threads:
+            torch.set_num_threads(cfg.training.num_threads)
         self.device = resolve_device(cfg.model.device)
         self.model, self.tokenizer = load_model_and_tokenizer(cfg.model, self.device)
         self.reward_funcs = reward_funcs or load_reward_functions(cfg.rewards.functions)
@@ -83,12 +86,16 @@ class GRPOTrainer:
         self.eval_examples = load_examples(cfg.data, cfg.data.eval_split)[: cfg.eval.num_problems] \
             if cfg.eval.num_problems else []
         self.stream = PromptStream(self.train_examples, cfg.training.prompts_per_step, cfg.training.seed)
-        self.sampler = GroupSampler(self.model, self.tokenizer, cfg.sampling, predictor=self._length_predictor())
+        self.sizes = plan_run(cfg, self.model, self.device)
+        sampling_cfg = replace(cfg.sampling, kv_budget=str(self.sizes.kv_budget_tokens)) \
+            if self.sizes.kv_budget_tokens else replace(cfg.sampling)
+        self.sampler = GroupSampler(self.model, self.tokenizer, sampling_cfg, predictor=self._length_predictor())
         self.generator = torch.Generator(device="cpu").manual_seed(cfg.training.seed)
         self.ref_model = self._reference_model()
         self.grpo = GRPOStep(self.model, cfg.training, pad_token_id=self.tokenizer.pad_token_id,
                              temperature=cfg.sampling.temperature or 1.0, ref_model=self.ref_model,
-                             max_completion_length=cfg.sampling.max_new_tokens)
+                             max_completion_length=cfg.sampling.max_new_tokens,
+                             micro_batch_tokens=self.sizes.train_micro_batch_tokens)
         self.optimizer = build_optimizer(self.model, cfg.training)
         self.scheduler = build_scheduler(self.optimizer, cfg.training)
         self.step_callback = step_callback
@@ -97,6 +104,7 @@ class GRPOTrainer:
         self.eval_before: float | None = None
         self._resume()
         save_config(cfg, self.output_dir / "config.yaml")
+        print(self.sizes.note)
 
     # ------------------------------------------------------------------ setup
 
@@ -240,19 +248,19 @@ class GRPOTrainer:
 
     def _sample_with_retry(self, prompt_ids, G: int, keys: list[str], texts: list[str]):
         """On out-of-memory, halve g (leaving `full` for `continuous`) and sample the step again."""
+        sampling = self.sampler.cfg
         while True:
             state = self.generator.get_state()
             try:
                 return self.sampler.sample(prompt_ids, G, prompt_keys=keys, prompt_texts=texts,
                                            generator=self.generator)
             except (torch.OutOfMemoryError, RuntimeError) as err:
-                g = self.cfg.sampling.micro_group or G * len(prompt_ids)
+                g = sampling.micro_group or self.sampler.last_num_slots or G * len(prompt_ids)
                 if not is_out_of_memory(err) or g <= 1:
                     raise
                 self.generator.set_state(state)
-                self.cfg.sampling.micro_group = g // 2
-                if self.cfg.sampling.policy == "full":
-                    self.cfg.sampling.policy = "continuous"
+                sampling.micro_group = g // 2
+                sampling.policy = "continuous" if sampling.policy == "full" else sampling.policy
                 self.num_sampling_oom_retries += 1
                 print(f"out of memory while sampling: retrying with micro_group={g // 2}")
 

@@ -73,6 +73,7 @@ def resolve_budget(kv_budget: str, model) -> int:
 class GroupSampler:
     def __init__(self, model, tokenizer, cfg: SamplingConfig, predictor=None):
         self.model, self.tokenizer, self.cfg, self.predictor = model, tokenizer, cfg, predictor
+        self.last_num_slots = 0  # g of the latest call (the trainer halves it after an out-of-memory error)
 
     @property
     def max_context(self) -> int:
@@ -90,6 +91,7 @@ class GroupSampler:
         max_new = self._fit_budget(prompt_ids, max_new, budget)
         specs = self._specs(prompt_ids, num_generations, max_new, prompt_keys, prompt_texts)
         num_slots = self.num_slots(policy, budget, [len(p) for p in prompt_ids], max_new, len(specs))
+        self.last_num_slots = num_slots
         options = self._decode_options(temperature, generator)
         sched = SlotScheduler(specs, policy, num_slots, max_kv_tokens=budget, predictor=self.predictor,
                               refill=self.cfg.refill, epsilon=self.cfg.grouping_epsilon,

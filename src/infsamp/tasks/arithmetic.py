@@ -17,7 +17,7 @@ import math
 import random
 from typing import Any
 
-MAX_DIGITS = 6
+MAX_DIGITS = 5
 MEDIAN_DIGITS = 3.0
 DIGITS_SIGMA = 0.6
 SPLIT_OFFSETS = {"train": 0, "test": 1, "sft": 2}

@@ -230,7 +230,8 @@ class SlotEngine:
         start = time.perf_counter()
         if prompt_kv:
             input_ids = torch.tensor([prompt_kv], device=self.device)  # [1, P-1]
-            self.model(input_ids=input_ids, use_cache=True, **{self.cache_kwarg: cache})
+            self.model(input_ids=input_ids, use_cache=True, logits_to_keep=1,  # logits unused: keep one row
+                       **{self.cache_kwarg: cache})
             keys = [layer.keys for layer in cache.layers]
             values = [layer.values for layer in cache.layers]
         else:

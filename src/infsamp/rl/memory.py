@@ -1,0 +1,56 @@
+"""Size the run from the memory planner: the sampler's KV budget and the training micro-batch.
+
+`sampling.kv_budget: auto` and `training.train_micro_batch_tokens: 0` are resolved here, once, from
+`infsamp.planner.plan_memory` for the loaded model on the run's device (total GPU memory, or on a
+CPU the memory available plus what the model already holds). A plan that does not fit is reported
+with the planner's advice and the run continues with the smallest sizes.
+
+Deliberately simple: planned once at start-up; the out-of-memory retries shrink the sizes later if
+the estimate was too optimistic.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from infsamp.config import Config
+from infsamp.planner import plan_memory, shape_from_config
+
+DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "bf16"}
+
+
+@dataclass
+class RunSizes:
+    kv_budget_tokens: int | None  # None: keep the configured budget
+    train_micro_batch_tokens: int
+    note: str
+
+
+def device_memory_bytes(device: torch.device, model: torch.nn.Module) -> int:
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[1]
+    held = sum(p.numel() * p.element_size() for p in model.parameters())
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") + held
+
+
+def plan_run(cfg: Config, model: torch.nn.Module, device: torch.device) -> RunSizes:
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    dtype = DTYPE_NAMES.get(next(model.parameters()).dtype, "fp32")
+    plan = plan_memory(
+        shape_from_config(base.config), gpu_memory_bytes=device_memory_bytes(device, model),
+        group_size=cfg.sampling.num_generations, max_prompt=cfg.data.max_prompt_length,
+        max_completion=cfg.sampling.max_new_tokens, lora_rank=cfg.model.lora_rank,
+        optimizer=cfg.training.optimizer, gradient_checkpointing=cfg.model.gradient_checkpointing,
+        beta=cfg.training.beta, dtype=dtype, device="cuda" if device.type == "cuda" else "cpu",
+        micro_group=cfg.sampling.micro_group)
+    kv = plan.kv_budget_tokens if cfg.sampling.kv_budget == "auto" and plan.micro_group > 0 else None
+    tokens = cfg.training.train_micro_batch_tokens or max(plan.train_micro_batch_tokens,
+                                                          cfg.data.max_prompt_length + cfg.sampling.max_new_tokens)
+    note = f"memory plan: peak {plan.peak_bytes / 2**30:.2f} GiB, g={plan.micro_group}, " \
+           f"train micro-batch {tokens} tokens"
+    if not plan.fits:
+        note += " (does not fit; advice: " + "; ".join(plan.advice) + ")"
+    return RunSizes(kv, tokens, note)
