@@ -77,7 +77,7 @@ def train(args: argparse.Namespace) -> None:
         if not batches:
             batches = length_buckets(tokenizer, problems, args.batch_size, rng)
         for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, args.steps, args.lr)
+            group["lr"] = lr_at(step, args.schedule_steps or args.steps, args.lr)
         input_ids, attention, labels = make_batch(tokenizer, batches.pop())
         loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
         loss.backward()
@@ -101,12 +101,14 @@ def train(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=600)
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--schedule-steps", type=int, default=3000,
+                        help="length of the cosine schedule (default: --steps); stop early at --steps")
+    parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--num-problems", type=int, default=20000)
     parser.add_argument("--num-eval", type=int, default=200)
-    parser.add_argument("--eval-every", type=int, default=100)
+    parser.add_argument("--eval-every", type=int, default=500)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=OUT_DIR)
     parser.add_argument("--save-every-eval", action="store_true", help="also keep a checkpoint per evaluation")

@@ -100,10 +100,10 @@ class RewardsConfig:
 class SamplingConfig:
     num_generations: int = opt(8, "G: completions sampled per prompt (the group size)")
     policy: str = opt("continuous", "full, rounds, continuous or length_aware")
-    micro_group: int = opt(0, "g: samples decoded at once; 0 derives it from kv_budget")
+    micro_group: int = opt(16, "g: samples decoded at once (slots); 0 derives it from kv_budget")
     kv_budget: str = opt("auto", "KV-cache budget: tokens (8192), bytes ('2GiB') or auto")
     max_new_tokens: int = opt(256, "maximum completion length in tokens")
-    temperature: float = opt(1.0, "sampling temperature (0 = greedy)")
+    temperature: float = opt(0.7, "sampling temperature (0 = greedy)")
     top_p: float = opt(1.0, "nucleus sampling threshold")
     top_k: int = opt(0, "top-k sampling (0 = off)")
     predictor: str = opt("online", "length predictor for length_aware: online, none, oracle")
@@ -155,7 +155,7 @@ class TrainingConfig:
     num_iterations: int = opt(1, "optimisation passes over each sampled batch (mu)")
     train_micro_batch_tokens: int = opt(0, "tokens per training micro-batch; 0 = auto from the planner")
     seed: int = opt(0, "seed for sampling, shuffling and initialisation")
-    num_threads: int = opt(0, "torch CPU threads (0: torch's default; 1 is fastest for tiny models)")
+    num_threads: int = opt(0, "torch CPU threads (0: auto, 1 on CPU for models under 50M parameters)")
 
     def validate(self) -> None:
         _require(self.num_threads >= 0, "training.num_threads", self.num_threads, "must be >= 0")

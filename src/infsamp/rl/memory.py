@@ -41,7 +41,8 @@ def plan_run(cfg: Config, model: torch.nn.Module, device: torch.device) -> RunSi
     dtype = DTYPE_NAMES.get(next(model.parameters()).dtype, "fp32")
     plan = plan_memory(
         shape_from_config(base.config), gpu_memory_bytes=device_memory_bytes(device, model),
-        group_size=cfg.sampling.num_generations, max_prompt=cfg.data.max_prompt_length,
+        group_size=cfg.sampling.num_generations * cfg.training.prompts_per_step,  # samples decoded per step
+        max_prompt=cfg.data.max_prompt_length,
         max_completion=cfg.sampling.max_new_tokens, lora_rank=cfg.model.lora_rank,
         optimizer=cfg.training.optimizer, gradient_checkpointing=cfg.model.gradient_checkpointing,
         beta=cfg.training.beta, dtype=dtype, device="cuda" if device.type == "cuda" else "cpu",
