@@ -137,9 +137,9 @@ class SamplingConfig:
 
 @dataclass
 class TrainingConfig:
-    max_steps: int = opt(60, "optimizer steps to run")
+    max_steps: int = opt(90, "optimizer steps to run")
     prompts_per_step: int = opt(4, "prompts per step; each is sampled G times")
-    learning_rate: float = opt(3e-4, "peak learning rate")
+    learning_rate: float = opt(5e-5, "peak learning rate")
     lr_scheduler: str = opt("constant_with_warmup", "transformers scheduler name (cosine, linear, constant...)")
     warmup_ratio: float = opt(0.05, "fraction of steps spent warming up")
     weight_decay: float = opt(0.0, "AdamW weight decay")
