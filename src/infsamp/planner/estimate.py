@@ -180,8 +180,8 @@ def decode_logits_bytes_per_row(p: PlanInputs) -> int:
 
 
 def prefill_logits_bytes(p: PlanInputs) -> int:
-    """Logits of a prompt's prefill: the sampler asks for every prompt position (no logits_to_keep)."""
-    return p.max_prompt * p.shape.vocab_size * p.dtype_bytes
+    """Logits of a prompt's prefill: the sampler keeps one row (logits_to_keep=1)."""
+    return p.shape.vocab_size * p.dtype_bytes
 
 
 def inference_workspace_bytes(p: PlanInputs, tokens: int) -> int:
