@@ -109,3 +109,24 @@ def test_bad_reward_function_names_function_and_row(tiny_config):
     trainer = GRPOTrainer(tiny_config(**{"eval.num_problems": 0}), reward_funcs=[("broken", broken)])
     with pytest.raises(RewardError, match="broken"):
         trainer.train()
+
+
+def test_lora_with_kl_and_checkpointing_trains_only_adapters(tiny_config):
+    cfg = tiny_config(**{"training.max_steps": 1, "eval.num_problems": 0, "model.lora_rank": 4,
+                         "model.gradient_checkpointing": True, "training.beta": 0.04})
+    trainer = GRPOTrainer(cfg)
+    assert trainer.ref_model is None  # the reference is the base with adapters disabled
+    base_before = {k: v.clone() for k, v in trainer.model.state_dict().items() if "lora_" not in k}
+    trainer.train()
+    base_after = {k: v for k, v in trainer.model.state_dict().items() if "lora_" not in k}
+    assert_same_weights(base_after, base_before)
+    assert (trainer.output_dir / "checkpoint-1" / "model" / "adapter_model.safetensors").exists()
+
+
+def test_adamw8bit_needs_a_gpu(tiny_config):
+    from infsamp.errors import InfsampError
+
+    if torch.cuda.is_available():
+        pytest.skip("bitsandbytes runs here")
+    with pytest.raises(InfsampError, match="adamw8bit"):
+        GRPOTrainer(tiny_config(**{"training.optimizer": "adamw8bit"}))
