@@ -16,7 +16,7 @@ from infsamp.errors import InfsampError
 SUBCOMMANDS = {
     "train": "GRPO training (no arguments: the embedded demo)",
     "sample": "run the sampler alone and print or write completions and statistics",
-    "bench": "benchmarks (bench sampling: all policies side by side)",
+    "bench": "benchmarks: bench sampling (policies side by side), bench scheduling (length-aware)",
     "simulate": "replay completion lengths through a scheduling policy without a model",
     "plan": "memory plan: what fits on a GPU, and which switches make it fit",
 }

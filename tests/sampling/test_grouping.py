@@ -79,3 +79,32 @@ def test_balance_is_a_partition_no_worse_than_lpt(weights, num_slots, loads):
     assert_partition(grouping.slots, len(weights))
     assert grouping.makespan <= makespan(lpt(weights, num_slots, initial), weights, initial) + 1e-6
     assert grouping.makespan == pytest.approx(makespan(grouping.slots, weights, initial))
+
+
+def _optimum(lengths, num_slots):
+    """Exact makespan by trying every assignment (tiny instances only)."""
+    import itertools
+
+    best = None
+    for assignment in itertools.product(range(num_slots), repeat=len(lengths)):
+        loads = [0] * num_slots
+        for length, slot in zip(lengths, assignment):
+            loads[slot] += length
+        best = max(loads) if best is None else min(best, max(loads))
+    return best
+
+
+@pytest.mark.parametrize("lengths, num_slots", [([130, 130, 130, 35, 35, 35, 35], 2),
+                                                 ([5, 5, 5, 5, 5], 2), ([9, 1, 1, 1], 3), ([7], 4)])
+def test_pigeonhole_bound_between_simple_bound_and_optimum(lengths, num_slots):
+    from infsamp.sampling.grouping import pigeonhole_bound
+
+    bound = pigeonhole_bound(lengths, num_slots)
+    assert lower_bound(lengths, num_slots) <= bound <= _optimum(lengths, num_slots)
+
+
+def test_pigeonhole_bound_sees_lumpy_lengths():
+    from infsamp.sampling.grouping import pigeonhole_bound
+
+    # three samples of 10 on two slots: one slot runs two of them (20), the simple bound says 15
+    assert lower_bound([10, 10, 10], 2) == 15 and pigeonhole_bound([10, 10, 10], 2) == 20

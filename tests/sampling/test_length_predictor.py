@@ -119,3 +119,36 @@ def test_online_is_cheap():
         predictor.observe_finished(s, length)
     per_sample = (time.perf_counter() - start) / len(specs)
     assert per_sample < 1e-3, f"{per_sample * 1e6:.0f} us per sample"
+
+
+def test_prefix_memory_tells_short_answers_from_long_derivations():
+    from infsamp.sampling.length_predictor import OnlinePredictor
+    from infsamp.sampling.scheduler import SampleSpec
+
+    predictor = OnlinePredictor()
+    short, long = [5, 6, 7, 8, 9, 5], [20, 21, 22, 23, 21, 20]  # two ways to start an answer
+    for call in range(3):
+        specs = [SampleSpec(i, 0, i, 10, 400, "p1", "12+34=?") for i in range(8)]
+        for spec in specs:
+            prefix = short if spec.index_in_group % 2 else long
+            predictor.predict_remaining(spec, prefix)
+        for spec in specs:
+            predictor.observe_finished(spec, 30 if spec.index_in_group % 2 else 300)
+        predictor.end_call()
+    spec_short, spec_long = (SampleSpec(i, 0, i, 10, 400, "p1", "12+34=?") for i in (1, 2))
+    assert predictor.predict_remaining(spec_short, short) + len(short) == pytest.approx(30, rel=0.01)
+    assert predictor.predict_remaining(spec_long, long) + len(long) == pytest.approx(300, rel=0.01)
+
+
+def test_prefix_memory_ignores_placeholder_prefixes():
+    from collections import Counter
+
+    from infsamp.sampling.length_predictor import PrefixMemory
+
+    memory = PrefixMemory()
+    memory.add("p", Counter([0] * 8), 3.0)
+    memory.add("p", Counter([1, 2, 3]), 4.0)
+    assert memory.predict("p", Counter([0] * 8)) is None
+    assert memory.predict("p", Counter([1, 2, 3])) == 4.0
+    assert memory.predict("p", Counter([7, 8, 9])) is None  # nothing similar remembered
+    assert memory.predict("other", Counter([1, 2, 3])) is None

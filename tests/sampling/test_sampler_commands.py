@@ -8,7 +8,7 @@ import json
 import pytest
 
 from infsamp.cli import main
-from infsamp.commands import bench
+from infsamp.commands import bench_sampling as bench
 from infsamp.config import SamplingConfig
 from infsamp.sampling.sampler import GroupSampler
 

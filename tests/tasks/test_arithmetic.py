@@ -1,4 +1,4 @@
-"""The embedded arithmetic task: deterministic, correct worked solutions, disjoint splits, long tail."""
+"""The embedded arithmetic task: deterministic, correct worked and direct solutions, disjoint splits, long tail."""
 
 import re
 
@@ -38,3 +38,22 @@ def test_lengths_are_heavy_tailed_and_prompt_dependent():
     short = make_problem([3, 4])["solution"]
     long = make_problem([12345, 54321])["solution"]
     assert len(long) > 2.5 * len(short)
+
+
+def test_sft_targets_mix_direct_and_worked_answers():
+    from infsamp.rewards import accuracy_reward, format_reward
+    from infsamp.tasks.arithmetic import DIRECT_SHARE, sft_completions
+
+    problems = generate_problems(1000, seed=5, split="sft")
+    targets = sft_completions(problems, seed=0)
+    assert targets == sft_completions(problems, seed=0)
+    direct = [t == p["direct_solution"] for t, p in zip(targets, problems)]
+    assert abs(sum(direct) / len(direct) - DIRECT_SHARE) < 0.05
+    assert sum(t == p["solution"] for t, p in zip(targets, problems)) == len(problems) - sum(direct)
+    # both styles are well formatted and correct, so only the model's errors separate them in GRPO
+    answers = [p["answer"] for p in problems]
+    assert format_reward(targets) == [0.5] * len(targets)
+    assert accuracy_reward(targets, answer=answers) == [2.0] * len(targets)
+    assert len(problems[0]["direct_solution"]) < len(problems[0]["solution"])
+    assert not any(sft_completions(problems, seed=0, direct_share=0.0)[i] == problems[i]["direct_solution"]
+                   for i in range(len(problems)))

@@ -87,7 +87,8 @@ def _print(result: SimulationResult, args) -> None:
     ratio = result.decode_steps / max(1, result.lower_bound)
     print(f"policy {args.policy}, predictor {args.predictor}, g={result.num_slots}, "
           f"{result.num_steps} steps of {args.prompts_per_step} prompt(s), {result.num_samples} samples")
-    print(f"decode steps {result.decode_steps} (lower bound {result.lower_bound}, x{ratio:.3f}), "
+    print(f"decode steps {result.decode_steps} (lower bound {result.lower_bound}, x{ratio:.3f}; "
+          f"pigeonhole bound {result.opt_lower_bound}), "
           f"peak KV {result.peak_kv_tokens} tokens, generated {result.generated_tokens} tokens")
     if result.kendall_tau is not None:
         print(f"predictor: Kendall tau {result.kendall_tau:.3f}, MAE {result.mae:.1f} tokens")

@@ -9,6 +9,8 @@ busiest slot (makespan, P||Cmax). Pure Python, no torch.
   worse than LPT) and reports that it was cut short (`fptas` then returns None).
 - `lpt`: longest processing time first onto the least loaded slot (a 4/3-approximation, O(n log n)).
 - `lower_bound`: max(ceil(sum / g), max): no schedule of these lengths on g slots finishes sooner.
+- `pigeonhole_bound`: a tighter bound for lumpy lengths: of the k*g+1 longest samples, some slot runs
+  k+1, so it takes at least the sum of the k+1 shortest of them.
 
 Simplification: slots may start with loads (`initial_loads`: the predicted remaining work of samples
 already running), but a running sample is never moved.
@@ -36,6 +38,16 @@ def lower_bound(lengths: Sequence[int], num_slots: int) -> int:
     if not lengths:
         return 0
     return max(-(-sum(lengths) // num_slots), max(lengths))
+
+
+def pigeonhole_bound(lengths: Sequence[int], num_slots: int) -> int:
+    """max(lower_bound, max over k of the k+1 shortest among the k*g+1 longest): still <= the optimum."""
+    longest_first = sorted(lengths, reverse=True)
+    best = lower_bound(lengths, num_slots)
+    for k in range(1, (len(longest_first) - 1) // num_slots + 1):
+        top = longest_first[: k * num_slots + 1]
+        best = max(best, sum(top[-(k + 1):]))
+    return best
 
 
 def makespan(slots: Sequence[Sequence[int]], weights: Sequence[float],

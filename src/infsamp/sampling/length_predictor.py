@@ -11,8 +11,10 @@ a predictor of a given quality buys) and `online`: a ridge regression on log len
 run from its own completions (exponentially forgotten, so it follows the policy as it changes), over
 cheap features: prompt length and digit counts, the same prompt's mean length in earlier calls, the mean
 of siblings already finished in this call, the run's recent mean; and, token-conditioned, a second
-ridge over the same features plus a hashed bag of the first k generated token ids. O(features^2) per
-observation, a d x d solve every few dozen observations (d < 50).
+ridge over the same features plus a hashed bag of the first k generated token ids, overruled by a
+per-prompt memory of finished samples' first k tokens (`PrefixMemory`: the same prompt started the
+same way runs about as long; it learns from this call's siblings and from earlier epochs).
+O(features^2) per observation, a d x d solve every few dozen observations (d < 50).
 
 Simplification: features are fixed and hand-picked; no hidden states of the policy model.
 """
@@ -22,7 +24,7 @@ from __future__ import annotations
 import math
 import random
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict, deque
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 import numpy as np
@@ -142,10 +144,14 @@ class OnlinePredictor(LengthPredictor):
         self._siblings: dict[int, list[float]] = defaultdict(lambda: [0.0, 0])  # group -> same, this call
         self._call_logs: list[tuple[str, float]] = []
         self._prefix_x: dict[int, np.ndarray] = {}
+        self._prefix_len: dict[int, int] = {}
+        self._prefix_counts: dict[int, Counter] = {}
+        self._memory = PrefixMemory()
         self._run_mean: float | None = None
         self._cache: dict[tuple[int, str], float] = {}  # (group, key) -> prediction; cleared on news
         self._model = _Ridge(len(self._features(_probe_spec())), l2, decay)
-        self._prefix_model = _Ridge(len(self._features(_probe_spec())) + self.NUM_BUCKETS + 1, l2, decay)
+        num_prefix = len(self._prefix_features(_probe_spec(), []))
+        self._prefix_model = _Ridge(num_prefix, l2, decay)
 
     def predict(self, spec):
         cache_key = (spec.group_id, spec.prompt_key)  # siblings look alike until a prefix is seen
@@ -155,18 +161,21 @@ class OnlinePredictor(LengthPredictor):
 
     def predict_remaining(self, spec, prefix_token_ids):
         num_prefix = len(prefix_token_ids)
-        x = np.concatenate([self._features(spec), self._bag(prefix_token_ids)])
-        self._prefix_x[spec.sample_id] = x
-        total = self._from_log(self._prefix_model.predict(x), spec)
-        return max(1.0, total - num_prefix)
+        x = self._prefix_features(spec, prefix_token_ids)
+        self._prefix_x[spec.sample_id], self._prefix_len[spec.sample_id] = x, num_prefix
+        counts = self._prefix_counts[spec.sample_id] = Counter(prefix_token_ids)
+        remembered = self._memory.predict(_memory_key(spec), counts)
+        log_total = remembered if remembered is not None else self._prefix_model.predict(x)
+        return max(1.0, self._from_log(log_total, spec) - num_prefix)
 
     def observe_finished(self, spec, length):
         self._cache.clear()
         log_length = math.log(max(1, length))
         self._model.add(self._features(spec), log_length)
         x = self._prefix_x.pop(spec.sample_id, None)
-        if x is not None and length > x[-1] * 64:  # the last feature is k / 64
+        if x is not None and length > self._prefix_len.pop(spec.sample_id):
             self._prefix_model.add(x, log_length)
+            self._memory.add(_memory_key(spec), self._prefix_counts.pop(spec.sample_id), log_length)
         sibling = self._siblings[spec.group_id]
         sibling[0] += log_length
         sibling[1] += 1
@@ -182,6 +191,8 @@ class OnlinePredictor(LengthPredictor):
         self._cache.clear()
         self._siblings.clear()
         self._prefix_x.clear()
+        self._prefix_len.clear()
+        self._prefix_counts.clear()
         self._model.fit()
         self._prefix_model.fit()
 
@@ -208,6 +219,10 @@ class OnlinePredictor(LengthPredictor):
                          float(sib_count > 0), sib_total / sib_count if sib_count else 0.0,
                          float(hist_count > 0), hist_total / hist_count if hist_count else 0.0])
 
+    def _prefix_features(self, spec, token_ids: Sequence[int]) -> np.ndarray:
+        """Base features plus a hashed bag of the first k token ids."""
+        return np.concatenate([self._features(spec), self._bag(token_ids)])
+
     def _bag(self, token_ids: Sequence[int]) -> np.ndarray:
         bag = np.zeros(self.NUM_BUCKETS + 1)
         for token in token_ids:
@@ -216,6 +231,48 @@ class OnlinePredictor(LengthPredictor):
             bag[:-1] /= len(token_ids)
         bag[-1] = len(token_ids) / 64
         return bag
+
+
+def _memory_key(spec) -> str:
+    """Samples of the same prompt share a memory: its key across epochs, else its text."""
+    return spec.prompt_key or spec.prompt_text
+
+
+class PrefixMemory:
+    """Per prompt, the first-k-token counts of its finished samples and their log lengths.
+
+    A new sample of that prompt is predicted as the mean log length of its most similar remembered
+    prefixes (cosine similarity of token counts): the same prompt answered the same way (a short guess,
+    a long derivation) runs about as long. Latest MAX_ENTRIES per prompt, so it follows the policy.
+    Silent when nothing similar is remembered, and for a prefix of one repeated token (the simulator's
+    placeholder carries no information)."""
+    MAX_ENTRIES = 64
+    NEIGHBOURS = 4
+    MIN_SIMILARITY = 0.7
+
+    def __init__(self):
+        self._entries: dict[str, deque] = defaultdict(lambda: deque(maxlen=self.MAX_ENTRIES))
+
+    def add(self, key: str, counts: Counter, log_length: float) -> None:
+        if key and len(counts) > 1:
+            self._entries[key].append((counts, _norm(counts), log_length))
+
+    def predict(self, key: str, counts: Counter) -> float | None:
+        entries = self._entries.get(key) if key and len(counts) > 1 else None
+        if not entries:
+            return None
+        norm = _norm(counts)
+        scored = sorted(((_dot(counts, c) / (norm * n), y) for c, n, y in entries), reverse=True)
+        close = [y for sim, y in scored[: self.NEIGHBOURS] if sim >= self.MIN_SIMILARITY]
+        return sum(close) / len(close) if close else None
+
+
+def _dot(a: Counter, b: Counter) -> float:
+    return float(sum(count * b[token] for token, count in a.items() if token in b))
+
+
+def _norm(counts: Counter) -> float:
+    return math.sqrt(sum(c * c for c in counts.values())) or 1.0
 
 
 def _text_features(text: str) -> list[float]:

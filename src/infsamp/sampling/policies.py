@@ -69,8 +69,9 @@ class AdmissionPolicy:
     def on_finished(self, spec: "SampleSpec", length: int) -> None:
         pass
 
-    def on_prefix(self, spec: "SampleSpec", token_ids: Sequence[int]) -> None:
-        pass
+    def on_prefix(self, spec: "SampleSpec", token_ids: Sequence[int]) -> float | None:
+        """The sample's first tokens were seen; returns its re-predicted total length, if any."""
+        return None
 
 
 class ContinuousPolicy(AdmissionPolicy):
@@ -171,6 +172,7 @@ class LengthAwarePolicy(AdmissionPolicy):
         remaining = self.predictor.predict_remaining(spec, token_ids)
         self._prefix_total[spec.sample_id] = len(token_ids) + max(1.0, float(remaining))
         self._events_since_plan += 1
+        return self._prefix_total[spec.sample_id]
 
     # ---- planning -------------------------------------------------------------------------------
     def _plan(self, max_states: int) -> list[list[int]]:

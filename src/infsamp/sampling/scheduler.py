@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Sequence
 
 from infsamp.errors import SamplingError
-from infsamp.sampling.grouping import lower_bound
+from infsamp.sampling.grouping import lower_bound, pigeonhole_bound
 from infsamp.sampling.policies import make_policy
 
 if TYPE_CHECKING:
@@ -48,13 +48,14 @@ class SampleSpec:
 class SchedulerStats:
     decode_steps: int = 0
     lower_bound: int = 0          # max(ceil(sum L / num_slots), max L) for this call
+    opt_lower_bound: int = 0      # pigeonhole_bound: tighter, still <= the best possible schedule
     peak_kv_tokens: int = 0
     num_samples: int = 0
     generated_tokens: int = 0
     num_rounds: int = 0           # admissions that started from an empty engine (rounds policy: its rounds)
     num_preemptions: int = 0      # always 0: admission is conservative
     num_slots: int = 0
-    kendall_tau: float | None = None  # predicted (at admission) vs real lengths, when a predictor is used
+    kendall_tau: float | None = None  # last prediction used (token-conditioned once seen) vs real lengths
     mae: float | None = None
 
     def as_dict(self) -> dict:
@@ -141,7 +142,9 @@ class SlotScheduler:
         """The engine reports a sample's first `prefix_tokens_wanted` generated tokens (once)."""
         if sample_id not in self._slot_of:
             raise ValueError(f"observe_prefix: sample {sample_id} is not active")
-        self._policy.on_prefix(self._samples[sample_id], token_ids)
+        total = self._policy.on_prefix(self._samples[sample_id], token_ids)
+        if total is not None:  # quality is measured on the prediction the plan last used
+            self._predicted[sample_id] = float(total)
 
     def active(self) -> dict[int, SampleSpec]:
         """slot -> running sample."""
@@ -207,6 +210,7 @@ class SlotScheduler:
         lengths = [self._lengths[s.sample_id] for s in self._samples]
         self._stats.generated_tokens = sum(lengths)
         self._stats.lower_bound = lower_bound(lengths, self.num_slots)
+        self._stats.opt_lower_bound = pigeonhole_bound(lengths, self.num_slots)
         if self.predictor is not None:
             from infsamp.sampling.length_predictor import prediction_quality
 

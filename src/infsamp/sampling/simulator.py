@@ -38,6 +38,7 @@ class TraceGroup:
 class SimulationResult:
     decode_steps: int = 0
     lower_bound: int = 0
+    opt_lower_bound: int = 0  # pigeonhole bound, summed over steps (<= the best schedule)
     peak_kv_tokens: int = 0
     num_samples: int = 0
     generated_tokens: int = 0
@@ -235,6 +236,7 @@ def _call_specs(step_groups: Sequence[TraceGroup], max_new: int) -> tuple[list[S
 def _accumulate(result: SimulationResult, stats: SchedulerStats) -> None:
     result.decode_steps += stats.decode_steps
     result.lower_bound += stats.lower_bound
+    result.opt_lower_bound += stats.opt_lower_bound
     result.peak_kv_tokens = max(result.peak_kv_tokens, stats.peak_kv_tokens)
     result.num_samples += stats.num_samples
     result.generated_tokens += stats.generated_tokens

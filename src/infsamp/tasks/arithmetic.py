@@ -8,6 +8,12 @@ prompt-dependent, like real reasoning traces. Completions use the XML format of 
 (`<reasoning>` ... `</reasoning>` `<answer>` ... `</answer>`), so the same format and accuracy rewards
 score both.
 
+Two ways to answer: the worked solution above, or a direct answer with no working
+(`<reasoning>\nin my head\n</reasoning>` ...). The embedded model's SFT targets mix both
+(`sft_completions`, `DIRECT_SHARE` direct), so a sampled group holds short guesses and long worked
+solutions of the same problem, as real reasoning traces vary within a prompt; GRPO has to discover
+from the reward alone that working it out pays.
+
 Deliberately simple: addition only, non-negative integers, no natural-language wording.
 """
 
@@ -21,6 +27,7 @@ MAX_DIGITS = 5
 MEDIAN_DIGITS = 3.0
 DIGITS_SIGMA = 0.6
 SPLIT_OFFSETS = {"train": 0, "test": 1, "sft": 2}
+DIRECT_SHARE = 0.5  # share of SFT targets that answer directly, without working
 NUM_HELD_OUT_RESERVED = 2000  # the first 2000 test prompts never appear in train or sft
 
 
@@ -68,11 +75,23 @@ def worked_solution(operands: list[int]) -> str:
     return "<reasoning>\n" + "\n".join(lines) + "\n</reasoning>\n<answer>\n" + answer + "\n</answer>\n"
 
 
+def direct_solution(operands: list[int]) -> str:
+    """The answer with no working: short, and wrong more often than not once numbers have 3+ digits."""
+    return "<reasoning>\nin my head\n</reasoning>\n<answer>\n" + str(sum(operands)) + "\n</answer>\n"
+
+
+def sft_completions(problems: list[dict[str, Any]], seed: int = 0, direct_share: float = DIRECT_SHARE) -> list[str]:
+    """The SFT target of each problem: the direct answer for `direct_share` of them, else the worked one."""
+    rng = random.Random(seed)
+    return [p["direct_solution"] if rng.random() < direct_share else p["solution"] for p in problems]
+
+
 def make_problem(operands: list[int]) -> dict[str, Any]:
     return {
         "prompt": format_prompt(operands),
         "answer": str(sum(operands)),
         "solution": worked_solution(operands),
+        "direct_solution": direct_solution(operands),
         "num_digits": max(len(str(x)) for x in operands),
         "num_operands": len(operands),
     }

@@ -1,0 +1,302 @@
+"""`infsamp bench sampling`: every policy side by side on the same model and prompts.
+
+    infsamp bench sampling --quick            # < 2 minutes on a 2-core CPU
+    infsamp bench sampling --out runs/bench   # G in 8, 32, 128, 512 (tens of minutes on a CPU)
+
+Two workloads, one prompt per sampler call (= per training step):
+  (a) `embedded`: the embedded arithmetic task, natural EOS, temperature 1;
+  (b) `controlled`: lengths forced by a logits processor (EOS banned before the target, forced at it);
+      each prompt's median is log-normal around 180 tokens (sigma 0.7 across prompts), each sample's
+      target log-normal around it (sigma 0.55), clipped to 16..1024 -- the paper's setting.
+g is fixed and `rounds` / `continuous` get the same KV budget (g slots of max_new_tokens plus one
+prompt); `full` decodes all G at once. Writes a table (stdout), `sampling.json` and `sampling.png`
+(peak KV bytes and decode steps against G), and a profile of where the time goes at g=8.
+
+Deliberately simple: one run per cell (no repetitions); timings depend on the machine's load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import math
+import pstats
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+POLICIES = ("full", "rounds", "continuous")
+
+
+@dataclass
+class Workload:
+    name: str
+    group_sizes: tuple[int, ...]
+    max_new_tokens: int
+    prompts_per_size: dict[int, int] = field(default_factory=dict)  # G -> sampler calls (prompts)
+    median: float = 180.0
+    sigma_prompt: float = 0.7
+    sigma_sample: float = 0.55
+    min_length: int = 16
+    controlled: bool = False
+
+
+def workloads(quick: bool) -> list[Workload]:
+    if quick:
+        return [Workload("embedded", (8, 32), 64, {8: 1, 32: 1}),
+                Workload("controlled", (8, 32), 128, {8: 1, 32: 2}, median=40, min_length=8, controlled=True)]
+    return [Workload("embedded", (8, 32, 128, 512), 256, {8: 2, 32: 4, 128: 1, 512: 1}),
+            Workload("controlled", (8, 32, 128, 512), 1024, {8: 2, 32: 4, 128: 1, 512: 1}, controlled=True)]
+
+
+def customise(workload: Workload, args) -> Workload:
+    """Apply --sizes / --prompts to a workload."""
+    if args.sizes:
+        workload.group_sizes = tuple(int(x) for x in args.sizes.split(","))
+    if args.sizes or args.prompts:
+        workload.prompts_per_size = {g: args.prompts or workload.prompts_per_size.get(g, 1)
+                                     for g in workload.group_sizes}
+    return workload
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quick", action="store_true", help="small G and lengths (< 2 minutes)")
+    parser.add_argument("--out", default="runs/bench", help="folder for sampling.json and sampling.png")
+    parser.add_argument("--model", default="embedded", help="checkpoint directory or 'embedded'")
+    parser.add_argument("--micro-group", type=int, default=8, help="g for rounds and continuous")
+    parser.add_argument("--workload", choices=("embedded", "controlled"), action="append",
+                        help="run only this workload (repeatable)")
+    parser.add_argument("--sizes", help="comma-separated G values instead of the workload's list")
+    parser.add_argument("--prompts", type=int, help="sampler calls (prompts) per G instead of the default")
+    parser.add_argument("--policies", default=",".join(POLICIES), help="comma-separated subset of policies")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 is fastest for tiny models)")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from infsamp.config import ModelConfig
+    from infsamp.models.loading import load_model_and_tokenizer
+
+    torch.set_num_threads(args.threads)
+    model, tokenizer = load_model_and_tokenizer(ModelConfig(name_or_path=args.model))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    selected = [customise(w, args) for w in workloads(args.quick) if not args.workload or w.name in args.workload]
+    rows = []
+    for workload in selected:
+        prompts = bench_prompts(tokenizer, max(workload.prompts_per_size.values()), args.seed)
+        for group_size in workload.group_sizes:
+            for policy in args.policies.split(","):
+                rows.append(run_cell(model, tokenizer, workload, prompts, group_size, policy, args))
+                print(format_row(rows[-1]), flush=True)
+                (out / "sampling.partial.json").write_text(json.dumps(rows, indent=1))
+    embedded = [w for w in selected if w.name == "embedded"]
+    profile = profile_overhead(model, tokenizer, embedded[0], args) if embedded else {}
+    report = {"rows": rows, "targets": check_targets(rows, args.micro_group), "profile": profile,
+              "command": "infsamp bench sampling " + " ".join(sys.argv[3:]),
+              "date": time.strftime("%Y-%m-%d"), "threads": args.threads}
+    (out / "sampling.json").write_text(json.dumps(report, indent=1))
+    (out / "sampling.partial.json").unlink(missing_ok=True)  # rows so far, kept only if the run dies
+    print_report(rows, report)
+    plot(rows, out / "sampling.png")
+    print(f"wrote {out / 'sampling.json'} and {out / 'sampling.png'}")
+    return 0
+
+
+# ---------------------------------------------------------------- workloads
+
+
+def bench_prompts(tokenizer, num: int, seed: int) -> list[list[int]]:
+    from infsamp.commands.sample import read_prompts
+
+    texts = read_prompts("embedded:arithmetic", "test", tokenizer)
+    random.Random(seed).shuffle(texts)
+    return [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts[:num]]
+
+
+def target_lengths(workload: Workload, group_size: int, prompt_index: int, seed: int) -> list[int]:
+    """The controlled workload's per-sample lengths for one prompt (the same for every policy)."""
+    rng = random.Random(f"{seed}-{group_size}-{prompt_index}")
+    median = rng.lognormvariate(math.log(workload.median), workload.sigma_prompt)
+    return [min(workload.max_new_tokens, max(workload.min_length,
+                                             round(rng.lognormvariate(math.log(median), workload.sigma_sample))))
+            for _ in range(group_size)]
+
+
+class ForcedLengths:
+    """Logits rule: EOS banned before a sample's target length, forced at it."""
+
+    def __init__(self, targets: list[int], eos_id: int):
+        import torch
+
+        self.targets = torch.tensor(targets)  # [N], indexed by sample id
+        self.eos_id = eos_id
+
+    def __call__(self, sample_ids, num_generated, scores):
+        import torch
+
+        position = num_generated + 1  # length the sample reaches with this token
+        target = self.targets[sample_ids]  # [S]
+        scores = scores.clone()
+        scores[position < target, self.eos_id] = -torch.inf
+        forced = position >= target
+        scores[forced] = -torch.inf
+        scores[forced, self.eos_id] = 0.0
+        return scores
+
+
+# ---------------------------------------------------------------- one cell of the table
+
+
+def run_cell(model, tokenizer, workload: Workload, prompts, group_size: int, policy: str, args) -> dict:
+    import torch
+
+    from infsamp.config import SamplingConfig
+    from infsamp.sampling.sampler import GroupSampler
+
+    g = args.micro_group
+    num_prompts = workload.prompts_per_size.get(group_size, 1)
+    budget = g * workload.max_new_tokens + max(len(p) for p in prompts[:num_prompts])
+    cfg = SamplingConfig(policy=policy, micro_group=g, kv_budget=str(budget),
+                         max_new_tokens=workload.max_new_tokens, temperature=1.0)
+    sampler = GroupSampler(model, tokenizer, cfg)
+    total = {"decode_steps": 0, "lower_bound": 0, "generated_tokens": 0, "wall_time_s": 0.0, "model_time_s": 0.0,
+             "cpu_time_s": 0.0}
+    peaks = {"peak_kv_bytes": 0, "peak_kv_tokens": 0, "peak_kv_tokens_used": 0}
+    for index, prompt in enumerate(prompts[:num_prompts]):
+        factory = None
+        if workload.controlled:
+            targets = target_lengths(workload, group_size, index, args.seed)
+            factory = lambda specs, t=targets: ForcedLengths(t, tokenizer.eos_token_id)  # noqa: E731
+        cpu_start = time.process_time()
+        stats = sampler.sample([prompt], group_size, logits_processor_factory=factory,
+                               generator=torch.Generator().manual_seed(args.seed + index)).stats
+        total["cpu_time_s"] += time.process_time() - cpu_start
+        for key in ("decode_steps", "lower_bound", "generated_tokens", "wall_time_s"):
+            total[key] += getattr(stats, key)
+        total["model_time_s"] += stats.extra["model_time_s"]
+        peaks = {k: max(v, getattr(stats, k, 0) or stats.extra.get(k, 0)) for k, v in peaks.items()}
+    return {"workload": workload.name, "G": group_size, "policy": policy, "g": stats.num_slots,
+            "kv_budget_tokens": budget, "num_prompts": num_prompts, **total, **peaks,
+            "tokens_per_second": total["generated_tokens"] / max(total["wall_time_s"], 1e-9),
+            "tokens_per_cpu_second": total["generated_tokens"] / max(total["cpu_time_s"], 1e-9),
+            "overhead_fraction": 1 - total["model_time_s"] / max(total["wall_time_s"], 1e-9)}
+
+
+# ---------------------------------------------------------------- targets, profile, output
+
+
+def _cell(rows, workload, group_size, policy):
+    return next((r for r in rows if (r["workload"], r["G"], r["policy"]) == (workload, group_size, policy)), None)
+
+
+def check_targets(rows: list[dict], micro_group: int) -> dict:
+    targets = {}
+    for workload in sorted({r["workload"] for r in rows}):
+        sizes = sorted({r["G"] for r in rows if r["workload"] == workload})
+        for policy in ("rounds", "continuous"):
+            first, last = _cell(rows, workload, sizes[0], policy), _cell(rows, workload, sizes[-1], policy)
+            if not (first and last):
+                continue
+            targets[f"{workload}/{policy}: peak KV G={sizes[-1]} / G={sizes[0]}"] = (
+                last["peak_kv_bytes"] / first["peak_kv_bytes"])
+        for size in sizes:
+            full, cont = _cell(rows, workload, size, "full"), _cell(rows, workload, size, "continuous")
+            if not (full and cont):
+                continue
+            ratio = full["peak_kv_bytes"] / cont["peak_kv_bytes"]
+            targets[f"{workload}: peak KV full / continuous at G={size}"] = ratio
+    for r in rows:
+        if r["policy"] == "continuous" and r["workload"] == "embedded":
+            targets[f"embedded G={r['G']}: sampler overhead share of wall time"] = r["overhead_fraction"]
+    rounds, cont = _cell(rows, "controlled", 32, "rounds"), _cell(rows, "controlled", 32, "continuous")
+    if rounds and cont:
+        steps_saved = 1 - cont["decode_steps"] / rounds["decode_steps"]
+        targets["controlled G=32: continuous decode steps saved vs rounds"] = steps_saved
+        targets["controlled G=32: continuous / rounds tokens per second"] = (
+            cont["tokens_per_second"] / rounds["tokens_per_second"])
+        targets["controlled G=32: continuous / rounds tokens per CPU second"] = (
+            cont["tokens_per_cpu_second"] / rounds["tokens_per_cpu_second"])
+    return targets
+
+
+PROFILE_PARTS = {  # part -> (file suffix, function) whose cumulative time it is
+    "model forward (minus KV update)": [("slots.py", "_forward")],
+    "KV cache update + prompt/slot concat": [("slots.py", "update")],
+    "prompt prefill": [("slots.py", "_prefill")],
+    "token selection + logits rule": [("slots.py", "_select")],
+    "engine bookkeeping": [("slots.py", "_step_layout"), ("slots.py", "prepare_step"), ("slots.py", "_record"),
+                           ("slots.py", "_drop_preempted")],
+    "scheduler and policy": [("scheduler.py", "admit"), ("scheduler.py", "step"), ("sampler.py", "_report_prefixes")],
+}
+
+
+def profile_overhead(model, tokenizer, workload: Workload, args) -> dict:
+    """cProfile one continuous call (G=32, g) and split the loop's time into parts (cumulative times)."""
+    prompts = bench_prompts(tokenizer, 1, args.seed)
+    profiler = cProfile.Profile()
+    profiler.enable()
+    row = run_cell(model, tokenizer, workload, prompts, 32, "continuous", args)
+    profiler.disable()
+    cumulative = {(path, name): entry[3] for (path, _, name), entry in pstats.Stats(profiler).stats.items()}
+
+    def seconds(keys):
+        return sum(t for (path, name), t in cumulative.items() if any(path.endswith(f) and name == n for f, n in keys))
+
+    total = seconds([("sampler.py", "_run")]) or 1.0
+    parts = {name: seconds(keys) for name, keys in PROFILE_PARTS.items()}
+    parts["model forward (minus KV update)"] -= parts["KV cache update + prompt/slot concat"]
+    parts["other (loop, start, timers)"] = total - sum(parts.values())
+    return {"workload": workload.name, "G": 32, "g": row["g"], "profiled_wall_s": total,
+            "share_of_profiled_time": {k: v / total for k, v in parts.items()}}
+
+
+HEADER = (f"{'workload':<11}{'G':>5} {'policy':<11}{'g':>4}{'steps':>8}{'bound':>8}{'peak KV':>11}{'tokens':>8}"
+          f"{'wall s':>8}{'tok/s':>8}{'tok/cpu-s':>10}{'ovh':>6}")
+
+
+def format_row(r: dict) -> str:
+    return (f"{r['workload']:<11}{r['G']:>5} {r['policy']:<11}{r['g']:>4}{r['decode_steps']:>8}{r['lower_bound']:>8}"
+            f"{r['peak_kv_bytes'] / 2**20:>9.2f}Mi{r['generated_tokens']:>8}{r['wall_time_s']:>8.1f}"
+            f"{r['tokens_per_second']:>8.0f}{r['tokens_per_cpu_second']:>10.0f}{100 * r['overhead_fraction']:>5.1f}%")
+
+
+def print_report(rows: list[dict], report: dict) -> None:
+    print("\n" + HEADER)
+    for r in rows:
+        print(format_row(r))
+    print("\ntargets:")
+    for name, value in report["targets"].items():
+        print(f"  {name}: {value:.3f}")
+    if report["profile"]:
+        print("profile (continuous, G=32, g=8), share of profiled time:")
+        for name, share in report["profile"]["share_of_profiled_time"].items():
+            print(f"  {name:<36} {100 * share:5.1f}%")
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = sorted({r["workload"] for r in rows})
+    fig, axes = plt.subplots(len(names), 2, figsize=(10, 3.6 * len(names)), squeeze=False)
+    for row_axes, workload in zip(axes, names):
+        for policy in POLICIES:
+            cells = sorted((r for r in rows if (r["workload"], r["policy"]) == (workload, policy)),
+                           key=lambda r: r["G"])
+            sizes = [r["G"] for r in cells]
+            row_axes[0].plot(sizes, [r["peak_kv_bytes"] / 2**20 for r in cells], marker="o", label=policy)
+            row_axes[1].plot(sizes, [r["decode_steps"] / r["num_prompts"] for r in cells], marker="o", label=policy)
+        for ax, label in zip(row_axes, ("peak KV cache (MiB)", "decode steps per prompt")):
+            ax.set(xscale="log", yscale="log", xlabel="G (samples per prompt)", ylabel=label, title=workload)
+            ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,257 @@
+"""`infsamp bench scheduling`: the length-aware scheduler against rounds and continuous, real engine.
+
+    infsamp bench scheduling --quick                 # about a minute on a 2-core CPU
+    infsamp bench scheduling --out runs/bench_sched  # G=32, g=8, 12 prompts, 2 epochs
+
+The embedded task with natural lengths, B prompts per sampler call (= one training step, `-B`, default
+1), G samples per prompt and the same g slots and KV budget for every policy. Epoch 1 warms the online predictor
+up as a training run's first epoch would (`length_aware` + `online` on every prompt); the last epoch
+is measured. Per prompt and with one seed it runs `continuous` (arrival order), `rounds`,
+`length_aware` + `online` and `length_aware` + `oracle`. The sampler draws each sample's noise from
+its own key, so every policy produces the same completions for the same seed (the bench checks the
+lengths); the oracle is handed the lengths of the `continuous` call.
+
+Writes `scheduling.json` (per-call rows, totals, targets) and prints a table with the issue's targets.
+Deliberately simple: one run per cell, policies interleaved per prompt so that machine load hits all
+of them alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+VARIANTS = ("continuous", "rounds", "length_aware:online", "length_aware:oracle")
+
+
+@dataclass(frozen=True)
+class Variant:
+    policy: str
+    predictor: str = ""
+    refill: str = "auto"
+
+    @classmethod
+    def parse(cls, text: str) -> "Variant":
+        """`policy[:predictor][/refill]`, e.g. `length_aware:noisy:0.5/sjf`."""
+        head, _, refill = text.partition("/")
+        policy, _, predictor = head.partition(":")
+        return cls(policy, predictor, refill or "auto")
+
+    @property
+    def name(self) -> str:
+        head = f"{self.policy}:{self.predictor}" if self.predictor else self.policy
+        return head if self.refill == "auto" else f"{head}/{self.refill}"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quick", action="store_true", help="3 prompts, G=16, g=4 (about a minute)")
+    parser.add_argument("--out", default="runs/bench_scheduling", help="folder for scheduling.json")
+    parser.add_argument("--model", default="embedded", help="checkpoint directory or 'embedded'")
+    parser.add_argument("--prompts", type=int, default=12, help="prompts (= sampler calls) per epoch")
+    parser.add_argument("--prompts-per-step", "-B", type=int, default=1,
+                        help="prompts per sampler call (= per training step; the demo trains with 4)")
+    parser.add_argument("--epochs", type=int, default=2, help="epochs; all but the last warm the predictor up")
+    parser.add_argument("--group-size", "-G", type=int, default=32, help="samples per prompt")
+    parser.add_argument("--micro-group", type=int, default=8, help="g, the slots of every policy")
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (the demo's)")
+    parser.add_argument("--prefix-tokens", type=int, default=16, help="k of the token-conditioned predictor")
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help="comma-separated policy[:predictor][/refill]; continuous must come first")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from infsamp.config import ModelConfig
+    from infsamp.models.loading import load_model_and_tokenizer
+
+    if args.quick:
+        args.prompts, args.group_size, args.micro_group, args.max_new_tokens = 3, 16, 4, 256
+    variants = [Variant.parse(v) for v in args.variants.split(",")]
+    if variants[0] != Variant("continuous"):
+        raise SystemExit("infsamp bench scheduling: --variants must start with continuous (it feeds the oracle)")
+    torch.set_num_threads(args.threads)
+    model, tokenizer = load_model_and_tokenizer(ModelConfig(name_or_path=args.model))
+    prompts = bench_prompts(tokenizer, args.prompts, args.seed)
+    rows = run_epochs(model, tokenizer, prompts, variants, args)
+    report = summarise(rows, variants, args)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "scheduling.json").write_text(json.dumps({**report, "rows": rows}, indent=1))
+    print_report(report)
+    print(f"wrote {out / 'scheduling.json'}")
+    return 0
+
+
+def bench_prompts(tokenizer, num: int, seed: int) -> list[tuple[str, list[int]]]:
+    """(text, token ids) of `num` training prompts of the embedded task."""
+    import random
+
+    from infsamp.commands.sample import read_prompts
+
+    texts = read_prompts("embedded:arithmetic", "train", tokenizer)
+    random.Random(seed).shuffle(texts)
+    return [(text, tokenizer(text, add_special_tokens=False)["input_ids"]) for text in texts[:num]]
+
+
+# ---------------------------------------------------------------- the calls
+
+
+class Runner:
+    """One predictor per name, alive across calls (the online one learns from the run)."""
+
+    def __init__(self, model, tokenizer, args):
+        self.model, self.tokenizer, self.args = model, tokenizer, args
+        self._predictors: dict = {}
+
+    def predictor(self, name: str):
+        from infsamp.sampling.length_predictor import make_predictor
+
+        if name and name not in self._predictors:
+            self._predictors[name] = make_predictor(name)
+        return self._predictors.get(name)
+
+    def set_true_lengths(self, lengths: list[list[int]]) -> None:
+        """Oracle-type predictors get the lengths of the call about to run ([group][index in group])."""
+        from infsamp.sampling.length_predictor import OraclePredictor
+
+        for predictor in self._predictors.values():
+            if isinstance(predictor, OraclePredictor):
+                predictor.set_lengths(lambda spec, lengths=lengths: lengths[spec.group_id][spec.index_in_group])
+
+    def call(self, variant: Variant, prompts: list[tuple[str, list[int]]], keys: list[str], seed: int) -> dict:
+        import torch
+
+        from infsamp.config import SamplingConfig
+        from infsamp.sampling.sampler import GroupSampler
+
+        a = self.args
+        budget = a.micro_group * a.max_new_tokens + sum(len(p[1]) for p in prompts)
+        cfg = SamplingConfig(policy=variant.policy, micro_group=a.micro_group, kv_budget=str(budget),
+                             max_new_tokens=a.max_new_tokens, temperature=a.temperature,
+                             refill=variant.refill, predictor_prefix_tokens=a.prefix_tokens)
+        sampler = GroupSampler(self.model, self.tokenizer, cfg, predictor=self.predictor(variant.predictor))
+        cpu_start = time.process_time()
+        result = sampler.sample([p[1] for p in prompts], a.group_size, prompt_keys=keys,
+                                prompt_texts=[p[0] for p in prompts], generator=torch.Generator().manual_seed(seed))
+        cpu = time.process_time() - cpu_start
+        s = result.stats
+        return {"variant": variant.name, "prompt": ",".join(keys), "decode_steps": s.decode_steps,
+                "lower_bound": s.lower_bound, "opt_lower_bound": pigeonhole_of(result), "generated_tokens": s.generated_tokens,
+                "wall_time_s": s.wall_time_s, "cpu_time_s": cpu, "num_slots": s.num_slots,
+                "peak_kv_tokens": s.peak_kv_tokens, "kendall_tau": s.extra.get("predictor_kendall_tau"),
+                "mae": s.extra.get("predictor_mae"), "lengths": [[c.length for c in g] for g in result.groups]}
+
+
+def pigeonhole_of(result) -> int:
+    from infsamp.sampling.grouping import pigeonhole_bound
+
+    return pigeonhole_bound([c.length for c in result.completions], result.stats.num_slots)
+
+
+def run_epochs(model, tokenizer, prompts, variants: list[Variant], args) -> list[dict]:
+    runner = Runner(model, tokenizer, args)
+    for variant in variants:
+        runner.predictor(variant.predictor)
+    rows = []
+    for epoch in range(1, args.epochs + 1):
+        measured = epoch == args.epochs
+        for first in range(0, len(prompts), args.prompts_per_step):
+            chunk = prompts[first: first + args.prompts_per_step]
+            keys = [str(first + i) for i in range(len(chunk))]
+            seed = args.seed + 1000 * epoch + first
+            todo = variants if measured else [Variant("length_aware", "online")]
+            for variant in todo:
+                row = runner.call(variant, chunk, keys, seed)
+                if variant.policy == "continuous":  # the oracle's lengths for this call
+                    lengths = row["lengths"]
+                    runner.set_true_lengths(lengths)
+                row.update(epoch=epoch, measured=measured, same_lengths_as_continuous=row["lengths"] == lengths
+                           if measured else None)
+                rows.append(row)
+                print(format_call(row), flush=True)
+    return rows
+
+
+# ---------------------------------------------------------------- report
+
+
+def totals(rows: list[dict]) -> dict:
+    keys = ("decode_steps", "lower_bound", "opt_lower_bound", "generated_tokens", "wall_time_s", "cpu_time_s")
+    total = {k: sum(r[k] for r in rows) for k in keys}
+    total["tokens_per_second"] = total["generated_tokens"] / max(total["wall_time_s"], 1e-9)
+    total["tokens_per_cpu_second"] = total["generated_tokens"] / max(total["cpu_time_s"], 1e-9)
+    taus = [r["kendall_tau"] for r in rows  # tau is undefined when every sample has the same length
+            if r["kendall_tau"] is not None and len({n for g in r["lengths"] for n in g}) > 1]
+    total["kendall_tau"] = sum(taus) / len(taus) if taus else None
+    maes = [r["mae"] for r in rows if r["mae"] is not None]
+    total["mae"] = sum(maes) / len(maes) if maes else None
+    total["calls"] = len(rows)
+    total["identical_lengths"] = all(r["same_lengths_as_continuous"] for r in rows)
+    return total
+
+
+def summarise(rows: list[dict], variants: list[Variant], args) -> dict:
+    measured = [r for r in rows if r["measured"]]
+    by_variant = {v.name: totals([r for r in measured if r["variant"] == v.name]) for v in variants}
+    warmup = [r for r in rows if not r["measured"]]
+    report = {"command": "infsamp bench scheduling " + " ".join(sys.argv[3:]), "date": time.strftime("%Y-%m-%d"),
+              "G": args.group_size, "g": args.micro_group, "prompts": args.prompts, "B": args.prompts_per_step, "epochs": args.epochs,
+              "temperature": args.temperature, "totals": by_variant,
+              "warmup_kendall_tau": totals(warmup)["kendall_tau"] if warmup else None}
+    report["targets"] = targets(by_variant)
+    return report
+
+
+def targets(t: dict) -> dict:
+    out = {}
+    rounds, cont = t.get("rounds"), t.get("continuous")
+    online, oracle = t.get("length_aware:online"), t.get("length_aware:oracle")
+    if online and cont:
+        out["length_aware:online / continuous decode steps (< 1)"] = online["decode_steps"] / cont["decode_steps"]
+    if online and rounds:
+        out["length_aware:online decode steps saved vs rounds (>= 0.40)"] = (
+            1 - online["decode_steps"] / rounds["decode_steps"])
+        out["length_aware:online / rounds wall tokens/s (>= 1.25)"] = (
+            online["tokens_per_second"] / rounds["tokens_per_second"])
+        out["length_aware:online / rounds CPU tokens/s"] = (
+            online["tokens_per_cpu_second"] / rounds["tokens_per_cpu_second"])
+    if oracle:
+        out["length_aware:oracle decode steps / lower bound (<= 1.03)"] = (
+            oracle["decode_steps"] / oracle["lower_bound"])
+        out["length_aware:oracle decode steps / pigeonhole bound"] = (
+            oracle["decode_steps"] / oracle["opt_lower_bound"])
+    if online and oracle:
+        out["length_aware:online / length_aware:oracle decode steps"] = (
+            online["decode_steps"] / oracle["decode_steps"])
+    if online and online["kendall_tau"] is not None:
+        out["online predictor Kendall tau, measured epoch (>= 0.6)"] = online["kendall_tau"]
+    return out
+
+
+def format_call(r: dict) -> str:
+    tau = "" if r["kendall_tau"] is None else f" tau {r['kendall_tau']:.2f}"
+    return (f"epoch {r['epoch']} prompts {r['prompt']:>6} {r['variant']:<22} steps {r['decode_steps']:>5} "
+            f"bound {r['lower_bound']:>5} tokens {r['generated_tokens']:>6} {r['wall_time_s']:6.1f}s{tau}")
+
+
+def print_report(report: dict) -> None:
+    print(f"\nmeasured epoch {report['epochs']}: G={report['G']} g={report['g']}, {report['prompts']} prompts, "
+          f"{report['B']} per call")
+    print(f"{'variant':<24}{'steps':>8}{'bound':>8}{'x bound':>8}{'tokens':>8}{'wall s':>8}{'tok/s':>8}"
+          f"{'tok/cpu-s':>10}{'tau':>6}")
+    for name, t in report["totals"].items():
+        tau = "" if t["kendall_tau"] is None else f"{t['kendall_tau']:.2f}"
+        print(f"{name:<24}{t['decode_steps']:>8}{t['lower_bound']:>8}{t['decode_steps'] / t['lower_bound']:>8.3f}"
+              f"{t['generated_tokens']:>8}{t['wall_time_s']:>8.1f}{t['tokens_per_second']:>8.0f}"
+              f"{t['tokens_per_cpu_second']:>10.0f}{tau:>6}")
+    print("targets:")
+    for name, value in report["targets"].items():
+        print(f"  {name}: {value:.3f}")

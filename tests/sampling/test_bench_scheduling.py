@@ -1,0 +1,68 @@
+"""`infsamp bench scheduling` on a tiny random checkpoint: every variant runs, lengths agree, targets add up."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from infsamp.cli import main
+from infsamp.commands import bench_scheduling as bench
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _args(**overrides) -> argparse.Namespace:
+    base = dict(prompts=2, prompts_per_step=1, epochs=2, group_size=6, micro_group=2, max_new_tokens=12, temperature=1.0,
+                prefix_tokens=3, seed=0)
+    return argparse.Namespace(**{**base, **overrides})
+
+
+def test_every_policy_sees_the_same_completions(tiny_model_dir):
+    from infsamp.config import ModelConfig
+    from infsamp.models.loading import load_model_and_tokenizer
+
+    model, tokenizer = load_model_and_tokenizer(ModelConfig(name_or_path=str(tiny_model_dir)))
+    variants = [bench.Variant.parse(v) for v in (*bench.VARIANTS, "length_aware:noisy:0.5/sjf")]
+    args = _args()
+    rows = bench.run_epochs(model, tokenizer, bench.bench_prompts(tokenizer, 2, 0), variants, args)
+    measured = [r for r in rows if r["measured"]]
+    assert len(rows) == 2 + 2 * len(variants) and len(measured) == 2 * len(variants)
+    assert all(r["same_lengths_as_continuous"] for r in measured)
+    assert all(r["decode_steps"] >= r["lower_bound"] for r in rows)
+    oracle = [r for r in measured if r["variant"] == "length_aware:oracle"]
+    assert all(r["kendall_tau"] in (None, 1.0) or len(set(r["lengths"][0])) == 1 for r in oracle)
+    report = bench.summarise(rows, variants, args)
+    totals = report["totals"]
+    assert set(totals) == {v.name for v in variants}
+    assert totals["rounds"]["generated_tokens"] == totals["continuous"]["generated_tokens"]
+    saved = report["targets"]["length_aware:online decode steps saved vs rounds (>= 0.40)"]
+    assert saved == pytest.approx(1 - totals["length_aware:online"]["decode_steps"] / totals["rounds"]["decode_steps"])
+
+
+def test_cli_writes_json(tiny_model_dir, tmp_path, capsys):
+    code = main(["bench", "scheduling", "--model", str(tiny_model_dir), "--prompts", "1", "-G", "4",
+                 "--micro-group", "2", "--max-new-tokens", "8", "--out", str(tmp_path)])
+    assert code == 0
+    report = json.loads((tmp_path / "scheduling.json").read_text())
+    assert report["G"] == 4 and len(report["rows"]) == 1 + len(bench.VARIANTS)
+    assert "targets:" in capsys.readouterr().out
+
+
+def test_variant_names_round_trip():
+    assert bench.Variant.parse("length_aware:noisy:0.5/sjf").name == "length_aware:noisy:0.5/sjf"
+    assert bench.Variant.parse("rounds") == bench.Variant("rounds")
+
+
+def test_several_prompts_per_call(tiny_model_dir):
+    from infsamp.config import ModelConfig
+    from infsamp.models.loading import load_model_and_tokenizer
+
+    model, tokenizer = load_model_and_tokenizer(ModelConfig(name_or_path=str(tiny_model_dir)))
+    variants = [bench.Variant.parse(v) for v in bench.VARIANTS]
+    args = _args(prompts=4, prompts_per_step=2, group_size=3)
+    rows = bench.run_epochs(model, tokenizer, bench.bench_prompts(tokenizer, 4, 0), variants, args)
+    measured = [r for r in rows if r["measured"]]
+    assert len(measured) == 2 * len(variants) and all(len(r["lengths"]) == 2 for r in measured)
+    assert all(r["same_lengths_as_continuous"] for r in measured)
