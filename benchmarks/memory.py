@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from infsamp.planner import load_shape, plan_memory, with_layers  # noqa: E402
+from proc_memory import peak_resident_bytes, reset_peak, resident_bytes  # noqa: E402  (benchmarks/)
 from infsamp.planner.presets import ModelShape, shape_from_config  # noqa: E402
 
 MIB = 2**20
@@ -183,13 +184,6 @@ def measure_training_step(model, optimizer, prompts, completions, *, max_tokens:
 # --- peak memory -----------------------------------------------------------------------------------
 
 
-def _status_kib(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise RuntimeError(f"/proc/self/status has no {field}")
-
-
 class PeakMeter:
     """Peak bytes above a baseline: CPU resident set (VmHWM) or CUDA max_memory_allocated."""
 
@@ -203,7 +197,7 @@ class PeakMeter:
             import torch
 
             return torch.cuda.memory_allocated()
-        return _status_kib("VmRSS") * 1024
+        return resident_bytes()
 
     def reset(self) -> None:
         if self.device == "cuda":
@@ -211,14 +205,14 @@ class PeakMeter:
 
             torch.cuda.reset_peak_memory_stats()
         else:
-            Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
+            reset_peak()
 
     def peak(self) -> int:
         if self.device == "cuda":
             import torch
 
             return torch.cuda.max_memory_allocated() - self.baseline
-        return _status_kib("VmHWM") * 1024 - self.baseline
+        return peak_resident_bytes() - self.baseline
 
 
 def run_child(name: str, phase: str) -> dict:

@@ -36,6 +36,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/ (also when loaded by file path)
+from proc_memory import peak_resident_bytes, reset_peak, resident_bytes  # noqa: E402
+
 RESULT_PREFIX = "VS_TRL_RESULT "
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
 NUM_PROMPTS = 64
@@ -54,13 +57,6 @@ PROFILE_FUNCTIONS = {  # label -> (file suffix, function name) whose cumulative 
 # ---------------------------------------------------------------- memory
 
 
-def _status_kib(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise RuntimeError(f"/proc/self/status has no {field}")
-
-
 class PeakRss:
     """Peak resident-set growth (bytes) above the resident set at `start()`."""
 
@@ -72,11 +68,11 @@ class PeakRss:
 
         gc.collect()
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-        self.baseline = _status_kib("VmRSS") * 1024
-        Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
+        self.baseline = resident_bytes()
+        reset_peak()
 
     def peak_bytes(self) -> int:
-        return _status_kib("VmHWM") * 1024 - self.baseline
+        return peak_resident_bytes() - self.baseline
 
 
 # ---------------------------------------------------------------- shared setup

@@ -141,14 +141,15 @@ class RewardResult:
     per_function: dict[str, list[float]] = field(default_factory=dict)
 
     def metrics(self) -> dict[str, float]:
-        """TRL's names: rewards/{name}/mean and rewards/{name}/std over the rows the function scored."""
+        """TRL's names: rewards/{name}/mean and rewards/{name}/std over the rows the function scored
+        (std with Bessel's correction, as TRL's `nanstd`; 0 for a single row; mean NaN for none)."""
         logged: dict[str, float] = {}
         for name, values in self.per_function.items():
-            scored = [v for v in values if not math.isnan(v)]
-            if scored:
-                mean = sum(scored) / len(scored)
-                logged[f"rewards/{name}/mean"] = mean
-                logged[f"rewards/{name}/std"] = math.sqrt(sum((v - mean) ** 2 for v in scored) / len(scored))
+            scored = [v for v in values if v is not None and not math.isnan(v)]
+            mean = sum(scored) / len(scored) if scored else float("nan")
+            squares = sum((v - mean) ** 2 for v in scored)
+            logged[f"rewards/{name}/mean"] = mean
+            logged[f"rewards/{name}/std"] = math.sqrt(squares / (len(scored) - 1)) if len(scored) > 1 else 0.0
         return logged
 
 

@@ -1,23 +1,17 @@
 """Held-out evaluation: decode each problem once (greedy by default) and score its accuracy.
 
-Uses transformers `generate` in left-padded batches; the score is the accuracy reward's
-"answer inside <answer> equals the reference" test, reported as a fraction in [0, 1].
+Uses transformers `generate` in left-padded batches; a problem counts as solved when the built-in
+accuracy reward (`infsamp.rewards.accuracy_reward`) scores it, so training and evaluation agree on
+what "correct" means. Reported as a fraction in [0, 1].
 
 Deliberately simple: one completion per problem (pass@1), no self-consistency.
 """
 
 from __future__ import annotations
 
-import re
-
 import torch
 
-_ANSWER = re.compile(r"<answer>\s*(.*?)\s*</answer>", re.DOTALL)
-
-
-def _is_correct(text: str, answer: str) -> bool:
-    found = _ANSWER.search(text)
-    return bool(found) and found.group(1).strip() == str(answer).strip()
+from infsamp.rewards import accuracy_reward
 
 
 @torch.no_grad()
@@ -44,4 +38,5 @@ def evaluate_accuracy(model, tokenizer, problems: list[dict], *, max_new_tokens:
     texts = generate_texts(model, tokenizer, [p["prompt"] for p in problems], max_new_tokens=max_new_tokens,
                            temperature=temperature)
     model.train(was_training)
-    return sum(_is_correct(t, p["answer"]) for t, p in zip(texts, problems)) / len(problems)
+    scores = accuracy_reward(texts, answer=[p["answer"] for p in problems])
+    return sum(score > 0 for score in scores) / len(problems)

@@ -297,10 +297,7 @@ class GRPOTrainer:
             "completions/min_length": lengths.min().item(),
             "completions/clipped_ratio": sum(c.finish_reason == "length" for c in completions) / len(completions),
         }
-        for name, values in rewards.per_function.items():
-            vals = torch.tensor([v for v in values if v is not None and v == v], dtype=torch.float32)
-            metrics[f"rewards/{name}/mean"] = vals.mean().item() if len(vals) else float("nan")
-            metrics[f"rewards/{name}/std"] = vals.std().item() if len(vals) > 1 else 0.0
+        metrics.update(rewards.metrics())
         if "accuracy" in rewards.per_function:
             values = rewards.per_function["accuracy"]
             metrics["accuracy"] = sum(1 for v in values if v and v > 0) / len(values)
