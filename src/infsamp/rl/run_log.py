@@ -82,6 +82,19 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+SMOOTHING_STEPS = 10  # few prompts per step make per-step rewards noisy
+
+
+def moving_average(values: list[float | None], window: int) -> list[float]:
+    """Mean of the last `window` values at each position (fewer at the start); None/NaN are skipped."""
+    out, recent = [], []
+    for value in values:
+        recent = (recent + [value])[-window:]
+        finite = [v for v in recent if v is not None and v == v]
+        out.append(sum(finite) / len(finite) if finite else float("nan"))
+    return out
+
+
 def plot_run(output_dir: Path) -> Path | None:
     """reward and held-out accuracy against step -> plots/training.png."""
     import matplotlib
@@ -94,7 +107,10 @@ def plot_run(output_dir: Path) -> Path | None:
         return None
     fig, (ax_reward, ax_len) = plt.subplots(1, 2, figsize=(11, 4))
     steps = [m["step"] for m in metrics]
-    ax_reward.plot(steps, [m.get("reward") for m in metrics], label="train reward", color="tab:blue", alpha=0.6)
+    rewards = [m.get("reward") for m in metrics]
+    ax_reward.plot(steps, rewards, label="train reward", color="tab:blue", alpha=0.3)
+    ax_reward.plot(steps, moving_average(rewards, SMOOTHING_STEPS), color="tab:blue",
+                   label=f"train reward, mean of {SMOOTHING_STEPS} steps")
     ax_reward.set_xlabel("step")
     ax_reward.set_ylabel("mean reward")
     if evals:
@@ -105,8 +121,11 @@ def plot_run(output_dir: Path) -> Path | None:
         ax_acc.set_ylim(0, 1)
         ax_acc.legend(loc="lower right")
     ax_reward.legend(loc="upper left")
-    ax_len.plot(steps, [m.get("completions/mean_length") for m in metrics], label="mean length")
-    ax_len.plot(steps, [m.get("completions/max_length") for m in metrics], label="max length", alpha=0.6)
+    lengths = [m.get("completions/mean_length") for m in metrics]
+    ax_len.plot(steps, lengths, color="tab:blue", alpha=0.3)
+    ax_len.plot(steps, moving_average(lengths, SMOOTHING_STEPS), color="tab:blue", label="mean length (smoothed)")
+    ax_len.plot(steps, [m.get("completions/max_length") for m in metrics], label="max length", alpha=0.5,
+                color="tab:orange")
     ax_len.set_xlabel("step")
     ax_len.set_ylabel("completion tokens")
     ax_len.legend()
