@@ -5,8 +5,8 @@
 
 The embedded task with natural lengths, B prompts per sampler call (= one training step, `-B`, default
 1), G samples per prompt and the same g slots and KV budget for every policy. Epoch 1 warms the online predictor
-up as a training run's first epoch would (`length_aware` + `online` on every prompt); the last epoch
-is measured. Per prompt and with one seed it runs `continuous` (arrival order), `rounds`,
+up as a training run's first epoch would (every variant with an online predictor runs every prompt,
+each variant with a predictor of its own); the last epoch is measured. Per prompt and with one seed it runs `continuous` (arrival order), `rounds`,
 `length_aware` + `online` and `length_aware` + `oracle`. The sampler draws each sample's noise from
 its own key, so every policy produces the same completions for the same seed (the bench checks the
 lengths); the oracle is handed the lengths of the `continuous` call.
@@ -105,18 +105,19 @@ def bench_prompts(tokenizer, num: int, seed: int) -> list[tuple[str, list[int]]]
 
 
 class Runner:
-    """One predictor per name, alive across calls (the online one learns from the run)."""
+    """One predictor per variant, alive across calls: an online predictor learns only from its own
+    variant's calls (two variants sharing one would see each other's identical completions)."""
 
     def __init__(self, model, tokenizer, args):
         self.model, self.tokenizer, self.args = model, tokenizer, args
         self._predictors: dict = {}
 
-    def predictor(self, name: str):
+    def predictor(self, variant: Variant):
         from infsamp.sampling.length_predictor import make_predictor
 
-        if name and name not in self._predictors:
-            self._predictors[name] = make_predictor(name)
-        return self._predictors.get(name)
+        if variant.predictor and variant.name not in self._predictors:
+            self._predictors[variant.name] = make_predictor(variant.predictor)
+        return self._predictors.get(variant.name)
 
     def set_true_lengths(self, lengths: list[list[int]]) -> None:
         """Oracle-type predictors get the lengths of the call about to run ([group][index in group])."""
@@ -137,7 +138,7 @@ class Runner:
         cfg = SamplingConfig(policy=variant.policy, micro_group=a.micro_group, kv_budget=str(budget),
                              max_new_tokens=a.max_new_tokens, temperature=a.temperature,
                              refill=variant.refill, predictor_prefix_tokens=a.prefix_tokens)
-        sampler = GroupSampler(self.model, self.tokenizer, cfg, predictor=self.predictor(variant.predictor))
+        sampler = GroupSampler(self.model, self.tokenizer, cfg, predictor=self.predictor(variant))
         cpu_start = time.process_time()
         result = sampler.sample([p[1] for p in prompts], a.group_size, prompt_keys=keys,
                                 prompt_texts=[p[0] for p in prompts], generator=torch.Generator().manual_seed(seed))
@@ -159,7 +160,7 @@ def pigeonhole_of(result) -> int:
 def run_epochs(model, tokenizer, prompts, variants: list[Variant], args) -> list[dict]:
     runner = Runner(model, tokenizer, args)
     for variant in variants:
-        runner.predictor(variant.predictor)
+        runner.predictor(variant)
     rows = []
     for epoch in range(1, args.epochs + 1):
         measured = epoch == args.epochs
@@ -167,7 +168,7 @@ def run_epochs(model, tokenizer, prompts, variants: list[Variant], args) -> list
             chunk = prompts[first: first + args.prompts_per_step]
             keys = [str(first + i) for i in range(len(chunk))]
             seed = args.seed + 1000 * epoch + first
-            todo = variants if measured else [Variant("length_aware", "online")]
+            todo = variants if measured else [v for v in variants if v.predictor == "online"]
             for variant in todo:
                 row = runner.call(variant, chunk, keys, seed)
                 if variant.policy == "continuous":  # the oracle's lengths for this call
