@@ -178,7 +178,7 @@ class TrainingConfig:
 
 @dataclass
 class EvalConfig:
-    every_steps: int = opt(0, "evaluate every N steps (0: only before and after training)")
+    every_steps: int = opt(30, "also evaluate every N steps (0: only before and after training)")
     num_problems: int = opt(200, "held-out problems evaluated (0 disables evaluation)")
     temperature: float = opt(0.0, "decoding temperature for evaluation (0 = greedy)")
     max_new_tokens: int = opt(0, "completion limit for evaluation (0: same as sampling)")
