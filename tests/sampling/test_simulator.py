@@ -117,3 +117,22 @@ def test_cli_plot(tmp_path, capsys):
     code = main(["simulate", "--synthetic", "lognormal", "--groups", "3", "--group-size", "8", "--slots", "4",
                  "--plot", str(png)])
     assert code == 0 and png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_arithmetic_stand_in_with_guesses_is_bimodal():
+    from infsamp.sampling.simulator import arithmetic_trace
+
+    plain = arithmetic_trace(8, 16, seed=3)
+    assert plain == arithmetic_trace(8, 16, seed=3, direct_share=0.0)  # the default draws nothing extra
+    mixed = arithmetic_trace(8, 16, seed=3, direct_share=0.5, sigma_sample=0.0)
+    for group in mixed:
+        short, long = min(group.lengths), max(group.lengths)
+        assert 20 <= short <= 32 and long > 2 * short  # a guess is ~25 tokens, a derivation longer
+    guesses = sum(length < 33 for group in mixed for length in group.lengths)
+    assert 0.3 < guesses / (8 * 16) < 0.7
+
+
+def test_simulate_cli_direct_share(capsys):
+    code = main(["simulate", "--synthetic", "arithmetic", "--groups", "4", "--group-size", "8",
+                 "--direct-share", "0.5", "--slots", "4", "--json"])
+    assert code == 0 and json.loads(capsys.readouterr().out)["num_samples"] == 32

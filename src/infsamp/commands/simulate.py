@@ -33,6 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--group-size", type=int, default=32, help="synthetic: G, samples per prompt")
     parser.add_argument("--epochs", type=int, default=1, help="synthetic: passes over the same prompts")
     parser.add_argument("--seed", type=int, default=0, help="synthetic: random seed")
+    parser.add_argument("--direct-share", type=float, default=0.0,
+                        help="synthetic arithmetic: share of samples that are direct guesses (the shipped "
+                             "model guesses on about half of its samples at the start of a run)")
     parser.add_argument("--write-trace", metavar="FILE", help="also write the (synthetic) trace here")
     parser.add_argument("--prompts-per-step", type=int, default=1, help="B: trace lines per training step")
     parser.add_argument("--slots", type=int, help="g: samples decoded at once")
@@ -65,7 +68,8 @@ def _load(args):
     for name in ("groups", "group_size", "epochs"):
         if getattr(args, name) < 1:
             raise SamplingError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    groups = SYNTHETIC[args.synthetic](args.groups, args.group_size, args.epochs, args.seed)
+    options = {"direct_share": args.direct_share} if args.synthetic == "arithmetic" else {}
+    groups = SYNTHETIC[args.synthetic](args.groups, args.group_size, args.epochs, args.seed, **options)
     if args.write_trace:
         write_trace(groups, args.write_trace)
     return groups

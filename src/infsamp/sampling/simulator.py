@@ -124,10 +124,13 @@ def synthetic_trace(num_groups: int, group_size: int, epochs: int = 1, seed: int
 
 
 def arithmetic_trace(num_groups: int, group_size: int, epochs: int = 1, seed: int = 0,
-                     sigma_sample: float = 0.3, max_length: int = 1024) -> list[TraceGroup]:
+                     sigma_sample: float = 0.3, max_length: int = 1024,
+                     direct_share: float = 0.0) -> list[TraceGroup]:
     """A stand-in for the embedded task: each sample's length is the worked solution's length in
     characters (the embedded tokenizer is character-level, tags are one token, plus EOS) times a
-    log-normal error of `sigma_sample` (a policy that is not yet exact); prompts carry their text."""
+    log-normal error of `sigma_sample` (a policy that is not yet exact); with probability
+    `direct_share` a sample is a direct guess instead (the direct solution's length, same error), as
+    the shipped model does. Prompts carry their text."""
     from infsamp.tasks.arithmetic import generate_problems
 
     rng = random.Random(seed)
@@ -135,14 +138,20 @@ def arithmetic_trace(num_groups: int, group_size: int, epochs: int = 1, seed: in
     groups = []
     for _ in range(epochs):
         for number, problem in enumerate(problems):
-            ideal = len(problem["solution"]) - sum(len(t) - 1 for t in _TAGS) + 1
-            lengths = [min(max_length, max(1, round(ideal * rng.lognormvariate(0.0, sigma_sample))))
+            worked, direct = _token_length(problem["solution"]), _token_length(problem["direct_solution"])
+            lengths = [min(max_length, max(1, round((direct if direct_share and rng.random() < direct_share
+                                                     else worked) * rng.lognormvariate(0.0, sigma_sample))))
                        for _ in range(group_size)]
             groups.append(TraceGroup(f"a{number}", len(problem["prompt"]), lengths, problem["prompt"]))
     return groups
 
 
 _TAGS = ("<reasoning>", "</reasoning>", "<answer>", "</answer>")
+
+
+def _token_length(solution: str) -> int:
+    """Tokens of a solution under the embedded char-level tokenizer: tags are one token, plus EOS."""
+    return len(solution) - sum(solution.count(t) * (len(t) - 1) for t in _TAGS) + 1
 
 
 # ---- replay -------------------------------------------------------------------------------------
