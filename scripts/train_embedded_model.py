@@ -76,14 +76,12 @@ def train(args: argparse.Namespace) -> None:
     tokenizer = build_tokenizer()
     problems = generate_problems(args.num_problems, seed=1234, split="sft")
     held_out = generate_problems(args.num_eval, seed=1234, split="test")
-    if args.init:  # phase 1 already done (its default run is bit-for-bit the same every time)
-        model = LlamaForCausalLM.from_pretrained(args.init)
-    else:
-        model = build_model(tokenizer, seed=args.seed)
-        model.config._attn_implementation = "eager"  # faster than sdpa for this tiny model on CPU
+    # with --init, phase 1 is already done (its default run is bit-for-bit the same every time)
+    model = LlamaForCausalLM.from_pretrained(args.init) if args.init else build_model(tokenizer, seed=args.seed)
+    model.config._attn_implementation = "eager"  # faster than sdpa for this tiny model on CPU
+    if not args.init:
         worked = [{**p, "target": p["solution"]} for p in problems]
         run_phase(model, tokenizer, worked, held_out, rng, args, "worked", args.steps, args.schedule_steps, args.lr)
-    model.config._attn_implementation = "eager"
     mixed = [{**p, "target": t} for p, t in zip(problems, sft_completions(problems, args.seed, args.direct_share))]
     mix_rng = random.Random(args.seed + 1)  # own stream, so that --init gives the same result
     run_phase(model, tokenizer, mixed, held_out, mix_rng, args, "mixed", args.mix_steps, args.mix_steps, args.mix_lr)

@@ -31,6 +31,9 @@ def test_every_policy_sees_the_same_completions(tiny_model_dir):
     assert len(rows) == 2 + 2 * len(variants) and len(measured) == 2 * len(variants)
     assert all(r["same_lengths_as_continuous"] for r in measured)
     assert all(r["decode_steps"] >= r["lower_bound"] for r in rows)
+    from infsamp.sampling.grouping import pigeonhole_bound
+    assert all(r["opt_lower_bound"] == pigeonhole_bound([n for g in r["lengths"] for n in g], r["num_slots"])
+               for r in rows)
     oracle = [r for r in measured if r["variant"] == "length_aware:oracle"]
     assert all(r["kendall_tau"] in (None, 1.0) or len(set(r["lengths"][0])) == 1 for r in oracle)
     report = bench.summarise(rows, variants, args)

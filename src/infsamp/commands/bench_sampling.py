@@ -111,12 +111,17 @@ def run(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------- workloads
 
 
-def bench_prompts(tokenizer, num: int, seed: int) -> list[list[int]]:
+def bench_prompt_texts(tokenizer, num: int, seed: int, split: str = "test") -> list[str]:
+    """`num` prompts of the embedded task's `split`, shuffled by `seed`, rendered as the trainer does."""
     from infsamp.commands.sample import read_prompts
 
-    texts = read_prompts("embedded:arithmetic", "test", tokenizer)
+    texts = read_prompts("embedded:arithmetic", split, tokenizer)
     random.Random(seed).shuffle(texts)
-    return [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts[:num]]
+    return texts[:num]
+
+
+def bench_prompts(tokenizer, num: int, seed: int) -> list[list[int]]:
+    return [tokenizer(text, add_special_tokens=False)["input_ids"] for text in bench_prompt_texts(tokenizer, num, seed)]
 
 
 def target_lengths(workload: Workload, group_size: int, prompt_index: int, seed: int) -> list[int]:

@@ -92,13 +92,10 @@ def run(args: argparse.Namespace) -> int:
 
 def bench_prompts(tokenizer, num: int, seed: int) -> list[tuple[str, list[int]]]:
     """(text, token ids) of `num` training prompts of the embedded task."""
-    import random
+    from infsamp.commands.bench_sampling import bench_prompt_texts
 
-    from infsamp.commands.sample import read_prompts
-
-    texts = read_prompts("embedded:arithmetic", "train", tokenizer)
-    random.Random(seed).shuffle(texts)
-    return [(text, tokenizer(text, add_special_tokens=False)["input_ids"]) for text in texts[:num]]
+    texts = bench_prompt_texts(tokenizer, num, seed, split="train")
+    return [(text, tokenizer(text, add_special_tokens=False)["input_ids"]) for text in texts]
 
 
 # ---------------------------------------------------------------- the calls
@@ -145,16 +142,10 @@ class Runner:
         cpu = time.process_time() - cpu_start
         s = result.stats
         return {"variant": variant.name, "prompt": ",".join(keys), "decode_steps": s.decode_steps,
-                "lower_bound": s.lower_bound, "opt_lower_bound": pigeonhole_of(result), "generated_tokens": s.generated_tokens,
+                "lower_bound": s.lower_bound, "opt_lower_bound": s.opt_lower_bound, "generated_tokens": s.generated_tokens,
                 "wall_time_s": s.wall_time_s, "cpu_time_s": cpu, "num_slots": s.num_slots,
                 "peak_kv_tokens": s.peak_kv_tokens, "kendall_tau": s.extra.get("predictor_kendall_tau"),
                 "mae": s.extra.get("predictor_mae"), "lengths": [[c.length for c in g] for g in result.groups]}
-
-
-def pigeonhole_of(result) -> int:
-    from infsamp.sampling.grouping import pigeonhole_bound
-
-    return pigeonhole_bound([c.length for c in result.completions], result.stats.num_slots)
 
 
 def run_epochs(model, tokenizer, prompts, variants: list[Variant], args) -> list[dict]:

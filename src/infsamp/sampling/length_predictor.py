@@ -143,9 +143,7 @@ class OnlinePredictor(LengthPredictor):
         self._history: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])  # key -> [sum log L, n]
         self._siblings: dict[int, list[float]] = defaultdict(lambda: [0.0, 0])  # group -> same, this call
         self._call_logs: list[tuple[str, float]] = []
-        self._prefix_x: dict[int, np.ndarray] = {}
-        self._prefix_len: dict[int, int] = {}
-        self._prefix_counts: dict[int, Counter] = {}
+        self._prefixes: dict[int, tuple[np.ndarray, int, Counter]] = {}  # sample -> (features, k, token counts)
         self._memory = PrefixMemory()
         self._run_mean: float | None = None
         self._cache: dict[tuple[int, str], float] = {}  # (group, key) -> prediction; cleared on news
@@ -161,9 +159,8 @@ class OnlinePredictor(LengthPredictor):
 
     def predict_remaining(self, spec, prefix_token_ids):
         num_prefix = len(prefix_token_ids)
-        x = self._prefix_features(spec, prefix_token_ids)
-        self._prefix_x[spec.sample_id], self._prefix_len[spec.sample_id] = x, num_prefix
-        counts = self._prefix_counts[spec.sample_id] = Counter(prefix_token_ids)
+        x, counts = self._prefix_features(spec, prefix_token_ids), Counter(prefix_token_ids)
+        self._prefixes[spec.sample_id] = (x, num_prefix, counts)
         remembered = self._memory.predict(_memory_key(spec), counts)
         log_total = remembered if remembered is not None else self._prefix_model.predict(x)
         return max(1.0, self._from_log(log_total, spec) - num_prefix)
@@ -172,10 +169,10 @@ class OnlinePredictor(LengthPredictor):
         self._cache.clear()
         log_length = math.log(max(1, length))
         self._model.add(self._features(spec), log_length)
-        x = self._prefix_x.pop(spec.sample_id, None)
-        if x is not None and length > self._prefix_len.pop(spec.sample_id):
+        x, num_prefix, counts = self._prefixes.pop(spec.sample_id, (None, 0, None))
+        if x is not None and length > num_prefix:
             self._prefix_model.add(x, log_length)
-            self._memory.add(_memory_key(spec), self._prefix_counts.pop(spec.sample_id), log_length)
+            self._memory.add(_memory_key(spec), counts, log_length)
         sibling = self._siblings[spec.group_id]
         sibling[0] += log_length
         sibling[1] += 1
@@ -190,9 +187,7 @@ class OnlinePredictor(LengthPredictor):
         self._call_logs.clear()
         self._cache.clear()
         self._siblings.clear()
-        self._prefix_x.clear()
-        self._prefix_len.clear()
-        self._prefix_counts.clear()
+        self._prefixes.clear()
         self._model.fit()
         self._prefix_model.fit()
 

@@ -198,7 +198,8 @@ class GroupSampler:
     def _stats(sched: SlotScheduler, engine: SlotEngine, policy: str, budget: int, wall_time: float):
         s, c = sched.stats(), engine.counters
         stats = SamplerStats(
-            decode_steps=s.decode_steps, lower_bound=s.lower_bound, prefill_tokens=c.prefill_tokens,
+            decode_steps=s.decode_steps, lower_bound=s.lower_bound, opt_lower_bound=s.opt_lower_bound,
+            prefill_tokens=c.prefill_tokens,
             peak_kv_tokens=c.peak_kv_tokens, peak_kv_bytes=c.peak_kv_bytes,
             num_preemptions=c.num_preemptions + s.num_preemptions, recomputed_tokens=c.recomputed_tokens,
             generated_tokens=c.generated_tokens, wall_time_s=wall_time,

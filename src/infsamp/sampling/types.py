@@ -30,6 +30,7 @@ class Completion:
 class SamplerStats:
     decode_steps: int = 0  # decode forward passes
     lower_bound: int = 0  # per call max(ceil(sum L / g), max L): no g-slot schedule does better
+    opt_lower_bound: int = 0  # per call pigeonhole bound: tighter for lumpy lengths, still <= the optimum
     prefill_tokens: int = 0  # prompt tokens run through the model (once per group)
     peak_kv_tokens: int = 0  # token capacity of the KV tensors at their peak (slots + shared prompts)
     peak_kv_bytes: int = 0  # bytes of those tensors
