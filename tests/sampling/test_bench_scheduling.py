@@ -69,3 +69,14 @@ def test_several_prompts_per_call(tiny_model_dir):
     measured = [r for r in rows if r["measured"]]
     assert len(measured) == 2 * len(variants) and all(len(r["lengths"]) == 2 for r in measured)
     assert all(r["same_lengths_as_continuous"] for r in measured)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--prompts-per-step", "0"], "--prompts-per-step must be >= 1, got 0"),
+    (["-G", "0"], "--group-size must be >= 1, got 0"),
+    (["--variants", "rounds,continuous"], "--variants must start with continuous"),
+])
+def test_bad_arguments_end_in_one_line(argv, message, capsys):
+    assert main(["bench", "scheduling", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1

@@ -136,3 +136,10 @@ def test_simulate_cli_direct_share(capsys):
     code = main(["simulate", "--synthetic", "arithmetic", "--groups", "4", "--group-size", "8",
                  "--direct-share", "0.5", "--slots", "4", "--json"])
     assert code == 0 and json.loads(capsys.readouterr().out)["num_samples"] == 32
+
+
+def test_direct_share_out_of_range_is_one_line(capsys):
+    code = main(["simulate", "--synthetic", "arithmetic", "--direct-share", "1.5", "--slots", "2"])
+    assert code == 2
+    assert capsys.readouterr().err.strip() == ("infsamp simulate: error: --direct-share must be between 0 and 1, "
+                                               "got 1.5")

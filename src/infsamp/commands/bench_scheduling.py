@@ -74,9 +74,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.quick:
         args.prompts, args.group_size, args.micro_group, args.max_new_tokens = 3, 16, 4, 256
-    variants = [Variant.parse(v) for v in args.variants.split(",")]
-    if variants[0] != Variant("continuous"):
-        raise SystemExit("infsamp bench scheduling: --variants must start with continuous (it feeds the oracle)")
+    variants = check_arguments(args)
     torch.set_num_threads(args.threads)
     model, tokenizer = load_model_and_tokenizer(ModelConfig(name_or_path=args.model))
     prompts = bench_prompts(tokenizer, args.prompts, args.seed)
@@ -88,6 +86,22 @@ def run(args: argparse.Namespace) -> int:
     print_report(report)
     print(f"wrote {out / 'scheduling.json'}")
     return 0
+
+
+def check_arguments(args: argparse.Namespace) -> list[Variant]:
+    """Bad counts or variants end in one SamplingError line, before the model is loaded."""
+    from infsamp.errors import SamplingError
+
+    for name in ("prompts", "prompts_per_step", "epochs", "group_size", "micro_group", "max_new_tokens"):
+        if getattr(args, name) < 1:
+            raise SamplingError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.temperature < 0 or args.prefix_tokens < 0:
+        raise SamplingError(f"--temperature and --prefix-tokens must be >= 0, got {args.temperature}, "
+                            f"{args.prefix_tokens}")
+    variants = [Variant.parse(v) for v in args.variants.split(",")]
+    if variants[0] != Variant("continuous"):
+        raise SamplingError(f"--variants must start with continuous (it feeds the oracle), got {args.variants!r}")
+    return variants
 
 
 def bench_prompts(tokenizer, num: int, seed: int) -> list[tuple[str, list[int]]]:

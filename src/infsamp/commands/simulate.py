@@ -68,6 +68,8 @@ def _load(args):
     for name in ("groups", "group_size", "epochs"):
         if getattr(args, name) < 1:
             raise SamplingError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if not 0.0 <= args.direct_share <= 1.0:
+        raise SamplingError(f"--direct-share must be between 0 and 1, got {args.direct_share}")
     options = {"direct_share": args.direct_share} if args.synthetic == "arithmetic" else {}
     groups = SYNTHETIC[args.synthetic](args.groups, args.group_size, args.epochs, args.seed, **options)
     if args.write_trace:
