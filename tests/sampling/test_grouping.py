@@ -108,3 +108,15 @@ def test_pigeonhole_bound_sees_lumpy_lengths():
 
     # three samples of 10 on two slots: one slot runs two of them (20), the simple bound says 15
     assert lower_bound([10, 10, 10], 2) == 15 and pigeonhole_bound([10, 10, 10], 2) == 20
+
+
+def test_balance_never_loses_to_lpt_on_real_lengths():
+    """The search ranks plans in rounded units; on the real lengths it must still never lose to LPT
+    (before this was checked, 163 of 3000 such instances came out worse)."""
+    rng = random.Random(0)
+    for _ in range(500):
+        num_jobs, num_slots = rng.randint(2, 40), rng.randint(1, 9)
+        weights = [rng.uniform(1, 1000) for _ in range(num_jobs)]
+        initial = [rng.uniform(0, 500) for _ in range(num_slots)]
+        grouping = balance(weights, num_slots, 0.1, initial)
+        assert grouping.makespan <= makespan(lpt(weights, num_slots, initial), weights, initial) + 1e-6

@@ -86,6 +86,8 @@ def search(weights: Sequence[float], num_slots: int, epsilon: float,
     makespan is within epsilon * OPT of its real one. Visited states (job, sorted loads) are memoised
     exactly as the DP table would hold them; branches whose load bound cannot beat the best plan so far
     are cut. Returns (best plan found, whether the search completed: only then is it (1 + eps)-optimal).
+    The search compares plans in rounded units, so its winner can lose to LPT on the real lengths by up
+    to the rounding error; the LPT plan is returned then (never worse than LPT, as `balance` promises).
     """
     n = len(weights)
     initial = [float(x) for x in initial_loads] if initial_loads else [0.0] * num_slots
@@ -103,6 +105,8 @@ def search(weights: Sequence[float], num_slots: int, epsilon: float,
     slots: list[list[int]] = [[] for _ in range(num_slots)]
     for position, slot in enumerate(state.best_assign):
         slots[slot].append(jobs[position])
+    if makespan(slots, weights, initial) > makespan(greedy, weights, initial):
+        return greedy, complete
     return slots, complete
 
 
