@@ -68,6 +68,8 @@ def test_several_prompts_per_call(tiny_model_dir):
     rows = bench.run_epochs(model, tokenizer, bench.bench_prompts(tokenizer, 4, 0), variants, args)
     measured = [r for r in rows if r["measured"]]
     assert len(measured) == 2 * len(variants) and all(len(r["lengths"]) == 2 for r in measured)
+    assert {r["num_slots"] for r in rows} == {args.micro_group}  # the budget holds exactly g slots
+    assert bench.summarise(rows, variants, args)["g"] == [args.micro_group]
     assert all(r["same_lengths_as_continuous"] for r in measured)
 
 

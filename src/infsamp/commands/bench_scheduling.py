@@ -143,9 +143,10 @@ class Runner:
 
         from infsamp.config import SamplingConfig
         from infsamp.sampling.sampler import GroupSampler
+        from infsamp.sampling.types import kv_tokens_needed
 
-        a = self.args
-        budget = a.micro_group * a.max_new_tokens + sum(len(p[1]) for p in prompts)
+        a = self.args  # the budget the sampler needs for exactly g slots (prompts counted as it counts them)
+        budget = kv_tokens_needed(a.micro_group, a.max_new_tokens, max(len(p[1]) for p in prompts), len(prompts))
         cfg = SamplingConfig(policy=variant.policy, micro_group=a.micro_group, kv_budget=str(budget),
                              max_new_tokens=a.max_new_tokens, temperature=a.temperature,
                              refill=variant.refill, predictor_prefix_tokens=a.prefix_tokens)
@@ -209,7 +210,7 @@ def summarise(rows: list[dict], variants: list[Variant], args) -> dict:
     by_variant = {v.name: totals([r for r in measured if r["variant"] == v.name]) for v in variants}
     warmup = [r for r in rows if not r["measured"]]
     report = {"command": "infsamp bench scheduling " + " ".join(sys.argv[3:]), "date": time.strftime("%Y-%m-%d"),
-              "G": args.group_size, "g": args.micro_group, "prompts": args.prompts, "B": args.prompts_per_step, "epochs": args.epochs,
+              "G": args.group_size, "g": sorted({r["num_slots"] for r in rows}), "prompts": args.prompts, "B": args.prompts_per_step, "epochs": args.epochs,
               "temperature": args.temperature, "totals": by_variant,
               "warmup_kendall_tau": totals(warmup)["kendall_tau"] if warmup else None}
     report["targets"] = targets(by_variant)
@@ -249,7 +250,8 @@ def format_call(r: dict) -> str:
 
 
 def print_report(report: dict) -> None:
-    print(f"\nmeasured epoch {report['epochs']}: G={report['G']} g={report['g']}, {report['prompts']} prompts, "
+    print(f"\nmeasured epoch {report['epochs']}: G={report['G']} g={','.join(map(str, report['g']))}, "
+          f"{report['prompts']} prompts, "
           f"{report['B']} per call")
     print(f"{'variant':<24}{'steps':>8}{'bound':>8}{'x bound':>8}{'tokens':>8}{'wall s':>8}{'tok/s':>8}"
           f"{'tok/cpu-s':>10}{'tau':>6}")
