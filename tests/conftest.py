@@ -1,10 +1,22 @@
-"""Shared test setup: GPU tests skip cleanly without CUDA; a tiny char-level checkpoint for CLI/trainer tests."""
+"""Shared test setup: GPU tests skip cleanly without CUDA; a tiny char-level checkpoint for CLI/trainer tests.
+
+Experiment trackers are kept local and off the network for the whole session (trackio reads TRACKIO_DIR
+once, when it is first imported, and TRL imports it, so it is set here, before any test module loads).
+"""
+
+import os
+import tempfile
 
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from infsamp.models.tiny import build_tokenizer
+
+os.environ["TRACKIO_DIR"] = tempfile.mkdtemp(prefix="infsamp-tests-trackio-")
+os.environ.update({"WANDB_MODE": "offline", "WANDB_SILENT": "true", "HF_HUB_OFFLINE": "1"})
+for _name in ("WANDB_API_KEY", "TRACKIO_SPACE_ID", "TRACKIO_SERVER_URL", "MLFLOW_TRACKING_URI"):
+    os.environ.pop(_name, None)
 
 
 def pytest_collection_modifyitems(config, items):

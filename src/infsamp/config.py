@@ -193,11 +193,19 @@ class EvalConfig:
 class LoggingConfig:
     output_dir: str = opt("runs/demo", "run folder: metrics.jsonl, plots, checkpoints, lengths.jsonl")
     log_every: int = opt(1, "print a metrics line every N steps")
-    progress_bar: bool = opt(True, "show a tqdm progress bar")
+    progress_bar: bool = opt(True, "progress bars per phase on an interactive terminal (never in pipes/CI)")
     plot: bool = opt(True, "write reward/accuracy plots (PNG) at the end")
+    report_to: list[str] = opt(["none"], "experiment trackers: tensorboard, wandb, trackio, mlflow, or none "
+                               "(pip install 'infsamp[tracking]')")
+    project: str = opt("infsamp", "tracker project / experiment name")
+    run_name: str = opt("", "tracker run name (empty: the output_dir's folder name)")
 
     def validate(self) -> None:
         _require(self.log_every >= 1, "logging.log_every", self.log_every, "must be >= 1")
+        from infsamp.rl.trackers import tracker_problem
+
+        problem = tracker_problem(self.report_to)
+        _require(problem is None, "logging.report_to", self.report_to, problem or "")
 
 
 @dataclass

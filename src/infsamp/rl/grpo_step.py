@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -53,6 +53,7 @@ class GRPOStep:
         self.ref_model = ref_model
         self.micro_batch_tokens = micro_batch_tokens or cfg.train_micro_batch_tokens or DEFAULT_MICRO_BATCH_TOKENS
         self.num_oom_retries = 0
+        self.on_micro_batch: Callable[[int], None] | None = None  # told each micro-batch's sequence count
 
     # ------------------------------------------------------------------ no-grad passes
 
@@ -113,6 +114,8 @@ class GRPOStep:
                     raise
                 loss, stats = self._retry_smaller(mb, rollout, old, ref, totals)
             total_loss, total_stats = total_loss + loss, total_stats + stats
+            if self.on_micro_batch is not None:
+                self.on_micro_batch(len(mb.indices))
         return total_loss, total_stats
 
     def _retry_smaller(self, mb, rollout, old, ref, totals) -> tuple[float, LossStats]:

@@ -1,11 +1,13 @@
-"""Run outputs: per-step JSONL metrics, console lines, a tqdm bar, the lengths trace and PNG plots.
+"""Run outputs: per-step JSONL metrics, progress and summary lines, trackers, the lengths trace, PNG plots.
 
 Files in the run folder: `metrics.jsonl` (one object per step, TRL metric names where they exist),
 `eval.jsonl` (held-out accuracy by step), `lengths.jsonl` (one line per sampled group, the trace that
 `infsamp simulate` replays), `plots/training.png`. Lines are appended and flushed, so a crash loses at
-most the step in flight; a resumed run truncates them back to the checkpoint's step.
+most the step in flight; a resumed run truncates them back to the checkpoint's step. Progress bars and
+summary lines come from `progress.py`; the experiment trackers chosen in `logging.report_to`
+(`trackers.py`) get every metrics and eval record after it is on disk, the config and the plot.
 
-Deliberately simple: no TensorBoard/W&B integration; the JSONL files are easy to load into either.
+Deliberately simple: trackers see the same flat records as the JSONL files, nothing more.
 """
 
 from __future__ import annotations
@@ -15,10 +17,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from tqdm.auto import tqdm
-
-CONSOLE_KEYS = ("reward", "accuracy", "reward_std", "frac_reward_zero_std", "completions/mean_length",
-                "loss", "kl", "clip_ratio/region_mean", "sampling/decode_steps", "step_time")
+from infsamp.rl.progress import RunProgress, format_value
+from infsamp.rl.trackers import Trackers, open_trackers
 
 
 def _clean(value: Any) -> Any:
@@ -51,35 +51,46 @@ class RunLogger:
         self.log_every = log_every
         for name in ("metrics.jsonl", "eval.jsonl", "lengths.jsonl"):
             truncate_after_step(self.dir / name, start_step)
-        self.bar = tqdm(total=max_steps, initial=start_step, desc="grpo", unit="step", disable=not progress_bar,
-                        dynamic_ncols=True)
+        self.progress = RunProgress(max_steps, start_step, enabled=progress_bar)
+        self.start_step = start_step
+        self.trackers: Trackers | None = None
+
+    def open_trackers(self, report_to: list[str], project: str, run_name: str, config: dict[str, Any]) -> None:
+        """Start (or, on resume, continue) the runs of the trackers in `report_to`; sends the config."""
+        self.trackers = open_trackers(report_to, self.dir, project, run_name, config, self.start_step,
+                                      report=self.progress.write)
 
     def log_step(self, step: int, metrics: dict[str, Any]) -> None:
         append_jsonl(self.dir / "metrics.jsonl", {"step": step, **metrics})
-        self.bar.update(1)
-        self.bar.set_postfix(reward=f"{metrics.get('reward', float('nan')):.3f}",
-                             len=f"{metrics.get('completions/mean_length', 0):.0f}")
+        if self.trackers:
+            self.trackers.log_metrics(step, metrics)
+        self.progress.end_step(step)
         if step % self.log_every == 0:
-            shown = " ".join(f"{k}={_fmt(metrics[k])}" for k in CONSOLE_KEYS if k in metrics)
-            self.bar.write(f"step {step}: {shown}")
+            self.progress.write(self.progress.summary(step, metrics))
 
     def log_eval(self, step: int, metrics: dict[str, Any]) -> None:
         append_jsonl(self.dir / "eval.jsonl", {"step": step, **metrics})
-        self.bar.write(f"eval @ step {step}: " + " ".join(f"{k}={_fmt(v)}" for k, v in metrics.items()))
+        if self.trackers:
+            self.trackers.log_metrics(step, metrics)
+        self.progress.write(f"eval @ step {step}: " + " ".join(f"{k}={format_value(v)}" for k, v in metrics.items()))
+
+    def log_plot(self, step: int) -> Path | None:
+        """Write plots/training.png and send it to the trackers."""
+        path = plot_run(self.dir)
+        if path is not None and self.trackers:
+            self.trackers.log_image(step, path)
+        return path
 
     def log_lengths(self, step: int, groups: list[dict[str, Any]]) -> None:
         with (self.dir / "lengths.jsonl").open("a") as fh:
             for group in groups:
                 fh.write(json.dumps({"step": step, **group}) + "\n")
 
-    def close(self) -> None:
-        self.bar.close()
-
-
-def _fmt(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
+    def close(self, ok: bool = True) -> None:
+        """Close the bars and finish the trackers' runs (marked failed when `ok` is False)."""
+        self.progress.close()
+        if self.trackers:
+            self.trackers.finish(ok)
 
 
 SMOOTHING_STEPS = 10  # few prompts per step make per-step rewards noisy

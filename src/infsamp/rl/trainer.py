@@ -37,7 +37,8 @@ from infsamp.rl.memory import plan_run
 from infsamp.rl.grpo_step import GRPOStep, Rollout, is_out_of_memory
 from infsamp.rl.optim import build_optimizer, build_scheduler
 from infsamp.rl.prompt_stream import PromptStream
-from infsamp.rl.run_log import RunLogger, plot_run
+from infsamp.rl.progress import RunProgress
+from infsamp.rl.run_log import RunLogger
 from infsamp.sampling.length_predictor import make_predictor
 from infsamp.sampling.sampler import GroupSampler
 from infsamp.tasks.loading import (completion_for_rewards, load_examples, prompt_for_rewards, render_prompt,
@@ -172,7 +173,9 @@ class GRPOTrainer:
         cfg = self.cfg
         logger = RunLogger(self.output_dir, cfg.training.max_steps, self.step, cfg.logging.log_every,
                            cfg.logging.progress_bar)
+        ok = False
         try:
+            logger.open_trackers(cfg.logging.report_to, cfg.logging.project, cfg.logging.run_name, cfg.to_dict())
             if self.step == 0:
                 self.eval_before = self._evaluate(logger)
             while self.step < cfg.training.max_steps:
@@ -181,10 +184,11 @@ class GRPOTrainer:
                 self._after_step(logger, metrics)
             eval_after = self._evaluate(logger) if not self._evaluated_at(self.step) else self._last_eval
             self._save()
+            if cfg.logging.plot:
+                logger.log_plot(self.step)
+            ok = True
         finally:
-            logger.close()
-        if cfg.logging.plot:
-            plot_run(self.output_dir)
+            logger.close(ok)
         return TrainResult(self.output_dir, self.step, self.eval_before, eval_after)
 
     def _after_step(self, logger: RunLogger, metrics: dict[str, Any]) -> None:
@@ -207,9 +211,11 @@ class GRPOTrainer:
         if not self.eval_examples:
             return None
         start = time.perf_counter()
+        logger.progress.phase("evaluating", len(self.eval_examples), "problems")
         max_new = self.cfg.eval.max_new_tokens or self.cfg.sampling.max_new_tokens
         accuracy = evaluate_accuracy(self.model, self.tokenizer, self._eval_problems(), max_new_tokens=max_new,
                                      temperature=self.cfg.eval.temperature)
+        logger.progress.advance(len(self.eval_examples))
         logger.log_eval(self.step, {"eval/accuracy": accuracy, "eval/num_problems": len(self.eval_examples),
                                     "eval/time_s": round(time.perf_counter() - start, 2)})
         self._last_eval, self._last_eval_step = accuracy, self.step
@@ -230,24 +236,30 @@ class GRPOTrainer:
 
     def train_step(self, logger: RunLogger | None = None) -> dict[str, Any]:
         start = time.perf_counter()
+        progress = logger.progress if logger is not None else RunProgress(0, 0, enabled=False)
         batch = self.stream.next_batch()
-        rollout, sample_metrics, groups = self._rollout(batch)
+        rollout, sample_metrics, groups = self._rollout(batch, progress)
         if logger is not None:
             logger.log_lengths(self.step + 1, groups)
+        progress.phase("update", len(rollout.completion_ids) * self.cfg.training.num_iterations, "sequences")
+        self.grpo.on_micro_batch = progress.advance
         loss_metrics = self.grpo.optimize(rollout, self.optimizer, self.scheduler)
         self.step += 1
         return {**sample_metrics, **loss_metrics, "learning_rate": self.scheduler.get_last_lr()[0],
                 "epoch": self.stream.epoch, "step_time": round(time.perf_counter() - start, 3)}
 
-    def _rollout(self, batch: list[tuple[int, dict[str, Any]]]):
+    def _rollout(self, batch: list[tuple[int, dict[str, Any]]], progress: RunProgress):
         """Sample, score and normalise one step's groups; returns (Rollout, metrics, trace lines)."""
         G = self.cfg.sampling.num_generations
         texts = [render_prompt(ex, self.tokenizer, self.cfg.data) for _, ex in batch]
         prompt_ids = [self._encode_prompt(t) for t in texts]
-        result = self._sample_with_retry(prompt_ids, G, [str(i) for i, _ in batch], texts)
+        progress.phase("sampling", len(batch) * G, "samples")
+        result = self._sample_with_retry(prompt_ids, G, [str(i) for i, _ in batch], texts, progress)
         completions = [c for group in result.groups for c in group]  # group-major, N = B*G
         examples = [ex for _, ex in batch for _ in range(G)]
+        progress.phase("scoring", len(completions), "completions")
         rewards = self._score(examples, completions)
+        progress.advance(len(completions))
         adv = compute_advantages(torch.tensor(rewards.total, dtype=torch.float32), G,
                                  self.cfg.training.scale_rewards)
         rollout = Rollout(prompt_ids=[p for p in prompt_ids for _ in range(G)],
@@ -257,14 +269,14 @@ class GRPOTrainer:
                   for (i, _), p, grp in zip(batch, prompt_ids, result.groups)]
         return rollout, metrics, groups
 
-    def _sample_with_retry(self, prompt_ids, G: int, keys: list[str], texts: list[str]):
+    def _sample_with_retry(self, prompt_ids, G: int, keys: list[str], texts: list[str], progress: RunProgress):
         """On out-of-memory, halve g (leaving `full` for `continuous`) and sample the step again."""
         sampling = self.sampler.cfg
         while True:
             state = self.generator.get_state()
             try:
                 return self.sampler.sample(prompt_ids, G, prompt_keys=keys, prompt_texts=texts,
-                                           generator=self.generator)
+                                           generator=self.generator, progress=progress.sampling)
             except (torch.OutOfMemoryError, RuntimeError) as err:
                 g = sampling.micro_group or self.sampler.last_num_slots or G * len(prompt_ids)
                 if not is_out_of_memory(err) or g <= 1:

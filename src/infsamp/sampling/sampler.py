@@ -22,7 +22,7 @@ import dataclasses
 import os
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -35,6 +35,20 @@ from infsamp.sampling.types import (Completion, SampleResult, SamplerStats, kv_b
                                     micro_group_for_budget)
 
 AUTO_BUDGET_FRACTION = {"cuda": 0.5, "cpu": 0.25}  # share of free memory the KV cache may take
+
+
+@dataclasses.dataclass
+class SamplingProgress:
+    """What `sample(progress=...)` is told after each decode step (for a progress display)."""
+    finished_samples: int
+    total_samples: int
+    active_slots: int  # slots decoding in this step
+    num_slots: int  # g
+    generated_tokens: int
+    elapsed_s: float
+
+
+ProgressCallback = Callable[[SamplingProgress], None]
 
 
 # ---------------------------------------------------------------- budget
@@ -82,8 +96,11 @@ class GroupSampler:
     def sample(self, prompt_ids: list[list[int]], num_generations: int, prompt_keys: list[str] | None = None,
                prompt_texts: list[str] | None = None, max_new_tokens: int | None = None,
                temperature: float | None = None, logits_processor_factory: LogitsProcessorFactory | None = None,
-               generator: torch.Generator | None = None, policy: str | None = None) -> SampleResult:
-        """Every completion of every prompt, grouped by prompt, plus the sampler's statistics."""
+               generator: torch.Generator | None = None, policy: str | None = None,
+               progress: ProgressCallback | None = None) -> SampleResult:
+        """Every completion of every prompt, grouped by prompt, plus the sampler's statistics.
+
+        `progress`, if given, is called after every decode step with a `SamplingProgress`."""
         policy = policy or self.cfg.policy
         max_new = max_new_tokens or self.cfg.max_new_tokens
         self._check_request(prompt_ids, num_generations, max_new)
@@ -99,7 +116,7 @@ class GroupSampler:
         processor = logits_processor_factory(specs) if logits_processor_factory else None
         engine = SlotEngine(self.model, prompt_ids, [num_generations] * len(prompt_ids), sched.num_slots,
                             max(s.max_new_tokens for s in specs), options, processor)
-        wall_time = self._run(sched, engine)
+        wall_time = self._run(sched, engine, progress)
         stats = self._stats(sched, engine, policy, budget, wall_time)
         return SampleResult(self._completions(specs, engine, num_generations), stats)
 
@@ -156,18 +173,24 @@ class GroupSampler:
                              eos_token_ids=eos_ids)
 
     # ---- the loop
-    def _run(self, sched: SlotScheduler, engine: SlotEngine) -> float:
+    def _run(self, sched: SlotScheduler, engine: SlotEngine, progress: ProgressCallback | None = None) -> float:
         was_training = self.model.training
         self.model.eval()
         start = time.perf_counter()
+        num_samples, num_finished = sched.stats().num_samples, 0
         try:
             with torch.inference_mode():
                 while not sched.done:
                     for slot, spec in sched.admit():
                         engine.start(slot, spec)
+                    num_active = len(sched.active())
                     finished = engine.decode_step(sched.active())
                     self._report_prefixes(sched, engine)
                     sched.step(finished)
+                    num_finished += len(finished)
+                    if progress is not None:
+                        progress(SamplingProgress(num_finished, num_samples, num_active, sched.num_slots,
+                                                  engine.counters.generated_tokens, time.perf_counter() - start))
         finally:
             self.model.train(was_training)
         return time.perf_counter() - start
