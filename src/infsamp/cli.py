@@ -1,4 +1,4 @@
-"""The `infsamp` command line: train, sample, bench, simulate, plan.
+"""The `infsamp` command line: train, sample, bench, simulate, plan, export.
 
 Each subcommand lives in `infsamp.commands.<name>` and exposes `add_arguments(parser)` and
 `run(args) -> int`; this file only wires them up, imports them lazily (fast `--help`), and turns
@@ -19,6 +19,7 @@ SUBCOMMANDS = {
     "bench": "benchmarks: bench sampling (policies side by side), bench scheduling (length-aware)",
     "simulate": "replay completion lengths through a scheduling policy without a model",
     "plan": "memory plan: what fits on a GPU, and which switches make it fit",
+    "export": "write a run's checkpoint as a model folder transformers and vLLM load (LoRA merged)",
 }
 
 

@@ -1,0 +1,202 @@
+"""`infsamp export RUN_OR_CHECKPOINT --out DIR`: a standalone model folder that transformers and vLLM load.
+
+    infsamp export runs/demo --out models/demo                 # newest complete checkpoint of the run
+    infsamp export runs/lora/checkpoint-90 --out models/lora    # LoRA merged into its base model
+    infsamp export runs/lora --out adapters/lora --adapters-only
+
+The folder holds the weights (safetensors), `config.json`, `generation_config.json` and the tokenizer:
+`AutoModelForCausalLM.from_pretrained(DIR)` and `vllm.LLM(DIR)` load it as is. A LoRA checkpoint is
+merged into its base model (the run's `model.name_or_path`) unless `--adapters-only`, which writes a
+peft adapter folder whose `base_model_name_or_path` points at that base.
+
+Checks before any work, each one line: the target exists and is not empty; the checkpoint is not
+complete (completeness is `rl/checkpoint.py`'s `list_checkpoints`); the run has no checkpoint;
+`--adapters-only` on full weights. The export is written under a temporary name beside DIR and renamed
+when complete, so nothing half-written is left and nothing existing is overwritten.
+
+Deliberately simple: the whole model is loaded in CPU memory (merging needs the base weights once).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+from infsamp.errors import InfsampError, ModelError
+
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+DTYPE_CHOICES = ("auto", "fp32", "bf16", "fp16")
+_CHECKPOINT_NAME = re.compile(r"^checkpoint-\d+")
+
+
+class ExportError(InfsampError):
+    """An export that cannot be done as asked (target not empty, checkpoint incomplete or missing)."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("source", metavar="RUN_OR_CHECKPOINT",
+                        help="a run folder (its newest complete checkpoint) or a checkpoint-N folder")
+    parser.add_argument("--out", required=True, help="new (or empty) folder to write the model into")
+    parser.add_argument("--adapters-only", action="store_true",
+                        help="LoRA runs: write the peft adapters instead of merging them into the base")
+    parser.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
+                        help="weights dtype of the export (auto: the dtype the model was trained in)")
+
+
+def run(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    check_target(out)
+    checkpoint = resolve_checkpoint(Path(args.source))
+    from infsamp.rl.trainer import quiet_transformers
+
+    quiet_transformers()
+    summary = export_checkpoint(checkpoint, out, adapters_only=args.adapters_only, dtype=args.dtype)
+    print(summary)
+    return 0
+
+
+# ---------------------------------------------------------------- checks, before any work
+
+
+def check_target(out: Path) -> None:
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ExportError(f"--out {out}: exists and is not empty (nothing was written)")
+
+
+def resolve_checkpoint(source: Path) -> Path:
+    """The complete checkpoint to export: `source` itself, or the newest complete one in a run folder."""
+    from infsamp.rl.checkpoint import list_checkpoints
+
+    if not source.is_dir():
+        raise ExportError(f"{source}: not a run folder or checkpoint folder")
+    if _CHECKPOINT_NAME.match(source.name) or (source / "model").is_dir():
+        complete = {p.resolve() for p in list_checkpoints(source.resolve().parent)}
+        if source.resolve() not in complete:
+            raise ExportError(f"{source}: not a complete checkpoint (interrupted while saving?); "
+                              "export the run folder to take its newest complete checkpoint")
+        return source
+    found = list_checkpoints(source)
+    if not found:
+        raise ExportError(f"{source}: no complete checkpoint-N folder in this run folder")
+    return found[-1]
+
+
+# ---------------------------------------------------------------- the export
+
+
+def export_checkpoint(checkpoint: Path, out: Path, *, adapters_only: bool = False, dtype: str = "auto") -> str:
+    """Write `checkpoint` as a standalone model folder at `out`; returns a one-line summary."""
+    check_target(out)
+    model_dir = checkpoint / "model"
+    is_lora = (model_dir / "adapter_config.json").exists()
+    if adapters_only and not is_lora:
+        raise ExportError(f"--adapters-only: {checkpoint} holds full weights, not LoRA adapters")
+    base = base_model_path(checkpoint) if is_lora else None
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        if adapters_only:
+            what = write_adapters(model_dir, base, tmp)
+        else:
+            what = write_model(model_dir, base, tmp, dtype)
+        write_tokenizer_and_generation_config(model_dir, base, tmp)
+        if out.exists():
+            out.rmdir()  # empty, checked above
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return (f"exported {checkpoint} ({what}) to {out}: load it with "
+            f"AutoModelForCausalLM.from_pretrained({str(out)!r}) or vllm.LLM({str(out)!r})")
+
+
+def base_model_path(checkpoint: Path) -> str:
+    """The LoRA base: the run's model.name_or_path (config.yaml beside the checkpoint), else peft's record."""
+    import yaml
+
+    from infsamp.models.loading import resolve_path
+
+    config_file = checkpoint.parent / "config.yaml"
+    if config_file.exists():
+        name = (yaml.safe_load(config_file.read_text()) or {}).get("model", {}).get("name_or_path")
+    else:
+        adapter_config = json.loads((checkpoint / "model" / "adapter_config.json").read_text())
+        name = adapter_config.get("base_model_name_or_path")
+    if not name:
+        raise ModelError(f"{checkpoint}: cannot tell the LoRA base model (no config.yaml in the run folder)")
+    return resolve_path(name)
+
+
+def _torch_dtype(dtype: str, config):
+    import torch
+
+    from infsamp.models.loading import DTYPES
+
+    if dtype != "auto":
+        return DTYPES[dtype]
+    trained = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
+    return getattr(torch, trained) if isinstance(trained, str) else trained
+
+
+def _load(path: str | Path, **kwargs):
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
+    except Exception as err:  # transformers raises many types for a bad folder
+        raise ModelError(f"{path}: cannot load the model ({str(err).strip().splitlines()[0][:200]})") from None
+
+
+def write_model(model_dir: Path, base: str | None, out: Path, dtype: str) -> str:
+    """Full weights (or the base with the LoRA merged in) as safetensors + config in `out`."""
+    import torch
+
+    if base is None:
+        model = _load(model_dir, dtype="auto")
+        what = "full weights"
+    else:
+        from peft import PeftModel
+
+        merged = PeftModel.from_pretrained(_load(base, dtype=torch.float32), str(model_dir))
+        model = merged.merge_and_unload()  # merged in fp32, then cast
+        what = f"LoRA merged into {base}"
+    target = _torch_dtype(dtype, _load_config(base or model_dir))
+    model.to(target).save_pretrained(out, safe_serialization=True)
+    return f"{what}, {str(target).removeprefix('torch.')}"
+
+
+def _load_config(path: str | Path):
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(str(path))
+
+
+def write_adapters(model_dir: Path, base: str, out: Path) -> str:
+    """The peft adapter files, with base_model_name_or_path set to the base this run trained."""
+    for name in ADAPTER_FILES:
+        shutil.copy2(model_dir / name, out / name)
+    config = json.loads((out / "adapter_config.json").read_text())
+    config["base_model_name_or_path"] = str(Path(base).resolve()) if Path(base).exists() else base
+    (out / "adapter_config.json").write_text(json.dumps(config, indent=2))
+    return f"LoRA adapters for {config['base_model_name_or_path']}"
+
+
+def write_tokenizer_and_generation_config(model_dir: Path, base: str | None, out: Path) -> None:
+    """The tokenizer saved with the checkpoint, and the generation config of the model (or its base)."""
+    from transformers import AutoTokenizer, GenerationConfig
+
+    sources = [model_dir] + ([Path(base)] if base else [])
+    tokenizer_dir = next((p for p in sources if (p / "tokenizer_config.json").exists()), None)
+    if tokenizer_dir is None:
+        raise ModelError(f"{model_dir}: no tokenizer saved with the checkpoint or its base")
+    AutoTokenizer.from_pretrained(str(tokenizer_dir)).save_pretrained(out)
+    generation_dir = next((p for p in sources if (p / "generation_config.json").exists()), None)
+    if generation_dir is not None:
+        generation = GenerationConfig.from_pretrained(str(generation_dir))
+    else:
+        generation = GenerationConfig.from_model_config(_load_config(base or model_dir))
+    generation.save_pretrained(out)

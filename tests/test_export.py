@@ -1,0 +1,183 @@
+"""`infsamp export`: after a short run on the embedded model (full weights and LoRA), the exported folder loads
+with transformers and with vLLM and decodes greedily exactly as the trained policy; bad input is one line
+and overwrites nothing."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from infsamp.cli import main
+from infsamp.config import load_config
+from infsamp.models.loading import EMBEDDED_DIR
+from infsamp.rl.trainer import GRPOTrainer
+from infsamp.tasks.arithmetic import generate_problems
+
+MAX_NEW = 40
+VLLM_SCRIPT = """
+import json, os, sys
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+from vllm import LLM, SamplingParams
+prompts, results = json.loads(sys.argv[1]), {}
+for path in sys.argv[2:]:
+    llm = LLM(model=path, dtype="float32", enforce_eager=True, max_model_len=512, seed=0,
+              kv_cache_memory_bytes=64 * 2**20)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                        SamplingParams(temperature=0, max_tokens=%d), use_tqdm=False)
+    results[path] = [list(o.outputs[0].token_ids) for o in outs]
+    del llm
+print("VLLM_RESULT " + json.dumps(results))
+""" % MAX_NEW
+
+
+def length_reward(prompts, completions, **kwargs):
+    """Varies within every group, so every step moves the weights."""
+    return [float(len(c)) / 50 for c in completions]
+
+
+def train(out: Path, **overrides) -> GRPOTrainer:
+    cfg = load_config(overrides={
+        "data.num_train_examples": 40, "eval.num_problems": 0, "sampling.num_generations": 4,
+        "sampling.max_new_tokens": 32, "sampling.micro_group": 4, "training.max_steps": 2, "training.prompts_per_step": 2,
+        "training.learning_rate": 1e-3, "training.warmup_ratio": 0.0, "logging.output_dir": str(out),
+        "logging.progress_bar": False, "logging.plot": False, **overrides})
+    trainer = GRPOTrainer(cfg, reward_funcs=[("length", length_reward)])
+    trainer.train()
+    return trainer
+
+
+def greedy(model, prompts: list[list[int]]) -> list[list[int]]:
+    model.eval()
+    outs = []
+    with torch.no_grad():
+        for ids in prompts:
+            out = model.generate(torch.tensor([ids]), max_new_tokens=MAX_NEW, do_sample=False, pad_token_id=0)
+            outs.append(out[0, len(ids):].tolist())
+    return outs
+
+
+def vllm_greedy(prompts: list[list[int]], paths: list[Path]) -> dict[str, list[list[int]]]:
+    """vLLM in a child process (its CPU worker pins threads and memory: keep that out of the test process)."""
+    proc = subprocess.run([sys.executable, "-c", VLLM_SCRIPT, json.dumps(prompts), *map(str, paths)],
+                          capture_output=True, text=True, timeout=600)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("VLLM_RESULT ")]
+    assert lines, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return json.loads(lines[0].removeprefix("VLLM_RESULT "))
+
+
+def weights_differ(model_a, model_b) -> bool:
+    b = model_b.state_dict()
+    return any(not torch.equal(v, b[k]) for k, v in model_a.state_dict().items() if k in b)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    root = tmp_path_factory.mktemp("export")
+    full = train(root / "full")
+    lora = train(root / "lora", **{"model.lora_rank": 4, "model.lora_alpha": 8, "training.learning_rate": 1e-2})
+    tokenizer = full.tokenizer
+    prompts = [tokenizer(p["prompt"], add_special_tokens=False).input_ids for p in generate_problems(3, 7, "test")]
+    return {"root": root, "full": full, "lora": lora, "prompts": prompts}
+
+
+@pytest.mark.slow
+def test_export_loads_in_transformers_and_vllm_and_decodes_as_the_policy(trained):
+    root, prompts = trained["root"], trained["prompts"]
+    exports = {}
+    for name in ("full", "lora"):
+        exports[name] = root / f"export-{name}"
+        assert main(["export", str(root / name), "--out", str(exports[name])]) == 0
+        assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json"} <= {
+            p.name for p in exports[name].iterdir()}
+    base = AutoModelForCausalLM.from_pretrained(EMBEDDED_DIR)
+    expected = {}
+    for name, path in exports.items():
+        loaded = AutoModelForCausalLM.from_pretrained(path)
+        assert weights_differ(loaded, base), f"{name}: training did not change the weights"
+        assert type(loaded).__name__ == "LlamaForCausalLM"  # LoRA merged: a plain model
+        expected[name] = greedy(trained[name].model, prompts)
+        assert greedy(loaded, prompts) == expected[name], name
+    from_vllm = vllm_greedy(prompts, list(exports.values()))
+    for name, path in exports.items():
+        assert from_vllm[str(path)] == expected[name], name
+
+
+@pytest.mark.slow
+def test_adapters_only_export_is_a_peft_folder_on_the_trained_base(trained):
+    out = trained["root"] / "adapters"
+    assert main(["export", str(trained["root"] / "lora"), "--out", str(out), "--adapters-only"]) == 0
+    assert {p.name for p in out.iterdir()} >= {"adapter_config.json", "adapter_model.safetensors",
+                                                 "tokenizer.json", "generation_config.json"}
+    assert json.loads((out / "adapter_config.json").read_text())["base_model_name_or_path"] == str(EMBEDDED_DIR)
+    loaded = AutoModelForCausalLM.from_pretrained(out)  # transformers reads the adapter and its base
+    prompts = trained["prompts"]
+    assert greedy(loaded, prompts) == greedy(trained["lora"].model, prompts)
+
+
+# ---------------------------------------------------------------- bad input: one line, nothing overwritten
+
+
+def fake_checkpoint(run: Path, step: int, complete: bool = True, lora: bool = False) -> Path:
+    checkpoint = run / f"checkpoint-{step}"
+    (checkpoint / "model").mkdir(parents=True)
+    (checkpoint / "model" / ("adapter_config.json" if lora else "config.json")).write_text("{}")
+    if complete:
+        (checkpoint / "trainer_state.json").write_text(json.dumps({"step": step}))
+    return checkpoint
+
+
+def export_error(capsys, *argv) -> str:
+    assert main(["export", *map(str, argv)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err
+    return err
+
+
+def test_target_that_exists_and_is_not_empty_is_left_alone(tmp_path, capsys):
+    fake_checkpoint(tmp_path / "run", 2)
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "keep.txt").write_text("mine")
+    err = export_error(capsys, tmp_path / "run", "--out", target)
+    assert err == f"infsamp export: error: --out {target}: exists and is not empty (nothing was written)"
+    assert [p.name for p in target.iterdir()] == ["keep.txt"] and (target / "keep.txt").read_text() == "mine"
+
+
+def test_incomplete_checkpoint_is_refused(tmp_path, capsys):
+    incomplete = fake_checkpoint(tmp_path / "run", 4, complete=False)
+    err = export_error(capsys, incomplete, "--out", tmp_path / "out")
+    assert err.startswith(f"infsamp export: error: {incomplete}: not a complete checkpoint")
+    tmp_dir = tmp_path / "run" / "checkpoint-6.tmp"
+    (tmp_dir / "model").mkdir(parents=True)
+    assert "not a complete checkpoint" in export_error(capsys, tmp_dir, "--out", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_run_without_a_complete_checkpoint_is_refused(tmp_path, capsys):
+    fake_checkpoint(tmp_path / "run", 4, complete=False)
+    err = export_error(capsys, tmp_path / "run", "--out", tmp_path / "out")
+    assert err.endswith("no complete checkpoint-N folder in this run folder")
+    assert "not a run folder" in export_error(capsys, tmp_path / "missing", "--out", tmp_path / "out")
+
+
+def test_adapters_only_needs_a_lora_checkpoint(tmp_path, capsys):
+    checkpoint = fake_checkpoint(tmp_path / "run", 2)
+    err = export_error(capsys, checkpoint, "--out", tmp_path / "out", "--adapters-only")
+    assert err.endswith(f"--adapters-only: {checkpoint} holds full weights, not LoRA adapters")
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.tmp-*"))
+
+
+def test_run_folder_exports_its_newest_complete_checkpoint(tmp_path):
+    from infsamp.commands.export import resolve_checkpoint
+
+    run = tmp_path / "run"
+    fake_checkpoint(run, 2)
+    newest = fake_checkpoint(run, 10)
+    fake_checkpoint(run, 12, complete=False)
+    assert resolve_checkpoint(run) == newest
+    assert os.path.samefile(resolve_checkpoint(run / "checkpoint-2"), run / "checkpoint-2")
