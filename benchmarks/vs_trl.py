@@ -2,7 +2,14 @@
 
     .venv/bin/python benchmarks/vs_trl.py --groups 8,32,64 --steps 2 --hidden 256 --layers 4 \
         --max-completion 128 --out /tmp/vs_trl.json
+    .venv/bin/python benchmarks/vs_trl.py --frameworks trl,trl_infsamp --trl-batch 8   # TRL with the plug-in
     .venv/bin/python benchmarks/vs_trl.py --quick          # G=8, 1 measured step: a smoke check
+
+Three frameworks: `trl` (TRL's own generation), `trl_infsamp` (the same TRL trainer with
+`infsamp.integrations.trl.infsamp_rollout` as its `rollout_func`: continuous policy, g slots, KV budget
+g x (prompt + completion) tokens) and `infsamp` (infsamp's own trainer). `--trl-batch B` trains TRL in
+micro-batches of B completions (gradient accumulation over G / B of them, still one optimizer step per
+prompt), so what still grows with G in TRL is its generation; 0 keeps TRL's default of all G at once.
 
 Both frameworks train the SAME random-init Llama (built once and saved to a temp dir, or `--model PATH`)
 on the same prompts (the embedded arithmetic task), with the same rewards (`format_reward`,
@@ -26,6 +33,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import ctypes
+import datetime
 import json
 import os
 import pstats
@@ -43,7 +51,6 @@ RESULT_PREFIX = "VS_TRL_RESULT "
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
 NUM_PROMPTS = 64
 MAX_PROMPT_TOKENS = 32  # arithmetic prompts are < 32 characters (one token each)
-DATE = "2026-11-29"
 PROFILE_FUNCTIONS = {  # label -> (file suffix, function name) whose cumulative time is reported
     "sampling": ("sampling/sampler.py", "sample"),
     "rewards": ("rl/trainer.py", "_score"),
@@ -132,9 +139,13 @@ def train_problems(num: int) -> list[dict]:
 def trl_config(args, G: int, out_dir: Path):
     from trl import GRPOConfig
 
+    batch = args.trl_batch or G
+    if G % batch:
+        raise SystemExit(f"--trl-batch {batch}: must divide every G (got G={G})")
     return GRPOConfig(
-        output_dir=str(out_dir), num_generations=G, per_device_train_batch_size=G, gradient_accumulation_steps=1,
-        steps_per_generation=1, max_completion_length=args.max_completion, learning_rate=args.learning_rate,
+        output_dir=str(out_dir), num_generations=G, per_device_train_batch_size=batch,
+        gradient_accumulation_steps=G // batch, steps_per_generation=G // batch,
+        max_completion_length=args.max_completion, learning_rate=args.learning_rate,
         temperature=1.0, beta=0.0, use_vllm=False, bf16=False, fp16=False, use_cpu=True, report_to=[],
         logging_steps=1, save_strategy="no", max_steps=1 + args.steps, lr_scheduler_type="constant",
         disable_tqdm=True, dataloader_num_workers=0, seed=0, loss_type="dapo",
@@ -162,7 +173,7 @@ def make_step_callback(meter: PeakRss, times: list[float], lengths: list[float])
     return StepTimer()
 
 
-def run_trl(args, G: int, model_dir: Path, tmp: Path) -> dict:
+def run_trl(args, G: int, model_dir: Path, tmp: Path, rollout_func=None) -> dict:
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM
@@ -175,9 +186,20 @@ def run_trl(args, G: int, model_dir: Path, tmp: Path) -> dict:
     trainer = GRPOTrainer(model=model, reward_funcs=reward_functions(), args=trl_config(args, G, tmp / "trl"),
                           train_dataset=Dataset.from_list(train_problems(NUM_PROMPTS)),
                           processing_class=load_tokenizer(str(model_dir)),
-                          callbacks=[make_step_callback(meter, times, lengths)])
+                          callbacks=[make_step_callback(meter, times, lengths)], rollout_func=rollout_func)
     trainer.train()
     return {"peak_bytes": meter.peak_bytes(), "step_seconds": times[1:], "mean_lengths": lengths[1:]}
+
+
+def run_trl_infsamp(args, G: int, model_dir: Path, tmp: Path) -> dict:
+    """TRL's trainer with infsamp's sampler as rollout_func (same settings as the infsamp worker's sampler)."""
+    os.environ["TRL_EXPERIMENTAL_SILENCE"] = "1"
+    from infsamp.integrations.trl import infsamp_rollout
+
+    g = min(args.micro_group, G)
+    rollout = infsamp_rollout(policy="continuous", micro_group=g,
+                              kv_budget=str(g * (MAX_PROMPT_TOKENS + args.max_completion)))
+    return run_trl(args, G, model_dir, tmp, rollout_func=rollout)
 
 
 # ---------------------------------------------------------------- infsamp worker
@@ -235,7 +257,8 @@ def profile_infsamp(args, G: int, model_dir: Path, tmp: Path) -> dict[str, float
     return {k: round(v, 2) for k, v in breakdown.items()}
 
 
-WORKERS = {"trl": run_trl, "infsamp": run_infsamp, "profile": profile_infsamp}
+WORKERS = {"trl": run_trl, "trl_infsamp": run_trl_infsamp, "infsamp": run_infsamp, "profile": profile_infsamp}
+COMPARED = ("infsamp", "trl_infsamp")  # rows that get ratios to the `trl` row of the same G
 
 
 def run_worker(args) -> None:
@@ -265,7 +288,7 @@ def shared_argv(args) -> list[str]:
     return ["--steps", str(args.steps), "--max-completion", str(args.max_completion),
             "--learning-rate", str(args.learning_rate), "--micro-group", str(args.micro_group),
             "--train-micro-batch-tokens", str(args.train_micro_batch_tokens), "--threads", str(args.threads),
-            "--gradient-checkpointing", args.gradient_checkpointing]
+            "--gradient-checkpointing", args.gradient_checkpointing, "--trl-batch", str(args.trl_batch)]
 
 
 def summarise(framework: str, G: int, raw: dict) -> dict:
@@ -276,17 +299,17 @@ def summarise(framework: str, G: int, raw: dict) -> dict:
 
 
 def add_ratios(rows: list[dict]) -> None:
-    """infsamp/TRL ratios of peak memory and step time on each infsamp row that has a TRL partner."""
+    """x/TRL ratios of peak memory and step time on each infsamp or trl_infsamp row with a TRL partner."""
     trl = {r["G"]: r for r in rows if r["framework"] == "trl"}
     for row in rows:
         base = trl.get(row["G"])
-        if row["framework"] == "infsamp" and base:
+        if row["framework"] in COMPARED and base:
             row["peak_ratio"] = round(row["peak_mib"] / max(base["peak_mib"], 1e-9), 2)
             row["time_ratio"] = round(row["seconds_per_step"] / base["seconds_per_step"], 2)
 
 
 def markdown_table(rows: list[dict]) -> str:
-    lines = ["| framework | G | peak MiB | s/step | mean completion len | peak infsamp/TRL | time infsamp/TRL |",
+    lines = ["| framework | G | peak MiB | s/step | mean completion len | peak / TRL | time / TRL |",
              "|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['framework']} | {r['G']} | {r['peak_mib']:.0f} | {r['seconds_per_step']:.2f} | "
@@ -307,7 +330,7 @@ def run_benchmark(args) -> dict:
         add_ratios(rows)
         profile = run_case(args, f"profile:{args.profile}", model_dir) if args.profile else None
         num_params = count_parameters(model_dir)
-    return {"date": DATE, "trl_version": version("trl"), "command": " ".join(sys.argv), "rows": rows,
+    return {"date": datetime.date.today().isoformat(), "trl_version": version("trl"), "command": " ".join(sys.argv), "rows": rows,
             "num_parameters": num_params, "model": args.model or f"random llama hidden={args.hidden} "
             f"layers={args.layers}", "settings": vars(args) | {"groups": args.groups}, "infsamp_profile": profile}
 
@@ -315,14 +338,16 @@ def run_benchmark(args) -> dict:
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--groups", default="8,32,64", help="comma-separated G values")
-    p.add_argument("--frameworks", default="trl,infsamp", help="comma-separated: trl, infsamp")
+    p.add_argument("--frameworks", default="trl,infsamp", help="comma-separated: trl, trl_infsamp, infsamp")
     p.add_argument("--steps", type=int, default=2, help="measured optimizer steps (after 1 warm-up)")
     p.add_argument("--model", default="", help="HF checkpoint dir or 'embedded' (default: build a random Llama)")
     p.add_argument("--hidden", type=int, default=128, help="hidden size of the random Llama")
     p.add_argument("--layers", type=int, default=4, help="layers of the random Llama")
     p.add_argument("--max-completion", type=int, default=128, help="max completion length (tokens)")
     p.add_argument("--learning-rate", type=float, default=1e-5)
-    p.add_argument("--micro-group", type=int, default=8, help="infsamp: samples decoded at once (g)")
+    p.add_argument("--micro-group", type=int, default=8, help="infsamp, trl_infsamp: samples decoded at once (g)")
+    p.add_argument("--trl-batch", type=int, default=0,
+                   help="trl, trl_infsamp: completions per forward/backward (0: all G at once, TRL's default)")
     p.add_argument("--train-micro-batch-tokens", type=int, default=4096, help="infsamp: tokens per micro-batch")
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads in each case (1: on a shared CPU, 2 threads spin-wait and run ~10x slower)")
