@@ -1,7 +1,7 @@
 """Shared test setup: GPU tests skip cleanly without CUDA; a tiny char-level checkpoint for CLI/trainer tests.
 
-Experiment trackers are kept local and off the network for the whole session (trackio reads TRACKIO_DIR
-once, when it is first imported, and TRL imports it, so it is set here, before any test module loads).
+Experiment trackers stay local and off the network for the whole session (trackio reads TRACKIO_DIR
+once, when first imported, and TRL imports it: so it is set here, before any test module loads).
 """
 
 import os

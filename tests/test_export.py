@@ -1,6 +1,6 @@
-"""`infsamp export`: after a short run on the embedded model (full weights and LoRA), the exported folder loads
-with transformers and with vLLM and decodes greedily exactly as the trained policy; bad input is one line
-and overwrites nothing."""
+"""`infsamp export`: after short runs on the embedded model (full weights, LoRA), the export
+loads with transformers and with vLLM and decodes greedily exactly as the trained policy; bad input
+is one line and overwrites nothing."""
 
 import json
 import os
@@ -43,8 +43,9 @@ def length_reward(prompts, completions, **kwargs):
 def train(out: Path, **overrides) -> GRPOTrainer:
     cfg = load_config(overrides={
         "data.num_train_examples": 40, "eval.num_problems": 0, "sampling.num_generations": 4,
-        "sampling.max_new_tokens": 32, "sampling.micro_group": 4, "training.max_steps": 2, "training.prompts_per_step": 2,
-        "training.learning_rate": 1e-3, "training.warmup_ratio": 0.0, "logging.output_dir": str(out),
+        "sampling.max_new_tokens": 32, "sampling.micro_group": 4, "training.max_steps": 2,
+        "training.prompts_per_step": 2, "training.learning_rate": 1e-3,
+        "training.warmup_ratio": 0.0, "logging.output_dir": str(out),
         "logging.progress_bar": False, "logging.plot": False, **overrides})
     trainer = GRPOTrainer(cfg, reward_funcs=[("length", length_reward)])
     trainer.train()
@@ -56,15 +57,16 @@ def greedy(model, prompts: list[list[int]]) -> list[list[int]]:
     outs = []
     with torch.no_grad():
         for ids in prompts:
-            out = model.generate(torch.tensor([ids]), max_new_tokens=MAX_NEW, do_sample=False, pad_token_id=0)
+            out = model.generate(torch.tensor([ids]), max_new_tokens=MAX_NEW, do_sample=False,
+                                 pad_token_id=0)
             outs.append(out[0, len(ids):].tolist())
     return outs
 
 
 def vllm_greedy(prompts: list[list[int]], paths: list[Path]) -> dict[str, list[list[int]]]:
-    """vLLM in a child process (its CPU worker pins threads and memory: keep that out of the test process)."""
-    proc = subprocess.run([sys.executable, "-c", VLLM_SCRIPT, json.dumps(prompts), *map(str, paths)],
-                          capture_output=True, text=True, timeout=600)
+    """vLLM in a child process (its CPU worker pins threads and memory: not in this process)."""
+    argv = [sys.executable, "-c", VLLM_SCRIPT, json.dumps(prompts), *map(str, paths)]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("VLLM_RESULT ")]
     assert lines, proc.stdout[-2000:] + proc.stderr[-3000:]
     return json.loads(lines[0].removeprefix("VLLM_RESULT "))
@@ -79,9 +81,11 @@ def weights_differ(model_a, model_b) -> bool:
 def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("export")
     full = train(root / "full")
-    lora = train(root / "lora", **{"model.lora_rank": 4, "model.lora_alpha": 8, "training.learning_rate": 1e-2})
+    lora = train(root / "lora", **{"model.lora_rank": 4, "model.lora_alpha": 8,
+                                   "training.learning_rate": 1e-2})
     tokenizer = full.tokenizer
-    prompts = [tokenizer(p["prompt"], add_special_tokens=False).input_ids for p in generate_problems(3, 7, "test")]
+    prompts = [tokenizer(p["prompt"], add_special_tokens=False).input_ids
+               for p in generate_problems(3, 7, "test")]
     return {"root": root, "full": full, "lora": lora, "prompts": prompts}
 
 
@@ -92,8 +96,9 @@ def test_export_loads_in_transformers_and_vllm_and_decodes_as_the_policy(trained
     for name in ("full", "lora"):
         exports[name] = root / f"export-{name}"
         assert main(["export", str(root / name), "--out", str(exports[name])]) == 0
-        assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json"} <= {
-            p.name for p in exports[name].iterdir()}
+        written = {p.name for p in exports[name].iterdir()}
+        assert {"config.json", "generation_config.json", "model.safetensors",
+                "tokenizer.json"} <= written
     base = AutoModelForCausalLM.from_pretrained(EMBEDDED_DIR)
     expected = {}
     for name, path in exports.items():
@@ -110,16 +115,18 @@ def test_export_loads_in_transformers_and_vllm_and_decodes_as_the_policy(trained
 @pytest.mark.slow
 def test_adapters_only_export_is_a_peft_folder_on_the_trained_base(trained):
     out = trained["root"] / "adapters"
-    assert main(["export", str(trained["root"] / "lora"), "--out", str(out), "--adapters-only"]) == 0
+    argv = ["export", str(trained["root"] / "lora"), "--out", str(out), "--adapters-only"]
+    assert main(argv) == 0
     assert {p.name for p in out.iterdir()} >= {"adapter_config.json", "adapter_model.safetensors",
                                                  "tokenizer.json", "generation_config.json"}
-    assert json.loads((out / "adapter_config.json").read_text())["base_model_name_or_path"] == str(EMBEDDED_DIR)
-    loaded = AutoModelForCausalLM.from_pretrained(out)  # transformers reads the adapter and its base
+    adapter_config = json.loads((out / "adapter_config.json").read_text())
+    assert adapter_config["base_model_name_or_path"] == str(EMBEDDED_DIR)
+    loaded = AutoModelForCausalLM.from_pretrained(out)  # transformers reads adapter and base
     prompts = trained["prompts"]
     assert greedy(loaded, prompts) == greedy(trained["lora"].model, prompts)
 
 
-# ---------------------------------------------------------------- bad input: one line, nothing overwritten
+# ---------------------------------------------------------------- bad input: one line
 
 
 def fake_checkpoint(run: Path, step: int, complete: bool = True, lora: bool = False) -> Path:
@@ -144,8 +151,10 @@ def test_target_that_exists_and_is_not_empty_is_left_alone(tmp_path, capsys):
     target.mkdir()
     (target / "keep.txt").write_text("mine")
     err = export_error(capsys, tmp_path / "run", "--out", target)
-    assert err == f"infsamp export: error: --out {target}: exists and is not empty (nothing was written)"
-    assert [p.name for p in target.iterdir()] == ["keep.txt"] and (target / "keep.txt").read_text() == "mine"
+    assert err == (f"infsamp export: error: --out {target}: exists and is not empty "
+                   "(nothing was written)")
+    assert [p.name for p in target.iterdir()] == ["keep.txt"]
+    assert (target / "keep.txt").read_text() == "mine"
 
 
 def test_incomplete_checkpoint_is_refused(tmp_path, capsys):
@@ -162,7 +171,8 @@ def test_run_without_a_complete_checkpoint_is_refused(tmp_path, capsys):
     fake_checkpoint(tmp_path / "run", 4, complete=False)
     err = export_error(capsys, tmp_path / "run", "--out", tmp_path / "out")
     assert err.endswith("no complete checkpoint-N folder in this run folder")
-    assert "not a run folder" in export_error(capsys, tmp_path / "missing", "--out", tmp_path / "out")
+    err = export_error(capsys, tmp_path / "missing", "--out", tmp_path / "out")
+    assert "not a run folder" in err
 
 
 def test_adapters_only_needs_a_lora_checkpoint(tmp_path, capsys):

@@ -19,7 +19,7 @@ SUBCOMMANDS = {
     "bench": "benchmarks: bench sampling (policies side by side), bench scheduling (length-aware)",
     "simulate": "replay completion lengths through a scheduling policy without a model",
     "plan": "memory plan: what fits on a GPU, and which switches make it fit",
-    "export": "write a run's checkpoint as a model folder transformers and vLLM load (LoRA merged)",
+    "export": "a run's checkpoint as a model folder transformers and vLLM load (LoRA merged)",
 }
 
 

@@ -193,10 +193,10 @@ class EvalConfig:
 class LoggingConfig:
     output_dir: str = opt("runs/demo", "run folder: metrics.jsonl, plots, checkpoints, lengths.jsonl")
     log_every: int = opt(1, "print a metrics line every N steps")
-    progress_bar: bool = opt(True, "progress bars per phase on an interactive terminal (never in pipes/CI)")
+    progress_bar: bool = opt(True, "progress bars per phase on a terminal (never in pipes or CI)")
     plot: bool = opt(True, "write reward/accuracy plots (PNG) at the end")
-    report_to: list[str] = opt(["none"], "experiment trackers: tensorboard, wandb, trackio, mlflow, or none "
-                               "(pip install 'infsamp[tracking]')")
+    report_to: list[str] = opt(["none"], "experiment trackers: tensorboard, wandb, trackio, "
+                               "mlflow, or none (pip install 'infsamp[tracking]')")
     project: str = opt("infsamp", "tracker project / experiment name")
     run_name: str = opt("", "tracker run name (empty: the output_dir's folder name)")
 

@@ -1,6 +1,6 @@
-"""The TRL plug-in: TRL's GRPOTrainer runs two steps on the embedded model with infsamp's sampler as its
-rollout_func (g slots < G, KV within the budget, length-aware policy with the online predictor), the
-returned log-probs are the policy's; unsupported TRL settings are one line before any work."""
+"""The TRL plug-in: TRL's GRPOTrainer trains two steps on the embedded model with infsamp's sampler
+as its rollout_func (g slots < G, KV within the budget, length-aware policy with the online
+predictor); the log-probs returned are the policy's; unsupported TRL settings are one line."""
 
 import os
 from types import SimpleNamespace
@@ -15,23 +15,25 @@ G, PROMPTS_PER_STEP, MICRO_GROUP, KV_BUDGET, MAX_COMPLETION = 8, 2, 4, 1024, 48
 
 def test_group_runs_cuts_repeats_into_groups_of_at_most_G():
     assert group_runs(["a"] * 3 + ["b"] * 3, 3) == [("a", 3), ("b", 3)]
-    assert group_runs(["a"] * 6 + ["b"] * 2, 3) == [("a", 3), ("a", 3), ("b", 2)]  # repeats, a split group
+    # a prompt drawn twice in a row, and a group split across processes
+    assert group_runs(["a"] * 6 + ["b"] * 2, 3) == [("a", 3), ("a", 3), ("b", 2)]
     chat = [{"role": "user", "content": "1+1"}]
     assert group_runs([chat, chat, list(chat)], 4) == [(chat, 3)]
 
 
 def fake_trainer(**overrides):
-    settings = {"use_vllm": False, "tools": None, "environment_factories": None, "repetition_penalty": 1.0,
-                "min_p": None, "args": SimpleNamespace(generation_kwargs=None)}
+    settings = {"use_vllm": False, "tools": None, "environment_factories": None,
+                "repetition_penalty": 1.0, "min_p": None,
+                "args": SimpleNamespace(generation_kwargs=None)}
     return SimpleNamespace(**{**settings, **overrides})
 
 
 @pytest.mark.parametrize("overrides, message", [
-    ({"use_vllm": True}, "GRPOConfig use_vllm=True: the infsamp rollout decodes on the trainer's own model; "
-                         "set use_vllm=False"),
+    ({"use_vllm": True}, "GRPOConfig use_vllm=True: the infsamp rollout decodes on the trainer's "
+                         "own model; set use_vllm=False"),
     ({"repetition_penalty": 1.1}, "GRPOConfig repetition_penalty: not supported (use 1.0)"),
-    ({"tools": [print]}, "GRPOConfig tools / environment_factory: multi-turn rollouts are not supported by the "
-                         "infsamp rollout"),
+    ({"tools": [print]}, "GRPOConfig tools / environment_factory: multi-turn rollouts are not "
+                         "supported by the infsamp rollout"),
 ])
 def test_unsupported_trl_settings_are_one_line(overrides, message):
     with pytest.raises(RolloutError) as info:
@@ -47,11 +49,12 @@ def test_unknown_or_conflicting_options_are_refused_at_once():
 
 
 def policy_logprobs(model, prompt, completion, temperature):
-    """Reference: one plain forward over prompt + completion, log-softmax at T, the sampled tokens."""
+    """Reference: a plain forward over prompt + completion, log-softmax at T, sampled tokens."""
     ids = torch.tensor([prompt + completion])
     with torch.no_grad():
         logits = model(ids).logits[0, len(prompt) - 1:-1] / temperature  # [T_c, V]
-    return torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(completion)[:, None])[:, 0]
+    chosen = torch.tensor(completion)[:, None]  # [T_c, 1]
+    return torch.log_softmax(logits.float(), -1).gather(-1, chosen)[:, 0]
 
 
 @pytest.mark.slow
@@ -69,26 +72,31 @@ def test_trl_grpo_trainer_trains_with_the_infsamp_rollout(tmp_path, monkeypatch)
     torch.set_num_threads(1)  # a 0.8M model on a shared CPU: more threads only spin
     model = AutoModelForCausalLM.from_pretrained(EMBEDDED_DIR, dtype=torch.float32)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    rollout = infsamp_rollout(kv_budget=str(KV_BUDGET), micro_group=MICRO_GROUP, policy="length_aware")
+    rollout = infsamp_rollout(kv_budget=str(KV_BUDGET), micro_group=MICRO_GROUP,
+                              policy="length_aware")
     calls = []
 
     def checked_rollout(prompts, trainer):
         out = rollout(prompts, trainer)
         policy = trainer.accelerator.unwrap_model(trainer.model)
-        for row in (0, len(prompts) - 1):  # the log-probs are the current policy's at the trainer's T
+        for row in (0, len(prompts) - 1):  # the current policy's log-probs at the trainer's T
             expected = policy_logprobs(policy, out["prompt_ids"][row], out["completion_ids"][row],
                                        trainer.temperature)
-            torch.testing.assert_close(torch.tensor(out["logprobs"][row]), expected, atol=1e-4, rtol=0)
+            got = torch.tensor(out["logprobs"][row])
+            torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)
         calls.append((prompts, out, rollout.last_stats))
         return out
 
-    args = GRPOConfig(output_dir=str(tmp_path), num_generations=G, per_device_train_batch_size=G * PROMPTS_PER_STEP,
-                      max_completion_length=MAX_COMPLETION, temperature=0.7, learning_rate=1e-3, max_steps=2,
-                      use_cpu=True, bf16=False, report_to=[], logging_steps=1, save_strategy="no",
-                      disable_tqdm=True, seed=0)
-    problems = [{"prompt": p["prompt"], "answer": p["answer"]} for p in generate_problems(16, 1234, "train")]
+    args = GRPOConfig(output_dir=str(tmp_path), num_generations=G,
+                      per_device_train_batch_size=G * PROMPTS_PER_STEP,
+                      max_completion_length=MAX_COMPLETION, temperature=0.7, learning_rate=1e-3,
+                      max_steps=2, use_cpu=True, bf16=False, report_to=[], logging_steps=1,
+                      save_strategy="no", disable_tqdm=True, seed=0)
+    problems = [{"prompt": p["prompt"], "answer": p["answer"]}
+                for p in generate_problems(16, 1234, "train")]
     trainer = GRPOTrainer(model=model, reward_funcs=[format_reward, accuracy_reward], args=args,
-                          train_dataset=Dataset.from_list(problems), processing_class=load_tokenizer("embedded"),
+                          train_dataset=Dataset.from_list(problems),
+                          processing_class=load_tokenizer("embedded"),
                           rollout_func=checked_rollout)
     try:
         trainer.train()
@@ -96,8 +104,9 @@ def test_trl_grpo_trainer_trains_with_the_infsamp_rollout(tmp_path, monkeypatch)
         torch.set_num_threads(threads)
     assert trainer.state.global_step == 2 and len(calls) == 2
     for prompts, out, stats in calls:
-        assert len(prompts) == len(out["completion_ids"]) == len(out["logprobs"]) == G * PROMPTS_PER_STEP
-        assert len({tuple(out["prompt_ids"][i]) for i in range(G)}) == 1  # a group shares its prompt
+        num_rows = G * PROMPTS_PER_STEP
+        assert len(prompts) == len(out["completion_ids"]) == len(out["logprobs"]) == num_rows
+        assert len({tuple(out["prompt_ids"][i]) for i in range(G)}) == 1  # one prompt per group
         assert all(1 <= len(c) <= MAX_COMPLETION for c in out["completion_ids"])
         assert [len(lp) for lp in out["logprobs"]] == [len(c) for c in out["completion_ids"]]
         assert stats.num_slots == MICRO_GROUP < G and stats.peak_kv_tokens <= KV_BUDGET

@@ -57,8 +57,9 @@ def test_training_shows_every_phase_on_a_terminal(tiny_config, monkeypatch, caps
 
 
 def test_training_in_a_pipe_prints_only_the_summary_lines(tiny_config, capsys):
-    GRPOTrainer(tiny_config(**{"training.max_steps": 4, "logging.log_every": 2, "eval.num_problems": 0,
-                               "logging.progress_bar": True})).train()
+    overrides = {"training.max_steps": 4, "logging.log_every": 2, "eval.num_problems": 0,
+                 "logging.progress_bar": True}
+    GRPOTrainer(tiny_config(**overrides)).train()
     captured = capsys.readouterr()
     steps = [line.split(":")[0] for line in captured.out.splitlines() if line.startswith("step ")]
     assert steps == ["step 2/4", "step 4/4"]

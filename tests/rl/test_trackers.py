@@ -1,7 +1,7 @@
-"""Experiment trackers in their local modes: each one receives metrics.jsonl's records under the same names,
-the config and the plot (read back from what it wrote); bad names fail before any work; a backend that
-fails mid-run is reported once while the run and the other trackers go on; a resumed run continues the
-same tracker runs. No network: tests/conftest.py keeps every client offline."""
+"""Experiment trackers in their local modes: each receives metrics.jsonl's records under the same
+names, the config and the plot (read back from what it wrote); bad names fail before any work; a
+backend failing mid-run is reported once while the run and the other trackers go on; a resumed run
+continues the same tracker runs. No network: tests/conftest.py keeps every client offline."""
 
 import importlib.util
 import json
@@ -48,7 +48,7 @@ def local_trackers(tmp_path, monkeypatch):
     return tmp_path
 
 
-# ---------------------------------------------------------------- readers of what each backend wrote
+# ---------------------------------------------------------------- readers of what backends wrote
 
 
 def tensorboard_data(log_dir):
@@ -62,7 +62,7 @@ def tensorboard_data(log_dir):
 
 
 def wandb_records(run_file):
-    """Records of a W&B offline run file (a LevelDB-style log of protobuf records in 32 KiB blocks)."""
+    """Records of a W&B offline run file (LevelDB-style log of protobuf records, 32 KiB blocks)."""
     from wandb.proto import wandb_internal_pb2
 
     data, block, pos, pending, records = run_file.read_bytes(), 32768, 7, b"", []
@@ -124,7 +124,8 @@ def mlflow_data(uri):
     client, run = mlflow_run(uri)
     points = {(key, m.step): m.value for key in run.data.metrics
               for m in client.get_metric_history(run.info.run_id, key)}
-    artifacts = {a.path for folder in ("", "plots") for a in client.list_artifacts(run.info.run_id, folder)}
+    artifacts = {a.path for folder in ("", "plots")
+                 for a in client.list_artifacts(run.info.run_id, folder)}
     return points, artifacts, run.data.params
 
 
@@ -135,14 +136,16 @@ def test_unknown_tracker_is_one_line_naming_the_key():
     with pytest.raises(ConfigError) as info:
         load_config(overrides={"logging.report_to": "tensorboard,neptune"})
     message = str(info.value)
-    assert message.startswith("logging.report_to: unknown tracker 'neptune'") and "\n" not in message
+    assert message.startswith("logging.report_to: unknown tracker 'neptune'")
+    assert "\n" not in message
 
 
 def test_tracker_not_installed_names_the_extra(monkeypatch, capsys):
     real = importlib.util.find_spec
     monkeypatch.setattr(trackers.importlib.util, "find_spec",
                         lambda name, *args: None if name == "wandb" else real(name, *args))
-    assert main(["train", "--logging.report_to", "wandb", "--logging.output_dir", "/nonexistent/x"]) == 2
+    argv = ["train", "--logging.report_to", "wandb", "--logging.output_dir", "/nonexistent/x"]
+    assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err == ("infsamp train: error: logging.report_to: wandb is not installed: pip install "
                    "'infsamp[tracking]' (got ['wandb'])")
@@ -163,7 +166,7 @@ def test_every_backend_gets_the_metrics_config_and_plot(tiny_config, local_track
                          "logging.project": PROJECT, "logging.run_name": "all-four"})
     out = GRPOTrainer(cfg).train().output_dir
     expected = expected_points(out)
-    assert ("reward", 2) in expected and ("eval/accuracy", 0) in expected and ("sampling/decode_steps", 1) in expected
+    assert {("reward", 2), ("eval/accuracy", 0), ("sampling/decode_steps", 1)} <= expected.keys()
 
     scalars, images, config_text = tensorboard_data(out / "tensorboard")
     assert_same_points(scalars, expected)
@@ -179,14 +182,15 @@ def test_every_backend_gets_the_metrics_config_and_plot(tiny_config, local_track
 
     points, artifacts, params = mlflow_data((local_trackers / "mlruns").as_uri())
     assert_same_points(points, expected)
-    assert {"plots/training.png", "config.yaml"} <= artifacts and params["sampling.num_generations"] == "4"
+    assert {"plots/training.png", "config.yaml"} <= artifacts
+    assert params["sampling.num_generations"] == "4"
 
 
 # ---------------------------------------------------------------- failures and resume
 
 
-def test_a_failing_tracker_is_reported_once_and_the_run_goes_on(tiny_config, local_trackers, monkeypatch,
-                                                                  capsys):
+def test_a_failing_tracker_is_reported_once_and_the_run_goes_on(tiny_config, local_trackers,
+                                                                  monkeypatch, capsys):
     calls = {"n": 0}
     original = trackers.TensorBoardTracker.log_metrics
 
@@ -200,9 +204,11 @@ def test_a_failing_tracker_is_reported_once_and_the_run_goes_on(tiny_config, loc
     cfg = tiny_config(**{"training.max_steps": 3, "logging.report_to": "tensorboard,mlflow",
                          "logging.project": PROJECT})
     out = GRPOTrainer(cfg).train().output_dir
-    reports = [line for line in capsys.readouterr().out.splitlines() if line.startswith("tracker ")]
-    assert reports == ["tracker tensorboard: logging step 1 failed (OSError: [Errno 28] No space left on "
-                       "device); it is off for the rest of the run, metrics.jsonl keeps every step"]
+    lines = capsys.readouterr().out.splitlines()
+    reports = [line for line in lines if line.startswith("tracker ")]
+    assert reports == ["tracker tensorboard: logging step 1 failed (OSError: [Errno 28] No space "
+                       "left on device); it is off for the rest of the run, metrics.jsonl keeps "
+                       "every step"]
     assert calls["n"] == 2
     assert [row["step"] for row in read_jsonl(out / "metrics.jsonl")] == [1, 2, 3]
     points, _, _ = mlflow_data((local_trackers / "mlruns").as_uri())
@@ -239,9 +245,33 @@ def test_resumed_run_continues_the_same_tracker_runs(tiny_config, local_trackers
     uri = (local_trackers / "mlruns").as_uri()
     first_id = mlflow_run(uri)[1].info.run_id
     assert mlflow_run(uri)[1].info.status == "FAILED"
-    out = GRPOTrainer(tiny_config(**overrides, **{"checkpointing.resume": "latest"})).train().output_dir
+    resumed = tiny_config(**overrides, **{"checkpointing.resume": "latest"})
+    out = GRPOTrainer(resumed).train().output_dir
     client, run = mlflow_run(uri)
     assert run.info.run_id == first_id and run.info.status == "FINISHED"
     assert [m.step for m in client.get_metric_history(first_id, "reward")] == [1, 2, 3, 4]
     assert_same_points(mlflow_data(uri)[0], expected_points(out))
     assert_same_points(tensorboard_data(out / "tensorboard")[0], expected_points(out))
+
+
+def test_steps_after_the_last_checkpoint_are_replaced_on_resume(tiny_config, local_trackers):
+    def kill_after_step_3(step, _metrics):  # the checkpoint is at step 2
+        if step == 3:
+            raise Killed
+
+    overrides = {"logging.report_to": "tensorboard,mlflow", "logging.project": PROJECT,
+                 "checkpointing.save_every": 2, "eval.num_problems": 0}
+    with pytest.raises(Killed):
+        GRPOTrainer(tiny_config(**overrides), step_callback=kill_after_step_3).train()
+    resumed = tiny_config(**overrides, **{"checkpointing.resume": "latest"})
+    out = GRPOTrainer(resumed).train().output_dir
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(out / "tensorboard"), size_guidance={"scalars": 0})
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("reward")] == [1, 2, 3, 4]  # crashed step 3 purged
+    client, run = mlflow_run((local_trackers / "mlruns").as_uri())
+    history = client.get_metric_history(run.info.run_id, "completions/mean_length")
+    latest = {m.step: m.value for m in sorted(history, key=lambda m: m.timestamp)}
+    rows = read_jsonl(out / "metrics.jsonl")
+    assert latest == {r["step"]: r["completions/mean_length"] for r in rows}  # the resumed values

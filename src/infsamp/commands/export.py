@@ -1,20 +1,20 @@
-"""`infsamp export RUN_OR_CHECKPOINT --out DIR`: a standalone model folder that transformers and vLLM load.
+"""`infsamp export RUN_OR_CHECKPOINT --out DIR`: a model folder that transformers and vLLM load.
 
-    infsamp export runs/demo --out models/demo                 # newest complete checkpoint of the run
-    infsamp export runs/lora/checkpoint-90 --out models/lora    # LoRA merged into its base model
+    infsamp export runs/demo --out models/demo               # the run's newest complete checkpoint
+    infsamp export runs/lora/checkpoint-90 --out models/lora  # LoRA merged into its base model
     infsamp export runs/lora --out adapters/lora --adapters-only
 
-The folder holds the weights (safetensors), `config.json`, `generation_config.json` and the tokenizer:
-`AutoModelForCausalLM.from_pretrained(DIR)` and `vllm.LLM(DIR)` load it as is. A LoRA checkpoint is
-merged into its base model (the run's `model.name_or_path`) unless `--adapters-only`, which writes a
-peft adapter folder whose `base_model_name_or_path` points at that base.
+The folder holds the weights (safetensors), `config.json`, `generation_config.json` and the
+tokenizer: `AutoModelForCausalLM.from_pretrained(DIR)` and `vllm.LLM(DIR)` load it as is. A LoRA
+checkpoint is merged into its base model (the run's `model.name_or_path`) unless
+`--adapters-only`, which writes a peft adapter folder whose `base_model_name_or_path` is that base.
 
 Checks before any work, each one line: the target exists and is not empty; the checkpoint is not
 complete (completeness is `rl/checkpoint.py`'s `list_checkpoints`); the run has no checkpoint;
-`--adapters-only` on full weights. The export is written under a temporary name beside DIR and renamed
-when complete, so nothing half-written is left and nothing existing is overwritten.
+`--adapters-only` on full weights. The export is written under a temporary name beside DIR and
+renamed when complete, so nothing half-written is left and nothing existing is overwritten.
 
-Deliberately simple: the whole model is loaded in CPU memory (merging needs the base weights once).
+Deliberately simple: the whole model is loaded in CPU memory (merging needs the base weights).
 """
 
 from __future__ import annotations
@@ -34,17 +34,17 @@ _CHECKPOINT_NAME = re.compile(r"^checkpoint-\d+")
 
 
 class ExportError(InfsampError):
-    """An export that cannot be done as asked (target not empty, checkpoint incomplete or missing)."""
+    """An export that cannot be done (target not empty, checkpoint incomplete or missing)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("source", metavar="RUN_OR_CHECKPOINT",
-                        help="a run folder (its newest complete checkpoint) or a checkpoint-N folder")
-    parser.add_argument("--out", required=True, help="new (or empty) folder to write the model into")
+                        help="run folder (its newest complete checkpoint) or checkpoint-N folder")
+    parser.add_argument("--out", required=True, help="new (or empty) folder for the model")
     parser.add_argument("--adapters-only", action="store_true",
-                        help="LoRA runs: write the peft adapters instead of merging them into the base")
+                        help="LoRA runs: write the peft adapters instead of merging them")
     parser.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
-                        help="weights dtype of the export (auto: the dtype the model was trained in)")
+                        help="weights dtype (auto: the dtype the model was trained in)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -54,8 +54,7 @@ def run(args: argparse.Namespace) -> int:
     from infsamp.rl.trainer import quiet_transformers
 
     quiet_transformers()
-    summary = export_checkpoint(checkpoint, out, adapters_only=args.adapters_only, dtype=args.dtype)
-    print(summary)
+    print(export_checkpoint(checkpoint, out, adapters_only=args.adapters_only, dtype=args.dtype))
     return 0
 
 
@@ -68,7 +67,7 @@ def check_target(out: Path) -> None:
 
 
 def resolve_checkpoint(source: Path) -> Path:
-    """The complete checkpoint to export: `source` itself, or the newest complete one in a run folder."""
+    """The complete checkpoint to export: `source`, or the newest complete one of a run folder."""
     from infsamp.rl.checkpoint import list_checkpoints
 
     if not source.is_dir():
@@ -88,7 +87,8 @@ def resolve_checkpoint(source: Path) -> Path:
 # ---------------------------------------------------------------- the export
 
 
-def export_checkpoint(checkpoint: Path, out: Path, *, adapters_only: bool = False, dtype: str = "auto") -> str:
+def export_checkpoint(checkpoint: Path, out: Path, *, adapters_only: bool = False,
+                      dtype: str = "auto") -> str:
     """Write `checkpoint` as a standalone model folder at `out`; returns a one-line summary."""
     check_target(out)
     model_dir = checkpoint / "model"
@@ -115,7 +115,7 @@ def export_checkpoint(checkpoint: Path, out: Path, *, adapters_only: bool = Fals
 
 
 def base_model_path(checkpoint: Path) -> str:
-    """The LoRA base: the run's model.name_or_path (config.yaml beside the checkpoint), else peft's record."""
+    """The LoRA base: the run's model.name_or_path (its config.yaml), else peft's record."""
     import yaml
 
     from infsamp.models.loading import resolve_path
@@ -127,7 +127,8 @@ def base_model_path(checkpoint: Path) -> str:
         adapter_config = json.loads((checkpoint / "model" / "adapter_config.json").read_text())
         name = adapter_config.get("base_model_name_or_path")
     if not name:
-        raise ModelError(f"{checkpoint}: cannot tell the LoRA base model (no config.yaml in the run folder)")
+        raise ModelError(f"{checkpoint}: cannot tell the LoRA base model (the run folder has no "
+                         "config.yaml)")
     return resolve_path(name)
 
 
@@ -138,7 +139,8 @@ def _torch_dtype(dtype: str, config):
 
     if dtype != "auto":
         return DTYPES[dtype]
-    trained = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
+    trained = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    trained = trained or torch.float32
     return getattr(torch, trained) if isinstance(trained, str) else trained
 
 
@@ -148,7 +150,8 @@ def _load(path: str | Path, **kwargs):
     try:
         return AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
     except Exception as err:  # transformers raises many types for a bad folder
-        raise ModelError(f"{path}: cannot load the model ({str(err).strip().splitlines()[0][:200]})") from None
+        first_line = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        raise ModelError(f"{path}: cannot load the model ({first_line})") from None
 
 
 def write_model(model_dir: Path, base: str | None, out: Path, dtype: str) -> str:
@@ -186,7 +189,7 @@ def write_adapters(model_dir: Path, base: str, out: Path) -> str:
 
 
 def write_tokenizer_and_generation_config(model_dir: Path, base: str | None, out: Path) -> None:
-    """The tokenizer saved with the checkpoint, and the generation config of the model (or its base)."""
+    """The tokenizer saved with the checkpoint, and the generation config of the model or base."""
     from transformers import AutoTokenizer, GenerationConfig
 
     sources = [model_dir] + ([Path(base)] if base else [])

@@ -1,1 +1,1 @@
-"""Glue to other training libraries: `infsamp.integrations.trl` (a rollout_func for TRL's GRPOTrainer)."""
+"""Glue to other training libraries: `trl` (a rollout_func for TRL's GRPOTrainer)."""

@@ -5,21 +5,22 @@
                           args=GRPOConfig(num_generations=64, use_vllm=False),
                           rollout_func=infsamp_rollout(kv_budget="2GiB", policy="length_aware"))
 
-TRL calls the function with this process's prompts, each repeated `num_generations` times in a row, and
-the trainer. The function turns each run of repeats into one group (a run split across processes
-becomes a smaller group), tokenizes each prompt once as TRL does (chat template for conversational
-prompts), and samples every group with `GroupSampler` on the trainer's current policy, unwrapped as
-TRL's own generation unwraps it: the KV cache stays within `kv_budget` whatever G, in micro groups of
-g slots with continuous refill, under any infsamp policy (and the online length predictor, kept for
-the whole run). It returns one row per completion, in the prompts' order: `prompt_ids`,
-`completion_ids` (EOS included, as TRL's own path) and `logprobs`, the per-token log-probs of the
-sampled tokens under the policy at temperature T, computed in token-budget micro-batches (what TRL
-computes for its own `old_per_token_logps`). Sampling options default to TRL's (`max_completion_length`,
-`temperature`, `top_p`, `top_k`); sampler statistics are added to TRL's logs as `infsamp/*`.
+TRL calls the function with this process's prompts, each repeated `num_generations` times in a
+row, and the trainer. The function turns each run of repeats into one group (a run split across
+processes becomes a smaller group), tokenizes each prompt once as TRL does (chat template for
+conversational prompts), and samples every group with `GroupSampler` on the trainer's current
+policy, unwrapped as TRL's own generation unwraps it: the KV cache stays within `kv_budget`
+whatever G, in micro groups of g slots with continuous refill, under any infsamp policy (and the
+online length predictor, kept for the whole run). It returns one row per completion, in the
+prompts' order: `prompt_ids`, `completion_ids` (EOS included, as TRL's own path) and `logprobs`,
+the per-token log-probs of the sampled tokens under the policy at temperature T, computed in
+token-budget micro-batches (what TRL computes for its own `old_per_token_logps`). Sampling
+options default to TRL's (`max_completion_length`, `temperature`, `top_p`, `top_k`); sampler
+statistics are added to TRL's logs as `infsamp/*`.
 
-Deliberately simple: text prompts (plain or chat) only; no tools, environments or images; `use_vllm`
-must be off (the sampler decodes on the trainer's own model); `repetition_penalty`, `min_p` and
-`generation_kwargs` are not supported. Each unsupported setting is one error line at the first call.
+Deliberately simple: text prompts (plain or chat) only; no tools, environments or images;
+`use_vllm` must be off (the sampler decodes on the trainer's own model); `repetition_penalty`,
+`min_p` and `generation_kwargs` are not supported: each is one error line at the first call.
 """
 
 from __future__ import annotations
@@ -43,12 +44,12 @@ class RolloutError(InfsampError):
 
 
 def infsamp_rollout(**sampling: Any) -> "InfsampRollout":
-    """A `rollout_func`; keywords are `sampling.*` options (kv_budget, policy, micro_group, predictor...)."""
+    """A `rollout_func`; keywords are `sampling.*` options (kv_budget, policy, micro_group...)."""
     return InfsampRollout(**sampling)
 
 
 def group_runs(prompts: list[Any], group_size: int) -> list[tuple[Any, int]]:
-    """[p, p, p, q, q, q] -> [(p, 3), (q, 3)]: consecutive repeats, cut into groups of at most group_size."""
+    """[p, p, p, q, q, q] -> [(p, 3), (q, 3)]: runs of repeats, cut into groups <= group_size."""
     runs: list[tuple[Any, int]] = []
     for prompt in prompts:
         if runs and runs[-1][0] == prompt and runs[-1][1] < group_size:
@@ -63,12 +64,13 @@ def prompt_key(prompt: Any) -> str:
 
 
 class InfsampRollout:
-    """Callable `(prompts, trainer) -> {"prompt_ids", "completion_ids", "logprobs"}` for GRPOTrainer."""
+    """`(prompts, trainer) -> {"prompt_ids", "completion_ids", "logprobs"}` for GRPOTrainer."""
 
     def __init__(self, logprob_micro_batch_tokens: int = DEFAULT_LOGPROB_TOKENS, **sampling: Any):
-        unknown = set(sampling) - set(SamplingConfig.__dataclass_fields__) | {"num_generations"} & set(sampling)
+        allowed = set(SamplingConfig.__dataclass_fields__) - {"num_generations"}
+        unknown = sorted(set(sampling) - allowed)
         if unknown:
-            raise RolloutError(f"infsamp_rollout: unknown sampling option(s) {', '.join(sorted(unknown))} "
+            raise RolloutError(f"infsamp_rollout: unknown sampling option(s) {', '.join(unknown)} "
                                "(G is GRPOConfig.num_generations)")
         self.sampling, self.logprob_tokens = sampling, logprob_micro_batch_tokens
         self.cfg: SamplingConfig | None = None
@@ -94,16 +96,17 @@ class InfsampRollout:
     # ---- checks and settings, once
     def _setup(self, trainer) -> None:
         check_trainer(trainer)
-        from_trl = {"num_generations": max(2, trainer.num_generations), "temperature": trainer.temperature,
-                    "max_new_tokens": trainer.max_completion_length, "top_p": trainer.top_p,
-                    "top_k": trainer.top_k or 0}
+        from_trl = {"num_generations": max(2, trainer.num_generations),
+                    "temperature": trainer.temperature, "top_p": trainer.top_p,
+                    "max_new_tokens": trainer.max_completion_length, "top_k": trainer.top_k or 0}
         self.cfg = replace(SamplingConfig(), **{**from_trl, **self.sampling})
         self.cfg.validate()
         if self.cfg.policy == "length_aware":
             from infsamp.sampling.length_predictor import make_predictor
 
-            if self.cfg.predictor not in ("online", "none"):
-                raise RolloutError(f"predictor {self.cfg.predictor!r}: a training run needs online or none")
+            name = self.cfg.predictor
+            if name not in ("online", "none"):
+                raise RolloutError(f"predictor {name!r}: training needs online or none")
             self.predictor = make_predictor(self.cfg.predictor)
         seed = trainer.args.seed + trainer.accelerator.process_index
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
@@ -111,7 +114,7 @@ class InfsampRollout:
     # ---- the three phases
     @staticmethod
     def _tokenize(prompts: list[Any], trainer) -> list[list[int]]:
-        """As TRL tokenizes for its own generation: chat template for messages, the tokenizer for text."""
+        """As TRL tokenizes for its generation: chat template for messages, tokenizer for text."""
         processor = trainer.processing_class
         if isinstance(prompts[0], str):
             return [list(ids) for ids in processor(text=prompts)["input_ids"]]
@@ -122,19 +125,21 @@ class InfsampRollout:
 
     @contextlib.contextmanager
     def _policy(self, trainer):
-        """The trainer's current model, unwrapped (DeepSpeed/FSDP gathered) like TRL's own generate."""
+        """The trainer's current model, unwrapped (DeepSpeed/FSDP gathered) as TRL's generate."""
         from trl.models import unwrap_model_for_generation
 
-        dist = getattr(trainer, "_dist", None)
-        full_params = dist.summon_full_params(trainer.model_wrapped, recurse=False) if dist else \
-            contextlib.nullcontext()
-        with unwrap_model_for_generation(
-                trainer.model_wrapped, trainer.accelerator, gather_deepspeed3_params=trainer.args.ds3_gather_for_generation,
-                gradient_checkpointing_kwargs=trainer.args.gradient_checkpointing_kwargs) as model, full_params:
+        args, dist = trainer.args, getattr(trainer, "_dist", None)
+        full_params = (dist.summon_full_params(trainer.model_wrapped, recurse=False) if dist
+                       else contextlib.nullcontext())
+        unwrapped = unwrap_model_for_generation(
+            trainer.model_wrapped, trainer.accelerator,
+            gather_deepspeed3_params=args.ds3_gather_for_generation,
+            gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs)
+        with unwrapped as model, full_params:
             yield model
 
     def _sample(self, model, trainer, runs: list[tuple[Any, int]], prompt_ids: list[list[int]]):
-        """Completions per run, in order; one sampler call per distinct group size (usually one)."""
+        """Completions per run, in order; one sampler call per distinct group size (usually 1)."""
         from infsamp.sampling.sampler import GroupSampler
 
         sampler = GroupSampler(model, trainer.processing_class, self.cfg, predictor=self.predictor)
@@ -142,8 +147,8 @@ class InfsampRollout:
         for size in sorted({n for _, n in runs}, reverse=True):
             chosen = [i for i, (_, n) in enumerate(runs) if n == size]
             keys = [prompt_key(runs[i][0]) for i in chosen]
-            result = sampler.sample([prompt_ids[i] for i in chosen], size, prompt_keys=keys, prompt_texts=keys,
-                                    generator=self.generator)
+            result = sampler.sample([prompt_ids[i] for i in chosen], size, prompt_keys=keys,
+                                    prompt_texts=keys, generator=self.generator)
             for i, group in zip(chosen, result.groups):
                 groups[i] = group
             self.last_stats = result.stats
@@ -157,8 +162,9 @@ class InfsampRollout:
         was_training = model.training
         model.eval()
         try:
-            values = sequence_logprobs(model, prompt_ids, completion_ids, max_tokens=self.logprob_tokens,
-                                       pad_token_id=pad, temperature=trainer.temperature or 1.0)
+            values = sequence_logprobs(model, prompt_ids, completion_ids,
+                                       max_tokens=self.logprob_tokens, pad_token_id=pad,
+                                       temperature=trainer.temperature or 1.0)
         finally:
             model.train(was_training)
         return [v.tolist() for v in values]
@@ -174,15 +180,18 @@ class InfsampRollout:
 
 def check_trainer(trainer) -> None:
     """One line for the first TRL setting the rollout cannot honour."""
-    args = trainer.args
+    multi_turn = (bool(getattr(trainer, "tools", None))
+                  or getattr(trainer, "environment_factories", None) is not None)
     problems = [
-        (getattr(trainer, "use_vllm", False), "use_vllm=True: the infsamp rollout decodes on the trainer's "
-         "own model; set use_vllm=False"),
-        (bool(getattr(trainer, "tools", None)) or getattr(trainer, "environment_factories", None) is not None,
-         "tools / environment_factory: multi-turn rollouts are not supported by the infsamp rollout"),
-        (getattr(trainer, "repetition_penalty", 1.0) != 1.0, "repetition_penalty: not supported (use 1.0)"),
+        (getattr(trainer, "use_vllm", False), "use_vllm=True: the infsamp rollout decodes on the "
+         "trainer's own model; set use_vllm=False"),
+        (multi_turn, "tools / environment_factory: multi-turn rollouts are not supported by the "
+         "infsamp rollout"),
+        (getattr(trainer, "repetition_penalty", 1.0) != 1.0,
+         "repetition_penalty: not supported (use 1.0)"),
         (getattr(trainer, "min_p", None) is not None, "min_p: not supported (leave it unset)"),
-        (bool(getattr(args, "generation_kwargs", None)), "generation_kwargs: not supported by the infsamp rollout"),
+        (bool(getattr(trainer.args, "generation_kwargs", None)),
+         "generation_kwargs: not supported by the infsamp rollout"),
     ]
     for bad, why in problems:
         if bad:

@@ -53,7 +53,7 @@ class GRPOStep:
         self.ref_model = ref_model
         self.micro_batch_tokens = micro_batch_tokens or cfg.train_micro_batch_tokens or DEFAULT_MICRO_BATCH_TOKENS
         self.num_oom_retries = 0
-        self.on_micro_batch: Callable[[int], None] | None = None  # told each micro-batch's sequence count
+        self.on_micro_batch: Callable[[int], None] | None = None  # told each micro-batch's size
 
     # ------------------------------------------------------------------ no-grad passes
 

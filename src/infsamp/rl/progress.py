@@ -1,11 +1,11 @@
-"""Progress for people: a run bar with the ETA, one bar per phase of a step, a summary line per logged step.
+"""Progress for people: a run bar with the ETA, a bar per phase of a step, a line per logged step.
 
-    run   23%|███▍          | 21/90 [01:05<03:34,  3.11s/step]
-    sampling 12/16 samples [00:01, 4,210 tok/s, slots 8/8]          <- then `scoring`, then `update`
+    run:  23%|███▍          | 21/90 [01:05<03:34,  3.11s/step]
+    sampling 12/16 samples [00:01, 4,210 tok/s, slots 8/8]     <- then scoring, then update
 
-Bars are drawn only on an interactive terminal (tqdm's `disable=None`: off when the output is a pipe,
-a file or CI); the summary lines (`step 21/90: reward=... | eta 3:34`) are printed in every case, so
-logs stay readable. `logging.progress_bar: false` turns the bars off everywhere.
+Bars are drawn only on an interactive terminal (tqdm's `disable=None`: off when the output is a
+pipe, a file or CI); the summary lines (`step 21/90: reward=... | eta 3:34`) are printed in every
+case, so logs stay readable. `logging.progress_bar: false` turns the bars off everywhere.
 
 Deliberately simple: the ETA is the mean time of this session's steps times the steps left
 (evaluations and checkpoints included in the mean); the sampling bar refreshes at most every 0.2 s.
@@ -20,8 +20,10 @@ from tqdm.auto import tqdm
 
 from infsamp.sampling.sampler import SamplingProgress
 
-SUMMARY_KEYS = ("reward", "accuracy", "reward_std", "frac_reward_zero_std", "completions/mean_length",
-                "loss", "kl", "clip_ratio/region_mean", "sampling/decode_steps", "step_time")
+SUMMARY_KEYS = ("reward", "accuracy", "reward_std", "frac_reward_zero_std",
+                "completions/mean_length", "loss", "kl", "clip_ratio/region_mean",
+                "sampling/decode_steps", "step_time")
+PHASE_FORMAT = "{desc} {n_fmt}/{total_fmt} {unit} [{elapsed}{postfix}]"
 REFRESH_S = 0.2
 
 
@@ -38,14 +40,15 @@ def format_duration(seconds: float) -> str:
 class RunProgress:
     """The run bar, the phase bar and the summary lines of one training run."""
 
-    def __init__(self, max_steps: int, start_step: int, enabled: bool = True, file: TextIO | None = None):
+    def __init__(self, max_steps: int, start_step: int, enabled: bool = True,
+                 file: TextIO | None = None):
         disable = None if enabled else True  # None: tqdm draws only when `file` is a terminal
         self.max_steps, self.start_step = max_steps, start_step
         self.started = time.perf_counter()
-        self.run_bar = tqdm(total=max_steps, initial=start_step, desc="run", unit="step", disable=disable,
-                            dynamic_ncols=True, position=0, file=file)
-        self.phase_bar = tqdm(total=1, desc="starting", disable=disable, dynamic_ncols=True, position=1, leave=False,
-                              file=file, bar_format="{desc} {n_fmt}/{total_fmt} {unit} [{elapsed}{postfix}]")
+        self.run_bar = tqdm(total=max_steps, initial=start_step, desc="run", unit="step",
+                            disable=disable, dynamic_ncols=True, position=0, file=file)
+        self.phase_bar = tqdm(total=1, desc="starting", disable=disable, dynamic_ncols=True,
+                              position=1, leave=False, file=file, bar_format=PHASE_FORMAT)
         self._last_refresh = 0.0
 
     @property
@@ -62,7 +65,7 @@ class RunProgress:
     def advance(self, num: int = 1) -> None:
         self.phase_bar.update(num)
         if self.bars_shown and self.phase_bar.n >= self.phase_bar.total:
-            self.phase_bar.refresh()  # a phase's end is always drawn (update() draws at most every 0.1 s)
+            self.phase_bar.refresh()  # a phase's end is always drawn (update() waits 0.1 s)
 
     def sampling(self, progress: SamplingProgress) -> None:
         """The sampler's per-decode-step callback: samples done, tokens/s, slots in use."""
@@ -73,8 +76,8 @@ class RunProgress:
         self._last_refresh = now
         rate = progress.generated_tokens / max(progress.elapsed_s, 1e-9)
         self.phase_bar.n = progress.finished_samples
-        self.phase_bar.set_postfix_str(f"{rate:,.0f} tok/s, slots {progress.active_slots}/{progress.num_slots}",
-                                       refresh=True)
+        slots = f"slots {progress.active_slots}/{progress.num_slots}"
+        self.phase_bar.set_postfix_str(f"{rate:,.0f} tok/s, {slots}", refresh=True)
 
     def eta_seconds(self, step: int) -> float | None:
         done = step - self.start_step
@@ -91,7 +94,8 @@ class RunProgress:
         """`step 21/90: reward=0.41 ... | eta 3:34`"""
         shown = " ".join(f"{k}={format_value(metrics[k])}" for k in SUMMARY_KEYS if k in metrics)
         eta = self.eta_seconds(step)
-        tail = f" | eta {format_duration(eta)}" if eta is not None and step < self.max_steps else ""
+        running = eta is not None and step < self.max_steps
+        tail = f" | eta {format_duration(eta)}" if running else ""
         return f"step {step}/{self.max_steps}: {shown}{tail}"
 
     def write(self, line: str) -> None:

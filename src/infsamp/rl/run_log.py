@@ -1,11 +1,12 @@
-"""Run outputs: per-step JSONL metrics, progress and summary lines, trackers, the lengths trace, PNG plots.
+"""Run outputs: per-step JSONL metrics, progress and summary lines, trackers, lengths trace, plots.
 
 Files in the run folder: `metrics.jsonl` (one object per step, TRL metric names where they exist),
 `eval.jsonl` (held-out accuracy by step), `lengths.jsonl` (one line per sampled group, the trace that
 `infsamp simulate` replays), `plots/training.png`. Lines are appended and flushed, so a crash loses at
-most the step in flight; a resumed run truncates them back to the checkpoint's step. Progress bars and
-summary lines come from `progress.py`; the experiment trackers chosen in `logging.report_to`
-(`trackers.py`) get every metrics and eval record after it is on disk, the config and the plot.
+most the step in flight; a resumed run truncates them back to the checkpoint's step.
+Progress bars and summary lines come from `progress.py`; the experiment trackers chosen in
+`logging.report_to` (`trackers.py`) get every metrics and eval record after it is on disk, the
+config and the plot.
 
 Deliberately simple: trackers see the same flat records as the JSONL files, nothing more.
 """
@@ -55,10 +56,11 @@ class RunLogger:
         self.start_step = start_step
         self.trackers: Trackers | None = None
 
-    def open_trackers(self, report_to: list[str], project: str, run_name: str, config: dict[str, Any]) -> None:
-        """Start (or, on resume, continue) the runs of the trackers in `report_to`; sends the config."""
-        self.trackers = open_trackers(report_to, self.dir, project, run_name, config, self.start_step,
-                                      report=self.progress.write)
+    def open_trackers(self, report_to: list[str], project: str, run_name: str,
+                      config: dict[str, Any]) -> None:
+        """Start (on resume: continue) the runs of the trackers in `report_to`, with the config."""
+        self.trackers = open_trackers(report_to, self.dir, project, run_name, config,
+                                      self.start_step, report=self.progress.write)
 
     def log_step(self, step: int, metrics: dict[str, Any]) -> None:
         append_jsonl(self.dir / "metrics.jsonl", {"step": step, **metrics})
@@ -72,7 +74,8 @@ class RunLogger:
         append_jsonl(self.dir / "eval.jsonl", {"step": step, **metrics})
         if self.trackers:
             self.trackers.log_metrics(step, metrics)
-        self.progress.write(f"eval @ step {step}: " + " ".join(f"{k}={format_value(v)}" for k, v in metrics.items()))
+        shown = " ".join(f"{k}={format_value(v)}" for k, v in metrics.items())
+        self.progress.write(f"eval @ step {step}: {shown}")
 
     def log_plot(self, step: int) -> Path | None:
         """Write plots/training.png and send it to the trackers."""

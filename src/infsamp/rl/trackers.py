@@ -1,19 +1,19 @@
-"""Experiment trackers: the run's metrics, config and training plot, sent to the tools people watch.
+"""Experiment trackers: the run's metrics, config and training plot, sent to the tools people use.
 
-`logging.report_to` picks backends from `TRACKERS` (tensorboard, wandb, trackio, mlflow); each is one
-small class that imports its client only when chosen (`pip install 'infsamp[tracking]'`). Every
-backend receives the same metrics under the same names as `metrics.jsonl` (finite numbers only), the
-run config, and `plots/training.png`. `Trackers` fans each call out; a backend that raises (disk
-full, server gone) is reported in one line and switched off for the rest of the run, and the run goes
-on: `metrics.jsonl` is written before any tracker is called, so nothing is lost.
+`logging.report_to` picks backends from `TRACKERS` (tensorboard, wandb, trackio, mlflow); each
+is one small class that imports its client only when chosen (`pip install 'infsamp[tracking]'`).
+Every backend receives the same metrics under the same names as `metrics.jsonl` (finite numbers
+only), the run config, and `plots/training.png`. `Trackers` fans each call out; a backend that
+raises (disk full, server gone) is reported in one line and switched off for the rest of the run,
+and the run goes on: `metrics.jsonl` is written before any tracker is called, so nothing is lost.
 
-Local by default, no server needed: TensorBoard writes `<output_dir>/tensorboard`; W&B logs offline
-under `<output_dir>/wandb` unless `WANDB_MODE` is set or an API key is configured; trackio writes its
-local store (`TRACKIO_DIR`); MLflow writes the file store `<output_dir>/mlruns` unless
-`MLFLOW_TRACKING_URI` names another. `<output_dir>/trackers.json` keeps the run ids, so a resumed run
-continues the same tracker runs.
+Local by default, no server needed: TensorBoard writes `<output_dir>/tensorboard`; W&B logs
+offline under `<output_dir>/wandb` unless `WANDB_MODE` is set or an API key is configured;
+trackio writes its local store (`TRACKIO_DIR`); MLflow writes the file store
+`<output_dir>/mlruns` unless `MLFLOW_TRACKING_URI` names another. `<output_dir>/trackers.json`
+keeps the run ids, so a resumed run continues the same tracker runs.
 
-Deliberately simple: scalars, the config and one image; no histograms, model artifacts or system stats.
+Deliberately simple: scalars, the config and one image; no histograms, model files or system stats.
 """
 
 from __future__ import annotations
@@ -108,7 +108,8 @@ class TensorBoardTracker(Tracker):
     def log_image(self, step: int, name: str, path: Path) -> None:
         from matplotlib.image import imread
 
-        self.writer.add_image(name, imread(str(path))[..., :3], step, dataformats="HWC")  # [H, W, 3]
+        rgb = imread(str(path))[..., :3]  # [H, W, 3]
+        self.writer.add_image(name, rgb, step, dataformats="HWC")
         self.writer.flush()
 
     def finish(self, ok: bool) -> None:
@@ -132,10 +133,11 @@ class WandbTracker(Tracker):
         mode = os.environ.get("WANDB_MODE") or ("online" if _wandb_has_api_key() else "offline")
         directory = Path(os.environ.get("WANDB_DIR") or run.output_dir)
         directory.mkdir(parents=True, exist_ok=True)
-        self.run = wandb.init(project=run.project, name=run.run_name, id=run.run_id, resume="allow",
-                              dir=str(directory), config=run.config, mode=mode,
+        self.run = wandb.init(project=run.project, name=run.run_name, id=run.run_id,
+                              resume="allow", dir=str(directory), config=run.config, mode=mode,
                               settings=wandb.Settings(console="off", silent=True))
-        self.where = f"offline in {directory / 'wandb'} (upload: wandb sync)" if mode == "offline" else mode
+        offline = f"offline in {directory / 'wandb'} (upload: wandb sync)"
+        self.where = offline if mode == "offline" else mode
 
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
         self.run.log(metrics, step=step)
@@ -179,7 +181,8 @@ class MlflowTracker(Tracker):
     def __init__(self, run: RunInfo):
         import mlflow
 
-        uri = os.environ.get("MLFLOW_TRACKING_URI") or (run.output_dir / "mlruns").resolve().as_uri()
+        local = (run.output_dir / "mlruns").resolve().as_uri()
+        uri = os.environ.get("MLFLOW_TRACKING_URI") or local
         if uri.startswith("file:"):  # MLflow 3 refuses its file store unless told it is wanted
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         self.mlflow = mlflow
@@ -187,7 +190,8 @@ class MlflowTracker(Tracker):
         self.run_id = run.state.get("mlflow_run_id") if run.resumed else None
         if self.run_id is None:
             experiment = self.client.get_experiment_by_name(run.project)
-            experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(run.project)
+            experiment_id = (experiment.experiment_id if experiment
+                             else self.client.create_experiment(run.project))
             self.run_id = self.client.create_run(experiment_id, run_name=run.run_name).info.run_id
             self._log_config(run.config)
         else:
@@ -198,7 +202,8 @@ class MlflowTracker(Tracker):
     def _log_config(self, config: dict[str, Any]) -> None:
         from mlflow.entities import Param
 
-        params = [Param(k, str(v)[:MLFLOW_MAX_PARAM_CHARS]) for k, v in flatten_config(config).items()]
+        flat = flatten_config(config)
+        params = [Param(k, str(v)[:MLFLOW_MAX_PARAM_CHARS]) for k, v in flat.items()]
         self.client.log_batch(self.run_id, params=params)
         self.client.log_dict(self.run_id, config, "config.yaml")
 
@@ -207,7 +212,8 @@ class MlflowTracker(Tracker):
         from mlflow.utils.time import get_current_time_millis
 
         now = get_current_time_millis()
-        self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in metrics.items()])
+        points = [Metric(k, v, now, step) for k, v in metrics.items()]
+        self.client.log_batch(self.run_id, metrics=points)
 
     def log_image(self, step: int, name: str, path: Path) -> None:
         self.client.log_artifact(self.run_id, str(path), str(Path(name).parent))
@@ -226,7 +232,7 @@ def chosen(names: list[str]) -> list[str]:
 
 
 def tracker_problem(names: list[str]) -> str | None:
-    """Why `logging.report_to` cannot be used (unknown or not installed), or None. Imports nothing."""
+    """Why `logging.report_to` is unusable (unknown, not installed), or None; imports nothing."""
     for name in names:
         if name != "none" and name not in TRACKERS:
             return f"unknown tracker {name!r} (choose from {', '.join(TRACKERS)}, none)"
@@ -251,18 +257,22 @@ def _warn(line: str) -> None:
 
 
 class Trackers:
-    """Every chosen backend behind one call each; failures are reported once and the backend dropped."""
+    """Every chosen backend behind one call; a failure is reported once and its backend dropped."""
 
     def __init__(self, names: list[str], run: RunInfo, report: Callable[[str], None] = _warn):
         self.report = report
         self.active: dict[str, Tracker] = {}
         self.failed: dict[str, str] = {}
         for name in chosen(names):
-            self._call(name, "start", lambda name=name: self.active.__setitem__(name, TRACKERS[name](run)))
+            self._call(name, "start", lambda name=name: self._start(name, run))
+
+    def _start(self, name: str, run: RunInfo) -> None:
+        self.active[name] = TRACKERS[name](run)
 
     def describe(self) -> str:
         """`trackers: tensorboard -> runs/demo/tensorboard, ...`"""
-        return "trackers: " + ", ".join(f"{name} -> {tracker.where}" for name, tracker in self.active.items())
+        where = (f"{name} -> {tracker.where}" for name, tracker in self.active.items())
+        return "trackers: " + ", ".join(where)
 
     def _call(self, name: str, what: str, fn: Callable[[], Any]) -> None:
         try:
@@ -270,8 +280,8 @@ class Trackers:
         except Exception as err:  # a tracker must never stop the run
             self.active.pop(name, None)
             self.failed[name] = _first_line(err)
-            self.report(f"tracker {name}: {what} failed ({self.failed[name]}); it is off for the rest of the "
-                        "run, metrics.jsonl keeps every step")
+            self.report(f"tracker {name}: {what} failed ({self.failed[name]}); it is off for the "
+                        "rest of the run, metrics.jsonl keeps every step")
 
     def _each(self, what: str, method: str, *args: Any) -> None:
         for name, tracker in list(self.active.items()):
@@ -290,17 +300,19 @@ class Trackers:
         self.active.clear()
 
 
-def open_trackers(names: list[str], output_dir: Path, project: str, run_name: str, config: dict[str, Any],
-                  start_step: int, report: Callable[[str], None] = _warn) -> Trackers | None:
-    """The run's trackers (None when report_to is none); ids persist in output_dir/trackers.json."""
+def open_trackers(names: list[str], output_dir: Path, project: str, run_name: str,
+                  config: dict[str, Any], start_step: int,
+                  report: Callable[[str], None] = _warn) -> Trackers | None:
+    """The run's trackers (None for report_to none); ids persist in output_dir/trackers.json."""
     if not chosen(names):
         return None
     path = output_dir / STATE_FILE
     state = json.loads(path.read_text()) if start_step > 0 and path.exists() else {}
     state.setdefault("run_id", uuid.uuid4().hex[:12])
     state["start_step"] = start_step + 1 if start_step > 0 else None
-    run = RunInfo(output_dir, project, run_name or output_dir.resolve().name, state["run_id"], config,
-                  resumed=start_step > 0, state=state)
+    name = run_name or output_dir.resolve().name
+    run = RunInfo(output_dir, project, name, state["run_id"], config, resumed=start_step > 0,
+                  state=state)
     trackers = Trackers(names, run, report)
     path.write_text(json.dumps(state, indent=1))
     if trackers.active:

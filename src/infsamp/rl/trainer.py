@@ -175,7 +175,8 @@ class GRPOTrainer:
                            cfg.logging.progress_bar)
         ok = False
         try:
-            logger.open_trackers(cfg.logging.report_to, cfg.logging.project, cfg.logging.run_name, cfg.to_dict())
+            log = cfg.logging
+            logger.open_trackers(log.report_to, log.project, log.run_name, cfg.to_dict())
             if self.step == 0:
                 self.eval_before = self._evaluate(logger)
             while self.step < cfg.training.max_steps:
@@ -241,7 +242,8 @@ class GRPOTrainer:
         rollout, sample_metrics, groups = self._rollout(batch, progress)
         if logger is not None:
             logger.log_lengths(self.step + 1, groups)
-        progress.phase("update", len(rollout.completion_ids) * self.cfg.training.num_iterations, "sequences")
+        num_updates = len(rollout.completion_ids) * self.cfg.training.num_iterations
+        progress.phase("update", num_updates, "sequences")
         self.grpo.on_micro_batch = progress.advance
         loss_metrics = self.grpo.optimize(rollout, self.optimizer, self.scheduler)
         self.step += 1
@@ -254,7 +256,8 @@ class GRPOTrainer:
         texts = [render_prompt(ex, self.tokenizer, self.cfg.data) for _, ex in batch]
         prompt_ids = [self._encode_prompt(t) for t in texts]
         progress.phase("sampling", len(batch) * G, "samples")
-        result = self._sample_with_retry(prompt_ids, G, [str(i) for i, _ in batch], texts, progress)
+        keys = [str(i) for i, _ in batch]
+        result = self._sample_with_retry(prompt_ids, G, keys, texts, progress)
         completions = [c for group in result.groups for c in group]  # group-major, N = B*G
         examples = [ex for _, ex in batch for _ in range(G)]
         progress.phase("scoring", len(completions), "completions")
@@ -269,7 +272,8 @@ class GRPOTrainer:
                   for (i, _), p, grp in zip(batch, prompt_ids, result.groups)]
         return rollout, metrics, groups
 
-    def _sample_with_retry(self, prompt_ids, G: int, keys: list[str], texts: list[str], progress: RunProgress):
+    def _sample_with_retry(self, prompt_ids, G: int, keys: list[str], texts: list[str],
+                           progress: RunProgress):
         """On out-of-memory, halve g (leaving `full` for `continuous`) and sample the step again."""
         sampling = self.sampler.cfg
         while True:

@@ -173,7 +173,8 @@ class GroupSampler:
                              eos_token_ids=eos_ids)
 
     # ---- the loop
-    def _run(self, sched: SlotScheduler, engine: SlotEngine, progress: ProgressCallback | None = None) -> float:
+    def _run(self, sched: SlotScheduler, engine: SlotEngine,
+             progress: ProgressCallback | None = None) -> float:
         was_training = self.model.training
         self.model.eval()
         start = time.perf_counter()
@@ -189,8 +190,9 @@ class GroupSampler:
                     sched.step(finished)
                     num_finished += len(finished)
                     if progress is not None:
+                        elapsed = time.perf_counter() - start
                         progress(SamplingProgress(num_finished, num_samples, num_active, sched.num_slots,
-                                                  engine.counters.generated_tokens, time.perf_counter() - start))
+                                                  engine.counters.generated_tokens, elapsed))
         finally:
             self.model.train(was_training)
         return time.perf_counter() - start
