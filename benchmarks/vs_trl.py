@@ -2,14 +2,15 @@
 
     .venv/bin/python benchmarks/vs_trl.py --groups 8,32,64 --steps 2 --hidden 256 --layers 4 \
         --max-completion 128 --out /tmp/vs_trl.json
-    .venv/bin/python benchmarks/vs_trl.py --frameworks trl,trl_infsamp --trl-batch 8   # TRL with the plug-in
+    .venv/bin/python benchmarks/vs_trl.py --frameworks trl,trl_infsamp --trl-batch 8  # the plug-in
     .venv/bin/python benchmarks/vs_trl.py --quick          # G=8, 1 measured step: a smoke check
 
 Three frameworks: `trl` (TRL's own generation), `trl_infsamp` (the same TRL trainer with
-`infsamp.integrations.trl.infsamp_rollout` as its `rollout_func`: continuous policy, g slots, KV budget
-g x (prompt + completion) tokens) and `infsamp` (infsamp's own trainer). `--trl-batch B` trains TRL in
-micro-batches of B completions (gradient accumulation over G / B of them, still one optimizer step per
-prompt), so what still grows with G in TRL is its generation; 0 keeps TRL's default of all G at once.
+`infsamp.integrations.trl.infsamp_rollout` as its `rollout_func`: continuous policy, g slots, a
+KV budget of g x (prompt + completion) tokens) and `infsamp` (infsamp's own trainer).
+`--trl-batch B` trains TRL in micro-batches of B completions (gradient accumulation over G / B,
+still one optimizer step per prompt), so what still grows with G in TRL is its generation; 0
+keeps TRL's default of all G at once.
 
 Both frameworks train the SAME random-init Llama (built once and saved to a temp dir, or `--model PATH`)
 on the same prompts (the embedded arithmetic task), with the same rewards (`format_reward`,
@@ -186,13 +187,14 @@ def run_trl(args, G: int, model_dir: Path, tmp: Path, rollout_func=None) -> dict
     trainer = GRPOTrainer(model=model, reward_funcs=reward_functions(), args=trl_config(args, G, tmp / "trl"),
                           train_dataset=Dataset.from_list(train_problems(NUM_PROMPTS)),
                           processing_class=load_tokenizer(str(model_dir)),
-                          callbacks=[make_step_callback(meter, times, lengths)], rollout_func=rollout_func)
+                          callbacks=[make_step_callback(meter, times, lengths)],
+                          rollout_func=rollout_func)
     trainer.train()
     return {"peak_bytes": meter.peak_bytes(), "step_seconds": times[1:], "mean_lengths": lengths[1:]}
 
 
 def run_trl_infsamp(args, G: int, model_dir: Path, tmp: Path) -> dict:
-    """TRL's trainer with infsamp's sampler as rollout_func (same settings as the infsamp worker's sampler)."""
+    """TRL's trainer with infsamp's sampler as rollout_func (the infsamp worker's settings)."""
     os.environ["TRL_EXPERIMENTAL_SILENCE"] = "1"
     from infsamp.integrations.trl import infsamp_rollout
 
@@ -257,7 +259,8 @@ def profile_infsamp(args, G: int, model_dir: Path, tmp: Path) -> dict[str, float
     return {k: round(v, 2) for k, v in breakdown.items()}
 
 
-WORKERS = {"trl": run_trl, "trl_infsamp": run_trl_infsamp, "infsamp": run_infsamp, "profile": profile_infsamp}
+WORKERS = {"trl": run_trl, "trl_infsamp": run_trl_infsamp, "infsamp": run_infsamp,
+           "profile": profile_infsamp}
 COMPARED = ("infsamp", "trl_infsamp")  # rows that get ratios to the `trl` row of the same G
 
 
@@ -288,7 +291,8 @@ def shared_argv(args) -> list[str]:
     return ["--steps", str(args.steps), "--max-completion", str(args.max_completion),
             "--learning-rate", str(args.learning_rate), "--micro-group", str(args.micro_group),
             "--train-micro-batch-tokens", str(args.train_micro_batch_tokens), "--threads", str(args.threads),
-            "--gradient-checkpointing", args.gradient_checkpointing, "--trl-batch", str(args.trl_batch)]
+            "--gradient-checkpointing", args.gradient_checkpointing,
+            "--trl-batch", str(args.trl_batch)]
 
 
 def summarise(framework: str, G: int, raw: dict) -> dict:
@@ -299,7 +303,7 @@ def summarise(framework: str, G: int, raw: dict) -> dict:
 
 
 def add_ratios(rows: list[dict]) -> None:
-    """x/TRL ratios of peak memory and step time on each infsamp or trl_infsamp row with a TRL partner."""
+    """x/TRL ratios of peak memory and step time on infsamp / trl_infsamp rows with a TRL row."""
     trl = {r["G"]: r for r in rows if r["framework"] == "trl"}
     for row in rows:
         base = trl.get(row["G"])
@@ -309,7 +313,7 @@ def add_ratios(rows: list[dict]) -> None:
 
 
 def markdown_table(rows: list[dict]) -> str:
-    lines = ["| framework | G | peak MiB | s/step | mean completion len | peak / TRL | time / TRL |",
+    lines = ["| framework | G | peak MiB | s/step | mean completion len | peak/TRL | time/TRL |",
              "|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['framework']} | {r['G']} | {r['peak_mib']:.0f} | {r['seconds_per_step']:.2f} | "
@@ -330,7 +334,8 @@ def run_benchmark(args) -> dict:
         add_ratios(rows)
         profile = run_case(args, f"profile:{args.profile}", model_dir) if args.profile else None
         num_params = count_parameters(model_dir)
-    return {"date": datetime.date.today().isoformat(), "trl_version": version("trl"), "command": " ".join(sys.argv), "rows": rows,
+    return {"date": datetime.date.today().isoformat(), "trl_version": version("trl"),
+            "command": " ".join(sys.argv), "rows": rows,
             "num_parameters": num_params, "model": args.model or f"random llama hidden={args.hidden} "
             f"layers={args.layers}", "settings": vars(args) | {"groups": args.groups}, "infsamp_profile": profile}
 
@@ -338,16 +343,18 @@ def run_benchmark(args) -> dict:
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--groups", default="8,32,64", help="comma-separated G values")
-    p.add_argument("--frameworks", default="trl,infsamp", help="comma-separated: trl, trl_infsamp, infsamp")
+    p.add_argument("--frameworks", default="trl,infsamp",
+                   help="comma-separated: trl, trl_infsamp, infsamp")
     p.add_argument("--steps", type=int, default=2, help="measured optimizer steps (after 1 warm-up)")
     p.add_argument("--model", default="", help="HF checkpoint dir or 'embedded' (default: build a random Llama)")
     p.add_argument("--hidden", type=int, default=128, help="hidden size of the random Llama")
     p.add_argument("--layers", type=int, default=4, help="layers of the random Llama")
     p.add_argument("--max-completion", type=int, default=128, help="max completion length (tokens)")
     p.add_argument("--learning-rate", type=float, default=1e-5)
-    p.add_argument("--micro-group", type=int, default=8, help="infsamp, trl_infsamp: samples decoded at once (g)")
+    p.add_argument("--micro-group", type=int, default=8,
+                   help="infsamp, trl_infsamp: samples decoded at once (g)")
     p.add_argument("--trl-batch", type=int, default=0,
-                   help="trl, trl_infsamp: completions per forward/backward (0: all G at once, TRL's default)")
+                   help="trl, trl_infsamp: completions per forward/backward (0: all G, as TRL)")
     p.add_argument("--train-micro-batch-tokens", type=int, default=4096, help="infsamp: tokens per micro-batch")
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads in each case (1: on a shared CPU, 2 threads spin-wait and run ~10x slower)")

@@ -14,7 +14,9 @@ whatever G, in micro groups of g slots with continuous refill, under any infsamp
 online length predictor, kept for the whole run). It returns one row per completion, in the
 prompts' order: `prompt_ids`, `completion_ids` (EOS included, as TRL's own path) and `logprobs`,
 the per-token log-probs of the sampled tokens under the policy at temperature T, computed in
-token-budget micro-batches (what TRL computes for its own `old_per_token_logps`). Sampling
+micro-batches of as many sequences as TRL trains at once (`per_device_train_batch_size`; what
+TRL computes for its own `old_per_token_logps`), or None with `logprobs=False` (as TRL's own
+transformers generation returns: it reads them only for vLLM corrections). Sampling
 options default to TRL's (`max_completion_length`, `temperature`, `top_p`, `top_k`); sampler
 statistics are added to TRL's logs as `infsamp/*`.
 
@@ -36,16 +38,15 @@ from infsamp.config import SamplingConfig
 from infsamp.errors import InfsampError
 
 LOGGED_STATS = ("decode_steps", "num_slots", "peak_kv_bytes", "tokens_per_second", "wall_time_s")
-DEFAULT_LOGPROB_TOKENS = 8192
 
 
 class RolloutError(InfsampError):
     """A TRL setting the infsamp rollout cannot honour."""
 
 
-def infsamp_rollout(**sampling: Any) -> "InfsampRollout":
+def infsamp_rollout(logprobs: bool = True, **sampling: Any) -> "InfsampRollout":
     """A `rollout_func`; keywords are `sampling.*` options (kv_budget, policy, micro_group...)."""
-    return InfsampRollout(**sampling)
+    return InfsampRollout(logprobs=logprobs, **sampling)
 
 
 def group_runs(prompts: list[Any], group_size: int) -> list[tuple[Any, int]]:
@@ -66,19 +67,21 @@ def prompt_key(prompt: Any) -> str:
 class InfsampRollout:
     """`(prompts, trainer) -> {"prompt_ids", "completion_ids", "logprobs"}` for GRPOTrainer."""
 
-    def __init__(self, logprob_micro_batch_tokens: int = DEFAULT_LOGPROB_TOKENS, **sampling: Any):
+    def __init__(self, logprobs: bool = True, logprob_micro_batch_tokens: int = 0,
+                 **sampling: Any):
         allowed = set(SamplingConfig.__dataclass_fields__) - {"num_generations"}
         unknown = sorted(set(sampling) - allowed)
         if unknown:
             raise RolloutError(f"infsamp_rollout: unknown sampling option(s) {', '.join(unknown)} "
                                "(G is GRPOConfig.num_generations)")
-        self.sampling, self.logprob_tokens = sampling, logprob_micro_batch_tokens
+        self.sampling, self.want_logprobs = sampling, logprobs
+        self.logprob_tokens = logprob_micro_batch_tokens  # 0: TRL's per-device batch of sequences
         self.cfg: SamplingConfig | None = None
         self.predictor = None
         self.generator: torch.Generator | None = None
         self.last_stats = None  # SamplerStats of the latest call (for callers and tests)
 
-    def __call__(self, prompts: list[Any], trainer) -> dict[str, list]:
+    def __call__(self, prompts: list[Any], trainer) -> dict[str, list | None]:
         if self.cfg is None:
             self._setup(trainer)
         training = trainer.model.training
@@ -89,7 +92,8 @@ class InfsampRollout:
             completions = self._sample(model, trainer, runs, prompt_ids)
             rows_prompt = [ids for ids, (_, n) in zip(prompt_ids, runs) for _ in range(n)]
             rows_completion = [c.token_ids for group in completions for c in group]
-            logprobs = self._logprobs(model, trainer, rows_prompt, rows_completion)
+            logprobs = (self._logprobs(model, trainer, rows_prompt, rows_completion)
+                        if self.want_logprobs else None)
         self._log_stats(trainer, "train" if training else "eval")
         return {"prompt_ids": rows_prompt, "completion_ids": rows_completion, "logprobs": logprobs}
 
@@ -155,15 +159,18 @@ class InfsampRollout:
         return groups
 
     def _logprobs(self, model, trainer, prompt_ids, completion_ids) -> list[list[float]]:
+        """No-grad, in micro-batches no larger than TRL's own forward passes."""
         from infsamp.rl.logprobs import sequence_logprobs
 
+        longest = max(len(p) + len(c) for p, c in zip(prompt_ids, completion_ids))
+        tokens = self.logprob_tokens or trainer.args.per_device_train_batch_size * longest
         pad = trainer.processing_class.pad_token_id
         pad = getattr(trainer.processing_class, "eos_token_id", 0) if pad is None else pad
         was_training = model.training
         model.eval()
         try:
             values = sequence_logprobs(model, prompt_ids, completion_ids,
-                                       max_tokens=self.logprob_tokens, pad_token_id=pad,
+                                       max_tokens=tokens, pad_token_id=pad,
                                        temperature=trainer.temperature or 1.0)
         finally:
             model.train(was_training)

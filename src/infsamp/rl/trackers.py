@@ -64,7 +64,7 @@ class RunInfo:
     run_id: str  # stable across resumes of the same run
     config: dict[str, Any]
     resumed: bool  # continuing a run that already logged steps
-    state: dict[str, Any]  # this backend's entry in trackers.json (it may store its own run id)
+    state: dict[str, Any]  # trackers.json, shared by the backends (run ids, purge step)
 
 
 # ---------------------------------------------------------------- backends
@@ -95,7 +95,7 @@ class TensorBoardTracker(Tracker):
 
         self.log_dir = self.where = run.output_dir / "tensorboard"
         # purge_step drops events a crashed run wrote past the checkpoint it resumes from
-        self.writer = SummaryWriter(str(self.log_dir), purge_step=run.state.get("start_step"))
+        self.writer = SummaryWriter(str(self.log_dir), purge_step=run.state.get("purge_step"))
         text = yaml.safe_dump(run.config, sort_keys=False)
         self.writer.add_text("config", "    " + text.replace("\n", "\n    "), 0)
         self.writer.flush()
@@ -309,12 +309,14 @@ def open_trackers(names: list[str], output_dir: Path, project: str, run_name: st
     path = output_dir / STATE_FILE
     state = json.loads(path.read_text()) if start_step > 0 and path.exists() else {}
     state.setdefault("run_id", uuid.uuid4().hex[:12])
-    state["start_step"] = start_step + 1 if start_step > 0 else None
+    state["purge_step"] = start_step + 1 if start_step > 0 else None  # first step to log again
     name = run_name or output_dir.resolve().name
     run = RunInfo(output_dir, project, name, state["run_id"], config, resumed=start_step > 0,
                   state=state)
     trackers = Trackers(names, run, report)
-    path.write_text(json.dumps(state, indent=1))
+    tmp = path.with_name(STATE_FILE + ".tmp")
+    tmp.write_text(json.dumps(state, indent=1))
+    os.replace(tmp, path)  # atomic: a crash never leaves a half-written file to resume from
     if trackers.active:
         report(trackers.describe())
     return trackers
