@@ -57,9 +57,8 @@ def policy_logprobs(model, prompt, completion, temperature):
     return torch.log_softmax(logits.float(), -1).gather(-1, chosen)[:, 0]
 
 
-@pytest.mark.slow
-def test_trl_grpo_trainer_trains_with_the_infsamp_rollout(tmp_path, monkeypatch):
-    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+def train_with_trl(rollout_func, output_dir, num_steps=2):
+    """TRL's GRPOTrainer on the embedded model and task; returns (trainer, weights before)."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM
     from trl import GRPOConfig, GRPOTrainer
@@ -68,10 +67,34 @@ def test_trl_grpo_trainer_trains_with_the_infsamp_rollout(tmp_path, monkeypatch)
     from infsamp.rewards import accuracy_reward, format_reward
     from infsamp.tasks.arithmetic import generate_problems
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # a 0.8M model on a shared CPU: more threads only spin
     model = AutoModelForCausalLM.from_pretrained(EMBEDDED_DIR, dtype=torch.float32)
     before = {k: v.clone() for k, v in model.state_dict().items()}
+    args = GRPOConfig(output_dir=str(output_dir), num_generations=G,
+                      per_device_train_batch_size=G * PROMPTS_PER_STEP,
+                      max_completion_length=MAX_COMPLETION, temperature=0.7, learning_rate=1e-3,
+                      max_steps=num_steps, use_cpu=True, bf16=False, report_to=[], logging_steps=1,
+                      save_strategy="no", disable_tqdm=True, seed=0)
+    problems = [{"prompt": p["prompt"], "answer": p["answer"]}
+                for p in generate_problems(16, 1234, "train")]
+    trainer = GRPOTrainer(model=model, reward_funcs=[format_reward, accuracy_reward], args=args,
+                          train_dataset=Dataset.from_list(problems),
+                          processing_class=load_tokenizer("embedded"), rollout_func=rollout_func)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a 0.8M model on a shared CPU: more threads only spin
+    try:
+        trainer.train()
+    finally:
+        torch.set_num_threads(threads)
+    return trainer, before
+
+
+def weights_moved(trainer, before) -> bool:
+    return any(not torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
+
+
+@pytest.mark.slow
+def test_trl_grpo_trainer_trains_with_the_infsamp_rollout(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
     rollout = infsamp_rollout(kv_budget=str(KV_BUDGET), micro_group=MICRO_GROUP,
                               policy="length_aware")
     calls = []
@@ -87,21 +110,7 @@ def test_trl_grpo_trainer_trains_with_the_infsamp_rollout(tmp_path, monkeypatch)
         calls.append((prompts, out, rollout.last_stats))
         return out
 
-    args = GRPOConfig(output_dir=str(tmp_path), num_generations=G,
-                      per_device_train_batch_size=G * PROMPTS_PER_STEP,
-                      max_completion_length=MAX_COMPLETION, temperature=0.7, learning_rate=1e-3,
-                      max_steps=2, use_cpu=True, bf16=False, report_to=[], logging_steps=1,
-                      save_strategy="no", disable_tqdm=True, seed=0)
-    problems = [{"prompt": p["prompt"], "answer": p["answer"]}
-                for p in generate_problems(16, 1234, "train")]
-    trainer = GRPOTrainer(model=model, reward_funcs=[format_reward, accuracy_reward], args=args,
-                          train_dataset=Dataset.from_list(problems),
-                          processing_class=load_tokenizer("embedded"),
-                          rollout_func=checked_rollout)
-    try:
-        trainer.train()
-    finally:
-        torch.set_num_threads(threads)
+    trainer, before = train_with_trl(checked_rollout, tmp_path)
     assert trainer.state.global_step == 2 and len(calls) == 2
     for prompts, out, stats in calls:
         num_rows = G * PROMPTS_PER_STEP
@@ -113,4 +122,21 @@ def test_trl_grpo_trainer_trains_with_the_infsamp_rollout(tmp_path, monkeypatch)
         assert stats.policy == "length_aware" and "predictor_kendall_tau" in stats.extra
     logged = [row for row in trainer.state.log_history if "loss" in row]
     assert [row["infsamp/num_slots"] for row in logged] == [MICRO_GROUP, MICRO_GROUP]
-    assert any(not torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
+    assert weights_moved(trainer, before)
+
+
+@pytest.mark.slow
+def test_trl_trains_with_the_continuous_policy_and_no_logprobs(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    rollout = infsamp_rollout(logprobs=False, kv_budget=str(KV_BUDGET), micro_group=MICRO_GROUP)
+    outputs = []
+
+    def recorded(prompts, trainer):
+        outputs.append(rollout(prompts, trainer))
+        return outputs[-1]
+
+    trainer, before = train_with_trl(recorded, tmp_path, num_steps=1)
+    assert trainer.state.global_step == 1 and outputs[0]["logprobs"] is None
+    stats = rollout.last_stats
+    assert stats.policy == "continuous" and stats.num_slots == MICRO_GROUP
+    assert weights_moved(trainer, before)
