@@ -4,6 +4,7 @@ is one line and overwrites nothing."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -129,13 +130,20 @@ def test_adapters_only_export_is_a_peft_folder_on_the_trained_base(trained):
 # ---------------------------------------------------------------- bad input: one line
 
 
-def fake_checkpoint(run: Path, step: int, complete: bool = True, lora: bool = False) -> Path:
-    checkpoint = run / f"checkpoint-{step}"
-    (checkpoint / "model").mkdir(parents=True)
-    (checkpoint / "model" / ("adapter_config.json" if lora else "config.json")).write_text("{}")
-    if complete:
-        (checkpoint / "trainer_state.json").write_text(json.dumps({"step": step}))
-    return checkpoint
+@pytest.fixture(scope="module")
+def tiny_run(tiny_model_dir, tmp_path_factory):
+    """A real 1-step run (full weights, complete checkpoint-1) on the shared tiny model."""
+    out = tmp_path_factory.mktemp("tiny") / "run"
+    train(out, **{"model.name_or_path": str(tiny_model_dir), "training.max_steps": 1,
+                  "sampling.max_new_tokens": 8})
+    return out
+
+
+def incomplete_checkpoint(run: Path, name: str) -> Path:
+    """What a kill in the middle of a save leaves: weights, no completion marker."""
+    (run / name / "model").mkdir(parents=True)
+    (run / name / "model" / "config.json").write_text("{}")
+    return run / name
 
 
 def export_error(capsys, *argv) -> str:
@@ -145,12 +153,11 @@ def export_error(capsys, *argv) -> str:
     return err
 
 
-def test_target_that_exists_and_is_not_empty_is_left_alone(tmp_path, capsys):
-    fake_checkpoint(tmp_path / "run", 2)
+def test_target_that_exists_and_is_not_empty_is_left_alone(tiny_run, tmp_path, capsys):
     target = tmp_path / "target"
     target.mkdir()
     (target / "keep.txt").write_text("mine")
-    err = export_error(capsys, tmp_path / "run", "--out", target)
+    err = export_error(capsys, tiny_run, "--out", target)
     assert err == (f"infsamp export: error: --out {target}: exists and is not empty "
                    "(nothing was written)")
     assert [p.name for p in target.iterdir()] == ["keep.txt"]
@@ -158,36 +165,38 @@ def test_target_that_exists_and_is_not_empty_is_left_alone(tmp_path, capsys):
 
 
 def test_incomplete_checkpoint_is_refused(tmp_path, capsys):
-    incomplete = fake_checkpoint(tmp_path / "run", 4, complete=False)
-    err = export_error(capsys, incomplete, "--out", tmp_path / "out")
-    assert err.startswith(f"infsamp export: error: {incomplete}: not a complete checkpoint")
-    tmp_dir = tmp_path / "run" / "checkpoint-6.tmp"
-    (tmp_dir / "model").mkdir(parents=True)
-    assert "not a complete checkpoint" in export_error(capsys, tmp_dir, "--out", tmp_path / "out")
+    for name in ("checkpoint-4", "checkpoint-6.tmp"):
+        incomplete = incomplete_checkpoint(tmp_path / "run", name)
+        err = export_error(capsys, incomplete, "--out", tmp_path / "out")
+        assert err.startswith(f"infsamp export: error: {incomplete}: not a complete checkpoint")
     assert not (tmp_path / "out").exists()
 
 
 def test_run_without_a_complete_checkpoint_is_refused(tmp_path, capsys):
-    fake_checkpoint(tmp_path / "run", 4, complete=False)
+    incomplete_checkpoint(tmp_path / "run", "checkpoint-4")
     err = export_error(capsys, tmp_path / "run", "--out", tmp_path / "out")
     assert err.endswith("no complete checkpoint-N folder in this run folder")
     err = export_error(capsys, tmp_path / "missing", "--out", tmp_path / "out")
     assert "not a run folder" in err
 
 
-def test_adapters_only_needs_a_lora_checkpoint(tmp_path, capsys):
-    checkpoint = fake_checkpoint(tmp_path / "run", 2)
+def test_adapters_only_needs_a_lora_checkpoint(tiny_run, tmp_path, capsys):
+    checkpoint = tiny_run / "checkpoint-1"
     err = export_error(capsys, checkpoint, "--out", tmp_path / "out", "--adapters-only")
     assert err.endswith(f"--adapters-only: {checkpoint} holds full weights, not LoRA adapters")
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.tmp-*"))
 
 
-def test_run_folder_exports_its_newest_complete_checkpoint(tmp_path):
+def test_run_folder_exports_its_newest_complete_checkpoint(tiny_run, tmp_path):
     from infsamp.commands.export import resolve_checkpoint
 
-    run = tmp_path / "run"
-    fake_checkpoint(run, 2)
-    newest = fake_checkpoint(run, 10)
-    fake_checkpoint(run, 12, complete=False)
-    assert resolve_checkpoint(run) == newest
-    assert os.path.samefile(resolve_checkpoint(run / "checkpoint-2"), run / "checkpoint-2")
+    newer_but_incomplete = incomplete_checkpoint(tiny_run, "checkpoint-3")
+    try:
+        assert os.path.samefile(resolve_checkpoint(tiny_run), tiny_run / "checkpoint-1")
+    finally:
+        shutil.rmtree(newer_but_incomplete)
+    out = tmp_path / "empty-target"
+    out.mkdir()  # an empty folder is a valid target
+    assert main(["export", str(tiny_run / "checkpoint-1"), "--out", str(out)]) == 0
+    loaded = AutoModelForCausalLM.from_pretrained(out)
+    assert type(loaded).__name__ == "LlamaForCausalLM"

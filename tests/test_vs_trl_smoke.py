@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "vs_trl.py"
 
@@ -55,10 +56,15 @@ def test_infsamp_side_one_step_tiny(tmp_path):
 
 @pytest.mark.slow
 def test_trl_with_the_infsamp_rollout_one_step_tiny(tmp_path):
-    out = tmp_path / "vs_trl.json"
-    assert load_script().main(["--frameworks", "trl_infsamp", "--groups", "4", "--steps", "1", "--hidden", "32",
-                               "--layers", "2", "--max-completion", "8", "--trl-batch", "2",
-                               "--out", str(out)]) == 0
-    (only,) = json.loads(out.read_text())["rows"]
-    assert only["framework"] == "trl_infsamp" and only["G"] == 4 and only["seconds_per_step"] > 0
-    assert 1 <= only["mean_completion_length"] <= 8
+    """The trl_infsamp worker in this process (a child would import TRL again: ~a minute here)."""
+    vs_trl = load_script()
+    args = vs_trl.parse_args(["--steps", "1", "--max-completion", "8", "--trl-batch", "2"])
+    model_dir = vs_trl.build_random_llama(tmp_path / "model", hidden=32, layers=2)
+    threads = torch.get_num_threads()
+    try:
+        raw = vs_trl.run_trl_infsamp(args, 4, model_dir, tmp_path)
+    finally:
+        torch.set_num_threads(threads)
+    row = vs_trl.summarise("trl_infsamp", 4, raw)
+    assert row["peak_mib"] >= 0 and row["seconds_per_step"] > 0 and len(row["step_seconds"]) == 1
+    assert 1 <= row["mean_completion_length"] <= 8
