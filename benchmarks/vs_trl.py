@@ -22,7 +22,9 @@ continuous policy with a fixed micro group g and token-budget training micro-bat
 
 Each (framework, G) case runs in a fresh subprocess. After model load and one warm-up step (optimizer
 state allocated, lazy imports done) the process's resident set is the baseline and VmHWM is reset
-through /proc/self/clear_refs; "peak MiB" is VmHWM at the end minus that baseline. glibc's malloc is
+through /proc/self/clear_refs; "peak MiB" is VmHWM at the end minus that baseline. "generation peak
+MiB" is the largest VmHWM growth during one step's generation (TRL's `_generate`, which calls the
+rollout_func when one is given; infsamp's sampler call) above the resident set at its start. glibc's malloc is
 told to give large blocks back (MALLOC_MMAP_THRESHOLD_) in both, so a freed warm-up peak is not counted
 as baseline. Seconds per step: median over `--steps` measured steps.
 
@@ -66,10 +68,13 @@ PROFILE_FUNCTIONS = {  # label -> (file suffix, function name) whose cumulative 
 
 
 class PeakRss:
-    """Peak resident-set growth (bytes) above the resident set at `start()`."""
+    """Peak resident-set growth (bytes) above the resident set at `start()`; `phase` also measures
+    one call's own peak above the resident set at its start (the run-wide peak is kept)."""
 
     def __init__(self):
         self.baseline = 0
+        self.earlier_peak = 0  # VmHWM before a phase measurement reset it
+        self.phase_peaks: list[int] = []
 
     def start(self) -> None:
         import gc
@@ -77,10 +82,24 @@ class PeakRss:
         gc.collect()
         ctypes.CDLL("libc.so.6").malloc_trim(0)
         self.baseline = resident_bytes()
+        self.earlier_peak = 0
         reset_peak()
 
     def peak_bytes(self) -> int:
-        return peak_resident_bytes() - self.baseline
+        return max(self.earlier_peak, peak_resident_bytes()) - self.baseline
+
+    def phase(self, fn):
+        """`fn` wrapped: once started, each call's VmHWM growth goes to `phase_peaks`."""
+        def measured(*args, **kwargs):
+            if not self.baseline:  # the warm-up step
+                return fn(*args, **kwargs)
+            self.earlier_peak = max(self.earlier_peak, peak_resident_bytes())
+            before = resident_bytes()
+            reset_peak()
+            result = fn(*args, **kwargs)
+            self.phase_peaks.append(peak_resident_bytes() - before)
+            return result
+        return measured
 
 
 # ---------------------------------------------------------------- shared setup
@@ -189,8 +208,10 @@ def run_trl(args, G: int, model_dir: Path, tmp: Path, rollout_func=None) -> dict
                           processing_class=load_tokenizer(str(model_dir)),
                           callbacks=[make_step_callback(meter, times, lengths)],
                           rollout_func=rollout_func)
+    trainer._generate = meter.phase(trainer._generate)  # TRL's generation, or the rollout_func
     trainer.train()
-    return {"peak_bytes": meter.peak_bytes(), "step_seconds": times[1:], "mean_lengths": lengths[1:]}
+    return {"peak_bytes": meter.peak_bytes(), "generation_peak_bytes": max(meter.phase_peaks),
+            "step_seconds": times[1:], "mean_lengths": lengths[1:]}
 
 
 def run_trl_infsamp(args, G: int, model_dir: Path, tmp: Path) -> dict:
@@ -236,12 +257,13 @@ def timed_step(trainer) -> tuple[float, float]:
 
 def run_infsamp(args, G: int, model_dir: Path, tmp: Path) -> dict:
     trainer = infsamp_trainer(args, G, model_dir, tmp)
-    timed_step(trainer)  # warm-up: optimizer state, lazy imports
     meter = PeakRss()
+    trainer._sample_with_retry = meter.phase(trainer._sample_with_retry)
+    timed_step(trainer)  # warm-up: optimizer state, lazy imports
     meter.start()
     measured = [timed_step(trainer) for _ in range(args.steps)]
-    return {"peak_bytes": meter.peak_bytes(), "step_seconds": [t for t, _ in measured],
-            "mean_lengths": [n for _, n in measured]}
+    return {"peak_bytes": meter.peak_bytes(), "generation_peak_bytes": max(meter.phase_peaks),
+            "step_seconds": [t for t, _ in measured], "mean_lengths": [n for _, n in measured]}
 
 
 def profile_infsamp(args, G: int, model_dir: Path, tmp: Path) -> dict[str, float]:
@@ -297,6 +319,7 @@ def shared_argv(args) -> list[str]:
 
 def summarise(framework: str, G: int, raw: dict) -> dict:
     return {"framework": framework, "G": G, "peak_mib": round(raw["peak_bytes"] / 2**20, 1),
+            "generation_peak_mib": round(raw["generation_peak_bytes"] / 2**20, 1),
             "seconds_per_step": round(statistics.median(raw["step_seconds"]), 2),
             "mean_completion_length": round(statistics.mean(raw["mean_lengths"]), 1),
             "step_seconds": [round(s, 2) for s in raw["step_seconds"]]}
@@ -309,15 +332,20 @@ def add_ratios(rows: list[dict]) -> None:
         base = trl.get(row["G"])
         if row["framework"] in COMPARED and base:
             row["peak_ratio"] = round(row["peak_mib"] / max(base["peak_mib"], 1e-9), 2)
+            row["generation_peak_ratio"] = round(
+                row["generation_peak_mib"] / max(base["generation_peak_mib"], 1e-9), 2)
             row["time_ratio"] = round(row["seconds_per_step"] / base["seconds_per_step"], 2)
 
 
 def markdown_table(rows: list[dict]) -> str:
-    lines = ["| framework | G | peak MiB | s/step | mean completion len | peak/TRL | time/TRL |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| framework | G | peak MiB | generation peak MiB | s/step | mean completion len | "
+             "peak/TRL | generation peak/TRL | time/TRL |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        lines.append(f"| {r['framework']} | {r['G']} | {r['peak_mib']:.0f} | {r['seconds_per_step']:.2f} | "
-                     f"{r['mean_completion_length']:.1f} | {r.get('peak_ratio', '')} | {r.get('time_ratio', '')} |")
+        lines.append(f"| {r['framework']} | {r['G']} | {r['peak_mib']:.0f} | "
+                     f"{r['generation_peak_mib']:.0f} | {r['seconds_per_step']:.2f} | "
+                     f"{r['mean_completion_length']:.1f} | {r.get('peak_ratio', '')} | "
+                     f"{r.get('generation_peak_ratio', '')} | {r.get('time_ratio', '')} |")
     return "\n".join(lines)
 
 

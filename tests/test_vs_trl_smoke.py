@@ -20,8 +20,8 @@ def load_script():
 
 
 def row(framework, G, peak, seconds):
-    return {"framework": framework, "G": G, "peak_mib": peak, "seconds_per_step": seconds,
-            "mean_completion_length": 10.0}
+    return {"framework": framework, "G": G, "peak_mib": peak, "generation_peak_mib": peak / 2,
+            "seconds_per_step": seconds, "mean_completion_length": 10.0}
 
 
 def test_ratios_pair_each_infsamp_row_with_trl_at_same_G():
@@ -30,10 +30,11 @@ def test_ratios_pair_each_infsamp_row_with_trl_at_same_G():
             row("trl_infsamp", 8, 50.0, 2.2)]
     vs_trl.add_ratios(rows)
     assert rows[1]["peak_ratio"] == 0.25 and rows[1]["time_ratio"] == 1.5
+    assert rows[1]["generation_peak_ratio"] == 0.25
     assert rows[3]["peak_ratio"] == 0.5 and rows[3]["time_ratio"] == 1.1
     assert "peak_ratio" not in rows[0] and "peak_ratio" not in rows[2]  # no TRL row at G=32
     table = vs_trl.markdown_table(rows)
-    assert table.count("\n") == len(rows) + 1 and "| infsamp | 8 | 25 | 3.00 | 10.0 | 0.25 | 1.5 |" in table
+    assert table.count("\n") == len(rows) + 1 and "| infsamp | 8 | 25 | 12 | 3.00 | 10.0 | 0.25 | 0.25 | 1.5 |" in table
 
 
 def test_quick_sets_one_group_and_one_step():
@@ -51,6 +52,7 @@ def test_infsamp_side_one_step_tiny(tmp_path):
     (only,) = result["rows"]
     assert only["framework"] == "infsamp" and only["G"] == 4
     assert only["peak_mib"] >= 0 and only["seconds_per_step"] > 0 and len(only["step_seconds"]) == 1
+    assert only["generation_peak_mib"] >= 0
     assert 1 <= only["mean_completion_length"] <= 8
 
 
@@ -67,4 +69,5 @@ def test_trl_with_the_infsamp_rollout_one_step_tiny(tmp_path):
         torch.set_num_threads(threads)
     row = vs_trl.summarise("trl_infsamp", 4, raw)
     assert row["peak_mib"] >= 0 and row["seconds_per_step"] > 0 and len(row["step_seconds"]) == 1
+    assert 0 <= row["generation_peak_mib"]
     assert 1 <= row["mean_completion_length"] <= 8
