@@ -24,9 +24,9 @@ Each (framework, G) case runs in a fresh subprocess. After model load and one wa
 state allocated, lazy imports done) the process's resident set is the baseline and VmHWM is reset
 through /proc/self/clear_refs; "peak MiB" is VmHWM at the end minus that baseline. "generation peak
 MiB" is the largest VmHWM growth during one step's generation (TRL's `_generate`, which calls the
-rollout_func when one is given; infsamp's sampler call) above the resident set at its start. glibc's malloc is
-told to give large blocks back (MALLOC_MMAP_THRESHOLD_) in both, so a freed warm-up peak is not counted
-as baseline. Seconds per step: median over `--steps` measured steps.
+rollout_func when one is given; infsamp's sampler call) above the resident set at its start.
+glibc's malloc is told to give large blocks back (MALLOC_MMAP_THRESHOLD_) in both, so a freed
+warm-up peak is not counted as baseline. Seconds per step: median over `--steps` measured steps.
 
 Deliberately simple: CPU only, one prompt per step, no KL (beta 0, so no reference model on either side).
 """

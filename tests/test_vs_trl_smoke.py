@@ -1,5 +1,5 @@
-"""benchmarks/vs_trl.py: the ratio/table helpers, a 1-step infsamp-only run at tiny size, and a 1-step run of TRL
-with the infsamp rollout (plain TRL is skipped: the plug-in run already imports and starts TRL)."""
+"""benchmarks/vs_trl.py: the ratio/table helpers, a 1-step infsamp-only run at tiny size, and a
+1-step run of TRL with the infsamp rollout (plain TRL skipped: the plug-in run already starts TRL)."""
 
 import importlib.util
 import json
@@ -34,7 +34,8 @@ def test_ratios_pair_each_infsamp_row_with_trl_at_same_G():
     assert rows[3]["peak_ratio"] == 0.5 and rows[3]["time_ratio"] == 1.1
     assert "peak_ratio" not in rows[0] and "peak_ratio" not in rows[2]  # no TRL row at G=32
     table = vs_trl.markdown_table(rows)
-    assert table.count("\n") == len(rows) + 1 and "| infsamp | 8 | 25 | 12 | 3.00 | 10.0 | 0.25 | 0.25 | 1.5 |" in table
+    assert table.count("\n") == len(rows) + 1
+    assert "| infsamp | 8 | 25 | 12 | 3.00 | 10.0 | 0.25 | 0.25 | 1.5 |" in table
 
 
 def test_quick_sets_one_group_and_one_step():
@@ -48,7 +49,8 @@ def test_infsamp_side_one_step_tiny(tmp_path):
     assert load_script().main(["--frameworks", "infsamp", "--groups", "4", "--steps", "1", "--hidden", "32",
                                "--layers", "2", "--max-completion", "8", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
-    assert result["trl_version"] and re.fullmatch(r"\d{4}-\d\d-\d\d", result["date"]) and result["num_parameters"] > 0
+    assert result["trl_version"] and result["num_parameters"] > 0
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d", result["date"])
     (only,) = result["rows"]
     assert only["framework"] == "infsamp" and only["G"] == 4
     assert only["peak_mib"] >= 0 and only["seconds_per_step"] > 0 and len(only["step_seconds"]) == 1

@@ -13,10 +13,11 @@ policy, unwrapped as TRL's own generation unwraps it: the KV cache stays within 
 whatever G, in micro groups of g slots with continuous refill, under any infsamp policy (and the
 online length predictor, kept for the whole run). It returns one row per completion, in the
 prompts' order: `prompt_ids`, `completion_ids` (EOS included, as TRL's own path) and `logprobs`,
-the per-token log-probs of the sampled tokens under the policy at temperature T, computed in
-micro-batches of as many sequences as TRL trains at once (`per_device_train_batch_size`; what
-TRL computes for its own `old_per_token_logps`), or None with `logprobs=False` (as TRL's own
-transformers generation returns: it reads them only for vLLM corrections). Sampling
+the per-token log-probs of the sampled tokens under the policy at temperature T (what TRL
+computes for its own `old_per_token_logps`), in no-grad micro-batches of at most `kv_budget`
+tokens, so the whole rollout's memory stays bounded by the budget whatever G; or None with
+`logprobs=False` (as TRL's own transformers generation returns: TRL reads them only for its vLLM
+corrections). Sampling
 options default to TRL's (`max_completion_length`, `temperature`, `top_p`, `top_k`); sampler
 statistics are added to TRL's logs as `infsamp/*`.
 
@@ -75,7 +76,7 @@ class InfsampRollout:
             raise RolloutError(f"infsamp_rollout: unknown sampling option(s) {', '.join(unknown)} "
                                "(G is GRPOConfig.num_generations)")
         self.sampling, self.want_logprobs = sampling, logprobs
-        self.logprob_tokens = logprob_micro_batch_tokens  # 0: TRL's per-device batch of sequences
+        self.logprob_tokens = logprob_micro_batch_tokens  # 0: the KV budget, in tokens
         self.cfg: SamplingConfig | None = None
         self.predictor = None
         self.generator: torch.Generator | None = None
@@ -159,11 +160,11 @@ class InfsampRollout:
         return groups
 
     def _logprobs(self, model, trainer, prompt_ids, completion_ids) -> list[list[float]]:
-        """No-grad, in micro-batches no larger than TRL's own forward passes."""
+        """No-grad, in micro-batches of at most the KV budget's tokens (one sequence at least)."""
         from infsamp.rl.logprobs import sequence_logprobs
+        from infsamp.sampling.sampler import resolve_budget
 
-        longest = max(len(p) + len(c) for p, c in zip(prompt_ids, completion_ids))
-        tokens = self.logprob_tokens or trainer.args.per_device_train_batch_size * longest
+        tokens = self.logprob_tokens or resolve_budget(self.cfg.kv_budget, model)
         pad = trainer.processing_class.pad_token_id
         pad = getattr(trainer.processing_class, "eos_token_id", 0) if pad is None else pad
         was_training = model.training

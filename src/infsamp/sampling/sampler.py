@@ -190,9 +190,9 @@ class GroupSampler:
                     sched.step(finished)
                     num_finished += len(finished)
                     if progress is not None:
-                        elapsed = time.perf_counter() - start
-                        progress(SamplingProgress(num_finished, num_samples, num_active, sched.num_slots,
-                                                  engine.counters.generated_tokens, elapsed))
+                        progress(SamplingProgress(
+                            num_finished, num_samples, num_active, sched.num_slots,
+                            engine.counters.generated_tokens, time.perf_counter() - start))
         finally:
             self.model.train(was_training)
         return time.perf_counter() - start
