@@ -1,5 +1,5 @@
 """benchmarks/vs_trl.py: the ratio/table helpers, a 1-step infsamp-only run at tiny size, and a
-1-step run of TRL with the infsamp rollout (plain TRL skipped: the plug-in run already starts TRL)."""
+1-step run of TRL with the infsamp rollout (plain TRL is skipped: that run starts TRL anyway)."""
 
 import importlib.util
 import json
