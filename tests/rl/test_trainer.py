@@ -121,12 +121,3 @@ def test_lora_with_kl_and_checkpointing_trains_only_adapters(tiny_config):
     base_after = {k: v for k, v in trainer.model.state_dict().items() if "lora_" not in k}
     assert_same_weights(base_after, base_before)
     assert (trainer.output_dir / "checkpoint-1" / "model" / "adapter_model.safetensors").exists()
-
-
-def test_adamw8bit_needs_a_gpu(tiny_config):
-    from infsamp.errors import InfsampError
-
-    if torch.cuda.is_available():
-        pytest.skip("bitsandbytes runs here")
-    with pytest.raises(InfsampError, match="adamw8bit"):
-        GRPOTrainer(tiny_config(**{"training.optimizer": "adamw8bit"}))

@@ -1,10 +1,13 @@
 """Load a policy model and its tokenizer from a local HF checkpoint directory (or the embedded one).
 
-Resolves `model.name_or_path` ('embedded' -> the bundled tiny model), picks device and dtype, applies
-LoRA through peft and gradient checkpointing when asked. Every failure becomes one `ModelError` line
-naming the path. Hub ids are passed to transformers as is (they work where the hub is reachable).
+Resolves `model.name_or_path` ('embedded' -> the bundled tiny model), picks device and dtype (from the
+training precision when one is given, see `infsamp.rl.precision`), loads the base in 4-bit NF4 for
+QLoRA, applies LoRA through peft (adapters fp32 whatever the base), gradient checkpointing when asked,
+and the precision's compute context (autocast for `mixed`). Every failure becomes one `ModelError`
+line naming the path. Hub ids are passed to transformers as is (they work where the hub is reachable).
 
-Deliberately simple: one device, no sharding, no quantised loading.
+Deliberately simple: one device, no sharding; 4-bit is bitsandbytes NF4 with double quantisation,
+non-linear modules (embeddings, norms, lm_head) stay in the base dtype.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from infsamp.config import EMBEDDED_MODEL, ModelConfig
 from infsamp.errors import ModelError
 
 EMBEDDED_DIR = Path(__file__).parent / "embedded"
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def resolve_path(name_or_path: str) -> str:
@@ -49,22 +52,45 @@ def load_tokenizer(name_or_path: str):
     return tokenizer
 
 
-def load_model_and_tokenizer(cfg: ModelConfig, device: torch.device | None = None):
-    """(model, tokenizer) on `device` with cfg's dtype, LoRA and checkpointing applied."""
+def weight_kwargs(cfg: ModelConfig, device: torch.device, precision=None) -> dict:
+    """from_pretrained's dtype (and 4-bit quantisation) for `precision` (a PrecisionMode), else cfg.dtype."""
+    if precision is None:
+        return {"dtype": resolve_dtype(cfg.dtype, device)}
+    from infsamp.rl.precision import COMPUTE_DTYPE, weights_dtype
+
+    dtype = weights_dtype(precision, lora=cfg.lora_rank > 0)
+    if not cfg.load_in_4bit:
+        return {"dtype": dtype}
+    from transformers import BitsAndBytesConfig
+
+    compute = COMPUTE_DTYPE if precision.compute == "bf16" else torch.float32
+    quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                      bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=compute)
+    return {"dtype": dtype, "quantization_config": quantization, "device_map": {"": device}}
+
+
+def load_model_and_tokenizer(cfg: ModelConfig, device: torch.device | None = None, precision=None):
+    """(model, tokenizer) on `device` with the precision's dtypes (or cfg's dtype), LoRA and checkpointing."""
     device = device or resolve_device(cfg.device)
     path = resolve_path(cfg.name_or_path)
     tokenizer = load_tokenizer(cfg.name_or_path)
+    weights = weight_kwargs(cfg, device, precision)
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=resolve_dtype(cfg.dtype, device), attn_implementation=cfg.attn_implementation)
+            path, attn_implementation=cfg.attn_implementation, **weights)
     except Exception as err:
         raise ModelError(f"model.name_or_path {path!r}: cannot load model ({_first_line(err)})") from None
-    model.to(device)
+    if "device_map" not in weights:  # a quantised model is placed by from_pretrained
+        model.to(device)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
     if cfg.lora_rank > 0:
         model = apply_lora(model, cfg)
+    if precision is not None:
+        from infsamp.rl.precision import apply_compute
+
+        apply_compute(model, precision)
     return model, tokenizer
 
 

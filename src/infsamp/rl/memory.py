@@ -18,8 +18,7 @@ import torch
 
 from infsamp.config import Config
 from infsamp.planner import plan_memory, shape_from_config
-
-DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "bf16"}
+from infsamp.planner.precisions import resolve_precision_name
 
 
 @dataclass
@@ -38,14 +37,14 @@ def device_memory_bytes(device: torch.device, model: torch.nn.Module) -> int:
 
 def plan_run(cfg: Config, model: torch.nn.Module, device: torch.device) -> RunSizes:
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    dtype = DTYPE_NAMES.get(next(model.parameters()).dtype, "fp32")
     plan = plan_memory(
         shape_from_config(base.config), gpu_memory_bytes=device_memory_bytes(device, model),
         group_size=cfg.sampling.num_generations * cfg.training.prompts_per_step,  # samples decoded per step
         max_prompt=cfg.data.max_prompt_length,
         max_completion=cfg.sampling.max_new_tokens, lora_rank=cfg.model.lora_rank,
         optimizer=cfg.training.optimizer, gradient_checkpointing=cfg.model.gradient_checkpointing,
-        beta=cfg.training.beta, dtype=dtype, device="cuda" if device.type == "cuda" else "cpu",
+        beta=cfg.training.beta, precision=resolve_precision_name(cfg.training.precision, device.type),
+        load_in_4bit=cfg.model.load_in_4bit, device="cuda" if device.type == "cuda" else "cpu",
         micro_group=cfg.sampling.micro_group)
     kv = plan.kv_budget_tokens if cfg.sampling.kv_budget == "auto" and plan.micro_group > 0 else None
     tokens = cfg.training.train_micro_batch_tokens or max(plan.train_micro_batch_tokens,

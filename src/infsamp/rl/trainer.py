@@ -36,6 +36,7 @@ from infsamp.rl.evaluation import evaluate_accuracy
 from infsamp.rl.memory import plan_run
 from infsamp.rl.grpo_step import GRPOStep, Rollout, is_out_of_memory
 from infsamp.rl.optim import build_optimizer, build_scheduler
+from infsamp.rl.precision import resolve_precision
 from infsamp.rl.prompt_stream import PromptStream
 from infsamp.rl.run_log import RunLogger, plot_run
 from infsamp.sampling.length_predictor import make_predictor
@@ -89,7 +90,8 @@ class GRPOTrainer:
         seed_everything(cfg.training.seed)
         quiet_transformers()
         self.device = resolve_device(cfg.model.device)
-        self.model, self.tokenizer = load_model_and_tokenizer(cfg.model, self.device)
+        self.precision = resolve_precision(cfg, self.device)  # every precision check, before loading
+        self.model, self.tokenizer = load_model_and_tokenizer(cfg.model, self.device, self.precision)
         set_num_threads(cfg.training.num_threads, self.model, self.device)
         self.reward_funcs = reward_funcs or load_reward_functions(cfg.rewards.functions)
         self.reward_weights = cfg.rewards.weights or [1.0] * len(self.reward_funcs)
@@ -107,7 +109,7 @@ class GRPOTrainer:
                              temperature=cfg.sampling.temperature or 1.0, ref_model=self.ref_model,
                              max_completion_length=cfg.sampling.max_new_tokens,
                              micro_batch_tokens=self.sizes.train_micro_batch_tokens)
-        self.optimizer = build_optimizer(self.model, cfg.training)
+        self.optimizer = build_optimizer(self.model, cfg.training, self.precision)
         self.scheduler = build_scheduler(self.optimizer, cfg.training)
         self.step_callback = step_callback
         self.num_sampling_oom_retries = 0
@@ -141,6 +143,10 @@ class GRPOTrainer:
         if path is None:
             return
         state, blob = ckpt.load_training_state(path)
+        saved = state.get("precision", self.precision.name)
+        if saved != self.precision.name:  # the optimizer states differ between modes
+            raise InfsampError(f"checkpointing.resume {path}: saved with training.precision {saved}, this run "
+                               f"is {self.precision.name}; resume with --training.precision {saved}")
         self._load_weights(path / "model")
         self.optimizer.load_state_dict(blob["optimizer"])
         self.scheduler.load_state_dict(blob["scheduler"])
@@ -224,7 +230,8 @@ class GRPOTrainer:
             self.output_dir, self.step, model=self.model, tokenizer=self.tokenizer, optimizer=self.optimizer,
             scheduler=self.scheduler, keep_last=self.cfg.checkpointing.keep_last,
             extra={"generator": self.generator.get_state(), "predictor": self.sampler.predictor},
-            trainer_state={"data": self.stream.state_dict(), "eval_before": self.eval_before})
+            trainer_state={"data": self.stream.state_dict(), "eval_before": self.eval_before,
+                           "precision": self.precision.name})
 
     # ------------------------------------------------------------------ one step
 
@@ -236,7 +243,7 @@ class GRPOTrainer:
             logger.log_lengths(self.step + 1, groups)
         loss_metrics = self.grpo.optimize(rollout, self.optimizer, self.scheduler)
         self.step += 1
-        return {**sample_metrics, **loss_metrics, "learning_rate": self.scheduler.get_last_lr()[0],
+        return {**sample_metrics, **loss_metrics, "learning_rate": float(self.scheduler.get_last_lr()[0]),
                 "epoch": self.stream.epoch, "step_time": round(time.perf_counter() - start, 3)}
 
     def _rollout(self, batch: list[tuple[int, dict[str, Any]]]):

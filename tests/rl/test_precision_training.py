@@ -1,0 +1,82 @@
+"""Every precision mode (and 8-bit states) through the trainer: it trains, checkpoints, and a resumed run
+ends on the same weights as an uninterrupted one."""
+
+import pytest
+import torch
+
+from infsamp.errors import InfsampError
+from infsamp.rl.trainer import GRPOTrainer
+
+
+class Killed(Exception):
+    pass
+
+
+def kill_after_step_2(step, _metrics):
+    if step == 2:
+        raise Killed
+
+
+def resumed_equals_straight(make, tmp_path, **overrides) -> GRPOTrainer:
+    straight = GRPOTrainer(make(**{"logging.output_dir": str(tmp_path / "a"), **overrides}))
+    straight.train()
+    killed = make(**{"logging.output_dir": str(tmp_path / "b"), "checkpointing.save_every": 2, **overrides})
+    with pytest.raises(Killed):
+        GRPOTrainer(killed, step_callback=kill_after_step_2).train()
+    resumed = GRPOTrainer(make(**{"logging.output_dir": str(tmp_path / "b"), "checkpointing.resume": "latest",
+                                  **overrides}))
+    assert resumed.step == 2
+    resumed.train()
+    for (name, a), b in zip(straight.model.state_dict().items(), resumed.model.state_dict().values()):
+        assert torch.equal(a, b), name
+    return straight
+
+
+@pytest.mark.parametrize("overrides", [
+    {"training.precision": "mixed"},
+    {"training.precision": "bf16"},
+    {"training.precision": "bf16", "training.optimizer": "sgd"},
+    {"training.precision": "mixed", "model.lora_rank": 4, "training.beta": 0.04},
+    {"training.precision": "bf16", "model.lora_rank": 4},
+], ids=lambda o: "-".join(str(v) for v in o.values()))
+def test_mode_trains_and_resumes_exactly(tiny_config, tmp_path, overrides):
+    trainer = resumed_equals_straight(tiny_config, tmp_path, **{"eval.num_problems": 0, **overrides})
+    expected = torch.bfloat16 if overrides["training.precision"] == "bf16" else torch.float32
+    trained = [p for p in trainer.model.parameters() if p.requires_grad]
+    assert {p.dtype for p in trained} == ({torch.float32} if "model.lora_rank" in overrides else {expected})
+
+
+def test_resume_with_another_precision_is_one_line(tiny_config, tmp_path):
+    out = str(tmp_path / "run")
+    GRPOTrainer(tiny_config(**{"logging.output_dir": out, "training.max_steps": 1,
+                               "eval.num_problems": 0})).train()
+    with pytest.raises(InfsampError, match="saved with training.precision fp32, this run is bf16") as info:
+        GRPOTrainer(tiny_config(**{"logging.output_dir": out, "checkpointing.resume": "latest",
+                                   "training.precision": "bf16", "training.max_steps": 2}))
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_8bit_adamw_on_cpu_trains_and_resumes_exactly(tiny_config, tmp_path, precision):
+    """torchao's AdamW8bit on the embedded model (its large tensors get 8-bit states; the tiny test model's
+    are all under torchao's 4096-value threshold). Slow: torchao compiles its step per tensor shape."""
+    trainer = resumed_equals_straight(
+        tiny_config, tmp_path, **{"model.name_or_path": "embedded", "training.optimizer": "adamw8bit",
+                                  "training.precision": precision, "eval.num_problems": 0,
+                                  "training.learning_rate": 1e-3})
+    states = trainer.optimizer.state[trainer.model.model.layers[0].mlp.up_proj.weight]
+    assert type(states["exp_avg"]).__name__ == "OptimState8bit"
+
+
+@pytest.mark.gpu
+def test_qlora_trains_adapters_over_a_4bit_base(tiny_config, tmp_path):
+    pytest.importorskip("bitsandbytes")
+    trainer = GRPOTrainer(tiny_config(**{"model.device": "cuda", "model.load_in_4bit": True,
+                                         "model.lora_rank": 4, "training.precision": "bf16",
+                                         "training.max_steps": 2, "eval.num_problems": 2}))
+    linear = trainer.model.get_base_model().model.layers[0].mlp.up_proj.base_layer
+    assert type(linear).__name__ == "Linear4bit"
+    trainer.train()
+    adapters = [p for p in trainer.model.parameters() if p.requires_grad]
+    assert adapters and {p.dtype for p in adapters} == {torch.float32}
