@@ -41,9 +41,9 @@ def opt(default: Any, help: str, **kw: Any) -> Any:
 @dataclass
 class ModelConfig:
     name_or_path: str = opt(EMBEDDED_MODEL, "HF checkpoint directory, or 'embedded' for the bundled tiny model")
-    dtype: str = opt("auto", "weights dtype: auto (training: follows training.precision; sample and bench: "
-                     "bf16 on GPU, fp32 on CPU), fp32, bf16 (must agree with training.precision)",
-                     choices=("auto", "fp32", "bf16"))
+    dtype: str = opt("auto", "weights dtype: auto (training: follows training.precision; sample "
+                     "and bench: bf16 on GPU, fp32 on CPU), fp32, bf16 (must agree with "
+                     "training.precision)", choices=("auto", "fp32", "bf16"))
     attn_implementation: str = opt("sdpa", "attention kernel passed to transformers (sdpa, eager, flash_attention_2)")
     lora_rank: int = opt(0, "LoRA rank through peft; 0 trains all weights")
     lora_alpha: int = opt(32, "LoRA alpha")
@@ -51,13 +51,14 @@ class ModelConfig:
     lora_target_modules: list[str] = opt(["all-linear"], "modules LoRA adapts (peft names)")
     gradient_checkpointing: bool = opt(False, "recompute activations in the backward pass to save memory")
     device: str = opt("auto", "auto, cpu or cuda[:N]")
-    load_in_4bit: bool = opt(False, "QLoRA: base weights in 4-bit NF4 (bitsandbytes, CUDA only), fp32 LoRA "
-                             "adapters on top; needs model.lora_rank > 0")
+    load_in_4bit: bool = opt(False, "QLoRA: base weights in 4-bit NF4 (bitsandbytes, CUDA only), "
+                             "fp32 LoRA adapters on top; needs model.lora_rank > 0")
 
     def validate(self) -> None:
         _require(self.lora_rank >= 0, "model.lora_rank", self.lora_rank, "must be >= 0")
-        _require(not self.load_in_4bit or self.lora_rank > 0, "model.load_in_4bit", self.load_in_4bit,
-                 "trains LoRA adapters over the 4-bit base: set model.lora_rank (e.g. 16)")
+        _require(not self.load_in_4bit or self.lora_rank > 0, "model.load_in_4bit",
+                 self.load_in_4bit, "trains LoRA adapters over the 4-bit base: set "
+                 "model.lora_rank (e.g. 16)")
         if self.name_or_path != EMBEDDED_MODEL and not _looks_like_hub_id(self.name_or_path):
             _require(Path(self.name_or_path).exists(), "model.name_or_path", self.name_or_path,
                      "path does not exist")
@@ -150,8 +151,8 @@ class TrainingConfig:
     weight_decay: float = opt(0.0, "AdamW weight decay")
     adam_beta1: float = opt(0.9, "AdamW beta1")
     adam_beta2: float = opt(0.99, "AdamW beta2")
-    optimizer: str = opt("adamw", "adamw, adamw8bit (8-bit states: bitsandbytes on CUDA, torchao elsewhere "
-                         "and for bf16 weights) or sgd")
+    optimizer: str = opt("adamw", "adamw, adamw8bit (8-bit states: bitsandbytes on CUDA, torchao "
+                         "elsewhere and for bf16 weights) or sgd")
     max_grad_norm: float = opt(1.0, "gradient clipping norm (0 = off)")
     loss_type: str = opt("dapo", "token aggregation: grpo, dr_grpo, dapo, bnpo")
     scale_rewards: str = opt("group", "advantage scaling: group, batch, none")
@@ -162,9 +163,10 @@ class TrainingConfig:
     train_micro_batch_tokens: int = opt(0, "tokens per training micro-batch; 0 = auto from the planner")
     seed: int = opt(0, "seed for sampling, shuffling and initialisation")
     num_threads: int = opt(0, "torch CPU threads (0: auto, 1 on CPU for models under 50M parameters)")
-    precision: str = opt("auto", "fp32; mixed (fp32 master weights and states, bf16 autocast); bf16 (bf16 "
-                         "weights, stochastically rounded updates); bf16_lossy (plain AdamW on bf16: loses "
-                         "updates); auto: fp32 on CPU, bf16 on GPU. LoRA adapters are fp32 in every mode")
+    precision: str = opt("auto", "fp32; mixed (fp32 master weights and states, bf16 autocast); "
+                         "bf16 (bf16 weights, stochastically rounded updates); bf16_lossy (plain "
+                         "AdamW on bf16: loses updates); auto: fp32 on CPU, bf16 on GPU. LoRA "
+                         "adapters are fp32 in every mode")
 
     def validate(self) -> None:
         _require(self.num_threads >= 0, "training.num_threads", self.num_threads, "must be >= 0")
@@ -183,7 +185,8 @@ class TrainingConfig:
         _check_choice("training.scale_rewards", self.scale_rewards, "infsamp.rl.advantages", "REWARD_SCALERS")
         _require(self.optimizer in ("adamw", "adamw8bit", "sgd"), "training.optimizer", self.optimizer,
                  "must be one of adamw, adamw8bit, sgd")
-        _check_choice("training.precision", self.precision, "infsamp.planner.precisions", "PRECISION_CHOICES")
+        _check_choice("training.precision", self.precision, "infsamp.planner.precisions",
+                      "PRECISION_CHOICES")
 
 
 @dataclass

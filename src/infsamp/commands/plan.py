@@ -35,8 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gradient-checkpointing", action="store_true", help="recompute activations")
     parser.add_argument("--beta", default="0", help="KL coefficient; > 0 keeps a reference model (default 0)")
     parser.add_argument("--precision", default="auto",
-                        help=f"{' | '.join(PRECISION_CHOICES)} (default auto: the trainer's default, "
-                             "bf16 on cuda, fp32 on cpu)")
+                        help=f"{' | '.join(PRECISION_CHOICES)} (default auto: the trainer's "
+                             "default, bf16 on cuda, fp32 on cpu)")
     parser.add_argument("--load-in-4bit", action="store_true",
                         help="QLoRA: NF4 base weights (needs --lora-rank > 0 and cuda)")
     parser.add_argument("--device", default="cuda", help=f"{' | '.join(DEVICES)} (cpu: no CUDA context)")
@@ -83,7 +83,8 @@ def _read_beta(text: str) -> float:
 
 def _read_4bit(args: argparse.Namespace, lora_rank: int) -> bool:
     if args.load_in_4bit and lora_rank == 0:
-        raise ConfigError("--load-in-4bit: trains LoRA adapters over the 4-bit base: add --lora-rank 16")
+        raise ConfigError("--load-in-4bit: trains LoRA adapters over the 4-bit base: "
+                          "add --lora-rank 16")
     if args.load_in_4bit and args.device != "cuda":
         raise ConfigError("--load-in-4bit: bitsandbytes 4-bit needs --device cuda")
     return bool(args.load_in_4bit)
@@ -97,7 +98,8 @@ def run(args: argparse.Namespace) -> int:
         load_shape(args.model), gpu_memory_bytes=_read_memory(args.gpu_memory),
         optimizer=_read_choice(args.optimizer, "optimizer", OPTIMIZERS),
         precision=_read_choice(args.precision, "precision", PRECISION_CHOICES),
-        device=_read_choice(args.device, "device", DEVICES), load_in_4bit=_read_4bit(args, ints["lora_rank"]),
+        device=_read_choice(args.device, "device", DEVICES),
+        load_in_4bit=_read_4bit(args, ints["lora_rank"]),
         gradient_checkpointing=args.gradient_checkpointing, beta=_read_beta(args.beta), **ints)
     print(plan.to_json() if args.json else format_plan(plan))
     return 0

@@ -1,10 +1,11 @@
 """Load a policy model and its tokenizer from a local HF checkpoint directory (or the embedded one).
 
-Resolves `model.name_or_path` ('embedded' -> the bundled tiny model), picks device and dtype (from the
-training precision when one is given, see `infsamp.rl.precision`), loads the base in 4-bit NF4 for
-QLoRA, applies LoRA through peft (adapters fp32 whatever the base), gradient checkpointing when asked,
-and the precision's compute context (autocast for `mixed`). Every failure becomes one `ModelError`
-line naming the path. Hub ids are passed to transformers as is (they work where the hub is reachable).
+Resolves `model.name_or_path` ('embedded' -> the bundled tiny model), picks device and dtype (from
+the training precision when one is given, see `infsamp.rl.precision`), loads the base in 4-bit NF4
+for QLoRA, applies LoRA through peft (adapters fp32 whatever the base), gradient checkpointing when
+asked, and the precision's compute context (autocast for `mixed`). Every failure becomes one
+`ModelError` line naming the path. Hub ids are passed to transformers as is (they work where the
+hub is reachable).
 
 Deliberately simple: one device, no sharding; 4-bit is bitsandbytes NF4 with double quantisation,
 non-linear modules (embeddings, norms, lm_head) stay in the base dtype.
@@ -53,7 +54,8 @@ def load_tokenizer(name_or_path: str):
 
 
 def weight_kwargs(cfg: ModelConfig, device: torch.device, precision=None) -> dict:
-    """from_pretrained's dtype (and 4-bit quantisation) for `precision` (a PrecisionMode), else cfg.dtype."""
+    """from_pretrained's dtype (and 4-bit quantisation) for `precision` (a PrecisionMode), else
+    cfg.dtype."""
     if precision is None:
         return {"dtype": resolve_dtype(cfg.dtype, device)}
     from infsamp.rl.precision import COMPUTE_DTYPE, weights_dtype
@@ -65,12 +67,14 @@ def weight_kwargs(cfg: ModelConfig, device: torch.device, precision=None) -> dic
 
     compute = COMPUTE_DTYPE if precision.compute == "bf16" else torch.float32
     quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
-                                      bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=compute)
+                                      bnb_4bit_use_double_quant=True,
+                                      bnb_4bit_compute_dtype=compute)
     return {"dtype": dtype, "quantization_config": quantization, "device_map": {"": device}}
 
 
 def load_model_and_tokenizer(cfg: ModelConfig, device: torch.device | None = None, precision=None):
-    """(model, tokenizer) on `device` with the precision's dtypes (or cfg's dtype), LoRA and checkpointing."""
+    """(model, tokenizer) on `device` in the precision's dtypes (or cfg.dtype), with LoRA and
+    gradient checkpointing applied."""
     device = device or resolve_device(cfg.device)
     path = resolve_path(cfg.name_or_path)
     tokenizer = load_tokenizer(cfg.name_or_path)

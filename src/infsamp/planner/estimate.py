@@ -2,15 +2,15 @@
 
 Built on the second seed's rule of thumb (bytes per parameter: weights 2, reference 2, gradients 2, AdamW 8,
 8-bit AdamW 4) with these refinements, each stated in docs/planner.md:
-- the precision mode (`planner/precisions.py`) sets the dtype of weights, gradients, states and compute;
-  `mixed` adds the bf16 copies autocast makes of every matmul weight (alive until the backward pass);
+- the precision mode (`planner/precisions.py`) sets the dtypes of weights, gradients, states and
+  compute; `mixed` adds autocast's bf16 copies of every matmul weight (alive until the backward);
 - optimizer states follow what the code allocates: AdamW keeps exp_avg and exp_avg_sq in the
   parameter's dtype (2 x 2 B in bf16, 2 x 4 B in fp32; bf16's stochastic rounding needs no more);
   8-bit AdamW (bitsandbytes or torchao) keeps two uint8 states plus one fp32 scale per 256 values
   (~2.03 B); SGD (no momentum) keeps none (with bf16 weights: a 2 B Kahan buffer, torch-optimi);
 - LoRA adapters (peft casts them to fp32) are the only trainable parameters; the reference model is the base
-  with adapters disabled, so it costs nothing; a 4-bit base (QLoRA) stores its decoder linears in NF4
-  with double-quantised scales (~0.516 B), the rest in bf16;
+  with adapters disabled, so it costs nothing; a 4-bit base (QLoRA) stores its decoder linears in
+  NF4 with double-quantised scales (~0.516 B), the rest in bf16;
 - the training step computes log-probs in micro-batches of `train_micro_batch_tokens` padded tokens, logits
   only for completion positions, fp32 log-softmax in row chunks: activations and logits scale with the
   micro-batch, never with G. Activations are counted tensor by tensor from what autograd saves per layer;
@@ -31,11 +31,11 @@ from infsamp.planner.precisions import PRECISIONS, PrecisionMode, base_dtype
 from infsamp.planner.presets import (LORA_TARGETS_ALL_LINEAR, ModelShape, count_lora_parameters,
                                      count_parameters, embedding_parameters, linear_shapes)
 
-PARTS = ("weights", "reference", "gradients", "optimizer", "compute_copies", "activations", "logits",
-         "kv_cache", "overhead")
+PARTS = ("weights", "reference", "gradients", "optimizer", "compute_copies", "activations",
+         "logits", "kv_cache", "overhead")
 DTYPE_BYTES = {"bf16": 2, "fp32": 4}
 ADAPTER_BYTES = 4  # peft keeps LoRA weights in fp32 (autocast_adapter_dtype)
-NF4_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)  # 4-bit codes + 8-bit scale per 64 + fp32 scale per 256 scales
+NF4_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)  # codes, 8-bit scale per 64, fp32 per 256 scales
 GIB = 2**30
 
 
@@ -43,12 +43,13 @@ GIB = 2**30
 class OptimizerSpec:
     state_bytes: Callable[[int], float]  # bytes per trainable parameter, given the parameter's bytes
     step_temporaries: float  # parameter-sized temporaries during step() when run as one foreach kernel
-    kahan: bool  # keeps bf16 updates through a Kahan buffer in the parameter dtype (else rounds them)
+    kahan: bool  # keeps bf16 updates in a Kahan buffer of the parameter dtype (else: rounding)
     summary: str
 
 
 OPTIMIZERS: dict[str, OptimizerSpec] = {
-    "adamw": OptimizerSpec(lambda p: 2 * p, 1.0, False, "AdamW: exp_avg + exp_avg_sq in the parameter dtype"),
+    "adamw": OptimizerSpec(lambda p: 2 * p, 1.0, False,
+                           "AdamW: exp_avg + exp_avg_sq in the parameter dtype"),
     "adamw8bit": OptimizerSpec(lambda p: 2 + 2 * 4 / 256, 0.0, False,
                                "8-bit AdamW: 2 uint8 states + fp32 scale per 256 values"),
     "sgd": OptimizerSpec(lambda p: 0, 0.0, True, "SGD without momentum: no state"),
@@ -128,10 +129,11 @@ class PlanInputs:
 
     @property
     def num_quantized(self) -> int:
-        """Base parameters stored in NF4: every decoder-layer linear weight (QLoRA); 0 otherwise."""
+        """Base parameters stored in NF4: every decoder-layer linear weight (QLoRA); else 0."""
         if not self.load_in_4bit:
             return 0
-        return self.shape.num_hidden_layers * sum(i * o for i, o in linear_shapes(self.shape).values())
+        per_layer = sum(n_in * n_out for n_in, n_out in linear_shapes(self.shape).values())
+        return self.shape.num_hidden_layers * per_layer
 
 
 # --- per-part bytes --------------------------------------------------------------------------------
@@ -159,14 +161,15 @@ def gradients_bytes(p: PlanInputs) -> int:
 
 def optimizer_bytes(p: PlanInputs) -> int:
     spec = OPTIMIZERS[p.optimizer]
-    kahan = p.trainable_bytes if spec.kahan and p.mode.keeps_updates and p.trainable_bytes == 2 else 0
+    low = p.trainable_bytes == 2
+    kahan = p.trainable_bytes if spec.kahan and p.mode.keeps_updates and low else 0
     return int(p.num_trainable * (spec.state_bytes(p.trainable_bytes) + kahan))
 
 
 def compute_copy_bytes(p: PlanInputs) -> int:
-    """autocast's bf16 copies of fp32 matmul weights: cached for one forward, then saved for backward.
+    """autocast's bf16 copies of fp32 matmul weights: cached for a forward, saved for backward.
 
-    Full fine-tuning under `mixed`: every weight but the norms (the tied lm_head casts the embedding);
+    Full fine-tuning under `mixed`: all weights but the norms (a tied lm_head casts the embedding);
     LoRA under `mixed`: the fp32 adapters (the base is already bf16). None in the other modes.
     """
     if not p.mode.autocast:
@@ -174,14 +177,15 @@ def compute_copy_bytes(p: PlanInputs) -> int:
     if p.lora_rank > 0:
         return p.num_trainable * p.compute_bytes
     s = p.shape
-    norms = s.num_hidden_layers * (2 * s.hidden_size + (2 * s.head_dim if s.qk_norm else 0)) + s.hidden_size
+    per_layer = 2 * s.hidden_size + (2 * s.head_dim if s.qk_norm else 0)
+    norms = s.num_hidden_layers * per_layer + s.hidden_size
     return (p.num_parameters - norms) * p.compute_bytes
 
 
 def bytes_per_parameter(p: PlanInputs) -> dict[str, float]:
     """Static bytes of the mode divided by the model's parameter count (LoRA: base + adapters)."""
-    parts = dict(weights=weights_bytes(p), gradients=gradients_bytes(p), optimizer=optimizer_bytes(p),
-                 compute_copies=compute_copy_bytes(p))
+    parts = dict(weights=weights_bytes(p), gradients=gradients_bytes(p),
+                 optimizer=optimizer_bytes(p), compute_copies=compute_copy_bytes(p))
     per = {k: round(v / p.num_parameters, 3) for k, v in parts.items()}
     return {**per, "total": round(sum(parts.values()) / p.num_parameters, 3)}
 
@@ -202,10 +206,10 @@ def layer_activation_bytes_per_token(p: PlanInputs) -> int:
 
     RMSNorm: fp32 copy of its input + normalised output; attention: q, k and v repeated to all heads (a
     padding mask rules out sdpa's GQA path), output, fp32 log-sum-exp, o_proj's input copy, and the float
-    mask row sdpa converts per layer; SwiGLU: gate, silu(gate), up, their product. Matmul outputs are in
-    the compute dtype (d), the residual stream and norms in the weights' dtype (r). Under autocast with
-    fp32 weights, q/k/v/gate/up each save a bf16 copy of their fp32 input. With LoRA in a 16-bit dtype
-    peft keeps a copy of every adapted linear's input (fp32; bf16 under autocast).
+    mask row sdpa converts per layer; SwiGLU: gate, silu(gate), up, their product. Matmul outputs
+    are in the compute dtype (d), the residual stream and norms in the weights' dtype (r). Under
+    autocast with fp32 weights, q/k/v/gate/up each save a bf16 copy of their fp32 input. With LoRA
+    in a 16-bit dtype peft keeps a copy of every adapted linear's input (fp32; bf16 in autocast).
     """
     s, d, r = p.shape, p.compute_bytes, p.dtype_bytes
     norms = 2 * (4 + r) * s.hidden_size
@@ -247,7 +251,8 @@ def prefill_logits_bytes(p: PlanInputs) -> int:
 def inference_workspace_bytes(p: PlanInputs, tokens: int) -> int:
     """No-grad forward working set: one layer's intermediates for `tokens` tokens at a time."""
     s = p.shape
-    return tokens * (2 * s.hidden_size + s.q_dim + 2 * s.kv_dim + 3 * s.intermediate_size) * p.compute_bytes
+    width = 2 * s.hidden_size + s.q_dim + 2 * s.kv_dim + 3 * s.intermediate_size
+    return tokens * width * p.compute_bytes
 
 
 def completion_rows(p: PlanInputs, tokens: int) -> int:
@@ -287,9 +292,10 @@ def embedding_grad_bytes(p: PlanInputs) -> int:
 def training_moments(p: PlanInputs, micro_batch_tokens: int) -> dict[str, dict[str, int]]:
     """Dynamic bytes at the three candidate peak moments of a step (static parts excluded).
 
-    backward: all saved activations (with autocast's bf16 weight copies) + the logits' backward buffers +
-    lm_head's fresh weight gradient; end of backward: with tied embeddings lm_head's gradient waits for the embedding's, then both are
-    summed (3 x V x H), untied only the embedding's own (1 x); optimizer step: step() temporaries.
+    backward: all saved activations (with autocast's bf16 weight copies) + the logits' backward
+    buffers + lm_head's fresh weight gradient; end of backward: with tied embeddings lm_head's
+    gradient waits for the embedding's, then both are summed (3 x V x H), untied only the
+    embedding's own (1 x); optimizer step: step() temporaries.
     """
     vocab_grad = embedding_grad_bytes(p)
     tied_factor = 3 if p.shape.tie_word_embeddings else 1
@@ -311,7 +317,8 @@ def peak_training_moment(p: PlanInputs, micro_batch_tokens: int) -> tuple[str, d
 def training_breakdown(p: PlanInputs, micro_batch_tokens: int) -> dict[str, int]:
     """Bytes at the peak moment of a training step with a micro-batch of `micro_batch_tokens` tokens."""
     parts = dict(weights=weights_bytes(p), reference=reference_bytes(p), gradients=gradients_bytes(p),
-                 optimizer=optimizer_bytes(p), compute_copies=0, activations=0, logits=0, kv_cache=0)
+                 optimizer=optimizer_bytes(p), compute_copies=0, activations=0, logits=0,
+                 kv_cache=0)
     for key, value in peak_training_moment(p, micro_batch_tokens)[1].items():
         parts[key] += value
     return _with_overhead(parts, p.device)

@@ -4,7 +4,8 @@ Also the two entry points the sampler and the trainer call at run time: `auto_kv
 (`sampling.kv_budget: auto`) and `auto_train_micro_batch_tokens` (`training.train_micro_batch_tokens: 0`).
 
 Advice is not a lookup table: each switch (LoRA, 8-bit AdamW, gradient checkpointing, no reference model,
-bf16 precision, a 4-bit base) is applied to the inputs and the estimate is re-run; the smallest sets of switches that fit are named.
+bf16 precision, a 4-bit base) is applied to the inputs and the estimate is re-run; the smallest
+sets of switches that fit are named.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infsamp.config import ConfigError
-from infsamp.planner.estimate import (DEVICES, GIB, OPTIMIZERS, PlanInputs, activation_bytes_per_token,
-                                      bytes_per_parameter, compute_copy_bytes, decode_logits_bytes_per_row,
+from infsamp.planner.estimate import (DEVICES, GIB, OPTIMIZERS, PlanInputs,
+                                      activation_bytes_per_token, bytes_per_parameter,
+                                      compute_copy_bytes, decode_logits_bytes_per_row,
                                       embedding_grad_bytes, generation_breakdown,
                                       inference_workspace_bytes,
                                       kv_bytes_per_token, largest_micro_batch_sequences, largest_micro_group,
@@ -62,7 +64,8 @@ class MemoryPlan:
                     training_peak_moment=self.training_peak_moment,
                     advice=self.advice, num_parameters=self.num_parameters,
                     num_trainable_parameters=self.num_trainable_parameters,
-                    precision=self.inputs.precision, bytes_per_parameter=bytes_per_parameter(self.inputs),
+                    precision=self.inputs.precision,
+                    bytes_per_parameter=bytes_per_parameter(self.inputs),
                     model=dataclasses.asdict(self.inputs.shape), settings=settings)
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -87,10 +90,12 @@ def validate_inputs(p: PlanInputs) -> None:
     _check(p.micro_group <= p.group_size, "micro_group", p.micro_group, f"must be <= group_size {p.group_size}")
     _check(p.beta >= 0, "beta", p.beta, "must be >= 0")
     _check(p.optimizer in OPTIMIZERS, "optimizer", p.optimizer, f"must be one of {', '.join(OPTIMIZERS)}")
-    _check(p.precision in PRECISIONS, "precision", p.precision, f"must be one of {', '.join(PRECISION_CHOICES)}")
+    _check(p.precision in PRECISIONS, "precision", p.precision,
+           f"must be one of {', '.join(PRECISION_CHOICES)}")
     _check(p.device in DEVICES, "device", p.device, f"must be one of {', '.join(DEVICES)}")
     if p.load_in_4bit:
-        _check(p.lora_rank > 0, "load_in_4bit", True, "trains LoRA adapters over the 4-bit base: set a LoRA rank")
+        _check(p.lora_rank > 0, "load_in_4bit", True,
+               "trains LoRA adapters over the 4-bit base: set a LoRA rank")
         _check(p.device == "cuda", "load_in_4bit", True, "bitsandbytes 4-bit needs a CUDA GPU")
 
 
@@ -127,8 +132,8 @@ def plan_memory(shape: ModelShape, *, gpu_memory_bytes: int, group_size: int, ma
     """
     p = PlanInputs(shape, int(gpu_memory_bytes), group_size, max_prompt, max_completion, lora_rank,
                    tuple(lora_targets), optimizer, gradient_checkpointing, float(beta),
-                   resolve_precision_name(precision, device), device, shared_prompt_kv, micro_group,
-                   train_micro_batch_tokens, load_in_4bit)
+                   resolve_precision_name(precision, device), device, shared_prompt_kv,
+                   micro_group, train_micro_batch_tokens, load_in_4bit)
     validate_inputs(p)
     g, tokens = _choose(p)
     shown_g, shown_tokens = _shown_sizes(p, g, tokens)
@@ -156,8 +161,8 @@ SWITCHES: dict[str, Callable[[PlanInputs], PlanInputs | None]] = {
     "--gradient-checkpointing": _only_if(lambda p: not p.gradient_checkpointing, gradient_checkpointing=True),
     "--beta 0 (no reference model)": _only_if(lambda p: p.beta > 0 and p.lora_rank == 0, beta=0.0),
     "--precision bf16": _only_if(lambda p: p.precision in ("fp32", "mixed"), precision="bf16"),
-    "--load-in-4bit": _only_if(lambda p: p.lora_rank > 0 and not p.load_in_4bit and p.device == "cuda",
-                               load_in_4bit=True),
+    "--load-in-4bit": _only_if(lambda p: p.lora_rank > 0 and p.device == "cuda"
+                               and not p.load_in_4bit, load_in_4bit=True),
 }
 
 
@@ -228,9 +233,9 @@ def auto_kv_budget_tokens(shape: ModelShape, free_bytes: int, *, dtype: str = "b
     `free_bytes`: memory the sampler may use now, with weights (and optimizer states, which stay resident
     between steps) already subtracted; the runtime context is assumed already paid.
     """
-    precision = "fp32" if dtype == "fp32" else "bf16"  # a mode whose weights (and KV) are in `dtype`
-    p = PlanInputs(shape, 1, max(max_micro_group, 1), max(prefill_tokens, 1), 1, precision=precision,
-                   device=device)
+    precision = "fp32" if dtype == "fp32" else "bf16"  # a mode whose weights and KV are in dtype
+    p = PlanInputs(shape, 1, max(max_micro_group, 1), max(prefill_tokens, 1), 1,
+                   precision=precision, device=device)
     workspace = (max_micro_group * decode_logits_bytes_per_row(p)
                  + inference_workspace_bytes(p, max(prefill_tokens, max_micro_group)))
     usable = free_bytes / (1 + DEVICES[device].fragmentation) - workspace

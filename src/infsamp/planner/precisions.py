@@ -1,16 +1,17 @@
 """Precision modes (the registry of names): which dtype each tensor of a training run is kept in.
 
-    mode        trained weights  gradients  optimizer states  updates              matmuls  AdamW bytes/param
-    fp32        fp32             fp32       fp32              exact                fp32     4 + 4 + 8 = 16
-    mixed       fp32 (master)    fp32       fp32              exact                bf16 *   4 + 4 + 8 (+2 copies)
-    bf16        bf16             bf16       bf16              stochastic rounding  bf16     2 + 2 + 4 = 8
-    bf16_lossy  bf16             bf16       bf16              round to nearest     bf16     2 + 2 + 4 = 8
-    (* autocast)
+    mode        weights        grads  AdamW states  updates              matmuls  AdamW B/param
+    fp32        fp32           fp32   fp32          exact                fp32     4 + 4 + 8 = 16
+    mixed       fp32 (master)  fp32   fp32          exact                bf16 *   4 + 4 + 8 (+2)
+    bf16        bf16           bf16   bf16          stochastic rounding  bf16     2 + 2 + 4 = 8
+    bf16_lossy  bf16           bf16   bf16          round to nearest     bf16     2 + 2 + 4 = 8
+    (* autocast, which adds 2 bytes of bf16 weight copies while a forward/backward runs)
 
-With LoRA the adapters and their optimizer states are fp32 in every mode; the frozen base is fp32 in
-`fp32` mode and bf16 in the others (or NF4 with `model.load_in_4bit`). `auto` is fp32 on a CPU and
-bf16 on a GPU: of the modes whose updates follow an fp32 run (docs/benchmarks.md, "Precision modes"),
-bf16 needs the fewest bytes. `bf16_lossy` exists as the negative control: most updates round away.
+With LoRA the adapters and their optimizer states are fp32 in every mode; the frozen base is fp32
+in `fp32` mode and bf16 in the others (or NF4 with `model.load_in_4bit`). `auto` is fp32 on a CPU
+and bf16 on a GPU: of the modes whose updates follow an fp32 run (docs/benchmarks.md, "Precision
+modes"), bf16 needs the fewest bytes. `bf16_lossy` is the negative control: most updates round
+away.
 
 Pure Python, shared by the planner (bytes) and `infsamp.rl.precision` (dtypes, autocast, checks).
 Deliberately simple: bf16 is the only 16-bit type (no fp16 and its loss scaling).

@@ -49,8 +49,8 @@ def header_lines(plan: MemoryPlan) -> list[str]:
         f"model {p.shape.name}: {format_count(plan.num_parameters)} parameters, "
         f"{format_count(plan.num_trainable_parameters)} trainable ({training})",
         precision_line(plan),
-        f"{p.dtype} weights on {p.device} with {p.gpu_memory_bytes / GIB:.2f} GiB; G = {p.group_size}, prompt <= "
-        f"{p.max_prompt}, completion <= {p.max_completion} tokens",
+        f"{p.dtype} weights on {p.device} with {p.gpu_memory_bytes / GIB:.2f} GiB; "
+        f"G = {p.group_size}, prompt <= {p.max_prompt}, completion <= {p.max_completion} tokens",
         f"optimizer {p.optimizer}, {reference}, gradient checkpointing "
         f"{'on' if p.gradient_checkpointing else 'off'}",
     ]

@@ -43,7 +43,8 @@ def plan_run(cfg: Config, model: torch.nn.Module, device: torch.device) -> RunSi
         max_prompt=cfg.data.max_prompt_length,
         max_completion=cfg.sampling.max_new_tokens, lora_rank=cfg.model.lora_rank,
         optimizer=cfg.training.optimizer, gradient_checkpointing=cfg.model.gradient_checkpointing,
-        beta=cfg.training.beta, precision=resolve_precision_name(cfg.training.precision, device.type),
+        beta=cfg.training.beta,
+        precision=resolve_precision_name(cfg.training.precision, device.type),
         load_in_4bit=cfg.model.load_in_4bit, device="cuda" if device.type == "cuda" else "cpu",
         micro_group=cfg.sampling.micro_group)
     kv = plan.kv_budget_tokens if cfg.sampling.kv_budget == "auto" and plan.micro_group > 0 else None

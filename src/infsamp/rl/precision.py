@@ -8,13 +8,14 @@ module adds what needs torch:
   again by the trainer before the model loads);
 - `weights_dtype(mode, lora)`: the dtype the model is loaded in (`model.dtype` is derived from the
   precision: `auto`, or the same dtype spelled out; anything else is refused);
-- `compute_context(mode, device)`: THE context manager for compute (bf16 autocast in `mixed`, nothing
-  in the other modes), and `apply_compute(model, mode)`, which wraps the model's forward in it (as
-  accelerate does) so every forward (training, log-prob passes, sampling, `generate` in evaluation)
-  computes in bf16 while the master weights stay fp32. The autocast cache lives for one forward.
+- `compute_context(mode, device)`: THE context manager for compute (bf16 autocast in `mixed`,
+  nothing in the other modes), and `apply_compute(model, mode)`, which wraps the model's forward in
+  it (as accelerate does) so every forward (training, log-prob passes, sampling, `generate` in
+  evaluation) computes in bf16 while the master weights stay fp32. The autocast cache lives for one
+  forward, so an optimizer step between two forwards is always seen.
 
-Deliberately simple: bf16 only; the CPU bf16 check is functional (torch emulates bf16 on CPUs without
-native bf16 instructions: correct, but slower than fp32).
+Deliberately simple: bf16 only; the CPU bf16 check is functional (torch emulates bf16 on CPUs
+without native bf16 instructions: correct, but slower than fp32).
 """
 
 from __future__ import annotations
@@ -49,8 +50,8 @@ def compute_context(mode: PrecisionMode, device_type: str):
 
 
 def apply_compute(model: torch.nn.Module, mode: PrecisionMode) -> torch.nn.Module:
-    """Run the model's forward inside `compute_context` (the innermost transformers model, so peft's
-    wrappers, `generate` and a deepcopy all go through it)."""
+    """Run the model's forward inside `compute_context` (the innermost transformers model, so
+    peft's wrappers, `generate` and a deepcopy all go through it)."""
     if not mode.autocast:
         return model
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -61,7 +62,7 @@ def apply_compute(model: torch.nn.Module, mode: PrecisionMode) -> torch.nn.Modul
         with compute_context(mode, self.device.type):
             return forward(self, *args, **kwargs)
 
-    base.forward = types.MethodType(forward_in_compute_dtype, base)  # deepcopy rebinds it to the copy
+    base.forward = types.MethodType(forward_in_compute_dtype, base)  # a deepcopy rebinds it
     return model
 
 
@@ -81,7 +82,8 @@ def cpu_computes_bf16() -> bool:
 
 
 def cpu_has_native_bf16() -> bool:
-    return torch.backends.mkldnn.is_available() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    mkldnn = torch.backends.mkldnn.is_available()
+    return mkldnn and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def has_module(name: str) -> bool:
@@ -95,7 +97,8 @@ def resolve_precision(cfg: Config, device: torch.device | None = None) -> Precis
     device = device or resolve_device(cfg.model.device)
     name = cfg.training.precision
     if name not in PRECISION_CHOICES:
-        raise ConfigError(f"training.precision: must be one of {', '.join(PRECISION_CHOICES)} (got {name!r})")
+        raise ConfigError(f"training.precision: must be one of {', '.join(PRECISION_CHOICES)} "
+                          f"(got {name!r})")
     mode = PRECISIONS[resolve_precision_name(name, device.type)]
     lora = cfg.model.lora_rank > 0
     _check_model_dtype(cfg, mode, lora)
@@ -110,22 +113,23 @@ def _check_model_dtype(cfg: Config, mode: PrecisionMode, lora: bool) -> None:
     wanted = base_dtype(mode, lora)
     if cfg.model.dtype not in ("auto", wanted):
         what = "the frozen LoRA base" if lora else "the trained weights"
-        raise ConfigError(f"model.dtype {cfg.model.dtype}: training.precision {mode.name} keeps {what} in "
-                          f"{wanted}; leave model.dtype auto (it follows training.precision)")
+        raise ConfigError(f"model.dtype {cfg.model.dtype}: training.precision {mode.name} keeps "
+                          f"{what} in {wanted}; leave model.dtype auto (it follows "
+                          "training.precision)")
 
 
 def _check_device(cfg: Config, mode: PrecisionMode, device: torch.device) -> None:
     if cfg.model.load_in_4bit and device.type != "cuda":
-        raise ConfigError("model.load_in_4bit: bitsandbytes NF4 needs a CUDA GPU; on a CPU train LoRA "
-                          "without it (model.load_in_4bit false)")
+        raise ConfigError("model.load_in_4bit: bitsandbytes NF4 needs a CUDA GPU; on a CPU train "
+                          "LoRA without it (model.load_in_4bit false)")
     uses_bf16 = "bf16" in (mode.compute, base_dtype(mode, cfg.model.lora_rank > 0))
     if device.type == "cpu" and uses_bf16:
         if not cpu_computes_bf16():
-            raise ConfigError(f"training.precision {mode.name}: this CPU / torch build cannot compute in "
-                              "bf16; use training.precision fp32")
+            raise ConfigError(f"training.precision {mode.name}: this CPU / torch build cannot "
+                              "compute in bf16; use training.precision fp32")
         if not cpu_has_native_bf16():
-            warnings.warn(f"training.precision {mode.name}: this CPU has no native bf16 (AVX512-BF16 or "
-                          "AMX); torch emulates it, slower than fp32")
+            warnings.warn(f"training.precision {mode.name}: this CPU has no native bf16 "
+                          "(AVX512-BF16 or AMX); torch emulates it, slower than fp32")
 
 
 def _check_libraries(cfg: Config, mode: PrecisionMode, lora: bool, device: torch.device) -> None:
@@ -135,19 +139,19 @@ def _check_libraries(cfg: Config, mode: PrecisionMode, lora: bool, device: torch
     keep_bf16 = mode.keeps_updates and mode.weights == "bf16" and not lora
     optimizer = cfg.training.optimizer
     if optimizer == "sgd" and keep_bf16 and not has_module("optimi"):
-        raise ConfigError(f"training.precision {mode.name}: bf16 SGD keeps its updates with torch-optimi "
-                          "(pip install 'infsamp[lowprec]'), or use training.precision mixed")
+        raise ConfigError(f"training.precision {mode.name}: bf16 SGD keeps its updates with "
+                          "torch-optimi (pip install 'infsamp[lowprec]'); or training.precision "
+                          "mixed")
     bnb = device.type == "cuda" and (lora or mode.weights == "fp32") and has_module("bitsandbytes")
-    torchao = (optimizer == "adamw" and keep_bf16) or (optimizer == "adamw8bit" and not bnb)
-    if torchao:
-        _check_torchao(f"training.precision {mode.name}" if optimizer == "adamw" else
-                       "training.optimizer adamw8bit", device)
+    if optimizer == "adamw" and keep_bf16:
+        _check_torchao(f"training.precision {mode.name}", "training.precision mixed", device)
+    if optimizer == "adamw8bit" and not bnb:
+        _check_torchao("training.optimizer adamw8bit", "training.optimizer adamw", device)
 
 
-def _check_torchao(option: str, device: torch.device) -> None:
+def _check_torchao(option: str, other: str, device: torch.device) -> None:
     if not has_module("torchao"):
-        raise ConfigError(f"{option}: needs torchao (pip install 'infsamp[lowprec]'), "
-                          "or use training.precision mixed")
+        raise ConfigError(f"{option}: needs torchao (pip install 'infsamp[lowprec]'); or {other}")
     if device.type == "cpu" and not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
-        raise ConfigError(f"{option}: torchao compiles its optimizer step and needs a C++ compiler on a "
-                          "CPU (install g++), or use training.precision fp32")
+        raise ConfigError(f"{option}: torchao compiles its optimizer step and needs a C++ "
+                          f"compiler on a CPU (install g++); or {other}")

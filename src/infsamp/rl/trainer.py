@@ -90,8 +90,9 @@ class GRPOTrainer:
         seed_everything(cfg.training.seed)
         quiet_transformers()
         self.device = resolve_device(cfg.model.device)
-        self.precision = resolve_precision(cfg, self.device)  # every precision check, before loading
-        self.model, self.tokenizer = load_model_and_tokenizer(cfg.model, self.device, self.precision)
+        self.precision = resolve_precision(cfg, self.device)  # its checks run before loading
+        self.model, self.tokenizer = load_model_and_tokenizer(cfg.model, self.device,
+                                                              self.precision)
         set_num_threads(cfg.training.num_threads, self.model, self.device)
         self.reward_funcs = reward_funcs or load_reward_functions(cfg.rewards.functions)
         self.reward_weights = cfg.rewards.weights or [1.0] * len(self.reward_funcs)
@@ -145,8 +146,9 @@ class GRPOTrainer:
         state, blob = ckpt.load_training_state(path)
         saved = state.get("precision", self.precision.name)
         if saved != self.precision.name:  # the optimizer states differ between modes
-            raise InfsampError(f"checkpointing.resume {path}: saved with training.precision {saved}, this run "
-                               f"is {self.precision.name}; resume with --training.precision {saved}")
+            raise InfsampError(f"checkpointing.resume {path}: saved with training.precision "
+                               f"{saved}, this run is {self.precision.name}; resume with "
+                               f"--training.precision {saved}")
         self._load_weights(path / "model")
         self.optimizer.load_state_dict(blob["optimizer"])
         self.scheduler.load_state_dict(blob["scheduler"])
@@ -243,7 +245,8 @@ class GRPOTrainer:
             logger.log_lengths(self.step + 1, groups)
         loss_metrics = self.grpo.optimize(rollout, self.optimizer, self.scheduler)
         self.step += 1
-        return {**sample_metrics, **loss_metrics, "learning_rate": float(self.scheduler.get_last_lr()[0]),
+        learning_rate = float(self.scheduler.get_last_lr()[0])  # torchao keeps it as a tensor
+        return {**sample_metrics, **loss_metrics, "learning_rate": learning_rate,
                 "epoch": self.stream.epoch, "step_time": round(time.perf_counter() - start, 3)}
 
     def _rollout(self, batch: list[tuple[int, dict[str, Any]]]):

@@ -59,7 +59,8 @@ class SlotKVCache:
         self.group_rows[group_id] = len(self.prompt_lengths)
         self.prompt_lengths.append(keys[0].shape[2])
         self.prompt_keys = [_append_row(t, k.to(t.dtype)) for t, k in zip(self.prompt_keys, keys)]
-        self.prompt_values = [_append_row(t, v.to(t.dtype)) for t, v in zip(self.prompt_values, values)]
+        self.prompt_values = [_append_row(t, v.to(t.dtype))
+                              for t, v in zip(self.prompt_values, values)]
 
     def drop_prompt(self, group_id: int) -> None:
         row = self.group_rows.pop(group_id)
@@ -100,7 +101,7 @@ class SlotKVCache:
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, **_: Any):
         """Write the step's K/V [S, H, 1, D] at each slot's column; return prompt + slot K/V to attend."""
         slot_k, slot_v = self.slot_keys[layer_idx], self.slot_values[layer_idx]
-        # under autocast (precision mixed) K/V arrive in bf16 or fp32; the cache keeps the weights' dtype
+        # under autocast (precision mixed) K/V come in bf16 or fp32: store the cache's dtype
         slot_k[self.slot_index, :, self.write_index] = key_states[:, :, 0].to(slot_k.dtype)
         slot_v[self.slot_index, :, self.write_index] = value_states[:, :, 0].to(slot_v.dtype)
         keys = self._with_prompt(self.prompt_keys[layer_idx], slot_k[:, :, : self.width])
