@@ -19,11 +19,13 @@ since compensated updates only reach the bf16 weights once their buffer carries 
     python benchmarks/precision.py            # modes + both bf16 optimizers, 10/100/300 steps
     python benchmarks/precision.py --steps 10,100 --modes fp32,bf16
     python benchmarks/precision.py --device cuda        # the same on a GPU (wall time per step)
+    python benchmarks/precision.py --gemm               # this CPU's matmul speed in fp32 and bf16
 
-Besides the modes, `bf16_sr` runs torchao's `_AdamW(bf16_stochastic_round=True)` on bf16 weights:
-the alternative to torch-optimi's Kahan summation that `bf16` uses (how they compare decided it).
+Besides the modes, `bf16_kahan` runs torch-optimi's `AdamW(kahan_sum=True)` on bf16 weights: the
+alternative to the torchao stochastic rounding that `bf16` uses (how they compare decided it).
 Deliberately simple: one process; on the CPU one thread and the process's CPU time per step
-(steadier than wall time on a shared machine), on a GPU synchronised wall time.
+(steadier than wall time on a shared machine), on a GPU synchronised wall time; the first step
+(torchao compiles there) in wall time.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ LEARNING_RATE = 1e-6
 PROMPT = "2921+44575=?\n"
 RIGHT = "<answer>47496</answer>"
 WRONG = "<answer>47396</answer>"
-CANDIDATES = {"bf16_sr": "bf16"}  # extra optimizers compared in a mode's dtypes
+CANDIDATES = {"bf16_kahan": "bf16"}  # extra optimizers compared in a mode's dtypes
 
 
 def config(mode: str, device: str):
@@ -75,13 +77,13 @@ def forward_weights(model, mode: str) -> torch.Tensor:
 
 
 def make_optimizer(model, cfg, precision, mode: str):
-    if mode == "bf16_sr":
-        from torchao.optim import _AdamW
+    if mode == "bf16_kahan":
+        from optimi import AdamW
 
         params = [p for p in model.parameters() if p.requires_grad]
         betas = (cfg.training.adam_beta1, cfg.training.adam_beta2)
-        return _AdamW(params, lr=LEARNING_RATE, betas=betas, eps=1e-8, weight_decay=0.0,
-                      bf16_stochastic_round=True)
+        return AdamW(params, lr=LEARNING_RATE, betas=betas, eps=1e-8, weight_decay=0.0,
+                     kahan_sum=True)
     return build_optimizer(model, cfg.training, precision)
 
 
@@ -110,15 +112,16 @@ def train_updates(mode: str, steps: list[int], device: str = "cpu") -> dict:
     rollout = fixed_rollout(tokenizer)
     grpo = GRPOStep(model, cfg.training, pad_token_id=tokenizer.pad_token_id, temperature=1.0,
                     max_completion_length=max(len(c) for c in rollout.completion_ids))
-    start, deltas, times = forward_weights(model, mode), {}, []
+    start, deltas, times, first_wall = forward_weights(model, mode), {}, [], 0.0
     for step in range(1, max(steps) + 1):
-        begin = clock(where)
+        begin, wall = clock(where), time.perf_counter()
         grpo.optimize(rollout, optimizer, scheduler)
         times.append(clock(where) - begin)
+        first_wall = time.perf_counter() - wall if step == 1 else first_wall
         if step in steps:
             deltas[step] = forward_weights(model, mode) - start
     steady = times[1:] or times
-    return {"deltas": deltas, "first_step_s": times[0],
+    return {"deltas": deltas, "first_step_s": first_wall,
             "step_ms": 1000 * sum(steady) / len(steady), "state_bytes": state_bytes(optimizer)}
 
 
@@ -133,18 +136,33 @@ def compare(delta: torch.Tensor, reference: torch.Tensor) -> dict:
             "changed": float((delta != 0).double().mean())}
 
 
+def gemm_gflops(dtype: torch.dtype, repeats: int = 3) -> float:
+    """Throughput of a 512x1024 @ 1024x1024 matmul on the CPU (one thread), GFLOP/s."""
+    a, b = torch.randn(512, 1024, dtype=dtype), torch.randn(1024, 1024, dtype=dtype)
+    a @ b
+    start = time.process_time()
+    for _ in range(repeats):
+        a @ b
+    return 2 * 512 * 1024 * 1024 * repeats / (time.process_time() - start) / 1e9
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", default="10,100,300")
     parser.add_argument("--modes", default=",".join([*PRECISIONS, *CANDIDATES]))
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--gemm", action="store_true", help="only time fp32 and bf16 matmuls")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    if args.gemm:
+        for dtype in (torch.float32, torch.bfloat16):
+            print(f"{dtype}: {gemm_gflops(dtype):.2f} GFLOP/s")
+        return 0
     steps = [int(s) for s in args.steps.split(",")]
     reference = train_updates("fp32", steps, args.device)
     kind = "GPU" if args.device.startswith("cuda") else "CPU"
     print(f"| mode | steps | follow ratio | relative error | weights changed | {kind} ms/step "
-          f"| first step {kind} s | optimizer state MiB |")
+          "| first step wall s | optimizer state MiB |")
     print("|---|---|---|---|---|---|---|---|")
     for mode in args.modes.split(","):
         result = reference if mode == "fp32" else train_updates(mode, steps, args.device)
