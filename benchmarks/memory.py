@@ -10,13 +10,13 @@ with random weights (no download): the embedded tiny Llama and real shapes (some
     python benchmarks/memory.py --device cuda   # GPU cases: qwen3-0.6b and qwen3-1.7b shapes in bf16
     python benchmarks/memory.py --case embedded --phase train   # one measurement
     python benchmarks/memory.py --quick --precision fp32,mixed,bf16   # each precision mode
-    python benchmarks/memory.py --device cuda --precision all         # the GPU script (QLoRA case too)
+    python benchmarks/memory.py --device cuda --precision all         # GPU, with the QLoRA case
 
 Sampling goes through the project's GroupSampler (continuous policy, g slots, shared prompt KV, every
 completion forced to max length by disabling EOS). The training step lives in `measure_training_step`:
-token-budget micro-batches of infsamp.rl.logprobs, the GRPO loss of infsamp.rl.losses, backward, and the
-optimizer the trainer builds for the precision mode (`build_optimizer`); the model is built in the mode's
-dtype with its compute context (`apply_compute`), as `load_model_and_tokenizer` does.
+token-budget micro-batches of infsamp.rl.logprobs, the GRPO loss of infsamp.rl.losses, backward,
+and the optimizer the trainer builds for the precision mode (`build_optimizer`); the model is built
+in the mode's dtype with its compute context (`apply_compute`), as `load_model_and_tokenizer` does.
 
 Deliberately simple: one prompt per step; completions all of maximum length (the worst case the planner
 sizes for); random token ids.
@@ -87,8 +87,8 @@ CASES: dict[str, Case] = {
     "gpu-qwen3-1.7b": Case("qwen3-1.7b", group_size=32, micro_group=32, max_prompt=256, max_completion=1024,
                            train_sequences=4, device="cuda"),
     "gpu-qwen3-1.7b-qlora": Case("qwen3-1.7b", group_size=32, micro_group=32, max_prompt=256,
-                                 max_completion=1024, train_sequences=4, device="cuda", lora_rank=16,
-                                 load_in_4bit=True),
+                                 max_completion=1024, train_sequences=4, device="cuda",
+                                 lora_rank=16, load_in_4bit=True),
 }
 PRECISION_MODES = ("fp32", "mixed", "bf16")  # --precision all (bf16_lossy has bf16's bytes)
 PHASES = ("sample", "train")
@@ -132,7 +132,7 @@ def hf_config(shape: ModelShape):
 
 
 def build_model(case: Case, precision: str):
-    """Random weights in the mode's dtype, LoRA / 4-bit as the case says, the mode's compute context."""
+    """Random weights in the mode's dtype, LoRA / 4-bit as the case says, its compute context."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -250,7 +250,7 @@ def run_child(name: str, phase: str, precision: str) -> dict:
     import transformers  # noqa: F401
 
     micro = dataclasses.replace(MICRO_CASE, device=case.device)
-    run_phase(micro, phase, PeakMeter(case.device), precision)  # lazily imported code before the baseline
+    run_phase(micro, phase, PeakMeter(case.device), precision)  # lazy imports before the baseline
     gc.collect()
     meter = PeakMeter(case.device)
     start = time.perf_counter()
@@ -268,8 +268,8 @@ def run_phase(case: Case, phase: str, meter: PeakMeter, precision: str) -> None:
 
 
 def train_phase(model, case: Case, meter: PeakMeter, precision: str) -> None:
-    """A warm-up step on one short sequence creates the optimizer states (and compiles torchao's step);
-    then the measured step."""
+    """A warm-up step on one short sequence creates the optimizer states (and compiles torchao's
+    step); then the measured step."""
     from infsamp.config import TrainingConfig
     from infsamp.planner import PRECISIONS
     from infsamp.rl.optim import build_optimizer
@@ -292,8 +292,8 @@ def planned_bytes(case: Case, phase: str, precision: str) -> int:
     plan = plan_memory(case_shape(case), gpu_memory_bytes=NO_LIMIT, group_size=case.group_size,
                        max_prompt=case.max_prompt, max_completion=case.max_completion,
                        micro_group=case.micro_group, train_micro_batch_tokens=case.train_micro_batch_tokens,
-                       optimizer="adamw", precision=precision, device=case.device, lora_rank=case.lora_rank,
-                       load_in_4bit=case.load_in_4bit)
+                       optimizer="adamw", precision=precision, device=case.device,
+                       lora_rank=case.lora_rank, load_in_4bit=case.load_in_4bit)
     parts = plan.generation if phase == "sample" else plan.training
     absent = parts["optimizer"] if phase == "sample" else 0  # sampling alone builds no optimizer
     # torch.cuda.max_memory_allocated excludes the CUDA context and the allocator's slack
@@ -306,7 +306,8 @@ def default_precision(case: Case) -> str:
 
 def measure(name: str, phase: str, precision: str, default_malloc: bool = False) -> dict:
     """Run one measurement in a fresh interpreter."""
-    command = [sys.executable, __file__, "--child", "--case", name, "--phase", phase, "--precision", precision]
+    command = [sys.executable, __file__, "--child", "--case", name, "--phase", phase,
+               "--precision", precision]
     env = {**os.environ, **({} if default_malloc else FIXED_MMAP_THRESHOLD)}
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env)
     if done.returncode != 0:
@@ -333,7 +334,8 @@ def table_row(name: str, phase: str, precision: str, result: dict) -> str:
         return f"{start} error: {result['error']} | | | |"
     measured = result["measured_bytes"]
     error = 100.0 * (planned - measured) / measured
-    return f"{start} {measured / MIB:,.0f} | {planned / MIB:,.0f} | {error:+.1f}% | {result['seconds']} |"
+    return (f"{start} {measured / MIB:,.0f} | {planned / MIB:,.0f} | {error:+.1f}% | "
+            f"{result['seconds']} |")
 
 
 def precisions_for(case: Case, choice: str) -> list[str]:
@@ -351,8 +353,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--case", choices=sorted(CASES), help="one case")
     parser.add_argument("--phase", choices=PHASES, help="one phase")
     parser.add_argument("--precision", default="",
-                        help="comma-separated modes (fp32, mixed, bf16, bf16_lossy) or all; default: the "
-                             "device's default (cpu fp32, cuda bf16)")
+                        help="comma-separated modes (fp32, mixed, bf16, bf16_lossy) or all; "
+                             "default: the device's default (cpu fp32, cuda bf16)")
     parser.add_argument("--default-malloc", action="store_true",
                         help="keep glibc's adaptive mmap threshold (resident set then includes freed heap)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -362,7 +364,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     names = [args.case] if args.case else [n for n, c in CASES.items()
                                            if c.device == args.device and (c.quick or not args.quick)]
-    print("| case | params | precision | phase | setting | measured MiB | planned MiB | error | s |")
+    print("| case | params | precision | phase | setting | measured MiB | planned MiB | error "
+          "| s |")
     print("|---|---|---|---|---|---|---|---|---|")
     for name in names:
         for precision in precisions_for(CASES[name], args.precision):

@@ -106,7 +106,7 @@ def train_updates(mode: str, steps: list[int], device: str = "cpu") -> dict:
     cfg = config(mode, device)
     where = torch.device(device)
     precision = resolve_precision(cfg, where)
-    model, tokenizer = load_model_and_tokenizer(cfg.model, where, precision)
+    model, tokenizer = load_model_and_tokenizer(cfg.model, where, precision=precision)
     optimizer = make_optimizer(model, cfg, precision, mode)
     scheduler = build_scheduler(optimizer, cfg.training)
     rollout = fixed_rollout(tokenizer)

@@ -20,7 +20,7 @@ BF16, FP32 = torch.bfloat16, torch.float32
 
 def load(tiny_model_dir, mode: str, lora_rank: int = 0):
     cfg = ModelConfig(name_or_path=str(tiny_model_dir), lora_rank=lora_rank, device="cpu")
-    model, _ = load_model_and_tokenizer(cfg, CPU, PRECISIONS[mode])
+    model, _ = load_model_and_tokenizer(cfg, CPU, precision=PRECISIONS[mode])
     return model
 
 

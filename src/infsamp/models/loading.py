@@ -20,6 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from infsamp.config import EMBEDDED_MODEL, ModelConfig
 from infsamp.errors import ModelError
+from infsamp.models.device import resolve_device  # noqa: F401  (callers import it from here)
 
 EMBEDDED_DIR = Path(__file__).parent / "embedded"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -27,12 +28,6 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 def resolve_path(name_or_path: str) -> str:
     return str(EMBEDDED_DIR) if name_or_path == EMBEDDED_MODEL else name_or_path
-
-
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
@@ -72,7 +67,8 @@ def weight_kwargs(cfg: ModelConfig, device: torch.device, precision=None) -> dic
     return {"dtype": dtype, "quantization_config": quantization, "device_map": {"": device}}
 
 
-def load_model_and_tokenizer(cfg: ModelConfig, device: torch.device | None = None, precision=None):
+def load_model_and_tokenizer(cfg: ModelConfig, device: torch.device | None = None, *,
+                             precision=None):
     """(model, tokenizer) on `device` in the precision's dtypes (or cfg.dtype), with LoRA and
     gradient checkpointing applied."""
     device = device or resolve_device(cfg.device)

@@ -24,7 +24,6 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
-from transformers import get_scheduler
 
 from infsamp.config import TrainingConfig
 from infsamp.errors import InfsampError
@@ -88,6 +87,8 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainingConfig,
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainingConfig):
+    from transformers import get_scheduler  # here: config validation imports this module early
+
     num_warmup = int(round(cfg.warmup_ratio * cfg.max_steps))
     try:
         return get_scheduler(cfg.lr_scheduler, optimizer, num_warmup_steps=num_warmup,

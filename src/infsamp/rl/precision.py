@@ -30,6 +30,7 @@ import warnings
 import torch
 
 from infsamp.config import Config, ConfigError
+from infsamp.models.device import resolve_device
 from infsamp.planner.precisions import PRECISION_CHOICES, PRECISIONS, PrecisionMode, base_dtype
 from infsamp.planner.precisions import resolve_precision_name
 
@@ -92,8 +93,6 @@ def has_module(name: str) -> bool:
 
 def resolve_precision(cfg: Config, device: torch.device | None = None) -> PrecisionMode:
     """The run's precision mode, after every check (one ConfigError line each)."""
-    from infsamp.models.loading import resolve_device
-
     device = device or resolve_device(cfg.model.device)
     name = cfg.training.precision
     if name not in PRECISION_CHOICES:

@@ -92,7 +92,7 @@ class GRPOTrainer:
         self.device = resolve_device(cfg.model.device)
         self.precision = resolve_precision(cfg, self.device)  # its checks run before loading
         self.model, self.tokenizer = load_model_and_tokenizer(cfg.model, self.device,
-                                                              self.precision)
+                                                              precision=self.precision)
         set_num_threads(cfg.training.num_threads, self.model, self.device)
         self.reward_funcs = reward_funcs or load_reward_functions(cfg.rewards.functions)
         self.reward_weights = cfg.rewards.weights or [1.0] * len(self.reward_funcs)
