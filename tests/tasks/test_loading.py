@@ -1,4 +1,4 @@
-"""load_examples (embedded, local JSONL/JSON, hub) and render_prompt (chat template or plain text)."""
+"""load_examples (embedded, local JSONL/JSON/TXT, folders, hub) and load_splits (held-out rows)."""
 
 import json
 import sys
@@ -8,8 +8,7 @@ import pytest
 
 from infsamp.config import DataConfig
 from infsamp.errors import DataError
-from infsamp.tasks.loading import (build_prompt, completion_for_rewards, load_examples, prompt_for_rewards,
-                                   render_prompt, uses_chat_template)
+from infsamp.tasks.loading import load_examples, load_splits
 
 def write_jsonl(path, rows):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -89,7 +88,14 @@ def test_bad_json_file_names_line(tmp_path):
         load_examples(DataConfig(dataset=str(tmp_path / "d.json")), "train")
 
 
-def test_hub_dataset_is_loaded_through_datasets(monkeypatch):
+@pytest.fixture
+def hub_answers(monkeypatch):
+    import infsamp.hub
+
+    monkeypatch.setattr(infsamp.hub, "_endpoint_answers", lambda: True)
+
+
+def test_hub_dataset_is_loaded_through_datasets(monkeypatch, hub_answers):
     import datasets
 
     seen = {}
@@ -105,7 +111,7 @@ def test_hub_dataset_is_loaded_through_datasets(monkeypatch):
     assert examples[0]["prompt"] == "How many?" and examples[0]["answer"] == "12"
 
 
-def test_hub_failure_is_one_line(monkeypatch):
+def test_hub_failure_is_one_line(monkeypatch, hub_answers):
     import datasets
 
     def failing(*args, **kwargs):
@@ -115,35 +121,3 @@ def test_hub_failure_is_one_line(monkeypatch):
     with pytest.raises(DataError) as info:
         load_examples(DataConfig(dataset="openai/gsm8k", dataset_config="main"), "train")
     assert str(info.value) == "data.dataset: could not load 'openai/gsm8k' split 'train' (ConnectionError: no network)"
-
-
-# ---------------------------------------------------------------- rendering
-
-EXAMPLE = {"prompt": "What is 2+2?", "answer": "4"}
-
-
-def test_plain_text_prompt_with_and_without_system_prompt(make_tokenizer):
-    tokenizer = make_tokenizer(chat=False)
-    assert render_prompt(EXAMPLE, tokenizer, DataConfig()) == "What is 2+2?"
-    assert render_prompt(EXAMPLE, tokenizer, DataConfig(system_prompt="Be brief.")) == "Be brief.\nWhat is 2+2?"
-    assert prompt_for_rewards(EXAMPLE, tokenizer, DataConfig()) == "What is 2+2?"
-    assert completion_for_rewards("4", chat=False) == "4"
-
-
-def test_chat_template_auto_always_never(make_tokenizer):
-    with_template, without = make_tokenizer(chat=True), make_tokenizer(chat=False)
-    cfg = DataConfig(system_prompt="Be brief.")
-    assert uses_chat_template(with_template, cfg) and not uses_chat_template(without, cfg)
-    assert not uses_chat_template(with_template, DataConfig(use_chat_template="never"))
-    assert render_prompt(EXAMPLE, with_template, cfg) == "<|system|>Be brief.\n<|user|>What is 2+2?\n<|assistant|>"
-    assert prompt_for_rewards(EXAMPLE, with_template, cfg) == [
-        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+2?"}]
-    assert completion_for_rewards("4", chat=True) == [{"role": "assistant", "content": "4"}]
-    with pytest.raises(DataError, match="'always' but the tokenizer has no chat template"):
-        render_prompt(EXAMPLE, without, DataConfig(use_chat_template="always"))
-
-
-def test_conversational_dataset_prompt_keeps_its_own_system_message():
-    example = {"prompt": [{"role": "system", "content": "Own."}, {"role": "user", "content": "Hi"}], "answer": ""}
-    assert build_prompt(example, DataConfig(system_prompt="Other."), chat=True) == example["prompt"]
-    assert build_prompt(example, DataConfig(), chat=False) == "Own.\nHi"

@@ -1,14 +1,20 @@
 """Load a policy model and its tokenizer from a local HF checkpoint directory (or the embedded one).
 
-Resolves `model.name_or_path` ('embedded' -> the bundled tiny model), picks device and dtype, applies
-LoRA through peft and gradient checkpointing when asked. Every failure becomes one `ModelError` line
-naming the path. Hub ids are passed to transformers as is (they work where the hub is reachable).
+Resolves `model.name_or_path` (`resolve_model_source`): 'embedded' -> the bundled tiny model; a local
+folder; a peft adapter folder (e.g. `run/checkpoint-4/model` of a LoRA run: its base is loaded and the
+adapters are trained further with `model.lora_rank` > 0, or merged into the base with 0); a hub id,
+used only when the hub can be asked (`infsamp.hub`), else its cached copy, else one error line at once.
+Picks device and dtype, applies LoRA through peft and gradient checkpointing when asked. Every failure
+becomes one `ModelError` line naming the path. `stop_token_ids` is the one list of tokens that end a
+completion (sampler and evaluation both use it).
 
 Deliberately simple: one device, no sharding, no quantised loading.
 """
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -16,6 +22,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from infsamp.config import EMBEDDED_MODEL, ModelConfig
 from infsamp.errors import ModelError
+from infsamp.hub import cached_hub_snapshot, hub_unavailable, looks_like_path
 
 EMBEDDED_DIR = Path(__file__).parent / "embedded"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -23,6 +30,84 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 def resolve_path(name_or_path: str) -> str:
     return str(EMBEDDED_DIR) if name_or_path == EMBEDDED_MODEL else name_or_path
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    path: str  # what from_pretrained loads: a local folder or a reachable hub id
+    tokenizer_path: str
+    adapter_dir: Path | None = None  # a peft adapter folder applied on top of `path`
+
+
+ADAPTER_CONFIG = "adapter_config.json"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+
+
+def resolve_model_source(name_or_path: str) -> ModelSource:
+    """Decide at once what `model.name_or_path` names; raises ModelError without touching the hub
+    when it is a missing path, or a hub id while the hub cannot be asked and nothing is cached."""
+    path = Path(resolve_path(name_or_path)).expanduser()
+    if path.is_dir():
+        return _adapter_source(path) if (path / ADAPTER_CONFIG).exists() else ModelSource(str(path), str(path))
+    if path.exists():
+        raise ModelError(f"model.name_or_path {name_or_path!r}: a file; give the checkpoint's folder")
+    if looks_like_path(name_or_path):
+        raise ModelError(f"model.name_or_path {name_or_path!r}: no such folder")
+    where = _hub_or_cached(name_or_path)
+    return ModelSource(where, where)
+
+
+def _hub_or_cached(repo_id: str) -> str:
+    why = hub_unavailable()
+    if why is None:
+        return repo_id
+    cached = cached_hub_snapshot(repo_id)
+    if cached is None:
+        raise ModelError(f"model.name_or_path {repo_id!r}: not a local folder, and {why} (nor is it in "
+                         "the hub cache): give the folder of a downloaded checkpoint")
+    return str(cached)
+
+
+def _adapter_source(adapter_dir: Path) -> ModelSource:
+    """A peft adapter folder: the base named in its adapter_config.json, the adapters on top."""
+    try:
+        base = json.loads((adapter_dir / ADAPTER_CONFIG).read_text())["base_model_name_or_path"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ModelError(f"model.name_or_path {str(adapter_dir)!r}: unreadable {ADAPTER_CONFIG} "
+                         f"({_first_line(err)})") from None
+    if not base:
+        raise ModelError(f"model.name_or_path {str(adapter_dir)!r}: {ADAPTER_CONFIG} names no base model")
+    try:
+        base_source = resolve_model_source(base)
+    except ModelError as err:
+        raise ModelError(f"model.name_or_path {str(adapter_dir)!r} holds LoRA adapters of {base!r}, "
+                         f"which cannot be loaded ({err})") from None
+    has_tokenizer = any((adapter_dir / name).exists() for name in TOKENIZER_FILES)
+    return ModelSource(base_source.path, str(adapter_dir) if has_tokenizer else base_source.tokenizer_path,
+                       adapter_dir)
+
+
+def quiet_transformers() -> None:
+    """No weight-loading or per-save progress bars, nor advisory warnings, between our own lines."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
+def stop_token_ids(model, tokenizer) -> tuple[int, ...]:
+    """Every token that ends a completion, in first-seen order: the model's generation config
+    `eos_token_id` (an int or a list: Llama-3 Instruct lists three, Qwen two), the model config's,
+    and the tokenizer's."""
+    found: list[int] = []
+    sources = (getattr(getattr(model, "generation_config", None), "eos_token_id", None),
+               getattr(getattr(model, "config", None), "eos_token_id", None),
+               getattr(tokenizer, "eos_token_id", None))
+    for value in sources:
+        for token in (value if isinstance(value, (list, tuple)) else [value]):
+            if token is not None and int(token) not in found:
+                found.append(int(token))
+    return tuple(found)
 
 
 def resolve_device(device: str) -> torch.device:
@@ -38,7 +123,8 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 
 def load_tokenizer(name_or_path: str):
-    path = resolve_path(name_or_path)
+    quiet_transformers()
+    path = resolve_model_source(name_or_path).tokenizer_path
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except Exception as err:  # transformers raises many types for a bad path
@@ -49,11 +135,13 @@ def load_tokenizer(name_or_path: str):
     return tokenizer
 
 
-def load_model_and_tokenizer(cfg: ModelConfig, device: torch.device | None = None):
-    """(model, tokenizer) on `device` with cfg's dtype, LoRA and checkpointing applied."""
+def load_model_and_tokenizer(cfg: ModelConfig, device: torch.device | None = None, tokenizer=None):
+    """(model, tokenizer) on `device` with cfg's dtype, LoRA and checkpointing applied; pass the
+    `tokenizer` when it was loaded already (the trainer encodes its data before loading weights)."""
     device = device or resolve_device(cfg.device)
-    path = resolve_path(cfg.name_or_path)
-    tokenizer = load_tokenizer(cfg.name_or_path)
+    source = resolve_model_source(cfg.name_or_path)
+    path = source.path
+    tokenizer = tokenizer or load_tokenizer(cfg.name_or_path)
     try:
         model = AutoModelForCausalLM.from_pretrained(
             path, dtype=resolve_dtype(cfg.dtype, device), attn_implementation=cfg.attn_implementation)
@@ -63,9 +151,30 @@ def load_model_and_tokenizer(cfg: ModelConfig, device: torch.device | None = Non
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
+    if source.adapter_dir is not None:
+        return load_adapters(model, cfg, source.adapter_dir), tokenizer
     if cfg.lora_rank > 0:
         model = apply_lora(model, cfg)
     return model, tokenizer
+
+
+def load_adapters(base: PreTrainedModel, cfg: ModelConfig, adapter_dir: Path):
+    """Adapters of an earlier LoRA run: trained further with lora_rank > 0 (the same rank), or merged
+    into the base with lora_rank 0 (then every weight trains)."""
+    from peft import PeftModel
+
+    rank = json.loads((adapter_dir / ADAPTER_CONFIG).read_text()).get("r")
+    if cfg.lora_rank and rank is not None and cfg.lora_rank != rank:
+        raise ModelError(f"model.lora_rank {cfg.lora_rank}: the adapters in {adapter_dir} have rank {rank}; "
+                         f"use --model.lora_rank {rank} to train them further, or 0 to merge them")
+    if cfg.gradient_checkpointing and cfg.lora_rank:
+        base.enable_input_require_grads()
+    try:
+        model = PeftModel.from_pretrained(base, str(adapter_dir), is_trainable=cfg.lora_rank > 0)
+    except Exception as err:  # noqa: BLE001 - peft raises many types for mismatched adapters
+        raise ModelError(f"model.name_or_path {str(adapter_dir)!r}: cannot load adapters "
+                         f"({_first_line(err)})") from None
+    return model if cfg.lora_rank else model.merge_and_unload()
 
 
 def apply_lora(model: PreTrainedModel, cfg: ModelConfig):
