@@ -121,3 +121,91 @@ def test_hub_failure_is_one_line(monkeypatch, hub_answers):
     with pytest.raises(DataError) as info:
         load_examples(DataConfig(dataset="openai/gsm8k", dataset_config="main"), "train")
     assert str(info.value) == "data.dataset: could not load 'openai/gsm8k' split 'train' (ConnectionError: no network)"
+
+
+# ---------------------------------------------------------------- prompt shapes, .txt, no answer
+
+
+@pytest.mark.parametrize("prompt, fragment", [
+    (["What is", "2+2?"], "is a list of strings; expected text or a list of chat messages"),
+    ([{"role": "user"}], "is a list of non-messages"),
+    (42, "is a int; expected text"),
+])
+def test_prompt_that_is_not_text_or_messages_is_one_line(tmp_path, prompt, fragment):
+    path = write_jsonl(tmp_path / "d.jsonl", [{"prompt": prompt, "answer": "4"}])
+    with pytest.raises(DataError) as info:
+        load_examples(DataConfig(dataset=path), "train")
+    assert "d.jsonl line 1: the prompt in column 'prompt' " + fragment in str(info.value)
+
+
+def test_chat_message_prompts_load(tmp_path):
+    messages = [{"role": "user", "content": "Hi"}]
+    path = write_jsonl(tmp_path / "d.jsonl", [{"prompt": messages, "answer": "4"}])
+    assert load_examples(DataConfig(dataset=path), "train")[0]["prompt"] == messages
+
+
+def test_txt_prompts_and_sampling_without_answers(tmp_path):
+    (tmp_path / "p.txt").write_text("First?\n\n  \nTwo\\nlines\n")
+    cfg = DataConfig(dataset=str(tmp_path / "p.txt"), prompt_column="question")
+    examples = load_examples(cfg, "train", need_answer=False)
+    assert [e["prompt"] for e in examples] == ["First?", "Two\nlines"] and "answer" not in examples[0]
+    with pytest.raises(DataError, match="p.txt line 1: no column 'answer'"):
+        load_examples(cfg, "train")
+
+
+# ---------------------------------------------------------------- training and held-out splits
+
+ROWS = [{"prompt": f"q{i}", "answer": str(i)} for i in range(20)]
+
+
+def test_one_file_as_train_and_eval_is_refused(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", ROWS)
+    with pytest.raises(DataError, match="training and evaluation would read the same rows.*data.eval_fraction"):
+        load_splits(DataConfig(dataset=path), num_eval=5)
+    assert len(load_splits(DataConfig(dataset=path), num_eval=0).train) == 20  # no evaluation: fine
+    with pytest.raises(DataError, match="same rows"):
+        load_splits(DataConfig(num_train_examples=5, eval_split="train"), num_eval=2)
+
+
+def test_eval_fraction_holds_out_seeded_disjoint_rows_and_names_them(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", ROWS)
+    cfg = DataConfig(dataset=path, eval_fraction=0.2)
+    splits = load_splits(cfg, num_eval=3)
+    train, held = {e["prompt"] for e in splits.train}, [e["prompt"] for e in splits.eval]
+    assert len(train) == 16 and len(held) == 3 and not train & set(held)
+    assert load_splits(cfg, num_eval=3).eval == splits.eval  # seeded: the same rows every run
+    assert splits.eval_note.startswith("evaluation: 3 of the 4 rows that data.eval_fraction 0.2 holds out")
+    assert all(f"line {int(q[1:]) + 1}" in splits.eval_note for q in held)
+    with pytest.raises(DataError, match="nothing is left to train on"):
+        load_splits(DataConfig(dataset=write_jsonl(tmp_path / "one.jsonl", ROWS[:1]), eval_fraction=0.5), 1)
+
+
+def test_folder_with_split_files_and_json_with_splits_are_separate_rows(tmp_path):
+    folder = tmp_path / "gsm"
+    folder.mkdir()
+    write_jsonl(folder / "train.jsonl", ROWS[:4])
+    write_jsonl(folder / "test.jsonl", ROWS[4:6])
+    splits = load_splits(DataConfig(dataset=str(folder)), num_eval=10)
+    assert [e["prompt"] for e in splits.eval] == ["q4", "q5"] and len(splits.train) == 4
+    assert "the first 2 row(s) of split 'test'" in splits.eval_note
+    (tmp_path / "d.json").write_text(json.dumps({"train": ROWS[:3], "test": ROWS[3:4]}))
+    assert len(load_splits(DataConfig(dataset=str(tmp_path / "d.json")), num_eval=1).eval) == 1
+
+
+def test_folder_without_split_files_is_read_by_datasets(tmp_path):
+    import datasets
+
+    folder = tmp_path / "snapshot" / "data"
+    folder.mkdir(parents=True)
+    datasets.Dataset.from_list(ROWS[:3]).to_parquet(str(folder / "train-00000-of-00001.parquet"))
+    datasets.Dataset.from_list(ROWS[3:5]).to_parquet(str(folder / "test-00000-of-00001.parquet"))
+    splits = load_splits(DataConfig(dataset=str(tmp_path / "snapshot")), num_eval=5)
+    assert [e["prompt"] for e in splits.eval] == ["q3", "q4"] and len(splits.train) == 3
+
+
+def test_hub_dataset_without_network_fails_at_once(monkeypatch):
+    import datasets
+
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: pytest.fail("must not ask the hub"))
+    with pytest.raises(DataError, match="not a local file or folder, and huggingface.co cannot be reached"):
+        load_examples(DataConfig(dataset="openai/gsm8k"), "train")

@@ -36,3 +36,66 @@ def test_conversational_dataset_prompt_keeps_its_own_system_message():
     example = {"prompt": [{"role": "system", "content": "Own."}, {"role": "user", "content": "Hi"}], "answer": ""}
     assert build_prompt(example, DataConfig(system_prompt="Other."), chat=True) == example["prompt"]
     assert build_prompt(example, DataConfig(), chat=False) == "Own.\nHi"
+
+
+# ---------------------------------------------------------------- token ids (real-model-style tokenizers)
+
+
+@pytest.fixture(scope="module")
+def llama3():
+    from chat_models import llama3_tokenizer
+
+    return llama3_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def qwen3():
+    from chat_models import qwen3_tokenizer
+
+    return qwen3_tokenizer()
+
+
+def test_chat_prompt_ids_are_the_templates_with_exactly_one_bos(llama3):
+    cfg = DataConfig(system_prompt="Be brief.")
+    text, ids = encode_prompt(EXAMPLE, llama3, cfg)
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+2?"}]
+    assert ids == llama3.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+    assert ids.count(llama3.bos_token_id) == 1 and ids[0] == llama3.bos_token_id
+    assert llama3(text).input_ids[:2] == [llama3.bos_token_id] * 2  # what the old path fed evaluation
+
+
+def test_plain_prompt_ids_get_the_tokenizers_bos_once(llama3):
+    cfg = DataConfig(use_chat_template="never", system_prompt="Be brief.")
+    text, ids = encode_prompt(EXAMPLE, llama3, cfg)
+    assert text == "Be brief.\nWhat is 2+2?" and ids[0] == llama3.bos_token_id and ids.count(ids[0]) == 1
+    already = {"prompt": "<|begin_of_text|>What is 2+2?"}  # a prompt that writes BOS itself
+    _, ids = encode_prompt(already, llama3, DataConfig(use_chat_template="never"))
+    assert ids.count(llama3.bos_token_id) == 1
+
+
+def test_chat_template_kwargs_reach_the_template(qwen3):
+    off = DataConfig(chat_template_kwargs={"enable_thinking": False})
+    assert render_prompt(EXAMPLE, qwen3, off).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert render_prompt(EXAMPLE, qwen3, DataConfig()).endswith("<|im_start|>assistant\n")
+
+
+def test_over_long_prompts_are_skipped_and_counted_never_cut(llama3):
+    examples = [{"prompt": "short"}, {"prompt": "long " * 40}, {"prompt": "tiny"}]
+    cfg = DataConfig(max_prompt_length=40)
+    split = encode_examples(examples, llama3, cfg, "training prompts")
+    assert [p.index for p in split.prompts] == [0, 2] and split.num_dropped == 1
+    assert all(p.token_ids == encode_prompt(p.example, llama3, cfg)[1] for p in split.prompts)
+    assert split.note("training", 40) == ("training: skipped 1 of 3 prompts longer than "
+                                          f"data.max_prompt_length=40 tokens (longest {split.longest_dropped})")
+    with pytest.raises(DataError, match="training prompts: all 1 prompts are longer than data.max_prompt_length=40"):
+        encode_examples(examples[1:2], llama3, cfg, "training prompts")
+
+
+def test_a_failing_chat_template_is_one_line():
+    from chat_models import qwen3_tokenizer
+
+    broken = qwen3_tokenizer()
+    broken.chat_template = "{{ raise_exception('no system role') }}"
+    with pytest.raises(DataError) as info:
+        render_prompt(EXAMPLE, broken, DataConfig())
+    assert "chat template failed" in str(info.value) and "\n" not in str(info.value)

@@ -174,7 +174,7 @@ def load_adapters(base: PreTrainedModel, cfg: ModelConfig, adapter_dir: Path):
     except Exception as err:  # noqa: BLE001 - peft raises many types for mismatched adapters
         raise ModelError(f"model.name_or_path {str(adapter_dir)!r}: cannot load adapters "
                          f"({_first_line(err)})") from None
-    return model if cfg.lora_rank else model.merge_and_unload()
+    return model if cfg.lora_rank else model.merge_and_unload().requires_grad_(True)  # peft froze the base
 
 
 def apply_lora(model: PreTrainedModel, cfg: ModelConfig):

@@ -260,7 +260,7 @@ def load_splits(data_cfg: DataConfig, num_eval: int) -> Splits:
                         "(e.g. 0.1) to hold some out, or eval.num_problems 0")
     else:
         eval_rows = _load_rows(data_cfg, data_cfg.eval_split)[:num_eval]
-        note = (f"evaluation: the first {len(eval_rows)} rows of split {data_cfg.eval_split!r} of "
+        note = (f"evaluation: the first {len(eval_rows)} row(s) of split {data_cfg.eval_split!r} of "
                 f"{data_cfg.dataset}: {_row_names(eval_rows, 3)}")
     examples = [[to_example(row, data_cfg, where) for where, row in part] for part in (rows, eval_rows)]
     return Splits(examples[0], examples[1], note)
