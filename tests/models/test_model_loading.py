@@ -1,4 +1,4 @@
-"""models.loading: path or hub id decided at once (never waiting on the hub), stop tokens, quiet loading."""
+"""models.source and models.loading: path or hub id decided at once (never waiting on the hub), stop tokens, quiet loading."""
 
 import time
 from types import SimpleNamespace
@@ -9,8 +9,9 @@ import infsamp.hub
 from infsamp.config import ModelConfig
 from infsamp.errors import ModelError
 from infsamp.hub import looks_like_path
-from infsamp.models import loading
-from infsamp.models.loading import load_model_and_tokenizer, resolve_model_source, stop_token_ids
+from infsamp.models import source
+from infsamp.models.loading import load_model_and_tokenizer, stop_token_ids
+from infsamp.models.source import resolve_model_source
 
 
 @pytest.mark.parametrize("name, is_path", [
@@ -33,7 +34,7 @@ def test_a_local_folder_next_to_the_name_makes_it_a_path(tmp_path, monkeypatch):
 
 
 def test_hub_id_without_network_or_offline_fails_at_once(monkeypatch):
-    monkeypatch.setattr(loading, "cached_hub_snapshot", lambda repo: None)
+    monkeypatch.setattr(source, "cached_hub_snapshot", lambda repo: None)
     with pytest.raises(ModelError, match="not a local folder, and huggingface.co cannot be reached"):
         resolve_model_source("org/model")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -42,7 +43,7 @@ def test_hub_id_without_network_or_offline_fails_at_once(monkeypatch):
 
 
 def test_hub_id_offline_uses_the_cached_snapshot_and_online_the_id(monkeypatch, tiny_model_dir):
-    monkeypatch.setattr(loading, "cached_hub_snapshot", lambda repo: tiny_model_dir)
+    monkeypatch.setattr(source, "cached_hub_snapshot", lambda repo: tiny_model_dir)
     assert resolve_model_source("org/model").path == str(tiny_model_dir)
     monkeypatch.setattr(infsamp.hub, "_endpoint_answers", lambda: True)
     assert resolve_model_source("org/model").path == "org/model"
@@ -62,3 +63,18 @@ def test_loading_weights_shows_no_progress_bars(tiny_model_dir, capfd):
     load_model_and_tokenizer(ModelConfig(name_or_path=str(tiny_model_dir)))
     assert not hf_logging.is_progress_bar_enabled()
     assert "Loading weights" not in capfd.readouterr().err
+
+
+def test_the_cli_decides_before_importing_torch(tmp_path):
+    """`infsamp train` with a hub id and no network: one line, without loading the trainer."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys, infsamp.hub as h; h._endpoint_answers = lambda: False; from infsamp.cli import main; "
+            "rc = main(['train', '--model.name_or_path', 'org/model']); "
+            "print(rc, 'infsamp.rl.trainer' in sys.modules, 'transformers' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                          env={**os.environ, "HF_HUB_OFFLINE": ""}, timeout=300)
+    assert done.stdout.split()[-3:] == ["2", "False", "False"], done.stdout + done.stderr
+    assert "not a local folder, and huggingface.co cannot be reached" in done.stderr

@@ -18,7 +18,7 @@ import argparse
 import json
 from pathlib import Path
 
-from infsamp.commands.train import add_config_flags, config_overrides
+from infsamp.commands.train import add_config_flags, check_sources, config_overrides
 from infsamp.config import ConfigError, DataConfig, load_config
 
 SHORT_FLAGS = {  # short flag -> (config key, help)
@@ -61,15 +61,16 @@ def _check_arguments(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    _check_arguments(args)
+    shortcuts = {k[6:]: v for k, v in vars(args).items() if k.startswith("short:") and v is not None}
+    cfg = load_config(args.config, {**config_overrides(args), **shortcuts})
+    check_sources(cfg)
     import torch
 
     from infsamp.models.loading import load_model_and_tokenizer, load_tokenizer
     from infsamp.sampling.length_predictor import make_predictor
     from infsamp.sampling.sampler import GroupSampler
 
-    _check_arguments(args)
-    shortcuts = {k[6:]: v for k, v in vars(args).items() if k.startswith("short:") and v is not None}
-    cfg = load_config(args.config, {**config_overrides(args), **shortcuts})
     tokenizer = load_tokenizer(cfg.model.name_or_path)
     encoded = read_prompts(cfg.data, args.split or cfg.data.train_split, tokenizer, args.num_prompts)
     if encoded.num_dropped:

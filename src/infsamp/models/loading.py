@@ -1,11 +1,10 @@
 """Load a policy model and its tokenizer from a local HF checkpoint directory (or the embedded one).
 
-Resolves `model.name_or_path` (`resolve_model_source`): 'embedded' -> the bundled tiny model; a local
-folder; a peft adapter folder (e.g. `run/checkpoint-4/model` of a LoRA run: its base is loaded and the
-adapters are trained further with `model.lora_rank` > 0, or merged into the base with 0); a hub id,
-used only when the hub can be asked (`infsamp.hub`), else its cached copy, else one error line at once.
-Picks device and dtype, applies LoRA through peft and gradient checkpointing when asked. Every failure
-becomes one `ModelError` line naming the path. `stop_token_ids` is the one list of tokens that end a
+Resolves `model.name_or_path` through `models.source` (a folder, a peft adapter folder, or a hub id
+decided at once); a LoRA checkpoint folder (e.g. `run/checkpoint-4/model`) loads its base and the
+adapters are trained further with `model.lora_rank` > 0, or merged into the base with 0. Picks device
+and dtype, applies LoRA through peft and gradient checkpointing when asked. Every failure becomes one
+`ModelError` line naming the path. `stop_token_ids` is the one list of tokens that end a
 completion (sampler and evaluation both use it).
 
 Deliberately simple: one device, no sharding, no quantised loading.
@@ -14,77 +13,16 @@ Deliberately simple: one device, no sharding, no quantised loading.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from infsamp.config import EMBEDDED_MODEL, ModelConfig
+from infsamp.config import ModelConfig
 from infsamp.errors import ModelError
-from infsamp.hub import cached_hub_snapshot, hub_unavailable, looks_like_path
+from infsamp.models.source import ADAPTER_CONFIG, EMBEDDED_DIR, resolve_model_source, resolve_path  # noqa: F401
 
-EMBEDDED_DIR = Path(__file__).parent / "embedded"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def resolve_path(name_or_path: str) -> str:
-    return str(EMBEDDED_DIR) if name_or_path == EMBEDDED_MODEL else name_or_path
-
-
-@dataclass(frozen=True)
-class ModelSource:
-    path: str  # what from_pretrained loads: a local folder or a reachable hub id
-    tokenizer_path: str
-    adapter_dir: Path | None = None  # a peft adapter folder applied on top of `path`
-
-
-ADAPTER_CONFIG = "adapter_config.json"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
-
-
-def resolve_model_source(name_or_path: str) -> ModelSource:
-    """Decide at once what `model.name_or_path` names; raises ModelError without touching the hub
-    when it is a missing path, or a hub id while the hub cannot be asked and nothing is cached."""
-    path = Path(resolve_path(name_or_path)).expanduser()
-    if path.is_dir():
-        return _adapter_source(path) if (path / ADAPTER_CONFIG).exists() else ModelSource(str(path), str(path))
-    if path.exists():
-        raise ModelError(f"model.name_or_path {name_or_path!r}: a file; give the checkpoint's folder")
-    if looks_like_path(name_or_path):
-        raise ModelError(f"model.name_or_path {name_or_path!r}: no such folder")
-    where = _hub_or_cached(name_or_path)
-    return ModelSource(where, where)
-
-
-def _hub_or_cached(repo_id: str) -> str:
-    why = hub_unavailable()
-    if why is None:
-        return repo_id
-    cached = cached_hub_snapshot(repo_id)
-    if cached is None:
-        raise ModelError(f"model.name_or_path {repo_id!r}: not a local folder, and {why} (nor is it in "
-                         "the hub cache): give the folder of a downloaded checkpoint")
-    return str(cached)
-
-
-def _adapter_source(adapter_dir: Path) -> ModelSource:
-    """A peft adapter folder: the base named in its adapter_config.json, the adapters on top."""
-    try:
-        base = json.loads((adapter_dir / ADAPTER_CONFIG).read_text())["base_model_name_or_path"]
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise ModelError(f"model.name_or_path {str(adapter_dir)!r}: unreadable {ADAPTER_CONFIG} "
-                         f"({_first_line(err)})") from None
-    if not base:
-        raise ModelError(f"model.name_or_path {str(adapter_dir)!r}: {ADAPTER_CONFIG} names no base model")
-    try:
-        base_source = resolve_model_source(base)
-    except ModelError as err:
-        raise ModelError(f"model.name_or_path {str(adapter_dir)!r} holds LoRA adapters of {base!r}, "
-                         f"which cannot be loaded ({err})") from None
-    has_tokenizer = any((adapter_dir / name).exists() for name in TOKENIZER_FILES)
-    return ModelSource(base_source.path, str(adapter_dir) if has_tokenizer else base_source.tokenizer_path,
-                       adapter_dir)
 
 
 def quiet_transformers() -> None:

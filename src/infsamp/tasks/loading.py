@@ -119,11 +119,18 @@ def _read_with_datasets(data_cfg: DataConfig, split: str) -> list[Row]:
     return [(f"{name} {split} row {i}", row) for i, row in enumerate(table.to_list())]
 
 
-def _read_hub(data_cfg: DataConfig, split: str) -> list[Row]:
+def check_dataset_source(data_cfg: DataConfig) -> None:
+    """A hub id while the hub cannot be asked is one DataError at once (not ~50 s of retries)."""
+    if _source_reader(data_cfg.dataset) is not _read_hub:
+        return
     why = hub_unavailable()
     if why is not None and not hub_offline():  # offline mode: `datasets` answers from its cache at once
         raise DataError(f"data.dataset {data_cfg.dataset!r}: not a local file or folder, and {why}: give a "
                         "local copy, or set HF_HUB_OFFLINE=1 to use the datasets cache")
+
+
+def _read_hub(data_cfg: DataConfig, split: str) -> list[Row]:
+    check_dataset_source(data_cfg)
     return _read_with_datasets(data_cfg, split)
 
 
