@@ -58,7 +58,8 @@ def greedy_accuracy(model, tokenizer, problems: list[dict], max_new_tokens: int 
 
     prompt_ids = [encode_prompt(p, tokenizer, DataConfig())[1] for p in problems]
     return evaluate_accuracy(model, tokenizer, prompt_ids, [p["answer"] for p in problems],
-                             stop_token_ids=stop_token_ids(model, tokenizer), max_new_tokens=max_new_tokens)
+                             stop_token_ids=stop_token_ids(model, tokenizer),
+                             max_new_tokens=max_new_tokens)
 
 
 def length_buckets(tokenizer, problems: list[dict], batch_size: int, rng: random.Random) -> list[list[dict]]:

@@ -33,7 +33,7 @@ def tiny_model_dir(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def no_network(monkeypatch):
-    """Tests never touch the network: the hub probe answers 'unreachable' (a test may patch it back)."""
+    """Tests never touch the network: the hub probe answers 'unreachable' (a test may change it)."""
     import infsamp.hub
 
     monkeypatch.setattr(infsamp.hub, "_endpoint_answers", lambda: False)

@@ -79,7 +79,7 @@ def test_parse_size():
     ({"data.eval_fraction": 1.0}, "data.eval_fraction"),
     ({"data.eval_fraction": -0.1}, "data.eval_fraction"),
     ({"rewards.format_think_block": "strip"}, "rewards.format_think_block"),
-    ({"sampling.predictor": "oracle"}, "sampling.predictor"),  # knows the true lengths: bench/simulate only
+    ({"sampling.predictor": "oracle"}, "sampling.predictor"),  # knows the true lengths: bench only
     ({"data.dataset": "./no/such.jsonl"}, "data.dataset"),
     ({"data.dataset": "data/gsm8k/train.jsonl"}, "data.dataset"),  # a path (3 parts), not a hub id
 ])
@@ -96,7 +96,8 @@ def test_chat_template_kwargs_from_yaml_and_from_a_flag(tmp_path):
     flag = load_config(path, {"data.chat_template_kwargs": "{enable_thinking: true, budget: 3}"})
     assert flag.data.chat_template_kwargs == {"enable_thinking": True, "budget": 3}
     save_config(flag, tmp_path / "saved.yaml")
-    assert load_config(tmp_path / "saved.yaml").data.chat_template_kwargs == {"enable_thinking": True, "budget": 3}
+    saved = load_config(tmp_path / "saved.yaml")
+    assert saved.data.chat_template_kwargs == {"enable_thinking": True, "budget": 3}
 
 
 def test_a_missing_folder_that_looks_like_a_path_is_refused_at_once(tmp_path, monkeypatch):
@@ -104,4 +105,5 @@ def test_a_missing_folder_that_looks_like_a_path_is_refused_at_once(tmp_path, mo
     (tmp_path / "models").mkdir()  # so 'models/qwen3-tin' can only be a local path
     with pytest.raises(ConfigError, match="^model.name_or_path: path does not exist"):
         load_config(overrides={"model.name_or_path": "models/qwen3-tin"})
-    assert load_config(overrides={"model.name_or_path": "Qwen/Qwen3-1.7B"}).model.name_or_path  # a hub id
+    hub_id = load_config(overrides={"model.name_or_path": "Qwen/Qwen3-1.7B"})  # fine: a hub id
+    assert hub_id.model.name_or_path == "Qwen/Qwen3-1.7B"

@@ -195,7 +195,8 @@ THINK = "<think>\nLet me add.\n</think>\n\n"
     ("require", 0.5, 0.0),  # Qwen3 with thinking on: the block must be there
 ])
 def test_format_reward_think_block_option(think_block, with_block, without_block):
-    assert format_reward([THINK + GOOD, GOOD], think_block=think_block) == [with_block, without_block]
+    scores = format_reward([THINK + GOOD, GOOD], think_block=think_block)
+    assert scores == [with_block, without_block]
     assert format_reward([THINK + "prefix " + GOOD], think_block=think_block) == [0.0]
     (_, loaded), = load_reward_functions(["format"], format_think_block=think_block)
     assert loaded(completions=[chat(THINK + GOOD)], prompts=["p"]) == [with_block]

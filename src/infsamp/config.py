@@ -55,8 +55,8 @@ class ModelConfig:
     def validate(self) -> None:
         _require(self.lora_rank >= 0, "model.lora_rank", self.lora_rank, "must be >= 0")
         if self.name_or_path != EMBEDDED_MODEL and looks_like_path(self.name_or_path):
-            _require(Path(self.name_or_path).expanduser().exists(), "model.name_or_path", self.name_or_path,
-                     "path does not exist")
+            _require(Path(self.name_or_path).expanduser().exists(), "model.name_or_path",
+                     self.name_or_path, "path does not exist")
 
 
 @dataclass
@@ -74,29 +74,32 @@ class DataConfig:
                                  choices=("auto", "always", "never"))
     num_train_examples: int = opt(4000, "embedded task: number of generated training problems")
     num_eval_examples: int = opt(200, "embedded task: number of held-out problems")
-    max_prompt_length: int = opt(256, "prompts longer than this many tokens (after the chat template) are "
+    max_prompt_length: int = opt(256, "prompts over this many tokens (chat template included) are "
                                       "skipped, never cut, and counted: data/dropped_prompts")
     seed: int = opt(1234, "seed of the embedded task generator")
-    chat_template_kwargs: dict[str, Any] = opt({}, "extra chat template variables, e.g. {enable_thinking: false} "
-                                                   "for Qwen3 (as TRL's chat_template_kwargs)")
-    eval_fraction: float = opt(0.0, "hold out this fraction of the training split (shuffled with data.seed) "
-                                    "for evaluation instead of reading eval_split; needed when both would "
-                                    "be the same rows, as with one .jsonl file")
+    chat_template_kwargs: dict[str, Any] = opt({}, "extra chat template variables, e.g. "
+                                                   "{enable_thinking: false} for Qwen3 (as TRL's)")
+    eval_fraction: float = opt(0.0, "hold out this fraction of the training split (shuffled "
+                                    "with data.seed) for evaluation instead of reading eval_split; "
+                                    "needed when both would be the same rows (one .jsonl file)")
 
     def validate(self) -> None:
         _require(self.max_prompt_length > 0, "data.max_prompt_length", self.max_prompt_length, "must be > 0")
-        _require(0 <= self.eval_fraction < 1, "data.eval_fraction", self.eval_fraction, "must be in [0, 1)")
+        _require(0 <= self.eval_fraction < 1, "data.eval_fraction", self.eval_fraction,
+                 "must be in [0, 1)")
         reserved = set(self.chat_template_kwargs) & TEMPLATE_ARGUMENTS
         _require(not reserved, "data.chat_template_kwargs", self.chat_template_kwargs,
                  f"{', '.join(sorted(reserved))} is set by infsamp, not by the recipe")
         _require(self.num_eval_examples >= 0, "data.num_eval_examples", self.num_eval_examples, "must be >= 0")
         _require(self.num_train_examples > 0, "data.num_train_examples", self.num_train_examples, "must be > 0")
         if not self.dataset.startswith("embedded:") and looks_like_path(self.dataset):
-            _require(Path(self.dataset).expanduser().exists(), "data.dataset", self.dataset, "path does not exist")
+            _require(Path(self.dataset).expanduser().exists(), "data.dataset", self.dataset,
+                     "path does not exist")
 
 
-TEMPLATE_ARGUMENTS = {"messages", "conversation", "add_generation_prompt", "tokenize", "return_dict",
-                      "continue_final_message", "chat_template", "tools", "documents"}
+TEMPLATE_ARGUMENTS = {"messages", "conversation", "add_generation_prompt", "tokenize",
+                      "return_dict", "continue_final_message", "chat_template", "tools",
+                      "documents"}
 
 
 @dataclass
@@ -104,9 +107,9 @@ class RewardsConfig:
     functions: list[str] = opt(["format", "accuracy"],
                                "reward functions: built-in names (format, accuracy) or 'module:function'")
     weights: list[float] = opt([], "one weight per function (default: all 1.0)")
-    format_think_block: str = opt("forbid", "the format reward and a leading <think>...</think> block: forbid "
-                                            "(the completion must open with <reasoning>, as the seed), allow "
-                                            "(skipped when present), require (must be present)",
+    format_think_block: str = opt("forbid", "the format reward and a leading <think>...</think> "
+                                            "block: forbid (the completion opens with <reasoning>, "
+                                            "as the seed), allow (skipped when present), require",
                                   choices=("forbid", "allow", "require"))
 
     def validate(self) -> None:
@@ -144,7 +147,8 @@ class SamplingConfig:
                  self.predictor_prefix_tokens, "must be >= 0")
         _check_choice("sampling.policy", self.policy, "infsamp.sampling.policies", "POLICIES")
         _require(self.predictor in ("online", "none"), "sampling.predictor", self.predictor,
-                 "must be online or none (oracle and noisy know the true lengths: bench and simulate only)")
+                 "must be online or none (oracle and noisy know the true lengths: bench and "
+                 "simulate only)")
         _require(self.refill in ("auto", "sjf", "ljf"), "sampling.refill", self.refill, "must be auto, sjf or ljf")
         _require(self.grouping_epsilon > 0, "sampling.grouping_epsilon", self.grouping_epsilon, "must be > 0")
         if self.kv_budget != "auto":
@@ -333,7 +337,8 @@ def _coerce_mapping(value: Any, key: str) -> dict[str, Any]:
         except yaml.YAMLError:
             value = None
     if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
-        raise ConfigError(f"{key}: expected a mapping such as {{enable_thinking: false}}, got {value!r}")
+        raise ConfigError(f"{key}: expected a mapping such as {{enable_thinking: false}}, "
+                          f"got {value!r}")
     return dict(value)
 
 

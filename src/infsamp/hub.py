@@ -2,7 +2,7 @@
 
 `looks_like_path(name)` is the one rule for `model.name_or_path` and `data.dataset`: a name that
 starts with `/`, `.` or `~`, has more or fewer than one `/` part separator, or whose first part is a
-local folder (`models/qwen3-tin` next to a `models/` folder) is a path, and a missing one is an error.
+local folder (`models/qwen3-tin` beside a `models/` folder) is a path; a missing one is an error.
 Anything else (`org/name`, `gpt2`) may be a hub id. `hub_unavailable()` says why the hub cannot be
 used right now: `HF_HUB_OFFLINE` (or `TRANSFORMERS_OFFLINE`) is set, or the endpoint does not answer
 a TCP connect within `PROBE_TIMEOUT_S`, instead of waiting out the hub client's retries (~50 s).
@@ -34,15 +34,16 @@ def looks_like_path(name: str) -> bool:
 
 
 def hub_offline() -> bool:
-    return any(os.environ.get(var, "").strip().lower() in _TRUE for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    names = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    return any(os.environ.get(name, "").strip().lower() in _TRUE for name in names)
 
 
 @functools.lru_cache(maxsize=1)
 def _endpoint_answers() -> bool:
     url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
-    port = url.port or (443 if url.scheme == "https" else 80)
+    address = (url.hostname or "huggingface.co", url.port or (443 if url.scheme == "https" else 80))
     try:
-        with socket.create_connection((url.hostname or "huggingface.co", port), timeout=PROBE_TIMEOUT_S):
+        with socket.create_connection(address, timeout=PROBE_TIMEOUT_S):
             return True
     except OSError:
         return False

@@ -56,15 +56,17 @@ def normalize_answer(text: str) -> str:
     return format(number.normalize(), "f") if number != 0 else "0"
 
 
-def format_reward(completions: Sequence[Any], think_block: str = "forbid", **kwargs: Any) -> list[float]:
+def format_reward(completions: Sequence[Any], think_block: str = "forbid",
+                  **kwargs: Any) -> list[float]:
     """0.5 when the completion is exactly <reasoning>\\n...\\n</reasoning>\\n<answer>\\n...\\n</answer>\\n.
 
     The seed's strict format reward, with two lenient deviations documented in `infsamp.tasks.gsm8k`:
     multi-line reasoning is allowed (DOTALL) and the final newline is optional. `think_block`
-    (`rewards.format_think_block`): a leading <think>...</think> block is forbidden (the seed), allowed
-    (skipped) or required.
+    (`rewards.format_think_block`): a leading <think>...</think> block is forbidden (the seed),
+    allowed (skipped) or required.
     """
-    return [FORMAT_REWARD if has_xml_format(completion_text(c), think_block) else 0.0 for c in completions]
+    return [FORMAT_REWARD if has_xml_format(completion_text(c), think_block) else 0.0
+            for c in completions]
 
 
 def accuracy_reward(completions: Sequence[Any], answer: Sequence[Any], **kwargs: Any) -> list[float]:
@@ -119,7 +121,8 @@ def load_reward_function(spec: str) -> tuple[str, RewardFunction]:
     return attr, func
 
 
-def load_reward_functions(names: list[str], format_think_block: str = "forbid") -> list[tuple[str, RewardFunction]]:
+def load_reward_functions(names: list[str],
+                          format_think_block: str = "forbid") -> list[tuple[str, RewardFunction]]:
     """Load each spec; repeated names get a suffix (accuracy, accuracy_2) so metrics stay distinct.
     The built-in format reward gets `format_think_block` (`rewards.format_think_block`)."""
     loaded: list[tuple[str, RewardFunction]] = []

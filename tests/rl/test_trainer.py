@@ -132,7 +132,7 @@ def test_adamw8bit_needs_a_gpu(tiny_config):
         GRPOTrainer(tiny_config(**{"training.optimizer": "adamw8bit"}))
 
 
-# ---------------------------------------------------------------- data checked before the weights load
+# ---------------------------------------------------------------- data checked before the weights
 
 
 @pytest.fixture
@@ -147,16 +147,19 @@ def no_weights(monkeypatch):
 
 
 def write_rows(path, num):
-    path.write_text("".join(json.dumps({"prompt": f"{i}+1=?", "answer": str(i + 1)}) + "\n" for i in range(num)))
+    rows = [{"prompt": f"{i}+1=?", "answer": str(i + 1)} for i in range(num)]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return str(path)
 
 
-def test_more_prompts_per_step_than_the_dataset_holds_is_refused_before_loading(tiny_config, tmp_path, no_weights):
+def test_more_prompts_per_step_than_the_dataset_holds_is_refused_before_loading(
+        tiny_config, tmp_path, no_weights):
     from infsamp.config import ConfigError
 
     data = write_rows(tmp_path / "d.jsonl", 3)
-    cfg = tiny_config(**{"data.dataset": data, "eval.num_problems": 0, "training.prompts_per_step": 4})
-    with pytest.raises(ConfigError, match=r"^training.prompts_per_step: 4 is more than the 3 training prompts"):
+    cfg = tiny_config(**{"data.dataset": data, "eval.num_problems": 0,
+                         "training.prompts_per_step": 4})
+    with pytest.raises(ConfigError, match=r"^training.prompts_per_step: 4 is more than the 3 "):
         GRPOTrainer(cfg)
 
 
@@ -167,31 +170,36 @@ def test_one_jsonl_for_train_and_eval_is_refused_before_loading(tiny_config, tmp
         GRPOTrainer(tiny_config(**{"data.dataset": write_rows(tmp_path / "d.jsonl", 10)}))
 
 
-def test_eval_fraction_splits_one_file_and_the_run_log_names_the_held_out_rows(tiny_config, tmp_path, capsys):
+def test_eval_fraction_splits_one_file_and_the_run_log_names_the_held_out_rows(
+        tiny_config, tmp_path, capsys):
     data = write_rows(tmp_path / "d.jsonl", 10)
-    trainer = GRPOTrainer(tiny_config(**{"data.dataset": data, "data.eval_fraction": 0.2, "eval.num_problems": 2}))
+    trainer = GRPOTrainer(tiny_config(**{"data.dataset": data, "data.eval_fraction": 0.2,
+                                         "eval.num_problems": 2}))
     log = capsys.readouterr().out
     held = [p.example["prompt"] for p in trainer.eval_prompts.prompts]
-    assert len(held) == 2 and not set(held) & {p.example["prompt"] for p in trainer.train_prompts.prompts}
+    trained = {p.example["prompt"] for p in trainer.train_prompts.prompts}
+    assert len(held) == 2 and not set(held) & trained
     assert "evaluation: 2 of the 2 rows that data.eval_fraction 0.2 holds out of" in log
     assert all(f"line {int(prompt.split('+')[0]) + 1}" in log for prompt in held)
 
 
-# ---------------------------------------------------------------- a new run from a LoRA checkpoint folder
+# ---------------------------------------------------------------- a new run from a LoRA checkpoint
 
 
 def test_new_run_from_a_lora_checkpoint_trains_its_adapters_or_merges_them(tiny_config, tmp_path):
     from infsamp.errors import ModelError
 
-    first = GRPOTrainer(tiny_config(**{"training.max_steps": 1, "eval.num_problems": 0, "model.lora_rank": 4,
+    first = GRPOTrainer(tiny_config(**{"training.max_steps": 1, "eval.num_problems": 0,
+                                       "model.lora_rank": 4,
                                        "logging.output_dir": str(tmp_path / "first")}))
     first.train()
     adapters = tmp_path / "first" / "checkpoint-1" / "model"
     trained = {k: v.clone() for k, v in first.model.state_dict().items()}
 
     again = GRPOTrainer(tiny_config(**{"model.name_or_path": str(adapters), "model.lora_rank": 4,
-                                       "eval.num_problems": 0, "logging.output_dir": str(tmp_path / "again")}))
-    assert_same_weights(weights(again.model), trained)  # the base plus the saved adapters, as trained
+                                       "eval.num_problems": 0,
+                                       "logging.output_dir": str(tmp_path / "again")}))
+    assert_same_weights(weights(again.model), trained)  # the base plus the saved adapters
     assert all("lora_" in name for name, p in again.model.named_parameters() if p.requires_grad)
     again.train()  # the adapters train further (before: "optimizer got an empty parameter list")
 
@@ -201,8 +209,10 @@ def test_new_run_from_a_lora_checkpoint_trains_its_adapters_or_merges_them(tiny_
     assert not any("lora_" in name for name in merged.model.state_dict())
     ids = torch.tensor([[5, 6, 7, 8]])
     with torch.no_grad():
-        torch.testing.assert_close(merged.model(ids).logits, first.model(ids).logits, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(merged.model(ids).logits, first.model(ids).logits,
+                                   rtol=1e-4, atol=1e-5)
 
-    with pytest.raises(ModelError, match=r"model.lora_rank 8: the adapters in .* have rank 4; use --model.lora_rank 4"):
+    with pytest.raises(ModelError, match=r"lora_rank 8: the adapters in .* have rank 4; use --mo"):
         GRPOTrainer(tiny_config(**{"model.name_or_path": str(adapters), "model.lora_rank": 8,
-                                   "eval.num_problems": 0, "logging.output_dir": str(tmp_path / "bad")}))
+                                   "eval.num_problems": 0,
+                                   "logging.output_dir": str(tmp_path / "bad")}))

@@ -108,7 +108,8 @@ def bench_prompts(tokenizer, num: int, seed: int) -> list[tuple[str, list[int]]]
     """(text, token ids) of `num` training prompts of the embedded task."""
     from infsamp.commands.bench_sampling import bench_encoded_prompts
 
-    return [(p.text, p.token_ids) for p in bench_encoded_prompts(tokenizer, num, seed, split="train")]
+    prompts = bench_encoded_prompts(tokenizer, num, seed, split="train")
+    return [(p.text, p.token_ids) for p in prompts]
 
 
 # ---------------------------------------------------------------- the calls

@@ -4,10 +4,10 @@
     infsamp sample examples/gsm8k.yaml --model.name_or_path DIR --data.dataset DATA --num-prompts 2
     infsamp sample --prompts embedded:arithmetic --num-prompts 4 --out completions.jsonl --trace lengths.jsonl
 
-It reads the trainer's configuration: an optional recipe YAML, every `--section.key` flag of `infsamp
-train`, and a few short flags for the sampler (`--prompts` is `--data.dataset`, `-G` is
-`--sampling.num_generations`, ...). So the prompts (any `data.dataset` source, or a .txt file with one
-prompt per line) go through the same columns, chat template, system prompt and token ids as in
+It reads the trainer's configuration: an optional recipe YAML, every `--section.key` flag of
+`infsamp train`, and a few short flags for the sampler (`--prompts` is `--data.dataset`, `-G` is
+`--sampling.num_generations`, ...). So the prompts (any `data.dataset` source, or a .txt file with
+one prompt per line) go through the same columns, chat template, system prompt and token ids as in
 training, and the sampler settings are the recipe's. `--split` defaults to the training split.
 `--trace` writes the `infsamp simulate` trace of the run, so the same lengths can be replayed.
 """
@@ -36,10 +36,11 @@ SHORT_FLAGS = {  # short flag -> (config key, help)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("config", nargs="?", help="recipe YAML whose model, data and sampling settings are used")
+    parser.add_argument("config", nargs="?", help="recipe YAML: its model, data, sampling settings")
     for flag, (key, help_text) in SHORT_FLAGS.items():
         names = [f"--{flag}", "-G"] if flag == "num-generations" else [f"--{flag}"]
-        parser.add_argument(*names, dest=f"short:{key}", default=None, help=f"{help_text} (= --{key})")
+        parser.add_argument(*names, dest=f"short:{key}", default=None,
+                            metavar=key.partition(".")[2].upper(), help=f"{help_text} (= --{key})")
     parser.add_argument("--split", help="split of a dataset source (default: data.train_split)")
     parser.add_argument("--num-prompts", type=int, default=0, help="use only the first N prompts (0: all)")
     parser.add_argument("--out", help="write completions here (JSON lines)")
@@ -62,7 +63,8 @@ def _check_arguments(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     _check_arguments(args)
-    shortcuts = {k[6:]: v for k, v in vars(args).items() if k.startswith("short:") and v is not None}
+    shortcuts = {key[6:]: value for key, value in vars(args).items()
+                 if key.startswith("short:") and value is not None}
     cfg = load_config(args.config, {**config_overrides(args), **shortcuts})
     check_sources(cfg)
     import torch
@@ -72,12 +74,14 @@ def run(args: argparse.Namespace) -> int:
     from infsamp.sampling.sampler import GroupSampler
 
     tokenizer = load_tokenizer(cfg.model.name_or_path)
-    encoded = read_prompts(cfg.data, args.split or cfg.data.train_split, tokenizer, args.num_prompts)
+    split = args.split or cfg.data.train_split
+    encoded = read_prompts(cfg.data, split, tokenizer, args.num_prompts)
     if encoded.num_dropped:
         print(encoded.note("sample", cfg.data.max_prompt_length))
     prompts = encoded.prompts
     model, _ = load_model_and_tokenizer(cfg.model, tokenizer=tokenizer)
-    predictor = make_predictor(cfg.sampling.predictor) if cfg.sampling.policy == "length_aware" else None
+    length_aware = cfg.sampling.policy == "length_aware"
+    predictor = make_predictor(cfg.sampling.predictor) if length_aware else None
     prompt_ids, texts = [p.token_ids for p in prompts], [p.text for p in prompts]
     result = GroupSampler(model, tokenizer, cfg.sampling, predictor).sample(
         prompt_ids, cfg.sampling.num_generations, prompt_keys=[str(p.index) for p in prompts],
@@ -93,13 +97,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def read_prompts(data_cfg: DataConfig, split: str, tokenizer, num_prompts: int = 0):
-    """The first `num_prompts` (0: all) prompts of `split`, encoded as the trainer encodes them
-    (an `EncodedSplit`: over-long prompts are skipped and counted); the answer column is optional."""
+    """The first `num_prompts` (0: all) prompts of `split`, encoded as the trainer encodes them (an
+    `EncodedSplit`: over-long prompts are skipped and counted); the answer column is optional."""
     from infsamp.tasks.loading import load_examples
     from infsamp.tasks.prompts import encode_examples
 
     examples = load_examples(data_cfg, split, need_answer=False)[: num_prompts or None]
-    return encode_examples(examples, tokenizer, data_cfg, f"data.dataset {data_cfg.dataset} split {split!r}")
+    what = f"data.dataset {data_cfg.dataset} split {split!r}"
+    return encode_examples(examples, tokenizer, data_cfg, what)
 
 
 def print_completions(texts: list[str], result) -> None:

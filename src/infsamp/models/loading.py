@@ -1,10 +1,10 @@
 """Load a policy model and its tokenizer from a local HF checkpoint directory (or the embedded one).
 
-Resolves `model.name_or_path` through `models.source` (a folder, a peft adapter folder, or a hub id
-decided at once); a LoRA checkpoint folder (e.g. `run/checkpoint-4/model`) loads its base and the
-adapters are trained further with `model.lora_rank` > 0, or merged into the base with 0. Picks device
-and dtype, applies LoRA through peft and gradient checkpointing when asked. Every failure becomes one
-`ModelError` line naming the path. `stop_token_ids` is the one list of tokens that end a
+Resolves `model.name_or_path` through `models.source` (a folder, a peft adapter folder, or a hub
+id decided at once); a LoRA checkpoint folder (e.g. `run/checkpoint-4/model`) loads its base and
+the adapters are trained further with `model.lora_rank` > 0, or merged into the base with 0. Picks
+device and dtype, applies LoRA through peft and gradient checkpointing when asked. Every failure
+becomes one `ModelError` line naming the path. `stop_token_ids` is the one list of tokens that end a
 completion (sampler and evaluation both use it).
 
 Deliberately simple: one device, no sharding, no quantised loading.
@@ -20,7 +20,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from infsamp.config import ModelConfig
 from infsamp.errors import ModelError
-from infsamp.models.source import ADAPTER_CONFIG, EMBEDDED_DIR, resolve_model_source, resolve_path  # noqa: F401
+from infsamp.models.source import (ADAPTER_CONFIG, EMBEDDED_DIR, resolve_model_source,  # noqa: F401
+                                   resolve_path)
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -97,14 +98,15 @@ def load_model_and_tokenizer(cfg: ModelConfig, device: torch.device | None = Non
 
 
 def load_adapters(base: PreTrainedModel, cfg: ModelConfig, adapter_dir: Path):
-    """Adapters of an earlier LoRA run: trained further with lora_rank > 0 (the same rank), or merged
-    into the base with lora_rank 0 (then every weight trains)."""
+    """Adapters of an earlier LoRA run: trained further with lora_rank > 0 (the same rank), or
+    merged into the base with lora_rank 0 (then every weight trains)."""
     from peft import PeftModel
 
     rank = json.loads((adapter_dir / ADAPTER_CONFIG).read_text()).get("r")
     if cfg.lora_rank and rank is not None and cfg.lora_rank != rank:
-        raise ModelError(f"model.lora_rank {cfg.lora_rank}: the adapters in {adapter_dir} have rank {rank}; "
-                         f"use --model.lora_rank {rank} to train them further, or 0 to merge them")
+        raise ModelError(f"model.lora_rank {cfg.lora_rank}: the adapters in {adapter_dir} have "
+                         f"rank {rank}; use --model.lora_rank {rank} to train them further, or 0 "
+                         "to merge them")
     if cfg.gradient_checkpointing and cfg.lora_rank:
         base.enable_input_require_grads()
     try:
@@ -112,7 +114,9 @@ def load_adapters(base: PreTrainedModel, cfg: ModelConfig, adapter_dir: Path):
     except Exception as err:  # noqa: BLE001 - peft raises many types for mismatched adapters
         raise ModelError(f"model.name_or_path {str(adapter_dir)!r}: cannot load adapters "
                          f"({_first_line(err)})") from None
-    return model if cfg.lora_rank else model.merge_and_unload().requires_grad_(True)  # peft froze the base
+    if cfg.lora_rank:
+        return model
+    return model.merge_and_unload().requires_grad_(True)  # peft froze the base weights
 
 
 def apply_lora(model: PreTrainedModel, cfg: ModelConfig):

@@ -1,10 +1,10 @@
-"""What `model.name_or_path` names, decided at once and without torch: the CLI asks before it imports
-the trainer, so a mistyped path or an unreachable hub is one line within a second of starting.
+"""What `model.name_or_path` names, decided at once and without torch: the CLI asks before it
+imports the trainer, so a mistyped path or an unreachable hub is one line right at the start.
 
-`resolve_model_source`: 'embedded' -> the bundled tiny model; a local checkpoint folder; a peft adapter
-folder (its `adapter_config.json` names the base, which is resolved the same way); a hub id, used as is
-only when the hub can be asked (`infsamp.hub`), else its cached snapshot, else `ModelError`. A missing
-name that looks like a path is a missing path (never a hub id).
+`resolve_model_source`: 'embedded' -> the bundled tiny model; a local checkpoint folder; a peft
+adapter folder (its `adapter_config.json` names the base, resolved the same way); a hub id, used as
+is only when the hub can be asked (`infsamp.hub`), else its cached snapshot, else `ModelError`. A
+missing name that looks like a path is a missing path (never a hub id).
 
 Deliberately simple: the hub cache is looked up for `config.json` only.
 """
@@ -41,10 +41,12 @@ def resolve_model_source(name_or_path: str) -> ModelSource:
     """Decide at once what `model.name_or_path` names; raises ModelError without touching the hub
     when it is a missing path, or a hub id while the hub cannot be asked and nothing is cached."""
     path = Path(resolve_path(name_or_path)).expanduser()
+    if path.is_dir() and (path / ADAPTER_CONFIG).exists():
+        return _adapter_source(path)
     if path.is_dir():
-        return _adapter_source(path) if (path / ADAPTER_CONFIG).exists() else ModelSource(str(path), str(path))
+        return ModelSource(str(path), str(path))
     if path.exists():
-        raise ModelError(f"model.name_or_path {name_or_path!r}: a file; give the checkpoint's folder")
+        raise ModelError(f"model.name_or_path {name_or_path!r}: a file; give the checkpoint folder")
     if looks_like_path(name_or_path):
         raise ModelError(f"model.name_or_path {name_or_path!r}: no such folder")
     where = _hub_or_cached(name_or_path)
@@ -57,25 +59,26 @@ def _hub_or_cached(repo_id: str) -> str:
         return repo_id
     cached = cached_hub_snapshot(repo_id)
     if cached is None:
-        raise ModelError(f"model.name_or_path {repo_id!r}: not a local folder, and {why} (nor is it in "
-                         "the hub cache): give the folder of a downloaded checkpoint")
+        raise ModelError(f"model.name_or_path {repo_id!r}: not a local folder, and {why} (nor is "
+                         "it in the hub cache): give the folder of a downloaded checkpoint")
     return str(cached)
 
 
 def _adapter_source(adapter_dir: Path) -> ModelSource:
     """A peft adapter folder: the base named in its adapter_config.json, the adapters on top."""
+    where = f"model.name_or_path {str(adapter_dir)!r}"
     try:
         base = json.loads((adapter_dir / ADAPTER_CONFIG).read_text())["base_model_name_or_path"]
     except (OSError, ValueError, KeyError, TypeError) as err:
         why = f"{type(err).__name__}: {err}".splitlines()[0]
-        raise ModelError(f"model.name_or_path {str(adapter_dir)!r}: unreadable {ADAPTER_CONFIG} ({why})") from None
+        raise ModelError(f"{where}: unreadable {ADAPTER_CONFIG} ({why})") from None
     if not base:
-        raise ModelError(f"model.name_or_path {str(adapter_dir)!r}: {ADAPTER_CONFIG} names no base model")
+        raise ModelError(f"{where}: {ADAPTER_CONFIG} names no base model")
     try:
         base_source = resolve_model_source(base)
     except ModelError as err:
-        raise ModelError(f"model.name_or_path {str(adapter_dir)!r} holds LoRA adapters of {base!r}, "
-                         f"which cannot be loaded ({err})") from None
+        raise ModelError(f"{where} holds LoRA adapters of {base!r}, which cannot be loaded "
+                         f"({err})") from None
     has_tokenizer = any((adapter_dir / name).exists() for name in TOKENIZER_FILES)
-    return ModelSource(base_source.path, str(adapter_dir) if has_tokenizer else base_source.tokenizer_path,
-                       adapter_dir)
+    tokenizer_path = str(adapter_dir) if has_tokenizer else base_source.tokenizer_path
+    return ModelSource(base_source.path, tokenizer_path, adapter_dir)

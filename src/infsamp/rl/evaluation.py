@@ -19,7 +19,8 @@ import torch
 from infsamp.rewards import accuracy_reward
 
 
-def left_padded(prompt_ids: Sequence[Sequence[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+def left_padded(prompt_ids: Sequence[Sequence[int]],
+                pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(input_ids, attention_mask), both [B, T], prompts right-aligned."""
     width = max(len(ids) for ids in prompt_ids)
     input_ids = torch.full((len(prompt_ids), width), pad_token_id, dtype=torch.long)  # [B, T]
@@ -38,8 +39,8 @@ def until_stop(ids: Sequence[int], stop_token_ids: Sequence[int]) -> list[int]:
 
 @torch.no_grad()
 def generate_completions(model, prompt_ids: Sequence[Sequence[int]], *, pad_token_id: int,
-                         stop_token_ids: Sequence[int], max_new_tokens: int, temperature: float = 0.0,
-                         batch_size: int = 64) -> list[list[int]]:
+                         stop_token_ids: Sequence[int], max_new_tokens: int,
+                         temperature: float = 0.0, batch_size: int = 64) -> list[list[int]]:
     """Each prompt's completion ids, cut before its first stop token."""
     device = next(model.parameters()).device
     completions: list[list[int]] = []
@@ -48,15 +49,15 @@ def generate_completions(model, prompt_ids: Sequence[Sequence[int]], *, pad_toke
         out = model.generate(input_ids=input_ids.to(device), attention_mask=mask.to(device),
                              max_new_tokens=max_new_tokens, do_sample=temperature > 0,
                              temperature=temperature if temperature > 0 else None, top_p=None, top_k=None,
-                             pad_token_id=pad_token_id, eos_token_id=list(stop_token_ids))
+                             pad_token_id=pad_token_id, eos_token_id=list(stop_token_ids) or None)
         new_tokens = out[:, input_ids.shape[1]:].tolist()  # [b, T_new]
         completions.extend(until_stop(row, stop_token_ids) for row in new_tokens)
     return completions
 
 
-def evaluate_accuracy(model, tokenizer, prompt_ids: Sequence[Sequence[int]], answers: Sequence[str], *,
-                      stop_token_ids: Sequence[int], max_new_tokens: int = 256,
-                      temperature: float = 0.0) -> float:
+def evaluate_accuracy(model, tokenizer, prompt_ids: Sequence[Sequence[int]],
+                      answers: Sequence[str], *, stop_token_ids: Sequence[int],
+                      max_new_tokens: int = 256, temperature: float = 0.0) -> float:
     """Fraction of prompts whose completion the accuracy reward scores as correct (NaN for none)."""
     if not prompt_ids:
         return float("nan")
@@ -64,8 +65,8 @@ def evaluate_accuracy(model, tokenizer, prompt_ids: Sequence[Sequence[int]], ans
     model.eval()
     try:
         completions = generate_completions(model, prompt_ids, pad_token_id=tokenizer.pad_token_id,
-                                           stop_token_ids=stop_token_ids, max_new_tokens=max_new_tokens,
-                                           temperature=temperature)
+                                           stop_token_ids=stop_token_ids,
+                                           max_new_tokens=max_new_tokens, temperature=temperature)
     finally:
         model.train(was_training)
     texts = tokenizer.batch_decode(completions, skip_special_tokens=True)

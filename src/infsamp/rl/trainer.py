@@ -9,8 +9,8 @@ One step, laid out in time:
 
 Everything configurable comes from `infsamp.config.Config`; loss types, advantage scaling and
 sampling policies are registries in their own modules. The trainer only wires them together, logs,
-evaluates and checkpoints. Start-up order: tokenizer, data (encoded once by `tasks.prompts`, the same
-ids for sampling and evaluation, and checked against the settings), then the weights.
+evaluates and checkpoints. Start-up order: tokenizer, data (encoded once by `tasks.prompts`, the
+same ids for sampling and evaluation, and checked against the settings), then the weights.
 
 Deliberately simple: one process, one device; the reward functions run in the trainer's process.
 """
@@ -29,8 +29,8 @@ import torch
 
 from infsamp.config import Config, ConfigError, save_config
 from infsamp.errors import InfsampError
-from infsamp.models.loading import (load_model_and_tokenizer, load_tokenizer, quiet_transformers, resolve_device,
-                                    stop_token_ids)
+from infsamp.models.loading import (load_model_and_tokenizer, load_tokenizer, quiet_transformers,
+                                    resolve_device, stop_token_ids)
 from infsamp.rewards import compute_rewards, load_reward_functions
 from infsamp.rl import checkpoint as ckpt
 from infsamp.rl.advantages import compute_advantages
@@ -43,8 +43,8 @@ from infsamp.rl.run_log import RunLogger, plot_run
 from infsamp.sampling.length_predictor import make_predictor
 from infsamp.sampling.sampler import GroupSampler
 from infsamp.tasks.loading import load_splits
-from infsamp.tasks.prompts import (EncodedPrompt, EncodedSplit, completion_for_rewards, encode_examples,
-                                   prompt_for_rewards, uses_chat_template)
+from infsamp.tasks.prompts import (EncodedPrompt, EncodedSplit, completion_for_rewards,
+                                   encode_examples, prompt_for_rewards, uses_chat_template)
 
 
 @dataclass
@@ -92,7 +92,8 @@ class GRPOTrainer:
         self.reward_funcs = reward_funcs or load_reward_functions(cfg.rewards.functions,
                                                                   cfg.rewards.format_think_block)
         self.reward_weights = cfg.rewards.weights or [1.0] * len(self.reward_funcs)
-        self.stream = PromptStream(self.train_prompts.prompts, cfg.training.prompts_per_step, cfg.training.seed)
+        self.stream = PromptStream(self.train_prompts.prompts, cfg.training.prompts_per_step,
+                                   cfg.training.seed)
         self.sizes = plan_run(cfg, self.model, self.device)
         sampling_cfg = replace(cfg.sampling, kv_budget=str(self.sizes.kv_budget_tokens)) \
             if self.sizes.kv_budget_tokens else replace(cfg.sampling)
@@ -124,8 +125,9 @@ class GRPOTrainer:
         held_out = encode_examples(splits.eval, self.tokenizer, cfg.data, "evaluation prompts") \
             if splits.eval else EncodedSplit([], 0)
         if cfg.training.prompts_per_step > len(train.prompts):
-            raise ConfigError(f"training.prompts_per_step: {cfg.training.prompts_per_step} is more than the "
-                              f"{len(train.prompts)} training prompts; one step would repeat a prompt")
+            raise ConfigError(f"training.prompts_per_step: {cfg.training.prompts_per_step} is more "
+                              f"than the {len(train.prompts)} training prompts; one step would "
+                              "repeat a prompt")
         notes = [splits.eval_note, train.note("training", cfg.data.max_prompt_length),
                  held_out.note("evaluation", cfg.data.max_prompt_length)]
         print("\n".join(note for note in notes if note))
@@ -219,8 +221,9 @@ class GRPOTrainer:
         start = time.perf_counter()
         max_new = self.cfg.eval.max_new_tokens or self.cfg.sampling.max_new_tokens
         accuracy = evaluate_accuracy(self.model, self.tokenizer, [p.token_ids for p in prompts],
-                                     [p.example["answer"] for p in prompts], stop_token_ids=self.stop_token_ids,
-                                     max_new_tokens=max_new, temperature=self.cfg.eval.temperature)
+                                     [p.example["answer"] for p in prompts],
+                                     stop_token_ids=self.stop_token_ids, max_new_tokens=max_new,
+                                     temperature=self.cfg.eval.temperature)
         logger.log_eval(self.step, {"eval/accuracy": accuracy, "eval/num_problems": len(prompts),
                                     "eval/dropped_prompts": self.eval_prompts.num_dropped,
                                     "eval/time_s": round(time.perf_counter() - start, 2)})

@@ -1,19 +1,19 @@
-"""Dataset loading: from `data.*` settings to examples (prompts become token ids in `tasks.prompts`).
+"""Dataset loading: from `data.*` settings to examples (`tasks.prompts` turns them into token ids).
 
 `load_examples(data_cfg, split)` reads one of four sources (`data.dataset`):
 - `embedded:<task>`: a generator in `infsamp.tasks` (the default, `embedded:arithmetic`);
-- a local `.jsonl` / `.json` / `.txt` file (one prompt per line; every split reads the same file), or a
-  folder with `<split>.jsonl` / `<split>.json` (else any folder `datasets.load_dataset` reads, such as a
-  downloaded hub snapshot with parquet files);
-- anything else: a `datasets` hub id, `datasets.load_dataset(name, data.dataset_config, split=split)`,
+- a local `.jsonl` / `.json` / `.txt` file (one prompt per line; every split reads the same file),
+  or a folder with `<split>.jsonl` / `<split>.json` (else any folder `datasets.load_dataset` reads,
+  such as a downloaded hub snapshot with parquet files);
+- anything else: a `datasets` hub id, `datasets.load_dataset(name, data.dataset_config, split)`,
   tried only when the hub can be asked (`infsamp.hub`).
 Each example is a dict with 'prompt' (the question text, or a list of chat messages when the dataset
 stores conversations), 'answer' (reference as a string, parsed by `data.answer_parser`) and every
 other column of the row, which reward functions receive as keyword arguments.
 
-`load_splits(data_cfg, num_eval)` gives the training and held-out examples of a run: the eval split,
-or with `data.eval_fraction` a seeded share of the training split; a source whose splits would be the
-same rows (one file) is refused without it. Its `eval_note` says which rows evaluate.
+`load_splits(data_cfg, num_eval)` gives the training and held-out examples of a run: the eval
+split, or with `data.eval_fraction` a seeded share of the training split; a source whose splits
+would be the same rows (one file) is refused without it. Its `eval_note` says which rows evaluate.
 
 Deliberately simple: whole datasets are read into memory as lists of dicts (GSM8K is 7.5k rows).
 """
@@ -92,7 +92,8 @@ def _split_file(data_cfg: DataConfig, split: str) -> Path | None:
     """The file a local source reads for `split`; None for a folder without <split>.jsonl/.json."""
     path = Path(data_cfg.dataset).expanduser()
     if path.is_dir():
-        return next((p for p in (path / f"{split}.jsonl", path / f"{split}.json") if p.exists()), None)
+        candidates = (path / f"{split}.jsonl", path / f"{split}.json")
+        return next((p for p in candidates if p.exists()), None)
     return path
 
 
@@ -124,9 +125,9 @@ def check_dataset_source(data_cfg: DataConfig) -> None:
     if _source_reader(data_cfg.dataset) is not _read_hub:
         return
     why = hub_unavailable()
-    if why is not None and not hub_offline():  # offline mode: `datasets` answers from its cache at once
-        raise DataError(f"data.dataset {data_cfg.dataset!r}: not a local file or folder, and {why}: give a "
-                        "local copy, or set HF_HUB_OFFLINE=1 to use the datasets cache")
+    if why is not None and not hub_offline():  # offline mode: `datasets` answers from its cache
+        raise DataError(f"data.dataset {data_cfg.dataset!r}: not a local file or folder, and "
+                        f"{why}: give a local copy, or HF_HUB_OFFLINE=1 to use the datasets cache")
 
 
 def _read_hub(data_cfg: DataConfig, split: str) -> list[Row]:
@@ -163,17 +164,21 @@ def _is_message(item: Any) -> bool:
 
 def _check_prompt(prompt: Any, column: str, where: str) -> None:
     """Text, or a non-empty list of chat messages {'role', 'content'}."""
-    if (isinstance(prompt, str) and not prompt.strip()) or (isinstance(prompt, list) and not prompt):
+    is_list = isinstance(prompt, list)
+    if (isinstance(prompt, str) and not prompt.strip()) or (is_list and not prompt):
         raise DataError(f"{where}: empty prompt in column {column!r}")
-    if isinstance(prompt, str) or (isinstance(prompt, list) and all(map(_is_message, prompt))):
+    if isinstance(prompt, str) or (is_list and all(map(_is_message, prompt))):
         return
-    kind = "a list of strings" if isinstance(prompt, list) and all(isinstance(p, str) for p in prompt) \
-        else f"a {type(prompt).__name__}" if not isinstance(prompt, list) else "a list of non-messages"
-    raise DataError(f"{where}: the prompt in column {column!r} is {kind}; expected text or a list of "
-                    "chat messages like {'role': 'user', 'content': '...'}")
+    kind = f"a {type(prompt).__name__}"
+    if is_list:
+        all_strings = all(isinstance(p, str) for p in prompt)
+        kind = "a list of strings" if all_strings else "a list of non-messages"
+    raise DataError(f"{where}: the prompt in column {column!r} is {kind}; expected text or a list "
+                    "of chat messages like {'role': 'user', 'content': '...'}")
 
 
-def _answer(row: dict[str, Any], data_cfg: DataConfig, where: str, need_answer: bool) -> dict[str, Any]:
+def _answer(row: dict[str, Any], data_cfg: DataConfig, where: str,
+            need_answer: bool) -> dict[str, Any]:
     if not need_answer and data_cfg.answer_column not in row:
         return {}
     raw_answer = _column(row, data_cfg.answer_column, "data.answer_column", where)
@@ -183,9 +188,10 @@ def _answer(row: dict[str, Any], data_cfg: DataConfig, where: str, need_answer: 
     return {"answer": answer}
 
 
-def to_example(row: Any, data_cfg: DataConfig, where: str, need_answer: bool = True) -> dict[str, Any]:
-    """One dataset row -> {'prompt', 'answer', **other columns}, checked. Without `need_answer` (just
-    sampling) a row may lack the answer column."""
+def to_example(row: Any, data_cfg: DataConfig, where: str,
+               need_answer: bool = True) -> dict[str, Any]:
+    """One dataset row -> {'prompt', 'answer', **other columns}, checked. Without `need_answer`
+    (just sampling) a row may lack the answer column."""
     if not isinstance(row, dict):
         raise DataError(f"{where}: expected an object with columns, got {type(row).__name__}")
     prompt = _column(row, data_cfg.prompt_column, "data.prompt_column", where)
@@ -200,9 +206,11 @@ def _load_rows(data_cfg: DataConfig, split: str) -> list[Row]:
     return rows
 
 
-def load_examples(data_cfg: DataConfig, split: str, need_answer: bool = True) -> list[dict[str, Any]]:
+def load_examples(data_cfg: DataConfig, split: str,
+                  need_answer: bool = True) -> list[dict[str, Any]]:
     """All examples of `split` from `data.dataset`; raises DataError naming the row on bad data."""
-    return [to_example(row, data_cfg, where, need_answer) for where, row in _load_rows(data_cfg, split)]
+    rows = _load_rows(data_cfg, split)
+    return [to_example(row, data_cfg, where, need_answer) for where, row in rows]
 
 
 # ---------------------------------------------------------------- training and held-out splits
@@ -216,7 +224,7 @@ class Splits:
 
 
 def _same_rows(data_cfg: DataConfig) -> bool:
-    """True when the train and eval splits would read the same rows (one file, or one split name)."""
+    """True when the train and eval splits would read the same rows (one file or one split name)."""
     if data_cfg.train_split == data_cfg.eval_split:
         return True
     if data_cfg.dataset.startswith(EMBEDDED_PREFIX):
@@ -238,19 +246,21 @@ def _row_names(rows: list[Row], limit: int = 12) -> str:
     return text + (f", ... ({len(rows) - limit} more)" if len(rows) > limit else "")
 
 
-def _held_out(data_cfg: DataConfig, rows: list[Row], num_eval: int) -> tuple[list[Row], list[Row], str]:
+def _held_out(data_cfg: DataConfig, rows: list[Row],
+              num_eval: int) -> tuple[list[Row], list[Row], str]:
     order = list(range(len(rows)))
     random.Random(data_cfg.seed).shuffle(order)
     num_held = max(1, round(len(rows) * data_cfg.eval_fraction))
     if num_held >= len(rows):
-        raise DataError(f"data.eval_fraction {data_cfg.eval_fraction}: holds out all {len(rows)} rows of "
-                        f"{data_cfg.dataset} split {data_cfg.train_split!r}; nothing is left to train on")
+        raise DataError(f"data.eval_fraction {data_cfg.eval_fraction}: holds out all "
+                        f"{len(rows)} rows of {data_cfg.dataset} split {data_cfg.train_split!r}; "
+                        "nothing is left to train on")
     held = sorted(order[:num_held])
     train = [rows[i] for i in sorted(order[num_held:])]
     evaluated = [rows[i] for i in held][:num_eval]
-    note = (f"evaluation: {len(evaluated)} of the {num_held} rows that data.eval_fraction {data_cfg.eval_fraction} "
-            f"holds out of {data_cfg.dataset} (seed {data_cfg.seed}; the other {len(train)} train): "
-            f"{_row_names(evaluated)}")
+    note = (f"evaluation: {len(evaluated)} of the {num_held} rows that data.eval_fraction "
+            f"{data_cfg.eval_fraction} holds out of {data_cfg.dataset} (seed {data_cfg.seed}; the "
+            f"other {len(train)} train): {_row_names(evaluated)}")
     return train, evaluated, note
 
 
@@ -262,12 +272,14 @@ def load_splits(data_cfg: DataConfig, num_eval: int) -> Splits:
     elif num_eval == 0:
         eval_rows, note = [], "evaluation: off (eval.num_problems 0)"
     elif _same_rows(data_cfg):
-        raise DataError(f"data.dataset {data_cfg.dataset}: training and evaluation would read the same rows "
-                        f"(split {data_cfg.train_split!r} and {data_cfg.eval_split!r}); set data.eval_fraction "
-                        "(e.g. 0.1) to hold some out, or eval.num_problems 0")
+        splits = f"split {data_cfg.train_split!r} and {data_cfg.eval_split!r}"
+        raise DataError(f"data.dataset {data_cfg.dataset}: training and evaluation would read the "
+                        f"same rows ({splits}); set data.eval_fraction (e.g. 0.1) to hold some "
+                        "out, or eval.num_problems 0")
     else:
         eval_rows = _load_rows(data_cfg, data_cfg.eval_split)[:num_eval]
-        note = (f"evaluation: the first {len(eval_rows)} row(s) of split {data_cfg.eval_split!r} of "
-                f"{data_cfg.dataset}: {_row_names(eval_rows, 3)}")
-    examples = [[to_example(row, data_cfg, where) for where, row in part] for part in (rows, eval_rows)]
-    return Splits(examples[0], examples[1], note)
+        note = (f"evaluation: the first {len(eval_rows)} row(s) of split {data_cfg.eval_split!r} "
+                f"of {data_cfg.dataset}: {_row_names(eval_rows, 3)}")
+    train, held_out = ([to_example(row, data_cfg, where) for where, row in part]
+                       for part in (rows, eval_rows))
+    return Splits(train, held_out, note)

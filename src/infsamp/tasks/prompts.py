@@ -7,8 +7,8 @@
   `data.chat_template_kwargs` (e.g. `enable_thinking: false` for Qwen3). The rendered text is
   tokenized without the tokenizer's own special tokens: the template writes what the model expects
   (a Llama-3 template writes BOS itself, so a tokenizer that also adds BOS would double it).
-- plain-text mode: `system prompt\\nquestion`, tokenized with the tokenizer's special tokens (BOS where
-  the model expects one).
+- plain-text mode: `system prompt\\nquestion`, tokenized with the tokenizer's special tokens (BOS
+  where the model expects one).
 Either way a leading BOS appears at most once.
 
 `encode_examples` encodes a split and skips prompts longer than `data.max_prompt_length` tokens (a
@@ -16,7 +16,7 @@ prompt is never cut through its template): the count is reported (`data/dropped_
 `prompt_for_rewards` / `completion_for_rewards` give reward functions TRL's shapes: chat messages in
 chat mode, strings otherwise.
 
-Deliberately simple: a prompt is one turn (system + user) unless the dataset stores whole conversations.
+Deliberately simple: a prompt is one turn (system + user) unless the dataset stores conversations.
 """
 
 from __future__ import annotations
@@ -47,8 +47,9 @@ class EncodedSplit:
         if not self.num_dropped:
             return ""
         total = len(self.prompts) + self.num_dropped
-        return (f"{what}: skipped {self.num_dropped} of {total} prompts longer than data.max_prompt_length="
-                f"{max_prompt_length} tokens (longest {self.longest_dropped})")
+        return (f"{what}: skipped {self.num_dropped} of {total} prompts longer than "
+                f"data.max_prompt_length={max_prompt_length} tokens "
+                f"(longest {self.longest_dropped})")
 
 
 def uses_chat_template(tokenizer: Any, data_cfg: DataConfig) -> bool:
@@ -62,7 +63,8 @@ def _messages_text(messages: list[dict[str, Any]]) -> str:
     return "\n".join(str(m.get("content") or "") for m in messages)
 
 
-def build_prompt(example: dict[str, Any], data_cfg: DataConfig, chat: bool) -> str | list[dict[str, str]]:
+def build_prompt(example: dict[str, Any], data_cfg: DataConfig,
+                 chat: bool) -> str | list[dict[str, str]]:
     """The prompt as rewards see it: chat messages (system + user) when `chat`, else plain text."""
     prompt = example["prompt"]
     system = data_cfg.system_prompt
@@ -93,12 +95,13 @@ def render_prompt(example: dict[str, Any], tokenizer: Any, data_cfg: DataConfig)
 
 def _without_repeated_bos(ids: list[int], bos_token_id: int | None) -> list[int]:
     start = 0
-    while bos_token_id is not None and start + 1 < len(ids) and ids[start] == ids[start + 1] == bos_token_id:
+    while bos_token_id is not None and ids[start: start + 2] == [bos_token_id, bos_token_id]:
         start += 1
     return ids[start:]
 
 
-def encode_prompt(example: dict[str, Any], tokenizer: Any, data_cfg: DataConfig) -> tuple[str, list[int]]:
+def encode_prompt(example: dict[str, Any], tokenizer: Any,
+                  data_cfg: DataConfig) -> tuple[str, list[int]]:
     """(rendered text, token ids) of `example`'s prompt, exactly as every consumer feeds it."""
     text = render_prompt(example, tokenizer, data_cfg)
     add_special = not uses_chat_template(tokenizer, data_cfg)
@@ -123,8 +126,9 @@ def encode_examples(examples: list[dict[str, Any]], tokenizer: Any, data_cfg: Da
     return EncodedSplit(kept, dropped, longest)
 
 
-def prompt_for_rewards(example: dict[str, Any], tokenizer: Any, data_cfg: DataConfig) -> str | list[dict[str, str]]:
-    """What reward functions receive as a prompt: messages in chat mode (like TRL), else the text."""
+def prompt_for_rewards(example: dict[str, Any], tokenizer: Any,
+                       data_cfg: DataConfig) -> str | list[dict[str, str]]:
+    """What reward functions receive as a prompt: messages in chat mode (as TRL), else the text."""
     return build_prompt(example, data_cfg, uses_chat_template(tokenizer, data_cfg))
 
 
