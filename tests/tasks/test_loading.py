@@ -194,15 +194,36 @@ def test_folder_with_split_files_and_json_with_splits_are_separate_rows(tmp_path
     assert len(load_splits(DataConfig(dataset=str(tmp_path / "d.json")), num_eval=1).eval) == 1
 
 
-def test_folder_without_split_files_is_read_by_datasets(tmp_path):
+SNAPSHOT_CARD = """---
+configs:
+- config_name: main
+  data_files:
+  - {split: train, path: main/train-*}
+  - {split: test, path: main/test-*}
+- config_name: socratic
+  data_files:
+  - {split: train, path: socratic/train-*}
+  - {split: test, path: socratic/test-*}
+---
+"""
+
+
+def test_hub_snapshot_folder_is_read_by_datasets_with_its_config(tmp_path, capfd):
+    """The layout of a downloaded `openai/gsm8k` snapshot: parquet files per config and split."""
     import datasets
 
-    folder = tmp_path / "snapshot" / "data"
-    folder.mkdir(parents=True)
-    datasets.Dataset.from_list(ROWS[:3]).to_parquet(str(folder / "train-00000-of-00001.parquet"))
-    datasets.Dataset.from_list(ROWS[3:5]).to_parquet(str(folder / "test-00000-of-00001.parquet"))
-    splits = load_splits(DataConfig(dataset=str(tmp_path / "snapshot")), num_eval=5)
+    snapshot = tmp_path / "snapshot"
+    snapshot.mkdir()
+    (snapshot / "README.md").write_text(SNAPSHOT_CARD)
+    parts = {("main", "train"): ROWS[:3], ("main", "test"): ROWS[3:5],
+             ("socratic", "train"): ROWS[5:6], ("socratic", "test"): ROWS[6:7]}
+    for (config, split), rows in parts.items():
+        (snapshot / config).mkdir(exist_ok=True)
+        datasets.Dataset.from_list(rows).to_parquet(str(snapshot / config / f"{split}-0.parquet"))
+    capfd.readouterr()
+    splits = load_splits(DataConfig(dataset=str(snapshot), dataset_config="main"), num_eval=5)
     assert [e["prompt"] for e in splits.eval] == ["q3", "q4"] and len(splits.train) == 3
+    assert "Generating" not in capfd.readouterr().err  # no progress bars in the run log
 
 
 def test_hub_dataset_without_network_fails_at_once(monkeypatch):

@@ -113,6 +113,7 @@ def _read_with_datasets(data_cfg: DataConfig, split: str) -> list[Row]:
     try:
         import datasets
 
+        datasets.disable_progress_bars()  # no bars between the run's own log lines
         table = datasets.load_dataset(name, data_cfg.dataset_config or None, split=split)
     except Exception as err:  # noqa: BLE001 - network, missing split, unknown id: all one line
         why = f"{type(err).__name__}: {err}".splitlines()[0]
