@@ -25,6 +25,7 @@ EMBEDDED_TASK = "embedded:arithmetic"
 
 
 from infsamp.errors import InfsampError
+from infsamp.hub import looks_like_path
 
 
 class ConfigError(InfsampError, ValueError):
@@ -53,9 +54,9 @@ class ModelConfig:
 
     def validate(self) -> None:
         _require(self.lora_rank >= 0, "model.lora_rank", self.lora_rank, "must be >= 0")
-        if self.name_or_path != EMBEDDED_MODEL and not _looks_like_hub_id(self.name_or_path):
-            _require(Path(self.name_or_path).exists(), "model.name_or_path", self.name_or_path,
-                     "path does not exist")
+        if self.name_or_path != EMBEDDED_MODEL and looks_like_path(self.name_or_path):
+            _require(Path(self.name_or_path).expanduser().exists(), "model.name_or_path",
+                     self.name_or_path, "path does not exist")
 
 
 @dataclass
@@ -73,15 +74,32 @@ class DataConfig:
                                  choices=("auto", "always", "never"))
     num_train_examples: int = opt(4000, "embedded task: number of generated training problems")
     num_eval_examples: int = opt(200, "embedded task: number of held-out problems")
-    max_prompt_length: int = opt(256, "prompts longer than this (tokens) are left-truncated")
+    max_prompt_length: int = opt(256, "prompts over this many tokens (chat template included) are "
+                                      "skipped, never cut, and counted: data/dropped_prompts")
     seed: int = opt(1234, "seed of the embedded task generator")
+    chat_template_kwargs: dict[str, Any] = opt({}, "extra chat template variables, e.g. "
+                                                   "{enable_thinking: false} for Qwen3 (as TRL's)")
+    eval_fraction: float = opt(0.0, "hold out this fraction of the training split (shuffled "
+                                    "with data.seed) for evaluation instead of reading eval_split; "
+                                    "needed when both would be the same rows (one .jsonl file)")
 
     def validate(self) -> None:
         _require(self.max_prompt_length > 0, "data.max_prompt_length", self.max_prompt_length, "must be > 0")
+        _require(0 <= self.eval_fraction < 1, "data.eval_fraction", self.eval_fraction,
+                 "must be in [0, 1)")
+        reserved = set(self.chat_template_kwargs) & TEMPLATE_ARGUMENTS
+        _require(not reserved, "data.chat_template_kwargs", self.chat_template_kwargs,
+                 f"{', '.join(sorted(reserved))} is set by infsamp, not by the recipe")
         _require(self.num_eval_examples >= 0, "data.num_eval_examples", self.num_eval_examples, "must be >= 0")
         _require(self.num_train_examples > 0, "data.num_train_examples", self.num_train_examples, "must be > 0")
-        if self.dataset.endswith((".jsonl", ".json")):
-            _require(Path(self.dataset).exists(), "data.dataset", self.dataset, "path does not exist")
+        if not self.dataset.startswith("embedded:") and looks_like_path(self.dataset):
+            _require(Path(self.dataset).expanduser().exists(), "data.dataset", self.dataset,
+                     "path does not exist")
+
+
+TEMPLATE_ARGUMENTS = {"messages", "conversation", "add_generation_prompt", "tokenize",
+                      "return_dict", "continue_final_message", "chat_template", "tools",
+                      "documents"}
 
 
 @dataclass
@@ -89,6 +107,10 @@ class RewardsConfig:
     functions: list[str] = opt(["format", "accuracy"],
                                "reward functions: built-in names (format, accuracy) or 'module:function'")
     weights: list[float] = opt([], "one weight per function (default: all 1.0)")
+    format_think_block: str = opt("forbid", "the format reward and a leading <think>...</think> "
+                                            "block: forbid (the completion opens with <reasoning>, "
+                                            "as the seed), allow (skipped when present), require",
+                                  choices=("forbid", "allow", "require"))
 
     def validate(self) -> None:
         _require(len(self.functions) > 0, "rewards.functions", self.functions, "needs at least one function")
@@ -106,7 +128,7 @@ class SamplingConfig:
     temperature: float = opt(0.7, "sampling temperature (0 = greedy)")
     top_p: float = opt(1.0, "nucleus sampling threshold")
     top_k: int = opt(0, "top-k sampling (0 = off)")
-    predictor: str = opt("online", "length predictor for length_aware: online, none, oracle")
+    predictor: str = opt("online", "length predictor for length_aware: online or none")
     predictor_prefix_tokens: int = opt(16, "k: tokens decoded before a sample's length is re-predicted")
     refill: str = opt("auto", "runtime refill order for length_aware: auto (= ljf, measured best), sjf, ljf")
     grouping_epsilon: float = opt(0.1, "FPTAS epsilon of the global grouping (smaller: closer to optimal)")
@@ -124,8 +146,9 @@ class SamplingConfig:
         _require(self.predictor_prefix_tokens >= 0, "sampling.predictor_prefix_tokens",
                  self.predictor_prefix_tokens, "must be >= 0")
         _check_choice("sampling.policy", self.policy, "infsamp.sampling.policies", "POLICIES")
-        _require(self.predictor.partition(":")[0] in ("online", "none", "oracle", "noisy"), "sampling.predictor",
-                 self.predictor, "must be online, none, oracle or noisy:SIGMA")
+        _require(self.predictor in ("online", "none"), "sampling.predictor", self.predictor,
+                 "must be online or none (oracle and noisy know the true lengths: bench and "
+                 "simulate only)")
         _require(self.refill in ("auto", "sjf", "ljf"), "sampling.refill", self.refill, "must be auto, sjf or ljf")
         _require(self.grouping_epsilon > 0, "sampling.grouping_epsilon", self.grouping_epsilon, "must be > 0")
         if self.kv_budget != "auto":
@@ -248,10 +271,6 @@ def _check_choice(key: str, value: str, module: str, registry: str) -> None:
     _require(value in names, key, value, f"must be one of {', '.join(sorted(names))}")
 
 
-def _looks_like_hub_id(name: str) -> bool:
-    return bool(re.fullmatch(r"[\w.-]+/[\w.-]+", name)) and not Path(name).exists()
-
-
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9, "t": 1e12,
                "tb": 1e12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
@@ -284,6 +303,8 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{key}: expected a list, got {value!r}")
         return [_coerce(v, item_type, key) for v in value]
+    if origin is dict:
+        return _coerce_mapping(value, key)
     if annotation is bool:
         if isinstance(value, bool):
             return value
@@ -306,6 +327,19 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
             raise ConfigError(f"{key}: expected a string, got {value!r}")
         return str(value)
     return value
+
+
+def _coerce_mapping(value: Any, key: str) -> dict[str, Any]:
+    """A YAML mapping, or its flow text on the command line ('{enable_thinking: false}')."""
+    if isinstance(value, str):
+        try:
+            value = yaml.safe_load(value) if value.strip() else {}
+        except yaml.YAMLError:
+            value = None
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise ConfigError(f"{key}: expected a mapping such as {{enable_thinking: false}}, "
+                          f"got {value!r}")
+    return dict(value)
 
 
 def _is_intlike(value: Any) -> bool:
@@ -404,6 +438,8 @@ def iter_options() -> typing.Iterator[tuple[str, Any, Any, str]]:
 def type_name(annotation: Any) -> str:
     if typing.get_origin(annotation) in (list, typing.List):
         return f"list[{type_name(typing.get_args(annotation)[0])}]"
+    if typing.get_origin(annotation) is dict:
+        return "mapping"
     if isinstance(annotation, types.GenericAlias):
         return str(annotation)
     return getattr(annotation, "__name__", str(annotation))

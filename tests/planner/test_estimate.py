@@ -96,6 +96,10 @@ def test_invalid_inputs_raise_config_error():
     from infsamp.config import ConfigError
 
     for bad in (dict(max_completion=0), dict(group_size=-1), dict(optimizer="adam"), dict(dtype="int8"),
-                dict(beta=-1.0), dict(micro_group=5)):
+                dict(beta=-1.0), dict(micro_group=-1)):
         with pytest.raises(ConfigError):
             plan(**bad)
+
+
+def test_micro_group_above_the_step_samples_means_all_of_them():
+    assert plan(micro_group=10_000).micro_group == plan(micro_group=0).inputs.group_size

@@ -30,11 +30,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_flags(parser)
 
 
+def check_sources(cfg) -> None:
+    """Model and dataset names decided before torch is imported: a missing path, or a hub id while
+    the hub cannot be asked, is one line within a second of starting."""
+    from infsamp.models.source import resolve_model_source
+    from infsamp.tasks.loading import check_dataset_source
+
+    resolve_model_source(cfg.model.name_or_path)
+    check_dataset_source(cfg.data)
+
+
 def run(args: argparse.Namespace) -> int:
     overrides = config_overrides(args)
     if args.resume:
         overrides.setdefault("checkpointing.resume", "latest")
     cfg = load_config(args.config, overrides)
+    check_sources(cfg)
     if args.config is None:
         print(DEMO_HINT)
     from infsamp.rl.trainer import GRPOTrainer

@@ -1,28 +1,52 @@
 """Load a policy model and its tokenizer from a local HF checkpoint directory (or the embedded one).
 
-Resolves `model.name_or_path` ('embedded' -> the bundled tiny model), picks device and dtype, applies
-LoRA through peft and gradient checkpointing when asked. Every failure becomes one `ModelError` line
-naming the path. Hub ids are passed to transformers as is (they work where the hub is reachable).
+Resolves `model.name_or_path` through `models.source` (a folder, a peft adapter folder, or a hub
+id decided at once); a LoRA checkpoint folder (e.g. `run/checkpoint-4/model`) loads its base and
+the adapters are trained further with `model.lora_rank` > 0, or merged into the base with 0. Picks
+device and dtype, applies LoRA through peft and gradient checkpointing when asked. Every failure
+becomes one `ModelError` line naming the path. `stop_token_ids` is the one list of tokens that end a
+completion (sampler and evaluation both use it).
 
 Deliberately simple: one device, no sharding, no quantised loading.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from infsamp.config import EMBEDDED_MODEL, ModelConfig
+from infsamp.config import ModelConfig
 from infsamp.errors import ModelError
+from infsamp.models.source import (ADAPTER_CONFIG, EMBEDDED_DIR, resolve_model_source,  # noqa: F401
+                                   resolve_path)
 
-EMBEDDED_DIR = Path(__file__).parent / "embedded"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def resolve_path(name_or_path: str) -> str:
-    return str(EMBEDDED_DIR) if name_or_path == EMBEDDED_MODEL else name_or_path
+def quiet_transformers() -> None:
+    """No weight-loading or per-save progress bars, nor advisory warnings, between our own lines."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
+def stop_token_ids(model, tokenizer) -> tuple[int, ...]:
+    """Every token that ends a completion, in first-seen order: the model's generation config
+    `eos_token_id` (an int or a list: Llama-3 Instruct lists three, Qwen two), the model config's,
+    and the tokenizer's."""
+    found: list[int] = []
+    sources = (getattr(getattr(model, "generation_config", None), "eos_token_id", None),
+               getattr(getattr(model, "config", None), "eos_token_id", None),
+               getattr(tokenizer, "eos_token_id", None))
+    for value in sources:
+        for token in (value if isinstance(value, (list, tuple)) else [value]):
+            if token is not None and int(token) not in found:
+                found.append(int(token))
+    return tuple(found)
 
 
 def resolve_device(device: str) -> torch.device:
@@ -38,7 +62,8 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 
 def load_tokenizer(name_or_path: str):
-    path = resolve_path(name_or_path)
+    quiet_transformers()
+    path = resolve_model_source(name_or_path).tokenizer_path
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except Exception as err:  # transformers raises many types for a bad path
@@ -49,11 +74,13 @@ def load_tokenizer(name_or_path: str):
     return tokenizer
 
 
-def load_model_and_tokenizer(cfg: ModelConfig, device: torch.device | None = None):
-    """(model, tokenizer) on `device` with cfg's dtype, LoRA and checkpointing applied."""
+def load_model_and_tokenizer(cfg: ModelConfig, device: torch.device | None = None, tokenizer=None):
+    """(model, tokenizer) on `device` with cfg's dtype, LoRA and checkpointing applied; pass the
+    `tokenizer` when it was loaded already (the trainer encodes its data before loading weights)."""
     device = device or resolve_device(cfg.device)
-    path = resolve_path(cfg.name_or_path)
-    tokenizer = load_tokenizer(cfg.name_or_path)
+    source = resolve_model_source(cfg.name_or_path)
+    path = source.path
+    tokenizer = tokenizer or load_tokenizer(cfg.name_or_path)
     try:
         model = AutoModelForCausalLM.from_pretrained(
             path, dtype=resolve_dtype(cfg.dtype, device), attn_implementation=cfg.attn_implementation)
@@ -63,9 +90,33 @@ def load_model_and_tokenizer(cfg: ModelConfig, device: torch.device | None = Non
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
+    if source.adapter_dir is not None:
+        return load_adapters(model, cfg, source.adapter_dir), tokenizer
     if cfg.lora_rank > 0:
         model = apply_lora(model, cfg)
     return model, tokenizer
+
+
+def load_adapters(base: PreTrainedModel, cfg: ModelConfig, adapter_dir: Path):
+    """Adapters of an earlier LoRA run: trained further with lora_rank > 0 (the same rank), or
+    merged into the base with lora_rank 0 (then every weight trains)."""
+    from peft import PeftModel
+
+    rank = json.loads((adapter_dir / ADAPTER_CONFIG).read_text()).get("r")
+    if cfg.lora_rank and rank is not None and cfg.lora_rank != rank:
+        raise ModelError(f"model.lora_rank {cfg.lora_rank}: the adapters in {adapter_dir} have "
+                         f"rank {rank}; use --model.lora_rank {rank} to train them further, or 0 "
+                         "to merge them")
+    if cfg.gradient_checkpointing and cfg.lora_rank:
+        base.enable_input_require_grads()
+    try:
+        model = PeftModel.from_pretrained(base, str(adapter_dir), is_trainable=cfg.lora_rank > 0)
+    except Exception as err:  # noqa: BLE001 - peft raises many types for mismatched adapters
+        raise ModelError(f"model.name_or_path {str(adapter_dir)!r}: cannot load adapters "
+                         f"({_first_line(err)})") from None
+    if cfg.lora_rank:
+        return model
+    return model.merge_and_unload().requires_grad_(True)  # peft froze the base weights
 
 
 def apply_lora(model: PreTrainedModel, cfg: ModelConfig):

@@ -114,10 +114,11 @@ def plan_memory(shape: ModelShape, *, gpu_memory_bytes: int, group_size: int, ma
                 device: str = "cuda", shared_prompt_kv: bool = True, micro_group: int = 0,
                 train_micro_batch_tokens: int = 0,
                 lora_targets: tuple[str, ...] = LORA_TARGETS_ALL_LINEAR) -> MemoryPlan:
-    """Estimate both phases, choose g and the micro-batch, and advise when it does not fit."""
+    """Estimate both phases, choose g and the micro-batch, and advise when it does not fit.
+    A micro_group above group_size means all of the step's samples at once."""
     p = PlanInputs(shape, int(gpu_memory_bytes), group_size, max_prompt, max_completion, lora_rank,
                    tuple(lora_targets), optimizer, gradient_checkpointing, float(beta), dtype, device,
-                   shared_prompt_kv, micro_group, train_micro_batch_tokens)
+                   shared_prompt_kv, min(micro_group, group_size), train_micro_batch_tokens)
     validate_inputs(p)
     g, tokens = _choose(p)
     shown_g, shown_tokens = _shown_sizes(p, g, tokens)

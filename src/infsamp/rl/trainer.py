@@ -9,7 +9,8 @@ One step, laid out in time:
 
 Everything configurable comes from `infsamp.config.Config`; loss types, advantage scaling and
 sampling policies are registries in their own modules. The trainer only wires them together, logs,
-evaluates and checkpoints.
+evaluates and checkpoints. Start-up order: tokenizer, data (encoded once by `tasks.prompts`, the
+same ids for sampling and evaluation, and checked against the settings), then the weights.
 
 Deliberately simple: one process, one device; the reward functions run in the trainer's process.
 """
@@ -26,9 +27,10 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from infsamp.config import Config, save_config
+from infsamp.config import Config, ConfigError, save_config
 from infsamp.errors import InfsampError
-from infsamp.models.loading import load_model_and_tokenizer, resolve_device
+from infsamp.models.loading import (load_model_and_tokenizer, load_tokenizer, quiet_transformers,
+                                    resolve_device, stop_token_ids)
 from infsamp.rewards import compute_rewards, load_reward_functions
 from infsamp.rl import checkpoint as ckpt
 from infsamp.rl.advantages import compute_advantages
@@ -40,8 +42,9 @@ from infsamp.rl.prompt_stream import PromptStream
 from infsamp.rl.run_log import RunLogger, plot_run
 from infsamp.sampling.length_predictor import make_predictor
 from infsamp.sampling.sampler import GroupSampler
-from infsamp.tasks.loading import (completion_for_rewards, load_examples, prompt_for_rewards, render_prompt,
-                                    uses_chat_template)
+from infsamp.tasks.loading import load_splits
+from infsamp.tasks.prompts import (EncodedPrompt, EncodedSplit, completion_for_rewards,
+                                   encode_examples, prompt_for_rewards, uses_chat_template)
 
 
 @dataclass
@@ -50,14 +53,6 @@ class TrainResult:
     final_step: int
     eval_before: float | None
     eval_after: float | None
-
-
-def quiet_transformers() -> None:
-    """No per-save progress bars or advisory warnings between our own log lines."""
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
 
 
 SMALL_MODEL_PARAMETERS = 50_000_000
@@ -89,14 +84,16 @@ class GRPOTrainer:
         seed_everything(cfg.training.seed)
         quiet_transformers()
         self.device = resolve_device(cfg.model.device)
-        self.model, self.tokenizer = load_model_and_tokenizer(cfg.model, self.device)
+        self.tokenizer = load_tokenizer(cfg.model.name_or_path)
+        self.train_prompts, self.eval_prompts = self._load_prompts()
+        self.model, _ = load_model_and_tokenizer(cfg.model, self.device, tokenizer=self.tokenizer)
+        self.stop_token_ids = stop_token_ids(self.model, self.tokenizer)
         set_num_threads(cfg.training.num_threads, self.model, self.device)
-        self.reward_funcs = reward_funcs or load_reward_functions(cfg.rewards.functions)
+        self.reward_funcs = reward_funcs or load_reward_functions(cfg.rewards.functions,
+                                                                  cfg.rewards.format_think_block)
         self.reward_weights = cfg.rewards.weights or [1.0] * len(self.reward_funcs)
-        self.train_examples = load_examples(cfg.data, cfg.data.train_split)
-        self.eval_examples = load_examples(cfg.data, cfg.data.eval_split)[: cfg.eval.num_problems] \
-            if cfg.eval.num_problems else []
-        self.stream = PromptStream(self.train_examples, cfg.training.prompts_per_step, cfg.training.seed)
+        self.stream = PromptStream(self.train_prompts.prompts, cfg.training.prompts_per_step,
+                                   cfg.training.seed)
         self.sizes = plan_run(cfg, self.model, self.device)
         sampling_cfg = replace(cfg.sampling, kv_budget=str(self.sizes.kv_budget_tokens)) \
             if self.sizes.kv_budget_tokens else replace(cfg.sampling)
@@ -119,13 +116,27 @@ class GRPOTrainer:
 
     # ------------------------------------------------------------------ setup
 
+    def _load_prompts(self) -> tuple[EncodedSplit, EncodedSplit]:
+        """Training and held-out prompts as token ids, checked against the settings before the
+        weights load; says in the run log which rows evaluate and how many prompts were skipped."""
+        cfg = self.cfg
+        splits = load_splits(cfg.data, cfg.eval.num_problems)
+        train = encode_examples(splits.train, self.tokenizer, cfg.data, "training prompts")
+        held_out = encode_examples(splits.eval, self.tokenizer, cfg.data, "evaluation prompts") \
+            if splits.eval else EncodedSplit([], 0)
+        if cfg.training.prompts_per_step > len(train.prompts):
+            raise ConfigError(f"training.prompts_per_step: {cfg.training.prompts_per_step} is more "
+                              f"than the {len(train.prompts)} training prompts; one step would "
+                              "repeat a prompt")
+        notes = [splits.eval_note, train.note("training", cfg.data.max_prompt_length),
+                 held_out.note("evaluation", cfg.data.max_prompt_length)]
+        print("\n".join(note for note in notes if note))
+        return train, held_out
+
     def _length_predictor(self):
         """The length_aware policy's predictor, kept for the whole run so it learns across epochs."""
         if self.cfg.sampling.policy != "length_aware":
             return None
-        if self.cfg.sampling.predictor not in ("online", "none"):
-            raise InfsampError(f"sampling.predictor {self.cfg.sampling.predictor!r}: training needs online or "
-                               "none (oracle and noisy know the true lengths: bench and simulate only)")
         return make_predictor(self.cfg.sampling.predictor)
 
     def _reference_model(self):
@@ -204,20 +215,20 @@ class GRPOTrainer:
         return self._last_eval_step == step
 
     def _evaluate(self, logger: RunLogger) -> float | None:
-        if not self.eval_examples:
+        prompts = self.eval_prompts.prompts
+        if not prompts:
             return None
         start = time.perf_counter()
         max_new = self.cfg.eval.max_new_tokens or self.cfg.sampling.max_new_tokens
-        accuracy = evaluate_accuracy(self.model, self.tokenizer, self._eval_problems(), max_new_tokens=max_new,
+        accuracy = evaluate_accuracy(self.model, self.tokenizer, [p.token_ids for p in prompts],
+                                     [p.example["answer"] for p in prompts],
+                                     stop_token_ids=self.stop_token_ids, max_new_tokens=max_new,
                                      temperature=self.cfg.eval.temperature)
-        logger.log_eval(self.step, {"eval/accuracy": accuracy, "eval/num_problems": len(self.eval_examples),
+        logger.log_eval(self.step, {"eval/accuracy": accuracy, "eval/num_problems": len(prompts),
+                                    "eval/dropped_prompts": self.eval_prompts.num_dropped,
                                     "eval/time_s": round(time.perf_counter() - start, 2)})
         self._last_eval, self._last_eval_step = accuracy, self.step
         return accuracy
-
-    def _eval_problems(self) -> list[dict[str, Any]]:
-        return [{"prompt": render_prompt(ex, self.tokenizer, self.cfg.data), "answer": ex["answer"]}
-                for ex in self.eval_examples]
 
     def _save(self) -> None:
         ckpt.save_checkpoint(
@@ -239,22 +250,22 @@ class GRPOTrainer:
         return {**sample_metrics, **loss_metrics, "learning_rate": self.scheduler.get_last_lr()[0],
                 "epoch": self.stream.epoch, "step_time": round(time.perf_counter() - start, 3)}
 
-    def _rollout(self, batch: list[tuple[int, dict[str, Any]]]):
+    def _rollout(self, batch: list[tuple[int, EncodedPrompt]]):
         """Sample, score and normalise one step's groups; returns (Rollout, metrics, trace lines)."""
         G = self.cfg.sampling.num_generations
-        texts = [render_prompt(ex, self.tokenizer, self.cfg.data) for _, ex in batch]
-        prompt_ids = [self._encode_prompt(t) for t in texts]
-        result = self._sample_with_retry(prompt_ids, G, [str(i) for i, _ in batch], texts)
+        prompt_ids = [p.token_ids for _, p in batch]
+        keys = [str(p.index) for _, p in batch]
+        result = self._sample_with_retry(prompt_ids, G, keys, [p.text for _, p in batch])
         completions = [c for group in result.groups for c in group]  # group-major, N = B*G
-        examples = [ex for _, ex in batch for _ in range(G)]
+        examples = [p.example for _, p in batch for _ in range(G)]
         rewards = self._score(examples, completions)
         adv = compute_advantages(torch.tensor(rewards.total, dtype=torch.float32), G,
                                  self.cfg.training.scale_rewards)
         rollout = Rollout(prompt_ids=[p for p in prompt_ids for _ in range(G)],
                           completion_ids=[c.token_ids for c in completions], advantages=adv.advantages)
         metrics = self._sample_metrics(rewards, adv, completions, result.stats.to_metrics())
-        groups = [{"prompt_id": str(i), "prompt_tokens": len(p), "lengths": [c.length for c in grp]}
-                  for (i, _), p, grp in zip(batch, prompt_ids, result.groups)]
+        groups = [{"prompt_id": key, "prompt_tokens": len(p), "lengths": [c.length for c in grp]}
+                  for key, p, grp in zip(keys, prompt_ids, result.groups)]
         return rollout, metrics, groups
 
     def _sample_with_retry(self, prompt_ids, G: int, keys: list[str], texts: list[str]):
@@ -274,10 +285,6 @@ class GRPOTrainer:
                 sampling.policy = "continuous" if sampling.policy == "full" else sampling.policy
                 self.num_sampling_oom_retries += 1
                 print(f"out of memory while sampling: retrying with micro_group={g // 2}")
-
-    def _encode_prompt(self, text: str) -> list[int]:
-        ids = self.tokenizer(text, add_special_tokens=False).input_ids
-        return ids[-self.cfg.data.max_prompt_length:]
 
     def _score(self, examples: list[dict[str, Any]], completions):
         chat = uses_chat_template(self.tokenizer, self.cfg.data)
@@ -303,4 +310,5 @@ class GRPOTrainer:
             metrics["accuracy"] = sum(1 for v in values if v and v > 0) / len(values)
         metrics.update(sampler_metrics)
         metrics["sampling/oom_retries"] = self.num_sampling_oom_retries
+        metrics["data/dropped_prompts"] = self.train_prompts.num_dropped
         return metrics
