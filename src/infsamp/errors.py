@@ -21,3 +21,23 @@ class ModelError(InfsampError):
 
 class SamplingError(InfsampError):
     """A sampling request that cannot be served (prompt too long, budget too small, G < 1)."""
+
+
+class CheckpointError(InfsampError):
+    """A checkpoint that cannot be written or used (damaged, incomplete, from another model or run)."""
+
+
+class RunFolderError(InfsampError):
+    """A run folder that cannot be used as asked (holds another run, nothing to resume, not writable)."""
+
+
+class NonFiniteError(InfsampError):
+    """A NaN or inf loss, gradient norm, reward or weight; nothing was applied or saved."""
+
+
+class RunStopped(InfsampError):
+    """The run stopped on a signal after saving what it could; `exit_code` is 128 + the signal number."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code

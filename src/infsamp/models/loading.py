@@ -80,6 +80,21 @@ def apply_lora(model: PreTrainedModel, cfg: ModelConfig):
     return get_peft_model(model, lora)
 
 
+def module_names(name_or_path: str) -> set[str] | None:
+    """Names of every module of the model, built on the meta device (no weights read); None when its
+    config cannot be read locally (a hub id without the hub: loading reports that itself)."""
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(resolve_path(name_or_path), local_files_only=True)
+        with init_empty_weights():
+            model = AutoModelForCausalLM.from_config(config)
+    except Exception:  # noqa: BLE001 - any failure here is reported by the real load
+        return None
+    return {name for name, _ in model.named_modules() if name}
+
+
 def context_length(model) -> int:
     config = model.config
     return int(getattr(config, "max_position_embeddings", 2048) or 2048)

@@ -9,7 +9,10 @@ One step, laid out in time:
 
 Everything configurable comes from `infsamp.config.Config`; loss types, advantage scaling and
 sampling policies are registries in their own modules. The trainer only wires them together, logs,
-evaluates and checkpoints.
+evaluates and checkpoints. Before anything loads it validates the config, loads the reward functions
+and prepares the run folder (`run_folder.py`: a new run, or the verified checkpoint to resume); while
+it runs, SIGTERM/SIGINT end the step and save (`signals.py`), and a non-finite loss, gradient norm or
+reward stops the run before it is applied (or skips the update: `training.nonfinite`).
 
 Deliberately simple: one process, one device; the reward functions run in the trainer's process.
 """
@@ -17,6 +20,7 @@ Deliberately simple: one process, one device; the reward functions run in the tr
 from __future__ import annotations
 
 import random
+import sys
 import time
 from copy import deepcopy
 from dataclasses import dataclass, replace
@@ -27,7 +31,7 @@ import numpy as np
 import torch
 
 from infsamp.config import Config, save_config
-from infsamp.errors import InfsampError
+from infsamp.errors import InfsampError, NonFiniteError, RunStopped
 from infsamp.models.loading import load_model_and_tokenizer, resolve_device
 from infsamp.rewards import compute_rewards, load_reward_functions
 from infsamp.rl import checkpoint as ckpt
@@ -35,13 +39,33 @@ from infsamp.rl.advantages import compute_advantages
 from infsamp.rl.evaluation import evaluate_accuracy
 from infsamp.rl.memory import plan_run
 from infsamp.rl.grpo_step import GRPOStep, Rollout, is_out_of_memory
-from infsamp.rl.optim import build_optimizer, build_scheduler
+from infsamp.rl.optim import build_optimizer, build_scheduler, schedule_horizon
 from infsamp.rl.prompt_stream import PromptStream
+from infsamp.rl.run_folder import prepare_run_folder, run_identity
 from infsamp.rl.run_log import RunLogger, plot_run
+from infsamp.rl.signals import StopSignals
+from infsamp.rl.state_data import rng_state, set_rng_state
 from infsamp.sampling.length_predictor import make_predictor
 from infsamp.sampling.sampler import GroupSampler
 from infsamp.tasks.loading import (completion_for_rewards, load_examples, prompt_for_rewards, render_prompt,
                                     uses_chat_template)
+
+
+def warn_about_settings(cfg: Config) -> None:
+    """Settings that are valid but almost certainly not meant."""
+    if cfg.sampling.temperature == 0:
+        print("warning: sampling.temperature 0 decodes greedily: every completion of a group is the same, "
+              "rewards have no spread and GRPO learns nothing", file=sys.stderr)
+
+
+def check_finite(sample_metrics: dict[str, Any], advantages: torch.Tensor) -> None:
+    """The step's reward aggregates and advantages are finite numbers, or NonFiniteError names one."""
+    for key in ("reward", "reward_std"):
+        value = sample_metrics.get(key)
+        if isinstance(value, float) and not np.isfinite(value):
+            raise NonFiniteError(f"{key} is {value}")
+    if not bool(torch.isfinite(advantages).all()):
+        raise NonFiniteError("an advantage is not finite")
 
 
 @dataclass
@@ -83,15 +107,16 @@ class GRPOTrainer:
 
     def __init__(self, cfg: Config, reward_funcs: list[tuple[str, Callable]] | None = None,
                  step_callback: Callable[[int, dict[str, Any]], None] | None = None):
-        self.cfg = cfg
+        self.cfg = cfg.validate()
         self.output_dir = Path(cfg.logging.output_dir)
-        self.output_dir.mkdir(parents=True, exist_ok=True)
+        self.reward_funcs = reward_funcs or load_reward_functions(cfg.rewards.functions)
+        self.resume_from = prepare_run_folder(cfg)  # before anything loads: a bad folder is one line
+        warn_about_settings(cfg)
         seed_everything(cfg.training.seed)
         quiet_transformers()
         self.device = resolve_device(cfg.model.device)
         self.model, self.tokenizer = load_model_and_tokenizer(cfg.model, self.device)
         set_num_threads(cfg.training.num_threads, self.model, self.device)
-        self.reward_funcs = reward_funcs or load_reward_functions(cfg.rewards.functions)
         self.reward_weights = cfg.rewards.weights or [1.0] * len(self.reward_funcs)
         self.train_examples = load_examples(cfg.data, cfg.data.train_split)
         self.eval_examples = load_examples(cfg.data, cfg.data.eval_split)[: cfg.eval.num_problems] \
@@ -108,11 +133,13 @@ class GRPOTrainer:
                              max_completion_length=cfg.sampling.max_new_tokens,
                              micro_batch_tokens=self.sizes.train_micro_batch_tokens)
         self.optimizer = build_optimizer(self.model, cfg.training)
-        self.scheduler = build_scheduler(self.optimizer, cfg.training)
+        self.horizon = self.resume_from.state["schedule"] if self.resume_from else schedule_horizon(cfg.training)
+        self.scheduler = build_scheduler(self.optimizer, cfg.training, self.horizon)
         self.step_callback = step_callback
         self.num_sampling_oom_retries = 0
         self.step = 0
         self.eval_before: float | None = None
+        self._saved_step = -1
         self._resume()
         save_config(cfg, self.output_dir / "config.yaml")
         print(self.sizes.note)
@@ -123,10 +150,7 @@ class GRPOTrainer:
         """The length_aware policy's predictor, kept for the whole run so it learns across epochs."""
         if self.cfg.sampling.policy != "length_aware":
             return None
-        if self.cfg.sampling.predictor not in ("online", "none"):
-            raise InfsampError(f"sampling.predictor {self.cfg.sampling.predictor!r}: training needs online or "
-                               "none (oracle and noisy know the true lengths: bench and simulate only)")
-        return make_predictor(self.cfg.sampling.predictor)
+        return make_predictor(self.cfg.sampling.predictor)  # online or none (Config.validate)
 
     def _reference_model(self):
         """None with beta 0; with LoRA the base with adapters disabled; else a frozen copy."""
@@ -137,55 +161,91 @@ class GRPOTrainer:
         return ref
 
     def _resume(self) -> None:
-        path = ckpt.resolve_resume(self.cfg.checkpointing.resume, self.output_dir)
-        if path is None:
+        found = self.resume_from
+        if found is None:
             return
-        state, blob = ckpt.load_training_state(path)
-        self._load_weights(path / "model")
-        self.optimizer.load_state_dict(blob["optimizer"])
-        self.scheduler.load_state_dict(blob["scheduler"])
-        ckpt.set_rng_state(blob["rng"])
-        self.generator.set_state(blob["generator"])
+        state = found.state
+        self._load_weights(found)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        set_rng_state(state["rng"])
+        self.generator.set_state(state["generator"])
         self.stream.load_state_dict(state["data"])
-        self.step, self.eval_before = state["step"], state.get("eval_before")
-        if blob.get("predictor") is not None:
-            self.sampler.predictor = blob["predictor"]
-        print(f"resumed from {path} at step {self.step}")
+        self.step, self.eval_before, self._saved_step = found.step, state["eval_before"], found.step
+        self._last_eval, self._last_eval_step = state["last_eval"]
+        self._set_counters(state["counters"])
+        if self.sampler.predictor is not None:
+            self.sampler.predictor.load_state_dict(state["predictor"])
 
-    def _load_weights(self, model_dir: Path) -> None:
-        from safetensors.torch import load_file
-
+    def _load_weights(self, found: ckpt.Checkpoint) -> None:
         if self.cfg.model.lora_rank > 0:
             from peft import set_peft_model_state_dict
 
-            set_peft_model_state_dict(self.model, load_file(str(model_dir / "adapter_model.safetensors")))
+            result = set_peft_model_state_dict(self.model, found.model_tensors)
+            unexpected = getattr(result, "unexpected_keys", [])
+            missing = [k for k in getattr(result, "missing_keys", []) if "lora_" in k]
         else:
-            state = load_file(str(model_dir / "model.safetensors"))
-            missing, unexpected = self.model.load_state_dict(state, strict=False)
-            if unexpected or any("lm_head" not in m for m in missing):
-                raise InfsampError(f"checkpoint {model_dir}: weights do not match the model")
+            missing, unexpected = self.model.load_state_dict(found.model_tensors, strict=False)
+            missing = [m for m in missing if "lm_head" not in m]
             self.model.tie_weights()
+        if unexpected or missing:
+            raise InfsampError(f"{found.path}: weights do not match the model "
+                               f"({(unexpected or missing)[0]!r} and {len(unexpected) + len(missing) - 1} more)")
+
+    def _counters(self) -> dict[str, Any]:
+        """What the out-of-memory retries and skipped updates changed, so a resume continues alike."""
+        return {"sampling_oom_retries": self.num_sampling_oom_retries, "micro_group": self.sampler.cfg.micro_group,
+                "policy": self.sampler.cfg.policy, "train_oom_retries": self.grpo.num_oom_retries,
+                "micro_batch_tokens": self.grpo.micro_batch_tokens,
+                "skipped_updates": self.grpo.num_skipped_updates}
+
+    def _set_counters(self, counters: dict[str, Any]) -> None:
+        self.num_sampling_oom_retries = counters["sampling_oom_retries"]
+        self.sampler.cfg.micro_group, self.sampler.cfg.policy = counters["micro_group"], counters["policy"]
+        self.grpo.num_oom_retries = counters["train_oom_retries"]
+        self.grpo.micro_batch_tokens = counters["micro_batch_tokens"]
+        self.grpo.num_skipped_updates = counters["skipped_updates"]
 
     # ------------------------------------------------------------------ loop
 
     def train(self) -> TrainResult:
         cfg = self.cfg
+        if self.resume_from is not None and self.step >= cfg.training.max_steps:
+            print(f"the run finished at step {self.step} (training.max_steps {cfg.training.max_steps}): "
+                  "nothing to do")
+            return TrainResult(self.output_dir, self.step, self.eval_before, self._eval_at(self.step))
         logger = RunLogger(self.output_dir, cfg.training.max_steps, self.step, cfg.logging.log_every,
                            cfg.logging.progress_bar)
         try:
-            if self.step == 0:
-                self.eval_before = self._evaluate(logger)
-            while self.step < cfg.training.max_steps:
-                metrics = self.train_step(logger)
-                logger.log_step(self.step, metrics)
-                self._after_step(logger, metrics)
-            eval_after = self._evaluate(logger) if not self._evaluated_at(self.step) else self._last_eval
-            self._save()
+            with StopSignals() as stop:
+                if self.step == 0 and not self._evaluated_at(0):
+                    self.eval_before = self._evaluate(logger)
+                while self.step < cfg.training.max_steps:
+                    self._stop_if_asked(stop)
+                    metrics = self.train_step(logger)
+                    logger.log_step(self.step, metrics)
+                    self._after_step(logger, metrics)
+                eval_after = self._evaluate(logger) if not self._evaluated_at(self.step) else self._last_eval
+                self._save()
+                self._stop_if_asked(stop)
         finally:
             logger.close()
         if cfg.logging.plot:
             plot_run(self.output_dir)
         return TrainResult(self.output_dir, self.step, self.eval_before, eval_after)
+
+    def _stop_if_asked(self, stop: StopSignals) -> None:
+        """After a signal: save (checkpointing.save_on_signal) and stop with exit code 128 + signal."""
+        if not stop.requested:
+            return
+        if self.cfg.checkpointing.save_on_signal:
+            what = f"saved {self._save().name} in {self.output_dir} (continue with --resume)"
+        else:
+            newest = ckpt.list_checkpoints(self.output_dir)
+            what = "nothing saved (checkpointing.save_on_signal false; newest checkpoint: " \
+                   f"{newest[-1].name if newest else 'none'})"
+        done = "the run is complete" if self.step >= self.cfg.training.max_steps else f"after step {self.step}"
+        raise RunStopped(f"stopped by {stop.name} {done}: {what}", 128 + stop.received)
 
     def _after_step(self, logger: RunLogger, metrics: dict[str, Any]) -> None:
         every = self.cfg.eval.every_steps
@@ -203,6 +263,9 @@ class GRPOTrainer:
     def _evaluated_at(self, step: int) -> bool:
         return self._last_eval_step == step
 
+    def _eval_at(self, step: int) -> float | None:
+        return self._last_eval if self._evaluated_at(step) else None
+
     def _evaluate(self, logger: RunLogger) -> float | None:
         if not self.eval_examples:
             return None
@@ -219,12 +282,21 @@ class GRPOTrainer:
         return [{"prompt": render_prompt(ex, self.tokenizer, self.cfg.data), "answer": ex["answer"]}
                 for ex in self.eval_examples]
 
-    def _save(self) -> None:
-        ckpt.save_checkpoint(
-            self.output_dir, self.step, model=self.model, tokenizer=self.tokenizer, optimizer=self.optimizer,
-            scheduler=self.scheduler, keep_last=self.cfg.checkpointing.keep_last,
-            extra={"generator": self.generator.get_state(), "predictor": self.sampler.predictor},
-            trainer_state={"data": self.stream.state_dict(), "eval_before": self.eval_before})
+    def _save(self) -> Path:
+        """checkpoint-<step> (once per step: a signal right after a periodic save writes nothing new)."""
+        path = self.output_dir / f"checkpoint-{self.step}"
+        if self._saved_step == self.step and (path / ckpt.MANIFEST).is_file():
+            return path
+        predictor = self.sampler.predictor
+        state = {"run": run_identity(self.cfg), "schedule": self.horizon, "optimizer": self.optimizer.state_dict(),
+                 "scheduler": self.scheduler.state_dict(), "rng": rng_state(),
+                 "generator": self.generator.get_state(), "data": self.stream.state_dict(),
+                 "eval_before": self.eval_before, "last_eval": [self._last_eval, self._last_eval_step],
+                 "counters": self._counters(), "predictor": predictor.state_dict() if predictor else None}
+        path = ckpt.save_checkpoint(self.output_dir, self.step, model=self.model, tokenizer=self.tokenizer,
+                                    state=state, keep_last=self.cfg.checkpointing.keep_last)
+        self._saved_step = self.step
+        return path
 
     # ------------------------------------------------------------------ one step
 
@@ -234,7 +306,11 @@ class GRPOTrainer:
         rollout, sample_metrics, groups = self._rollout(batch)
         if logger is not None:
             logger.log_lengths(self.step + 1, groups)
-        loss_metrics = self.grpo.optimize(rollout, self.optimizer, self.scheduler)
+        try:
+            check_finite(sample_metrics, rollout.advantages)
+            loss_metrics = self.grpo.optimize(rollout, self.optimizer, self.scheduler)
+        except NonFiniteError as err:
+            loss_metrics = self._on_non_finite(err)
         self.step += 1
         return {**sample_metrics, **loss_metrics, "learning_rate": self.scheduler.get_last_lr()[0],
                 "epoch": self.stream.epoch, "step_time": round(time.perf_counter() - start, 3)}
@@ -256,6 +332,16 @@ class GRPOTrainer:
         groups = [{"prompt_id": str(i), "prompt_tokens": len(p), "lengths": [c.length for c in grp]}
                   for (i, _), p, grp in zip(batch, prompt_ids, result.groups)]
         return rollout, metrics, groups
+
+    def _on_non_finite(self, err: NonFiniteError) -> dict[str, Any]:
+        """training.nonfinite: stop with one line naming step and quantity, or skip the update."""
+        where = f"step {self.step + 1}: {err}"
+        if self.cfg.training.nonfinite == "stop":
+            raise NonFiniteError(f"{where}; stopped before applying it (checkpoints untouched; "
+                                 "training.nonfinite skip skips such updates instead)") from None
+        self.grpo.skip_update(self.optimizer, self.scheduler)
+        print(f"{where}: update skipped ({self.grpo.num_skipped_updates} so far)", file=sys.stderr)
+        return {"train/skipped_updates": self.grpo.num_skipped_updates}
 
     def _sample_with_retry(self, prompt_ids, G: int, keys: list[str], texts: list[str]):
         """On out-of-memory, halve g (leaving `full` for `continuous`) and sample the step again."""
