@@ -308,17 +308,17 @@ def _check_device(device: str, attn_implementation: str) -> None:
 
 
 def _check_lora_targets(cfg: "ModelConfig") -> None:
-    """Each LoRA target must name a module of the model (built on the meta device: no weights load)."""
-    from infsamp.models.loading import module_names
+    """Each LoRA target names a layer LoRA can adapt (model built on the meta device: no weights)."""
+    from infsamp.models.loading import adaptable_module_names
 
-    names = module_names(cfg.name_or_path)
+    names = adaptable_module_names(cfg.name_or_path)
     if names is None:  # the model's config cannot be read here (a hub id offline): loading will say
         return
     for target in cfg.lora_target_modules:
         if not any(name == target or name.endswith("." + target) for name in names):
-            linear = sorted({n.rsplit(".", 1)[-1] for n in names if "proj" in n or "fc" in n})[:8]
-            raise ConfigError(f"model.lora_target_modules: {target!r} matches no module of the model "
-                              f"(its linear layers include {', '.join(linear) or 'none'}; or all-linear)")
+            known = sorted({n.rsplit(".", 1)[-1] for n in names})[:10]
+            raise ConfigError(f"model.lora_target_modules: {target!r} names no layer LoRA can adapt in this "
+                              f"model (it has {', '.join(known)}; or all-linear)")
 
 
 def _check_output_dir(output_dir: str) -> None:
@@ -367,6 +367,8 @@ def size_is_bytes(text: str) -> bool:
 
 def _coerce(value: Any, annotation: Any, key: str) -> Any:
     """Convert `value` to the annotated type or raise ConfigError naming `key`."""
+    if value is None:  # YAML `key:` with nothing after it
+        raise ConfigError(f"{key}: expected {type_name(annotation)}, got an empty value")
     origin = typing.get_origin(annotation)
     if origin in (list, typing.List):
         (item_type,) = typing.get_args(annotation)

@@ -106,7 +106,8 @@ def _refuse_non_finite(step: int, weights: dict[str, torch.Tensor], tensors: dic
 
 
 def _write_failure(output_dir: Path, name: str, err: BaseException) -> str:
-    why = getattr(err, "strerror", None) or str(err).splitlines()[0]
+    code = re.search(r"os error (\d+)", str(err))  # safetensors wraps the OS error in its own
+    why = getattr(err, "strerror", None) or (os.strerror(int(code.group(1))) if code else str(err).splitlines()[0])
     previous = list_checkpoints(output_dir)
     kept = f"{previous[-1].name} is intact" if previous else "no earlier checkpoint"
     return f"cannot write {name} in {output_dir}: {why} (removed the partial {name}.tmp; {kept})"

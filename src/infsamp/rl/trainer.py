@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from infsamp.config import Config, save_config
-from infsamp.errors import InfsampError, NonFiniteError, RunStopped
+from infsamp.errors import InfsampError, NonFiniteError, RewardError, RunStopped
 from infsamp.models.loading import load_model_and_tokenizer, resolve_device
 from infsamp.rewards import compute_rewards, load_reward_functions
 from infsamp.rl import checkpoint as ckpt
@@ -49,6 +49,13 @@ from infsamp.sampling.length_predictor import make_predictor
 from infsamp.sampling.sampler import GroupSampler
 from infsamp.tasks.loading import (completion_for_rewards, load_examples, prompt_for_rewards, render_prompt,
                                     uses_chat_template)
+
+
+def _load_rewards(cfg: Config):
+    try:
+        return load_reward_functions(cfg.rewards.functions)
+    except RewardError as err:
+        raise RewardError(f"rewards.functions: {err}") from None
 
 
 def warn_about_settings(cfg: Config) -> None:
@@ -109,7 +116,7 @@ class GRPOTrainer:
                  step_callback: Callable[[int, dict[str, Any]], None] | None = None):
         self.cfg = cfg.validate()
         self.output_dir = Path(cfg.logging.output_dir)
-        self.reward_funcs = reward_funcs or load_reward_functions(cfg.rewards.functions)
+        self.reward_funcs = reward_funcs or _load_rewards(cfg)
         self.resume_from = prepare_run_folder(cfg)  # before anything loads: a bad folder is one line
         warn_about_settings(cfg)
         seed_everything(cfg.training.seed)
