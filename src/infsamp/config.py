@@ -56,11 +56,13 @@ class ModelConfig:
     def validate(self) -> None:
         _require(self.lora_rank >= 0, "model.lora_rank", self.lora_rank, "must be >= 0")
         _require(self.lora_alpha > 0, "model.lora_alpha", self.lora_alpha, "must be > 0")
-        _require(0 <= self.lora_dropout < 1, "model.lora_dropout", self.lora_dropout, "must be in [0, 1)")
-        _require(len(self.lora_target_modules) > 0, "model.lora_target_modules", self.lora_target_modules,
-                 "needs at least one module name (or all-linear)")
-        _require(self.attn_implementation in ATTN_IMPLEMENTATIONS or _looks_like_hub_id(self.attn_implementation),
-                 "model.attn_implementation", self.attn_implementation,
+        _require(0 <= self.lora_dropout < 1, "model.lora_dropout", self.lora_dropout,
+                 "must be in [0, 1)")
+        _require(len(self.lora_target_modules) > 0, "model.lora_target_modules",
+                 self.lora_target_modules, "needs at least one module name (or all-linear)")
+        attn = self.attn_implementation
+        _require(attn in ATTN_IMPLEMENTATIONS or _looks_like_hub_id(attn),
+                 "model.attn_implementation", attn,
                  f"must be one of {', '.join(ATTN_IMPLEMENTATIONS)} (or a kernels hub id)")
         _check_device(self.device, self.attn_implementation)
         if self.name_or_path != EMBEDDED_MODEL and not _looks_like_hub_id(self.name_or_path):
@@ -169,16 +171,17 @@ class TrainingConfig:
     train_micro_batch_tokens: int = opt(0, "tokens per training micro-batch; 0 = auto from the planner")
     seed: int = opt(0, "seed for sampling, shuffling and initialisation")
     num_threads: int = opt(0, "torch CPU threads (0: auto, 1 on CPU for models under 50M parameters)")
-    nonfinite: str = opt("stop", "a NaN/inf loss, gradient norm or reward: stop (one line naming step and "
-                         "quantity, nothing applied or saved) or skip the update (counted as "
-                         "train/skipped_updates)", choices=("stop", "skip"))
-    micro_batch_memory: str = opt("total", "memory the planner sizes the training micro-batch for: total "
-                                  "(the device's total memory: the same command gives the same weights) or "
-                                  "auto (memory free at start: results vary with the machine's load)",
-                                  choices=("total", "auto"))
+    nonfinite: str = opt("stop", "a NaN/inf loss, gradient norm or reward: stop (one line naming "
+                         "step and quantity, nothing applied or saved) or skip the update "
+                         "(counted as train/skipped_updates)", choices=("stop", "skip"))
+    micro_batch_memory: str = opt("total", "memory the planner sizes the training micro-batch "
+                                  "for: total (the device's total memory: the same command gives "
+                                  "the same weights) or auto (memory free at start: results vary "
+                                  "with the machine's load)", choices=("total", "auto"))
 
     def validate(self) -> None:
-        _require(0 <= self.num_threads <= 4096, "training.num_threads", self.num_threads, "must be in [0, 4096]")
+        _require(0 <= self.num_threads <= 4096, "training.num_threads", self.num_threads,
+                 "must be in [0, 4096]")
         _require(self.max_steps > 0, "training.max_steps", self.max_steps, "must be > 0")
         _require(self.prompts_per_step > 0, "training.prompts_per_step", self.prompts_per_step, "must be > 0")
         _require(self.learning_rate >= 0, "training.learning_rate", self.learning_rate, "must be >= 0")
@@ -194,11 +197,14 @@ class TrainingConfig:
         _check_choice("training.scale_rewards", self.scale_rewards, "infsamp.rl.advantages", "REWARD_SCALERS")
         _require(self.optimizer in ("adamw", "adamw8bit", "sgd"), "training.optimizer", self.optimizer,
                  "must be one of adamw, adamw8bit, sgd")
-        _require(0 <= self.adam_beta1 < 1, "training.adam_beta1", self.adam_beta1, "must be in [0, 1)")
-        _require(0 <= self.adam_beta2 < 1, "training.adam_beta2", self.adam_beta2, "must be in [0, 1)")
-        _require(self.weight_decay >= 0, "training.weight_decay", self.weight_decay, "must be >= 0")
+        for name in ("adam_beta1", "adam_beta2"):
+            value = getattr(self, name)
+            _require(0 <= value < 1, f"training.{name}", value, "must be in [0, 1)")
+        _require(self.weight_decay >= 0, "training.weight_decay", self.weight_decay,
+                 "must be >= 0")
         _require(0 <= self.seed < 2**32, "training.seed", self.seed, "must be in [0, 2**32)")
-        _check_choice("training.lr_scheduler", self.lr_scheduler, "infsamp.rl.optim", "LR_SCHEDULERS")
+        _check_choice("training.lr_scheduler", self.lr_scheduler, "infsamp.rl.optim",
+                      "LR_SCHEDULERS")
 
 
 @dataclass
@@ -212,7 +218,8 @@ class EvalConfig:
         _require(self.every_steps >= 0, "eval.every_steps", self.every_steps, "must be >= 0")
         _require(self.num_problems >= 0, "eval.num_problems", self.num_problems, "must be >= 0")
         _require(self.temperature >= 0, "eval.temperature", self.temperature, "must be >= 0")
-        _require(self.max_new_tokens >= 0, "eval.max_new_tokens", self.max_new_tokens, "must be >= 0")
+        _require(self.max_new_tokens >= 0, "eval.max_new_tokens", self.max_new_tokens,
+                 "must be >= 0")
 
 
 @dataclass
@@ -229,11 +236,13 @@ class LoggingConfig:
 
 @dataclass
 class CheckpointConfig:
-    save_every: int = opt(30, "save a checkpoint every N steps (0: only at the end and on a signal)")
+    save_every: int = opt(30, "save a checkpoint every N steps (0: at the end and on a signal)")
     keep_last: int = opt(2, "number of step checkpoints kept")
-    resume: str = opt("", "checkpoint directory to resume from; 'latest' (the newest in output_dir that "
-                      "verifies; none is an error); 'auto' (the same, or a new run when there is none)")
-    save_on_signal: bool = opt(True, "on SIGTERM/SIGINT finish the step, save a checkpoint, exit non-zero")
+    resume: str = opt("", "checkpoint directory to resume from; 'latest' (the newest in "
+                      "output_dir that verifies; none is an error); 'auto' (the same, or a new "
+                      "run when there is none)")
+    save_on_signal: bool = opt(True, "on SIGTERM/SIGINT finish the step, save a checkpoint and "
+                               "exit non-zero")
 
     def validate(self) -> None:
         _require(self.save_every >= 0, "checkpointing.save_every", self.save_every, "must be >= 0")
@@ -259,9 +268,10 @@ class Config:
             _require_finite(section.name, getattr(self, section.name))
             getattr(self, section.name).validate()
         if self.sampling.policy == "length_aware":
-            _require(self.sampling.predictor in ("online", "none"), "sampling.predictor", self.sampling.predictor,
-                     "training needs online or none (oracle and noisy know the true lengths: bench and "
-                     "simulate only)")
+            predictor = self.sampling.predictor
+            _require(predictor in ("online", "none"), "sampling.predictor", predictor,
+                     "training needs online or none (oracle and noisy know the true lengths: "
+                     "bench and simulate only)")
         return self
 
     def to_dict(self) -> dict[str, Any]:
@@ -277,22 +287,24 @@ def _require(ok: bool, key: str, value: Any, why: str) -> None:
 
 
 def _require_finite(section_name: str, section: Any) -> None:
-    """Every float option (and float list item) is a finite number: NaN and inf are never settings."""
+    """Every float option (and float list item) is finite: NaN and inf are never settings."""
     for f in dataclasses.fields(section):
         value = getattr(section, f.name)
         for item in value if isinstance(value, list) else [value]:
             if isinstance(item, float):
-                _require(math.isfinite(item), f"{section_name}.{f.name}", value, "must be a finite number")
+                _require(math.isfinite(item), f"{section_name}.{f.name}", value,
+                         "must be a finite number")
 
 
-ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3",
+                        "flex_attention")
 
 
 def _check_device(device: str, attn_implementation: str) -> None:
-    """auto, cpu or cuda[:N], and a CUDA device only where one is present (before anything loads)."""
+    """auto, cpu or cuda[:N], and a CUDA device only where one is present."""
     match = re.fullmatch(r"(auto|cpu|cuda)(?::(\d+))?", device)
-    _require(match is not None and not (match.group(2) and match.group(1) != "cuda"), "model.device", device,
-             "must be auto, cpu or cuda[:N]")
+    _require(match is not None and not (match.group(2) and match.group(1) != "cuda"),
+             "model.device", device, "must be auto, cpu or cuda[:N]")
     wants_cuda = match.group(1) == "cuda" or attn_implementation.startswith("flash_attention")
     if not wants_cuda:
         return
@@ -301,33 +313,34 @@ def _check_device(device: str, attn_implementation: str) -> None:
     what = f"model.device {device!r}" if match.group(1) == "cuda" else \
         f"model.attn_implementation {attn_implementation!r}"
     if not torch.cuda.is_available():
-        raise ConfigError(f"{what}: needs a CUDA GPU, and torch sees none (use cpu, sdpa or eager)")
+        raise ConfigError(f"{what}: needs a CUDA GPU, and torch sees none "
+                          "(use cpu, sdpa or eager)")
     index = int(match.group(2) or 0)
     _require(index < torch.cuda.device_count(), "model.device", device,
              f"this machine has {torch.cuda.device_count()} CUDA device(s)")
 
 
 def _check_lora_targets(cfg: "ModelConfig") -> None:
-    """Each LoRA target names a layer LoRA can adapt (model built on the meta device: no weights)."""
+    """Each LoRA target names a layer LoRA can adapt (built on the meta device: no weights)."""
     from infsamp.models.loading import adaptable_module_names
 
     names = adaptable_module_names(cfg.name_or_path)
-    if names is None:  # the model's config cannot be read here (a hub id offline): loading will say
+    if names is None:  # its config cannot be read here (a hub id offline): loading will say
         return
     for target in cfg.lora_target_modules:
         if not any(name == target or name.endswith("." + target) for name in names):
             known = sorted({n.rsplit(".", 1)[-1] for n in names})[:10]
-            raise ConfigError(f"model.lora_target_modules: {target!r} names no layer LoRA can adapt in this "
-                              f"model (it has {', '.join(known)}; or all-linear)")
+            raise ConfigError(f"model.lora_target_modules: {target!r} names no layer LoRA can "
+                              f"adapt in this model (it has {', '.join(known)}; or all-linear)")
 
 
 def _check_output_dir(output_dir: str) -> None:
     """The run folder is a folder (or can become one) that we may write."""
     _require(output_dir.strip() != "", "logging.output_dir", output_dir, "must name a folder")
     path = Path(output_dir)
-    _require(not path.exists() or path.is_dir(), "logging.output_dir", output_dir, "is a file, not a folder")
     existing = next(p for p in [path, *path.parents] if p.exists())
-    _require(existing.is_dir(), "logging.output_dir", output_dir, f"{existing} is a file, not a folder")
+    _require(existing.is_dir(), "logging.output_dir", output_dir,
+             "is a file, not a folder" if existing == path else f"{existing} is a file")
     _require(os.access(existing, os.W_OK | os.X_OK), "logging.output_dir", output_dir,
              f"{existing} is not writable")
 
@@ -468,8 +481,8 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
         where = f" line {mark.line + 1}" if mark else ""
         raise ConfigError(f"config file {path}{where}: not valid YAML") from None
     if tree is None:
-        raise ConfigError(f"config file {path}: is empty (no settings; run `infsamp train` without a file "
-                          "for the demo)")
+        raise ConfigError(f"config file {path}: is empty (no settings; run `infsamp train` "
+                          "without a file for the demo)")
     if not isinstance(tree, dict):
         raise ConfigError(f"config file {path}: top level must be a mapping of sections")
     for section, value in tree.items():

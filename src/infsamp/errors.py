@@ -24,11 +24,11 @@ class SamplingError(InfsampError):
 
 
 class CheckpointError(InfsampError):
-    """A checkpoint that cannot be written or used (damaged, incomplete, from another model or run)."""
+    """A checkpoint that cannot be written or used (damaged, incomplete, from another run)."""
 
 
 class RunFolderError(InfsampError):
-    """A run folder that cannot be used as asked (holds another run, nothing to resume, not writable)."""
+    """A run folder that cannot be used as asked (holds other files, nothing to resume)."""
 
 
 class NonFiniteError(InfsampError):
@@ -36,7 +36,7 @@ class NonFiniteError(InfsampError):
 
 
 class RunStopped(InfsampError):
-    """The run stopped on a signal after saving what it could; `exit_code` is 128 + the signal number."""
+    """The run stopped on a signal after saving what it could; `exit_code`: 128 + signal."""
 
     def __init__(self, message: str, exit_code: int):
         super().__init__(message)

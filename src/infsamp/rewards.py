@@ -191,7 +191,8 @@ def _checked_value(value: Any, name: str, row: int, prompts: Sequence[Any]) -> f
         return float(value)
     if isinstance(value, numbers.Real) and math.isfinite(value):
         raise _row_error(f"reward function {name!r}", row, prompts,
-                         f"returned {value!r}, beyond float32 range (|reward| <= {FLOAT32_MAX:.3g})")
+                         f"returned {value!r}, beyond float32 range "
+                         f"(|reward| <= {FLOAT32_MAX:.3g})")
     why = f"returned {value!r}" if isinstance(value, numbers.Real) else \
         f"returned {type(value).__name__} {value!r}, expected a number or None"
     raise _row_error(f"reward function {name!r}", row, prompts, why)

@@ -1,4 +1,4 @@
-"""Fixtures of the fault suite: a forkserver of pre-imported children, the run settings, references."""
+"""Fixtures of the fault suite: a forkserver of pre-imported children, run settings, references."""
 
 from __future__ import annotations
 
@@ -16,21 +16,23 @@ import fault_harness
 HARNESS = Path(fault_harness.__file__)
 NUM_STEPS = 6
 POLICIES = {  # every policy, and length_aware with each predictor training can use
-    "continuous": [], "full": ["--sampling.policy", "full"], "rounds": ["--sampling.policy", "rounds"],
+    "continuous": [], "full": ["--sampling.policy", "full"],
+    "rounds": ["--sampling.policy", "rounds"],
     "length_aware-online": ["--sampling.policy", "length_aware", "--sampling.predictor", "online"],
     "length_aware-none": ["--sampling.policy", "length_aware", "--sampling.predictor", "none"],
 }
 
 
 def run_args(model_dir: Path, out: Path, *extra: str) -> list[str]:
-    """`infsamp train` on the tiny model: 6 steps, a checkpoint every 2 (two kept), evaluation every 3."""
+    """`infsamp train` on the tiny model: 6 steps, checkpoints every 2 (two kept), eval every 3."""
     settings = {
         "model.name_or_path": model_dir, "model.attn_implementation": "eager",
         "data.num_train_examples": 40, "data.num_eval_examples": 4, "eval.num_problems": 4,
         "eval.every_steps": 3, "eval.max_new_tokens": 8,
         "rewards.functions": f"format,{HARNESS}:length_reward", "sampling.num_generations": 4,
         "sampling.max_new_tokens": 12, "sampling.micro_group": 4, "sampling.kv_budget": 4096,
-        "training.max_steps": NUM_STEPS, "training.prompts_per_step": 2, "training.learning_rate": 1e-2,
+        "training.max_steps": NUM_STEPS, "training.prompts_per_step": 2,
+        "training.learning_rate": 1e-2,
         "training.warmup_ratio": 0.0, "checkpointing.save_every": 2, "checkpointing.keep_last": 2,
         "logging.output_dir": out, "logging.progress_bar": False, "logging.plot": False,
     }
@@ -49,7 +51,7 @@ class Child:
 
     def wait(self, timeout: float = 120) -> int:
         self.process.join(timeout)
-        assert self.process.exitcode is not None, f"child still running after {timeout} s: {self.output}"
+        assert self.process.exitcode is not None, f"still running after {timeout} s: {self.output}"
         return self.process.exitcode
 
     @property
@@ -62,7 +64,8 @@ class Child:
     def wait_for(self, text: str, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
         while text not in self.output:
-            assert self.process.is_alive() and time.monotonic() < deadline, f"no {text!r} in: {self.output}"
+            alive = self.process.is_alive() and time.monotonic() < deadline
+            assert alive, f"no {text!r} in: {self.output}"
             time.sleep(0.05)
 
 
@@ -75,7 +78,8 @@ class Runner:
     def start(self, argv: list[str], kill_at: str | None = None) -> Child:
         self.count += 1
         log = self.log_dir / f"child-{self.count}.log"
-        process = self.context.Process(target=fault_harness.child_main, args=(argv, str(log), kill_at))
+        process = self.context.Process(target=fault_harness.child_main,
+                                       args=(argv, str(log), kill_at))
         process.start()
         return Child(process, log)
 

@@ -1,8 +1,8 @@
 """Run `infsamp train` in real child processes that can be SIGKILLed at chosen moments.
 
 Children are forked from a multiprocessing forkserver that has imported torch, transformers and
-infsamp once, so each run costs its training time, not the ~10 s of imports. A child runs the real CLI
-(`infsamp.cli.main`) with stdout and stderr in a log file; `kill_at` arms one fault inside it first:
+infsamp once, so each run costs its training time, not the ~10 s of imports. A child runs the real
+CLI (`infsamp.cli.main`) with stdout and stderr in a log file; `kill_at` arms a fault in it first:
 
     sampling@N     SIGKILL as step N starts sampling
     update@N       SIGKILL after step N's backward pass, before its optimizer step
@@ -10,10 +10,10 @@ infsamp once, so each run costs its training time, not the ~10 s of imports. A c
     torn@N         step N's metrics row is half written (one write cut short), then SIGKILL
     eval@N         SIGKILL during the evaluation at step N
     model@N        SIGKILL inside checkpoint-N's model save_pretrained (after it wrote its files)
-    state@N        SIGKILL inside checkpoint-N after its training state tensors, before its manifest
+    state@N        SIGKILL inside checkpoint-N after its training state, before the manifest
     rename@N       SIGKILL with checkpoint-N.tmp complete, just before it is renamed
     prune@N        after checkpoint-N: SIGKILL while an older checkpoint is half deleted
-    enospc@N       checkpoint-N's training state file is half written, then OSError(ENOSPC): disk full
+    enospc@N       checkpoint-N's training state file is half written, then OSError(ENOSPC)
     lowmem@0       no fault: the machine reports 1 MiB of free memory (SC_AVPHYS_PAGES)
     wait@N         after step N's metrics row: wait (up to 30 s) until a signal arrives, then go on
     wait2@N        the same, until a second signal arrives (its handler stops the run there)
@@ -253,16 +253,17 @@ def _arm_wait(step: int, num_signals: int = 1) -> None:
     StopSignals._handle, RunLogger.log_step = handle, log_step
 
 
-ARM = {"sampling": _arm_sampling, "update": _arm_update, "metrics": _arm_metrics, "torn": _arm_torn,
-       "eval": _arm_eval, "model": _arm_model, "state": _arm_state, "rename": _arm_rename,
-       "prune": _arm_prune, "enospc": _arm_enospc, "lowmem": _arm_lowmem, "wait": _arm_wait, "wait2": lambda step: _arm_wait(step, 2)}
+ARM = {"sampling": _arm_sampling, "update": _arm_update, "metrics": _arm_metrics,
+       "torn": _arm_torn, "eval": _arm_eval, "model": _arm_model, "state": _arm_state,
+       "rename": _arm_rename, "prune": _arm_prune, "enospc": _arm_enospc, "lowmem": _arm_lowmem,
+       "wait": _arm_wait, "wait2": lambda step: _arm_wait(step, 2)}
 
 
 # ---------------------------------------------------------------- reading runs
 
 
 def rows(path: Path) -> list[dict]:
-    """A JSONL file's rows without wall-clock fields (a torn last line would fail the json parse)."""
+    """A JSONL file's rows without wall-clock fields (a torn last line fails the assertion)."""
     if not path.exists():
         return []
     text = path.read_text()

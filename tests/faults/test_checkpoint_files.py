@@ -1,4 +1,4 @@
-"""Damaged checkpoints fall back to the newest one that verifies; a crafted pickle is never executed."""
+"""Damaged checkpoints fall back to the newest one that verifies; crafted pickles never run."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 
 
 def rehash(checkpoint: Path, name: str) -> None:
-    """Update the manifest for a file changed on purpose (so the deeper check is the one that fires)."""
+    """Update the manifest for a file changed on purpose (so the deeper check is what fires)."""
     manifest = json.loads((checkpoint / "manifest.json").read_text())
     data = (checkpoint / name).read_bytes()
     manifest["files"][name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
@@ -51,14 +51,19 @@ def bad_json(checkpoint: Path) -> None:
     rehash(checkpoint, "training_state.json")
 
 
+STATE = "training_state.safetensors"
 DAMAGE = {  # how checkpoint-6 is damaged -> words the skip line must contain
     "truncated weights": (lambda c: truncate(c / "model" / "model.safetensors"), "truncated"),
-    "deleted state": (lambda c: (c / "training_state.safetensors").unlink(), "training_state.safetensors is missing"),
+    "deleted state": (lambda c: (c / STATE).unlink(), f"{STATE} is missing"),
     "deleted manifest": (lambda c: (c / "manifest.json").unlink(), "no manifest.json"),
-    "altered byte": (lambda c: flip_byte(c / "training_state.safetensors"), "differs from its sha256"),
+    "altered byte": (lambda c: flip_byte(c / STATE), "differs from its sha256"),
     "invalid state json": (bad_json, "training_state.json cannot be read"),
     "NaN weight": (nan_weight, "NaN or inf"),
 }
+
+
+def skip_line(output: str, name: str) -> str:
+    return next(line for line in output.splitlines() if line.startswith(f"skipping {name}: "))
 
 
 @pytest.mark.parametrize("damage", DAMAGE)
@@ -69,17 +74,17 @@ def test_damaged_newest_checkpoint_falls_back(runner, reference, tiny_model_dir,
     harm(out / "checkpoint-6")
     code, output = runner.run(run_args(tiny_model_dir, out, "--resume"))
     assert code == 0, output
-    skip_line = next(line for line in output.splitlines() if line.startswith("skipping checkpoint-6: "))
-    assert words in skip_line
+    assert words in skip_line(output, "checkpoint-6")
     assert "resuming from" in output and "(step 4)" in output
     assert (out / "checkpoint-6.damaged").is_dir()  # kept for inspection, never deleted
     assert_same_run(out, reference("continuous"))
 
 
-def test_no_checkpoint_verifies_is_one_line_and_exit_2(runner, reference, tiny_model_dir, tmp_path):
+def test_no_checkpoint_verifies_is_one_line_and_exit_2(runner, reference, tiny_model_dir,
+                                                      tmp_path):
     out = tmp_path / "run"
     shutil.copytree(reference("continuous"), out)
-    truncate(out / "checkpoint-6" / "training_state.safetensors")
+    truncate(out / "checkpoint-6" / STATE)
     (out / "checkpoint-4" / "model" / "model.safetensors").unlink()
     code, output = runner.run(run_args(tiny_model_dir, out, "--resume"))
     assert code == 2
@@ -96,7 +101,7 @@ class Payload:
 
 
 def old_format(checkpoint: Path, evil: bytes) -> None:
-    """What infsamp wrote before: training_state.pt (torch.save, a pickle); plus a pickled .bin model."""
+    """What infsamp wrote before: training_state.pt (torch.save: a pickle), and a pickled .bin."""
     (checkpoint / "model").mkdir(parents=True)
     (checkpoint / "training_state.pt").write_bytes(evil)
     (checkpoint / "model" / "pytorch_model.bin").write_bytes(evil)
@@ -111,8 +116,8 @@ def behind_valid_hash(name: str):
 
 
 CRAFTED = {"old format": (old_format, "is a pickle and is not loaded"),
-           "state tensors": (behind_valid_hash("training_state.safetensors"), "not a readable safetensors"),
-           "state json": (behind_valid_hash("training_state.json"), "training_state.json cannot be read"),
+           "state tensors": (behind_valid_hash(STATE), "not a readable safetensors"),
+           "state json": (behind_valid_hash("training_state.json"), "cannot be read"),
            "weights": (behind_valid_hash("model/model.safetensors"), "not a readable safetensors")}
 
 
@@ -127,7 +132,7 @@ def test_a_crafted_pickle_is_never_executed(runner, reference, tiny_model_dir, t
     craft(out / "checkpoint-9", _saved(Payload(marker), tmp_path / "evil.pt").read_bytes())
     code, output = runner.run(run_args(tiny_model_dir, out, "--resume"))
     assert code == 0, output
-    assert words in next(line for line in output.splitlines() if line.startswith("skipping checkpoint-9: "))
+    assert words in skip_line(output, "checkpoint-9")
     assert "resuming from" in output
     assert not marker.exists()  # ...and resuming past the crafted checkpoint never ran it
 

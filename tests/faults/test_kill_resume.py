@@ -1,7 +1,8 @@
-"""SIGKILL at any moment, then `--resume`: the same weights, optimizer state and log rows, bit for bit.
+"""SIGKILL at any moment, then `--resume`: the same weights, optimizer state and log rows, exactly.
 
-Each test kills a real child process (`kill -9`) at one moment (fault_harness.py lists them), resumes
-it in a fresh child, and compares the final checkpoint and the JSONL rows with an uninterrupted run.
+Each test kills a real child process (`kill -9`) at one moment (fault_harness.py lists them),
+resumes it in a fresh child, and compares the final checkpoint and the JSONL rows with an
+uninterrupted run.
 """
 
 from __future__ import annotations
@@ -38,8 +39,8 @@ def kill_then_resume(runner, model_dir, out, kill_at, *extra):
     return output
 
 
-MOMENTS = ["sampling@3", "update@3", "metrics@4", "torn@5", "eval@3", "model@4", "state@4", "rename@4",
-           "prune@6"]
+MOMENTS = ["sampling@3", "update@3", "metrics@4", "torn@5", "eval@3", "model@4", "state@4",
+           "rename@4", "prune@6"]
 
 
 @pytest.mark.parametrize("kill_at", MOMENTS)
@@ -50,8 +51,9 @@ def test_kill_at_any_moment_resumes_exactly(runner, reference, tiny_model_dir, t
 
 
 @pytest.mark.parametrize("policy", [p for p in POLICIES if p != "continuous"])
-def test_every_policy_and_predictor_resumes_exactly(runner, reference, tiny_model_dir, tmp_path, policy):
-    """The online predictor's state is part of the checkpoint (it used to be an unpicklable lambda)."""
+def test_every_policy_and_predictor_resumes_exactly(runner, reference, tiny_model_dir, tmp_path,
+                                                    policy):
+    """The online predictor's state is in the checkpoint (it used to be an unpicklable lambda)."""
     kill_then_resume(runner, tiny_model_dir, tmp_path / "run", "state@4", *POLICIES[policy])
     assert_same_run(tmp_path / "run", reference(policy))
 
@@ -60,7 +62,8 @@ def test_killed_twice_in_a_row(runner, reference, tiny_model_dir, tmp_path):
     out = tmp_path / "run"
     code, _ = runner.run(run_args(tiny_model_dir, out), kill_at="rename@2")
     assert code == SIGKILLED
-    code, output = runner.run(run_args(tiny_model_dir, out, "--checkpointing.resume", "auto"), kill_at="torn@3")
+    auto = run_args(tiny_model_dir, out, "--checkpointing.resume", "auto")
+    code, output = runner.run(auto, kill_at="torn@3")
     assert code == SIGKILLED and "starting this run again from step 0" in output
     code, output = runner.run(run_args(tiny_model_dir, out, "--resume"), kill_at="model@4")
     assert code == SIGKILLED and "resuming from" in output
@@ -89,4 +92,4 @@ def test_resume_of_a_finished_run_changes_nothing(runner, reference, tiny_model_
     before = {p.name: p.read_bytes() for p in out.glob("*.jsonl")}
     code, output = runner.run(run_args(tiny_model_dir, out, "--resume"))
     assert code == 0 and "finished at step 6" in output, output
-    assert {p.name: p.read_bytes() for p in out.glob("*.jsonl")} == before  # no second eval, no rows
+    assert {p.name: p.read_bytes() for p in out.glob("*.jsonl")} == before  # no eval, no rows

@@ -32,8 +32,8 @@ def main(argv: list[str]) -> tuple[int, str]:
 def test_one_token_prompts_sample_in_one_step(tiny_model_dir, tmp_path):
     prompts = tmp_path / "t.txt"
     prompts.write_text("x\ny\n")
-    code, stderr = main(["sample", "--model", str(tiny_model_dir), "--prompts", str(prompts), "-G", "2",
-                         "--max-new-tokens", "8", "--quiet"])
+    code, stderr = main(["sample", "--model", str(tiny_model_dir), "--prompts", str(prompts),
+                         "-G", "2", "--max-new-tokens", "8", "--quiet"])
     assert code == 0, stderr
 
 
@@ -43,9 +43,10 @@ def test_one_token_prompt_completions_match_alone_and_together(tiny_model_dir):
     from infsamp.sampling.sampler import GroupSampler
 
     model, tokenizer = load_model_and_tokenizer(ModelConfig(name_or_path=str(tiny_model_dir)))
-    sampler = GroupSampler(model, tokenizer, SamplingConfig(max_new_tokens=8, micro_group=3, kv_budget="512"))
+    cfg = SamplingConfig(max_new_tokens=8, micro_group=3, kv_budget="512")
+    sampler = GroupSampler(model, tokenizer, cfg)
     together = sampler.sample([[9], [6, 7, 8], [5]], 2, generator=torch.Generator().manual_seed(0))
-    alone = sampler.sample([[9]], 2, generator=torch.Generator().manual_seed(0))  # same sample ids 0, 1
+    alone = sampler.sample([[9]], 2, generator=torch.Generator().manual_seed(0))  # ids 0, 1 too
     assert [c.token_ids for c in together.groups[0]] == [c.token_ids for c in alone.groups[0]]
 
 
@@ -54,7 +55,8 @@ def test_one_token_prompt_completions_match_alone_and_together(tiny_model_dir):
 
 @pytest.mark.parametrize("key, value", [
     ("model.device", "bogus"), ("training.adam_beta1", "2"), ("training.weight_decay", "-1"),
-    ("model.lora_dropout", "2"), ("eval.max_new_tokens", "-5"), ("training.lr_scheduler", "warmup_stable_decay"),
+    ("model.lora_dropout", "2"), ("eval.max_new_tokens", "-5"),
+    ("training.lr_scheduler", "warmup_stable_decay"),
     ("sampling.predictor", "oracle"),
 ])
 def test_bad_options_are_one_line_before_the_model_loads(tmp_path, key, value):
@@ -63,7 +65,8 @@ def test_bad_options_are_one_line_before_the_model_loads(tmp_path, key, value):
 
 
 def test_lora_target_that_is_not_a_layer(tmp_path):
-    code, stderr = run_train("model.lora_target_modules", "flag", "bogus", tmp_path, "--model.lora_rank", "4")
+    code, stderr = run_train("model.lora_target_modules", "flag", "bogus", tmp_path,
+                             "--model.lora_rank", "4")
     assert_one_line_naming("model.lora_target_modules", code, stderr)
     assert "names no layer LoRA can adapt" in stderr and "q_proj" in stderr
 
@@ -78,7 +81,8 @@ def test_cuda_without_a_gpu(tmp_path):
 def test_output_dir_naming_a_file(tmp_path):
     file = tmp_path / "file.txt"
     file.write_text("mine")
-    assert_one_line_naming("logging.output_dir", *run_train("logging.output_dir", "flag", str(file), tmp_path))
+    code, stderr = run_train("logging.output_dir", "flag", str(file), tmp_path)
+    assert_one_line_naming("logging.output_dir", code, stderr)
     assert file.read_text() == "mine"
 
 
@@ -97,7 +101,8 @@ def test_config_file_that_is_a_folder_empty_or_binary(tmp_path, kind, words):
 # ---- items 8 and 10: infsamp simulate
 
 
-@pytest.mark.parametrize("case", ["binary trace", "plot folder", "epsilon 0", "epsilon -1", "length 1e11"])
+@pytest.mark.parametrize("case", ["binary trace", "plot folder", "epsilon 0", "epsilon -1",
+                                  "length 1e11"])
 def test_simulate_refuses_in_one_line(tmp_path, case):
     trace = tmp_path / "trace.jsonl"
     trace.write_text(json.dumps({"prompt_id": "a", "prompt_tokens": 3, "lengths": [4, 9]}) + "\n")
@@ -109,9 +114,11 @@ def test_simulate_refuses_in_one_line(tmp_path, case):
     elif case.startswith("epsilon"):
         argv += ["--epsilon", case.split()[1]]
     else:
-        trace.write_text(json.dumps({"prompt_id": "a", "prompt_tokens": 3, "lengths": [int(1e11)]}) + "\n")
+        row = {"prompt_id": "a", "prompt_tokens": 3, "lengths": [int(1e11)]}
+        trace.write_text(json.dumps(row) + "\n")
     code, stderr = main(argv)
-    assert code == 2 and len(stderr.strip().splitlines()) == 1 and "Traceback" not in stderr, stderr
+    assert code == 2 and len(stderr.strip().splitlines()) == 1, stderr
+    assert "Traceback" not in stderr
 
 
 # ---- item 10: silently accepted values
@@ -126,17 +133,20 @@ def test_reward_beyond_float32_is_refused():
 
 
 def test_zero_temperature_training_warns(runner, tiny_model_dir, tmp_path):
-    code, output = runner.run(run_args(tiny_model_dir, tmp_path / "run", "--sampling.temperature", "0",
-                                       "--training.max_steps", "1", "--eval.num_problems", "0"))
+    code, output = runner.run(run_args(tiny_model_dir, tmp_path / "run",
+                                       "--sampling.temperature", "0", "--training.max_steps", "1",
+                                       "--eval.num_problems", "0"))
     assert code == 0 and "warning: sampling.temperature 0 decodes greedily" in output, output
 
 
-def test_micro_batch_does_not_follow_free_memory(runner, reference, tiny_model_dir, tmp_path, monkeypatch):
+def test_micro_batch_does_not_follow_free_memory(runner, reference, tiny_model_dir, tmp_path,
+                                                 monkeypatch):
     """The same command under memory pressure (free RAM faked to 1 MiB) gives the same weights;
     `training.micro_batch_memory auto` follows free memory and says so in its plan line."""
     page = os.sysconf("SC_PAGE_SIZE")
     real = os.sysconf
-    monkeypatch.setattr(os, "sysconf", lambda name: 2**20 // page if name == "SC_AVPHYS_PAGES" else real(name))
+    monkeypatch.setattr(os, "sysconf",
+                        lambda name: 2**20 // page if name == "SC_AVPHYS_PAGES" else real(name))
     from infsamp.rl.memory import device_memory_bytes
 
     assert device_memory_bytes(torch.device("cpu"), torch.nn.Linear(1, 1), "auto") < 2**21
@@ -144,8 +154,8 @@ def test_micro_batch_does_not_follow_free_memory(runner, reference, tiny_model_d
     code, output = runner.run(run_args(tiny_model_dir, tmp_path / "run"), kill_at="lowmem@0")
     assert code == 0, output
     assert_same_run(tmp_path / "run", reference("continuous"))
-    code, low = runner.run(run_args(tiny_model_dir, tmp_path / "auto", "--training.micro_batch_memory", "auto"),
-                           kill_at="lowmem@0")
+    auto = run_args(tiny_model_dir, tmp_path / "auto", "--training.micro_batch_memory", "auto")
+    code, low = runner.run(auto, kill_at="lowmem@0")
     plan = next(line for line in output.splitlines() if line.startswith("memory plan"))
     assert code == 0 and plan not in low  # a smaller micro-batch (or a does-not-fit note)
 

@@ -1,4 +1,4 @@
-"""SIGTERM and SIGINT: the step ends, a checkpoint is saved and named, the exit code is 128 + signal."""
+"""SIGTERM and SIGINT: the step ends, a checkpoint is saved and named, exit code 128 + signal."""
 
 from __future__ import annotations
 
@@ -11,11 +11,12 @@ from test_kill_resume import assert_same_run
 
 
 @pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGINT])
-def test_signal_saves_names_the_checkpoint_and_resumes_exactly(runner, reference, tiny_model_dir, tmp_path,
-                                                              number):
+def test_signal_saves_names_the_checkpoint_and_resumes_exactly(runner, reference, tiny_model_dir,
+                                                              tmp_path, number):
     out = tmp_path / "run"
     # save_every 0: with no periodic checkpoint, only the signal's save can keep the work
-    child = runner.start(run_args(tiny_model_dir, out, "--checkpointing.save_every", "0"), kill_at="wait@3")
+    child = runner.start(run_args(tiny_model_dir, out, "--checkpointing.save_every", "0"),
+                         kill_at="wait@3")
     child.wait_for("waiting for a signal")
     child.signal(number)
     assert child.wait() == 128 + number, child.output
@@ -50,5 +51,6 @@ def test_signal_without_save_on_signal_says_so(runner, tiny_model_dir, tmp_path)
     child.wait_for("waiting for a signal")
     child.signal(signal.SIGTERM)
     assert child.wait() == 128 + signal.SIGTERM
-    assert "nothing saved (checkpointing.save_on_signal false; newest checkpoint: checkpoint-2)" in child.output
+    assert ("nothing saved (checkpointing.save_on_signal false; newest checkpoint: "
+            "checkpoint-2)") in child.output
     assert not (out / "checkpoint-3").exists()

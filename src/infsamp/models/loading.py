@@ -81,14 +81,15 @@ def apply_lora(model: PreTrainedModel, cfg: ModelConfig):
 
 
 def adaptable_module_names(name_or_path: str) -> set[str] | None:
-    """Full names of the modules LoRA can adapt (linear, embedding, convolution layers), from the model
-    built on the meta device (no weights read); None when its config cannot be read locally (a hub id
-    without the hub: loading reports that itself)."""
+    """Full names of the modules LoRA can adapt (linear, embedding, convolution layers), from the
+    model built on the meta device (no weights read); None when its config cannot be read locally
+    (a hub id without the hub: loading reports that itself)."""
     from accelerate import init_empty_weights
     from transformers import AutoConfig
     from transformers.pytorch_utils import Conv1D
 
-    kinds = (torch.nn.Linear, torch.nn.Embedding, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d, Conv1D)
+    nn = torch.nn
+    kinds = (nn.Linear, nn.Embedding, nn.Conv1d, nn.Conv2d, nn.Conv3d, Conv1D)
     try:
         config = AutoConfig.from_pretrained(resolve_path(name_or_path), local_files_only=True)
         with init_empty_weights():

@@ -1,17 +1,19 @@
 """Checkpoints that hold data only, are written atomically and are verified before they are used.
 
     checkpoint-N/
-      model/                       a standard `save_pretrained` folder: weights (or LoRA adapters) in
-                                   safetensors, config, tokenizer (what `infsamp export` reads)
-      training_state.safetensors   every other tensor: optimizer states, torch RNG states
-      training_state.json          everything else: step, data position, schedule, counters, optimizer and
-                                   scheduler structure, python/numpy RNG states, length predictor
-      manifest.json                bytes and sha256 of each file above; written last
+      model/                      a standard `save_pretrained` folder: weights (or LoRA adapters)
+                                  in safetensors, config, tokenizer (what `infsamp export` reads)
+      training_state.safetensors  every other tensor: optimizer states, torch RNG states
+      training_state.json         everything else: step, data position, schedule, counters, the
+                                  optimizer's and scheduler's structure, python/numpy RNG states,
+                                  the length predictor, what the run is (model, LoRA rank)
+      manifest.json               bytes and sha256 of each file above; written last
 
-Writing goes to `checkpoint-N.tmp/`, every file is fsynced, and the folder is renamed to `checkpoint-N/`
-only when complete; a failure (a full disk) removes the `.tmp` folder and leaves earlier checkpoints as
-they were. Loading checks the manifest (a truncated, deleted or altered file is caught), reads tensors
-with safetensors and the rest as JSON (nothing is unpickled), and refuses NaN or inf in any tensor.
+Writing goes to `checkpoint-N.tmp/`, every file is fsynced, and the folder is renamed to
+`checkpoint-N/` only when complete; a failure (a full disk) removes the `.tmp` folder and leaves
+earlier checkpoints as they were. Loading checks the manifest (a truncated, deleted or altered file
+is caught), reads tensors with safetensors and the rest as JSON (nothing is unpickled), and refuses
+NaN or inf in any tensor.
 `find_resume_point` walks back from the newest checkpoint to the newest one that verifies.
 
 Deliberately simple: one process writes; sha256 re-reads every file once at save and once at load.
@@ -72,7 +74,8 @@ def save_checkpoint(output_dir: Path, step: int, *, model, tokenizer, state: dic
     return final
 
 
-def _write_folder(tmp: Path, model, tokenizer, tree: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
+def _write_folder(tmp: Path, model, tokenizer, tree: dict[str, Any],
+                  tensors: dict[str, torch.Tensor]) -> None:
     from safetensors.torch import save_file
 
     tmp.mkdir(parents=True)
@@ -82,7 +85,8 @@ def _write_folder(tmp: Path, model, tokenizer, tree: dict[str, Any], tensors: di
     (tmp / STATE_JSON).write_text(json.dumps(tree))
     files = {str(p.relative_to(tmp)): {"bytes": p.stat().st_size, "sha256": _sha256(p)}
              for p in sorted(tmp.rglob("*")) if p.is_file()}
-    (tmp / MANIFEST).write_text(json.dumps({"format": FORMAT, "step": tree["step"], "files": files}, indent=1))
+    manifest = {"format": FORMAT, "step": tree["step"], "files": files}
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
     for path in [*tmp.rglob("*"), tmp]:
         _fsync(path)
 
@@ -98,7 +102,8 @@ def _replace_folder(tmp: Path, final: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def _refuse_non_finite(step: int, weights: dict[str, torch.Tensor], tensors: dict[str, torch.Tensor]) -> None:
+def _refuse_non_finite(step: int, weights: dict[str, torch.Tensor],
+                       tensors: dict[str, torch.Tensor]) -> None:
     bad = non_finite_tensor(weights) or non_finite_tensor(tensors)
     if bad is not None:
         raise NonFiniteError(f"step {step}: {bad} holds NaN or inf; the checkpoint is not written "
@@ -107,7 +112,8 @@ def _refuse_non_finite(step: int, weights: dict[str, torch.Tensor], tensors: dic
 
 def _write_failure(output_dir: Path, name: str, err: BaseException) -> str:
     code = re.search(r"os error (\d+)", str(err))  # safetensors wraps the OS error in its own
-    why = getattr(err, "strerror", None) or (os.strerror(int(code.group(1))) if code else str(err).splitlines()[0])
+    why = getattr(err, "strerror", None) or \
+        (os.strerror(int(code.group(1))) if code else str(err).splitlines()[0])
     previous = list_checkpoints(output_dir)
     kept = f"{previous[-1].name} is intact" if previous else "no earlier checkpoint"
     return f"cannot write {name} in {output_dir}: {why} (removed the partial {name}.tmp; {kept})"
@@ -156,7 +162,7 @@ def prune(output_dir: Path, keep_last: int) -> None:
 
 
 def find_resume_point(output_dir: Path, on_skip: Callable[[Path, str], None]) -> Checkpoint | None:
-    """The newest checkpoint that verifies; `on_skip(path, reason)` for each newer one that does not."""
+    """The newest checkpoint that verifies; `on_skip(path, reason)` for each newer one."""
     for path in candidates(output_dir):
         try:
             return load_checkpoint(path)
@@ -166,7 +172,7 @@ def find_resume_point(output_dir: Path, on_skip: Callable[[Path, str], None]) ->
 
 
 def set_aside(path: Path) -> Path:
-    """Rename a damaged checkpoint to checkpoint-N.damaged[-k] (kept for inspection, never loaded)."""
+    """Rename a damaged checkpoint to checkpoint-N.damaged[-k]: kept to inspect, never loaded."""
     target, k = path.with_name(path.name + ".damaged"), 1
     while target.exists():
         target, k = path.with_name(f"{path.name}.damaged-{k}"), k + 1
@@ -198,8 +204,8 @@ def load_checkpoint(path: Path) -> Checkpoint:
 
 def _read_manifest(path: Path) -> dict[str, Any]:
     if not (path / MANIFEST).is_file():
-        old = " (written by an older infsamp: its training_state.pt is a pickle and is not loaded)" \
-            if (path / "training_state.pt").exists() else ""
+        old = " (written by an older infsamp: its training_state.pt is a pickle and is not " \
+            "loaded)" if (path / "training_state.pt").exists() else ""
         raise CheckpointError(f"{path}: no {MANIFEST}, the checkpoint is incomplete{old}")
     try:
         manifest = json.loads((path / MANIFEST).read_text())
@@ -217,10 +223,11 @@ def _verify_file(path: Path, name: str, entry: dict[str, Any]) -> None:
         raise CheckpointError(f"{path}: {name} is missing")
     size = file.stat().st_size
     if size != entry.get("bytes"):
-        raise CheckpointError(f"{path}: {name} has {size} bytes, the manifest says {entry.get('bytes')} "
-                              "(truncated or replaced)")
+        raise CheckpointError(f"{path}: {name} has {size} bytes, the manifest says "
+                              f"{entry.get('bytes')} (truncated or replaced)")
     if _sha256(file) != entry.get("sha256"):
-        raise CheckpointError(f"{path}: {name} differs from its sha256 in the manifest (altered after saving)")
+        raise CheckpointError(f"{path}: {name} differs from its sha256 in the manifest "
+                              "(altered after saving)")
 
 
 def _read_tensors(file: Path) -> dict[str, torch.Tensor]:
@@ -229,7 +236,8 @@ def _read_tensors(file: Path) -> dict[str, torch.Tensor]:
     try:
         tensors = load_file(str(file))
     except Exception as err:  # noqa: BLE001 - safetensors raises its own error type
-        raise CheckpointError(f"{file}: not a readable safetensors file ({str(err).splitlines()[0]})") from None
+        why = str(err).splitlines()[0]
+        raise CheckpointError(f"{file}: not a readable safetensors file ({why})") from None
     bad = non_finite_tensor(tensors)
     if bad is not None:
         raise CheckpointError(f"{file}: tensor {bad!r} holds NaN or inf")

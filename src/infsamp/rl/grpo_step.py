@@ -9,9 +9,10 @@
 
 Because each micro-batch's loss is normalised by totals of the whole batch, the accumulated gradient
 equals the full-batch gradient (tested). An out-of-memory error in a micro-batch splits that
-micro-batch in two and retries it; gradients of the micro-batches already done are kept. A NaN or inf
-loss or gradient norm is never applied: the gradients are dropped and `NonFiniteError` raised
-(`training.nonfinite: stop`), or the update is skipped and counted (`skip`).
+micro-batch in two and retries it; gradients of the micro-batches already done are kept.
+A NaN or inf loss or gradient norm is never applied: the gradients are dropped and
+`NonFiniteError` raised (`training.nonfinite: stop`), or the update is skipped and counted
+(`skip`).
 
 Deliberately simple: the LR scheduler advances once per optimizer step; no sequence packing.
 """
@@ -88,7 +89,8 @@ class GRPOStep:
             loss, stats = self.accumulate_gradients(rollout, old, ref, totals)
             grad_norm = self._clip()
             metrics = {"loss": loss, "grad_norm": grad_norm, **stats.metrics()}
-            bad = next((f"{name} is {value}" for name, value in (("loss", loss), ("gradient norm", grad_norm))
+            checked = (("loss", loss), ("gradient norm", grad_norm))
+            bad = next((f"{name} is {value}" for name, value in checked
                         if not math.isfinite(value)), None)
             if bad is not None:
                 optimizer.zero_grad(set_to_none=True)
@@ -105,10 +107,10 @@ class GRPOStep:
         return metrics
 
     def skip_update(self, optimizer, scheduler, num_updates: int | None = None) -> None:
-        """Count `num_updates` (default: a whole step's) as skipped; the schedule still advances."""
+        """Count `num_updates` (default: a step's) as skipped; the schedule still advances."""
         optimizer.zero_grad(set_to_none=True)
         for _ in range(self.cfg.num_iterations if num_updates is None else num_updates):
-            with warnings.catch_warnings():  # torch warns about a schedule step without an optimizer step
+            with warnings.catch_warnings():  # torch warns of a schedule step without an update
                 warnings.simplefilter("ignore", UserWarning)
                 scheduler.step()
             self.num_skipped_updates += 1

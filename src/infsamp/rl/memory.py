@@ -1,12 +1,12 @@
 """Size the run from the memory planner: the sampler's KV budget and the training micro-batch.
 
 `sampling.kv_budget: auto` and `training.train_micro_batch_tokens: 0` are resolved here, once, from
-`infsamp.planner.plan_memory` for the loaded model on the run's device. The micro-batch changes how
-gradients are summed (so the weights' last bits), so by default (`training.micro_batch_memory: total`)
-the plan is made for the device's total memory, a constant of the machine: the same command gives the
-same weights whatever else runs. `auto` plans for the memory free at start (plus what the model
-holds) instead. A plan that does not fit is reported with the planner's advice and the run continues
-with the smallest sizes.
+`infsamp.planner.plan_memory` for the loaded model on the run's device. The micro-batch changes
+how gradients are summed (so the weights' last bits), so by default
+(`training.micro_batch_memory: total`) the plan is made for the device's total memory, a constant
+of the machine: the same command gives the same weights whatever else runs. `auto` plans for the
+memory free at start (plus what the model holds) instead. A plan that does not fit is reported
+with the planner's advice and the run continues with the smallest sizes.
 
 Deliberately simple: planned once at start-up; the out-of-memory retries shrink the sizes later if
 the estimate was too optimistic.

@@ -48,15 +48,15 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainingConfig) -> torch.optim.
     return OPTIMIZERS[cfg.optimizer](params, cfg)
 
 
-# transformers schedules that need only warmup and total steps -> whether the rate depends on the total
-# (a run extended past the total would restart or end such a schedule: see `schedule_horizon`)
+# transformers schedules that need only warmup and total steps -> whether the rate depends on the
+# total (a run extended past it would restart or end such a schedule: see `schedule_horizon`)
 LR_SCHEDULERS: dict[str, bool] = {
     "linear": True, "cosine": True, "cosine_with_restarts": True, "polynomial": True,
     "constant": False, "constant_with_warmup": False, "inverse_sqrt": False}
 
 
 def schedule_horizon(cfg: TrainingConfig) -> dict[str, int | str]:
-    """What the learning-rate schedule is built from; a checkpoint records it and a resume reuses it."""
+    """What the learning-rate schedule is built from (a checkpoint records it; resumes reuse it)."""
     return {"lr_scheduler": cfg.lr_scheduler, "num_training_steps": cfg.max_steps,
             "num_warmup_steps": int(round(cfg.warmup_ratio * cfg.max_steps))}
 

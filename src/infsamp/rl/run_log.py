@@ -2,10 +2,11 @@
 
 Files in the run folder: `metrics.jsonl` (one object per step, TRL metric names where they exist),
 `eval.jsonl` (held-out accuracy by step), `lengths.jsonl` (one line per sampled group, the trace that
-`infsamp simulate` replays), `plots/training.png`. Every JSONL file is written by `append_jsonl`: whole
-lines in one `write` on an append-only descriptor, so a killed process leaves at most a torn last line.
-Readers skip a torn last line; a resumed run `rewind`s each file to its checkpoint's step (the torn
-line and the rows after the checkpoint go; the run writes them again), atomically.
+`infsamp simulate` replays), `plots/training.png`. Every JSONL file is written by
+`append_jsonl`: whole lines in one `write` on an append-only descriptor, so a killed process leaves
+at most a torn last line. Readers skip a torn last line; a resumed run `rewind`s each file to its
+checkpoint's step (the torn line and the rows after the checkpoint go; the run writes them again),
+atomically. (A killed process loses nothing written; a power cut can lose the last lines.)
 
 Deliberately simple: no TensorBoard/W&B integration; the JSONL files are easy to load into either.
 """
@@ -39,7 +40,8 @@ RUN_LOGS = ("metrics.jsonl", "eval.jsonl", "lengths.jsonl", "completions.jsonl")
 def append_jsonl(path: Path, records: dict[str, Any] | list[dict[str, Any]]) -> None:
     """Append one or more records as whole lines with a single write (see module docstring)."""
     records = [records] if isinstance(records, dict) else records
-    data = memoryview("".join(json.dumps({k: _clean(v) for k, v in r.items()}) + "\n" for r in records).encode())
+    text = "".join(json.dumps({k: _clean(v) for k, v in r.items()}) + "\n" for r in records)
+    data = memoryview(text.encode())
     try:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
@@ -52,7 +54,7 @@ def append_jsonl(path: Path, records: dict[str, Any] | list[dict[str, Any]]) -> 
 
 
 def _complete_lines(path: Path) -> list[str]:
-    """The file's lines, without a torn last one (no newline: a write cut short by a kill or full disk)."""
+    """The file's lines without a torn last one (no newline: a write cut short by a kill)."""
     text = path.read_text(errors="replace")
     lines = text.split("\n")
     return lines[:-1]  # the part after the last newline is '' or a torn line
@@ -72,7 +74,7 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def rewind(path: Path, step: int) -> int:
-    """Keep the complete records with step <= `step` (atomic rewrite); returns how many were dropped."""
+    """Keep the complete records with step <= `step` (atomic rewrite); returns how many went."""
     if not path.exists():
         return 0
     lines = path.read_text(errors="replace").split("\n")

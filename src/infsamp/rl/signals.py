@@ -2,12 +2,13 @@
 
 Schedulers send SIGTERM some seconds before they kill a job, and Ctrl-C sends SIGINT. Inside
 `StopSignals` the first of either only records the request and says so; the training loop checks
-`requested` between steps, saves a checkpoint (`checkpointing.save_on_signal`) and raises `RunStopped`
-(exit code 128 + the signal number). A second signal raises `StopNow` where the program is: the step
-in flight is abandoned and nothing more is saved (a checkpoint being written is left as `.tmp`, never
-loaded).
+`requested` between steps, saves a checkpoint (`checkpointing.save_on_signal`) and raises
+`RunStopped` (exit code 128 + the signal number). A second signal raises `StopNow` where the
+program is: the step in flight is abandoned and nothing more is saved (a checkpoint being written
+is removed, earlier ones stay).
 
-Deliberately simple: only the main thread can install handlers; elsewhere signals keep their defaults.
+Deliberately simple: only the main thread can install handlers; elsewhere signals keep their
+defaults.
 """
 
 from __future__ import annotations
@@ -54,8 +55,8 @@ class StopSignals:
     def _handle(self, number: int, _frame: Any) -> None:
         name = signal.Signals(number).name
         if self.received is not None:
-            raise StopNow(f"{name} again: stopped at once, the step in flight is lost (nothing more saved)",
-                          128 + number)
+            raise StopNow(f"{name} again: stopped at once, the step in flight is lost "
+                          "(nothing more saved)", 128 + number)
         self.received = number
-        print(f"\n{name} received: finishing this step, then stopping (send it again to stop at once)",
-              file=sys.stderr, flush=True)
+        print(f"\n{name} received: finishing this step, then stopping "
+              "(send it again to stop at once)", file=sys.stderr, flush=True)

@@ -1,15 +1,15 @@
 """Training state as data only: nested Python values <-> a JSON tree plus a flat dict of tensors.
 
-A checkpoint holds the optimizer and scheduler state, the RNG states and the trainer's counters. They
-are written as JSON (structure, numbers, strings) and one safetensors file (every tensor), so loading
-a checkpoint never unpickles anything: a crafted file can at worst fail to parse.
+A checkpoint holds the optimizer and scheduler state, the RNG states and the trainer's counters.
+They are written as JSON (structure, numbers, strings) and one safetensors file (every tensor), so
+loading a checkpoint never unpickles anything: a crafted file can at worst fail to parse.
 
-    to_data({"optimizer": opt.state_dict(), ...}) -> (tree, {"optimizer/state/0/exp_avg": tensor, ...})
-    from_data(tree, tensors) -> the same nested value (tuples, int dict keys and numpy arrays restored)
+    to_data({"optimizer": opt.state_dict()}) -> (tree, {"state/optimizer/state/0/exp_avg": t, ...})
+    from_data(tree, tensors) -> the same value (tuples, int dict keys and numpy arrays restored)
 
-Encoding: a tensor becomes {"__tensor__": key}; a tuple {"__tuple__": [...]}; a dict whose keys are not
-all plain strings {"__items__": [[key, value], ...]}; a numpy array {"__ndarray__": list, "dtype": name}.
-Anything that is not data (a function, an arbitrary object) is refused at save time.
+Encoding: a tensor becomes {"__tensor__": key}; a tuple {"__tuple__": [...]}; a dict whose keys are
+not all plain strings {"__items__": [[key, value], ...]}; a numpy array {"__ndarray__": list,
+"dtype": name}. Anything that is not data (a function, any other object) is refused at save time.
 
 Deliberately simple: tensors are moved to the CPU to be written; no sharding.
 """
@@ -26,7 +26,7 @@ MARKERS = ("__tensor__", "__tuple__", "__items__", "__ndarray__")
 
 
 def to_data(value: Any, path: str = "") -> tuple[Any, dict[str, torch.Tensor]]:
-    """(JSON-able tree, tensors by key) for a nested value of dicts, lists, tuples, scalars, tensors."""
+    """(JSON-able tree, tensors by key) for nested dicts, lists, tuples, scalars and tensors."""
     tensors: dict[str, torch.Tensor] = {}
     return _encode(value, path or "state", tensors), tensors
 
@@ -50,9 +50,10 @@ def _encode(value: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
     if isinstance(value, dict):
         if all(isinstance(k, str) and k not in MARKERS for k in value):
             return {k: _encode(v, f"{path}/{k}", tensors) for k, v in value.items()}
-        return {"__items__": [[_encode(k, f"{path}/key", tensors), _encode(v, f"{path}/{k}", tensors)]
-                              for k, v in value.items()]}
-    raise TypeError(f"{path}: {type(value).__name__} is not data (checkpoints hold tensors, numbers, strings)")
+        return {"__items__": [[_encode(k, f"{path}/key", tensors),
+                               _encode(v, f"{path}/{k}", tensors)] for k, v in value.items()]}
+    raise TypeError(f"{path}: {type(value).__name__} is not data "
+                    "(checkpoints hold tensors, numbers and strings)")
 
 
 def from_data(tree: Any, tensors: dict[str, torch.Tensor]) -> Any:
@@ -66,7 +67,8 @@ def from_data(tree: Any, tensors: dict[str, torch.Tensor]) -> Any:
     if "__tuple__" in tree:
         return tuple(from_data(v, tensors) for v in tree["__tuple__"])
     if "__items__" in tree:
-        return {_hashable(from_data(k, tensors)): from_data(v, tensors) for k, v in tree["__items__"]}
+        return {_hashable(from_data(k, tensors)): from_data(v, tensors)
+                for k, v in tree["__items__"]}
     if "__ndarray__" in tree:
         return np.asarray(tree["__ndarray__"], dtype=np.dtype(tree["dtype"]))
     return {k: from_data(v, tensors) for k, v in tree.items()}

@@ -9,10 +9,10 @@ One step, laid out in time:
 
 Everything configurable comes from `infsamp.config.Config`; loss types, advantage scaling and
 sampling policies are registries in their own modules. The trainer only wires them together, logs,
-evaluates and checkpoints. Before anything loads it validates the config, loads the reward functions
-and prepares the run folder (`run_folder.py`: a new run, or the verified checkpoint to resume); while
-it runs, SIGTERM/SIGINT end the step and save (`signals.py`), and a non-finite loss, gradient norm or
-reward stops the run before it is applied (or skips the update: `training.nonfinite`).
+evaluates and checkpoints. Before anything loads it validates the config, loads the reward
+functions and prepares the run folder (`run_folder.py`: a new run, or the verified checkpoint to
+resume); while it runs, SIGTERM/SIGINT end the step and save (`signals.py`), and a non-finite loss,
+gradient norm or reward stops the run before it is applied (or skips it: `training.nonfinite`).
 
 Deliberately simple: one process, one device; the reward functions run in the trainer's process.
 """
@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from infsamp.config import Config, save_config
-from infsamp.errors import InfsampError, NonFiniteError, RewardError, RunStopped
+from infsamp.errors import NonFiniteError, RewardError, RunStopped
 from infsamp.models.loading import load_model_and_tokenizer, resolve_device
 from infsamp.rewards import compute_rewards, load_reward_functions
 from infsamp.rl import checkpoint as ckpt
@@ -41,10 +41,10 @@ from infsamp.rl.memory import plan_run
 from infsamp.rl.grpo_step import GRPOStep, Rollout, is_out_of_memory
 from infsamp.rl.optim import build_optimizer, build_scheduler, schedule_horizon
 from infsamp.rl.prompt_stream import PromptStream
-from infsamp.rl.run_folder import prepare_run_folder, run_identity
+from infsamp.rl.run_folder import prepare_run_folder
 from infsamp.rl.run_log import RunLogger, plot_run
 from infsamp.rl.signals import StopSignals
-from infsamp.rl.state_data import rng_state, set_rng_state
+from infsamp.rl.train_state import restore_training_state, training_state
 from infsamp.sampling.length_predictor import make_predictor
 from infsamp.sampling.sampler import GroupSampler
 from infsamp.tasks.loading import (completion_for_rewards, load_examples, prompt_for_rewards, render_prompt,
@@ -61,12 +61,12 @@ def _load_rewards(cfg: Config):
 def warn_about_settings(cfg: Config) -> None:
     """Settings that are valid but almost certainly not meant."""
     if cfg.sampling.temperature == 0:
-        print("warning: sampling.temperature 0 decodes greedily: every completion of a group is the same, "
-              "rewards have no spread and GRPO learns nothing", file=sys.stderr)
+        print("warning: sampling.temperature 0 decodes greedily: every completion of a group is "
+              "the same, rewards have no spread and GRPO learns nothing", file=sys.stderr)
 
 
 def check_finite(sample_metrics: dict[str, Any], advantages: torch.Tensor) -> None:
-    """The step's reward aggregates and advantages are finite numbers, or NonFiniteError names one."""
+    """The step's reward aggregates and advantages are finite, or NonFiniteError names one."""
     for key in ("reward", "reward_std"):
         value = sample_metrics.get(key)
         if isinstance(value, float) and not np.isfinite(value):
@@ -117,7 +117,7 @@ class GRPOTrainer:
         self.cfg = cfg.validate()
         self.output_dir = Path(cfg.logging.output_dir)
         self.reward_funcs = reward_funcs or _load_rewards(cfg)
-        self.resume_from = prepare_run_folder(cfg)  # before anything loads: a bad folder is one line
+        self.resume_from = prepare_run_folder(cfg)  # before anything loads
         warn_about_settings(cfg)
         seed_everything(cfg.training.seed)
         quiet_transformers()
@@ -140,7 +140,8 @@ class GRPOTrainer:
                              max_completion_length=cfg.sampling.max_new_tokens,
                              micro_batch_tokens=self.sizes.train_micro_batch_tokens)
         self.optimizer = build_optimizer(self.model, cfg.training)
-        self.horizon = self.resume_from.state["schedule"] if self.resume_from else schedule_horizon(cfg.training)
+        self.horizon = self.resume_from.state["schedule"] if self.resume_from else \
+            schedule_horizon(cfg.training)  # a resumed run keeps the schedule it started with
         self.scheduler = build_scheduler(self.optimizer, cfg.training, self.horizon)
         self.step_callback = step_callback
         self.num_sampling_oom_retries = 0
@@ -168,59 +169,19 @@ class GRPOTrainer:
         return ref
 
     def _resume(self) -> None:
-        found = self.resume_from
-        if found is None:
-            return
-        state = found.state
-        self._load_weights(found)
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        set_rng_state(state["rng"])
-        self.generator.set_state(state["generator"])
-        self.stream.load_state_dict(state["data"])
-        self.step, self.eval_before, self._saved_step = found.step, state["eval_before"], found.step
-        self._last_eval, self._last_eval_step = state["last_eval"]
-        self._set_counters(state["counters"])
-        if self.sampler.predictor is not None:
-            self.sampler.predictor.load_state_dict(state["predictor"])
-
-    def _load_weights(self, found: ckpt.Checkpoint) -> None:
-        if self.cfg.model.lora_rank > 0:
-            from peft import set_peft_model_state_dict
-
-            result = set_peft_model_state_dict(self.model, found.model_tensors)
-            unexpected = getattr(result, "unexpected_keys", [])
-            missing = [k for k in getattr(result, "missing_keys", []) if "lora_" in k]
-        else:
-            missing, unexpected = self.model.load_state_dict(found.model_tensors, strict=False)
-            missing = [m for m in missing if "lm_head" not in m]
-            self.model.tie_weights()
-        if unexpected or missing:
-            raise InfsampError(f"{found.path}: weights do not match the model "
-                               f"({(unexpected or missing)[0]!r} and {len(unexpected) + len(missing) - 1} more)")
-
-    def _counters(self) -> dict[str, Any]:
-        """What the out-of-memory retries and skipped updates changed, so a resume continues alike."""
-        return {"sampling_oom_retries": self.num_sampling_oom_retries, "micro_group": self.sampler.cfg.micro_group,
-                "policy": self.sampler.cfg.policy, "train_oom_retries": self.grpo.num_oom_retries,
-                "micro_batch_tokens": self.grpo.micro_batch_tokens,
-                "skipped_updates": self.grpo.num_skipped_updates}
-
-    def _set_counters(self, counters: dict[str, Any]) -> None:
-        self.num_sampling_oom_retries = counters["sampling_oom_retries"]
-        self.sampler.cfg.micro_group, self.sampler.cfg.policy = counters["micro_group"], counters["policy"]
-        self.grpo.num_oom_retries = counters["train_oom_retries"]
-        self.grpo.micro_batch_tokens = counters["micro_batch_tokens"]
-        self.grpo.num_skipped_updates = counters["skipped_updates"]
+        if self.resume_from is not None:
+            restore_training_state(self, self.resume_from)
+            self._saved_step = self.step
 
     # ------------------------------------------------------------------ loop
 
     def train(self) -> TrainResult:
         cfg = self.cfg
         if self.resume_from is not None and self.step >= cfg.training.max_steps:
-            print(f"the run finished at step {self.step} (training.max_steps {cfg.training.max_steps}): "
-                  "nothing to do")
-            return TrainResult(self.output_dir, self.step, self.eval_before, self._eval_at(self.step))
+            print(f"the run finished at step {self.step} (training.max_steps "
+                  f"{cfg.training.max_steps}): nothing to do")
+            return TrainResult(self.output_dir, self.step, self.eval_before,
+                               self._eval_at(self.step))
         logger = RunLogger(self.output_dir, cfg.training.max_steps, self.step, cfg.logging.log_every,
                            cfg.logging.progress_bar)
         try:
@@ -232,7 +193,8 @@ class GRPOTrainer:
                     metrics = self.train_step(logger)
                     logger.log_step(self.step, metrics)
                     self._after_step(logger, metrics)
-                eval_after = self._evaluate(logger) if not self._evaluated_at(self.step) else self._last_eval
+                done = self._evaluated_at(self.step)
+                eval_after = self._last_eval if done else self._evaluate(logger)
                 self._save()
                 self._stop_if_asked(stop)
         finally:
@@ -242,7 +204,7 @@ class GRPOTrainer:
         return TrainResult(self.output_dir, self.step, self.eval_before, eval_after)
 
     def _stop_if_asked(self, stop: StopSignals) -> None:
-        """After a signal: save (checkpointing.save_on_signal) and stop with exit code 128 + signal."""
+        """After a signal: save (checkpointing.save_on_signal) and stop, exit code 128 + signal."""
         if not stop.requested:
             return
         if self.cfg.checkpointing.save_on_signal:
@@ -251,7 +213,8 @@ class GRPOTrainer:
             newest = ckpt.list_checkpoints(self.output_dir)
             what = "nothing saved (checkpointing.save_on_signal false; newest checkpoint: " \
                    f"{newest[-1].name if newest else 'none'})"
-        done = "the run is complete" if self.step >= self.cfg.training.max_steps else f"after step {self.step}"
+        done = "the run is complete" if self.step >= self.cfg.training.max_steps else \
+            f"after step {self.step}"
         raise RunStopped(f"stopped by {stop.name} {done}: {what}", 128 + stop.received)
 
     def _after_step(self, logger: RunLogger, metrics: dict[str, Any]) -> None:
@@ -290,18 +253,13 @@ class GRPOTrainer:
                 for ex in self.eval_examples]
 
     def _save(self) -> Path:
-        """checkpoint-<step> (once per step: a signal right after a periodic save writes nothing new)."""
+        """checkpoint-<step>, once per step (a signal right after a periodic save adds nothing)."""
         path = self.output_dir / f"checkpoint-{self.step}"
         if self._saved_step == self.step and (path / ckpt.MANIFEST).is_file():
             return path
-        predictor = self.sampler.predictor
-        state = {"run": run_identity(self.cfg), "schedule": self.horizon, "optimizer": self.optimizer.state_dict(),
-                 "scheduler": self.scheduler.state_dict(), "rng": rng_state(),
-                 "generator": self.generator.get_state(), "data": self.stream.state_dict(),
-                 "eval_before": self.eval_before, "last_eval": [self._last_eval, self._last_eval_step],
-                 "counters": self._counters(), "predictor": predictor.state_dict() if predictor else None}
-        path = ckpt.save_checkpoint(self.output_dir, self.step, model=self.model, tokenizer=self.tokenizer,
-                                    state=state, keep_last=self.cfg.checkpointing.keep_last)
+        path = ckpt.save_checkpoint(self.output_dir, self.step, model=self.model,
+                                    tokenizer=self.tokenizer, state=training_state(self),
+                                    keep_last=self.cfg.checkpointing.keep_last)
         self._saved_step = self.step
         return path
 

@@ -144,7 +144,8 @@ class _Ridge:
 
     def load_state_dict(self, state: dict) -> None:
         self.a, self.b = np.array(state["a"], dtype=float), np.array(state["b"], dtype=float)
-        self.weights = None if state["weights"] is None else np.array(state["weights"], dtype=float)
+        weights = state["weights"]
+        self.weights = None if weights is None else np.array(weights, dtype=float)
         self.num_unfit, self.num_seen = state["num_unfit"], state["num_seen"]
 
 
@@ -197,7 +198,7 @@ class OnlinePredictor(LengthPredictor):
         self._run_mean = log_length if self._run_mean is None else 0.98 * self._run_mean + 0.02 * log_length
 
     def state_dict(self) -> dict:
-        """Between calls (what a checkpoint sees) the per-call parts are empty; they are kept anyway."""
+        """Between calls (what a checkpoint sees) the per-call parts are empty; kept anyway."""
         return {"history": {k: list(v) for k, v in self._history.items()},
                 "siblings": [[g, list(v)] for g, v in self._siblings.items()],
                 "call_logs": [list(item) for item in self._call_logs], "run_mean": self._run_mean,
@@ -292,12 +293,13 @@ class PrefixMemory:
 
     def state_dict(self) -> dict:
         return {key: [[[[token, count] for token, count in counts.items()], norm, log_length]
-                      for counts, norm, log_length in entries] for key, entries in self._entries.items()}
+                      for counts, norm, log_length in entries]
+                for key, entries in self._entries.items()}
 
     def load_state_dict(self, state: dict) -> None:
         self._entries.clear()
         for key, entries in state.items():
-            self._entries[key].extend((Counter({token: count for token, count in counts}), norm, log_length)
+            self._entries[key].extend((Counter(dict(counts)), norm, log_length)
                                       for counts, norm, log_length in entries)
 
     def predict(self, key: str, counts: Counter) -> float | None:

@@ -53,7 +53,7 @@ class SimulationResult:
 
 
 # ---- traces -------------------------------------------------------------------------------------
-MAX_TRACE_TOKENS = 10_000_000  # far beyond any context window; longer is a damaged trace (it would hang)
+MAX_TRACE_TOKENS = 10_000_000  # beyond any context: a longer length is damage (and would hang)
 
 
 def read_trace(path: str | Path) -> list[TraceGroup]:
@@ -94,7 +94,8 @@ def _parse_line(path: Path, number: int, line: str) -> TraceGroup:
         if not _is_int(length) or length < 1:
             raise DataError(f"{where}: lengths[{position}] must be an integer >= 1, got {length!r}")
         if length > MAX_TRACE_TOKENS:
-            raise DataError(f"{where}: lengths[{position}] is {length}, above {MAX_TRACE_TOKENS} tokens")
+            raise DataError(f"{where}: lengths[{position}] is {length}, above "
+                            f"{MAX_TRACE_TOKENS} tokens")
     text = row.get("prompt_text", "")
     if not isinstance(text, str):
         raise DataError(f"{where}: prompt_text must be a string, got {type(text).__name__}")
