@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from infsamp.config import Config, save_config
-from infsamp.errors import NonFiniteError, RewardError, RunStopped
+from infsamp.errors import NonFiniteError, RewardError, RunFolderError, RunStopped
 from infsamp.models.loading import load_model_and_tokenizer, resolve_device
 from infsamp.rewards import compute_rewards, load_reward_functions
 from infsamp.rl import checkpoint as ckpt
@@ -149,7 +149,11 @@ class GRPOTrainer:
         self.eval_before: float | None = None
         self._saved_step = -1
         self._resume()
-        save_config(cfg, self.output_dir / "config.yaml")
+        try:
+            save_config(cfg, self.output_dir / "config.yaml")
+        except OSError as err:
+            raise RunFolderError(f"cannot write {self.output_dir / 'config.yaml'}: "
+                                 f"{err.strerror or err}") from None
         print(self.sizes.note)
 
     # ------------------------------------------------------------------ setup
@@ -200,7 +204,11 @@ class GRPOTrainer:
         finally:
             logger.close()
         if cfg.logging.plot:
-            plot_run(self.output_dir)
+            try:
+                plot_run(self.output_dir)
+            except OSError as err:  # the run and its checkpoint are complete: say so, do not fail
+                print(f"warning: plots/training.png not written ({err.strerror or err})",
+                      file=sys.stderr)
         return TrainResult(self.output_dir, self.step, self.eval_before, eval_after)
 
     def _stop_if_asked(self, stop: StopSignals) -> None:
