@@ -82,3 +82,13 @@ def test_extending_a_finished_run(runner, reference, tiny_model_dir, tmp_path):
                                        "--training.max_steps", "4", "--resume"))
     assert code == 2
     assert "cosine schedule was built for 2 steps and cannot be extended" in last_line(output)
+
+
+def test_resume_with_another_learning_rate_is_one_line(runner, reference, tiny_model_dir, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(reference("continuous"), out)
+    code, output = runner.run(run_args(tiny_model_dir, out, "--training.learning_rate", "0.5",
+                                       "--training.max_steps", "8", "--resume"))
+    assert code == 2
+    assert "checkpoint-6 was trained with training.learning_rate 0.01; this run asks for 0.5" \
+        in last_line(output)

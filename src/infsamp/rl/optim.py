@@ -57,7 +57,8 @@ LR_SCHEDULERS: dict[str, bool] = {
 
 def schedule_horizon(cfg: TrainingConfig) -> dict[str, int | str]:
     """What the learning-rate schedule is built from (a checkpoint records it; resumes reuse it)."""
-    return {"lr_scheduler": cfg.lr_scheduler, "num_training_steps": cfg.max_steps,
+    return {"lr_scheduler": cfg.lr_scheduler, "learning_rate": cfg.learning_rate,
+            "warmup_ratio": cfg.warmup_ratio, "num_training_steps": cfg.max_steps,
             "num_warmup_steps": int(round(cfg.warmup_ratio * cfg.max_steps))}
 
 

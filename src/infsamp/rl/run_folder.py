@@ -144,10 +144,12 @@ def check_schedule(cfg: Config, found: ckpt.Checkpoint) -> None:
     that horizon a constant (or inverse-sqrt) schedule simply continues; a decaying one would start
     over (transformers' cosine rises again) or stay at 0, so extending it is refused."""
     saved, name, max_steps = found.state["schedule"], found.path.name, cfg.training.max_steps
-    if saved["lr_scheduler"] != schedule_horizon(cfg.training)["lr_scheduler"]:
-        raise CheckpointError(f"{name} runs the {saved['lr_scheduler']} learning-rate schedule; "
-                              "this run asks for training.lr_scheduler "
-                              f"{cfg.training.lr_scheduler} (a run keeps its schedule)")
+    now = schedule_horizon(cfg.training)
+    for key in ("lr_scheduler", "learning_rate", "warmup_ratio"):
+        if saved[key] != now[key]:
+            raise CheckpointError(f"{name} was trained with training.{key} {saved[key]}; this run "
+                                  f"asks for {now[key]} (a run keeps its learning-rate schedule; "
+                                  "start a new run to change it)")
     if found.step > max_steps:
         raise CheckpointError(f"{name} is at step {found.step}, past training.max_steps "
                               f"{max_steps}")
