@@ -84,7 +84,8 @@ def test_extending_a_finished_run(runner, reference, tiny_model_dir, tmp_path):
     assert "cosine schedule was built for 2 steps and cannot be extended" in last_line(output)
 
 
-def test_resume_with_another_learning_rate_is_one_line(runner, reference, tiny_model_dir, tmp_path):
+def test_resume_with_another_learning_rate_is_one_line(runner, reference, tiny_model_dir,
+                                                       tmp_path):
     out = tmp_path / "run"
     shutil.copytree(reference("continuous"), out)
     code, output = runner.run(run_args(tiny_model_dir, out, "--training.learning_rate", "0.5",
