@@ -1,10 +1,19 @@
 """Shared test setup: GPU tests skip cleanly without CUDA; a tiny char-level checkpoint for CLI/trainer tests."""
 
+import os
+
 import pytest
 import torch
+from hypothesis import settings
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from infsamp.models.tiny import build_tokenizer
+
+# Property tests draw the same examples on every run, so CI's verdict does not depend on luck;
+# HYPOTHESIS_PROFILE=explore draws fresh ones when hunting for new failures.
+settings.register_profile("ci", derandomize=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def pytest_collection_modifyitems(config, items):

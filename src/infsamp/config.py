@@ -11,6 +11,8 @@ strings on the command line.
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
 import re
 import types
 import typing
@@ -54,9 +56,21 @@ class ModelConfig:
 
     def validate(self) -> None:
         _require(self.lora_rank >= 0, "model.lora_rank", self.lora_rank, "must be >= 0")
+        _require(self.lora_alpha > 0, "model.lora_alpha", self.lora_alpha, "must be > 0")
+        _require(0 <= self.lora_dropout < 1, "model.lora_dropout", self.lora_dropout,
+                 "must be in [0, 1)")
+        _require(len(self.lora_target_modules) > 0, "model.lora_target_modules",
+                 self.lora_target_modules, "needs at least one module name (or all-linear)")
+        attn = self.attn_implementation
+        _require(attn in ATTN_IMPLEMENTATIONS or ("/" in attn and not looks_like_path(attn)),
+                 "model.attn_implementation", attn,
+                 f"must be one of {', '.join(ATTN_IMPLEMENTATIONS)} (or a kernels hub id)")
+        _check_device(self.device, self.attn_implementation)
         if self.name_or_path != EMBEDDED_MODEL and looks_like_path(self.name_or_path):
             _require(Path(self.name_or_path).expanduser().exists(), "model.name_or_path",
                      self.name_or_path, "path does not exist")
+        if self.lora_rank > 0 and self.lora_target_modules != ["all-linear"]:
+            _check_lora_targets(self)
 
 
 @dataclass
@@ -92,6 +106,7 @@ class DataConfig:
                  f"{', '.join(sorted(reserved))} is set by infsamp, not by the recipe")
         _require(self.num_eval_examples >= 0, "data.num_eval_examples", self.num_eval_examples, "must be >= 0")
         _require(self.num_train_examples > 0, "data.num_train_examples", self.num_train_examples, "must be > 0")
+        _require(0 <= self.seed < 2**32, "data.seed", self.seed, "must be in [0, 2**32)")
         if not self.dataset.startswith("embedded:") and looks_like_path(self.dataset):
             _require(Path(self.dataset).expanduser().exists(), "data.dataset", self.dataset,
                      "path does not exist")
@@ -179,9 +194,17 @@ class TrainingConfig:
     train_micro_batch_tokens: int = opt(0, "tokens per training micro-batch; 0 = auto from the planner")
     seed: int = opt(0, "seed for sampling, shuffling and initialisation")
     num_threads: int = opt(0, "torch CPU threads (0: auto, 1 on CPU for models under 50M parameters)")
+    nonfinite: str = opt("stop", "a NaN/inf loss, gradient norm or reward: stop (one line naming "
+                         "step and quantity, nothing applied or saved) or skip the update "
+                         "(counted as train/skipped_updates)", choices=("stop", "skip"))
+    micro_batch_memory: str = opt("total", "memory the planner sizes the training micro-batch "
+                                  "for: total (the device's total memory: the same command gives "
+                                  "the same weights) or auto (memory free at start: results vary "
+                                  "with the machine's load)", choices=("total", "auto"))
 
     def validate(self) -> None:
-        _require(self.num_threads >= 0, "training.num_threads", self.num_threads, "must be >= 0")
+        _require(0 <= self.num_threads <= 4096, "training.num_threads", self.num_threads,
+                 "must be in [0, 4096]")
         _require(self.max_steps > 0, "training.max_steps", self.max_steps, "must be > 0")
         _require(self.prompts_per_step > 0, "training.prompts_per_step", self.prompts_per_step, "must be > 0")
         _require(self.learning_rate >= 0, "training.learning_rate", self.learning_rate, "must be >= 0")
@@ -197,6 +220,14 @@ class TrainingConfig:
         _check_choice("training.scale_rewards", self.scale_rewards, "infsamp.rl.advantages", "REWARD_SCALERS")
         _require(self.optimizer in ("adamw", "adamw8bit", "sgd"), "training.optimizer", self.optimizer,
                  "must be one of adamw, adamw8bit, sgd")
+        for name in ("adam_beta1", "adam_beta2"):
+            value = getattr(self, name)
+            _require(0 <= value < 1, f"training.{name}", value, "must be in [0, 1)")
+        _require(self.weight_decay >= 0, "training.weight_decay", self.weight_decay,
+                 "must be >= 0")
+        _require(0 <= self.seed < 2**32, "training.seed", self.seed, "must be in [0, 2**32)")
+        _check_choice("training.lr_scheduler", self.lr_scheduler, "infsamp.rl.optim",
+                      "LR_SCHEDULERS")
 
 
 @dataclass
@@ -210,6 +241,8 @@ class EvalConfig:
         _require(self.every_steps >= 0, "eval.every_steps", self.every_steps, "must be >= 0")
         _require(self.num_problems >= 0, "eval.num_problems", self.num_problems, "must be >= 0")
         _require(self.temperature >= 0, "eval.temperature", self.temperature, "must be >= 0")
+        _require(self.max_new_tokens >= 0, "eval.max_new_tokens", self.max_new_tokens,
+                 "must be >= 0")
 
 
 @dataclass
@@ -221,19 +254,25 @@ class LoggingConfig:
 
     def validate(self) -> None:
         _require(self.log_every >= 1, "logging.log_every", self.log_every, "must be >= 1")
+        _check_output_dir(self.output_dir)
 
 
 @dataclass
 class CheckpointConfig:
-    save_every: int = opt(0, "save a checkpoint every N steps (0: only at the end)")
+    save_every: int = opt(30, "save a checkpoint every N steps (0: at the end and on a signal)")
     keep_last: int = opt(2, "number of step checkpoints kept")
-    resume: str = opt("", "checkpoint directory to resume from, or 'latest' in output_dir")
+    resume: str = opt("", "checkpoint directory to resume from; 'latest' (the newest in "
+                      "output_dir that verifies; none is an error); 'auto' (the same, or a new "
+                      "run when there is none)")
+    save_on_signal: bool = opt(True, "on SIGTERM/SIGINT finish the step, save a checkpoint and "
+                               "exit non-zero")
 
     def validate(self) -> None:
         _require(self.save_every >= 0, "checkpointing.save_every", self.save_every, "must be >= 0")
         _require(self.keep_last >= 1, "checkpointing.keep_last", self.keep_last, "must be >= 1")
-        if self.resume and self.resume != "latest":
-            _require(Path(self.resume).exists(), "checkpointing.resume", self.resume, "path does not exist")
+        if self.resume not in ("", "latest", "auto"):
+            _require(Path(self.resume).is_dir(), "checkpointing.resume", self.resume,
+                     "must be latest, auto or a checkpoint folder that exists")
 
 
 @dataclass
@@ -249,7 +288,13 @@ class Config:
 
     def validate(self) -> "Config":
         for section in dataclasses.fields(self):
+            _require_finite(section.name, getattr(self, section.name))
             getattr(self, section.name).validate()
+        if self.sampling.policy == "length_aware":
+            predictor = self.sampling.predictor
+            _require(predictor in ("online", "none"), "sampling.predictor", predictor,
+                     "training needs online or none (oracle and noisy know the true lengths: "
+                     "bench and simulate only)")
         return self
 
     def to_dict(self) -> dict[str, Any]:
@@ -262,6 +307,65 @@ class Config:
 def _require(ok: bool, key: str, value: Any, why: str) -> None:
     if not ok:
         raise ConfigError(f"{key}: {why} (got {value!r})")
+
+
+def _require_finite(section_name: str, section: Any) -> None:
+    """Every float option (and float list item) is finite: NaN and inf are never settings."""
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, float):
+                _require(math.isfinite(item), f"{section_name}.{f.name}", value,
+                         "must be a finite number")
+
+
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3",
+                        "flex_attention")
+
+
+def _check_device(device: str, attn_implementation: str) -> None:
+    """auto, cpu or cuda[:N], and a CUDA device only where one is present."""
+    match = re.fullmatch(r"(auto|cpu|cuda)(?::(\d+))?", device)
+    _require(match is not None and not (match.group(2) and match.group(1) != "cuda"),
+             "model.device", device, "must be auto, cpu or cuda[:N]")
+    wants_cuda = match.group(1) == "cuda" or attn_implementation.startswith("flash_attention")
+    if not wants_cuda:
+        return
+    import torch
+
+    what = f"model.device {device!r}" if match.group(1) == "cuda" else \
+        f"model.attn_implementation {attn_implementation!r}"
+    if not torch.cuda.is_available():
+        raise ConfigError(f"{what}: needs a CUDA GPU, and torch sees none "
+                          "(use cpu, sdpa or eager)")
+    index = int(match.group(2) or 0)
+    _require(index < torch.cuda.device_count(), "model.device", device,
+             f"this machine has {torch.cuda.device_count()} CUDA device(s)")
+
+
+def _check_lora_targets(cfg: "ModelConfig") -> None:
+    """Each LoRA target names a layer LoRA can adapt (built on the meta device: no weights)."""
+    from infsamp.models.loading import adaptable_module_names
+
+    names = adaptable_module_names(cfg.name_or_path)
+    if names is None:  # its config cannot be read here (a hub id offline): loading will say
+        return
+    for target in cfg.lora_target_modules:
+        if not any(name == target or name.endswith("." + target) for name in names):
+            known = sorted({n.rsplit(".", 1)[-1] for n in names})[:10]
+            raise ConfigError(f"model.lora_target_modules: {target!r} names no layer LoRA can "
+                              f"adapt in this model (it has {', '.join(known)}; or all-linear)")
+
+
+def _check_output_dir(output_dir: str) -> None:
+    """The run folder is a folder (or can become one) that we may write."""
+    _require(output_dir.strip() != "", "logging.output_dir", output_dir, "must name a folder")
+    path = Path(output_dir)
+    existing = next(p for p in [path, *path.parents] if p.exists())
+    _require(existing.is_dir(), "logging.output_dir", output_dir,
+             "is a file, not a folder" if existing == path else f"{existing} is a file")
+    _require(os.access(existing, os.W_OK | os.X_OK), "logging.output_dir", output_dir,
+             f"{existing} is not writable")
 
 
 def _check_choice(key: str, value: str, module: str, registry: str) -> None:
@@ -295,6 +399,8 @@ def size_is_bytes(text: str) -> bool:
 
 def _coerce(value: Any, annotation: Any, key: str) -> Any:
     """Convert `value` to the annotated type or raise ConfigError naming `key`."""
+    if value is None:  # YAML `key:` with nothing after it
+        raise ConfigError(f"{key}: expected {type_name(annotation)}, got an empty value")
     origin = typing.get_origin(annotation)
     if origin in (list, typing.List):
         (item_type,) = typing.get_args(annotation)
@@ -398,12 +504,19 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"config file {path}: does not exist")
+    if path.is_dir():
+        raise ConfigError(f"config file {path}: is a folder, not a YAML file")
     try:
-        tree = yaml.safe_load(path.read_text()) or {}
+        tree = yaml.safe_load(path.read_text())
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {path}: not a text file") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
         raise ConfigError(f"config file {path}{where}: not valid YAML") from None
+    if tree is None:
+        raise ConfigError(f"config file {path}: is empty (no settings; run `infsamp train` "
+                          "without a file for the demo)")
     if not isinstance(tree, dict):
         raise ConfigError(f"config file {path}: top level must be a mapping of sections")
     for section, value in tree.items():
@@ -422,7 +535,11 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
 
 
 def save_config(cfg: Config, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    """Written to a temporary file and renamed, so a kill never leaves half a config."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    os.replace(tmp, path)
 
 
 def iter_options() -> typing.Iterator[tuple[str, Any, Any, str]]:

@@ -190,11 +190,18 @@ def _find_failing_row(func: RewardFunction, prompts: Sequence[Any], completions:
     return None
 
 
+FLOAT32_MAX = 3.4028234663852886e38  # rewards become float32 tensors
+
+
 def _checked_value(value: Any, name: str, row: int, prompts: Sequence[Any]) -> float:
     if value is None:
         return math.nan
-    if isinstance(value, numbers.Real) and math.isfinite(value):
+    if isinstance(value, numbers.Real) and math.isfinite(value) and abs(value) <= FLOAT32_MAX:
         return float(value)
+    if isinstance(value, numbers.Real) and math.isfinite(value):
+        raise _row_error(f"reward function {name!r}", row, prompts,
+                         f"returned {value!r}, beyond float32 range "
+                         f"(|reward| <= {FLOAT32_MAX:.3g})")
     why = f"returned {value!r}" if isinstance(value, numbers.Real) else \
         f"returned {type(value).__name__} {value!r}, expected a number or None"
     raise _row_error(f"reward function {name!r}", row, prompts, why)
@@ -252,5 +259,9 @@ def compute_rewards(funcs: list[tuple[str, RewardFunction]], weights: Sequence[f
         if not scored:
             raise _row_error(f"reward functions {', '.join(per_function)}", row, prompts,
                              "every function returned None")
-        total.append(sum(w * v for w, v in scored))
+        row_total = sum(w * v for w, v in scored)
+        if not abs(row_total) <= FLOAT32_MAX:
+            raise _row_error(f"reward functions {', '.join(per_function)}", row, prompts,
+                             f"weighted total {row_total!r} is beyond float32 range")
+        total.append(row_total)
     return RewardResult(total=total, per_function=per_function)

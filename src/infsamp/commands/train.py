@@ -26,7 +26,9 @@ def config_overrides(args: argparse.Namespace) -> dict[str, object]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", nargs="?", help="YAML config file (default: the embedded demo)")
-    parser.add_argument("--resume", action="store_true", help="resume from the latest checkpoint in output_dir")
+    parser.add_argument("--resume", action="store_true",
+                        help="resume from the newest checkpoint in output_dir that verifies (none "
+                             "is an error; --checkpointing.resume auto starts a new run then)")
     add_config_flags(parser)
 
 

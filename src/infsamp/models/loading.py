@@ -131,6 +131,25 @@ def apply_lora(model: PreTrainedModel, cfg: ModelConfig):
     return get_peft_model(model, lora)
 
 
+def adaptable_module_names(name_or_path: str) -> set[str] | None:
+    """Full names of the modules LoRA can adapt (linear, embedding, convolution layers), from the
+    model built on the meta device (no weights read); None when its config cannot be read locally
+    (a hub id without the hub: loading reports that itself)."""
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig
+    from transformers.pytorch_utils import Conv1D
+
+    nn = torch.nn
+    kinds = (nn.Linear, nn.Embedding, nn.Conv1d, nn.Conv2d, nn.Conv3d, Conv1D)
+    try:
+        config = AutoConfig.from_pretrained(resolve_path(name_or_path), local_files_only=True)
+        with init_empty_weights():
+            model = AutoModelForCausalLM.from_config(config)
+    except Exception:  # noqa: BLE001 - any failure here is reported by the real load
+        return None
+    return {name for name, module in model.named_modules() if isinstance(module, kinds)}
+
+
 def context_length(model) -> int:
     config = model.config
     return int(getattr(config, "max_position_embeddings", 2048) or 2048)
