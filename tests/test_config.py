@@ -71,3 +71,39 @@ def test_parse_size():
         parse_size("24XB")
     with pytest.raises(ValueError):
         parse_size("0")
+
+
+@pytest.mark.parametrize("overrides, key", [
+    ({"data.chat_template_kwargs": "[1, 2]"}, "data.chat_template_kwargs"),
+    ({"data.chat_template_kwargs": "{add_generation_prompt: false}"}, "data.chat_template_kwargs"),
+    ({"data.eval_fraction": 1.0}, "data.eval_fraction"),
+    ({"data.eval_fraction": -0.1}, "data.eval_fraction"),
+    ({"rewards.format_think_block": "strip"}, "rewards.format_think_block"),
+    ({"sampling.predictor": "oracle"}, "sampling.predictor"),  # knows the true lengths: bench only
+    ({"data.dataset": "./no/such.jsonl"}, "data.dataset"),
+    ({"data.dataset": "data/gsm8k/train.jsonl"}, "data.dataset"),  # a path (3 parts), not a hub id
+])
+def test_issue15_options_are_checked_before_anything_loads(overrides, key):
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides=overrides)
+    assert str(info.value).startswith(key) and "\n" not in str(info.value)
+
+
+def test_chat_template_kwargs_from_yaml_and_from_a_flag(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("data:\n  chat_template_kwargs:\n    enable_thinking: false\n")
+    assert load_config(path).data.chat_template_kwargs == {"enable_thinking": False}
+    flag = load_config(path, {"data.chat_template_kwargs": "{enable_thinking: true, budget: 3}"})
+    assert flag.data.chat_template_kwargs == {"enable_thinking": True, "budget": 3}
+    save_config(flag, tmp_path / "saved.yaml")
+    saved = load_config(tmp_path / "saved.yaml")
+    assert saved.data.chat_template_kwargs == {"enable_thinking": True, "budget": 3}
+
+
+def test_a_missing_folder_that_looks_like_a_path_is_refused_at_once(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models").mkdir()  # so 'models/qwen3-tin' can only be a local path
+    with pytest.raises(ConfigError, match="^model.name_or_path: path does not exist"):
+        load_config(overrides={"model.name_or_path": "models/qwen3-tin"})
+    hub_id = load_config(overrides={"model.name_or_path": "Qwen/Qwen3-1.7B"})  # fine: a hub id
+    assert hub_id.model.name_or_path == "Qwen/Qwen3-1.7B"

@@ -184,3 +184,19 @@ def test_failing_row_is_found_when_extra_kwargs_are_not_per_row():
 
     with pytest.raises(RewardError, match=r"'f', row 1 \(prompt 'What is 2\+2\?'\): raised ZeroDivisionError"):
         compute_rewards([("f", needs_state)], None, PROMPTS, ["aa", "b", "cc"], COLUMNS, trainer_state={"step": 3})
+
+
+THINK = "<think>\nLet me add.\n</think>\n\n"
+
+
+@pytest.mark.parametrize("think_block, with_block, without_block", [
+    ("forbid", 0.0, 0.5),   # the seed: the completion must open with <reasoning>
+    ("allow", 0.5, 0.5),    # a leading think block is skipped
+    ("require", 0.5, 0.0),  # Qwen3 with thinking on: the block must be there
+])
+def test_format_reward_think_block_option(think_block, with_block, without_block):
+    scores = format_reward([THINK + GOOD, GOOD], think_block=think_block)
+    assert scores == [with_block, without_block]
+    assert format_reward([THINK + "prefix " + GOOD], think_block=think_block) == [0.0]
+    (_, loaded), = load_reward_functions(["format"], format_think_block=think_block)
+    assert loaded(completions=[chat(THINK + GOOD)], prompts=["p"]) == [with_block]

@@ -15,6 +15,7 @@ Deliberately simple: functions run one after another in this process (no async, 
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import math
@@ -55,13 +56,17 @@ def normalize_answer(text: str) -> str:
     return format(number.normalize(), "f") if number != 0 else "0"
 
 
-def format_reward(completions: Sequence[Any], **kwargs: Any) -> list[float]:
+def format_reward(completions: Sequence[Any], think_block: str = "forbid",
+                  **kwargs: Any) -> list[float]:
     """0.5 when the completion is exactly <reasoning>\\n...\\n</reasoning>\\n<answer>\\n...\\n</answer>\\n.
 
     The seed's strict format reward, with two lenient deviations documented in `infsamp.tasks.gsm8k`:
-    multi-line reasoning is allowed (DOTALL) and the final newline is optional.
+    multi-line reasoning is allowed (DOTALL) and the final newline is optional. `think_block`
+    (`rewards.format_think_block`): a leading <think>...</think> block is forbidden (the seed),
+    allowed (skipped) or required.
     """
-    return [FORMAT_REWARD if has_xml_format(completion_text(c)) else 0.0 for c in completions]
+    return [FORMAT_REWARD if has_xml_format(completion_text(c), think_block) else 0.0
+            for c in completions]
 
 
 def accuracy_reward(completions: Sequence[Any], answer: Sequence[Any], **kwargs: Any) -> list[float]:
@@ -116,12 +121,16 @@ def load_reward_function(spec: str) -> tuple[str, RewardFunction]:
     return attr, func
 
 
-def load_reward_functions(names: list[str]) -> list[tuple[str, RewardFunction]]:
-    """Load each spec; repeated names get a suffix (accuracy, accuracy_2) so metrics stay distinct."""
+def load_reward_functions(names: list[str],
+                          format_think_block: str = "forbid") -> list[tuple[str, RewardFunction]]:
+    """Load each spec; repeated names get a suffix (accuracy, accuracy_2) so metrics stay distinct.
+    The built-in format reward gets `format_think_block` (`rewards.format_think_block`)."""
     loaded: list[tuple[str, RewardFunction]] = []
     seen: set[str] = set()
     for spec in names:
         name, func = load_reward_function(spec)
+        if func is format_reward and format_think_block != "forbid":
+            func = functools.partial(format_reward, think_block=format_think_block)
         unique, index = name, 2
         while unique in seen:
             unique, index = f"{name}_{index}", index + 1
@@ -181,11 +190,18 @@ def _find_failing_row(func: RewardFunction, prompts: Sequence[Any], completions:
     return None
 
 
+FLOAT32_MAX = 3.4028234663852886e38  # rewards become float32 tensors
+
+
 def _checked_value(value: Any, name: str, row: int, prompts: Sequence[Any]) -> float:
     if value is None:
         return math.nan
-    if isinstance(value, numbers.Real) and math.isfinite(value):
+    if isinstance(value, numbers.Real) and math.isfinite(value) and abs(value) <= FLOAT32_MAX:
         return float(value)
+    if isinstance(value, numbers.Real) and math.isfinite(value):
+        raise _row_error(f"reward function {name!r}", row, prompts,
+                         f"returned {value!r}, beyond float32 range "
+                         f"(|reward| <= {FLOAT32_MAX:.3g})")
     why = f"returned {value!r}" if isinstance(value, numbers.Real) else \
         f"returned {type(value).__name__} {value!r}, expected a number or None"
     raise _row_error(f"reward function {name!r}", row, prompts, why)
@@ -243,5 +259,9 @@ def compute_rewards(funcs: list[tuple[str, RewardFunction]], weights: Sequence[f
         if not scored:
             raise _row_error(f"reward functions {', '.join(per_function)}", row, prompts,
                              "every function returned None")
-        total.append(sum(w * v for w, v in scored))
+        row_total = sum(w * v for w, v in scored)
+        if not abs(row_total) <= FLOAT32_MAX:
+            raise _row_error(f"reward functions {', '.join(per_function)}", row, prompts,
+                             f"weighted total {row_total!r} is beyond float32 range")
+        total.append(row_total)
     return RewardResult(total=total, per_function=per_function)

@@ -100,7 +100,7 @@ def test_invalid_inputs_raise_config_error():
     from infsamp.config import ConfigError
 
     for bad in (dict(max_completion=0), dict(group_size=-1), dict(optimizer="adam"),
-                dict(precision="fp16"), dict(beta=-1.0), dict(micro_group=5),
+                dict(precision="fp16"), dict(beta=-1.0), dict(micro_group=-1),
                 dict(load_in_4bit=True), dict(load_in_4bit=True, lora_rank=8, device="cpu")):
         with pytest.raises(ConfigError):
             plan(**bad)
@@ -175,3 +175,5 @@ def test_qlora_stores_decoder_linears_in_nf4():
 def test_auto_precision_is_the_trainers_default_per_device():
     assert plan(device="cuda").inputs.precision == "bf16"
     assert plan(device="cpu").inputs.precision == "fp32"
+def test_micro_group_above_the_step_samples_means_all_of_them():
+    assert plan(micro_group=10_000).micro_group == plan(micro_group=0).inputs.group_size

@@ -121,3 +121,90 @@ def test_lora_with_kl_and_checkpointing_trains_only_adapters(tiny_config):
     base_after = {k: v for k, v in trainer.model.state_dict().items() if "lora_" not in k}
     assert_same_weights(base_after, base_before)
     assert (trainer.output_dir / "checkpoint-1" / "model" / "adapter_model.safetensors").exists()
+
+
+
+# ---------------------------------------------------------------- data checked before the weights
+
+
+@pytest.fixture
+def no_weights(monkeypatch):
+    """Fails the test if the trainer gets as far as loading the weights."""
+    import infsamp.rl.trainer as trainer_module
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the weights were loaded before the data was checked")
+
+    monkeypatch.setattr(trainer_module, "load_model_and_tokenizer", refuse)
+
+
+def write_rows(path, num):
+    rows = [{"prompt": f"{i}+1=?", "answer": str(i + 1)} for i in range(num)]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return str(path)
+
+
+def test_more_prompts_per_step_than_the_dataset_holds_is_refused_before_loading(
+        tiny_config, tmp_path, no_weights):
+    from infsamp.config import ConfigError
+
+    data = write_rows(tmp_path / "d.jsonl", 3)
+    cfg = tiny_config(**{"data.dataset": data, "eval.num_problems": 0,
+                         "training.prompts_per_step": 4})
+    with pytest.raises(ConfigError, match=r"^training.prompts_per_step: 4 is more than the 3 "):
+        GRPOTrainer(cfg)
+
+
+def test_one_jsonl_for_train_and_eval_is_refused_before_loading(tiny_config, tmp_path, no_weights):
+    from infsamp.errors import DataError
+
+    with pytest.raises(DataError, match="training and evaluation would read the same rows"):
+        GRPOTrainer(tiny_config(**{"data.dataset": write_rows(tmp_path / "d.jsonl", 10)}))
+
+
+def test_eval_fraction_splits_one_file_and_the_run_log_names_the_held_out_rows(
+        tiny_config, tmp_path, capsys):
+    data = write_rows(tmp_path / "d.jsonl", 10)
+    trainer = GRPOTrainer(tiny_config(**{"data.dataset": data, "data.eval_fraction": 0.2,
+                                         "eval.num_problems": 2}))
+    log = capsys.readouterr().out
+    held = [p.example["prompt"] for p in trainer.eval_prompts.prompts]
+    trained = {p.example["prompt"] for p in trainer.train_prompts.prompts}
+    assert len(held) == 2 and not set(held) & trained
+    assert "evaluation: 2 of the 2 rows that data.eval_fraction 0.2 holds out of" in log
+    assert all(f"line {int(prompt.split('+')[0]) + 1}" in log for prompt in held)
+
+
+# ---------------------------------------------------------------- a new run from a LoRA checkpoint
+
+
+def test_new_run_from_a_lora_checkpoint_trains_its_adapters_or_merges_them(tiny_config, tmp_path):
+    from infsamp.errors import ModelError
+
+    first = GRPOTrainer(tiny_config(**{"training.max_steps": 1, "eval.num_problems": 0,
+                                       "model.lora_rank": 4,
+                                       "logging.output_dir": str(tmp_path / "first")}))
+    first.train()
+    adapters = tmp_path / "first" / "checkpoint-1" / "model"
+    trained = {k: v.clone() for k, v in first.model.state_dict().items()}
+
+    again = GRPOTrainer(tiny_config(**{"model.name_or_path": str(adapters), "model.lora_rank": 4,
+                                       "eval.num_problems": 0,
+                                       "logging.output_dir": str(tmp_path / "again")}))
+    assert_same_weights(weights(again.model), trained)  # the base plus the saved adapters
+    assert all("lora_" in name for name, p in again.model.named_parameters() if p.requires_grad)
+    again.train()  # the adapters train further (before: "optimizer got an empty parameter list")
+
+    merged = GRPOTrainer(tiny_config(**{"model.name_or_path": str(adapters), "model.lora_rank": 0,
+                                        "eval.num_problems": 0, "training.max_steps": 1,
+                                        "logging.output_dir": str(tmp_path / "merged")}))
+    assert not any("lora_" in name for name in merged.model.state_dict())
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad():
+        torch.testing.assert_close(merged.model(ids).logits, first.model(ids).logits,
+                                   rtol=1e-4, atol=1e-5)
+
+    with pytest.raises(ModelError, match=r"lora_rank 8: the adapters in .* have rank 4; use --mo"):
+        GRPOTrainer(tiny_config(**{"model.name_or_path": str(adapters), "model.lora_rank": 8,
+                                   "eval.num_problems": 0,
+                                   "logging.output_dir": str(tmp_path / "bad")}))

@@ -70,3 +70,47 @@ def test_bench_cells_and_targets(checkpoint):
     assert targets["controlled/continuous: peak KV G=8 / G=4"] == 1.0
     assert targets["controlled: peak KV full / continuous at G=8"] > 3
     assert all(r["decode_steps"] >= r["lower_bound"] for r in rows)
+
+
+# ---------------------------------------------------------------- bad flags: one line, before work
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--policy", "length_aware", "--predictor", "oracle"],
+     "sampling.predictor: must be online or none"),
+    (["--num-prompts", "-1"], "--num-prompts: must be >= 0"),
+    (["--out", "no/such/folder/out.jsonl"], "--out: folder no/such/folder does not exist"),
+    (["--trace", "missing_dir/trace.jsonl"], "--trace: folder missing_dir does not exist"),
+])
+def test_sample_command_bad_flags_fail_before_loading(checkpoint, tmp_path, capsys, monkeypatch,
+                                                      flags, message):
+    import infsamp.models.loading as model_loading
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(model_loading, "load_tokenizer", lambda *a: pytest.fail("loaded too early"))
+    (tmp_path / "p.txt").write_text("x\ny\n")
+    code = main(["sample", "--model", str(checkpoint), "--prompts", "p.txt", "-G", "2", *flags])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_sample_command_on_the_recipe_renders_txt_and_jsonl_like_training(chat_model_dirs, tmp_path,
+                                                                          capsys):
+    from pathlib import Path
+
+    recipe = str(Path(__file__).resolve().parents[2] / "examples" / "gsm8k.yaml")
+    model = str(chat_model_dirs["llama3"])
+    (tmp_path / "p.txt").write_text("What is 2+2?\n")
+    out = tmp_path / "out.jsonl"
+    assert main(["sample", recipe, "--model", model, "--prompts", str(tmp_path / "p.txt"),
+                 "-G", "2", "--max-new-tokens", "3", "--out", str(out)]) == 0
+    prompt = json.loads(out.read_text().splitlines()[0])["prompt"]
+    header = "<|start_header_id|>{}<|end_header_id|>\n\n"
+    assert prompt.startswith("<|begin_of_text|>" + header.format("system") + "Respond in the")
+    assert prompt.endswith("What is 2+2?<|eot_id|>" + header.format("assistant"))
+    assert "Loading weights" not in capsys.readouterr().err
+    rows = tmp_path / "gsm8k.jsonl"  # one GSM8K file: sampling needs no held-out split, nor answers
+    rows.write_text(json.dumps({"question": "What is 2+2?"}) + "\n")
+    assert main(["sample", recipe, "--model.name_or_path", model, "--data.dataset", str(rows),
+                 "-G", "2", "--max-new-tokens", "3", "--out", str(out)]) == 0
+    assert json.loads(out.read_text().splitlines()[0])["prompt"] == prompt

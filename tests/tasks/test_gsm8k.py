@@ -7,7 +7,8 @@ import pytest
 from infsamp.config import ConfigError, load_config
 from infsamp.rewards import compute_rewards, load_reward_functions
 from infsamp.tasks.gsm8k import SYSTEM_PROMPT, extract_hash_answer, extract_xml_answer, has_xml_format
-from infsamp.tasks.loading import completion_for_rewards, load_examples, prompt_for_rewards, render_prompt
+from infsamp.tasks.loading import load_examples
+from infsamp.tasks.prompts import completion_for_rewards, prompt_for_rewards, render_prompt
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "examples" / "gsm8k.yaml"

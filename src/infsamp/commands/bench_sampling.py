@@ -111,17 +111,19 @@ def run(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------- workloads
 
 
-def bench_prompt_texts(tokenizer, num: int, seed: int, split: str = "test") -> list[str]:
-    """`num` prompts of the embedded task's `split`, shuffled by `seed`, rendered as the trainer does."""
+def bench_encoded_prompts(tokenizer, num: int, seed: int, split: str = "test") -> list:
+    """`num` prompts (EncodedPrompt) of the embedded task's `split`, shuffled by `seed`, encoded as
+    the trainer encodes them."""
     from infsamp.commands.sample import read_prompts
+    from infsamp.config import DataConfig
 
-    texts = read_prompts("embedded:arithmetic", split, tokenizer)
-    random.Random(seed).shuffle(texts)
-    return texts[:num]
+    prompts = read_prompts(DataConfig(num_eval_examples=200), split, tokenizer).prompts
+    random.Random(seed).shuffle(prompts)
+    return prompts[:num]
 
 
 def bench_prompts(tokenizer, num: int, seed: int) -> list[list[int]]:
-    return [tokenizer(text, add_special_tokens=False)["input_ids"] for text in bench_prompt_texts(tokenizer, num, seed)]
+    return [p.token_ids for p in bench_encoded_prompts(tokenizer, num, seed)]
 
 
 def target_lengths(workload: Workload, group_size: int, prompt_index: int, seed: int) -> list[int]:

@@ -106,10 +106,10 @@ def check_arguments(args: argparse.Namespace) -> list[Variant]:
 
 def bench_prompts(tokenizer, num: int, seed: int) -> list[tuple[str, list[int]]]:
     """(text, token ids) of `num` training prompts of the embedded task."""
-    from infsamp.commands.bench_sampling import bench_prompt_texts
+    from infsamp.commands.bench_sampling import bench_encoded_prompts
 
-    texts = bench_prompt_texts(tokenizer, num, seed, split="train")
-    return [(text, tokenizer(text, add_special_tokens=False)["input_ids"]) for text in texts]
+    prompts = bench_encoded_prompts(tokenizer, num, seed, split="train")
+    return [(p.text, p.token_ids) for p in prompts]
 
 
 # ---------------------------------------------------------------- the calls

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from infsamp.errors import SamplingError
 from infsamp.sampling.policies import POLICIES, REFILL_ORDERS
@@ -52,6 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    _check_arguments(args)
     groups = _load(args)
     result = simulate(groups, args.policy, args.slots, args.kv_budget, args.predictor,
                       args.prompts_per_step, args.max_new_tokens, **_policy_options(args))
@@ -60,6 +62,16 @@ def run(args: argparse.Namespace) -> int:
         _plot(groups, args)
         print(f"wrote {args.plot}")
     return 0
+
+
+def _check_arguments(args) -> None:
+    """Options that would fail after the simulation, or make it meaningless, fail first."""
+    if not args.epsilon > 0:
+        raise SamplingError(f"--epsilon must be > 0, got {args.epsilon}")
+    for flag, value in (("--plot", args.plot), ("--write-trace", args.write_trace)):
+        folder = Path(value).parent if value else None
+        if folder is not None and not folder.is_dir():
+            raise SamplingError(f"{flag} {value}: folder {folder} does not exist")
 
 
 def _load(args):

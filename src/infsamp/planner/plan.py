@@ -129,11 +129,11 @@ def plan_memory(shape: ModelShape, *, gpu_memory_bytes: int, group_size: int, ma
     """Estimate both phases, choose g and the micro-batch, and advise when it does not fit.
 
     `precision`: a mode of planner.precisions, or 'auto' (the trainer's default on `device`).
-    """
+    A micro_group above group_size means all of the step's samples at once."""
     p = PlanInputs(shape, int(gpu_memory_bytes), group_size, max_prompt, max_completion, lora_rank,
                    tuple(lora_targets), optimizer, gradient_checkpointing, float(beta),
                    resolve_precision_name(precision, device), device, shared_prompt_kv,
-                   micro_group, train_micro_batch_tokens, load_in_4bit)
+                   min(micro_group, group_size), train_micro_batch_tokens, load_in_4bit)
     validate_inputs(p)
     g, tokens = _choose(p)
     shown_g, shown_tokens = _shown_sizes(p, g, tokens)

@@ -10,6 +10,9 @@
 Because each micro-batch's loss is normalised by totals of the whole batch, the accumulated gradient
 equals the full-batch gradient (tested). An out-of-memory error in a micro-batch splits that
 micro-batch in two and retries it; gradients of the micro-batches already done are kept.
+A NaN or inf loss or gradient norm is never applied: the gradients are dropped and
+`NonFiniteError` raised (`training.nonfinite: stop`), or the update is skipped and counted
+(`skip`).
 
 Deliberately simple: the LR scheduler advances once per optimizer step; no sequence packing.
 """
@@ -17,6 +20,8 @@ Deliberately simple: the LR scheduler advances once per optimizer step; no seque
 from __future__ import annotations
 
 import contextlib
+import math
+import warnings
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -24,6 +29,7 @@ import torch
 from torch import Tensor
 
 from infsamp.config import TrainingConfig
+from infsamp.errors import NonFiniteError
 from infsamp.rl.logprobs import build_micro_batches, micro_batch_logprobs, sequence_logprobs
 from infsamp.rl.losses import LOSS_TYPES, BatchTotals, LossStats, per_token_loss
 
@@ -53,6 +59,7 @@ class GRPOStep:
         self.ref_model = ref_model
         self.micro_batch_tokens = micro_batch_tokens or cfg.train_micro_batch_tokens or DEFAULT_MICRO_BATCH_TOKENS
         self.num_oom_retries = 0
+        self.num_skipped_updates = 0
 
     # ------------------------------------------------------------------ no-grad passes
 
@@ -81,13 +88,32 @@ class GRPOStep:
         for _ in range(self.cfg.num_iterations):
             loss, stats = self.accumulate_gradients(rollout, old, ref, totals)
             grad_norm = self._clip()
+            metrics = {"loss": loss, "grad_norm": grad_norm, **stats.metrics()}
+            checked = (("loss", loss), ("gradient norm", grad_norm))
+            bad = next((f"{name} is {value}" for name, value in checked
+                        if not math.isfinite(value)), None)
+            if bad is not None:
+                optimizer.zero_grad(set_to_none=True)
+                if self.cfg.nonfinite == "stop":
+                    raise NonFiniteError(bad)
+                self.skip_update(optimizer, scheduler, num_updates=1)
+                continue
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
-            metrics = {"loss": loss, "grad_norm": grad_norm, **stats.metrics()}
         metrics["train/micro_batch_tokens"] = self.micro_batch_tokens
         metrics["train/oom_retries"] = self.num_oom_retries
+        metrics["train/skipped_updates"] = self.num_skipped_updates
         return metrics
+
+    def skip_update(self, optimizer, scheduler, num_updates: int | None = None) -> None:
+        """Count `num_updates` (default: a step's) as skipped; the schedule still advances."""
+        optimizer.zero_grad(set_to_none=True)
+        for _ in range(self.cfg.num_iterations if num_updates is None else num_updates):
+            with warnings.catch_warnings():  # torch warns of a schedule step without an update
+                warnings.simplefilter("ignore", UserWarning)
+                scheduler.step()
+            self.num_skipped_updates += 1
 
     def _clip(self) -> float:
         params = [p for p in self.model.parameters() if p.grad is not None]

@@ -1,8 +1,11 @@
 """Size the run from the memory planner: the sampler's KV budget and the training micro-batch.
 
 `sampling.kv_budget: auto` and `training.train_micro_batch_tokens: 0` are resolved here, once, from
-`infsamp.planner.plan_memory` for the loaded model on the run's device (total GPU memory, or on a
-CPU the memory available plus what the model already holds). A plan that does not fit is reported
+`infsamp.planner.plan_memory` for the loaded model on the run's device. The micro-batch changes
+how gradients are summed (so the weights' last bits), so by default
+(`training.micro_batch_memory: total`) the plan is made for the device's total memory, a constant
+of the machine: the same command gives the same weights whatever else runs. `auto` plans for the
+memory free at start (plus what the model holds) instead. A plan that does not fit is reported
 with the planner's advice and the run continues with the smallest sizes.
 
 Deliberately simple: planned once at start-up; the out-of-memory retries shrink the sizes later if
@@ -28,17 +31,23 @@ class RunSizes:
     note: str
 
 
-def device_memory_bytes(device: torch.device, model: torch.nn.Module) -> int:
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[1]
+def device_memory_bytes(device: torch.device, model: torch.nn.Module, basis: str = "total") -> int:
+    """`total`: the device's memory; `auto`: what is free now plus what the model already holds."""
+    if basis == "total":
+        if device.type == "cuda":
+            return torch.cuda.mem_get_info(device)[1]
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     held = sum(p.numel() * p.element_size() for p in model.parameters())
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0] + held
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") + held
 
 
 def plan_run(cfg: Config, model: torch.nn.Module, device: torch.device) -> RunSizes:
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    memory = device_memory_bytes(device, model, cfg.training.micro_batch_memory)
     plan = plan_memory(
-        shape_from_config(base.config), gpu_memory_bytes=device_memory_bytes(device, model),
+        shape_from_config(base.config), gpu_memory_bytes=memory,
         group_size=cfg.sampling.num_generations * cfg.training.prompts_per_step,  # samples decoded per step
         max_prompt=cfg.data.max_prompt_length,
         max_completion=cfg.sampling.max_new_tokens, lora_rank=cfg.model.lora_rank,

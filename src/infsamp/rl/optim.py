@@ -86,12 +86,29 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainingConfig,
     return OPTIMIZERS[cfg.optimizer](params, cfg, keep_updates, device)
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainingConfig):
-    from transformers import get_scheduler  # here: config validation imports this module early
+# transformers schedules that need only warmup and total steps -> whether the rate depends on the
+# total (a run extended past it would restart or end such a schedule: see `schedule_horizon`)
+LR_SCHEDULERS: dict[str, bool] = {
+    "linear": True, "cosine": True, "cosine_with_restarts": True, "polynomial": True,
+    "constant": False, "constant_with_warmup": False, "inverse_sqrt": False}
 
-    num_warmup = int(round(cfg.warmup_ratio * cfg.max_steps))
+
+def schedule_horizon(cfg: TrainingConfig) -> dict[str, int | str]:
+    """What the learning-rate schedule is built from (a checkpoint records it; resumes reuse it)."""
+    return {"lr_scheduler": cfg.lr_scheduler, "learning_rate": cfg.learning_rate,
+            "warmup_ratio": cfg.warmup_ratio, "num_training_steps": cfg.max_steps,
+            "num_warmup_steps": int(round(cfg.warmup_ratio * cfg.max_steps))}
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainingConfig,
+                    horizon: dict[str, int | str] | None = None):
+    """transformers' schedule over `horizon` (default: this config's max_steps and warmup)."""
+    from transformers import get_scheduler  # here: config validation reads LR_SCHEDULERS early
+
+    horizon = horizon or schedule_horizon(cfg)
     try:
-        return get_scheduler(cfg.lr_scheduler, optimizer, num_warmup_steps=num_warmup,
-                             num_training_steps=cfg.max_steps)
+        return get_scheduler(str(horizon["lr_scheduler"]), optimizer,
+                             num_warmup_steps=int(horizon["num_warmup_steps"]),
+                             num_training_steps=int(horizon["num_training_steps"]))
     except ValueError as err:
         raise InfsampError(f"training.lr_scheduler {cfg.lr_scheduler!r}: {str(err).splitlines()[0]}") from None

@@ -2,8 +2,11 @@
 
 Files in the run folder: `metrics.jsonl` (one object per step, TRL metric names where they exist),
 `eval.jsonl` (held-out accuracy by step), `lengths.jsonl` (one line per sampled group, the trace that
-`infsamp simulate` replays), `plots/training.png`. Lines are appended and flushed, so a crash loses at
-most the step in flight; a resumed run truncates them back to the checkpoint's step.
+`infsamp simulate` replays), `plots/training.png`. Every JSONL file is written by
+`append_jsonl`: whole lines in one `write` on an append-only descriptor, so a killed process leaves
+at most a torn last line. Readers skip a torn last line; a resumed run `rewind`s each file to its
+checkpoint's step (the torn line and the rows after the checkpoint go; the run writes them again),
+atomically. (A killed process loses nothing written; a power cut can lose the last lines.)
 
 Deliberately simple: no TensorBoard/W&B integration; the JSONL files are easy to load into either.
 """
@@ -12,10 +15,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
 from tqdm.auto import tqdm
+
+from infsamp.errors import DataError, RunFolderError
 
 CONSOLE_KEYS = ("reward", "accuracy", "reward_std", "frac_reward_zero_std", "completions/mean_length",
                 "loss", "kl", "clip_ratio/region_mean", "sampling/decode_steps", "step_time")
@@ -27,30 +33,72 @@ def _clean(value: Any) -> Any:
     return value
 
 
-def append_jsonl(path: Path, record: dict[str, Any]) -> None:
-    with path.open("a") as fh:
-        fh.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
+# the run's JSONL files: a resume rewinds each of them to the checkpoint's step
+RUN_LOGS = ("metrics.jsonl", "eval.jsonl", "lengths.jsonl", "completions.jsonl")
+
+
+def append_jsonl(path: Path, records: dict[str, Any] | list[dict[str, Any]]) -> None:
+    """Append one or more records as whole lines with a single write (see module docstring)."""
+    records = [records] if isinstance(records, dict) else records
+    text = "".join(json.dumps({k: _clean(v) for k, v in r.items()}) + "\n" for r in records)
+    data = memoryview(text.encode())
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            while data:
+                data = data[os.write(fd, data):]
+        finally:
+            os.close(fd)
+    except OSError as err:
+        raise RunFolderError(f"cannot append to {path}: {err.strerror or err}") from None
+
+
+def _complete_lines(path: Path) -> list[str]:
+    """The file's lines without a torn last one (no newline: a write cut short by a kill)."""
+    text = path.read_text(errors="replace")
+    lines = text.split("\n")
+    return lines[:-1]  # the part after the last newline is '' or a torn line
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    records = []
+    for number, line in enumerate(_complete_lines(path), 1):
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                raise DataError(f"{path}:{number}: not valid JSON") from None
+    return records
 
 
-def truncate_after_step(path: Path, step: int) -> None:
-    """Drop records past `step` (a resumed run rewrites them)."""
-    if path.exists():
-        kept = [r for r in read_jsonl(path) if r.get("step", 0) <= step]
-        path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+def rewind(path: Path, step: int) -> int:
+    """Keep the complete records with step <= `step` (atomic rewrite); returns how many went."""
+    if not path.exists():
+        return 0
+    lines = path.read_text(errors="replace").split("\n")
+    kept = [line for line in lines[:-1] if line.strip() and _step_of(line) <= step]
+    dropped = len([line for line in lines if line.strip()]) - len(kept)
+    if dropped:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(line + "\n" for line in kept))
+        os.replace(tmp, path)
+    return dropped
+
+
+def _step_of(line: str) -> float:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return math.inf  # a damaged line is dropped
+    return record.get("step", 0) if isinstance(record, dict) else math.inf
 
 
 class RunLogger:
     def __init__(self, output_dir: Path, max_steps: int, start_step: int, log_every: int, progress_bar: bool):
         self.dir = output_dir
         self.log_every = log_every
-        for name in ("metrics.jsonl", "eval.jsonl", "lengths.jsonl"):
-            truncate_after_step(self.dir / name, start_step)
         self.bar = tqdm(total=max_steps, initial=start_step, desc="grpo", unit="step", disable=not progress_bar,
                         dynamic_ncols=True)
 
@@ -68,9 +116,7 @@ class RunLogger:
         self.bar.write(f"eval @ step {step}: " + " ".join(f"{k}={_fmt(v)}" for k, v in metrics.items()))
 
     def log_lengths(self, step: int, groups: list[dict[str, Any]]) -> None:
-        with (self.dir / "lengths.jsonl").open("a") as fh:
-            for group in groups:
-                fh.write(json.dumps({"step": step, **group}) + "\n")
+        append_jsonl(self.dir / "lengths.jsonl", [{"step": step, **group} for group in groups])
 
     def close(self) -> None:
         self.bar.close()

@@ -60,6 +60,13 @@ class LengthPredictor:
             self.observe_finished(spec, length)
         self.end_call()
 
+    def state_dict(self) -> dict:
+        """What it learned, as plain dicts, lists and numbers (a checkpoint stores it as JSON)."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
 
 class ConstantPredictor(LengthPredictor):
     """`none`: every sample looks alike (half its max_new_tokens)."""
@@ -130,6 +137,17 @@ class _Ridge:
     def predict(self, x: np.ndarray) -> float | None:
         return None if self.weights is None else float(x @ self.weights)
 
+    def state_dict(self) -> dict:
+        return {"a": self.a.tolist(), "b": self.b.tolist(),
+                "weights": None if self.weights is None else self.weights.tolist(),
+                "num_unfit": self.num_unfit, "num_seen": self.num_seen}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.a, self.b = np.array(state["a"], dtype=float), np.array(state["b"], dtype=float)
+        weights = state["weights"]
+        self.weights = None if weights is None else np.array(weights, dtype=float)
+        self.num_unfit, self.num_seen = state["num_unfit"], state["num_seen"]
+
 
 class OnlinePredictor(LengthPredictor):
     """`online`: learned inside the run from its own completions (see the module docstring)."""
@@ -178,6 +196,27 @@ class OnlinePredictor(LengthPredictor):
         sibling[1] += 1
         self._call_logs.append((spec.prompt_key, log_length))
         self._run_mean = log_length if self._run_mean is None else 0.98 * self._run_mean + 0.02 * log_length
+
+    def state_dict(self) -> dict:
+        """Between calls (what a checkpoint sees) the per-call parts are empty; kept anyway."""
+        return {"history": {k: list(v) for k, v in self._history.items()},
+                "siblings": [[g, list(v)] for g, v in self._siblings.items()],
+                "call_logs": [list(item) for item in self._call_logs], "run_mean": self._run_mean,
+                "model": self._model.state_dict(), "prefix_model": self._prefix_model.state_dict(),
+                "memory": self._memory.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._history.clear()
+        self._history.update({k: list(v) for k, v in state["history"].items()})
+        self._siblings.clear()
+        self._siblings.update({int(g): list(v) for g, v in state["siblings"]})
+        self._call_logs = [(key, log_length) for key, log_length in state["call_logs"]]
+        self._run_mean = state["run_mean"]
+        self._model.load_state_dict(state["model"])
+        self._prefix_model.load_state_dict(state["prefix_model"])
+        self._memory.load_state_dict(state["memory"])
+        self._cache.clear()
+        self._prefixes.clear()
 
     def end_call(self):
         for key, log_length in self._call_logs:
@@ -251,6 +290,17 @@ class PrefixMemory:
     def add(self, key: str, counts: Counter, log_length: float) -> None:
         if key and len(counts) > 1:
             self._entries[key].append((counts, _norm(counts), log_length))
+
+    def state_dict(self) -> dict:
+        return {key: [[[[token, count] for token, count in counts.items()], norm, log_length]
+                      for counts, norm, log_length in entries]
+                for key, entries in self._entries.items()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._entries.clear()
+        for key, entries in state.items():
+            self._entries[key].extend((Counter(dict(counts)), norm, log_length)
+                                      for counts, norm, log_length in entries)
 
     def predict(self, key: str, counts: Counter) -> float | None:
         entries = self._entries.get(key) if key and len(counts) > 1 else None

@@ -28,6 +28,7 @@ import torch
 
 from infsamp.config import SamplingConfig, parse_size, size_is_bytes
 from infsamp.errors import SamplingError
+from infsamp.models.loading import stop_token_ids
 from infsamp.sampling.engines.base import DecodeOptions, LogitsProcessorFactory
 from infsamp.sampling.engines.slots import SlotEngine
 from infsamp.sampling.scheduler import SampleSpec, SlotScheduler, make_group_specs
@@ -148,12 +149,9 @@ class GroupSampler:
 
     def _decode_options(self, temperature: float | None, generator: torch.Generator | None) -> DecodeOptions:
         seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator).item())
-        eos = self.tokenizer.eos_token_id if self.tokenizer is not None else None
-        eos = self.model.config.eos_token_id if eos is None else eos
-        eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (eos,))
         temp = self.cfg.temperature if temperature is None else temperature
         return DecodeOptions(temperature=temp, top_p=self.cfg.top_p, top_k=self.cfg.top_k, seed=seed,
-                             eos_token_ids=eos_ids)
+                             eos_token_ids=stop_token_ids(self.model, self.tokenizer))
 
     # ---- the loop
     def _run(self, sched: SlotScheduler, engine: SlotEngine) -> float:

@@ -53,6 +53,9 @@ class SimulationResult:
 
 
 # ---- traces -------------------------------------------------------------------------------------
+MAX_TRACE_TOKENS = 10_000_000  # beyond any context: a longer length is damage (and would hang)
+
+
 def read_trace(path: str | Path) -> list[TraceGroup]:
     """Parse and validate a JSONL trace; any bad line raises DataError naming file and line."""
     path = Path(path)
@@ -60,6 +63,8 @@ def read_trace(path: str | Path) -> list[TraceGroup]:
         lines = path.read_text().splitlines()
     except OSError as err:
         raise DataError(f"{path}: cannot read trace ({err.strerror})") from None
+    except UnicodeDecodeError:
+        raise DataError(f"{path}: not a text file (a trace is JSON lines)") from None
     groups = [_parse_line(path, number, line) for number, line in enumerate(lines, 1) if line.strip()]
     if not groups:
         raise DataError(f"{path}: trace is empty")
@@ -79,14 +84,18 @@ def _parse_line(path: Path, number: int, line: str) -> TraceGroup:
             raise DataError(f"{where}: missing field {key!r}")
     if not isinstance(row["prompt_id"], (str, int)) or isinstance(row["prompt_id"], bool):
         raise DataError(f"{where}: prompt_id must be a string, got {row['prompt_id']!r}")
-    if not _is_int(row["prompt_tokens"]) or row["prompt_tokens"] < 0:
-        raise DataError(f"{where}: prompt_tokens must be a non-negative integer, got {row['prompt_tokens']!r}")
+    if not _is_int(row["prompt_tokens"]) or not 0 <= row["prompt_tokens"] <= MAX_TRACE_TOKENS:
+        raise DataError(f"{where}: prompt_tokens must be an integer in [0, {MAX_TRACE_TOKENS}], "
+                        f"got {row['prompt_tokens']!r}")
     lengths = row["lengths"]
     if not isinstance(lengths, list) or not lengths:
         raise DataError(f"{where}: lengths must be a non-empty list of integers")
     for position, length in enumerate(lengths):
         if not _is_int(length) or length < 1:
             raise DataError(f"{where}: lengths[{position}] must be an integer >= 1, got {length!r}")
+        if length > MAX_TRACE_TOKENS:
+            raise DataError(f"{where}: lengths[{position}] is {length}, above "
+                            f"{MAX_TRACE_TOKENS} tokens")
     text = row.get("prompt_text", "")
     if not isinstance(text, str):
         raise DataError(f"{where}: prompt_text must be a string, got {type(text).__name__}")

@@ -236,8 +236,9 @@ class SlotEngine:
                        **{self.cache_kwarg: cache})
             keys = [layer.keys for layer in cache.layers]
             values = [layer.values for layer in cache.layers]
-        else:
-            empty = self.cache.prompt_keys[0][:1, :, :0]
+        else:  # a one-token prompt: a row of zero width (the table may have no row to copy yet)
+            _, kv_heads, _, head_dim = self.cache.prompt_keys[0].shape
+            empty = self.cache.prompt_keys[0].new_zeros((1, kv_heads, 0, head_dim))  # [1, H, 0, D]
             keys = values = [empty] * len(self.cache.prompt_keys)
         self.cache.add_prompt(group_id, keys, values)
         self.counters.model_time_s += time.perf_counter() - start
