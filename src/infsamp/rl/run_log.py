@@ -2,7 +2,9 @@
 
 Files in the run folder: `metrics.jsonl` (one object per step, TRL metric names where they exist),
 `eval.jsonl` (held-out accuracy by step), `lengths.jsonl` (one line per sampled group, the trace that
-`infsamp simulate` replays), `plots/training.png`. Lines are appended and flushed, so a crash loses at
+`infsamp simulate` replays), `completions.jsonl` (with `logging.completions_every`: one line per
+completion of the logged steps: prompt, completion, per-function rewards, advantage; TRL's
+`log_completions`), `plots/training.png`. Lines are appended and flushed, so a crash loses at
 most the step in flight; a resumed run truncates them back to the checkpoint's step.
 
 Deliberately simple: no TensorBoard/W&B integration; the JSONL files are easy to load into either.
@@ -49,7 +51,7 @@ class RunLogger:
     def __init__(self, output_dir: Path, max_steps: int, start_step: int, log_every: int, progress_bar: bool):
         self.dir = output_dir
         self.log_every = log_every
-        for name in ("metrics.jsonl", "eval.jsonl", "lengths.jsonl"):
+        for name in ("metrics.jsonl", "eval.jsonl", "lengths.jsonl", "completions.jsonl"):
             truncate_after_step(self.dir / name, start_step)
         self.bar = tqdm(total=max_steps, initial=start_step, desc="grpo", unit="step", disable=not progress_bar,
                         dynamic_ncols=True)
@@ -72,8 +74,27 @@ class RunLogger:
             for group in groups:
                 fh.write(json.dumps({"step": step, **group}) + "\n")
 
+    def log_completions(self, step: int, records: list[dict[str, Any]]) -> None:
+        for record in records:
+            append_jsonl(self.dir / "completions.jsonl", {"step": step, **record})
+
     def close(self) -> None:
         self.bar.close()
+
+
+def completion_records(prompt_ids: list[str], prompts: list[str], completions: list[Any],
+                       rewards: dict[str, list[float]], totals: list[float],
+                       advantages: Any) -> list[dict[str, Any]]:
+    """One record per completion (group-major, G per prompt): what the policy wrote and its score.
+
+    `completions` carry `.text`, `.length`, `.finish_reason`; NaN rewards (None) become null.
+    """
+    group_size = len(completions) // max(len(prompts), 1)
+    return [{"prompt_id": prompt_ids[row // group_size], "prompt": prompts[row // group_size],
+             "completion": c.text, "length": c.length, "finish_reason": c.finish_reason,
+             "rewards": {name: _clean(values[row]) for name, values in rewards.items()},
+             "reward": totals[row], "advantage": float(advantages[row])}
+            for row, c in enumerate(completions)]
 
 
 def _fmt(value: Any) -> str:

@@ -29,7 +29,7 @@ import torch
 from infsamp.config import Config, save_config
 from infsamp.errors import InfsampError
 from infsamp.models.loading import load_model_and_tokenizer, resolve_device
-from infsamp.rewards import compute_rewards, load_reward_functions
+from infsamp.rewards import check_async_allowed, compute_rewards, load_reward_functions
 from infsamp.rl import checkpoint as ckpt
 from infsamp.rl.advantages import compute_advantages
 from infsamp.rl.evaluation import evaluate_accuracy
@@ -37,7 +37,7 @@ from infsamp.rl.memory import plan_run
 from infsamp.rl.grpo_step import GRPOStep, Rollout, is_out_of_memory
 from infsamp.rl.optim import build_optimizer, build_scheduler
 from infsamp.rl.prompt_stream import PromptStream
-from infsamp.rl.run_log import RunLogger, plot_run
+from infsamp.rl.run_log import RunLogger, completion_records, plot_run
 from infsamp.sampling.length_predictor import make_predictor
 from infsamp.sampling.sampler import GroupSampler
 from infsamp.tasks.loading import (completion_for_rewards, load_examples, prompt_for_rewards, render_prompt,
@@ -91,13 +91,16 @@ class GRPOTrainer:
         self.device = resolve_device(cfg.model.device)
         self.model, self.tokenizer = load_model_and_tokenizer(cfg.model, self.device)
         set_num_threads(cfg.training.num_threads, self.model, self.device)
-        self.reward_funcs = reward_funcs or load_reward_functions(cfg.rewards.functions)
-        self.reward_weights = cfg.rewards.weights or [1.0] * len(self.reward_funcs)
         self.train_examples = load_examples(cfg.data, cfg.data.train_split)
         self.eval_examples = load_examples(cfg.data, cfg.data.eval_split)[: cfg.eval.num_problems] \
             if cfg.eval.num_problems else []
         self.stream = PromptStream(self.train_examples, cfg.training.prompts_per_step, cfg.training.seed)
         self.sizes = plan_run(cfg, self.model, self.device)
+        self.reward_funcs = reward_funcs or load_reward_functions(
+            cfg.rewards.functions, device=self.device, dtype=next(self.model.parameters()).dtype,
+            max_tokens=self.sizes.train_micro_batch_tokens)
+        check_async_allowed(self.reward_funcs, cfg.rewards.allow_async)
+        self.reward_weights = cfg.rewards.weights or [1.0] * len(self.reward_funcs)
         sampling_cfg = replace(cfg.sampling, kv_budget=str(self.sizes.kv_budget_tokens)) \
             if self.sizes.kv_budget_tokens else replace(cfg.sampling)
         self.sampler = GroupSampler(self.model, self.tokenizer, sampling_cfg, predictor=self._length_predictor())
@@ -231,9 +234,10 @@ class GRPOTrainer:
     def train_step(self, logger: RunLogger | None = None) -> dict[str, Any]:
         start = time.perf_counter()
         batch = self.stream.next_batch()
-        rollout, sample_metrics, groups = self._rollout(batch)
+        rollout, sample_metrics, groups, records = self._rollout(batch)
         if logger is not None:
             logger.log_lengths(self.step + 1, groups)
+            logger.log_completions(self.step + 1, records)
         loss_metrics = self.grpo.optimize(rollout, self.optimizer, self.scheduler)
         self.step += 1
         return {**sample_metrics, **loss_metrics, "learning_rate": self.scheduler.get_last_lr()[0],
@@ -251,11 +255,17 @@ class GRPOTrainer:
         adv = compute_advantages(torch.tensor(rewards.total, dtype=torch.float32), G,
                                  self.cfg.training.scale_rewards)
         rollout = Rollout(prompt_ids=[p for p in prompt_ids for _ in range(G)],
-                          completion_ids=[c.token_ids for c in completions], advantages=adv.advantages)
+                          completion_ids=[c.token_ids for c in completions],
+                          advantages=adv.advantages,
+                          truncated=[c.finish_reason == "length" for c in completions])
         metrics = self._sample_metrics(rewards, adv, completions, result.stats.to_metrics())
         groups = [{"prompt_id": str(i), "prompt_tokens": len(p), "lengths": [c.length for c in grp]}
                   for (i, _), p, grp in zip(batch, prompt_ids, result.groups)]
-        return rollout, metrics, groups
+        every = self.cfg.logging.completions_every
+        records = [] if not every or (self.step + 1) % every else completion_records(
+            [str(i) for i, _ in batch], texts, completions, rewards.per_function, rewards.total,
+            adv.advantages)
+        return rollout, metrics, groups, records
 
     def _sample_with_retry(self, prompt_ids, G: int, keys: list[str], texts: list[str]):
         """On out-of-memory, halve g (leaving `full` for `continuous`) and sample the step again."""
@@ -285,13 +295,14 @@ class GRPOTrainer:
         texts = [completion_for_rewards(c.text, chat) for c in completions]
         columns = {k: [ex[k] for ex in examples] for k in examples[0] if k != "prompt"}
         return compute_rewards(self.reward_funcs, self.reward_weights, prompts, texts, columns,
+                               timeout_s=self.cfg.rewards.timeout_s,
                                completion_ids=[c.token_ids for c in completions])
 
     def _sample_metrics(self, rewards, adv, completions, sampler_metrics: dict[str, Any]) -> dict[str, Any]:
         lengths = torch.tensor([c.length for c in completions], dtype=torch.float32)  # [N]
         total = torch.tensor(rewards.total, dtype=torch.float32)  # [N]
         metrics: dict[str, Any] = {
-            "reward": total.mean().item(), "reward_std": adv.reward_std,
+            "reward": total.nanmean().item(), "reward_std": adv.reward_std,
             "frac_reward_zero_std": adv.zero_std_fraction,
             "completions/mean_length": lengths.mean().item(), "completions/max_length": lengths.max().item(),
             "completions/min_length": lengths.min().item(),
