@@ -1,8 +1,13 @@
 """Config tree: YAML + overrides, type coercion, validation errors that name the key."""
 
+from pathlib import Path
+
 import pytest
 
 from infsamp.config import Config, ConfigError, load_config, parse_size, save_config
+
+
+EXAMPLES = Path(__file__).parent.parent / "examples"
 
 
 def test_defaults_validate():
@@ -62,6 +67,13 @@ def test_loss_type_defaults_of_the_clip_range_are_resolved_and_saved(tmp_path, l
     assert f"epsilon_high: {epsilon_high}" in (tmp_path / "config.yaml").read_text()
     explicit = load_config(overrides={"training.loss_type": loss_type, "training.epsilon": 0.1})
     assert explicit.training.epsilon == 0.1
+
+
+@pytest.mark.parametrize("recipe", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
+def test_example_recipes_validate(recipe):
+    cfg = load_config(recipe)
+    if recipe.name == "gsm8k_gspo.yaml":
+        assert cfg.training.loss_type == "gspo" and cfg.training.epsilon_high == 4e-4
 
 
 def test_yaml_errors(tmp_path):

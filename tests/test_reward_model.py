@@ -74,10 +74,16 @@ def test_reward_model_goes_through_compute_rewards_with_functions(reward_model_d
     assert result.total == pytest.approx([0.5 * result.per_function[reward_model_dir.name][0]])
 
 
-def test_directory_that_does_not_load_is_one_line_naming_the_option(tmp_path):
+@pytest.mark.parametrize("files, fragment", [
+    ({}, "a directory without config.json is not a reward model"),
+    ({"config.json": "{not json"}, "cannot load a sequence-classification reward model"),
+])
+def test_directory_that_does_not_load_is_one_line_naming_the_option(tmp_path, files, fragment):
     (tmp_path / "not_a_model").mkdir()
+    for name, text in files.items():
+        (tmp_path / "not_a_model" / name).write_text(text)
     with pytest.raises(RewardError) as info:
         load_reward_functions([str(tmp_path / "not_a_model")])
     message = str(info.value)
-    assert message.startswith(f"rewards.functions '{tmp_path / 'not_a_model'}': cannot load")
+    assert message.startswith(f"rewards.functions '{tmp_path / 'not_a_model'}': {fragment}")
     assert "\n" not in message

@@ -302,3 +302,29 @@ def test_allow_async_false_refuses_async_functions():
     with pytest.raises(RewardError,
                        match=r"^rewards.allow_async: false, but reward function 'judge' is async"):
         check_async_allowed(funcs, allow_async=False)
+
+
+def test_a_function_that_ignores_its_cancellation_does_not_hold_up_the_step():
+    release = threading.Event()
+
+    async def stubborn(prompts, completions, **kw):
+        while not release.is_set():
+            try:
+                await asyncio.sleep(0.05)
+            except asyncio.CancelledError:
+                continue  # swallows the cancellation and keeps going
+        return [1.0] * len(completions)
+
+    start = time.perf_counter()
+    result = compute_rewards([("format", format_reward), ("stubborn", stubborn)], None, PROMPTS,
+                             [GOOD, "x", "y"], COLUMNS, timeout_s=0.3)
+    release.set()
+    assert time.perf_counter() - start < 20 and result.timeouts == {"format": 0, "stubborn": 1}
+
+
+def test_an_async_call_that_fails_before_awaiting_names_the_function():
+    async def needs_column(prompts, completions, missing_column, **kw):
+        return [0.0] * len(completions)
+
+    with pytest.raises(RewardError, match=r"^reward function 'judge'.*raised TypeError"):
+        compute_rewards([("judge", needs_column)], None, PROMPTS, ["a", "b", "c"], COLUMNS)

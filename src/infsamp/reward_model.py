@@ -88,6 +88,8 @@ def load_reward_model(path: str, *, device: torch.device | str = "cpu",
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     where = f"rewards.functions {path!r}"
+    if not (Path(path) / "config.json").exists():
+        raise RewardError(f"{where}: a directory without config.json is not a reward model")
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1,

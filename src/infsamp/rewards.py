@@ -23,6 +23,7 @@ so it keeps running in a daemon thread (an async one is cancelled); one call per
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import importlib
 import importlib.util
@@ -242,24 +243,45 @@ async def _await_with_timeout(func: RewardFunction, kwargs: dict[str, Any],
                               timeout_s: float) -> Outcome:
     """Await one async call; past `timeout_s` it is cancelled (a TimeoutError it raises itself is
     an error, not a timeout)."""
-    task = asyncio.ensure_future(func(**kwargs))
+    try:
+        task = asyncio.ensure_future(func(**kwargs))
+    except Exception as err:  # noqa: BLE001 - e.g. a TypeError from the call's arguments
+        return Outcome(error=err)
     done, _ = await asyncio.wait({task}, timeout=timeout_s or None)
     if not done:
         task.cancel()
         return Outcome(timed_out=True)
+    if task.cancelled():
+        return Outcome(error=asyncio.CancelledError("the call was cancelled"))
     return Outcome(error=task.exception()) if task.exception() else Outcome(value=task.result())
 
 
-async def _gather(calls: list[tuple[RewardFunction, dict[str, Any]]],
-                  timeout_s: float) -> list[Outcome]:
-    return list(await asyncio.gather(*(_await_with_timeout(f, kw, timeout_s) for f, kw in calls)))
+def _start_async(calls: list[tuple[RewardFunction, dict[str, Any]]],
+                 timeout_s: float) -> concurrent.futures.Future:
+    """Run the calls concurrently on a new event loop in a daemon thread; the future holds their
+    outcomes as soon as each finished or timed out (a task that ignores its cancellation is left
+    behind on that loop instead of holding up the step)."""
+    outcomes: concurrent.futures.Future = concurrent.futures.Future()
+
+    async def gather() -> None:
+        tasks = [_await_with_timeout(func, kwargs, timeout_s) for func, kwargs in calls]
+        outcomes.set_result(list(await asyncio.gather(*tasks)))
+
+    def loop() -> None:
+        try:
+            asyncio.run(gather())
+        except BaseException as err:  # noqa: BLE001 - reported through the future
+            if not outcomes.done():
+                outcomes.set_exception(err)
+
+    threading.Thread(target=loop, daemon=True).start()
+    return outcomes
 
 
 def invoke(func: RewardFunction, kwargs: dict[str, Any], timeout_s: float = 0.0) -> Outcome:
     """Call one sync or async function alone (async: on its own event loop in a worker thread)."""
     if is_async_callable(func):
-        outcome = _run_in_thread(lambda: asyncio.run(_gather([(func, kwargs)], timeout_s))[0], 0.0)
-        return outcome.value if outcome.error is None else outcome
+        return _start_async([(func, kwargs)], timeout_s).result()[0]
     if timeout_s:
         return _run_in_thread(lambda: func(**kwargs), timeout_s)
     try:
@@ -272,19 +294,13 @@ def run_reward_functions(funcs: list[tuple[str, RewardFunction]], kwargs: dict[s
                          timeout_s: float = 0.0) -> dict[str, Outcome]:
     """Every function on the same batch: async ones concurrently on an event loop in a worker
     thread, while the sync ones run one after another in this thread. Outcomes in `funcs` order."""
-    async_calls = [(name, func) for name, func in funcs if is_async_callable(func)]
-    worker = None
-    if async_calls:
-        calls = [(func, kwargs) for _, func in async_calls]
-        worker = _Worker(lambda: asyncio.run(_gather(calls, timeout_s)))
-        worker.start()
+    async_names = [name for name, func in funcs if is_async_callable(func)]
+    pending = _start_async([(func, kwargs) for name, func in funcs if name in async_names],
+                           timeout_s) if async_names else None
     outcomes = {name: invoke(func, kwargs, timeout_s) for name, func in funcs
-                if not is_async_callable(func)}
-    if worker is not None:
-        worker.join()
-        if worker.outcome.error is not None:
-            raise worker.outcome.error
-        outcomes.update(zip([name for name, _ in async_calls], worker.outcome.value))
+                if name not in async_names}
+    if pending is not None:
+        outcomes.update(zip(async_names, pending.result()))
     return {name: outcomes[name] for name, _ in funcs}
 
 

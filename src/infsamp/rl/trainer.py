@@ -91,16 +91,16 @@ class GRPOTrainer:
         self.device = resolve_device(cfg.model.device)
         self.model, self.tokenizer = load_model_and_tokenizer(cfg.model, self.device)
         set_num_threads(cfg.training.num_threads, self.model, self.device)
-        self.train_examples = load_examples(cfg.data, cfg.data.train_split)
-        self.eval_examples = load_examples(cfg.data, cfg.data.eval_split)[: cfg.eval.num_problems] \
-            if cfg.eval.num_problems else []
-        self.stream = PromptStream(self.train_examples, cfg.training.prompts_per_step, cfg.training.seed)
         self.sizes = plan_run(cfg, self.model, self.device)
         self.reward_funcs = reward_funcs or load_reward_functions(
             cfg.rewards.functions, device=self.device, dtype=next(self.model.parameters()).dtype,
             max_tokens=self.sizes.train_micro_batch_tokens)
         check_async_allowed(self.reward_funcs, cfg.rewards.allow_async)
         self.reward_weights = cfg.rewards.weights or [1.0] * len(self.reward_funcs)
+        self.train_examples = load_examples(cfg.data, cfg.data.train_split)
+        self.eval_examples = load_examples(cfg.data, cfg.data.eval_split)[: cfg.eval.num_problems] \
+            if cfg.eval.num_problems else []
+        self.stream = PromptStream(self.train_examples, cfg.training.prompts_per_step, cfg.training.seed)
         sampling_cfg = replace(cfg.sampling, kv_budget=str(self.sizes.kv_budget_tokens)) \
             if self.sizes.kv_budget_tokens else replace(cfg.sampling)
         self.sampler = GroupSampler(self.model, self.tokenizer, sampling_cfg, predictor=self._length_predictor())
