@@ -174,7 +174,7 @@ def _chunked_log_softmax(logits: Tensor, index: Tensor, chunk_rows: int,
 def _entropy(chunk: Tensor, normaliser: Tensor) -> Tensor:
     """-sum_v p log p of each row of fp32 logits [r, V]; p = 0 terms (logit -inf) count as 0."""
     logp = chunk - normaliser.unsqueeze(-1)  # [r, V]
-    return -(logp.exp() * logp).nan_to_num(nan=0.0).sum(-1)  # [r]
+    return -logp.exp().mul_(logp).nan_to_num_(nan=0.0).sum(-1)  # [r], one more [r, V] buffer
 
 
 def selective_log_softmax(logits: Tensor, index: Tensor, chunk_rows: int = CHUNK_ROWS) -> Tensor:
