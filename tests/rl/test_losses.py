@@ -227,6 +227,9 @@ def test_on_policy_cispo_is_reinforce():
     expected = -(adv.unsqueeze(1) * logps.detach() * mask).sum() / mask.sum()
     torch.testing.assert_close(value, expected)
     torch.testing.assert_close(grad, -adv.unsqueeze(1) * mask / mask.sum())
+    _, dapo_grad = value_and_grad(
+        lambda: registry_loss("dapo", logps, None, adv, mask, totals, 0.2, 0.2), logps)
+    torch.testing.assert_close(grad, dapo_grad)  # on-policy, cispo and dapo step alike
 
 
 @pytest.mark.parametrize("name", sorted(LOSS_TYPES))
