@@ -200,7 +200,7 @@ def measure_training_step(model, optimizer, prompts, completions, *, max_tokens:
         logps = micro_batch_logprobs(model, mb)  # [b, T_c]
         loss, _ = per_token_loss(logps, None, None, mb.rows(advantages), epsilon_low=0.2, epsilon_high=0.2,
                                  beta=0.0, mask=mb.completion_mask)
-        LOSS_TYPES["dapo"](loss, mb.completion_mask, totals).backward()
+        LOSS_TYPES["dapo"].aggregate(loss, mb.completion_mask, totals).backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)

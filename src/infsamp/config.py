@@ -126,15 +126,24 @@ TEMPLATE_ARGUMENTS = {"messages", "conversation", "add_generation_prompt", "toke
 @dataclass
 class RewardsConfig:
     functions: list[str] = opt(["format", "accuracy"],
-                               "reward functions: built-in names (format, accuracy) or 'module:function'")
+                               "reward functions: built-in names (format, accuracy), "
+                               "'module:function', 'file.py:function', or a local "
+                               "sequence-classification model directory")
     weights: list[float] = opt([], "one weight per function (default: all 1.0)")
     format_think_block: str = opt("forbid", "the format reward and a leading <think>...</think> "
                                             "block: forbid (the completion opens with <reasoning>, "
                                             "as the seed), allow (skipped when present), require",
                                   choices=("forbid", "allow", "require"))
+    timeout_s: float = opt(0.0, "seconds one reward function may take per step; past it its rows "
+                                "get None, counted in rewards/<name>/timeouts, and the step goes "
+                                "on (0: no limit)")
+    allow_async: bool = opt(True, "run 'async def' reward functions concurrently; false refuses "
+                                  "them at start-up (rewards strictly one after another)")
 
     def validate(self) -> None:
         _require(len(self.functions) > 0, "rewards.functions", self.functions, "needs at least one function")
+        _require(self.timeout_s >= 0, "rewards.timeout_s", self.timeout_s,
+                 "must be >= 0 (0: no limit)")
         _require(not self.weights or len(self.weights) == len(self.functions), "rewards.weights",
                  self.weights, f"needs {len(self.functions)} values, one per function")
 
@@ -192,11 +201,19 @@ class TrainingConfig:
     optimizer: str = opt("adamw", "adamw, adamw8bit (8-bit states: bitsandbytes on CUDA, torchao "
                          "elsewhere and for bf16 weights) or sgd")
     max_grad_norm: float = opt(1.0, "gradient clipping norm (0 = off)")
-    loss_type: str = opt("dapo", "token aggregation: grpo, dr_grpo, dapo, bnpo")
+    loss_type: str = opt("dapo", "loss: grpo, dr_grpo, dapo, bnpo, gspo, cispo "
+                                 "(README: when to use which)")
     scale_rewards: str = opt("group", "advantage scaling: group, batch, none")
     beta: float = opt(0.0, "KL coefficient to the reference model (0: no reference)")
-    epsilon: float = opt(0.2, "lower clip range of the ratio")
-    epsilon_high: float = opt(0.0, "upper clip range (0: same as epsilon)")
+    epsilon: float = opt(0.0, "lower clip range of the ratio (0: the loss type's default, "
+                              "0.2; gspo 3e-4)")
+    epsilon_high: float = opt(0.0, "upper clip range (0: the loss type's default: gspo 4e-4, "
+                                   "cispo 5.0 (cispo caps the ratio itself), others = epsilon)")
+    mask_truncated_completions: bool = opt(False, "completions cut at sampling.max_new_tokens "
+                                                  "carry no loss (DAPO)")
+    top_entropy_quantile: float = opt(1.0, "only this top fraction of the step's tokens by "
+                                           "entropy carries policy loss (0.2 in 'Beyond the "
+                                           "80/20 Rule'; 1.0: all)")
     num_iterations: int = opt(1, "optimisation passes over each sampled batch (mu)")
     train_micro_batch_tokens: int = opt(0, "tokens per training micro-batch; 0 = auto from the planner")
     seed: int = opt(0, "seed for sampling, shuffling and initialisation")
@@ -228,6 +245,9 @@ class TrainingConfig:
         _require(self.train_micro_batch_tokens >= 0, "training.train_micro_batch_tokens",
                  self.train_micro_batch_tokens, "must be >= 0")
         _check_choice("training.loss_type", self.loss_type, "infsamp.rl.losses", "LOSS_TYPES")
+        _require(0 < self.top_entropy_quantile <= 1, "training.top_entropy_quantile",
+                 self.top_entropy_quantile, "must be in (0, 1] (1.0: every token)")
+        self._resolve_clip_range()
         _check_choice("training.scale_rewards", self.scale_rewards, "infsamp.rl.advantages", "REWARD_SCALERS")
         _require(self.optimizer in ("adamw", "adamw8bit", "sgd"), "training.optimizer", self.optimizer,
                  "must be one of adamw, adamw8bit, sgd")
@@ -241,6 +261,13 @@ class TrainingConfig:
                       "LR_SCHEDULERS")
         _check_choice("training.precision", self.precision, "infsamp.planner.precisions",
                       "PRECISION_CHOICES")
+
+    def _resolve_clip_range(self) -> None:
+        """epsilon / epsilon_high 0 -> the loss type's defaults, written back (config.yaml)."""
+        from infsamp.rl.losses import clip_range
+
+        self.epsilon, self.epsilon_high = clip_range(self.loss_type, self.epsilon,
+                                                     self.epsilon_high)
 
 
 @dataclass
@@ -264,10 +291,14 @@ class LoggingConfig:
     log_every: int = opt(1, "print a metrics line every N steps")
     progress_bar: bool = opt(True, "show a tqdm progress bar")
     plot: bool = opt(True, "write reward/accuracy plots (PNG) at the end")
+    completions_every: int = opt(0, "every N steps write the step's prompts, completions, "
+                                    "rewards and advantages to completions.jsonl (0: never)")
 
     def validate(self) -> None:
         _require(self.log_every >= 1, "logging.log_every", self.log_every, "must be >= 1")
         _check_output_dir(self.output_dir)
+        _require(self.completions_every >= 0, "logging.completions_every", self.completions_every,
+                 "must be >= 0 (0: never)")
 
 
 @dataclass

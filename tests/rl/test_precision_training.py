@@ -85,3 +85,26 @@ def test_qlora_trains_adapters_over_a_4bit_base(tiny_config):
     trainer.train()
     adapters = [p for p in trainer.model.parameters() if p.requires_grad]
     assert adapters and {p.dtype for p in adapters} == {torch.float32}
+
+
+def test_8bit_states_are_written_as_data_and_rebuilt():
+    """torchao's quantized states go into a checkpoint as plain tensors (codes, scales, code map)
+    and come back as the same class; any other tensor subclass is refused."""
+    import json
+
+    from torchao.optim.subclass_8bit import OptimState8bit
+
+    from infsamp.rl.state_data import from_data, to_data
+
+    state = OptimState8bit.zeros((64, 128), True, 256, "cpu")
+    state.scale.uniform_(0.5, 1.0)
+    state.codes.random_(0, 256)
+    tree, tensors = to_data({"exp_avg": state, "dtype": torch.bfloat16})
+    json.dumps(tree)  # the structure is JSON; every tensor is a plain one
+    assert all(type(t) is torch.Tensor for t in tensors.values())
+    back = from_data(tree, tensors)
+    assert type(back["exp_avg"]) is OptimState8bit and back["dtype"] is torch.bfloat16
+    assert torch.equal(back["exp_avg"].dequantize(), state.dequantize())
+    tree["exp_avg"]["__subclass__"] = "os.system"
+    with pytest.raises(ValueError, match="not a tensor class a checkpoint may rebuild"):
+        from_data(tree, tensors)

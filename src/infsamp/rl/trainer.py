@@ -35,18 +35,18 @@ import torch
 from infsamp.config import Config, ConfigError, save_config
 from infsamp.errors import NonFiniteError, RewardError, RunFolderError, RunStopped
 from infsamp.models.loading import (load_model_and_tokenizer, load_tokenizer, quiet_transformers,
-                                    resolve_device, stop_token_ids)
-from infsamp.rewards import compute_rewards, load_reward_functions
+                                    resolve_device, resolve_dtype, stop_token_ids)
+from infsamp.rewards import check_async_allowed, compute_rewards, load_reward_functions
 from infsamp.rl import checkpoint as ckpt
 from infsamp.rl.advantages import compute_advantages
 from infsamp.rl.evaluation import evaluate_accuracy
 from infsamp.rl.memory import plan_run
-from infsamp.rl.grpo_step import GRPOStep, Rollout, is_out_of_memory
+from infsamp.rl.grpo_step import DEFAULT_MICRO_BATCH_TOKENS, GRPOStep, Rollout, is_out_of_memory
 from infsamp.rl.optim import build_optimizer, build_scheduler, schedule_horizon
 from infsamp.rl.precision import resolve_precision
 from infsamp.rl.prompt_stream import PromptStream
 from infsamp.rl.run_folder import prepare_run_folder
-from infsamp.rl.run_log import RunLogger, plot_run
+from infsamp.rl.run_log import RunLogger, completion_records, plot_run
 from infsamp.rl.signals import StopSignals
 from infsamp.rl.train_state import restore_training_state, training_state
 from infsamp.sampling.length_predictor import make_predictor
@@ -57,10 +57,17 @@ from infsamp.tasks.prompts import (EncodedPrompt, EncodedSplit, completion_for_r
 
 
 def _load_rewards(cfg: Config):
+    """The reward functions (and reward models, on the run's device), before anything else loads."""
+    device = resolve_device(cfg.model.device)
     try:
-        return load_reward_functions(cfg.rewards.functions, cfg.rewards.format_think_block)
+        funcs = load_reward_functions(
+            cfg.rewards.functions, cfg.rewards.format_think_block, device=device,
+            dtype=resolve_dtype(cfg.model.dtype, device),
+            max_tokens=cfg.training.train_micro_batch_tokens or DEFAULT_MICRO_BATCH_TOKENS)
     except RewardError as err:
-        raise RewardError(f"rewards.functions: {err}") from None
+        named = str(err).startswith("rewards.functions")
+        raise (err if named else RewardError(f"rewards.functions: {err}")) from None
+    return funcs
 
 
 def warn_about_settings(cfg: Config) -> None:
@@ -114,6 +121,7 @@ class GRPOTrainer:
         self.cfg = cfg.validate()
         self.output_dir = Path(cfg.logging.output_dir)
         self.reward_funcs = reward_funcs or _load_rewards(cfg)
+        check_async_allowed(self.reward_funcs, cfg.rewards.allow_async)
         self.resume_from = prepare_run_folder(cfg)  # before anything loads
         warn_about_settings(cfg)
         seed_everything(cfg.training.seed)
@@ -293,9 +301,10 @@ class GRPOTrainer:
     def train_step(self, logger: RunLogger | None = None) -> dict[str, Any]:
         start = time.perf_counter()
         batch = self.stream.next_batch()
-        rollout, sample_metrics, groups = self._rollout(batch)
+        rollout, sample_metrics, groups, records = self._rollout(batch)
         if logger is not None:
             logger.log_lengths(self.step + 1, groups)
+            logger.log_completions(self.step + 1, records)
         try:
             check_finite(sample_metrics, rollout.advantages)
             loss_metrics = self.grpo.optimize(rollout, self.optimizer, self.scheduler)
@@ -318,11 +327,17 @@ class GRPOTrainer:
         adv = compute_advantages(torch.tensor(rewards.total, dtype=torch.float32), G,
                                  self.cfg.training.scale_rewards)
         rollout = Rollout(prompt_ids=[p for p in prompt_ids for _ in range(G)],
-                          completion_ids=[c.token_ids for c in completions], advantages=adv.advantages)
+                          completion_ids=[c.token_ids for c in completions],
+                          advantages=adv.advantages,
+                          truncated=[c.finish_reason == "length" for c in completions])
         metrics = self._sample_metrics(rewards, adv, completions, result.stats.to_metrics())
         groups = [{"prompt_id": key, "prompt_tokens": len(p), "lengths": [c.length for c in grp]}
                   for key, p, grp in zip(keys, prompt_ids, result.groups)]
-        return rollout, metrics, groups
+        every = self.cfg.logging.completions_every
+        records = [] if not every or (self.step + 1) % every else completion_records(
+            keys, [p.text for _, p in batch], completions, rewards.per_function, rewards.total,
+            adv.advantages)
+        return rollout, metrics, groups, records
 
     def _on_non_finite(self, err: NonFiniteError) -> dict[str, Any]:
         """training.nonfinite: stop with one line naming step and quantity, or skip the update."""
@@ -358,13 +373,14 @@ class GRPOTrainer:
         texts = [completion_for_rewards(c.text, chat) for c in completions]
         columns = {k: [ex[k] for ex in examples] for k in examples[0] if k != "prompt"}
         return compute_rewards(self.reward_funcs, self.reward_weights, prompts, texts, columns,
+                               timeout_s=self.cfg.rewards.timeout_s,
                                completion_ids=[c.token_ids for c in completions])
 
     def _sample_metrics(self, rewards, adv, completions, sampler_metrics: dict[str, Any]) -> dict[str, Any]:
         lengths = torch.tensor([c.length for c in completions], dtype=torch.float32)  # [N]
         total = torch.tensor(rewards.total, dtype=torch.float32)  # [N]
         metrics: dict[str, Any] = {
-            "reward": total.mean().item(), "reward_std": adv.reward_std,
+            "reward": total.nanmean().item(), "reward_std": adv.reward_std,
             "frac_reward_zero_std": adv.zero_std_fraction,
             "completions/mean_length": lengths.mean().item(), "completions/max_length": lengths.max().item(),
             "completions/min_length": lengths.min().item(),
