@@ -110,8 +110,9 @@ class SamplingConfig:
     predictor_prefix_tokens: int = opt(16, "k: tokens decoded before a sample's length is re-predicted")
     refill: str = opt("auto", "runtime refill order for length_aware: auto (= ljf, measured best), sjf, ljf")
     grouping_epsilon: float = opt(0.1, "FPTAS epsilon of the global grouping (smaller: closer to optimal)")
-    engine: str = opt("auto", "decoding engine: auto or hf (infsamp's slot engine over the transformers model)",
-                      choices=("auto", "hf"))
+    engine: str = opt("auto", "decoding engine: slots (infsamp's slot engine over the transformers model), "
+                      "vllm (vLLM in the trainer's process), auto (vllm where it is installed and the model "
+                      "is on a CUDA GPU, else slots)", choices=("auto", "slots", "vllm"))
 
     def validate(self) -> None:
         _require(self.num_generations >= 2, "sampling.num_generations", self.num_generations,

@@ -50,8 +50,7 @@ def test_forced_lengths_are_exact(checkpoint):
     workload = bench.Workload("controlled", (8,), 40, median=12, min_length=2, controlled=True)
     targets = bench.target_lengths(workload, 8, 0, seed=0)
     cfg = SamplingConfig(policy="continuous", micro_group=3, kv_budget="1000", max_new_tokens=40)
-    result = GroupSampler(model, tokenizer, cfg).sample(
-        [[5, 6, 7]], 8, logits_processor_factory=lambda specs: bench.ForcedLengths(targets, tokenizer.eos_token_id))
+    result = GroupSampler(model, tokenizer, cfg).sample([[5, 6, 7]], 8, target_lengths=targets)
     assert [c.length for c in result.groups[0]] == targets
     assert all(c.finish_reason == "eos" for c in result.completions)
 

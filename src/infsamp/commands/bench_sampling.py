@@ -133,28 +133,6 @@ def target_lengths(workload: Workload, group_size: int, prompt_index: int, seed:
             for _ in range(group_size)]
 
 
-class ForcedLengths:
-    """Logits rule: EOS banned before a sample's target length, forced at it."""
-
-    def __init__(self, targets: list[int], eos_id: int):
-        import torch
-
-        self.targets = torch.tensor(targets)  # [N], indexed by sample id
-        self.eos_id = eos_id
-
-    def __call__(self, sample_ids, num_generated, scores):
-        import torch
-
-        position = num_generated + 1  # length the sample reaches with this token
-        target = self.targets[sample_ids]  # [S]
-        scores = scores.clone()
-        scores[position < target, self.eos_id] = -torch.inf
-        forced = position >= target
-        scores[forced] = -torch.inf
-        scores[forced, self.eos_id] = 0.0
-        return scores
-
-
 # ---------------------------------------------------------------- one cell of the table
 
 
@@ -174,18 +152,14 @@ def run_cell(model, tokenizer, workload: Workload, prompts, group_size: int, pol
              "cpu_time_s": 0.0}
     peaks = {"peak_kv_bytes": 0, "peak_kv_tokens": 0, "peak_kv_tokens_used": 0}
     for index, prompt in enumerate(prompts[:num_prompts]):
-        factory = None
-        if workload.controlled:
-            targets = target_lengths(workload, group_size, index, args.seed)
-            factory = lambda specs, t=targets: ForcedLengths(t, tokenizer.eos_token_id)  # noqa: E731
+        targets = target_lengths(workload, group_size, index, args.seed) if workload.controlled else None
         cpu_start = time.process_time()
-        stats = sampler.sample([prompt], group_size, logits_processor_factory=factory,
+        stats = sampler.sample([prompt], group_size, target_lengths=targets,
                                generator=torch.Generator().manual_seed(args.seed + index)).stats
         total["cpu_time_s"] += time.process_time() - cpu_start
-        for key in ("decode_steps", "lower_bound", "generated_tokens", "wall_time_s"):
+        for key in ("decode_steps", "lower_bound", "generated_tokens", "wall_time_s", "model_time_s"):
             total[key] += getattr(stats, key)
-        total["model_time_s"] += stats.extra["model_time_s"]
-        peaks = {k: max(v, getattr(stats, k, 0) or stats.extra.get(k, 0)) for k, v in peaks.items()}
+        peaks = {k: max(v, getattr(stats, k)) for k, v in peaks.items()}
     return {"workload": workload.name, "G": group_size, "policy": policy, "g": stats.num_slots,
             "kv_budget_tokens": budget, "num_prompts": num_prompts, **total, **peaks,
             "tokens_per_second": total["generated_tokens"] / max(total["wall_time_s"], 1e-9),

@@ -159,8 +159,8 @@ class Runner:
         return {"variant": variant.name, "prompt": ",".join(keys), "decode_steps": s.decode_steps,
                 "lower_bound": s.lower_bound, "opt_lower_bound": s.opt_lower_bound, "generated_tokens": s.generated_tokens,
                 "wall_time_s": s.wall_time_s, "cpu_time_s": cpu, "num_slots": s.num_slots,
-                "peak_kv_tokens": s.peak_kv_tokens, "kendall_tau": s.extra.get("predictor_kendall_tau"),
-                "mae": s.extra.get("predictor_mae"), "lengths": [[c.length for c in g] for g in result.groups]}
+                "peak_kv_tokens": s.peak_kv_tokens, "kendall_tau": s.predictor_kendall_tau,
+                "mae": s.predictor_mae, "lengths": [[c.length for c in g] for g in result.groups]}
 
 
 def run_epochs(model, tokenizer, prompts, variants: list[Variant], args) -> list[dict]:

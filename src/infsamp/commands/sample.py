@@ -98,7 +98,7 @@ def format_stats(stats) -> str:
             ("peak kv tokens", stats.peak_kv_tokens), ("peak kv bytes", stats.peak_kv_bytes),
             ("preemptions", stats.num_preemptions), ("wall time (s)", f"{stats.wall_time_s:.2f}"),
             ("tokens / s", f"{stats.tokens_per_second:.1f}"),
-            ("sampler overhead", f"{100 * stats.extra.get('overhead_fraction', 0):.1f}% of wall time")]
+            ("sampler overhead", f"{100 * stats.overhead_fraction:.1f}% of wall time")]
     return "\n".join(f"{name:>20}: {value}" for name, value in rows)
 
 

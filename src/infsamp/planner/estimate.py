@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from infsamp.planner.presets import (LORA_TARGETS_ALL_LINEAR, ModelShape, count_lora_parameters,
                                      count_parameters, embedding_parameters)
+from infsamp.sampling.types import kv_tokens_needed
 
 PARTS = ("weights", "reference", "gradients", "optimizer", "activations", "logits", "kv_cache", "overhead")
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -205,10 +206,17 @@ def _with_overhead(parts: dict[str, int], device: str) -> dict[str, int]:
     return {**parts, "peak": sum(parts.values())}
 
 
+def plan_kv_tokens(p: PlanInputs, micro_group: int) -> int:
+    """KV tokens of g samples decoded at once: the sampler's own rule (`types.kv_tokens_needed`, one
+    prompt shared by the g samples), or a private prompt per sample without sharing."""
+    if p.shared_prompt_kv:
+        return kv_tokens_needed(micro_group, p.max_completion, p.max_prompt, num_prompts=1)
+    return micro_group * p.seq_len
+
+
 def generation_breakdown(p: PlanInputs, micro_group: int) -> dict[str, int]:
     """Bytes while decoding `micro_group` samples at once (optimizer states stay resident)."""
-    kv_tokens = (p.max_prompt + micro_group * p.max_completion if p.shared_prompt_kv
-                 else micro_group * p.seq_len)
+    kv_tokens = plan_kv_tokens(p, micro_group)
     kv_tokens += math.ceil(micro_group * p.seq_len / p.shape.num_hidden_layers)  # one layer's K/V concat per step
     prefill_tokens = p.max_prompt if p.shared_prompt_kv else micro_group * p.max_prompt
     parts = dict(weights=weights_bytes(p), reference=reference_bytes(p), gradients=0,

@@ -21,7 +21,7 @@ from infsamp.config import ConfigError
 from infsamp.planner.estimate import (DEVICES, DTYPE_BYTES, GIB, OPTIMIZERS, PlanInputs, activation_bytes_per_token,
                                       decode_logits_bytes_per_row, embedding_grad_bytes, generation_breakdown, inference_workspace_bytes,
                                       kv_bytes_per_token, largest_micro_batch_sequences, largest_micro_group,
-                                      peak_training_moment,
+                                      peak_training_moment, plan_kv_tokens,
                                       train_logits_bytes_per_row, training_breakdown)
 from infsamp.planner.presets import LORA_TARGETS_ALL_LINEAR, ModelShape
 
@@ -123,8 +123,8 @@ def plan_memory(shape: ModelShape, *, gpu_memory_bytes: int, group_size: int, ma
     shown_g, shown_tokens = _shown_sizes(p, g, tokens)
     generation, training = generation_breakdown(p, shown_g), training_breakdown(p, shown_tokens)
     fits = g > 0 and tokens > 0
-    kv_tokens = p.max_prompt + shown_g * p.max_completion if p.shared_prompt_kv else shown_g * p.seq_len
-    return MemoryPlan(fits=fits, micro_group=g, train_micro_batch_tokens=tokens, kv_budget_tokens=kv_tokens,
+    return MemoryPlan(fits=fits, micro_group=g, train_micro_batch_tokens=tokens,
+                      kv_budget_tokens=plan_kv_tokens(p, shown_g),
                       generation=generation, training=training,
                       peak_bytes=max(generation["peak"], training["peak"]),
                       advice=[] if fits else advise(p, g, tokens),

@@ -38,8 +38,9 @@ from infsamp.rl.grpo_step import GRPOStep, Rollout, is_out_of_memory
 from infsamp.rl.optim import build_optimizer, build_scheduler
 from infsamp.rl.prompt_stream import PromptStream
 from infsamp.rl.run_log import RunLogger, plot_run
+from infsamp.sampling.engines.base import make_engine
 from infsamp.sampling.length_predictor import make_predictor
-from infsamp.sampling.sampler import GroupSampler
+from infsamp.sampling.sampler import GroupSampler, engine_limits
 from infsamp.tasks.loading import (completion_for_rewards, load_examples, prompt_for_rewards, render_prompt,
                                     uses_chat_template)
 
@@ -100,7 +101,10 @@ class GRPOTrainer:
         self.sizes = plan_run(cfg, self.model, self.device)
         sampling_cfg = replace(cfg.sampling, kv_budget=str(self.sizes.kv_budget_tokens)) \
             if self.sizes.kv_budget_tokens else replace(cfg.sampling)
-        self.sampler = GroupSampler(self.model, self.tokenizer, sampling_cfg, predictor=self._length_predictor())
+        limits = engine_limits(sampling_cfg, self.model, cfg.data.max_prompt_length, cfg.training.prompts_per_step)
+        self.engine = make_engine(cfg.sampling.engine, self.model, sampling_cfg, limits)  # kept for the whole run
+        self.sampler = GroupSampler(self.model, self.tokenizer, sampling_cfg, predictor=self._length_predictor(),
+                                    engine=self.engine)
         self.generator = torch.Generator(device="cpu").manual_seed(cfg.training.seed)
         self.ref_model = self._reference_model()
         self.grpo = GRPOStep(self.model, cfg.training, pad_token_id=self.tokenizer.pad_token_id,
@@ -142,6 +146,7 @@ class GRPOTrainer:
             return
         state, blob = ckpt.load_training_state(path)
         self._load_weights(path / "model")
+        self.engine.load_weights(self.model)
         self.optimizer.load_state_dict(blob["optimizer"])
         self.scheduler.load_state_dict(blob["scheduler"])
         ckpt.set_rng_state(blob["rng"])
@@ -183,6 +188,7 @@ class GRPOTrainer:
             self._save()
         finally:
             logger.close()
+            self.close()
         if cfg.logging.plot:
             plot_run(self.output_dir)
         return TrainResult(self.output_dir, self.step, self.eval_before, eval_after)
@@ -226,6 +232,10 @@ class GRPOTrainer:
             extra={"generator": self.generator.get_state(), "predictor": self.sampler.predictor},
             trainer_state={"data": self.stream.state_dict(), "eval_before": self.eval_before})
 
+    def close(self) -> None:
+        """Free the sampling engine (vLLM's pool and weights); the trainer cannot sample afterwards."""
+        self.engine.close()
+
     # ------------------------------------------------------------------ one step
 
     def train_step(self, logger: RunLogger | None = None) -> dict[str, Any]:
@@ -234,7 +244,9 @@ class GRPOTrainer:
         rollout, sample_metrics, groups = self._rollout(batch)
         if logger is not None:
             logger.log_lengths(self.step + 1, groups)
+        self.engine.sleep()  # vLLM on CUDA: free its KV pool and weights while training
         loss_metrics = self.grpo.optimize(rollout, self.optimizer, self.scheduler)
+        self.engine.load_weights(self.model)  # the next step samples from the updated policy
         self.step += 1
         return {**sample_metrics, **loss_metrics, "learning_rate": self.scheduler.get_last_lr()[0],
                 "epoch": self.stream.epoch, "step_time": round(time.perf_counter() - start, 3)}
