@@ -113,6 +113,10 @@ class SamplingConfig:
     engine: str = opt("auto", "decoding engine: slots (infsamp's slot engine over the transformers model), "
                       "vllm (vLLM in the trainer's process), auto (vllm where it is installed and the model "
                       "is on a CUDA GPU, else slots)", choices=("auto", "slots", "vllm"))
+    vllm_sleep: str = opt("auto", "vllm engine: free GPU memory while training (vLLM sleep mode): off, offload "
+                          "(weights to CPU, KV pool freed), discard (weights and KV pool freed; the weights are "
+                          "pushed again after the optimizer step), auto (discard on CUDA, off on CPU)",
+                          choices=("auto", "off", "offload", "discard"))
 
     def validate(self) -> None:
         _require(self.num_generations >= 2, "sampling.num_generations", self.num_generations,
