@@ -117,6 +117,12 @@ class SamplingConfig:
                           "(weights to CPU, KV pool freed), discard (weights and KV pool freed; the weights are "
                           "pushed again after the optimizer step), auto (discard on CUDA, off on CPU)",
                           choices=("auto", "off", "offload", "discard"))
+    vllm_importance_sampling: str = opt("token_truncate", "vllm engine: correct the loss for vLLM's log-prob "
+                                        "mismatch with capped weights exp(old - vllm): token_truncate, token_mask, "
+                                        "sequence_truncate, sequence_mask (as TRL) or off",
+                                        choices=("token_truncate", "token_mask", "sequence_truncate",
+                                                 "sequence_mask", "off"))
+    vllm_importance_sampling_cap: float = opt(3.0, "vllm engine: the cap of those weights (TRL's C_max)")
 
     def validate(self) -> None:
         _require(self.num_generations >= 2, "sampling.num_generations", self.num_generations,
@@ -133,6 +139,8 @@ class SamplingConfig:
                  self.predictor, "must be online, none, oracle or noisy:SIGMA")
         _require(self.refill in ("auto", "sjf", "ljf"), "sampling.refill", self.refill, "must be auto, sjf or ljf")
         _require(self.grouping_epsilon > 0, "sampling.grouping_epsilon", self.grouping_epsilon, "must be > 0")
+        _require(self.vllm_importance_sampling_cap >= 1, "sampling.vllm_importance_sampling_cap",
+                 self.vllm_importance_sampling_cap, "must be >= 1 (a weight of 1 is no correction)")
         if self.kv_budget != "auto":
             try:
                 parse_size(self.kv_budget)

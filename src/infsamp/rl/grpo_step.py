@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from infsamp.config import TrainingConfig
+from infsamp.rl.importance import MismatchStats, engine_importance_weights
 from infsamp.rl.logprobs import build_micro_batches, micro_batch_logprobs, sequence_logprobs
 from infsamp.rl.losses import LOSS_TYPES, BatchTotals, LossStats, per_token_loss
 
@@ -36,6 +37,7 @@ class Rollout:
     prompt_ids: list[list[int]]  # one per completion (the group's prompt repeated)
     completion_ids: list[list[int]]
     advantages: Tensor  # [N]
+    engine_logprobs: list[Tensor] | None = None  # per completion [T_i]: the sampling engine's (vLLM), if any
 
 
 def is_out_of_memory(err: BaseException) -> bool:
@@ -44,7 +46,8 @@ def is_out_of_memory(err: BaseException) -> bool:
 
 class GRPOStep:
     def __init__(self, model, cfg: TrainingConfig, *, pad_token_id: int, temperature: float,
-                 max_completion_length: int, ref_model=None, micro_batch_tokens: int = 0):
+                 max_completion_length: int, ref_model=None, micro_batch_tokens: int = 0,
+                 importance_sampling: str = "token_truncate", importance_sampling_cap: float = 3.0):
         self.model = model
         self.cfg = cfg
         self.pad_token_id = pad_token_id
@@ -53,6 +56,9 @@ class GRPOStep:
         self.ref_model = ref_model
         self.micro_batch_tokens = micro_batch_tokens or cfg.train_micro_batch_tokens or DEFAULT_MICRO_BATCH_TOKENS
         self.num_oom_retries = 0
+        self.importance_sampling, self.importance_sampling_cap = importance_sampling, importance_sampling_cap
+        self.mismatch = MismatchStats()
+        self._first_pass = True
 
     # ------------------------------------------------------------------ no-grad passes
 
@@ -78,13 +84,16 @@ class GRPOStep:
         ref = self.reference_logprobs(rollout)
         totals = BatchTotals.from_lengths([len(c) for c in rollout.completion_ids], self.max_completion_length)
         metrics: dict[str, Any] = {}
-        for _ in range(self.cfg.num_iterations):
+        self.mismatch = MismatchStats()
+        for iteration in range(self.cfg.num_iterations):
+            self._first_pass = iteration == 0
             loss, stats = self.accumulate_gradients(rollout, old, ref, totals)
             grad_norm = self._clip()
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             metrics = {"loss": loss, "grad_norm": grad_norm, **stats.metrics()}
+        metrics.update(self.mismatch.metrics())
         metrics["train/micro_batch_tokens"] = self.micro_batch_tokens
         metrics["train/oom_retries"] = self.num_oom_retries
         return metrics
@@ -131,6 +140,20 @@ class GRPOStep:
             logps, mb.gather(old), mb.gather(ref), mb.rows(rollout.advantages).to(logps.device),
             epsilon_low=self.cfg.epsilon, epsilon_high=self.cfg.epsilon_high or self.cfg.epsilon,
             beta=self.cfg.beta, mask=mb.completion_mask)
+        per_token = per_token * self._engine_weights(mb, rollout, logps, old)  # [b, T_c]
         loss = LOSS_TYPES[self.cfg.loss_type](per_token, mb.completion_mask, totals)  # []
         loss.backward()
         return loss.item(), stats
+
+    def _engine_weights(self, mb, rollout: Rollout, logps: Tensor, old: list[Tensor] | None) -> Tensor | float:
+        """Truncated importance weights exp(old - engine) when another engine (vLLM) sampled the
+        completions (`rl/importance.py`); 1 otherwise. The mismatch is measured on the first pass."""
+        if rollout.engine_logprobs is None:
+            return 1.0
+        old_logps = logps.detach() if old is None else mb.gather(old)  # [b, T_c]
+        engine_logps = mb.gather(rollout.engine_logprobs)  # [b, T_c]
+        weights = engine_importance_weights(old_logps, engine_logps, mb.completion_mask, self.importance_sampling,
+                                            self.importance_sampling_cap)
+        if self._first_pass:
+            self.mismatch.add(old_logps, engine_logps, mb.completion_mask, weights)
+        return weights

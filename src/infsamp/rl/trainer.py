@@ -110,7 +110,9 @@ class GRPOTrainer:
         self.grpo = GRPOStep(self.model, cfg.training, pad_token_id=self.tokenizer.pad_token_id,
                              temperature=cfg.sampling.temperature or 1.0, ref_model=self.ref_model,
                              max_completion_length=cfg.sampling.max_new_tokens,
-                             micro_batch_tokens=self.sizes.train_micro_batch_tokens)
+                             micro_batch_tokens=self.sizes.train_micro_batch_tokens,
+                             importance_sampling=cfg.sampling.vllm_importance_sampling,
+                             importance_sampling_cap=cfg.sampling.vllm_importance_sampling_cap)
         self.optimizer = build_optimizer(self.model, cfg.training)
         self.scheduler = build_scheduler(self.optimizer, cfg.training)
         self.step_callback = step_callback
@@ -262,8 +264,11 @@ class GRPOTrainer:
         rewards = self._score(examples, completions)
         adv = compute_advantages(torch.tensor(rewards.total, dtype=torch.float32), G,
                                  self.cfg.training.scale_rewards)
+        engine_logprobs = ([torch.tensor(c.logprobs, dtype=torch.float32) for c in completions]
+                           if all(c.logprobs is not None for c in completions) else None)
         rollout = Rollout(prompt_ids=[p for p in prompt_ids for _ in range(G)],
-                          completion_ids=[c.token_ids for c in completions], advantages=adv.advantages)
+                          completion_ids=[c.token_ids for c in completions], advantages=adv.advantages,
+                          engine_logprobs=engine_logprobs)
         metrics = self._sample_metrics(rewards, adv, completions, result.stats.to_metrics())
         groups = [{"prompt_id": str(i), "prompt_tokens": len(p), "lengths": [c.length for c in grp]}
                   for (i, _), p, grp in zip(batch, prompt_ids, result.groups)]
