@@ -1,5 +1,5 @@
-"""Truncated importance sampling for vLLM-sampled completions: the modes by hand, and the GRPO step's
-loss is unchanged without engine log-probs or when they agree exactly."""
+"""Truncated importance sampling for vLLM-sampled completions: the modes by hand, and the GRPO
+step's loss is unchanged without engine log-probs or when they agree exactly."""
 
 import math
 
@@ -13,20 +13,23 @@ from infsamp.rl.importance import IS_MODES, MismatchStats, engine_importance_wei
 from infsamp.rl.logprobs import sequence_logprobs
 
 OLD = torch.tensor([[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
-ENGINE = torch.tensor([[0.0, -0.5, -2.0], [0.1, 0.0, -3.0]])  # exp(old - engine): 1, e^0.5, e^2 | e^-0.1, 1, e^3
+ENGINE = torch.tensor([[0.0, -0.5, -2.0], [0.1, 0.0, -3.0]])  # old - engine: 0 .5 2 | -.1 0 3
 MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
 
 
 def test_token_modes_by_hand():
     truncated = engine_importance_weights(OLD, ENGINE, MASK, "token_truncate", cap=3.0)
-    torch.testing.assert_close(truncated, torch.tensor([[1.0, math.exp(0.5), 3.0], [math.exp(-0.1), 1.0, 1.0]]))
+    expected = torch.tensor([[1.0, math.exp(0.5), 3.0], [math.exp(-0.1), 1.0, 1.0]])
+    torch.testing.assert_close(truncated, expected)
     masked = engine_importance_weights(OLD, ENGINE, MASK, "token_mask", cap=3.0)
-    torch.testing.assert_close(masked, torch.tensor([[1.0, math.exp(0.5), 0.0], [math.exp(-0.1), 1.0, 1.0]]))
+    expected = torch.tensor([[1.0, math.exp(0.5), 0.0], [math.exp(-0.1), 1.0, 1.0]])
+    torch.testing.assert_close(masked, expected)
 
 
 def test_sequence_modes_by_hand():
     truncated = engine_importance_weights(OLD, ENGINE, MASK, "sequence_truncate", cap=3.0)
-    torch.testing.assert_close(truncated, torch.tensor([[3.0], [math.exp(-0.1)]]))  # e^2.5 capped; padding ignored
+    expected = torch.tensor([[3.0], [math.exp(-0.1)]])  # e^2.5 capped; padding ignored
+    torch.testing.assert_close(truncated, expected)
     masked = engine_importance_weights(OLD, ENGINE, MASK, "sequence_mask", cap=20.0)
     torch.testing.assert_close(masked, torch.tensor([[math.exp(2.5)], [math.exp(-0.1)]]))
     assert engine_importance_weights(OLD, ENGINE, MASK, "off", 3.0).eq(1.0).all()
@@ -35,7 +38,8 @@ def test_sequence_modes_by_hand():
 def test_equal_log_probs_weigh_exactly_one():
     logps = torch.randn(3, 7)
     for mode in IS_MODES:
-        assert engine_importance_weights(logps, logps.clone(), torch.ones(3, 7), mode, 3.0).eq(1.0).all(), mode
+        weights = engine_importance_weights(logps, logps.clone(), torch.ones(3, 7), mode, 3.0)
+        assert weights.eq(1.0).all(), mode
 
 
 def test_mismatch_stats():
@@ -43,7 +47,7 @@ def test_mismatch_stats():
     weights = engine_importance_weights(OLD, ENGINE, MASK, "token_truncate", 3.0)
     stats.add(OLD, ENGINE, MASK, weights)
     metrics = stats.metrics()
-    assert metrics["sampling/logprob_abs_diff_max"] == pytest.approx(2.0)  # e^3's 3.0 is masked out
+    assert metrics["sampling/logprob_abs_diff_max"] == pytest.approx(2.0)  # the 3.0 is masked
     assert metrics["sampling/logprob_abs_diff_mean"] == pytest.approx((0.5 + 2.0 + 0.1) / 5)
     assert metrics["sampling/importance_weight_max"] == pytest.approx(3.0)
     assert MismatchStats().metrics() == {}
@@ -77,8 +81,10 @@ def test_loss_unchanged_without_engine_logprobs_or_when_they_agree(model):
     advantages = torch.tensor([1.0, -0.5, 0.3, -0.8])
     plain = Rollout(prompts, completions, advantages)
     with torch.no_grad():
-        exact = sequence_logprobs(model, prompts, completions, max_tokens=40, pad_token_id=0, temperature=0.7)
-    agreeing = Rollout(prompts, completions, advantages, engine_logprobs=[t.clone() for t in exact])
+        exact = sequence_logprobs(model, prompts, completions, max_tokens=40, pad_token_id=0,
+                                  temperature=0.7)
+    agreeing = Rollout(prompts, completions, advantages,
+                       engine_logprobs=[t.clone() for t in exact])
     off = Rollout(prompts, completions, advantages, engine_logprobs=[t - 0.5 for t in exact])
     base, _ = _step_gradients(model, plain)
     same, step = _step_gradients(model, agreeing)
@@ -86,6 +92,7 @@ def test_loss_unchanged_without_engine_logprobs_or_when_they_agree(model):
     for name, grad in base.items():
         torch.testing.assert_close(same[name], grad, rtol=0, atol=1e-7, msg=name)
     assert step.mismatch.metrics()["sampling/logprob_abs_diff_max"] < 1e-5
-    # engine log-probs 0.5 lower: every weight exp(0.5) -> the gradient scales by e^0.5 (below the cap)
+    # engine log-probs 0.5 lower: every weight exp(0.5) -> the gradient scales by e^0.5 (< cap)
     for name, grad in base.items():
-        torch.testing.assert_close(shifted[name], math.exp(0.5) * grad, rtol=1e-4, atol=1e-6, msg=name)
+        torch.testing.assert_close(shifted[name], math.exp(0.5) * grad, rtol=1e-4, atol=1e-6,
+                                   msg=name)

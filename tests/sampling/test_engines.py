@@ -63,7 +63,8 @@ def test_prompt_table_add_and_drop():
 
 
 def _spec(sample_id, group_id=0, max_new=5, prompt_tokens=3):
-    return Sample(sample_id, group_id, sample_id, prompt_tokens=prompt_tokens, max_new_tokens=max_new)
+    return Sample(sample_id, group_id, sample_id, prompt_tokens=prompt_tokens,
+                  max_new_tokens=max_new)
 
 
 def engine_for(model, prompts, samples, num_slots, options):

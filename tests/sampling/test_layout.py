@@ -14,7 +14,8 @@ import torch
 import infsamp.sampling
 from infsamp.errors import SamplingError
 from infsamp.sampling.engines.base import ENGINE_NAMES, ENGINES, resolve_engine_name
-from infsamp.sampling.types import concurrency_for_budget, kv_tokens_needed, reserved_tokens, shared_prompt_tokens
+from infsamp.sampling.types import (concurrency_for_budget, kv_tokens_needed, reserved_tokens,
+                                    shared_prompt_tokens)
 
 ROOT = Path(infsamp.sampling.__file__).parent
 PURE = ("types", "scheduler", "policies", "length_predictor", "grouping", "simulator")
@@ -24,7 +25,8 @@ def _imports(path: Path) -> set[str]:
     """infsamp.sampling modules a file imports, at any depth (lazy imports count too)."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("infsamp.sampling."):
+        module = getattr(node, "module", None) or ""
+        if isinstance(node, ast.ImportFrom) and module.startswith("infsamp.sampling."):
             found.add(node.module.removeprefix("infsamp.sampling."))
         elif isinstance(node, ast.Import):
             found |= {a.name.removeprefix("infsamp.sampling.") for a in node.names
@@ -33,8 +35,8 @@ def _imports(path: Path) -> set[str]:
 
 
 def test_no_import_circles():
-    modules = {str(p.relative_to(ROOT).with_suffix("")).replace("/", "."): p for p in ROOT.rglob("*.py")
-               if p.name != "__init__.py"}
+    modules = {str(p.relative_to(ROOT).with_suffix("")).replace("/", "."): p
+               for p in ROOT.rglob("*.py") if p.name != "__init__.py"}
     graph = {name: _imports(path) & set(modules) for name, path in modules.items()}
     state: dict[str, int] = {}
 
@@ -67,16 +69,18 @@ def test_budget_rule_is_the_slot_rule_for_unit_blocks():
 
 
 def test_paged_budget_counts_whole_blocks():
-    # prompt 40, blocks of 16: 32 tokens (2 full blocks) shared; the block with the last prompt token and
-    # the completion's blocks are the sample's own: ceil((40 + 10) / 16) = 4 blocks -> 64 - 32 = 32
+    # prompt 40, blocks of 16: 32 tokens (2 full blocks) shared; the block with the last prompt
+    # token and the completion's blocks are the sample's own: ceil((40 + 10) / 16) = 4 -> 64 - 32
     assert shared_prompt_tokens(40, 16) == 32 and reserved_tokens(40, 10, 16) == 32
-    assert shared_prompt_tokens(32, 16) == 16  # vLLM recomputes the block with the last prompt token
+    assert shared_prompt_tokens(32, 16) == 16  # vLLM recomputes the block with the prompt's end
     for prompt in range(1, 50):
         for max_new in (1, 7, 16, 33):
             blocks = -(-(prompt + max_new) // 16)  # what one sequence alone can occupy
-            assert shared_prompt_tokens(prompt, 16) + reserved_tokens(prompt, max_new, 16) == 16 * blocks
+            own = reserved_tokens(prompt, max_new, 16)
+            assert shared_prompt_tokens(prompt, 16) + own == 16 * blocks
     worst = kv_tokens_needed(4, 10, 40, num_prompts=1, block_size=16)
-    assert worst >= max(4 * reserved_tokens(p, 10, 16) + shared_prompt_tokens(p, 16) for p in range(1, 41))
+    assert worst >= max(4 * reserved_tokens(p, 10, 16) + shared_prompt_tokens(p, 16)
+                        for p in range(1, 41))
 
 
 def test_engine_registry_and_auto():

@@ -10,6 +10,7 @@ import pytest
 from infsamp.cli import main
 from infsamp.commands import bench_sampling as bench
 from infsamp.config import SamplingConfig
+from infsamp.sampling.engines.base import vllm_installed
 from infsamp.sampling.sampler import GroupSampler
 
 
@@ -65,7 +66,34 @@ def test_bench_cells_and_targets(checkpoint):
     prompts = bench.bench_prompts(tokenizer, 1, 0)
     rows = [bench.run_cell(model, tokenizer, workload, prompts, size, policy, args)
             for size in (4, 8) for policy in bench.POLICIES]
-    targets = bench.check_targets(rows, 2)
+    targets = bench.check_targets(rows)
     assert targets["controlled/continuous: peak KV G=8 / G=4"] == 1.0
     assert targets["controlled: peak KV full / continuous at G=8"] > 3
     assert all(r["decode_steps"] >= r["lower_bound"] for r in rows)
+
+
+def test_engine_flag_errors_are_one_line(checkpoint, tmp_path, capsys):
+    assert main(["bench", "sampling", "--engine", "slots,hf", "--model", str(checkpoint)]) == 2
+    assert "--engine: unknown engine 'hf'" in capsys.readouterr().err
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("What is 2+3?\n")
+    code = main(["sample", "--model", str(checkpoint), "--prompts", str(prompts),
+                 "--engine", "hf"])
+    assert code == 2
+    assert "sampling.engine: must be one of auto, slots, vllm" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not vllm_installed(), reason="vLLM is not installed")
+def test_bench_sampling_on_both_engines(tmp_path):
+    code = main(["bench", "sampling", "--engine", "slots,vllm", "--model", "embedded",
+                 "--workload", "embedded", "--sizes", "4,8", "--micro-group", "2,4",
+                 "--policies", "rounds,continuous", "--quick", "--out", str(tmp_path)])
+    assert code == 0
+    report = json.loads((tmp_path / "sampling.json").read_text())
+    rows = report["rows"]
+    setups = {(r["engine"], r["micro_group"]) for r in rows}
+    assert setups == {(e, g) for e in ("slots", "vllm") for g in (2, 4)}
+    assert all(r["g"] == r["micro_group"] and r["num_preemptions"] == 0 for r in rows)
+    assert "embedded G=8 g=4 continuous: vllm / slots tokens/s" in report["targets"]
+    assert report["engine_startup_s"]["vllm"] > 0

@@ -21,15 +21,16 @@ def specs_for(groups, prompt_tokens=10, max_new=64):
     specs, lengths = [], []
     for group_id, group in enumerate(groups):
         for index, length in enumerate(group):
-            specs.append(Sample(len(specs), group_id, index, prompt_tokens, max_new, f"p{group_id}"))
+            specs.append(Sample(len(specs), group_id, index, prompt_tokens, max_new,
+                                f"p{group_id}"))
             lengths.append(length)
     return specs, lengths
 
 
 def fresh(specs):
     """Samples carry their state: each run gets new ones."""
-    return [Sample(s.sample_id, s.group_id, s.index_in_group, s.prompt_tokens, s.max_new_tokens, s.prompt_key)
-            for s in specs]
+    return [Sample(s.sample_id, s.group_id, s.index_in_group, s.prompt_tokens, s.max_new_tokens,
+                   s.prompt_key) for s in specs]
 
 
 def checked_run(specs, lengths, policy, num_slots, budget=None, predictor=None, **options):
@@ -77,7 +78,7 @@ def test_full_takes_the_longest_sample():
     specs, lengths = specs_for([[5, 1, 3, 2]])
     stats = checked_run(specs, lengths, "full", num_slots=2, budget=1)  # full ignores slots and budget
     assert stats.decode_steps == 5 and stats.num_slots == 4 and stats.num_rounds == 1
-    assert stats.peak_kv_tokens_used == 10 + 2 + 2 + 2  # prompt once + 2 tokens each of the 3 left after step 2
+    assert stats.peak_kv_tokens_used == 10 + 2 + 2 + 2  # prompt once + 2 tokens each of 3 left
 
 
 def test_rounds_wait_for_their_longest():
@@ -151,7 +152,7 @@ def test_engine_disagreement_is_caught():
 
 
 def test_a_held_back_sample_takes_more_steps():
-    """An engine may hold a running sample back for a step (vLLM preempting it): no token, no error."""
+    """An engine may hold a running sample back (vLLM preempting it): no token, no error."""
     specs, _ = specs_for([[2]])
     sched = SlotScheduler(specs, "continuous", 1)
     sched.admit()

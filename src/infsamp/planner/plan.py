@@ -85,6 +85,7 @@ def validate_inputs(p: PlanInputs) -> None:
     _check(p.optimizer in OPTIMIZERS, "optimizer", p.optimizer, f"must be one of {', '.join(OPTIMIZERS)}")
     _check(p.dtype in DTYPE_BYTES, "dtype", p.dtype, f"must be one of {', '.join(DTYPE_BYTES)}")
     _check(p.device in DEVICES, "device", p.device, f"must be one of {', '.join(DEVICES)}")
+    _check(p.engine in ("slots", "vllm"), "engine", p.engine, "must be slots or vllm")
 
 
 # --- the plan --------------------------------------------------------------------------------------
@@ -113,11 +114,12 @@ def plan_memory(shape: ModelShape, *, gpu_memory_bytes: int, group_size: int, ma
                 gradient_checkpointing: bool = False, beta: float = 0.0, dtype: str = "bf16",
                 device: str = "cuda", shared_prompt_kv: bool = True, micro_group: int = 0,
                 train_micro_batch_tokens: int = 0,
-                lora_targets: tuple[str, ...] = LORA_TARGETS_ALL_LINEAR) -> MemoryPlan:
+                lora_targets: tuple[str, ...] = LORA_TARGETS_ALL_LINEAR, engine: str = "slots",
+                engine_sleep: bool = True) -> MemoryPlan:
     """Estimate both phases, choose g and the micro-batch, and advise when it does not fit."""
     p = PlanInputs(shape, int(gpu_memory_bytes), group_size, max_prompt, max_completion, lora_rank,
                    tuple(lora_targets), optimizer, gradient_checkpointing, float(beta), dtype, device,
-                   shared_prompt_kv, micro_group, train_micro_batch_tokens)
+                   shared_prompt_kv, micro_group, train_micro_batch_tokens, engine, engine_sleep)
     validate_inputs(p)
     g, tokens = _choose(p)
     shown_g, shown_tokens = _shown_sizes(p, g, tokens)

@@ -37,7 +37,7 @@ class Rollout:
     prompt_ids: list[list[int]]  # one per completion (the group's prompt repeated)
     completion_ids: list[list[int]]
     advantages: Tensor  # [N]
-    engine_logprobs: list[Tensor] | None = None  # per completion [T_i]: the sampling engine's (vLLM), if any
+    engine_logprobs: list[Tensor] | None = None  # per completion [T_i]: the sampling engine's
 
 
 def is_out_of_memory(err: BaseException) -> bool:
@@ -47,7 +47,8 @@ def is_out_of_memory(err: BaseException) -> bool:
 class GRPOStep:
     def __init__(self, model, cfg: TrainingConfig, *, pad_token_id: int, temperature: float,
                  max_completion_length: int, ref_model=None, micro_batch_tokens: int = 0,
-                 importance_sampling: str = "token_truncate", importance_sampling_cap: float = 3.0):
+                 importance_sampling: str = "token_truncate",
+                 importance_sampling_cap: float = 3.0):
         self.model = model
         self.cfg = cfg
         self.pad_token_id = pad_token_id
@@ -56,7 +57,8 @@ class GRPOStep:
         self.ref_model = ref_model
         self.micro_batch_tokens = micro_batch_tokens or cfg.train_micro_batch_tokens or DEFAULT_MICRO_BATCH_TOKENS
         self.num_oom_retries = 0
-        self.importance_sampling, self.importance_sampling_cap = importance_sampling, importance_sampling_cap
+        self.importance_sampling = importance_sampling  # rl/importance.py: for vLLM's samples
+        self.importance_sampling_cap = importance_sampling_cap
         self.mismatch = MismatchStats()
         self._first_pass = True
 
@@ -145,15 +147,17 @@ class GRPOStep:
         loss.backward()
         return loss.item(), stats
 
-    def _engine_weights(self, mb, rollout: Rollout, logps: Tensor, old: list[Tensor] | None) -> Tensor | float:
+    def _engine_weights(self, mb, rollout: Rollout, logps: Tensor,
+                        old: list[Tensor] | None) -> Tensor | float:
         """Truncated importance weights exp(old - engine) when another engine (vLLM) sampled the
-        completions (`rl/importance.py`); 1 otherwise. The mismatch is measured on the first pass."""
+        completions (`rl/importance.py`); 1 otherwise. The mismatch is measured on the first
+        pass."""
         if rollout.engine_logprobs is None:
             return 1.0
         old_logps = logps.detach() if old is None else mb.gather(old)  # [b, T_c]
         engine_logps = mb.gather(rollout.engine_logprobs)  # [b, T_c]
-        weights = engine_importance_weights(old_logps, engine_logps, mb.completion_mask, self.importance_sampling,
-                                            self.importance_sampling_cap)
+        weights = engine_importance_weights(old_logps, engine_logps, mb.completion_mask,
+                                            self.importance_sampling, self.importance_sampling_cap)
         if self._first_pass:
             self.mismatch.add(old_logps, engine_logps, mb.completion_mask, weights)
         return weights

@@ -2,17 +2,17 @@
 
 vLLM samples with its own kernels, so its log-prob of a sampled token differs slightly from the
 trainer model's: the samples come from a distribution a little off the policy being trained. The
-per-token correction is the importance weight `exp(old_logp - engine_logp)` (old: the trainer model's
-log-prob at sampling time), capped so that one odd token cannot dominate the step (Yao et al. 2025,
-"truncated importance sampling"). Modes follow TRL's `vllm_importance_sampling_mode`:
+per-token correction is the importance weight `exp(old_logp - engine_logp)` (old: the trainer
+model's log-prob at sampling time), capped so that one odd token cannot dominate the step (Yao et
+al. 2025, "truncated importance sampling"). Modes follow TRL's `vllm_importance_sampling_mode`:
 
 - `token_truncate`: per-token weights clipped at the cap;
 - `token_mask`: per-token weights above the cap set to 0;
 - `sequence_truncate` / `sequence_mask`: one weight per completion (exp of the summed difference);
 - `off`: no correction (the mismatch is still measured).
 
-When the two log-probs agree exactly every weight is exactly 1 and the loss is unchanged. Tokens outside
-the completion mask weigh 1 (they are masked out of the loss anyway).
+When the two log-probs agree exactly every weight is exactly 1 and the loss is unchanged. Tokens
+outside the completion mask weigh 1 (they are masked out of the loss anyway).
 
 Deliberately simple: an upper cap only (TRL's optional lower bound is left out).
 """
@@ -34,7 +34,8 @@ def _mask(ratio: Tensor, cap: float) -> Tensor:
     return ratio.masked_fill(ratio > cap, 0.0)
 
 
-IS_MODES: dict[str, tuple[bool, Callable[[Tensor, float], Tensor]] | None] = {  # name -> (per sequence, bound)
+Bound = Callable[[Tensor, float], Tensor]
+IS_MODES: dict[str, tuple[bool, Bound] | None] = {  # name -> (one weight per sequence?, bound)
     "token_truncate": (False, _truncate),
     "token_mask": (False, _mask),
     "sequence_truncate": (True, _truncate),
@@ -45,7 +46,7 @@ IS_MODES: dict[str, tuple[bool, Callable[[Tensor, float], Tensor]] | None] = {  
 
 def engine_importance_weights(old_logps: Tensor, engine_logps: Tensor, mask: Tensor, mode: str,
                               cap: float) -> Tensor:
-    """Capped exp(old_logp - engine_logp): [b, T] per token, or [b, 1] per sequence; no gradient."""
+    """Capped exp(old_logp - engine_logp): [b, T] per token, or [b, 1] per sequence; no grad."""
     rule = IS_MODES[mode]
     if rule is None:
         return torch.ones_like(old_logps)
@@ -58,8 +59,8 @@ def engine_importance_weights(old_logps: Tensor, engine_logps: Tensor, mask: Ten
 
 @dataclass
 class MismatchStats:
-    """|trainer - engine| log-prob over a step's completion tokens, and the weights applied (sums and
-    extremes, so that micro-batches add up)."""
+    """|trainer - engine| log-prob over a step's completion tokens, and the weights applied (sums
+    and extremes, so that micro-batches add up)."""
 
     num_tokens: float = 0.0
     abs_diff_sum: float = 0.0

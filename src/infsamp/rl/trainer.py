@@ -101,10 +101,11 @@ class GRPOTrainer:
         self.sizes = plan_run(cfg, self.model, self.device)
         sampling_cfg = replace(cfg.sampling, kv_budget=str(self.sizes.kv_budget_tokens)) \
             if self.sizes.kv_budget_tokens else replace(cfg.sampling)
-        limits = engine_limits(sampling_cfg, self.model, cfg.data.max_prompt_length, cfg.training.prompts_per_step)
-        self.engine = make_engine(cfg.sampling.engine, self.model, sampling_cfg, limits)  # kept for the whole run
-        self.sampler = GroupSampler(self.model, self.tokenizer, sampling_cfg, predictor=self._length_predictor(),
-                                    engine=self.engine)
+        limits = engine_limits(sampling_cfg, self.model, cfg.data.max_prompt_length,
+                               cfg.training.prompts_per_step)
+        self.engine = make_engine(cfg.sampling.engine, self.model, sampling_cfg, limits)  # kept
+        self.sampler = GroupSampler(self.model, self.tokenizer, sampling_cfg,
+                                    predictor=self._length_predictor(), engine=self.engine)
         self.generator = torch.Generator(device="cpu").manual_seed(cfg.training.seed)
         self.ref_model = self._reference_model()
         self.grpo = GRPOStep(self.model, cfg.training, pad_token_id=self.tokenizer.pad_token_id,
@@ -235,7 +236,7 @@ class GRPOTrainer:
             trainer_state={"data": self.stream.state_dict(), "eval_before": self.eval_before})
 
     def close(self) -> None:
-        """Free the sampling engine (vLLM's pool and weights); the trainer cannot sample afterwards."""
+        """Free the sampling engine (vLLM's pool and weights); no sampling afterwards."""
         self.engine.close()
 
     # ------------------------------------------------------------------ one step
@@ -267,8 +268,8 @@ class GRPOTrainer:
         engine_logprobs = ([torch.tensor(c.logprobs, dtype=torch.float32) for c in completions]
                            if all(c.logprobs is not None for c in completions) else None)
         rollout = Rollout(prompt_ids=[p for p in prompt_ids for _ in range(G)],
-                          completion_ids=[c.token_ids for c in completions], advantages=adv.advantages,
-                          engine_logprobs=engine_logprobs)
+                          completion_ids=[c.token_ids for c in completions],
+                          advantages=adv.advantages, engine_logprobs=engine_logprobs)
         metrics = self._sample_metrics(rewards, adv, completions, result.stats.to_metrics())
         groups = [{"prompt_id": str(i), "prompt_tokens": len(p), "lengths": [c.length for c in grp]}
                   for (i, _), p, grp in zip(batch, prompt_ids, result.groups)]

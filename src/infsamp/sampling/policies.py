@@ -154,7 +154,8 @@ class LengthAwarePolicy(AdmissionPolicy):
     def on_finished(self, sample, length):
         self._running = {s: i for s, i in self._running.items() if i != sample.sample_id}
         self._events_since_plan += 1
-        planned = self._prefix_total.get(sample.sample_id) or self._weight.get(sample.sample_id, length)
+        planned = (self._prefix_total.get(sample.sample_id)
+                   or self._weight.get(sample.sample_id, length))
         if abs(length - planned) > self.tolerance * planned:
             self._off_plan = True
 

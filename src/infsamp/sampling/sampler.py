@@ -1,18 +1,18 @@
 """The sampler the trainer calls: B prompts x G completions under a KV-cache budget, on any engine.
 
-`GroupSampler.sample` checks the request (before any work), turns `sampling.kv_budget` into tokens and
-the number of concurrent samples g (`types.concurrency_for_budget`), then runs the one loop shared
-with the simulator, on the engine it was given (`engines/`: `slots` or `vllm`):
+`GroupSampler.sample` checks the request (before any work), turns `sampling.kv_budget` into tokens
+and the number of concurrent samples g (`types.concurrency_for_budget`), then runs the one loop
+shared with the simulator, on the engine it was given (`engines/`: `slots` or `vllm`):
 
     while not sched.done:
         for slot, sample in sched.admit(): engine.start(slot, sample)
         finished = engine.decode_step(sched.active())
         sched.step(finished)
 
-The scheduler (`scheduler.py`, `policies.py`) decides who runs; the engine runs them and appends their
-tokens. Policies differ only in admission: `full` (all samples at once), `rounds`, `continuous`,
-`length_aware`. Each sample draws its random numbers from its own seed, so every policy and every
-engine schedule return the same completions.
+The scheduler (`scheduler.py`, `policies.py`) decides who runs; the engine runs them and appends
+their tokens. Policies differ only in admission: `full` (all samples at once), `rounds`,
+`continuous`, `length_aware`. Each sample draws its random numbers from its own seed, so every
+policy and every engine schedule return the same completions.
 
 Deliberately simple: one device; the `auto` budget is a fixed share of free memory until the planner
 refines it (`AUTO_BUDGET_FRACTION`, `resolve_budget`).
@@ -29,8 +29,8 @@ import torch
 
 from infsamp.config import SamplingConfig, parse_size, size_is_bytes
 from infsamp.errors import SamplingError
-from infsamp.sampling.engines.base import (DecodeOptions, Engine, EngineLimits, LogitsProcessorFactory,
-                                           model_kv_bytes_per_token)
+from infsamp.sampling.engines.base import (DecodeOptions, Engine, EngineLimits,
+                                           LogitsProcessorFactory, model_kv_bytes_per_token)
 from infsamp.sampling.engines.slots import SlotEngine
 from infsamp.sampling.scheduler import SlotScheduler
 from infsamp.sampling.types import (Completion, Sample, SampleResult, concurrency_for_budget,
@@ -61,20 +61,24 @@ def resolve_budget(kv_budget: str, model) -> int:
     return size // per_token if size_is_bytes(kv_budget) else size
 
 
-def engine_limits(cfg: SamplingConfig, model, max_prompt_tokens: int, num_prompts: int) -> EngineLimits:
+def engine_limits(cfg: SamplingConfig, model, max_prompt_tokens: int,
+                  num_prompts: int) -> EngineLimits:
     """What a long-lived engine must serve: prompts up to `max_prompt_tokens`, `num_prompts` x G
     samples per call, at most g at once (all of them under `full`), within `sampling.kv_budget`."""
     num_samples = num_prompts * cfg.num_generations
-    concurrency = num_samples if cfg.policy == "full" else min(cfg.micro_group or num_samples, num_samples)
+    concurrency = num_samples if cfg.policy == "full" else min(cfg.micro_group or num_samples,
+                                                                num_samples)
     return EngineLimits(max_prompt_tokens=max_prompt_tokens, max_new_tokens=cfg.max_new_tokens,
-                        max_num_seqs=concurrency, kv_budget_tokens=resolve_budget(cfg.kv_budget, model))
+                        max_num_seqs=concurrency,
+                        kv_budget_tokens=resolve_budget(cfg.kv_budget, model))
 
 
 # ---------------------------------------------------------------- the sampler
 
 
 class GroupSampler:
-    def __init__(self, model, tokenizer, cfg: SamplingConfig, predictor=None, engine: Engine | None = None):
+    def __init__(self, model, tokenizer, cfg: SamplingConfig, predictor=None,
+                 engine: Engine | None = None):
         self.model, self.tokenizer, self.cfg, self.predictor = model, tokenizer, cfg, predictor
         self.engine = engine if engine is not None else SlotEngine(model)
         self.last_num_slots = 0  # g of the latest call (the trainer halves it after an out-of-memory error)
@@ -90,22 +94,24 @@ class GroupSampler:
                target_lengths: Sequence[int] | None = None) -> SampleResult:
         """Every completion of every prompt, grouped by prompt, plus the sampler's statistics.
 
-        `target_lengths` (one per sample, group-major) makes each sample end after exactly that many
-        tokens: the benchmarks' controlled workload."""
+        `target_lengths` (one per sample, group-major) makes each sample end after exactly that
+        many tokens: the benchmarks' controlled workload."""
         policy = policy or self.cfg.policy
         max_new = max_new_tokens or self.cfg.max_new_tokens
         self._check_request(prompt_ids, num_generations, max_new, logits_processor_factory)
         budget = self.budget_tokens()
         max_new = self._fit_budget(prompt_ids, max_new, budget)
         samples = self._samples(prompt_ids, num_generations, max_new, prompt_keys, prompt_texts)
-        num_slots = self.num_slots(policy, budget, [len(p) for p in prompt_ids], max_new, len(samples))
+        lengths = [len(p) for p in prompt_ids]
+        num_slots = self.num_slots(policy, budget, lengths, max_new, len(samples))
         self.last_num_slots = num_slots
         options = self._decode_options(temperature, generator)
         if target_lengths is not None:
             options.target_lengths = tuple(int(n) for n in target_lengths)
-        sched = SlotScheduler(samples, policy, num_slots, max_kv_tokens=budget, predictor=self.predictor,
-                              kv_block_size=self.engine.kv_block_size, refill=self.cfg.refill,
-                              epsilon=self.cfg.grouping_epsilon, prefix_tokens=self.cfg.predictor_prefix_tokens)
+        sched = SlotScheduler(samples, policy, num_slots, max_kv_tokens=budget,
+                              predictor=self.predictor, kv_block_size=self.engine.kv_block_size,
+                              refill=self.cfg.refill, epsilon=self.cfg.grouping_epsilon,
+                              prefix_tokens=self.cfg.predictor_prefix_tokens)
         processor = logits_processor_factory(samples) if logits_processor_factory else None
         stats = sched.stats
         stats.kv_budget_tokens, stats.engine = budget, self.engine.name
@@ -121,12 +127,12 @@ class GroupSampler:
 
     def num_slots(self, policy: str, budget: int, prompt_lengths: Sequence[int], max_new: int,
                   num_samples: int) -> int:
-        """g: `sampling.micro_group` if set, capped by what the budget holds in the worst case (and by
-        the engine's concurrency)."""
+        """g: `sampling.micro_group` if set, capped by what the budget holds in the worst case (and
+        by the engine's concurrency)."""
         if policy == "full":
             return num_samples
-        fits = concurrency_for_budget(budget, max_new, max(prompt_lengths), len(prompt_lengths), num_samples,
-                                      self.engine.kv_block_size)
+        fits = concurrency_for_budget(budget, max_new, max(prompt_lengths), len(prompt_lengths),
+                                      num_samples, self.engine.kv_block_size)
         g = max(1, min(fits, self.cfg.micro_group or fits))
         return min(g, self.engine.max_num_seqs or g)
 
@@ -140,8 +146,9 @@ class GroupSampler:
         if not prompt_ids:
             raise SamplingError("no prompts given")
         if logits_processor_factory is not None and self.engine.name != "slots":
-            raise SamplingError(f"a logits processor runs on the slot engine only (sampling.engine is "
-                                f"{self.engine.name}); use target_lengths or --sampling.engine slots")
+            raise SamplingError(f"a logits processor runs on the slot engine only (sampling.engine"
+                                f" is {self.engine.name}); use target_lengths or --sampling.engine"
+                                " slots")
         for index, prompt in enumerate(prompt_ids):
             if len(prompt) == 0:
                 raise SamplingError(f"prompt {index} is empty (0 tokens)")
@@ -153,7 +160,8 @@ class GroupSampler:
         """Budget must hold the longest prompt plus one token; a smaller max_new_tokens than asked is
         used (with a warning) when it cannot hold a whole completion."""
         longest, block = max(len(p) for p in prompt_ids), self.engine.kv_block_size
-        fits = largest_fitting(max_new, lambda m: kv_tokens_needed(1, m, longest, 1, block) <= budget)
+        fits = largest_fitting(max_new,
+                               lambda m: kv_tokens_needed(1, m, longest, 1, block) <= budget)
         if fits < 1:
             raise SamplingError(f"sampling.kv_budget={self.cfg.kv_budget!r} ({budget} tokens) cannot hold "
                                 f"the longest prompt ({longest} tokens) plus one token")
@@ -162,10 +170,13 @@ class GroupSampler:
                           f"{fits} new tokens per sample; max_new_tokens lowered from {max_new}")
         return fits
 
-    def _samples(self, prompt_ids, num_generations, max_new, prompt_keys, prompt_texts) -> list[Sample]:
-        samples = make_samples([len(p) for p in prompt_ids], num_generations, max_new, prompt_keys, prompt_texts)
+    def _samples(self, prompt_ids, num_generations, max_new, prompt_keys,
+                 prompt_texts) -> list[Sample]:
+        samples = make_samples([len(p) for p in prompt_ids], num_generations, max_new, prompt_keys,
+                               prompt_texts)
         for sample in samples:  # a sample stops at the context: prompt + completion <= max_context
-            sample.max_new_tokens = min(sample.max_new_tokens, self.max_context - sample.prompt_tokens)
+            sample.max_new_tokens = min(sample.max_new_tokens,
+                                        self.max_context - sample.prompt_tokens)
         return samples
 
     def _decode_options(self, temperature: float | None, generator: torch.Generator | None) -> DecodeOptions:
@@ -198,6 +209,7 @@ class GroupSampler:
             ids = sample.token_ids
             text_ids = ids[:-1] if sample.finish_reason == "eos" else ids
             text = self.tokenizer.decode(text_ids, skip_special_tokens=True) if self.tokenizer else ""
-            groups[sample.group_id].append(Completion(list(ids), text, len(ids), sample.finish_reason,
-                                                      sample.group_id, sample.index_in_group, sample.logprobs))
+            groups[sample.group_id].append(Completion(
+                list(ids), text, len(ids), sample.finish_reason, sample.group_id,
+                sample.index_in_group, sample.logprobs))
         return groups

@@ -8,15 +8,15 @@ construction:
         finished = engine.decode_step(sched.active())   # one forward step over all running samples
         sched.step(finished)                             # the samples that ended in it
 
-Conventions. A sample's tokens live on it (`Sample.token_ids`); each decode step adds at most one token
-to each running sample (none when an engine had to hold it back, as vLLM does when it preempts).
-KV is counted in tokens: a group holds its shared prompt from the start of its first sample until its
-last sample finishes (prefilled once per group, never per sample); a running sample holds its tokens.
-Admission is conservative: a sample starts only if the held prompts plus the reservation of every
-running sample (itself included) fit `max_kv_tokens`, so the budget is never exceeded and nothing has
-to be preempted. Prompts and reservations are whole blocks of `kv_block_size` tokens
-(`types.shared_prompt_tokens`, `types.reserved_tokens`). Which pending sample goes next is the
-admission policy's job (`policies.py`); this class only keeps the books.
+Conventions. A sample's tokens live on it (`Sample.token_ids`); each decode step adds at most one
+token to each running sample (none when an engine had to hold it back, as vLLM does when it
+preempts). KV is counted in tokens: a group holds its shared prompt from the start of its first
+sample until its last sample finishes (prefilled once per group, never per sample); a running
+sample holds its tokens. Admission is conservative: a sample starts only if the held prompts plus
+the reservation of every running sample (itself included) fit `max_kv_tokens`, so the budget is
+never exceeded and nothing has to be preempted. Prompts and reservations are whole blocks of
+`kv_block_size` tokens (`types.shared_prompt_tokens`, `types.reserved_tokens`). Which pending
+sample goes next is the admission policy's job (`policies.py`); this class only keeps the books.
 
 Simplifications: one call = one training step (every sample of the call finishes before `done`); slots
 are identical; the reservation is the worst case (`max_new_tokens`), not the predicted length.
@@ -44,8 +44,10 @@ class SlotScheduler:
         self._policy = make_policy(policy, self._samples, num_slots, predictor, **policy_options)
         self.num_slots = self._policy.num_slots
         self.max_kv_tokens = max_kv_tokens if self._policy.uses_budget else None
-        self._shared = [shared_prompt_tokens(s.prompt_tokens, kv_block_size) for s in self._samples]
-        self._reserve = [reserved_tokens(s.prompt_tokens, s.max_new_tokens, kv_block_size) for s in self._samples]
+        self._shared = [shared_prompt_tokens(s.prompt_tokens, kv_block_size)
+                        for s in self._samples]
+        self._reserve = [reserved_tokens(s.prompt_tokens, s.max_new_tokens, kv_block_size)
+                         for s in self._samples]
         self._max_reserve = max(self._reserve, default=0)
         self._check_budget()
         self.prefix_tokens_wanted = self._policy.prefix_tokens_wanted
@@ -62,8 +64,8 @@ class SlotScheduler:
         self._active_tokens = 0  # tokens generated so far by running samples
         self._num_finished = 0
         self._predicted: dict[int, float] = {}
-        self.stats = SamplerStats(num_samples=len(self._samples), num_slots=self.num_slots, policy=policy,
-                                  kv_block_size=kv_block_size)
+        self.stats = SamplerStats(num_samples=len(self._samples), num_slots=self.num_slots,
+                                  policy=policy, kv_block_size=kv_block_size)
 
     # ---- the loop -------------------------------------------------------------------------------
     def admit(self) -> list[tuple[int, Sample]]:
@@ -93,7 +95,8 @@ class SlotScheduler:
         for sample in self._active.values():
             grown = sample.num_tokens - self._seen_tokens[sample.sample_id]
             if grown not in (0, 1):
-                raise ValueError(f"step: sample {sample.sample_id} grew by {grown} tokens in one decode step")
+                raise ValueError(f"step: sample {sample.sample_id} grew by {grown} tokens in one "
+                                 "decode step")
             self._seen_tokens[sample.sample_id] = sample.num_tokens
             self._active_tokens += grown
         kv_tokens = self._held_prompt_tokens + self._active_tokens
@@ -159,12 +162,12 @@ class SlotScheduler:
         self._policy.on_finished(sample, length)
 
     def _observe_prefixes(self, finished: Sequence[Sample]) -> None:
-        """Each running sample's first k tokens, once, to the policy (token-conditioned prediction)."""
+        """Each running sample's first k tokens, once, to the policy (token-conditioned)."""
         ended = {s.sample_id for s in finished}
         for sample in self._active.values():
             sample_id = sample.sample_id
-            if (sample.num_tokens == self.prefix_tokens_wanted and sample_id not in self._prefix_seen
-                    and sample_id not in ended):
+            wanted = sample.num_tokens == self.prefix_tokens_wanted
+            if wanted and sample_id not in self._prefix_seen and sample_id not in ended:
                 self._prefix_seen.add(sample_id)
                 total = self._policy.on_prefix(sample, sample.token_ids)
                 if total is not None:  # quality is measured on the prediction the plan last used
@@ -177,7 +180,8 @@ class SlotScheduler:
         self.stats.opt_lower_bound = pigeonhole_bound(lengths, self.num_slots)
         if self.predictor is not None:
             predicted = [self._predicted[s.sample_id] for s in self._samples]
-            self.stats.predictor_kendall_tau, self.stats.predictor_mae = prediction_quality(predicted, lengths)
+            quality = prediction_quality(predicted, lengths)
+            self.stats.predictor_kendall_tau, self.stats.predictor_mae = quality
             self.predictor.end_call()
 
     def _check_budget(self) -> None:
@@ -195,6 +199,7 @@ def _check_samples(samples: list[Sample], num_slots: int) -> None:
         raise SamplingError(f"num_slots must be >= 1, got {num_slots}")
     for position, sample in enumerate(samples):
         if sample.sample_id != position:
-            raise ValueError(f"samples must be numbered 0..N-1 in order; got id {sample.sample_id} at {position}")
+            raise ValueError(f"samples must be numbered 0..N-1 in order; got id "
+                             f"{sample.sample_id} at {position}")
         if sample.max_new_tokens < 1 or sample.prompt_tokens < 0:
             raise SamplingError(f"sample {position}: max_new_tokens must be >= 1 and prompt_tokens >= 0")

@@ -139,8 +139,9 @@ def _token_length(solution: str) -> int:
 
 # ---- replay -------------------------------------------------------------------------------------
 class TraceEngine:
-    """Stands in for the model: a sample ends after exactly its traced length of decode steps. Its
-    tokens are placeholders (id 0): a token-conditioned predictor learns only that it survived k."""
+    """Stands in for the model: a sample ends after exactly its traced length of decode steps.
+    Its tokens are placeholders (id 0): a token-conditioned predictor learns only that it
+    survived k tokens."""
 
     def __init__(self, lengths: Sequence[int]):
         self.lengths = lengths
@@ -176,10 +177,11 @@ def run_call(samples: Sequence[Sample], lengths: Sequence[int], policy: str, num
 
 def slots_for_budget(kv_budget: int, groups: Sequence[TraceGroup], max_new_tokens: int,
                      prompts_per_step: int = 1) -> int:
-    """g that a token budget allows, as the sampler computes it (`types.concurrency_for_budget`)."""
+    """g that a token budget allows, as the sampler computes it (`concurrency_for_budget`)."""
     largest_prompt = max(g.prompt_tokens for g in groups)
     most_samples = max(len(g.lengths) for g in groups) * prompts_per_step
-    num_slots = concurrency_for_budget(kv_budget, max_new_tokens, largest_prompt, prompts_per_step, most_samples)
+    num_slots = concurrency_for_budget(kv_budget, max_new_tokens, largest_prompt, prompts_per_step,
+                                       most_samples)
     if num_slots < 1:
         raise SamplingError(f"--kv-budget {kv_budget} is too small for one prompt ({largest_prompt} tokens) "
                             f"plus max_new_tokens {max_new_tokens}")
@@ -189,7 +191,7 @@ def slots_for_budget(kv_budget: int, groups: Sequence[TraceGroup], max_new_token
 def simulate(groups: Sequence[TraceGroup], policy: str, num_slots: int | None = None,
              kv_budget: int | None = None, predictor: str = "none", prompts_per_step: int = 1,
              max_new_tokens: int | None = None, **policy_options) -> SamplerStats:
-    """Replay a whole trace, `prompts_per_step` groups per training step; statistics summed over steps."""
+    """Replay a whole trace, `prompts_per_step` groups per training step; statistics summed."""
     if prompts_per_step < 1:
         raise SamplingError(f"--prompts-per-step must be >= 1, got {prompts_per_step}")
     max_new = max_new_tokens or max(max(g.lengths) for g in groups)
@@ -202,7 +204,8 @@ def simulate(groups: Sequence[TraceGroup], policy: str, num_slots: int | None = 
     calls = []
     for start in range(0, len(groups), prompts_per_step):
         samples, lengths = _call_samples(groups[start:start + prompts_per_step], max_new)
-        calls.append(run_call(samples, lengths, policy, slots, kv_budget, length_predictor, **policy_options))
+        calls.append(run_call(samples, lengths, policy, slots, kv_budget, length_predictor,
+                              **policy_options))
     return SamplerStats.merge(calls)
 
 
@@ -216,7 +219,8 @@ def _num_slots(num_slots, kv_budget, groups, max_new, prompts_per_step) -> int:
     return min(s for s in (num_slots, budget_slots) if s is not None)
 
 
-def _call_samples(step_groups: Sequence[TraceGroup], max_new: int) -> tuple[list[Sample], list[int]]:
+def _call_samples(step_groups: Sequence[TraceGroup],
+                  max_new: int) -> tuple[list[Sample], list[int]]:
     samples, lengths = [], []
     for group_id, group in enumerate(step_groups):
         for index, length in enumerate(group.lengths):

@@ -1,17 +1,18 @@
 """The sampler's plain data: the per-sample state, the one statistics type, the result, and the
 budget arithmetic. Pure Python (no torch), imported by every other module of `sampling/`.
 
-`Sample` is the one per-sample state type (as nano-vllm's `Sequence`): what a sample is (its group,
-prompt length, limit) and where it stands (status, slot, generated tokens, the engine's log-probs).
-The scheduler moves it through pending -> running -> finished; an engine only appends tokens.
-`SamplerStats` is the one statistics type: the scheduler, the engine and the sampler each fill
-their own fields, and `merge` sums calls (the simulator, the benchmarks).
+`Sample` is the one per-sample state type (as nano-vllm's `Sequence`): what a sample is (its
+group, prompt length, limit) and where it stands (status, slot, generated tokens, the engine's
+log-probs). The scheduler moves it through pending -> running -> finished; an engine only appends
+tokens. `SamplerStats` is the one statistics type: the scheduler, the engine and the sampler each
+fill their own fields, and `merge` sums calls (the simulator, the benchmarks).
 
 Budget arithmetic (`shared_prompt_tokens`, `reserved_tokens`, `kv_tokens_needed`,
-`concurrency_for_budget`) is the one place that turns a KV budget into concurrency, for the sampler,
-the simulator, the planner and both benchmarks. An engine allocates KV in blocks of `block_size`
-tokens: 1 for the slot engine (a group's prompt held once, each slot `max_new_tokens`), vLLM's block
-size for its paged pool with prefix caching (a group's full prompt blocks shared, the rest private).
+`concurrency_for_budget`) is the one place that turns a KV budget into concurrency, for the
+sampler, the simulator, the planner and both benchmarks. An engine allocates KV in blocks of
+`block_size` tokens: 1 for the slot engine (a group's prompt held once, each slot
+`max_new_tokens`), vLLM's block size for its paged pool with prefix caching (a group's full prompt
+blocks shared, the rest private).
 
 Deliberately simple: the reservation is the worst case (`max_new_tokens` per running sample).
 """
@@ -21,18 +22,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Literal
 
+VLLM_BLOCK_SIZE = {"cpu": 32, "cuda": 16}  # tokens per vLLM KV block (CPU kernels want 32s)
 FinishReason = Literal["eos", "length"]
 SampleStatus = Literal["pending", "running", "finished"]
 
 
 @dataclass(eq=False)
 class Sample:
-    sample_id: int        # 0..N-1 within one sampler call, group-major (group 0's samples first, in order)
-    group_id: int         # which prompt of the call (0..B-1)
+    sample_id: int  # 0..N-1 within one sampler call, group-major (group 0's samples first)
+    group_id: int  # which prompt of the call (0..B-1)
     index_in_group: int
-    prompt_tokens: int    # the group's prompt length; its KV is shared, held once while the group is open
+    prompt_tokens: int  # the group's prompt length; its KV is shared, held once per open group
     max_new_tokens: int
-    prompt_key: str = ""  # stable identity of the prompt across steps/epochs (for the predictor's history)
+    prompt_key: str = ""  # the prompt's identity across steps/epochs (the predictor's history)
     prompt_text: str = ""  # for cheap prompt features
     # where it stands: the scheduler sets status and slot, the engine appends tokens
     status: SampleStatus = "pending"
@@ -46,7 +48,7 @@ class Sample:
         return len(self.token_ids)
 
     def restart(self) -> int:
-        """Forget the generated tokens (a preempted sample starts again); returns how many were lost."""
+        """Forget the generated tokens (a preempted sample starts again); returns how many."""
         lost = len(self.token_ids)
         self.token_ids = []
         self.logprobs = None if self.logprobs is None else []
@@ -55,14 +57,16 @@ class Sample:
 
 
 def make_samples(prompt_tokens: list[int], group_size: int, max_new_tokens: int,
-                 prompt_keys: list[str] | None = None, prompt_texts: list[str] | None = None) -> list[Sample]:
+                 prompt_keys: list[str] | None = None,
+                 prompt_texts: list[str] | None = None) -> list[Sample]:
     """Group-major samples for B prompts x G samples (the layout every sampler call uses)."""
     samples = []
     for group_id, num_prompt in enumerate(prompt_tokens):
         key = prompt_keys[group_id] if prompt_keys else ""
         text = prompt_texts[group_id] if prompt_texts else ""
         for index in range(group_size):
-            samples.append(Sample(len(samples), group_id, index, int(num_prompt), max_new_tokens, key, text))
+            samples.append(Sample(len(samples), group_id, index, int(num_prompt), max_new_tokens,
+                                  key, text))
     return samples
 
 
@@ -74,11 +78,12 @@ class Completion:
     finish_reason: FinishReason
     group_id: int
     index_in_group: int
-    logprobs: list[float] | None = None  # the engine's log-prob of each token (vLLM); None: slot engine
+    logprobs: list[float] | None = None  # the engine's log-prob of each token (vLLM), else None
 
 
-_SUMMED = ("decode_steps", "lower_bound", "opt_lower_bound", "num_samples", "generated_tokens", "num_rounds",
-           "prefill_tokens", "num_preemptions", "recomputed_tokens", "model_time_s", "wall_time_s", "num_calls")
+_SUMMED = ("decode_steps", "lower_bound", "opt_lower_bound", "num_samples", "generated_tokens",
+           "num_rounds", "prefill_tokens", "num_preemptions", "recomputed_tokens", "model_time_s",
+           "wall_time_s", "num_calls")
 _PEAKS = ("peak_kv_tokens_used", "peak_kv_tokens", "peak_kv_blocks", "peak_kv_bytes", "num_slots",
           "kv_budget_tokens", "kv_block_size")
 
@@ -95,18 +100,18 @@ class SamplerStats:
     generated_tokens: int = 0
     num_rounds: int = 0  # admissions that started from an empty engine (rounds policy: its rounds)
     num_slots: int = 0  # g
-    peak_kv_tokens_used: int = 0  # occupied KV tokens at the peak (open prompts + generated tokens)
+    peak_kv_tokens_used: int = 0  # occupied KV tokens at the peak (open prompts + tokens)
     predictor_kendall_tau: float | None = None  # prediction the plan last used vs real lengths
     predictor_mae: float | None = None
     # what the engine held and computed (engine)
     prefill_tokens: int = 0  # prompt tokens run through the model (shared prompts: once per group)
-    peak_kv_tokens: int = 0  # KV capacity held at the peak: slot tensors, or blocks in use x block size
+    peak_kv_tokens: int = 0  # KV capacity held at the peak: slot tensors, or blocks in use
     peak_kv_blocks: int = 0  # the same in the engine's allocation unit (slot engine: tokens)
     peak_kv_bytes: int = 0
     kv_block_size: int = 1
     num_preemptions: int = 0
     recomputed_tokens: int = 0  # generated tokens computed again after a preemption
-    model_time_s: float = 0.0  # forward passes and token selection (the rest of wall time is overhead)
+    model_time_s: float = 0.0  # forward passes and token selection (the rest is overhead)
     # the call (sampler)
     wall_time_s: float = 0.0
     kv_budget_tokens: int = 0
@@ -120,13 +125,16 @@ class SamplerStats:
 
     @property
     def overhead_fraction(self) -> float:
-        return max(0.0, 1.0 - self.model_time_s / max(self.wall_time_s, 1e-9)) if self.wall_time_s else 0.0
+        if not self.wall_time_s:
+            return 0.0
+        return max(0.0, 1.0 - self.model_time_s / self.wall_time_s)
 
     def to_metrics(self, prefix: str = "sampling/") -> dict[str, float]:
         """Flat numeric metrics for the trainer's step log: {'sampling/decode_steps': ..., ...}."""
         values = {f.name: getattr(self, f.name) for f in fields(self)
                   if f.name not in ("policy", "engine") and getattr(self, f.name) is not None}
-        values.update(tokens_per_second=self.tokens_per_second, overhead_fraction=self.overhead_fraction)
+        values.update(tokens_per_second=self.tokens_per_second,
+                      overhead_fraction=self.overhead_fraction)
         return {f"{prefix}{k}": float(v) for k, v in values.items()}
 
     def as_dict(self) -> dict:
@@ -135,8 +143,10 @@ class SamplerStats:
 
     @classmethod
     def merge(cls, calls: list["SamplerStats"]) -> "SamplerStats":
-        """Totals over calls: counters summed, peaks maxed, tau averaged over calls, MAE over samples."""
-        total = cls(num_calls=0, policy=calls[0].policy if calls else "", engine=calls[0].engine if calls else "")
+        """Totals over calls: counters summed, peaks maxed, tau averaged over calls, MAE over
+        samples."""
+        first = calls[0] if calls else cls()
+        total = cls(num_calls=0, policy=first.policy, engine=first.engine)
         for call in calls:
             for name in _SUMMED:
                 setattr(total, name, getattr(total, name) + getattr(call, name))
@@ -169,16 +179,16 @@ def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype_
 
 
 def shared_prompt_tokens(prompt_tokens: int, block_size: int = 1) -> int:
-    """KV of a group's prompt held once for all its samples. Paged (block_size > 1): the full prompt
-    blocks a prefix cache can share (never the block holding the last prompt token, which vLLM
-    recomputes so that it has logits to sample from)."""
+    """KV of a group's prompt held once for all its samples. Paged (block_size > 1): the full
+    prompt blocks a prefix cache can share (never the block holding the last prompt token, which
+    vLLM recomputes so that it has logits to sample from)."""
     if block_size == 1:
         return prompt_tokens
     return max(0, prompt_tokens - 1) // block_size * block_size
 
 
 def reserved_tokens(prompt_tokens: int, max_new_tokens: int, block_size: int = 1) -> int:
-    """KV a running sample may grow to on its own (beyond its group's shared prompt), whole blocks."""
+    """KV a running sample may grow to on its own (beyond its group's shared prompt), in blocks."""
     if block_size == 1:
         return max_new_tokens
     blocks = -(-(prompt_tokens + max_new_tokens) // block_size)
@@ -188,9 +198,10 @@ def reserved_tokens(prompt_tokens: int, max_new_tokens: int, block_size: int = 1
 def kv_tokens_needed(num_slots: int, max_new_tokens: int, max_prompt_tokens: int, num_prompts: int,
                      block_size: int = 1) -> int:
     """Worst-case KV tokens held with `num_slots` samples running: each at its reservation, and one
-    shared prompt per group that can be open at once (at most one per slot, at most one per prompt)."""
-    lowest = max(0, max_prompt_tokens - block_size + 1)  # reservations repeat with the prompt length mod b
-    reserve = max(reserved_tokens(p, max_new_tokens, block_size) for p in range(lowest, max_prompt_tokens + 1))
+    shared prompt per group that can be open at once (at most one per slot and one per prompt)."""
+    lowest = max(0, max_prompt_tokens - block_size + 1)  # reservations repeat with P mod block
+    reserve = max(reserved_tokens(p, max_new_tokens, block_size)
+                  for p in range(lowest, max_prompt_tokens + 1))
     return (num_slots * reserve
             + shared_prompt_tokens(max_prompt_tokens, block_size) * min(num_prompts, num_slots))
 
@@ -207,8 +218,8 @@ def largest_fitting(high: int, fits) -> int:
     return best
 
 
-def concurrency_for_budget(budget_tokens: int, max_new_tokens: int, max_prompt_tokens: int, num_prompts: int,
-                           num_samples: int, block_size: int = 1) -> int:
+def concurrency_for_budget(budget_tokens: int, max_new_tokens: int, max_prompt_tokens: int,
+                           num_prompts: int, num_samples: int, block_size: int = 1) -> int:
     """g: the most samples (<= num_samples) whose worst case fits the budget; 0 if not even one."""
     return largest_fitting(num_samples, lambda g: kv_tokens_needed(
         g, max_new_tokens, max_prompt_tokens, num_prompts, block_size) <= budget_tokens)

@@ -1,11 +1,11 @@
 """The engine boundary: what the sampler's loop asks of a decoding engine, and the engine registry.
 
-The loop (see `infsamp.sampling.sampler`) owns the scheduler; an engine only executes its decisions.
-An engine is long-lived (the trainer keeps one for the whole run); per sampler call it is told the
-prompts and samples (`begin_call`), then `start(slot, sample)` puts a sample in a slot and
-`decode_step(active)` runs one forward step over the running samples, appends one token to each
-sample that advanced and returns the samples that ended. Between calls the trainer pushes new weights
-(`load_weights`); `reset` drops any half-done call (after an error); `close` frees the engine.
+The loop (see `infsamp.sampling.sampler`) owns the scheduler; an engine only executes its
+decisions. An engine is long-lived (the trainer keeps one for the whole run); per sampler call it
+is told the prompts and samples (`begin_call`), then `start(slot, sample)` puts a sample in a slot
+and `decode_step(active)` runs one forward step over the running samples, appends one token to each
+sample that advanced and returns the samples that ended. Between calls the trainer pushes new
+weights (`load_weights`); `reset` drops any half-done call (after an error); `close` frees it.
 
 Engines (`sampling.engine`): `slots` (infsamp's slot engine over the transformers model, exact
 reference, any device) and `vllm` (vLLM in the trainer's process, paged KV with prefix caching);
@@ -39,7 +39,7 @@ class SlotLogitsProcessor(Protocol):
         ...
 
 
-LogitsProcessorFactory = Callable[[Sequence[Sample]], SlotLogitsProcessor]  # called once with every Sample
+LogitsProcessorFactory = Callable[[Sequence[Sample]], SlotLogitsProcessor]  # given all samples
 
 
 @dataclass
@@ -49,12 +49,12 @@ class DecodeOptions:
     top_k: int = 0
     seed: int = 0  # base of the per-sample random streams
     eos_token_ids: tuple[int, ...] = ()
-    target_lengths: tuple[int, ...] | None = None  # per sample id: end after exactly this many tokens
+    target_lengths: tuple[int, ...] | None = None  # per sample id: end after exactly this many
 
 
 @dataclass(frozen=True)
 class EngineLimits:
-    """What a run may ask of a long-lived engine, fixed when it starts (vLLM sizes its pool from it)."""
+    """What a run may ask of a long-lived engine, fixed when it starts (vLLM sizes its pool)."""
 
     max_prompt_tokens: int
     max_new_tokens: int
@@ -69,8 +69,8 @@ class Engine(Protocol):
     max_num_seqs: int | None  # the most samples it runs at once (None: any)
     kv_capacity_tokens: int | None  # its fixed KV pool in tokens (None: allocated per call)
 
-    def begin_call(self, prompts: Sequence[Sequence[int]], samples: Sequence[Sample], num_slots: int,
-                   options: DecodeOptions, stats: SamplerStats,
+    def begin_call(self, prompts: Sequence[Sequence[int]], samples: Sequence[Sample],
+                   num_slots: int, options: DecodeOptions, stats: SamplerStats,
                    processor: SlotLogitsProcessor | None = None) -> None:
         """Prepare one sampler call; the engine's counters go to `stats`."""
 
@@ -90,7 +90,7 @@ class Engine(Protocol):
         """Forget any half-done call and cached state."""
 
     def sleep(self) -> None:
-        """Free what it can for the training phase (vLLM sleep mode on CUDA); back at the next call."""
+        """Free what it can for the training phase (vLLM sleep mode on CUDA); back next call."""
 
     def close(self) -> None:
         """Free the engine."""
@@ -99,8 +99,9 @@ class Engine(Protocol):
 def model_kv_bytes_per_token(model) -> int:
     """KV bytes of one token for a transformers model (its config, its parameters' dtype)."""
     config = model.config
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
     dtype_bytes = next(model.parameters()).element_size()
     return kv_bytes_per_token(config.num_hidden_layers, kv_heads, head_dim, dtype_bytes)
 
@@ -119,7 +120,8 @@ def vllm_installed() -> bool:
 def resolve_engine_name(name: str, device: torch.device) -> str:
     """`auto`: vLLM where it is installed and the model is on a CUDA GPU, else the slot engine."""
     if name not in ENGINE_NAMES:
-        raise SamplingError(f"sampling.engine: unknown engine {name!r}; choose one of {', '.join(ENGINE_NAMES)}")
+        raise SamplingError(f"sampling.engine: unknown engine {name!r}; choose one of "
+                            f"{', '.join(ENGINE_NAMES)}")
     if name == "auto":
         return "vllm" if device.type == "cuda" and vllm_installed() else "slots"
     return name

@@ -60,13 +60,15 @@ def select_tokens(scores: torch.Tensor, sample_ids: torch.Tensor, num_generated:
 
 
 class ForcedLengths:
-    """Logits rule for a controlled workload: EOS banned before a sample's target length, forced at it."""
+    """Logits rule for a controlled workload: EOS banned before a sample's target length, forced
+    at it."""
 
     def __init__(self, targets: list[int] | tuple[int, ...], eos_id: int):
         self.targets = torch.tensor(targets)  # [N], indexed by sample id
         self.eos_id = eos_id
 
-    def __call__(self, sample_ids: torch.Tensor, num_generated: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    def __call__(self, sample_ids: torch.Tensor, num_generated: torch.Tensor,
+                 scores: torch.Tensor) -> torch.Tensor:  # [S], [S], [S, V] -> [S, V]
         position = num_generated + 1  # length the sample reaches with this token
         target = self.targets.to(sample_ids.device)[sample_ids]  # [S]
         scores = scores.clone()

@@ -147,8 +147,8 @@ class SlotEngine:
         return int(getattr(self.model.config, "max_position_embeddings", 1 << 30))
 
     # ---- Engine protocol
-    def begin_call(self, prompts: Sequence[Sequence[int]], samples: Sequence[Sample], num_slots: int,
-                   options: DecodeOptions, stats: SamplerStats,
+    def begin_call(self, prompts: Sequence[Sequence[int]], samples: Sequence[Sample],
+                   num_slots: int, options: DecodeOptions, stats: SamplerStats,
                    processor: SlotLogitsProcessor | None = None) -> None:
         config, param = self.model.config, next(self.model.parameters())
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -254,7 +254,7 @@ class SlotEngine:
         if prompt_kv:
             input_ids = torch.tensor([prompt_kv], device=self.device)  # [1, P-1]
             with torch.inference_mode():
-                self.model(input_ids=input_ids, use_cache=True, logits_to_keep=1,  # logits unused: keep one row
+                self.model(input_ids=input_ids, use_cache=True, logits_to_keep=1,  # logits unused
                            **{self.cache_kwarg: cache})
             keys = [layer.keys for layer in cache.layers]
             values = [layer.values for layer in cache.layers]
