@@ -97,3 +97,16 @@ def test_bench_sampling_on_both_engines(tmp_path):
     assert all(r["g"] == r["micro_group"] and r["num_preemptions"] == 0 for r in rows)
     assert "embedded G=8 g=4 continuous: vllm / slots tokens/s" in report["targets"]
     assert report["engine_startup_s"]["vllm"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not vllm_installed(), reason="vLLM is not installed")
+def test_sample_command_on_vllm(tmp_path, capsys):
+    out = tmp_path / "out.jsonl"
+    code = main(["sample", "--model", "embedded", "--prompts", "embedded:arithmetic",
+                 "--num-prompts", "2", "-G", "4", "--max-new-tokens", "32", "--kv-budget", "2048",
+                 "--engine", "vllm", "--out", str(out), "--quiet"])
+    assert code == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 8 and all(1 <= r["length"] <= 32 for r in rows)
+    assert "decode steps" in capsys.readouterr().out

@@ -31,8 +31,9 @@ def parse_engines(text: str, single: bool = False) -> list[str]:
 
 def start_engines(names: list[str], model, cfg, limits,
                   warmup_prompt: list[int]) -> tuple[dict, dict[str, float]]:
-    """{name: engine} started and warmed up now (one small call, not measured), and {name: start-up
-    seconds}. Each pool gets one block more than `limits` asks: vLLM keeps one (its null block)."""
+    """{name: engine} started and warmed up now (one call of g samples, not measured), and
+    {name: start-up seconds}. Each pool gets one block more than `limits` asks: vLLM keeps one
+    (its null block)."""
     import dataclasses
 
     import torch
@@ -48,8 +49,10 @@ def start_engines(names: list[str], model, cfg, limits,
         began = time.perf_counter()
         engines[name] = make_engine(name, model, cfg, limits)
         startup[name] = time.perf_counter() - began
+        warm_up = min(limits.max_num_seqs, 64)  # every batch size up to g meets its kernels once
         GroupSampler(model, None, cfg, engine=engines[name]).sample(
-            [warmup_prompt], 4, max_new_tokens=16, generator=torch.Generator().manual_seed(0))
+            [warmup_prompt], warm_up, max_new_tokens=min(32, limits.max_new_tokens),
+            generator=torch.Generator().manual_seed(0))
     return engines, startup
 
 

@@ -252,7 +252,8 @@ class VLLMEngine:
             sample = self.running.get(output.request_id)
             if sample is None:  # a request of an aborted call
                 continue
-            advanced.add(output.request_id)
+            if output.outputs[0].token_ids:
+                advanced.add(output.request_id)
             self._record(sample, output)
             if output.finished:
                 del self.running[output.request_id]
