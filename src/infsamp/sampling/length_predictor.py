@@ -37,7 +37,7 @@ NUMBER = re.compile(r"\d+")
 
 class LengthPredictor:
     name = ""
-    uses_prefix = False  # wants observe_prefix (predict_remaining with the first k tokens)
+    uses_prefix = False  # wants predict_remaining with the first k generated tokens
     adaptive = False     # predictions of pending samples change as samples finish
 
     def predict(self, spec: Sample) -> float:
