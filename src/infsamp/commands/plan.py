@@ -35,6 +35,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--beta", default="0", help="KL coefficient; > 0 keeps a reference model (default 0)")
     parser.add_argument("--dtype", default="bf16", help=f"{' | '.join(DTYPE_BYTES)} (default bf16)")
     parser.add_argument("--device", default="cuda", help=f"{' | '.join(DEVICES)} (cpu: no CUDA context)")
+    parser.add_argument("--engine", default="slots",
+                        help="sampling engine: slots | vllm (its weights, pool and graphs count)")
+    parser.add_argument("--vllm-sleep", default="on",
+                        help="on | off: vLLM frees its pool and weights while training")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
 
@@ -84,6 +88,8 @@ def run(args: argparse.Namespace) -> int:
         load_shape(args.model), gpu_memory_bytes=_read_memory(args.gpu_memory),
         optimizer=_read_choice(args.optimizer, "optimizer", OPTIMIZERS),
         dtype=_read_choice(args.dtype, "dtype", DTYPE_BYTES), device=_read_choice(args.device, "device", DEVICES),
-        gradient_checkpointing=args.gradient_checkpointing, beta=_read_beta(args.beta), **ints)
+        gradient_checkpointing=args.gradient_checkpointing, beta=_read_beta(args.beta),
+        engine=_read_choice(args.engine, "engine", ("slots", "vllm")),
+        engine_sleep=_read_choice(args.vllm_sleep, "vllm-sleep", ("on", "off")) == "on", **ints)
     print(plan.to_json() if args.json else format_plan(plan))
     return 0

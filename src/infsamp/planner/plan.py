@@ -21,7 +21,7 @@ from infsamp.config import ConfigError
 from infsamp.planner.estimate import (DEVICES, DTYPE_BYTES, GIB, OPTIMIZERS, PlanInputs, activation_bytes_per_token,
                                       decode_logits_bytes_per_row, embedding_grad_bytes, generation_breakdown, inference_workspace_bytes,
                                       kv_bytes_per_token, largest_micro_batch_sequences, largest_micro_group,
-                                      peak_training_moment,
+                                      peak_training_moment, plan_kv_tokens,
                                       train_logits_bytes_per_row, training_breakdown)
 from infsamp.planner.presets import LORA_TARGETS_ALL_LINEAR, ModelShape
 
@@ -85,6 +85,7 @@ def validate_inputs(p: PlanInputs) -> None:
     _check(p.optimizer in OPTIMIZERS, "optimizer", p.optimizer, f"must be one of {', '.join(OPTIMIZERS)}")
     _check(p.dtype in DTYPE_BYTES, "dtype", p.dtype, f"must be one of {', '.join(DTYPE_BYTES)}")
     _check(p.device in DEVICES, "device", p.device, f"must be one of {', '.join(DEVICES)}")
+    _check(p.engine in ("slots", "vllm"), "engine", p.engine, "must be slots or vllm")
 
 
 # --- the plan --------------------------------------------------------------------------------------
@@ -113,19 +114,21 @@ def plan_memory(shape: ModelShape, *, gpu_memory_bytes: int, group_size: int, ma
                 gradient_checkpointing: bool = False, beta: float = 0.0, dtype: str = "bf16",
                 device: str = "cuda", shared_prompt_kv: bool = True, micro_group: int = 0,
                 train_micro_batch_tokens: int = 0,
-                lora_targets: tuple[str, ...] = LORA_TARGETS_ALL_LINEAR) -> MemoryPlan:
+                lora_targets: tuple[str, ...] = LORA_TARGETS_ALL_LINEAR, engine: str = "slots",
+                engine_sleep: bool = True) -> MemoryPlan:
     """Estimate both phases, choose g and the micro-batch, and advise when it does not fit.
     A micro_group above group_size means all of the step's samples at once."""
     p = PlanInputs(shape, int(gpu_memory_bytes), group_size, max_prompt, max_completion, lora_rank,
                    tuple(lora_targets), optimizer, gradient_checkpointing, float(beta), dtype, device,
-                   shared_prompt_kv, min(micro_group, group_size), train_micro_batch_tokens)
+                   shared_prompt_kv, min(micro_group, group_size), train_micro_batch_tokens, engine,
+                   engine_sleep)
     validate_inputs(p)
     g, tokens = _choose(p)
     shown_g, shown_tokens = _shown_sizes(p, g, tokens)
     generation, training = generation_breakdown(p, shown_g), training_breakdown(p, shown_tokens)
     fits = g > 0 and tokens > 0
-    kv_tokens = p.max_prompt + shown_g * p.max_completion if p.shared_prompt_kv else shown_g * p.seq_len
-    return MemoryPlan(fits=fits, micro_group=g, train_micro_batch_tokens=tokens, kv_budget_tokens=kv_tokens,
+    return MemoryPlan(fits=fits, micro_group=g, train_micro_batch_tokens=tokens,
+                      kv_budget_tokens=plan_kv_tokens(p, shown_g),
                       generation=generation, training=training,
                       peak_bytes=max(generation["peak"], training["peak"]),
                       advice=[] if fits else advise(p, g, tokens),

@@ -21,6 +21,7 @@ import torch
 
 from infsamp.config import Config
 from infsamp.planner import plan_memory, shape_from_config
+from infsamp.sampling.engines.base import resolve_engine_name
 
 DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "bf16"}
 
@@ -55,7 +56,9 @@ def plan_run(cfg: Config, model: torch.nn.Module, device: torch.device) -> RunSi
         max_completion=cfg.sampling.max_new_tokens, lora_rank=cfg.model.lora_rank,
         optimizer=cfg.training.optimizer, gradient_checkpointing=cfg.model.gradient_checkpointing,
         beta=cfg.training.beta, dtype=dtype, device="cuda" if device.type == "cuda" else "cpu",
-        micro_group=cfg.sampling.micro_group)
+        micro_group=cfg.sampling.micro_group,
+        engine=resolve_engine_name(cfg.sampling.engine, device),
+        engine_sleep=cfg.sampling.vllm_sleep != "off" and device.type == "cuda")
     kv = plan.kv_budget_tokens if cfg.sampling.kv_budget == "auto" and plan.micro_group > 0 else None
     tokens = cfg.training.train_micro_batch_tokens or max(plan.train_micro_batch_tokens,
                                                           cfg.data.max_prompt_length + cfg.sampling.max_new_tokens)
