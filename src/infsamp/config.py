@@ -162,8 +162,22 @@ class SamplingConfig:
     predictor_prefix_tokens: int = opt(16, "k: tokens decoded before a sample's length is re-predicted")
     refill: str = opt("auto", "runtime refill order for length_aware: auto (= ljf, measured best), sjf, ljf")
     grouping_epsilon: float = opt(0.1, "FPTAS epsilon of the global grouping (smaller: closer to optimal)")
-    engine: str = opt("auto", "decoding engine: auto or hf (infsamp's slot engine over the transformers model)",
-                      choices=("auto", "hf"))
+    engine: str = opt(
+        "auto", "decoding engine: slots (infsamp's slot engine over the transformers model), vllm "
+        "(vLLM in the trainer's process), auto (vllm where it is installed and the model is on a "
+        "CUDA GPU, else slots)", choices=("auto", "slots", "vllm"))
+    vllm_sleep: str = opt(
+        "auto", "vllm engine: free GPU memory while training (vLLM sleep mode): off, offload "
+        "(weights to CPU, KV pool freed), discard (weights and KV pool freed; the weights are "
+        "pushed again after the optimizer step), auto (discard on CUDA, off on CPU)",
+        choices=("auto", "off", "offload", "discard"))
+    vllm_importance_sampling: str = opt(
+        "token_truncate", "vllm engine: correct the loss for vLLM's log-prob mismatch with "
+        "capped weights exp(old - vllm): token_truncate, token_mask, sequence_truncate, "
+        "sequence_mask (as TRL) or off",
+        choices=("token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "off"))
+    vllm_importance_sampling_cap: float = opt(
+        3.0, "vllm engine: the cap of those weights (TRL's C_max)")
 
     def validate(self) -> None:
         _require(self.num_generations >= 2, "sampling.num_generations", self.num_generations,
@@ -181,6 +195,12 @@ class SamplingConfig:
                  "simulate only)")
         _require(self.refill in ("auto", "sjf", "ljf"), "sampling.refill", self.refill, "must be auto, sjf or ljf")
         _require(self.grouping_epsilon > 0, "sampling.grouping_epsilon", self.grouping_epsilon, "must be > 0")
+        for name in ("engine", "vllm_sleep", "vllm_importance_sampling"):
+            choices = _field(SamplingConfig, name).metadata["choices"]
+            _require(getattr(self, name) in choices, f"sampling.{name}", getattr(self, name),
+                     f"must be one of {', '.join(choices)}")
+        _require(self.vllm_importance_sampling_cap >= 1, "sampling.vllm_importance_sampling_cap",
+                 self.vllm_importance_sampling_cap, "must be >= 1 (a weight of 1: no correction)")
         if self.kv_budget != "auto":
             try:
                 parse_size(self.kv_budget)

@@ -158,3 +158,15 @@ def test_bf16_and_mixed_updates_follow_fp32_and_plain_bf16_adamw_does_not(load_b
     assert abs(ratios["mixed"] - 1) <= 0.10, ratios
     assert abs(ratios["bf16"] - 1) <= 0.10, ratios
     assert ratios["bf16_lossy"] < 0.10, ratios  # plain AdamW on bf16 loses >90% of the update
+
+
+def test_a_4bit_base_decodes_on_the_slot_engine():
+    """vLLM cannot load a bitsandbytes base: `auto` picks the slot engine, `vllm` is refused."""
+    from infsamp.sampling.engines.base import resolve_engine_name
+
+    assert resolve_engine_name("auto", torch.device("cuda"), quantized=True) == "slots"
+    cfg = config(**{"model.lora_rank": 8})
+    cfg.model.load_in_4bit, cfg.sampling.engine = True, "vllm"
+    with pytest.raises(ConfigError, match=r"^sampling.engine vllm: vLLM cannot load a bitsandbytes "
+                                          r"4-bit base; .* sampling.engine slots"):
+        resolve_precision(cfg, torch.device("cuda"))

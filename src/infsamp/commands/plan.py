@@ -40,6 +40,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--load-in-4bit", action="store_true",
                         help="QLoRA: NF4 base weights (needs --lora-rank > 0 and cuda)")
     parser.add_argument("--device", default="cuda", help=f"{' | '.join(DEVICES)} (cpu: no CUDA context)")
+    parser.add_argument("--engine", default="slots",
+                        help="sampling engine: slots | vllm (its weights, pool and graphs count)")
+    parser.add_argument("--vllm-sleep", default="on",
+                        help="on | off: vLLM frees its pool and weights while training")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
 
@@ -100,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
         precision=_read_choice(args.precision, "precision", PRECISION_CHOICES),
         device=_read_choice(args.device, "device", DEVICES),
         load_in_4bit=_read_4bit(args, ints["lora_rank"]),
-        gradient_checkpointing=args.gradient_checkpointing, beta=_read_beta(args.beta), **ints)
+        gradient_checkpointing=args.gradient_checkpointing, beta=_read_beta(args.beta),
+        engine=_read_choice(args.engine, "engine", ("slots", "vllm")),
+        engine_sleep=_read_choice(args.vllm_sleep, "vllm-sleep", ("on", "off")) == "on", **ints)
     print(plan.to_json() if args.json else format_plan(plan))
     return 0

@@ -30,10 +30,11 @@ from dataclasses import dataclass
 from infsamp.planner.precisions import PRECISIONS, PrecisionMode, base_dtype
 from infsamp.planner.presets import (LORA_TARGETS_ALL_LINEAR, ModelShape, count_lora_parameters,
                                      count_parameters, embedding_parameters, linear_shapes)
+from infsamp.sampling.types import VLLM_BLOCK_SIZE, kv_tokens_needed
 
 PARTS = ("weights", "reference", "gradients", "optimizer", "compute_copies", "activations",
-         "logits", "kv_cache", "overhead")
-DTYPE_BYTES = {"bf16": 2, "fp32": 4}
+         "logits", "kv_cache", "overhead", "vllm_weights", "vllm_graphs")  # vLLM's copy and graphs
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 ADAPTER_BYTES = 4  # peft keeps LoRA weights in fp32 (autocast_adapter_dtype)
 NF4_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)  # codes, 8-bit scale per 64, fp32 per 256 scales
 GIB = 2**30
@@ -89,6 +90,8 @@ class PlanInputs:
     micro_group: int = 0  # 0: the largest g <= G that fits
     train_micro_batch_tokens: int = 0  # 0: the largest budget that fits
     load_in_4bit: bool = False  # QLoRA: NF4 base (needs LoRA and CUDA)
+    engine: str = "slots"  # sampling engine: slots, or vllm (its weights, paged pool, graphs)
+    engine_sleep: bool = True  # vllm: sleep mode frees its pool and weights while training
 
     @property
     def mode(self) -> PrecisionMode:
@@ -270,17 +273,51 @@ def _with_overhead(parts: dict[str, int], device: str) -> dict[str, int]:
     return {**parts, "peak": sum(parts.values())}
 
 
+def plan_kv_tokens(p: PlanInputs, micro_group: int) -> int:
+    """KV tokens of g samples decoded at once: the sampler's own rule (`types.kv_tokens_needed`,
+    one prompt shared by the g samples; vLLM's pool in whole blocks), or a prompt per sample."""
+    block = VLLM_BLOCK_SIZE[p.device] if p.engine == "vllm" else 1
+    if p.shared_prompt_kv:
+        return kv_tokens_needed(micro_group, p.max_completion, p.max_prompt, num_prompts=1,
+                                block_size=block)
+    return micro_group * p.seq_len
+
+
+VLLM_GRAPH_BYTES = {"cuda": 512 * 2**20, "cpu": 0}  # vLLM's CUDA graphs (none on CPU): assumed
+VLLM_BATCHED_TOKENS = 8192  # prefill tokens per engine step (engines/vllm.py MAX_BATCHED_TOKENS)
+
+
+def vllm_parts(p: PlanInputs, micro_group: int) -> dict[str, int]:
+    """vLLM's resident memory: its weight copy, its KV pool, its graph pool."""
+    return dict(vllm_weights=p.num_parameters * p.dtype_bytes,
+                vllm_graphs=VLLM_GRAPH_BYTES[p.device],
+                kv_cache=plan_kv_tokens(p, micro_group) * kv_bytes_per_token(p.shape, p.dtype))
+
+
+def vllm_generation_breakdown(p: PlanInputs, micro_group: int) -> dict[str, int]:
+    """Decoding on vLLM: trainer weights and optimizer states stay resident beside vLLM's parts;
+    its forward works on up to VLLM_BATCHED_TOKENS tokens per step; no slot-concat workspace."""
+    tokens = max(micro_group, min(VLLM_BATCHED_TOKENS, micro_group * (p.max_prompt + 1)))
+    parts = dict(weights=weights_bytes(p), reference=reference_bytes(p), gradients=0,
+                 optimizer=optimizer_bytes(p), compute_copies=0,  # vLLM has its own copy
+                 activations=inference_workspace_bytes(p, tokens),
+                 logits=micro_group * decode_logits_bytes_per_row(p), **vllm_parts(p, micro_group))
+    return _with_overhead(parts, p.device)
+
+
 def generation_breakdown(p: PlanInputs, micro_group: int) -> dict[str, int]:
     """Bytes while decoding `micro_group` samples at once (optimizer states stay resident)."""
-    kv_tokens = (p.max_prompt + micro_group * p.max_completion if p.shared_prompt_kv
-                 else micro_group * p.seq_len)
+    if p.engine == "vllm":
+        return vllm_generation_breakdown(p, micro_group)
+    kv_tokens = plan_kv_tokens(p, micro_group)
     kv_tokens += math.ceil(micro_group * p.seq_len / p.shape.num_hidden_layers)  # one layer's K/V concat per step
     prefill_tokens = p.max_prompt if p.shared_prompt_kv else micro_group * p.max_prompt
     parts = dict(weights=weights_bytes(p), reference=reference_bytes(p), gradients=0,
                  optimizer=optimizer_bytes(p), compute_copies=compute_copy_bytes(p),
                  activations=inference_workspace_bytes(p, max(prefill_tokens, micro_group)),
                  logits=max(micro_group * decode_logits_bytes_per_row(p), prefill_logits_bytes(p)),
-                 kv_cache=kv_tokens * kv_bytes_per_token(p.shape, p.dtype))
+                 kv_cache=kv_tokens * kv_bytes_per_token(p.shape, p.dtype), vllm_weights=0,
+                 vllm_graphs=0)
     return _with_overhead(parts, p.device)
 
 
@@ -318,7 +355,9 @@ def training_breakdown(p: PlanInputs, micro_batch_tokens: int) -> dict[str, int]
     """Bytes at the peak moment of a training step with a micro-batch of `micro_batch_tokens` tokens."""
     parts = dict(weights=weights_bytes(p), reference=reference_bytes(p), gradients=gradients_bytes(p),
                  optimizer=optimizer_bytes(p), compute_copies=0, activations=0, logits=0,
-                 kv_cache=0)
+                 kv_cache=0, vllm_weights=0, vllm_graphs=0)
+    if p.engine == "vllm" and not p.engine_sleep:  # awake, vLLM keeps its pool and weights
+        parts.update(vllm_parts(p, p.micro_group or p.group_size))
     for key, value in peak_training_moment(p, micro_batch_tokens)[1].items():
         parts[key] += value
     return _with_overhead(parts, p.device)

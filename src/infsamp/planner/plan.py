@@ -25,7 +25,7 @@ from infsamp.planner.estimate import (DEVICES, GIB, OPTIMIZERS, PlanInputs,
                                       embedding_grad_bytes, generation_breakdown,
                                       inference_workspace_bytes,
                                       kv_bytes_per_token, largest_micro_batch_sequences, largest_micro_group,
-                                      peak_training_moment,
+                                      peak_training_moment, plan_kv_tokens,
                                       train_logits_bytes_per_row, training_breakdown)
 from infsamp.planner.precisions import PRECISION_CHOICES, PRECISIONS, resolve_precision_name
 from infsamp.planner.presets import LORA_TARGETS_ALL_LINEAR, ModelShape
@@ -93,6 +93,7 @@ def validate_inputs(p: PlanInputs) -> None:
     _check(p.precision in PRECISIONS, "precision", p.precision,
            f"must be one of {', '.join(PRECISION_CHOICES)}")
     _check(p.device in DEVICES, "device", p.device, f"must be one of {', '.join(DEVICES)}")
+    _check(p.engine in ("slots", "vllm"), "engine", p.engine, "must be slots or vllm")
     if p.load_in_4bit:
         _check(p.lora_rank > 0, "load_in_4bit", True,
                "trains LoRA adapters over the 4-bit base: set a LoRA rank")
@@ -125,7 +126,8 @@ def plan_memory(shape: ModelShape, *, gpu_memory_bytes: int, group_size: int, ma
                 gradient_checkpointing: bool = False, beta: float = 0.0, precision: str = "auto",
                 device: str = "cuda", shared_prompt_kv: bool = True, micro_group: int = 0,
                 train_micro_batch_tokens: int = 0, load_in_4bit: bool = False,
-                lora_targets: tuple[str, ...] = LORA_TARGETS_ALL_LINEAR) -> MemoryPlan:
+                lora_targets: tuple[str, ...] = LORA_TARGETS_ALL_LINEAR, engine: str = "slots",
+                engine_sleep: bool = True) -> MemoryPlan:
     """Estimate both phases, choose g and the micro-batch, and advise when it does not fit.
 
     `precision`: a mode of planner.precisions, or 'auto' (the trainer's default on `device`).
@@ -133,14 +135,15 @@ def plan_memory(shape: ModelShape, *, gpu_memory_bytes: int, group_size: int, ma
     p = PlanInputs(shape, int(gpu_memory_bytes), group_size, max_prompt, max_completion, lora_rank,
                    tuple(lora_targets), optimizer, gradient_checkpointing, float(beta),
                    resolve_precision_name(precision, device), device, shared_prompt_kv,
-                   min(micro_group, group_size), train_micro_batch_tokens, load_in_4bit)
+                   min(micro_group, group_size), train_micro_batch_tokens, load_in_4bit, engine,
+                   engine_sleep)
     validate_inputs(p)
     g, tokens = _choose(p)
     shown_g, shown_tokens = _shown_sizes(p, g, tokens)
     generation, training = generation_breakdown(p, shown_g), training_breakdown(p, shown_tokens)
     fits = g > 0 and tokens > 0
-    kv_tokens = p.max_prompt + shown_g * p.max_completion if p.shared_prompt_kv else shown_g * p.seq_len
-    return MemoryPlan(fits=fits, micro_group=g, train_micro_batch_tokens=tokens, kv_budget_tokens=kv_tokens,
+    return MemoryPlan(fits=fits, micro_group=g, train_micro_batch_tokens=tokens,
+                      kv_budget_tokens=plan_kv_tokens(p, shown_g),
                       generation=generation, training=training,
                       peak_bytes=max(generation["peak"], training["peak"]),
                       advice=[] if fits else advise(p, g, tokens),

@@ -41,6 +41,7 @@ from infsamp.rl.logprobs import (build_micro_batches, micro_batch_logprobs_and_e
                                  sequence_logprobs, sequence_logprobs_and_entropy)
 from infsamp.rl.losses import (LOSS_TYPES, BatchTotals, LossStats, clip_range, high_entropy_masks,
                                per_token_loss)
+from infsamp.rl.importance import MismatchStats, engine_importance_weights
 
 DEFAULT_MICRO_BATCH_TOKENS = 8192
 MIN_MICRO_BATCH_TOKENS = 64
@@ -55,6 +56,7 @@ class Rollout:
     # per completion, one weight per token [L_i] multiplying its policy loss, e.g. the capped
     # importance-sampling correction exp(old_logp - engine_logp) of a sampling engine; None: all 1
     importance_weights: list[Tensor] | None = None
+    engine_logprobs: list[Tensor] | None = None  # per completion [T_i]: the sampling engine's
 
 
 class StepInputs(NamedTuple):
@@ -73,7 +75,9 @@ def is_out_of_memory(err: BaseException) -> bool:
 
 class GRPOStep:
     def __init__(self, model, cfg: TrainingConfig, *, pad_token_id: int, temperature: float,
-                 max_completion_length: int, ref_model=None, micro_batch_tokens: int = 0):
+                 max_completion_length: int, ref_model=None, micro_batch_tokens: int = 0,
+                 importance_sampling: str = "token_truncate",
+                 importance_sampling_cap: float = 3.0):
         self.model = model
         self.cfg = cfg
         self.pad_token_id = pad_token_id
@@ -86,6 +90,10 @@ class GRPOStep:
                                                          cfg.epsilon_high)
         self.num_oom_retries = 0
         self.num_skipped_updates = 0
+        self.importance_sampling = importance_sampling  # rl/importance.py: for vLLM's samples
+        self.importance_sampling_cap = importance_sampling_cap
+        self.mismatch = MismatchStats()
+        self._first_pass = True
 
     # ------------------------------------------------------------------ no-grad passes
 
@@ -135,7 +143,9 @@ class GRPOStep:
         self.model.train()
         inputs = self.step_inputs(rollout)
         metrics: dict[str, Any] = {}
-        for _ in range(self.cfg.num_iterations):
+        self.mismatch = MismatchStats()
+        for iteration in range(self.cfg.num_iterations):
+            self._first_pass = iteration == 0
             loss, stats = self.accumulate_gradients(rollout, inputs)
             grad_norm = self._clip()
             metrics = {"loss": loss, "grad_norm": grad_norm, **stats.metrics()}
@@ -151,6 +161,7 @@ class GRPOStep:
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
+        metrics.update(self.mismatch.metrics())
         metrics["train/micro_batch_tokens"] = self.micro_batch_tokens
         metrics["train/oom_retries"] = self.num_oom_retries
         metrics["train/skipped_updates"] = self.num_skipped_updates
@@ -213,7 +224,31 @@ class GRPOStep:
             mb.rows(rollout.advantages).to(logps.device), epsilon_low=self.epsilon_low,
             epsilon_high=self.epsilon_high, beta=self.cfg.beta, mask=loss_mask,
             loss_type=self.cfg.loss_type, token_mask=mb.gather(inputs.token_masks),
-            importance_weights=mb.gather(rollout.importance_weights), entropy=entropy)
+            importance_weights=self._importance_weights(mb, rollout, logps, inputs.old),
+            entropy=entropy)
         loss = LOSS_TYPES[self.cfg.loss_type].aggregate(per_token, loss_mask, inputs.totals)  # []
         loss.backward()
         return loss.item(), stats
+
+    def _importance_weights(self, mb, rollout: Rollout, logps: Tensor,
+                            old: list[Tensor] | None) -> Tensor | None:
+        """Per-token weights [b, T_c] on the policy loss: the rollout's own, times the truncated
+        importance weights exp(old - engine) when another engine (vLLM) sampled the completions
+        (`rl/importance.py`); None when there are neither."""
+        given = mb.gather(rollout.importance_weights)  # [b, T_c] or None
+        if rollout.engine_logprobs is None:
+            return given
+        weights = self._engine_weights(mb, rollout, logps, old)  # [b, T_c]
+        return weights if given is None else weights * given
+
+    def _engine_weights(self, mb, rollout: Rollout, logps: Tensor,
+                        old: list[Tensor] | None) -> Tensor:
+        """Truncated importance weights exp(old - engine); the mismatch is measured on the first
+        pass."""
+        old_logps = logps.detach() if old is None else mb.gather(old)  # [b, T_c]
+        engine_logps = mb.gather(rollout.engine_logprobs)  # [b, T_c]
+        weights = engine_importance_weights(old_logps, engine_logps, mb.completion_mask,
+                                            self.importance_sampling, self.importance_sampling_cap)
+        if self._first_pass:
+            self.mismatch.add(old_logps, engine_logps, mb.completion_mask, weights)
+        return weights

@@ -22,6 +22,7 @@ import torch
 from infsamp.config import Config
 from infsamp.planner import plan_memory, shape_from_config
 from infsamp.planner.precisions import resolve_precision_name
+from infsamp.sampling.engines.base import resolve_engine_name
 
 
 @dataclass
@@ -55,7 +56,9 @@ def plan_run(cfg: Config, model: torch.nn.Module, device: torch.device) -> RunSi
         beta=cfg.training.beta,
         precision=resolve_precision_name(cfg.training.precision, device.type),
         load_in_4bit=cfg.model.load_in_4bit, device="cuda" if device.type == "cuda" else "cpu",
-        micro_group=cfg.sampling.micro_group)
+        micro_group=cfg.sampling.micro_group,
+        engine=resolve_engine_name(cfg.sampling.engine, device, cfg.model.load_in_4bit),
+        engine_sleep=cfg.sampling.vllm_sleep != "off" and device.type == "cuda")
     kv = plan.kv_budget_tokens if cfg.sampling.kv_budget == "auto" and plan.micro_group > 0 else None
     tokens = cfg.training.train_micro_batch_tokens or max(plan.train_micro_batch_tokens,
                                                           cfg.data.max_prompt_length + cfg.sampling.max_new_tokens)

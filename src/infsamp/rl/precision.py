@@ -121,6 +121,9 @@ def _check_device(cfg: Config, mode: PrecisionMode, device: torch.device) -> Non
     if cfg.model.load_in_4bit and device.type != "cuda":
         raise ConfigError("model.load_in_4bit: bitsandbytes NF4 needs a CUDA GPU; on a CPU train "
                           "LoRA without it (model.load_in_4bit false)")
+    if cfg.model.load_in_4bit and cfg.sampling.engine == "vllm":
+        raise ConfigError("sampling.engine vllm: vLLM cannot load a bitsandbytes 4-bit base; with "
+                          "model.load_in_4bit use sampling.engine slots (auto picks it)")
     uses_bf16 = "bf16" in (mode.compute, base_dtype(mode, cfg.model.lora_rank > 0))
     if device.type == "cpu" and uses_bf16:
         if not cpu_computes_bf16():

@@ -49,8 +49,9 @@ from infsamp.rl.run_folder import prepare_run_folder
 from infsamp.rl.run_log import RunLogger, completion_records, plot_run
 from infsamp.rl.signals import StopSignals
 from infsamp.rl.train_state import restore_training_state, training_state
+from infsamp.sampling.engines.base import make_engine
 from infsamp.sampling.length_predictor import make_predictor
-from infsamp.sampling.sampler import GroupSampler
+from infsamp.sampling.sampler import GroupSampler, engine_limits
 from infsamp.tasks.loading import load_splits
 from infsamp.tasks.prompts import (EncodedPrompt, EncodedSplit, completion_for_rewards,
                                    encode_examples, prompt_for_rewards, uses_chat_template)
@@ -140,13 +141,19 @@ class GRPOTrainer:
         self.sizes = plan_run(cfg, self.model, self.device)
         sampling_cfg = replace(cfg.sampling, kv_budget=str(self.sizes.kv_budget_tokens)) \
             if self.sizes.kv_budget_tokens else replace(cfg.sampling)
-        self.sampler = GroupSampler(self.model, self.tokenizer, sampling_cfg, predictor=self._length_predictor())
+        limits = engine_limits(sampling_cfg, self.model, cfg.data.max_prompt_length,
+                               cfg.training.prompts_per_step)
+        self.engine = make_engine(cfg.sampling.engine, self.model, sampling_cfg, limits)  # kept
+        self.sampler = GroupSampler(self.model, self.tokenizer, sampling_cfg,
+                                    predictor=self._length_predictor(), engine=self.engine)
         self.generator = torch.Generator(device="cpu").manual_seed(cfg.training.seed)
         self.ref_model = self._reference_model()
         self.grpo = GRPOStep(self.model, cfg.training, pad_token_id=self.tokenizer.pad_token_id,
                              temperature=cfg.sampling.temperature or 1.0, ref_model=self.ref_model,
                              max_completion_length=cfg.sampling.max_new_tokens,
-                             micro_batch_tokens=self.sizes.train_micro_batch_tokens)
+                             micro_batch_tokens=self.sizes.train_micro_batch_tokens,
+                             importance_sampling=cfg.sampling.vllm_importance_sampling,
+                             importance_sampling_cap=cfg.sampling.vllm_importance_sampling_cap)
         self.optimizer = build_optimizer(self.model, cfg.training, self.precision)
         self.horizon = self.resume_from.state["schedule"] if self.resume_from else \
             schedule_horizon(cfg.training)  # a resumed run keeps the schedule it started with
@@ -201,6 +208,7 @@ class GRPOTrainer:
         if self.resume_from is not None:
             restore_training_state(self, self.resume_from)
             self._saved_step = self.step
+            self.engine.load_weights(self.model)  # the engine samples from the restored policy
 
     # ------------------------------------------------------------------ loop
 
@@ -209,6 +217,7 @@ class GRPOTrainer:
         if self.resume_from is not None and self.step >= cfg.training.max_steps:
             print(f"the run finished at step {self.step} (training.max_steps "
                   f"{cfg.training.max_steps}): nothing to do")
+            self.close()
             return TrainResult(self.output_dir, self.step, self.eval_before,
                                self._eval_at(self.step))
         logger = RunLogger(self.output_dir, cfg.training.max_steps, self.step, cfg.logging.log_every,
@@ -228,6 +237,7 @@ class GRPOTrainer:
                 self._stop_if_asked(stop)
         finally:
             logger.close()
+            self.close()
         if cfg.logging.plot:
             try:
                 plot_run(self.output_dir)
@@ -296,6 +306,10 @@ class GRPOTrainer:
         self._saved_step = self.step
         return path
 
+    def close(self) -> None:
+        """Free the sampling engine (vLLM's pool and weights); no sampling afterwards."""
+        self.engine.close()
+
     # ------------------------------------------------------------------ one step
 
     def train_step(self, logger: RunLogger | None = None) -> dict[str, Any]:
@@ -307,9 +321,11 @@ class GRPOTrainer:
             logger.log_completions(self.step + 1, records)
         try:
             check_finite(sample_metrics, rollout.advantages)
+            self.engine.sleep()  # vLLM on CUDA: free its KV pool and weights while training
             loss_metrics = self.grpo.optimize(rollout, self.optimizer, self.scheduler)
         except NonFiniteError as err:
             loss_metrics = self._on_non_finite(err)
+        self.engine.load_weights(self.model)  # the next step samples from the updated policy
         self.step += 1
         learning_rate = float(self.scheduler.get_last_lr()[0])  # torchao keeps it as a tensor
         return {**sample_metrics, **loss_metrics, "learning_rate": learning_rate,
@@ -326,10 +342,13 @@ class GRPOTrainer:
         rewards = self._score(examples, completions)
         adv = compute_advantages(torch.tensor(rewards.total, dtype=torch.float32), G,
                                  self.cfg.training.scale_rewards)
+        engine_logprobs = ([torch.tensor(c.logprobs, dtype=torch.float32) for c in completions]
+                           if all(c.logprobs is not None for c in completions) else None)
         rollout = Rollout(prompt_ids=[p for p in prompt_ids for _ in range(G)],
                           completion_ids=[c.token_ids for c in completions],
                           advantages=adv.advantages,
-                          truncated=[c.finish_reason == "length" for c in completions])
+                          truncated=[c.finish_reason == "length" for c in completions],
+                          engine_logprobs=engine_logprobs)
         metrics = self._sample_metrics(rewards, adv, completions, result.stats.to_metrics())
         groups = [{"prompt_id": key, "prompt_tokens": len(p), "lengths": [c.length for c in grp]}
                   for key, p, grp in zip(keys, prompt_ids, result.groups)]
