@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml requirements-dev.txt
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/infsamp train
+	$(BIN)/infsamp train --logging.output_dir runs/demo-$$(date +%Y%m%d-%H%M%S)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not gpu"

@@ -51,9 +51,15 @@ def make_batch(tokenizer, problems: list[dict]) -> tuple[torch.Tensor, torch.Ten
 
 @torch.no_grad()
 def greedy_accuracy(model, tokenizer, problems: list[dict], max_new_tokens: int = 256) -> float:
+    from infsamp.config import DataConfig
+    from infsamp.models.loading import stop_token_ids
     from infsamp.rl.evaluation import evaluate_accuracy
+    from infsamp.tasks.prompts import encode_prompt
 
-    return evaluate_accuracy(model, tokenizer, problems, max_new_tokens=max_new_tokens)
+    prompt_ids = [encode_prompt(p, tokenizer, DataConfig())[1] for p in problems]
+    return evaluate_accuracy(model, tokenizer, prompt_ids, [p["answer"] for p in problems],
+                             stop_token_ids=stop_token_ids(model, tokenizer),
+                             max_new_tokens=max_new_tokens)
 
 
 def length_buckets(tokenizer, problems: list[dict], batch_size: int, rng: random.Random) -> list[list[dict]]:

@@ -1,14 +1,18 @@
-"""Shared test setup: GPU tests skip cleanly without CUDA; a tiny char-level checkpoint for CLI/trainer tests.
+"""Shared test setup: GPU tests skip cleanly without CUDA; a tiny char-level checkpoint for CLI and
+trainer tests; `load_benchmark` imports a script of benchmarks/ by name.
 
 Experiment trackers stay local and off the network for the whole session (trackio reads TRACKIO_DIR
 once, when first imported, and TRL imports it: so it is set here, before any test module loads).
 """
 
+import importlib.util
 import os
 import tempfile
+from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import settings
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from infsamp.models.tiny import build_tokenizer
@@ -18,6 +22,12 @@ os.environ.update({"WANDB_MODE": "offline", "WANDB_SILENT": "true", "HF_HUB_OFFL
 for _name in ("WANDB_API_KEY", "TRACKIO_SPACE_ID", "TRACKIO_SERVER_URL", "MLFLOW_TRACKING_URI"):
     os.environ.pop(_name, None)
 
+# Property tests draw the same examples on every run, so CI's verdict does not depend on luck;
+# HYPOTHESIS_PROFILE=explore draws fresh ones when hunting for new failures.
+settings.register_profile("ci", derandomize=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
 
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
@@ -26,6 +36,18 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="session")
+def load_benchmark():
+    """load_benchmark('precision') -> the module benchmarks/precision.py."""
+    def load(name: str):
+        script = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(f"bench_{name}", script)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    return load
 
 
 @pytest.fixture(scope="session")
@@ -41,3 +63,22 @@ def tiny_model_dir(tmp_path_factory):
     LlamaForCausalLM(config).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+@pytest.fixture(autouse=True)
+def no_network(monkeypatch):
+    """Tests never touch the network: the hub probe answers 'unreachable' (a test may change it)."""
+    import infsamp.hub
+
+    monkeypatch.setattr(infsamp.hub, "_endpoint_answers", lambda: False)
+    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(var, raising=False)
+
+
+@pytest.fixture(scope="session")
+def chat_model_dirs(tmp_path_factory):
+    """{'llama3': folder, 'qwen3': folder}: tiny random chat models saved once per session."""
+    from chat_models import build_chat_model
+
+    root = tmp_path_factory.mktemp("chat_models")
+    return {style: build_chat_model(style, root / style) for style in ("llama3", "qwen3")}

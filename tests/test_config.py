@@ -1,8 +1,13 @@
 """Config tree: YAML + overrides, type coercion, validation errors that name the key."""
 
+from pathlib import Path
+
 import pytest
 
 from infsamp.config import Config, ConfigError, load_config, parse_size, save_config
+
+
+EXAMPLES = Path(__file__).parent.parent / "examples"
 
 
 def test_defaults_validate():
@@ -35,6 +40,13 @@ def test_yaml_then_overrides(tmp_path):
     ({"sampling.kv_budget": "24XB"}, "sampling.kv_budget"),
     ({"logging.progress_bar": "maybe"}, "logging.progress_bar"),
     ({"rewards.weights": "1.0"}, "rewards.weights"),
+    ({"training.loss_type": "gspo_token"}, "training.loss_type"),
+    ({"training.top_entropy_quantile": 0}, "training.top_entropy_quantile"),
+    ({"training.top_entropy_quantile": 1.5}, "training.top_entropy_quantile"),
+    ({"training.mask_truncated_completions": "sometimes"}, "training.mask_truncated_completions"),
+    ({"rewards.timeout_s": -1}, "rewards.timeout_s"),
+    ({"rewards.allow_async": "perhaps"}, "rewards.allow_async"),
+    ({"logging.completions_every": -2}, "logging.completions_every"),
 ])
 def test_bad_values_name_the_key(overrides, key):
     with pytest.raises(ConfigError) as info:
@@ -42,6 +54,26 @@ def test_bad_values_name_the_key(overrides, key):
     message = str(info.value)
     assert message.startswith(key)
     assert "\n" not in message
+
+
+@pytest.mark.parametrize("loss_type, epsilon, epsilon_high", [
+    ("dapo", 0.2, 0.2), ("gspo", 3e-4, 4e-4), ("cispo", 0.2, 5.0),
+])
+def test_loss_type_defaults_of_the_clip_range_are_resolved_and_saved(tmp_path, loss_type, epsilon,
+                                                                      epsilon_high):
+    cfg = load_config(overrides={"training.loss_type": loss_type})
+    assert (cfg.training.epsilon, cfg.training.epsilon_high) == (epsilon, epsilon_high)
+    save_config(cfg, tmp_path / "config.yaml")
+    assert f"epsilon_high: {epsilon_high}" in (tmp_path / "config.yaml").read_text()
+    explicit = load_config(overrides={"training.loss_type": loss_type, "training.epsilon": 0.1})
+    assert explicit.training.epsilon == 0.1
+
+
+@pytest.mark.parametrize("recipe", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
+def test_example_recipes_validate(recipe):
+    cfg = load_config(recipe)
+    if recipe.name == "gsm8k_gspo.yaml":
+        assert cfg.training.loss_type == "gspo" and cfg.training.epsilon_high == 4e-4
 
 
 def test_yaml_errors(tmp_path):
@@ -71,3 +103,39 @@ def test_parse_size():
         parse_size("24XB")
     with pytest.raises(ValueError):
         parse_size("0")
+
+
+@pytest.mark.parametrize("overrides, key", [
+    ({"data.chat_template_kwargs": "[1, 2]"}, "data.chat_template_kwargs"),
+    ({"data.chat_template_kwargs": "{add_generation_prompt: false}"}, "data.chat_template_kwargs"),
+    ({"data.eval_fraction": 1.0}, "data.eval_fraction"),
+    ({"data.eval_fraction": -0.1}, "data.eval_fraction"),
+    ({"rewards.format_think_block": "strip"}, "rewards.format_think_block"),
+    ({"sampling.predictor": "oracle"}, "sampling.predictor"),  # knows the true lengths: bench only
+    ({"data.dataset": "./no/such.jsonl"}, "data.dataset"),
+    ({"data.dataset": "data/gsm8k/train.jsonl"}, "data.dataset"),  # a path (3 parts), not a hub id
+])
+def test_issue15_options_are_checked_before_anything_loads(overrides, key):
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides=overrides)
+    assert str(info.value).startswith(key) and "\n" not in str(info.value)
+
+
+def test_chat_template_kwargs_from_yaml_and_from_a_flag(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("data:\n  chat_template_kwargs:\n    enable_thinking: false\n")
+    assert load_config(path).data.chat_template_kwargs == {"enable_thinking": False}
+    flag = load_config(path, {"data.chat_template_kwargs": "{enable_thinking: true, budget: 3}"})
+    assert flag.data.chat_template_kwargs == {"enable_thinking": True, "budget": 3}
+    save_config(flag, tmp_path / "saved.yaml")
+    saved = load_config(tmp_path / "saved.yaml")
+    assert saved.data.chat_template_kwargs == {"enable_thinking": True, "budget": 3}
+
+
+def test_a_missing_folder_that_looks_like_a_path_is_refused_at_once(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models").mkdir()  # so 'models/qwen3-tin' can only be a local path
+    with pytest.raises(ConfigError, match="^model.name_or_path: path does not exist"):
+        load_config(overrides={"model.name_or_path": "models/qwen3-tin"})
+    hub_id = load_config(overrides={"model.name_or_path": "Qwen/Qwen3-1.7B"})  # fine: a hub id
+    assert hub_id.model.name_or_path == "Qwen/Qwen3-1.7B"

@@ -168,14 +168,56 @@ def test_incomplete_checkpoint_is_refused(tmp_path, capsys):
     for name in ("checkpoint-4", "checkpoint-6.tmp"):
         incomplete = incomplete_checkpoint(tmp_path / "run", name)
         err = export_error(capsys, incomplete, "--out", tmp_path / "out")
-        assert err.startswith(f"infsamp export: error: {incomplete}: not a complete checkpoint")
+        assert err.startswith(f"infsamp export: error: {incomplete}: no manifest.json, the "
+                              "checkpoint is incomplete; nothing exported")
+    assert not (tmp_path / "out").exists()
+
+
+def damaged_copy(checkpoint: Path, target: Path) -> Path:
+    """A copy of a complete checkpoint with one byte of its weights changed."""
+    shutil.copytree(checkpoint, target)
+    weights = target / "model" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    return target
+
+
+def test_damaged_checkpoint_is_refused_and_skipped_in_a_run_folder(tiny_run, tmp_path, capsys):
+    damaged = damaged_copy(tiny_run / "checkpoint-1", tmp_path / "run" / "checkpoint-1")
+    err = export_error(capsys, damaged, "--out", tmp_path / "out")
+    assert err.startswith(f"infsamp export: error: {damaged}: model/model.safetensors differs "
+                          "from its sha256 in the manifest")
+    newer = damaged_copy(tiny_run / "checkpoint-1", tiny_run / "checkpoint-5")
+    try:
+        from infsamp.commands.export import resolve_checkpoint
+
+        assert os.path.samefile(resolve_checkpoint(tiny_run), tiny_run / "checkpoint-1")
+        assert capsys.readouterr().err.startswith(f"skipping {newer}: model/model.safetensors")
+    finally:
+        shutil.rmtree(newer)
+    assert not (tmp_path / "out").exists()
+
+
+def test_lora_over_a_4bit_base_is_not_merged(tmp_path):
+    from infsamp.commands.export import ExportError, export_checkpoint
+
+    checkpoint = tmp_path / "run" / "checkpoint-3"
+    (checkpoint / "model").mkdir(parents=True)
+    (checkpoint / "model" / "adapter_config.json").write_text("{}")
+    (tmp_path / "run" / "config.yaml").write_text(
+        "model: {name_or_path: embedded, lora_rank: 4, load_in_4bit: true}\n")
+    with pytest.raises(ExportError, match="LoRA trained over a 4-bit base: .* use --adapters-only"):
+        export_checkpoint(checkpoint, tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
 
 def test_run_without_a_complete_checkpoint_is_refused(tmp_path, capsys):
     incomplete_checkpoint(tmp_path / "run", "checkpoint-4")
     err = export_error(capsys, tmp_path / "run", "--out", tmp_path / "out")
-    assert err.endswith("no complete checkpoint-N folder in this run folder")
+    assert err.endswith("no complete checkpoint-N folder in this run folder (newest: "
+                        f"{tmp_path / 'run' / 'checkpoint-4'}: no manifest.json, the checkpoint "
+                        "is incomplete)")
     err = export_error(capsys, tmp_path / "missing", "--out", tmp_path / "out")
     assert "not a run folder" in err
 
@@ -200,3 +242,34 @@ def test_run_folder_exports_its_newest_complete_checkpoint(tiny_run, tmp_path):
     assert main(["export", str(tiny_run / "checkpoint-1"), "--out", str(out)]) == 0
     loaded = AutoModelForCausalLM.from_pretrained(out)
     assert type(loaded).__name__ == "LlamaForCausalLM"
+
+
+def test_generation_config_lists_the_runs_stop_tokens(tmp_path):
+    """A model whose generation config names two stop tokens: both in the export (vLLM and
+    transformers stop where the run's sampler stopped)."""
+    from transformers import AutoTokenizer, GenerationConfig
+
+    from infsamp.commands.export import write_tokenizer_and_generation_config
+
+    model_dir = tmp_path / "model"
+    shutil.copytree(EMBEDDED_DIR, model_dir)
+    GenerationConfig(eos_token_id=[2, 5], bos_token_id=1).save_pretrained(model_dir)
+    out = tmp_path / "out"
+    out.mkdir()
+    write_tokenizer_and_generation_config(model_dir, None, out)
+    generation = GenerationConfig.from_pretrained(out)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    assert generation.eos_token_id[:2] == [2, 5] and tokenizer.eos_token_id in generation.eos_token_id
+
+
+@pytest.mark.slow
+def test_bf16_run_exports_bf16_weights_that_decode_as_the_policy(tiny_model_dir, tmp_path):
+    trainer = train(tmp_path / "run", **{"model.name_or_path": str(tiny_model_dir),
+                                         "training.max_steps": 1, "sampling.max_new_tokens": 8,
+                                         "training.precision": "bf16"})
+    out = tmp_path / "export"
+    assert main(["export", str(tmp_path / "run"), "--out", str(out)]) == 0
+    loaded = AutoModelForCausalLM.from_pretrained(out)
+    assert next(loaded.parameters()).dtype == torch.bfloat16
+    prompts = [[1, 5, 6, 7], [1, 8, 9]]
+    assert greedy(loaded, prompts) == greedy(trainer.model, prompts)

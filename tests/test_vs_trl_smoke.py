@@ -1,22 +1,16 @@
 """benchmarks/vs_trl.py: the ratio/table helpers, a 1-step infsamp-only run at tiny size, and a
 1-step run of TRL with the infsamp rollout (plain TRL is skipped: that run starts TRL anyway)."""
 
-import importlib.util
 import json
 import re
-from pathlib import Path
 
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "vs_trl.py"
 
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("vs_trl", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+@pytest.fixture
+def load_script(load_benchmark):
+    return lambda: load_benchmark("vs_trl")
 
 
 def row(framework, G, peak, seconds):
@@ -24,7 +18,7 @@ def row(framework, G, peak, seconds):
             "seconds_per_step": seconds, "mean_completion_length": 10.0}
 
 
-def test_ratios_pair_each_infsamp_row_with_trl_at_same_G():
+def test_ratios_pair_each_infsamp_row_with_trl_at_same_G(load_script):
     vs_trl = load_script()
     rows = [row("trl", 8, 100.0, 2.0), row("infsamp", 8, 25.0, 3.0), row("infsamp", 32, 10.0, 1.0),
             row("trl_infsamp", 8, 50.0, 2.2)]
@@ -38,13 +32,13 @@ def test_ratios_pair_each_infsamp_row_with_trl_at_same_G():
     assert "| infsamp | 8 | 25 | 12 | 3.00 | 10.0 | 0.25 | 0.25 | 1.5 |" in table
 
 
-def test_quick_sets_one_group_and_one_step():
+def test_quick_sets_one_group_and_one_step(load_script):
     args = load_script().parse_args(["--quick"])
     assert args.groups == [8] and args.steps == 1 and args.frameworks == ["trl", "infsamp"]
 
 
 @pytest.mark.slow
-def test_infsamp_side_one_step_tiny(tmp_path):
+def test_infsamp_side_one_step_tiny(tmp_path, load_script):
     out = tmp_path / "vs_trl.json"
     assert load_script().main(["--frameworks", "infsamp", "--groups", "4", "--steps", "1", "--hidden", "32",
                                "--layers", "2", "--max-completion", "8", "--out", str(out)]) == 0
@@ -59,7 +53,7 @@ def test_infsamp_side_one_step_tiny(tmp_path):
 
 
 @pytest.mark.slow
-def test_trl_with_the_infsamp_rollout_one_step_tiny(tmp_path):
+def test_trl_with_the_infsamp_rollout_one_step_tiny(tmp_path, load_script):
     """The trl_infsamp worker in this process (a child would import TRL again: ~a minute here)."""
     vs_trl = load_script()
     args = vs_trl.parse_args(["--steps", "1", "--max-completion", "8", "--trl-batch", "2"])

@@ -11,7 +11,7 @@ import argparse
 import importlib
 import sys
 
-from infsamp.errors import InfsampError
+from infsamp.errors import InfsampError, RunStopped
 
 SUBCOMMANDS = {
     "train": "GRPO training (no arguments: the embedded demo)",
@@ -49,12 +49,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         return int(_module(args.command).run(args) or 0)
+    except RunStopped as err:  # a signal, after saving: not an error of the user's
+        print(f"infsamp {args.command}: {err}", file=sys.stderr)
+        return err.exit_code
     except InfsampError as err:
         print(f"infsamp {args.command}: error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"infsamp {args.command}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as err:
+        print(f"infsamp {args.command}: {err or 'interrupted'}", file=sys.stderr)
+        return getattr(err, "exit_code", 130)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,8 @@ strings on the command line.
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
 import re
 import types
 import typing
@@ -25,6 +27,7 @@ EMBEDDED_TASK = "embedded:arithmetic"
 
 
 from infsamp.errors import InfsampError
+from infsamp.hub import looks_like_path
 
 
 class ConfigError(InfsampError, ValueError):
@@ -41,8 +44,9 @@ def opt(default: Any, help: str, **kw: Any) -> Any:
 @dataclass
 class ModelConfig:
     name_or_path: str = opt(EMBEDDED_MODEL, "HF checkpoint directory, or 'embedded' for the bundled tiny model")
-    dtype: str = opt("auto", "weights dtype: auto (fp32 on CPU, bf16 on GPU), fp32, bf16, fp16",
-                     choices=("auto", "fp32", "bf16", "fp16"))
+    dtype: str = opt("auto", "weights dtype: auto (training: follows training.precision; sample "
+                     "and bench: bf16 on GPU, fp32 on CPU), fp32, bf16 (must agree with "
+                     "training.precision)", choices=("auto", "fp32", "bf16"))
     attn_implementation: str = opt("sdpa", "attention kernel passed to transformers (sdpa, eager, flash_attention_2)")
     lora_rank: int = opt(0, "LoRA rank through peft; 0 trains all weights")
     lora_alpha: int = opt(32, "LoRA alpha")
@@ -50,12 +54,29 @@ class ModelConfig:
     lora_target_modules: list[str] = opt(["all-linear"], "modules LoRA adapts (peft names)")
     gradient_checkpointing: bool = opt(False, "recompute activations in the backward pass to save memory")
     device: str = opt("auto", "auto, cpu or cuda[:N]")
+    load_in_4bit: bool = opt(False, "QLoRA: base weights in 4-bit NF4 (bitsandbytes, CUDA only), "
+                             "fp32 LoRA adapters on top; needs model.lora_rank > 0")
 
     def validate(self) -> None:
         _require(self.lora_rank >= 0, "model.lora_rank", self.lora_rank, "must be >= 0")
-        if self.name_or_path != EMBEDDED_MODEL and not _looks_like_hub_id(self.name_or_path):
-            _require(Path(self.name_or_path).exists(), "model.name_or_path", self.name_or_path,
-                     "path does not exist")
+        _require(not self.load_in_4bit or self.lora_rank > 0, "model.load_in_4bit",
+                 self.load_in_4bit, "trains LoRA adapters over the 4-bit base: set "
+                 "model.lora_rank (e.g. 16)")
+        _require(self.lora_alpha > 0, "model.lora_alpha", self.lora_alpha, "must be > 0")
+        _require(0 <= self.lora_dropout < 1, "model.lora_dropout", self.lora_dropout,
+                 "must be in [0, 1)")
+        _require(len(self.lora_target_modules) > 0, "model.lora_target_modules",
+                 self.lora_target_modules, "needs at least one module name (or all-linear)")
+        attn = self.attn_implementation
+        _require(attn in ATTN_IMPLEMENTATIONS or ("/" in attn and not looks_like_path(attn)),
+                 "model.attn_implementation", attn,
+                 f"must be one of {', '.join(ATTN_IMPLEMENTATIONS)} (or a kernels hub id)")
+        _check_device(self.device, self.attn_implementation)
+        if self.name_or_path != EMBEDDED_MODEL and looks_like_path(self.name_or_path):
+            _require(Path(self.name_or_path).expanduser().exists(), "model.name_or_path",
+                     self.name_or_path, "path does not exist")
+        if self.lora_rank > 0 and self.lora_target_modules != ["all-linear"]:
+            _check_lora_targets(self)
 
 
 @dataclass
@@ -73,25 +94,56 @@ class DataConfig:
                                  choices=("auto", "always", "never"))
     num_train_examples: int = opt(4000, "embedded task: number of generated training problems")
     num_eval_examples: int = opt(200, "embedded task: number of held-out problems")
-    max_prompt_length: int = opt(256, "prompts longer than this (tokens) are left-truncated")
+    max_prompt_length: int = opt(256, "prompts over this many tokens (chat template included) are "
+                                      "skipped, never cut, and counted: data/dropped_prompts")
     seed: int = opt(1234, "seed of the embedded task generator")
+    chat_template_kwargs: dict[str, Any] = opt({}, "extra chat template variables, e.g. "
+                                                   "{enable_thinking: false} for Qwen3 (as TRL's)")
+    eval_fraction: float = opt(0.0, "hold out this fraction of the training split (shuffled "
+                                    "with data.seed) for evaluation instead of reading eval_split; "
+                                    "needed when both would be the same rows (one .jsonl file)")
 
     def validate(self) -> None:
         _require(self.max_prompt_length > 0, "data.max_prompt_length", self.max_prompt_length, "must be > 0")
+        _require(0 <= self.eval_fraction < 1, "data.eval_fraction", self.eval_fraction,
+                 "must be in [0, 1)")
+        reserved = set(self.chat_template_kwargs) & TEMPLATE_ARGUMENTS
+        _require(not reserved, "data.chat_template_kwargs", self.chat_template_kwargs,
+                 f"{', '.join(sorted(reserved))} is set by infsamp, not by the recipe")
         _require(self.num_eval_examples >= 0, "data.num_eval_examples", self.num_eval_examples, "must be >= 0")
         _require(self.num_train_examples > 0, "data.num_train_examples", self.num_train_examples, "must be > 0")
-        if self.dataset.endswith((".jsonl", ".json")):
-            _require(Path(self.dataset).exists(), "data.dataset", self.dataset, "path does not exist")
+        _require(0 <= self.seed < 2**32, "data.seed", self.seed, "must be in [0, 2**32)")
+        if not self.dataset.startswith("embedded:") and looks_like_path(self.dataset):
+            _require(Path(self.dataset).expanduser().exists(), "data.dataset", self.dataset,
+                     "path does not exist")
+
+
+TEMPLATE_ARGUMENTS = {"messages", "conversation", "add_generation_prompt", "tokenize",
+                      "return_dict", "continue_final_message", "chat_template", "tools",
+                      "documents"}
 
 
 @dataclass
 class RewardsConfig:
     functions: list[str] = opt(["format", "accuracy"],
-                               "reward functions: built-in names (format, accuracy) or 'module:function'")
+                               "reward functions: built-in names (format, accuracy), "
+                               "'module:function', 'file.py:function', or a local "
+                               "sequence-classification model directory")
     weights: list[float] = opt([], "one weight per function (default: all 1.0)")
+    format_think_block: str = opt("forbid", "the format reward and a leading <think>...</think> "
+                                            "block: forbid (the completion opens with <reasoning>, "
+                                            "as the seed), allow (skipped when present), require",
+                                  choices=("forbid", "allow", "require"))
+    timeout_s: float = opt(0.0, "seconds one reward function may take per step; past it its rows "
+                                "get None, counted in rewards/<name>/timeouts, and the step goes "
+                                "on (0: no limit)")
+    allow_async: bool = opt(True, "run 'async def' reward functions concurrently; false refuses "
+                                  "them at start-up (rewards strictly one after another)")
 
     def validate(self) -> None:
         _require(len(self.functions) > 0, "rewards.functions", self.functions, "needs at least one function")
+        _require(self.timeout_s >= 0, "rewards.timeout_s", self.timeout_s,
+                 "must be >= 0 (0: no limit)")
         _require(not self.weights or len(self.weights) == len(self.functions), "rewards.weights",
                  self.weights, f"needs {len(self.functions)} values, one per function")
 
@@ -106,12 +158,26 @@ class SamplingConfig:
     temperature: float = opt(0.7, "sampling temperature (0 = greedy)")
     top_p: float = opt(1.0, "nucleus sampling threshold")
     top_k: int = opt(0, "top-k sampling (0 = off)")
-    predictor: str = opt("online", "length predictor for length_aware: online, none, oracle")
+    predictor: str = opt("online", "length predictor for length_aware: online or none")
     predictor_prefix_tokens: int = opt(16, "k: tokens decoded before a sample's length is re-predicted")
     refill: str = opt("auto", "runtime refill order for length_aware: auto (= ljf, measured best), sjf, ljf")
     grouping_epsilon: float = opt(0.1, "FPTAS epsilon of the global grouping (smaller: closer to optimal)")
-    engine: str = opt("auto", "decoding engine: auto or hf (infsamp's slot engine over the transformers model)",
-                      choices=("auto", "hf"))
+    engine: str = opt(
+        "auto", "decoding engine: slots (infsamp's slot engine over the transformers model), vllm "
+        "(vLLM in the trainer's process), auto (vllm where it is installed and the model is on a "
+        "CUDA GPU, else slots)", choices=("auto", "slots", "vllm"))
+    vllm_sleep: str = opt(
+        "auto", "vllm engine: free GPU memory while training (vLLM sleep mode): off, offload "
+        "(weights to CPU, KV pool freed), discard (weights and KV pool freed; the weights are "
+        "pushed again after the optimizer step), auto (discard on CUDA, off on CPU)",
+        choices=("auto", "off", "offload", "discard"))
+    vllm_importance_sampling: str = opt(
+        "token_truncate", "vllm engine: correct the loss for vLLM's log-prob mismatch with "
+        "capped weights exp(old - vllm): token_truncate, token_mask, sequence_truncate, "
+        "sequence_mask (as TRL) or off",
+        choices=("token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "off"))
+    vllm_importance_sampling_cap: float = opt(
+        3.0, "vllm engine: the cap of those weights (TRL's C_max)")
 
     def validate(self) -> None:
         _require(self.num_generations >= 2, "sampling.num_generations", self.num_generations,
@@ -124,10 +190,17 @@ class SamplingConfig:
         _require(self.predictor_prefix_tokens >= 0, "sampling.predictor_prefix_tokens",
                  self.predictor_prefix_tokens, "must be >= 0")
         _check_choice("sampling.policy", self.policy, "infsamp.sampling.policies", "POLICIES")
-        _require(self.predictor.partition(":")[0] in ("online", "none", "oracle", "noisy"), "sampling.predictor",
-                 self.predictor, "must be online, none, oracle or noisy:SIGMA")
+        _require(self.predictor in ("online", "none"), "sampling.predictor", self.predictor,
+                 "must be online or none (oracle and noisy know the true lengths: bench and "
+                 "simulate only)")
         _require(self.refill in ("auto", "sjf", "ljf"), "sampling.refill", self.refill, "must be auto, sjf or ljf")
         _require(self.grouping_epsilon > 0, "sampling.grouping_epsilon", self.grouping_epsilon, "must be > 0")
+        for name in ("engine", "vllm_sleep", "vllm_importance_sampling"):
+            choices = _field(SamplingConfig, name).metadata["choices"]
+            _require(getattr(self, name) in choices, f"sampling.{name}", getattr(self, name),
+                     f"must be one of {', '.join(choices)}")
+        _require(self.vllm_importance_sampling_cap >= 1, "sampling.vllm_importance_sampling_cap",
+                 self.vllm_importance_sampling_cap, "must be >= 1 (a weight of 1: no correction)")
         if self.kv_budget != "auto":
             try:
                 parse_size(self.kv_budget)
@@ -145,20 +218,41 @@ class TrainingConfig:
     weight_decay: float = opt(0.0, "AdamW weight decay")
     adam_beta1: float = opt(0.9, "AdamW beta1")
     adam_beta2: float = opt(0.99, "AdamW beta2")
-    optimizer: str = opt("adamw", "adamw, adamw8bit (bitsandbytes) or sgd")
+    optimizer: str = opt("adamw", "adamw, adamw8bit (8-bit states: bitsandbytes on CUDA, torchao "
+                         "elsewhere and for bf16 weights) or sgd")
     max_grad_norm: float = opt(1.0, "gradient clipping norm (0 = off)")
-    loss_type: str = opt("dapo", "token aggregation: grpo, dr_grpo, dapo, bnpo")
+    loss_type: str = opt("dapo", "loss: grpo, dr_grpo, dapo, bnpo, gspo, cispo "
+                                 "(README: when to use which)")
     scale_rewards: str = opt("group", "advantage scaling: group, batch, none")
     beta: float = opt(0.0, "KL coefficient to the reference model (0: no reference)")
-    epsilon: float = opt(0.2, "lower clip range of the ratio")
-    epsilon_high: float = opt(0.0, "upper clip range (0: same as epsilon)")
+    epsilon: float = opt(0.0, "lower clip range of the ratio (0: the loss type's default, "
+                              "0.2; gspo 3e-4)")
+    epsilon_high: float = opt(0.0, "upper clip range (0: the loss type's default: gspo 4e-4, "
+                                   "cispo 5.0 (cispo caps the ratio itself), others = epsilon)")
+    mask_truncated_completions: bool = opt(False, "completions cut at sampling.max_new_tokens "
+                                                  "carry no loss (DAPO)")
+    top_entropy_quantile: float = opt(1.0, "only this top fraction of the step's tokens by "
+                                           "entropy carries policy loss (0.2 in 'Beyond the "
+                                           "80/20 Rule'; 1.0: all)")
     num_iterations: int = opt(1, "optimisation passes over each sampled batch (mu)")
     train_micro_batch_tokens: int = opt(0, "tokens per training micro-batch; 0 = auto from the planner")
     seed: int = opt(0, "seed for sampling, shuffling and initialisation")
     num_threads: int = opt(0, "torch CPU threads (0: auto, 1 on CPU for models under 50M parameters)")
+    nonfinite: str = opt("stop", "a NaN/inf loss, gradient norm or reward: stop (one line naming "
+                         "step and quantity, nothing applied or saved) or skip the update "
+                         "(counted as train/skipped_updates)", choices=("stop", "skip"))
+    micro_batch_memory: str = opt("total", "memory the planner sizes the training micro-batch "
+                                  "for: total (the device's total memory: the same command gives "
+                                  "the same weights) or auto (memory free at start: results vary "
+                                  "with the machine's load)", choices=("total", "auto"))
+    precision: str = opt("auto", "fp32; mixed (fp32 master weights and states, bf16 autocast); "
+                         "bf16 (bf16 weights, stochastically rounded updates); bf16_lossy (plain "
+                         "AdamW on bf16: loses updates); auto: fp32 on CPU, bf16 on GPU. LoRA "
+                         "adapters are fp32 in every mode")
 
     def validate(self) -> None:
-        _require(self.num_threads >= 0, "training.num_threads", self.num_threads, "must be >= 0")
+        _require(0 <= self.num_threads <= 4096, "training.num_threads", self.num_threads,
+                 "must be in [0, 4096]")
         _require(self.max_steps > 0, "training.max_steps", self.max_steps, "must be > 0")
         _require(self.prompts_per_step > 0, "training.prompts_per_step", self.prompts_per_step, "must be > 0")
         _require(self.learning_rate >= 0, "training.learning_rate", self.learning_rate, "must be >= 0")
@@ -171,9 +265,29 @@ class TrainingConfig:
         _require(self.train_micro_batch_tokens >= 0, "training.train_micro_batch_tokens",
                  self.train_micro_batch_tokens, "must be >= 0")
         _check_choice("training.loss_type", self.loss_type, "infsamp.rl.losses", "LOSS_TYPES")
+        _require(0 < self.top_entropy_quantile <= 1, "training.top_entropy_quantile",
+                 self.top_entropy_quantile, "must be in (0, 1] (1.0: every token)")
+        self._resolve_clip_range()
         _check_choice("training.scale_rewards", self.scale_rewards, "infsamp.rl.advantages", "REWARD_SCALERS")
         _require(self.optimizer in ("adamw", "adamw8bit", "sgd"), "training.optimizer", self.optimizer,
                  "must be one of adamw, adamw8bit, sgd")
+        for name in ("adam_beta1", "adam_beta2"):
+            value = getattr(self, name)
+            _require(0 <= value < 1, f"training.{name}", value, "must be in [0, 1)")
+        _require(self.weight_decay >= 0, "training.weight_decay", self.weight_decay,
+                 "must be >= 0")
+        _require(0 <= self.seed < 2**32, "training.seed", self.seed, "must be in [0, 2**32)")
+        _check_choice("training.lr_scheduler", self.lr_scheduler, "infsamp.rl.optim",
+                      "LR_SCHEDULERS")
+        _check_choice("training.precision", self.precision, "infsamp.planner.precisions",
+                      "PRECISION_CHOICES")
+
+    def _resolve_clip_range(self) -> None:
+        """epsilon / epsilon_high 0 -> the loss type's defaults, written back (config.yaml)."""
+        from infsamp.rl.losses import clip_range
+
+        self.epsilon, self.epsilon_high = clip_range(self.loss_type, self.epsilon,
+                                                     self.epsilon_high)
 
 
 @dataclass
@@ -187,6 +301,8 @@ class EvalConfig:
         _require(self.every_steps >= 0, "eval.every_steps", self.every_steps, "must be >= 0")
         _require(self.num_problems >= 0, "eval.num_problems", self.num_problems, "must be >= 0")
         _require(self.temperature >= 0, "eval.temperature", self.temperature, "must be >= 0")
+        _require(self.max_new_tokens >= 0, "eval.max_new_tokens", self.max_new_tokens,
+                 "must be >= 0")
 
 
 @dataclass
@@ -199,9 +315,14 @@ class LoggingConfig:
                                "mlflow, or none (pip install 'infsamp[tracking]')")
     project: str = opt("infsamp", "tracker project / experiment name")
     run_name: str = opt("", "tracker run name (empty: the output_dir's folder name)")
+    completions_every: int = opt(0, "every N steps write the step's prompts, completions, "
+                                    "rewards and advantages to completions.jsonl (0: never)")
 
     def validate(self) -> None:
         _require(self.log_every >= 1, "logging.log_every", self.log_every, "must be >= 1")
+        _check_output_dir(self.output_dir)
+        _require(self.completions_every >= 0, "logging.completions_every", self.completions_every,
+                 "must be >= 0 (0: never)")
         from infsamp.rl.trackers import tracker_problem
 
         problem = tracker_problem(self.report_to)
@@ -210,15 +331,20 @@ class LoggingConfig:
 
 @dataclass
 class CheckpointConfig:
-    save_every: int = opt(0, "save a checkpoint every N steps (0: only at the end)")
+    save_every: int = opt(30, "save a checkpoint every N steps (0: at the end and on a signal)")
     keep_last: int = opt(2, "number of step checkpoints kept")
-    resume: str = opt("", "checkpoint directory to resume from, or 'latest' in output_dir")
+    resume: str = opt("", "checkpoint directory to resume from; 'latest' (the newest in "
+                      "output_dir that verifies; none is an error); 'auto' (the same, or a new "
+                      "run when there is none)")
+    save_on_signal: bool = opt(True, "on SIGTERM/SIGINT finish the step, save a checkpoint and "
+                               "exit non-zero")
 
     def validate(self) -> None:
         _require(self.save_every >= 0, "checkpointing.save_every", self.save_every, "must be >= 0")
         _require(self.keep_last >= 1, "checkpointing.keep_last", self.keep_last, "must be >= 1")
-        if self.resume and self.resume != "latest":
-            _require(Path(self.resume).exists(), "checkpointing.resume", self.resume, "path does not exist")
+        if self.resume not in ("", "latest", "auto"):
+            _require(Path(self.resume).is_dir(), "checkpointing.resume", self.resume,
+                     "must be latest, auto or a checkpoint folder that exists")
 
 
 @dataclass
@@ -234,7 +360,16 @@ class Config:
 
     def validate(self) -> "Config":
         for section in dataclasses.fields(self):
+            _require_finite(section.name, getattr(self, section.name))
             getattr(self, section.name).validate()
+        if self.sampling.policy == "length_aware":
+            predictor = self.sampling.predictor
+            _require(predictor in ("online", "none"), "sampling.predictor", predictor,
+                     "training needs online or none (oracle and noisy know the true lengths: "
+                     "bench and simulate only)")
+        from infsamp.rl.precision import resolve_precision  # across sections, and needs the device
+
+        resolve_precision(self)
         return self
 
     def to_dict(self) -> dict[str, Any]:
@@ -249,15 +384,70 @@ def _require(ok: bool, key: str, value: Any, why: str) -> None:
         raise ConfigError(f"{key}: {why} (got {value!r})")
 
 
+def _require_finite(section_name: str, section: Any) -> None:
+    """Every float option (and float list item) is finite: NaN and inf are never settings."""
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, float):
+                _require(math.isfinite(item), f"{section_name}.{f.name}", value,
+                         "must be a finite number")
+
+
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3",
+                        "flex_attention")
+
+
+def _check_device(device: str, attn_implementation: str) -> None:
+    """auto, cpu or cuda[:N], and a CUDA device only where one is present."""
+    match = re.fullmatch(r"(auto|cpu|cuda)(?::(\d+))?", device)
+    _require(match is not None and not (match.group(2) and match.group(1) != "cuda"),
+             "model.device", device, "must be auto, cpu or cuda[:N]")
+    wants_cuda = match.group(1) == "cuda" or attn_implementation.startswith("flash_attention")
+    if not wants_cuda:
+        return
+    import torch
+
+    what = f"model.device {device!r}" if match.group(1) == "cuda" else \
+        f"model.attn_implementation {attn_implementation!r}"
+    if not torch.cuda.is_available():
+        raise ConfigError(f"{what}: needs a CUDA GPU, and torch sees none "
+                          "(use cpu, sdpa or eager)")
+    index = int(match.group(2) or 0)
+    _require(index < torch.cuda.device_count(), "model.device", device,
+             f"this machine has {torch.cuda.device_count()} CUDA device(s)")
+
+
+def _check_lora_targets(cfg: "ModelConfig") -> None:
+    """Each LoRA target names a layer LoRA can adapt (built on the meta device: no weights)."""
+    from infsamp.models.loading import adaptable_module_names
+
+    names = adaptable_module_names(cfg.name_or_path)
+    if names is None:  # its config cannot be read here (a hub id offline): loading will say
+        return
+    for target in cfg.lora_target_modules:
+        if not any(name == target or name.endswith("." + target) for name in names):
+            known = sorted({n.rsplit(".", 1)[-1] for n in names})[:10]
+            raise ConfigError(f"model.lora_target_modules: {target!r} names no layer LoRA can "
+                              f"adapt in this model (it has {', '.join(known)}; or all-linear)")
+
+
+def _check_output_dir(output_dir: str) -> None:
+    """The run folder is a folder (or can become one) that we may write."""
+    _require(output_dir.strip() != "", "logging.output_dir", output_dir, "must name a folder")
+    path = Path(output_dir)
+    existing = next(p for p in [path, *path.parents] if p.exists())
+    _require(existing.is_dir(), "logging.output_dir", output_dir,
+             "is a file, not a folder" if existing == path else f"{existing} is a file")
+    _require(os.access(existing, os.W_OK | os.X_OK), "logging.output_dir", output_dir,
+             f"{existing} is not writable")
+
+
 def _check_choice(key: str, value: str, module: str, registry: str) -> None:
     import importlib
 
     names = getattr(importlib.import_module(module), registry)
     _require(value in names, key, value, f"must be one of {', '.join(sorted(names))}")
-
-
-def _looks_like_hub_id(name: str) -> bool:
-    return bool(re.fullmatch(r"[\w.-]+/[\w.-]+", name)) and not Path(name).exists()
 
 
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9, "t": 1e12,
@@ -284,6 +474,8 @@ def size_is_bytes(text: str) -> bool:
 
 def _coerce(value: Any, annotation: Any, key: str) -> Any:
     """Convert `value` to the annotated type or raise ConfigError naming `key`."""
+    if value is None:  # YAML `key:` with nothing after it
+        raise ConfigError(f"{key}: expected {type_name(annotation)}, got an empty value")
     origin = typing.get_origin(annotation)
     if origin in (list, typing.List):
         (item_type,) = typing.get_args(annotation)
@@ -292,6 +484,8 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{key}: expected a list, got {value!r}")
         return [_coerce(v, item_type, key) for v in value]
+    if origin is dict:
+        return _coerce_mapping(value, key)
     if annotation is bool:
         if isinstance(value, bool):
             return value
@@ -314,6 +508,19 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
             raise ConfigError(f"{key}: expected a string, got {value!r}")
         return str(value)
     return value
+
+
+def _coerce_mapping(value: Any, key: str) -> dict[str, Any]:
+    """A YAML mapping, or its flow text on the command line ('{enable_thinking: false}')."""
+    if isinstance(value, str):
+        try:
+            value = yaml.safe_load(value) if value.strip() else {}
+        except yaml.YAMLError:
+            value = None
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise ConfigError(f"{key}: expected a mapping such as {{enable_thinking: false}}, "
+                          f"got {value!r}")
+    return dict(value)
 
 
 def _is_intlike(value: Any) -> bool:
@@ -372,12 +579,19 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"config file {path}: does not exist")
+    if path.is_dir():
+        raise ConfigError(f"config file {path}: is a folder, not a YAML file")
     try:
-        tree = yaml.safe_load(path.read_text()) or {}
+        tree = yaml.safe_load(path.read_text())
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {path}: not a text file") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
         raise ConfigError(f"config file {path}{where}: not valid YAML") from None
+    if tree is None:
+        raise ConfigError(f"config file {path}: is empty (no settings; run `infsamp train` "
+                          "without a file for the demo)")
     if not isinstance(tree, dict):
         raise ConfigError(f"config file {path}: top level must be a mapping of sections")
     for section, value in tree.items():
@@ -396,7 +610,11 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
 
 
 def save_config(cfg: Config, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    """Written to a temporary file and renamed, so a kill never leaves half a config."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    os.replace(tmp, path)
 
 
 def iter_options() -> typing.Iterator[tuple[str, Any, Any, str]]:
@@ -412,6 +630,8 @@ def iter_options() -> typing.Iterator[tuple[str, Any, Any, str]]:
 def type_name(annotation: Any) -> str:
     if typing.get_origin(annotation) in (list, typing.List):
         return f"list[{type_name(typing.get_args(annotation)[0])}]"
+    if typing.get_origin(annotation) is dict:
+        return "mapping"
     if isinstance(annotation, types.GenericAlias):
         return str(annotation)
     return getattr(annotation, "__name__", str(annotation))

@@ -21,3 +21,23 @@ class ModelError(InfsampError):
 
 class SamplingError(InfsampError):
     """A sampling request that cannot be served (prompt too long, budget too small, G < 1)."""
+
+
+class CheckpointError(InfsampError):
+    """A checkpoint that cannot be written or used (damaged, incomplete, from another run)."""
+
+
+class RunFolderError(InfsampError):
+    """A run folder that cannot be used as asked (holds other files, nothing to resume)."""
+
+
+class NonFiniteError(InfsampError):
+    """A NaN or inf loss, gradient norm, reward or weight; nothing was applied or saved."""
+
+
+class RunStopped(InfsampError):
+    """The run stopped on a signal after saving what it could; `exit_code`: 128 + signal."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code

@@ -29,8 +29,8 @@ def fake_trainer(**overrides):
 
 
 @pytest.mark.parametrize("overrides, message", [
-    ({"use_vllm": True}, "GRPOConfig use_vllm=True: the infsamp rollout decodes on the trainer's "
-                         "own model; set use_vllm=False"),
+    ({"use_vllm": True}, "GRPOConfig use_vllm=True: the infsamp rollout replaces TRL's "
+                         "generation (engine='vllm' decodes with vLLM); set use_vllm=False"),
     ({"repetition_penalty": 1.1}, "GRPOConfig repetition_penalty: not supported (use 1.0)"),
     ({"tools": [print]}, "GRPOConfig tools / environment_factory: multi-turn rollouts are not "
                          "supported by the infsamp rollout"),
@@ -46,6 +46,8 @@ def test_unknown_or_conflicting_options_are_refused_at_once():
         infsamp_rollout(kv_budgets="1GiB")
     with pytest.raises(RolloutError, match="num_generations"):
         infsamp_rollout(num_generations=4)
+    with pytest.raises(RolloutError, match="sampling.engine.*'gpu'"):
+        infsamp_rollout(engine="gpu")
 
 
 def policy_logprobs(model, prompt, completion, temperature):
@@ -119,7 +121,8 @@ def test_trl_grpo_trainer_trains_with_the_infsamp_rollout(tmp_path, monkeypatch)
         assert all(1 <= len(c) <= MAX_COMPLETION for c in out["completion_ids"])
         assert [len(lp) for lp in out["logprobs"]] == [len(c) for c in out["completion_ids"]]
         assert stats.num_slots == MICRO_GROUP < G and stats.peak_kv_tokens <= KV_BUDGET
-        assert stats.policy == "length_aware" and "predictor_kendall_tau" in stats.extra
+        assert stats.policy == "length_aware" and stats.predictor_kendall_tau is not None
+        assert stats.engine == "slots"
     logged = [row for row in trainer.state.log_history if "loss" in row]
     assert [row["infsamp/num_slots"] for row in logged] == [MICRO_GROUP, MICRO_GROUP]
     assert weights_moved(trainer, before)

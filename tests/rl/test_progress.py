@@ -5,12 +5,18 @@ import sys
 
 from infsamp.rl.progress import RunProgress, format_duration
 from infsamp.rl.trainer import GRPOTrainer
-from infsamp.sampling.sampler import SamplingProgress
+from infsamp.sampling.types import SamplerStats
 
 
 class FakeTerminal(io.StringIO):
     def isatty(self):
         return True
+
+
+def _stats(generated_tokens: int) -> SamplerStats:
+    """A call of 8 samples on 4 slots, 0.5 s in."""
+    return SamplerStats(num_samples=8, num_slots=4, generated_tokens=generated_tokens,
+                        wall_time_s=0.5)
 
 
 def test_summary_line_has_the_step_the_metrics_and_the_eta():
@@ -26,7 +32,7 @@ def test_no_bars_when_the_output_is_not_a_terminal():
     pipe = io.StringIO()
     progress = RunProgress(4, 0, enabled=True, file=pipe)
     progress.phase("sampling", 8, "samples")
-    progress.sampling(SamplingProgress(8, 8, 2, 4, 100, 0.5))
+    progress.sampling(_stats(100), 8, 2)
     progress.end_step(1)
     progress.close()
     assert not progress.bars_shown and pipe.getvalue() == ""
@@ -36,7 +42,7 @@ def test_phase_bars_on_a_terminal_show_tokens_per_second_and_slots():
     terminal = FakeTerminal()
     progress = RunProgress(4, 1, enabled=True, file=terminal)
     progress.phase("sampling", 8, "samples")
-    progress.sampling(SamplingProgress(8, 8, 3, 4, 1000, 0.5))
+    progress.sampling(_stats(1000), 8, 3)
     progress.phase("update", 8, "sequences")
     progress.advance(8)
     progress.end_step(2)

@@ -214,7 +214,9 @@ def test_a_failing_tracker_is_reported_once_and_the_run_goes_on(tiny_config, loc
     points, _, _ = mlflow_data((local_trackers / "mlruns").as_uri())
     assert_same_points(points, expected_points(out))  # the other tracker missed nothing
     scalars, _, _ = tensorboard_data(out / "tensorboard")
-    assert set(scalars) == {("eval/accuracy", 0), ("eval/num_problems", 0), ("eval/time_s", 0)}
+    assert {tag for tag, _ in scalars} == {"eval/accuracy", "eval/num_problems", "eval/time_s",
+                                         "eval/dropped_prompts"}
+    assert {step for _, step in scalars} == {0}
 
 
 def test_a_tracker_that_cannot_start_is_reported_and_the_others_open(tmp_path, monkeypatch):
@@ -275,3 +277,28 @@ def test_steps_after_the_last_checkpoint_are_replaced_on_resume(tiny_config, loc
     latest = {m.step: m.value for m in sorted(history, key=lambda m: m.timestamp)}
     rows = read_jsonl(out / "metrics.jsonl")
     assert latest == {r["step"]: r["completions/mean_length"] for r in rows}  # the resumed values
+
+
+def test_a_run_started_again_without_a_checkpoint_replaces_its_tracker_steps(tiny_config,
+                                                                              local_trackers):
+    """checkpointing.resume auto with no checkpoint yet: the logs restart at step 0 (the run
+    folder's rewind), and so do the tracker runs, the same ones (no step twice)."""
+    def kill_after_step_2(step, _metrics):
+        if step == 2:
+            raise Killed
+
+    overrides = {"logging.report_to": "tensorboard,mlflow", "logging.project": PROJECT,
+                 "checkpointing.save_every": 100, "training.max_steps": 3}
+    with pytest.raises(Killed):
+        GRPOTrainer(tiny_config(**overrides), step_callback=kill_after_step_2).train()
+    uri = (local_trackers / "mlruns").as_uri()
+    first_id = mlflow_run(uri)[1].info.run_id
+    again = tiny_config(**overrides, **{"checkpointing.resume": "auto"})
+    out = GRPOTrainer(again).train().output_dir
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(out / "tensorboard"), size_guidance={"scalars": 0})
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("reward")] == [1, 2, 3]
+    assert [e.step for e in acc.Scalars("eval/accuracy")] == [0, 3]
+    assert mlflow_run(uri)[1].info.run_id == first_id

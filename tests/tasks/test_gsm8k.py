@@ -7,7 +7,8 @@ import pytest
 from infsamp.config import ConfigError, load_config
 from infsamp.rewards import compute_rewards, load_reward_functions
 from infsamp.tasks.gsm8k import SYSTEM_PROMPT, extract_hash_answer, extract_xml_answer, has_xml_format
-from infsamp.tasks.loading import completion_for_rewards, load_examples, prompt_for_rewards, render_prompt
+from infsamp.tasks.loading import load_examples
+from infsamp.tasks.prompts import completion_for_rewards, prompt_for_rewards, render_prompt
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "examples" / "gsm8k.yaml"
@@ -32,7 +33,10 @@ def test_seed_helpers():
 
 def test_recipe_matches_the_seed():
     cfg = load_config(RECIPE)
-    assert cfg.model.name_or_path == "meta-llama/Llama-3.2-1B-Instruct" and cfg.model.dtype == "bf16"
+    assert cfg.model.name_or_path == "meta-llama/Llama-3.2-1B-Instruct"
+    # the seed's bf16=True (plain AdamW on bf16 weights) is training.precision auto: bf16 with
+    # stochastically rounded updates on a GPU, fp32 on a CPU
+    assert cfg.model.dtype == "auto" and cfg.training.precision == "auto"
     assert (cfg.data.dataset, cfg.data.dataset_config, cfg.data.answer_parser) == ("openai/gsm8k", "main", "gsm8k")
     assert cfg.data.prompt_column == "question" and cfg.data.system_prompt == SYSTEM_PROMPT
     assert cfg.data.max_prompt_length == 256

@@ -1,4 +1,4 @@
-"""load_examples (embedded, local JSONL/JSON, hub) and render_prompt (chat template or plain text)."""
+"""load_examples (embedded, local JSONL/JSON/TXT, folders, hub) and load_splits (held-out rows)."""
 
 import json
 import sys
@@ -8,8 +8,7 @@ import pytest
 
 from infsamp.config import DataConfig
 from infsamp.errors import DataError
-from infsamp.tasks.loading import (build_prompt, completion_for_rewards, load_examples, prompt_for_rewards,
-                                   render_prompt, uses_chat_template)
+from infsamp.tasks.loading import load_examples, load_splits
 
 def write_jsonl(path, rows):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -89,7 +88,14 @@ def test_bad_json_file_names_line(tmp_path):
         load_examples(DataConfig(dataset=str(tmp_path / "d.json")), "train")
 
 
-def test_hub_dataset_is_loaded_through_datasets(monkeypatch):
+@pytest.fixture
+def hub_answers(monkeypatch):
+    import infsamp.hub
+
+    monkeypatch.setattr(infsamp.hub, "_endpoint_answers", lambda: True)
+
+
+def test_hub_dataset_is_loaded_through_datasets(monkeypatch, hub_answers):
     import datasets
 
     seen = {}
@@ -105,7 +111,7 @@ def test_hub_dataset_is_loaded_through_datasets(monkeypatch):
     assert examples[0]["prompt"] == "How many?" and examples[0]["answer"] == "12"
 
 
-def test_hub_failure_is_one_line(monkeypatch):
+def test_hub_failure_is_one_line(monkeypatch, hub_answers):
     import datasets
 
     def failing(*args, **kwargs):
@@ -117,33 +123,112 @@ def test_hub_failure_is_one_line(monkeypatch):
     assert str(info.value) == "data.dataset: could not load 'openai/gsm8k' split 'train' (ConnectionError: no network)"
 
 
-# ---------------------------------------------------------------- rendering
-
-EXAMPLE = {"prompt": "What is 2+2?", "answer": "4"}
+# ---------------------------------------------------------------- prompt shapes, .txt, no answer
 
 
-def test_plain_text_prompt_with_and_without_system_prompt(make_tokenizer):
-    tokenizer = make_tokenizer(chat=False)
-    assert render_prompt(EXAMPLE, tokenizer, DataConfig()) == "What is 2+2?"
-    assert render_prompt(EXAMPLE, tokenizer, DataConfig(system_prompt="Be brief.")) == "Be brief.\nWhat is 2+2?"
-    assert prompt_for_rewards(EXAMPLE, tokenizer, DataConfig()) == "What is 2+2?"
-    assert completion_for_rewards("4", chat=False) == "4"
+@pytest.mark.parametrize("prompt, fragment", [
+    (["What is", "2+2?"], "is a list of strings; expected text or a list of chat messages"),
+    ([{"role": "user"}], "is a list of non-messages"),
+    (42, "is a int; expected text"),
+])
+def test_prompt_that_is_not_text_or_messages_is_one_line(tmp_path, prompt, fragment):
+    path = write_jsonl(tmp_path / "d.jsonl", [{"prompt": prompt, "answer": "4"}])
+    with pytest.raises(DataError) as info:
+        load_examples(DataConfig(dataset=path), "train")
+    assert "d.jsonl line 1: the prompt in column 'prompt' " + fragment in str(info.value)
 
 
-def test_chat_template_auto_always_never(make_tokenizer):
-    with_template, without = make_tokenizer(chat=True), make_tokenizer(chat=False)
-    cfg = DataConfig(system_prompt="Be brief.")
-    assert uses_chat_template(with_template, cfg) and not uses_chat_template(without, cfg)
-    assert not uses_chat_template(with_template, DataConfig(use_chat_template="never"))
-    assert render_prompt(EXAMPLE, with_template, cfg) == "<|system|>Be brief.\n<|user|>What is 2+2?\n<|assistant|>"
-    assert prompt_for_rewards(EXAMPLE, with_template, cfg) == [
-        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+2?"}]
-    assert completion_for_rewards("4", chat=True) == [{"role": "assistant", "content": "4"}]
-    with pytest.raises(DataError, match="'always' but the tokenizer has no chat template"):
-        render_prompt(EXAMPLE, without, DataConfig(use_chat_template="always"))
+def test_chat_message_prompts_load(tmp_path):
+    messages = [{"role": "user", "content": "Hi"}]
+    path = write_jsonl(tmp_path / "d.jsonl", [{"prompt": messages, "answer": "4"}])
+    assert load_examples(DataConfig(dataset=path), "train")[0]["prompt"] == messages
 
 
-def test_conversational_dataset_prompt_keeps_its_own_system_message():
-    example = {"prompt": [{"role": "system", "content": "Own."}, {"role": "user", "content": "Hi"}], "answer": ""}
-    assert build_prompt(example, DataConfig(system_prompt="Other."), chat=True) == example["prompt"]
-    assert build_prompt(example, DataConfig(), chat=False) == "Own.\nHi"
+def test_txt_prompts_and_sampling_without_answers(tmp_path):
+    (tmp_path / "p.txt").write_text("First?\n\n  \nTwo\\nlines\n")
+    cfg = DataConfig(dataset=str(tmp_path / "p.txt"), prompt_column="question")
+    examples = load_examples(cfg, "train", need_answer=False)
+    assert [e["prompt"] for e in examples] == ["First?", "Two\nlines"]
+    assert "answer" not in examples[0]
+    with pytest.raises(DataError, match="p.txt line 1: no column 'answer'"):
+        load_examples(cfg, "train")
+
+
+# ---------------------------------------------------------------- training and held-out splits
+
+ROWS = [{"prompt": f"q{i}", "answer": str(i)} for i in range(20)]
+
+
+def test_one_file_as_train_and_eval_is_refused(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", ROWS)
+    with pytest.raises(DataError, match="evaluation would read the same rows.*data.eval_fraction"):
+        load_splits(DataConfig(dataset=path), num_eval=5)
+    assert len(load_splits(DataConfig(dataset=path), num_eval=0).train) == 20  # no evaluation: fine
+    with pytest.raises(DataError, match="same rows"):
+        load_splits(DataConfig(num_train_examples=5, eval_split="train"), num_eval=2)
+
+
+def test_eval_fraction_holds_out_seeded_disjoint_rows_and_names_them(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", ROWS)
+    cfg = DataConfig(dataset=path, eval_fraction=0.2)
+    splits = load_splits(cfg, num_eval=3)
+    train, held = {e["prompt"] for e in splits.train}, [e["prompt"] for e in splits.eval]
+    assert len(train) == 16 and len(held) == 3 and not train & set(held)
+    assert load_splits(cfg, num_eval=3).eval == splits.eval  # seeded: the same rows every run
+    assert splits.eval_note.startswith("evaluation: 3 of the 4 rows that data.eval_fraction 0.2")
+    assert all(f"line {int(q[1:]) + 1}" in splits.eval_note for q in held)
+    with pytest.raises(DataError, match="nothing is left to train on"):
+        one_row = write_jsonl(tmp_path / "one.jsonl", ROWS[:1])
+        load_splits(DataConfig(dataset=one_row, eval_fraction=0.5), 1)
+
+
+def test_folder_with_split_files_and_json_with_splits_are_separate_rows(tmp_path):
+    folder = tmp_path / "gsm"
+    folder.mkdir()
+    write_jsonl(folder / "train.jsonl", ROWS[:4])
+    write_jsonl(folder / "test.jsonl", ROWS[4:6])
+    splits = load_splits(DataConfig(dataset=str(folder)), num_eval=10)
+    assert [e["prompt"] for e in splits.eval] == ["q4", "q5"] and len(splits.train) == 4
+    assert "the first 2 row(s) of split 'test'" in splits.eval_note
+    (tmp_path / "d.json").write_text(json.dumps({"train": ROWS[:3], "test": ROWS[3:4]}))
+    assert len(load_splits(DataConfig(dataset=str(tmp_path / "d.json")), num_eval=1).eval) == 1
+
+
+SNAPSHOT_CARD = """---
+configs:
+- config_name: main
+  data_files:
+  - {split: train, path: main/train-*}
+  - {split: test, path: main/test-*}
+- config_name: socratic
+  data_files:
+  - {split: train, path: socratic/train-*}
+  - {split: test, path: socratic/test-*}
+---
+"""
+
+
+def test_hub_snapshot_folder_is_read_by_datasets_with_its_config(tmp_path, capfd):
+    """The layout of a downloaded `openai/gsm8k` snapshot: parquet files per config and split."""
+    import datasets
+
+    snapshot = tmp_path / "snapshot"
+    snapshot.mkdir()
+    (snapshot / "README.md").write_text(SNAPSHOT_CARD)
+    parts = {("main", "train"): ROWS[:3], ("main", "test"): ROWS[3:5],
+             ("socratic", "train"): ROWS[5:6], ("socratic", "test"): ROWS[6:7]}
+    for (config, split), rows in parts.items():
+        (snapshot / config).mkdir(exist_ok=True)
+        datasets.Dataset.from_list(rows).to_parquet(str(snapshot / config / f"{split}-0.parquet"))
+    capfd.readouterr()
+    splits = load_splits(DataConfig(dataset=str(snapshot), dataset_config="main"), num_eval=5)
+    assert [e["prompt"] for e in splits.eval] == ["q3", "q4"] and len(splits.train) == 3
+    assert "Generating" not in capfd.readouterr().err  # no progress bars in the run log
+
+
+def test_hub_dataset_without_network_fails_at_once(monkeypatch):
+    import datasets
+
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: pytest.fail("asked the hub"))
+    with pytest.raises(DataError, match="not a local file or folder, and huggingface.co cannot be"):
+        load_examples(DataConfig(dataset="openai/gsm8k"), "train")

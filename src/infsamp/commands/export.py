@@ -9,9 +9,10 @@ tokenizer: `AutoModelForCausalLM.from_pretrained(DIR)` and `vllm.LLM(DIR)` load 
 checkpoint is merged into its base model (the run's `model.name_or_path`) unless
 `--adapters-only`, which writes a peft adapter folder whose `base_model_name_or_path` is that base.
 
-Checks before any work, each one line: the target exists and is not empty; the checkpoint is not
-complete (completeness is `rl/checkpoint.py`'s `list_checkpoints`); the run has no checkpoint;
-`--adapters-only` on full weights. The export is written under a temporary name beside DIR and
+Checks before any work, each one line: the target exists and is not empty; the checkpoint is
+incomplete or damaged (`rl/checkpoint.py`'s `verify_checkpoint`: its manifest, every file's size and
+sha256); the run has no checkpoint that verifies (newer damaged ones are named and skipped);
+`--adapters-only` on full weights; a LoRA run over a 4-bit base without `--adapters-only`. The export is written under a temporary name beside DIR and
 renamed when complete, so nothing half-written is left and nothing existing is overwritten.
 
 Deliberately simple: the whole model is loaded in CPU memory (merging needs the base weights).
@@ -24,12 +25,13 @@ import json
 import os
 import re
 import shutil
+import sys
 from pathlib import Path
 
 from infsamp.errors import InfsampError, ModelError
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
-DTYPE_CHOICES = ("auto", "fp32", "bf16", "fp16")
+DTYPE_CHOICES = ("auto", "fp32", "bf16")
 _CHECKPOINT_NAME = re.compile(r"^checkpoint-\d+")
 
 
@@ -51,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     check_target(out)
     checkpoint = resolve_checkpoint(Path(args.source))
-    from infsamp.rl.trainer import quiet_transformers
+    from infsamp.models.loading import quiet_transformers
 
     quiet_transformers()
     print(export_checkpoint(checkpoint, out, adapters_only=args.adapters_only, dtype=args.dtype))
@@ -67,21 +69,29 @@ def check_target(out: Path) -> None:
 
 
 def resolve_checkpoint(source: Path) -> Path:
-    """The complete checkpoint to export: `source`, or the newest complete one of a run folder."""
-    from infsamp.rl.checkpoint import list_checkpoints
+    """The checkpoint to export: `source` if it verifies, or a run folder's newest that does."""
+    from infsamp.errors import CheckpointError
+    from infsamp.rl.checkpoint import MANIFEST, MODEL_DIR, newest_verified, verify_checkpoint
 
     if not source.is_dir():
         raise ExportError(f"{source}: not a run folder or checkpoint folder")
-    if _CHECKPOINT_NAME.match(source.name) or (source / "model").is_dir():
-        complete = {p.resolve() for p in list_checkpoints(source.resolve().parent)}
-        if source.resolve() not in complete:
-            raise ExportError(f"{source}: not a complete checkpoint (interrupted while saving?); "
-                              "export the run folder to take its newest complete checkpoint")
+    is_checkpoint = any((_CHECKPOINT_NAME.match(source.name), (source / MODEL_DIR).is_dir(),
+                         (source / MANIFEST).exists()))
+    if is_checkpoint:
+        try:
+            verify_checkpoint(source)
+        except CheckpointError as err:
+            raise ExportError(f"{err}; nothing exported (export the run folder to take its newest "
+                              "complete checkpoint)") from None
         return source
-    found = list_checkpoints(source)
-    if not found:
-        raise ExportError(f"{source}: no complete checkpoint-N folder in this run folder")
-    return found[-1]
+    skipped: list[str] = []
+    found = newest_verified(source, lambda path, why: skipped.append(why))
+    if found is None:
+        newest = f" (newest: {skipped[0]})" if skipped else ""
+        raise ExportError(f"{source}: no complete checkpoint-N folder in this run folder{newest}")
+    for why in skipped:
+        print(f"skipping {why}", file=sys.stderr)
+    return found
 
 
 # ---------------------------------------------------------------- the export
@@ -95,6 +105,10 @@ def export_checkpoint(checkpoint: Path, out: Path, *, adapters_only: bool = Fals
     is_lora = (model_dir / "adapter_config.json").exists()
     if adapters_only and not is_lora:
         raise ExportError(f"--adapters-only: {checkpoint} holds full weights, not LoRA adapters")
+    if is_lora and not adapters_only and run_model_config(checkpoint).get("load_in_4bit"):
+        raise ExportError(f"{checkpoint}: LoRA trained over a 4-bit base: merging it into the "
+                          "full-precision base is not the trained policy; use --adapters-only "
+                          "and load the adapters on the 4-bit base")
     base = base_model_path(checkpoint) if is_lora else None
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -114,22 +128,28 @@ def export_checkpoint(checkpoint: Path, out: Path, *, adapters_only: bool = Fals
             f"AutoModelForCausalLM.from_pretrained({str(out)!r}) or vllm.LLM({str(out)!r})")
 
 
-def base_model_path(checkpoint: Path) -> str:
-    """The LoRA base: the run's model.name_or_path (its config.yaml), else peft's record."""
+def run_model_config(checkpoint: Path) -> dict:
+    """The `model` section of the run's config.yaml ({} without one)."""
     import yaml
 
-    from infsamp.models.loading import resolve_path
-
     config_file = checkpoint.parent / "config.yaml"
-    if config_file.exists():
-        name = (yaml.safe_load(config_file.read_text()) or {}).get("model", {}).get("name_or_path")
-    else:
+    if not config_file.exists():
+        return {}
+    return (yaml.safe_load(config_file.read_text()) or {}).get("model", {}) or {}
+
+
+def base_model_path(checkpoint: Path) -> str:
+    """The LoRA base: the run's model.name_or_path (its config.yaml), else peft's record."""
+    from infsamp.models.source import resolve_model_source
+
+    name = run_model_config(checkpoint).get("name_or_path")
+    if not name:
         adapter_config = json.loads((checkpoint / "model" / "adapter_config.json").read_text())
         name = adapter_config.get("base_model_name_or_path")
     if not name:
         raise ModelError(f"{checkpoint}: cannot tell the LoRA base model (the run folder has no "
                          "config.yaml)")
-    return resolve_path(name)
+    return resolve_model_source(name).path  # an adapter folder named as the model: its base
 
 
 def _torch_dtype(dtype: str, config):
@@ -189,17 +209,27 @@ def write_adapters(model_dir: Path, base: str, out: Path) -> str:
 
 
 def write_tokenizer_and_generation_config(model_dir: Path, base: str | None, out: Path) -> None:
-    """The tokenizer saved with the checkpoint, and the generation config of the model or base."""
+    """The tokenizer saved with the checkpoint, and a generation config whose `eos_token_id` lists
+    every stop token the run sampled with (`models.loading.stop_token_ids`)."""
+    from types import SimpleNamespace
+
     from transformers import AutoTokenizer, GenerationConfig
+
+    from infsamp.models.loading import stop_token_ids
 
     sources = [model_dir] + ([Path(base)] if base else [])
     tokenizer_dir = next((p for p in sources if (p / "tokenizer_config.json").exists()), None)
     if tokenizer_dir is None:
         raise ModelError(f"{model_dir}: no tokenizer saved with the checkpoint or its base")
-    AutoTokenizer.from_pretrained(str(tokenizer_dir)).save_pretrained(out)
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    tokenizer.save_pretrained(out)
+    config = _load_config(base or model_dir)
     generation_dir = next((p for p in sources if (p / "generation_config.json").exists()), None)
     if generation_dir is not None:
         generation = GenerationConfig.from_pretrained(str(generation_dir))
     else:
-        generation = GenerationConfig.from_model_config(_load_config(base or model_dir))
+        generation = GenerationConfig.from_model_config(config)
+    stops = stop_token_ids(SimpleNamespace(generation_config=generation, config=config), tokenizer)
+    if stops:
+        generation.eos_token_id = list(stops) if len(stops) > 1 else stops[0]
     generation.save_pretrained(out)

@@ -1,11 +1,15 @@
 """`infsamp sample`: run the group sampler alone and print or write completions and statistics.
 
     infsamp sample --prompts prompts.txt --num-generations 8 --policy continuous --kv-budget 4096
+    infsamp sample examples/gsm8k.yaml --model.name_or_path DIR --data.dataset DATA --num-prompts 2
     infsamp sample --prompts embedded:arithmetic --num-prompts 4 --out completions.jsonl --trace lengths.jsonl
 
-`--prompts` is a .txt file (one prompt per line) or any `data.dataset` source (`embedded:arithmetic`,
-a .jsonl with a 'prompt' column, a datasets id), rendered like the trainer renders it. `--trace` writes
-the `infsamp simulate` trace of the run, so the same lengths can be replayed under other settings.
+It reads the trainer's configuration: an optional recipe YAML, every `--section.key` flag of
+`infsamp train`, and a few short flags for the sampler (`--prompts` is `--data.dataset`, `-G` is
+`--sampling.num_generations`, ...). So the prompts (any `data.dataset` source, or a .txt file with
+one prompt per line) go through the same columns, chat template, system prompt and token ids as in
+training, and the sampler settings are the recipe's. `--split` defaults to the training split.
+`--trace` writes the `infsamp simulate` trace of the run, so the same lengths can be replayed.
 """
 
 from __future__ import annotations
@@ -14,46 +18,79 @@ import argparse
 import json
 from pathlib import Path
 
-from infsamp.config import EMBEDDED_MODEL, DataConfig, ModelConfig, SamplingConfig
-from infsamp.errors import DataError
+from infsamp.commands.train import add_config_flags, check_sources, config_overrides
+from infsamp.config import ConfigError, DataConfig, load_config
+
+SHORT_FLAGS = {  # short flag -> (config key, help)
+    "model": ("model.name_or_path", "checkpoint folder or 'embedded'"),
+    "prompts": ("data.dataset", ".txt (one prompt per line) or any data.dataset source"),
+    "num-generations": ("sampling.num_generations", "G"),
+    "policy": ("sampling.policy", "full, rounds, continuous, length_aware"),
+    "kv-budget": ("sampling.kv_budget", "tokens, bytes ('2GiB') or auto"),
+    "micro-group": ("sampling.micro_group", "g (0: from the budget)"),
+    "max-new-tokens": ("sampling.max_new_tokens", "completion limit"),
+    "temperature": ("sampling.temperature", "0: greedy"),
+    "predictor": ("sampling.predictor", "length predictor for length_aware: online or none"),
+    "engine": ("sampling.engine", "slots, vllm or auto"),
+    "seed": ("training.seed", "sampling seed"),
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    defaults = SamplingConfig()
-    parser.add_argument("--model", default=EMBEDDED_MODEL, help="checkpoint directory or 'embedded'")
-    parser.add_argument("--prompts", required=True, help=".txt (one per line), .jsonl, or embedded:arithmetic")
-    parser.add_argument("--split", default="test", help="split of a dataset source")
+    parser.add_argument("config", nargs="?", help="recipe YAML: its model, data, sampling settings")
+    for flag, (key, help_text) in SHORT_FLAGS.items():
+        names = [f"--{flag}", "-G"] if flag == "num-generations" else [f"--{flag}"]
+        parser.add_argument(*names, dest=f"short:{key}", default=None,
+                            metavar=key.partition(".")[2].upper(), help=f"{help_text} (= --{key})")
+    parser.add_argument("--split", help="split of a dataset source (default: data.train_split)")
     parser.add_argument("--num-prompts", type=int, default=0, help="use only the first N prompts (0: all)")
-    parser.add_argument("--num-generations", "-G", type=int, default=defaults.num_generations, help="G")
-    parser.add_argument("--policy", default=defaults.policy, help="full, rounds, continuous, length_aware")
-    parser.add_argument("--kv-budget", default=defaults.kv_budget, help="tokens, bytes ('2GiB') or auto")
-    parser.add_argument("--micro-group", type=int, default=defaults.micro_group, help="g (0: from the budget)")
-    parser.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens)
-    parser.add_argument("--temperature", type=float, default=defaults.temperature, help="0: greedy")
-    parser.add_argument("--predictor", default="none", help="length predictor for length_aware")
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", help="write completions here (JSON lines)")
     parser.add_argument("--trace", help="write the lengths trace for `infsamp simulate` here")
     parser.add_argument("--quiet", action="store_true", help="print statistics only")
+    add_config_flags(parser)
+
+
+def _check_arguments(args: argparse.Namespace) -> None:
+    """Bad flags end here, before anything loads or samples."""
+    if args.num_prompts < 0:
+        raise ConfigError(f"--num-prompts: must be >= 0 (0: all) (got {args.num_prompts})")
+    for flag in ("out", "trace"):
+        path = getattr(args, flag)
+        if path and not Path(path).resolve().parent.is_dir():
+            raise ConfigError(f"--{flag}: folder {Path(path).parent} does not exist")
+        if path and Path(path).is_dir():
+            raise ConfigError(f"--{flag}: {path} is a folder; give a file name")
 
 
 def run(args: argparse.Namespace) -> int:
+    _check_arguments(args)
+    shortcuts = {key[6:]: value for key, value in vars(args).items()
+                 if key.startswith("short:") and value is not None}
+    cfg = load_config(args.config, {**config_overrides(args), **shortcuts})
+    check_sources(cfg)
     import torch
 
-    from infsamp.models.loading import load_model_and_tokenizer
+    from infsamp.models.loading import load_model_and_tokenizer, load_tokenizer
+    from infsamp.sampling.length_predictor import make_predictor
     from infsamp.sampling.sampler import GroupSampler
 
-    cfg = SamplingConfig(num_generations=args.num_generations, policy=args.policy, kv_budget=args.kv_budget,
-                         micro_group=args.micro_group, max_new_tokens=args.max_new_tokens,
-                         temperature=args.temperature, predictor=args.predictor)
-    cfg.validate()
-    model, tokenizer = load_model_and_tokenizer(ModelConfig(name_or_path=args.model))
-    texts = read_prompts(args.prompts, args.split, tokenizer)[: args.num_prompts or None]
-    prompt_ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
-    predictor = _predictor(args.predictor) if args.policy == "length_aware" else None
-    result = GroupSampler(model, tokenizer, cfg, predictor).sample(
-        prompt_ids, args.num_generations, prompt_keys=texts, prompt_texts=texts,
-        generator=torch.Generator().manual_seed(args.seed))
+    tokenizer = load_tokenizer(cfg.model.name_or_path)
+    split = args.split or cfg.data.train_split
+    encoded = read_prompts(cfg.data, split, tokenizer, args.num_prompts)
+    if encoded.num_dropped:
+        print(encoded.note("sample", cfg.data.max_prompt_length))
+    prompts = encoded.prompts
+    model, _ = load_model_and_tokenizer(cfg.model, tokenizer=tokenizer)
+    length_aware = cfg.sampling.policy == "length_aware"
+    predictor = make_predictor(cfg.sampling.predictor) if length_aware else None
+    prompt_ids, texts = [p.token_ids for p in prompts], [p.text for p in prompts]
+    engine = _engine(cfg.sampling, model, prompt_ids)
+    try:
+        result = GroupSampler(model, tokenizer, cfg.sampling, predictor, engine=engine).sample(
+            prompt_ids, cfg.sampling.num_generations, prompt_keys=[str(p.index) for p in prompts],
+            prompt_texts=texts, generator=torch.Generator().manual_seed(cfg.training.seed))
+    finally:
+        engine.close()
     if not args.quiet:
         print_completions(texts, result)
     print(format_stats(result.stats))
@@ -64,24 +101,25 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def read_prompts(source: str, split: str, tokenizer) -> list[str]:
-    """Prompt texts from a .txt file or a dataset source (rendered as the trainer renders them)."""
-    if source.endswith(".txt"):
-        path = Path(source)
-        if not path.exists():
-            raise DataError(f"prompt file {source}: does not exist")
-        lines = [line.rstrip("\n") for line in path.read_text().splitlines()]
-        return [line.replace("\\n", "\n") for line in lines if line.strip()]
-    from infsamp.tasks.loading import load_examples, render_prompt
+def read_prompts(data_cfg: DataConfig, split: str, tokenizer, num_prompts: int = 0):
+    """The first `num_prompts` (0: all) prompts of `split`, encoded as the trainer encodes them (an
+    `EncodedSplit`: over-long prompts are skipped and counted); the answer column is optional."""
+    from infsamp.tasks.loading import load_examples
+    from infsamp.tasks.prompts import encode_examples
 
-    data_cfg = DataConfig(dataset=source, num_eval_examples=200)
-    return [render_prompt(example, tokenizer, data_cfg) for example in load_examples(data_cfg, split)]
+    examples = load_examples(data_cfg, split, need_answer=False)[: num_prompts or None]
+    what = f"data.dataset {data_cfg.dataset} split {split!r}"
+    return encode_examples(examples, tokenizer, data_cfg, what)
 
 
-def _predictor(name: str):
-    from infsamp.sampling.length_predictor import make_predictor
+def _engine(cfg, model, prompt_ids: list[list[int]]):
+    """The `sampling.engine` (`--engine`) engine, sized for these prompts."""
+    from infsamp.sampling.engines.base import make_engine
+    from infsamp.sampling.sampler import engine_limits
 
-    return make_predictor(name)
+    longest = max((len(p) for p in prompt_ids), default=1)
+    limits = engine_limits(cfg, model, longest, len(prompt_ids))
+    return make_engine(cfg.engine, model, cfg, limits)
 
 
 def print_completions(texts: list[str], result) -> None:
@@ -98,7 +136,7 @@ def format_stats(stats) -> str:
             ("peak kv tokens", stats.peak_kv_tokens), ("peak kv bytes", stats.peak_kv_bytes),
             ("preemptions", stats.num_preemptions), ("wall time (s)", f"{stats.wall_time_s:.2f}"),
             ("tokens / s", f"{stats.tokens_per_second:.1f}"),
-            ("sampler overhead", f"{100 * stats.extra.get('overhead_fraction', 0):.1f}% of wall time")]
+            ("sampler overhead", f"{100 * stats.overhead_fraction:.1f}% of wall time")]
     return "\n".join(f"{name:>20}: {value}" for name, value in rows)
 
 

@@ -26,8 +26,20 @@ def config_overrides(args: argparse.Namespace) -> dict[str, object]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", nargs="?", help="YAML config file (default: the embedded demo)")
-    parser.add_argument("--resume", action="store_true", help="resume from the latest checkpoint in output_dir")
+    parser.add_argument("--resume", action="store_true",
+                        help="resume from the newest checkpoint in output_dir that verifies (none "
+                             "is an error; --checkpointing.resume auto starts a new run then)")
     add_config_flags(parser)
+
+
+def check_sources(cfg) -> None:
+    """Model and dataset names decided before torch is imported: a missing path, or a hub id while
+    the hub cannot be asked, is one line within a second of starting."""
+    from infsamp.models.source import resolve_model_source
+    from infsamp.tasks.loading import check_dataset_source
+
+    resolve_model_source(cfg.model.name_or_path)
+    check_dataset_source(cfg.data)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -35,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
     if args.resume:
         overrides.setdefault("checkpointing.resume", "latest")
     cfg = load_config(args.config, overrides)
+    check_sources(cfg)
     if args.config is None:
         print(DEMO_HINT)
     from infsamp.rl.trainer import GRPOTrainer

@@ -11,7 +11,10 @@ processes becomes a smaller group), tokenizes each prompt once as TRL does (chat
 conversational prompts), and samples every group with `GroupSampler` on the trainer's current
 policy, unwrapped as TRL's own generation unwraps it: the KV cache stays within `kv_budget`
 whatever G, in micro groups of g slots with continuous refill, under any infsamp policy (and the
-online length predictor, kept for the whole run). It returns one row per completion, in the
+online length predictor, kept for the whole run) on the engine `engine` names (`slots`, the
+default: the trainer's own model; `vllm`: a vLLM copy kept for the run, sent the trainer's weights
+before every call and put to sleep after it; see `sampling.engine`). It returns one row per
+completion, in the
 prompts' order: `prompt_ids`, `completion_ids` (EOS included, as TRL's own path) and `logprobs`,
 the per-token log-probs of the sampled tokens under the policy at temperature T (what TRL
 computes for its own `old_per_token_logps`), in no-grad micro-batches of at most `kv_budget`
@@ -22,7 +25,7 @@ options default to TRL's (`max_completion_length`, `temperature`, `top_p`, `top_
 statistics are added to TRL's logs as `infsamp/*`.
 
 Deliberately simple: text prompts (plain or chat) only; no tools, environments or images;
-`use_vllm` must be off (the sampler decodes on the trainer's own model); `repetition_penalty`,
+TRL's own `use_vllm` must be off (the rollout is the generation backend); `repetition_penalty`,
 `min_p` and `generation_kwargs` are not supported: each is one error line at the first call.
 """
 
@@ -46,7 +49,8 @@ class RolloutError(InfsampError):
 
 
 def infsamp_rollout(logprobs: bool = True, **sampling: Any) -> "InfsampRollout":
-    """A `rollout_func`; keywords are `sampling.*` options (kv_budget, policy, micro_group...)."""
+    """A `rollout_func`; keywords are `sampling.*` options (kv_budget, policy, micro_group, engine
+    ...) and `max_prompt_tokens` (the longest prompt a vLLM engine must take; default 256)."""
     return InfsampRollout(logprobs=logprobs, **sampling)
 
 
@@ -69,17 +73,23 @@ class InfsampRollout:
     """`(prompts, trainer) -> {"prompt_ids", "completion_ids", "logprobs"}` for GRPOTrainer."""
 
     def __init__(self, logprobs: bool = True, logprob_micro_batch_tokens: int = 0,
-                 **sampling: Any):
+                 max_prompt_tokens: int = 256, **sampling: Any):
         allowed = set(SamplingConfig.__dataclass_fields__) - {"num_generations"}
         unknown = sorted(set(sampling) - allowed)
         if unknown:
             raise RolloutError(f"infsamp_rollout: unknown sampling option(s) {', '.join(unknown)} "
                                "(G is GRPOConfig.num_generations)")
-        self.sampling, self.want_logprobs = sampling, logprobs
+        self.sampling = {"engine": "slots", **sampling}
+        try:  # bad values are refused now, not at TRL's first step
+            replace(SamplingConfig(), **self.sampling).validate()
+        except InfsampError as err:
+            raise RolloutError(f"infsamp_rollout: {err}") from None
+        self.want_logprobs, self.max_prompt_tokens = logprobs, max_prompt_tokens
         self.logprob_tokens = logprob_micro_batch_tokens  # 0: the KV budget, in tokens
         self.cfg: SamplingConfig | None = None
         self.predictor = None
         self.generator: torch.Generator | None = None
+        self.engine = None  # built at the first call, kept for the run
         self.last_stats = None  # SamplerStats of the latest call (for callers and tests)
 
     def __call__(self, prompts: list[Any], trainer) -> dict[str, list | None]:
@@ -143,11 +153,24 @@ class InfsampRollout:
         with unwrapped as model, full_params:
             yield model
 
+    def _engine(self, model, num_prompts: int):
+        """The run's engine (built once), holding the trainer's current weights."""
+        from infsamp.sampling.engines.base import make_engine
+        from infsamp.sampling.sampler import engine_limits
+
+        if self.engine is None:
+            limits = engine_limits(self.cfg, model, self.max_prompt_tokens, num_prompts)
+            self.engine = make_engine(self.cfg.engine, model, self.cfg, limits)
+        self.engine.load_weights(model)
+        return self.engine
+
     def _sample(self, model, trainer, runs: list[tuple[Any, int]], prompt_ids: list[list[int]]):
         """Completions per run, in order; one sampler call per distinct group size (usually 1)."""
         from infsamp.sampling.sampler import GroupSampler
 
-        sampler = GroupSampler(model, trainer.processing_class, self.cfg, predictor=self.predictor)
+        engine = self._engine(model, len(runs))
+        sampler = GroupSampler(model, trainer.processing_class, self.cfg, predictor=self.predictor,
+                               engine=engine)
         groups: list[list] = [[] for _ in runs]
         for size in sorted({n for _, n in runs}, reverse=True):
             chosen = [i for i, (_, n) in enumerate(runs) if n == size]
@@ -157,7 +180,14 @@ class InfsampRollout:
             for i, group in zip(chosen, result.groups):
                 groups[i] = group
             self.last_stats = result.stats
+        engine.sleep()  # vLLM on CUDA: its pool and weights freed while TRL trains
         return groups
+
+    def close(self) -> None:
+        """Free the engine (a vLLM engine's pool and weights)."""
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
 
     def _logprobs(self, model, trainer, prompt_ids, completion_ids) -> list[list[float]]:
         """No-grad, in micro-batches of at most the KV budget's tokens (one sequence at least)."""
@@ -191,8 +221,8 @@ def check_trainer(trainer) -> None:
     multi_turn = (bool(getattr(trainer, "tools", None))
                   or getattr(trainer, "environment_factories", None) is not None)
     problems = [
-        (getattr(trainer, "use_vllm", False), "use_vllm=True: the infsamp rollout decodes on the "
-         "trainer's own model; set use_vllm=False"),
+        (getattr(trainer, "use_vllm", False), "use_vllm=True: the infsamp rollout replaces TRL's "
+         "generation (engine='vllm' decodes with vLLM); set use_vllm=False"),
         (multi_turn, "tools / environment_factory: multi-turn rollouts are not supported by the "
          "infsamp rollout"),
         (getattr(trainer, "repetition_penalty", 1.0) != 1.0,

@@ -1,34 +1,56 @@
 """Load a policy model and its tokenizer from a local HF checkpoint directory (or the embedded one).
 
-Resolves `model.name_or_path` ('embedded' -> the bundled tiny model), picks device and dtype, applies
-LoRA through peft and gradient checkpointing when asked. Every failure becomes one `ModelError` line
-naming the path. Hub ids are passed to transformers as is (they work where the hub is reachable).
+Resolves `model.name_or_path` through `models.source` (a folder, a peft adapter folder, or a hub
+id decided at once); a LoRA checkpoint folder (e.g. `run/checkpoint-4/model`) loads its base and
+the adapters are trained further with `model.lora_rank` > 0, or merged into the base with 0. Picks
+device and dtype (from the training precision when one is given, see `infsamp.rl.precision`),
+loads the base in 4-bit NF4 for QLoRA, applies LoRA through peft (adapters fp32 whatever the
+base), gradient checkpointing when asked, and the precision's compute context (autocast for
+`mixed`). Every failure becomes one `ModelError` line naming the path. `stop_token_ids` is the one
+list of tokens that end a completion (sampler and evaluation both use it).
 
-Deliberately simple: one device, no sharding, no quantised loading.
+Deliberately simple: one device, no sharding; 4-bit is bitsandbytes NF4 with double quantisation,
+non-linear modules (embeddings, norms, lm_head) stay in the base dtype.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from infsamp.config import EMBEDDED_MODEL, ModelConfig
+from infsamp.config import ModelConfig
 from infsamp.errors import ModelError
+from infsamp.models.device import resolve_device  # noqa: F401  (callers import it from here)
+from infsamp.models.source import (ADAPTER_CONFIG, EMBEDDED_DIR, resolve_model_source,  # noqa: F401
+                                   resolve_path)
 
-EMBEDDED_DIR = Path(__file__).parent / "embedded"
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def resolve_path(name_or_path: str) -> str:
-    return str(EMBEDDED_DIR) if name_or_path == EMBEDDED_MODEL else name_or_path
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+def quiet_transformers() -> None:
+    """No weight-loading or per-save progress bars, nor advisory warnings, between our own lines."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
+def stop_token_ids(model, tokenizer) -> tuple[int, ...]:
+    """Every token that ends a completion, in first-seen order: the model's generation config
+    `eos_token_id` (an int or a list: Llama-3 Instruct lists three, Qwen two), the model config's,
+    and the tokenizer's."""
+    found: list[int] = []
+    sources = (getattr(getattr(model, "generation_config", None), "eos_token_id", None),
+               getattr(getattr(model, "config", None), "eos_token_id", None),
+               getattr(tokenizer, "eos_token_id", None))
+    for value in sources:
+        for token in (value if isinstance(value, (list, tuple)) else [value]):
+            if token is not None and int(token) not in found:
+                found.append(int(token))
+    return tuple(found)
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
@@ -38,7 +60,8 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 
 def load_tokenizer(name_or_path: str):
-    path = resolve_path(name_or_path)
+    quiet_transformers()
+    path = resolve_model_source(name_or_path).tokenizer_path
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except Exception as err:  # transformers raises many types for a bad path
@@ -49,23 +72,76 @@ def load_tokenizer(name_or_path: str):
     return tokenizer
 
 
-def load_model_and_tokenizer(cfg: ModelConfig, device: torch.device | None = None):
-    """(model, tokenizer) on `device` with cfg's dtype, LoRA and checkpointing applied."""
+def weight_kwargs(cfg: ModelConfig, device: torch.device, precision=None) -> dict:
+    """from_pretrained's dtype (and 4-bit quantisation) for `precision` (a PrecisionMode), else
+    cfg.dtype."""
+    if precision is None:
+        return {"dtype": resolve_dtype(cfg.dtype, device)}
+    from infsamp.rl.precision import COMPUTE_DTYPE, weights_dtype
+
+    dtype = weights_dtype(precision, lora=cfg.lora_rank > 0)
+    if not cfg.load_in_4bit:
+        return {"dtype": dtype}
+    from transformers import BitsAndBytesConfig
+
+    compute = COMPUTE_DTYPE if precision.compute == "bf16" else torch.float32
+    quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                      bnb_4bit_use_double_quant=True,
+                                      bnb_4bit_compute_dtype=compute)
+    return {"dtype": dtype, "quantization_config": quantization, "device_map": {"": device}}
+
+
+def load_model_and_tokenizer(cfg: ModelConfig, device: torch.device | None = None, tokenizer=None,
+                             *, precision=None):
+    """(model, tokenizer) on `device` in the precision's dtypes (or cfg.dtype), LoRA and
+    checkpointing applied; pass the `tokenizer` when it was loaded already (the trainer encodes its
+    data before loading weights)."""
     device = device or resolve_device(cfg.device)
-    path = resolve_path(cfg.name_or_path)
-    tokenizer = load_tokenizer(cfg.name_or_path)
+    source = resolve_model_source(cfg.name_or_path)
+    path = source.path
+    tokenizer = tokenizer or load_tokenizer(cfg.name_or_path)
+    weights = weight_kwargs(cfg, device, precision)
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=resolve_dtype(cfg.dtype, device), attn_implementation=cfg.attn_implementation)
+            path, attn_implementation=cfg.attn_implementation, **weights)
     except Exception as err:
         raise ModelError(f"model.name_or_path {path!r}: cannot load model ({_first_line(err)})") from None
-    model.to(device)
+    if "device_map" not in weights:  # a quantised model is placed by from_pretrained
+        model.to(device)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
-    if cfg.lora_rank > 0:
+    if source.adapter_dir is not None:
+        model = load_adapters(model, cfg, source.adapter_dir)
+    elif cfg.lora_rank > 0:
         model = apply_lora(model, cfg)
+    if precision is not None:
+        from infsamp.rl.precision import apply_compute
+
+        apply_compute(model, precision)
     return model, tokenizer
+
+
+def load_adapters(base: PreTrainedModel, cfg: ModelConfig, adapter_dir: Path):
+    """Adapters of an earlier LoRA run: trained further with lora_rank > 0 (the same rank), or
+    merged into the base with lora_rank 0 (then every weight trains)."""
+    from peft import PeftModel
+
+    rank = json.loads((adapter_dir / ADAPTER_CONFIG).read_text()).get("r")
+    if cfg.lora_rank and rank is not None and cfg.lora_rank != rank:
+        raise ModelError(f"model.lora_rank {cfg.lora_rank}: the adapters in {adapter_dir} have "
+                         f"rank {rank}; use --model.lora_rank {rank} to train them further, or 0 "
+                         "to merge them")
+    if cfg.gradient_checkpointing and cfg.lora_rank:
+        base.enable_input_require_grads()
+    try:
+        model = PeftModel.from_pretrained(base, str(adapter_dir), is_trainable=cfg.lora_rank > 0)
+    except Exception as err:  # noqa: BLE001 - peft raises many types for mismatched adapters
+        raise ModelError(f"model.name_or_path {str(adapter_dir)!r}: cannot load adapters "
+                         f"({_first_line(err)})") from None
+    if cfg.lora_rank:
+        return model
+    return model.merge_and_unload().requires_grad_(True)  # peft froze the base weights
 
 
 def apply_lora(model: PreTrainedModel, cfg: ModelConfig):
@@ -78,6 +154,25 @@ def apply_lora(model: PreTrainedModel, cfg: ModelConfig):
     if cfg.gradient_checkpointing:
         model.enable_input_require_grads()
     return get_peft_model(model, lora)
+
+
+def adaptable_module_names(name_or_path: str) -> set[str] | None:
+    """Full names of the modules LoRA can adapt (linear, embedding, convolution layers), from the
+    model built on the meta device (no weights read); None when its config cannot be read locally
+    (a hub id without the hub: loading reports that itself)."""
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig
+    from transformers.pytorch_utils import Conv1D
+
+    nn = torch.nn
+    kinds = (nn.Linear, nn.Embedding, nn.Conv1d, nn.Conv2d, nn.Conv3d, Conv1D)
+    try:
+        config = AutoConfig.from_pretrained(resolve_path(name_or_path), local_files_only=True)
+        with init_empty_weights():
+            model = AutoModelForCausalLM.from_config(config)
+    except Exception:  # noqa: BLE001 - any failure here is reported by the real load
+        return None
+    return {name for name, module in model.named_modules() if isinstance(module, kinds)}
 
 
 def context_length(model) -> int:

@@ -1,81 +1,159 @@
-"""Atomic checkpoints: policy (or LoRA adapters), optimizer, scheduler, RNG states, step, data position.
+"""Checkpoints that hold data only, are written atomically and are verified before they are used.
 
-A checkpoint is written into `checkpoint-N.tmp/` and renamed to `checkpoint-N/` only once every file
-is on disk, so a crash mid-write leaves a `.tmp` folder that is never loaded. `trainer_state.json` is
-written last inside it and is what marks a checkpoint as complete. Old step checkpoints beyond
-`keep_last` are pruned.
+    checkpoint-N/
+      model/                      a standard `save_pretrained` folder: weights (or LoRA adapters)
+                                  in safetensors, config, tokenizer (what `infsamp export` reads)
+      training_state.safetensors  every other tensor: optimizer states, torch RNG states
+      training_state.json         everything else: step, data position, schedule, counters, the
+                                  optimizer's and scheduler's structure, python/numpy RNG states,
+                                  the length predictor, what the run is (model, LoRA rank)
+      manifest.json               bytes and sha256 of each file above; written last
 
-Deliberately simple: one process, full optimizer state in one file (no sharding).
+Writing goes to `checkpoint-N.tmp/`, every file is fsynced, and the folder is renamed to
+`checkpoint-N/` only when complete; a failure (a full disk) removes the `.tmp` folder and leaves
+earlier checkpoints as they were. Loading checks the manifest (a truncated, deleted or altered file
+is caught), reads tensors with safetensors and the rest as JSON (nothing is unpickled), and refuses
+NaN or inf in any tensor.
+`find_resume_point` walks back from the newest checkpoint to the newest one that verifies.
+
+Deliberately simple: one process writes; sha256 re-reads every file once at save and once at load.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-import random
 import re
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-import numpy as np
 import torch
 
-from infsamp.errors import InfsampError
+from infsamp.errors import CheckpointError, NonFiniteError
+from infsamp.rl.state_data import from_data, non_finite_tensor, to_data
 
-STATE_FILE = "trainer_state.json"
+MANIFEST = "manifest.json"
+STATE_JSON = "training_state.json"
+STATE_TENSORS = "training_state.safetensors"
+MODEL_DIR = "model"
+FORMAT = 2
 _CKPT = re.compile(r"^checkpoint-(\d+)$")
 
 
-def rng_state() -> dict[str, Any]:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
+@dataclass
+class Checkpoint:
+    path: Path
+    step: int
+    state: dict[str, Any]  # training_state.json with its tensors restored
+    model_tensors: dict[str, torch.Tensor]  # the weights (or adapters) in model/
 
 
-def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+# ---------------------------------------------------------------- writing
 
 
-def _fsync_dir(path: Path) -> None:
-    for file in path.rglob("*"):
-        if file.is_file():
-            with file.open("rb") as fh:
-                os.fsync(fh.fileno())
-
-
-def save_checkpoint(output_dir: Path, step: int, *, model, tokenizer, optimizer, scheduler,
-                    extra: dict[str, Any], trainer_state: dict[str, Any], keep_last: int | None = None) -> Path:
-    """Write checkpoint-`step` atomically; returns its path."""
-    final = output_dir / f"checkpoint-{step}"
-    tmp = output_dir / f"checkpoint-{step}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    model.save_pretrained(tmp / "model", safe_serialization=True)
-    tokenizer.save_pretrained(tmp / "model")
-    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                "rng": rng_state(), **extra}, tmp / "training_state.pt")
-    (tmp / STATE_FILE).write_text(json.dumps({"step": step, **trainer_state}, indent=1))
-    _fsync_dir(tmp)
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
+def save_checkpoint(output_dir: Path, step: int, *, model, tokenizer, state: dict[str, Any],
+                    keep_last: int | None = None) -> Path:
+    """Write checkpoint-`step` atomically (see module docstring); returns its path."""
+    final, tmp = output_dir / f"checkpoint-{step}", output_dir / f"checkpoint-{step}.tmp"
+    tree, tensors = to_data({"format": FORMAT, "step": step, **state})
+    _refuse_non_finite(step, dict(model.named_parameters()), tensors)
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        _write_folder(tmp, model, tokenizer, tree, tensors)
+        _replace_folder(tmp, final)
+    except BaseException as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(err, OSError) or type(err).__name__ == "SafetensorError":
+            raise CheckpointError(_write_failure(output_dir, final.name, err)) from None
+        raise
     if keep_last:
         prune(output_dir, keep_last)
     return final
 
 
-def list_checkpoints(output_dir: Path) -> list[Path]:
-    """Complete checkpoints, oldest first."""
-    if not output_dir.exists():
+def _write_folder(tmp: Path, model, tokenizer, tree: dict[str, Any],
+                  tensors: dict[str, torch.Tensor]) -> None:
+    from safetensors.torch import save_file
+
+    tmp.mkdir(parents=True)
+    model.save_pretrained(tmp / MODEL_DIR, safe_serialization=True)
+    tokenizer.save_pretrained(tmp / MODEL_DIR)
+    save_file(tensors, str(tmp / STATE_TENSORS))
+    (tmp / STATE_JSON).write_text(json.dumps(tree))
+    files = {str(p.relative_to(tmp)): {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+             for p in sorted(tmp.rglob("*")) if p.is_file()}
+    manifest = {"format": FORMAT, "step": tree["step"], "files": files}
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    for path in [*tmp.rglob("*"), tmp]:
+        _fsync(path)
+
+
+def _replace_folder(tmp: Path, final: Path) -> None:
+    """Rename tmp -> final; an existing final (the same step saved again) is set aside first."""
+    old = final.with_name(final.name + ".old")
+    if final.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+    os.replace(tmp, final)
+    _fsync(final.parent)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _refuse_non_finite(step: int, weights: dict[str, torch.Tensor],
+                       tensors: dict[str, torch.Tensor]) -> None:
+    bad = non_finite_tensor(weights) or non_finite_tensor(tensors)
+    if bad is not None:
+        raise NonFiniteError(f"step {step}: {bad} holds NaN or inf; the checkpoint is not written "
+                             "(lower training.learning_rate or check the rewards)")
+
+
+def _write_failure(output_dir: Path, name: str, err: BaseException) -> str:
+    code = re.search(r"os error (\d+)", str(err))  # safetensors wraps the OS error in its own
+    why = getattr(err, "strerror", None) or \
+        (os.strerror(int(code.group(1))) if code else str(err).splitlines()[0])
+    previous = list_checkpoints(output_dir)
+    kept = f"{previous[-1].name} is intact" if previous else "no earlier checkpoint"
+    return f"cannot write {name} in {output_dir}: {why} (removed the partial {name}.tmp; {kept})"
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# ---------------------------------------------------------------- finding and pruning
+
+
+def checkpoint_step(path: Path) -> int | None:
+    match = _CKPT.match(path.name)
+    return int(match.group(1)) if match and path.is_dir() else None
+
+
+def candidates(output_dir: Path) -> list[Path]:
+    """Every checkpoint-N folder (complete or damaged), newest first."""
+    if not output_dir.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in output_dir.iterdir()
-             if (m := _CKPT.match(p.name)) and (p / STATE_FILE).exists()]
-    return [p for _, p in sorted(found)]
+    found = [(step, p) for p in output_dir.iterdir() if (step := checkpoint_step(p)) is not None]
+    return [p for _, p in sorted(found, reverse=True)]
+
+
+def list_checkpoints(output_dir: Path) -> list[Path]:
+    """Checkpoints with a manifest (written completely), oldest first."""
+    return [p for p in reversed(candidates(output_dir)) if (p / MANIFEST).is_file()]
 
 
 def prune(output_dir: Path, keep_last: int) -> None:
@@ -83,21 +161,100 @@ def prune(output_dir: Path, keep_last: int) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def resolve_resume(resume: str, output_dir: Path) -> Path | None:
-    """'' -> None; 'latest' -> newest complete checkpoint in output_dir (None if there is none)."""
-    if not resume:
-        return None
-    if resume == "latest":
-        found = list_checkpoints(output_dir)
-        return found[-1] if found else None
-    path = Path(resume)
-    if not (path / STATE_FILE).exists():
-        raise InfsampError(f"checkpointing.resume {resume!r}: not a complete checkpoint (no {STATE_FILE})")
-    return path
+def find_resume_point(output_dir: Path, on_skip: Callable[[Path, str], None]) -> Checkpoint | None:
+    """The newest checkpoint that verifies; `on_skip(path, reason)` for each newer one."""
+    for path in candidates(output_dir):
+        try:
+            return load_checkpoint(path)
+        except CheckpointError as err:
+            on_skip(path, str(err))
+    return None
 
 
-def load_training_state(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(trainer_state json, torch state: optimizer, scheduler, rng, extras)."""
-    state = json.loads((path / STATE_FILE).read_text())
-    blob = torch.load(path / "training_state.pt", weights_only=False)
-    return state, blob
+def set_aside(path: Path) -> Path:
+    """Rename a damaged checkpoint to checkpoint-N.damaged[-k]: kept to inspect, never loaded."""
+    target, k = path.with_name(path.name + ".damaged"), 1
+    while target.exists():
+        target, k = path.with_name(f"{path.name}.damaged-{k}"), k + 1
+    os.replace(path, target)
+    return target
+
+
+# ---------------------------------------------------------------- loading
+
+
+def verify_checkpoint(path: Path) -> None:
+    """Every file the manifest lists is there, whole and unaltered; CheckpointError says why not."""
+    manifest = _read_manifest(path)
+    for name, entry in manifest["files"].items():
+        _verify_file(path, name, entry)
+
+
+def newest_verified(output_dir: Path, on_skip: Callable[[Path, str], None]) -> Path | None:
+    """The newest checkpoint folder that verifies (weights not read); `on_skip` for newer ones."""
+    for path in candidates(output_dir):
+        try:
+            verify_checkpoint(path)
+            return path
+        except CheckpointError as err:
+            on_skip(path, str(err))
+    return None
+
+
+def load_checkpoint(path: Path) -> Checkpoint:
+    """Verify and read a checkpoint; CheckpointError says why it cannot be used."""
+    verify_checkpoint(path)
+    tensors = _read_tensors(path / STATE_TENSORS)
+    try:
+        tree = json.loads((path / STATE_JSON).read_text())
+        state = from_data(tree, tensors)
+    except (ValueError, KeyError, TypeError) as err:
+        raise CheckpointError(f"{path}: {STATE_JSON} cannot be read ({err})") from None
+    model_tensors: dict[str, torch.Tensor] = {}
+    for file in sorted((path / MODEL_DIR).glob("*.safetensors")):
+        model_tensors.update(_read_tensors(file))
+    if not model_tensors:
+        raise CheckpointError(f"{path}: no weights in {MODEL_DIR}/")
+    return Checkpoint(path, int(state["step"]), state, model_tensors)
+
+
+def _read_manifest(path: Path) -> dict[str, Any]:
+    if not (path / MANIFEST).is_file():
+        old = " (written by an older infsamp: its training_state.pt is a pickle and is not " \
+            "loaded)" if (path / "training_state.pt").exists() else ""
+        raise CheckpointError(f"{path}: no {MANIFEST}, the checkpoint is incomplete{old}")
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+        files = manifest["files"]
+        if not isinstance(files, dict) or STATE_JSON not in files or STATE_TENSORS not in files:
+            raise ValueError("files missing")
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        raise CheckpointError(f"{path}: {MANIFEST} is not a valid manifest") from None
+    return manifest
+
+
+def _verify_file(path: Path, name: str, entry: dict[str, Any]) -> None:
+    file = path / name
+    if ".." in Path(name).parts or not file.is_file():
+        raise CheckpointError(f"{path}: {name} is missing")
+    size = file.stat().st_size
+    if size != entry.get("bytes"):
+        raise CheckpointError(f"{path}: {name} has {size} bytes, the manifest says "
+                              f"{entry.get('bytes')} (truncated or replaced)")
+    if _sha256(file) != entry.get("sha256"):
+        raise CheckpointError(f"{path}: {name} differs from its sha256 in the manifest "
+                              "(altered after saving)")
+
+
+def _read_tensors(file: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    try:
+        tensors = load_file(str(file))
+    except Exception as err:  # noqa: BLE001 - safetensors raises its own error type
+        why = str(err).splitlines()[0]
+        raise CheckpointError(f"{file}: not a readable safetensors file ({why})") from None
+    bad = non_finite_tensor(tensors)
+    if bad is not None:
+        raise CheckpointError(f"{file}: tensor {bad!r} holds NaN or inf")
+    return tensors

@@ -1,31 +1,47 @@
 """One GRPO optimisation step over a sampled batch, with memory that does not grow with G.
 
     rollout (N = B*G completions, advantages [N])
-      -> old log-probs (only when num_iterations > 1) and reference log-probs (only when beta > 0),
-         computed without grad in token-budget micro-batches
-      -> for each iteration: for each micro-batch: log-probs -> per-token loss -> aggregate with the
-         WHOLE step's totals -> backward (gradients accumulate; one micro-batch of activations alive)
+      -> step inputs, fixed for all iterations (StepInputs):
+         which sequences carry loss (mask_truncated_completions drops those cut at the length
+         limit); a no-grad pass for old log-probs (num_iterations > 1) and token entropies
+         (top_entropy_quantile < 1: high-entropy token masks, thresholded over the WHOLE step);
+         reference log-probs (beta > 0); all in token-budget micro-batches
+      -> for each iteration: for each micro-batch: log-probs + entropy -> per-token loss of the
+         loss type -> aggregate with the WHOLE step's totals -> backward (gradients accumulate;
+         one micro-batch of activations alive)
       -> clip, optimizer step, scheduler step
 
-Because each micro-batch's loss is normalised by totals of the whole batch, the accumulated gradient
-equals the full-batch gradient (tested). An out-of-memory error in a micro-batch splits that
-micro-batch in two and retries it; gradients of the micro-batches already done are kept.
+Because each micro-batch's loss is normalised by totals of the whole batch and every mask is fixed
+per step, the accumulated gradient equals the full-batch gradient (tested). An out-of-memory error
+in a micro-batch splits that micro-batch in two and retries it; gradients of the micro-batches
+already done are kept.
+A NaN or inf loss or gradient norm is never applied: the gradients are dropped and
+`NonFiniteError` raised (`training.nonfinite: stop`), or the update is skipped and counted
+(`skip`).
 
-Deliberately simple: the LR scheduler advances once per optimizer step; no sequence packing.
+Deliberately simple: the LR scheduler advances once per optimizer step; no sequence packing; with
+num_iterations > 1 the high-entropy masks come from the policy that sampled (TRL recomputes them
+each iteration from the current policy).
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
+import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import torch
 from torch import Tensor
 
 from infsamp.config import TrainingConfig
-from infsamp.rl.logprobs import build_micro_batches, micro_batch_logprobs, sequence_logprobs
-from infsamp.rl.losses import LOSS_TYPES, BatchTotals, LossStats, per_token_loss
+from infsamp.errors import NonFiniteError
+from infsamp.rl.logprobs import (build_micro_batches, micro_batch_logprobs_and_entropy,
+                                 sequence_logprobs, sequence_logprobs_and_entropy)
+from infsamp.rl.losses import (LOSS_TYPES, BatchTotals, LossStats, clip_range, high_entropy_masks,
+                               per_token_loss)
+from infsamp.rl.importance import MismatchStats, engine_importance_weights
 
 DEFAULT_MICRO_BATCH_TOKENS = 8192
 MIN_MICRO_BATCH_TOKENS = 64
@@ -36,6 +52,21 @@ class Rollout:
     prompt_ids: list[list[int]]  # one per completion (the group's prompt repeated)
     completion_ids: list[list[int]]
     advantages: Tensor  # [N]
+    truncated: list[bool] | None = None  # per completion: cut at the length limit; None: none
+    # per completion, one weight per token [L_i] multiplying its policy loss, e.g. the capped
+    # importance-sampling correction exp(old_logp - engine_logp) of a sampling engine; None: all 1
+    importance_weights: list[Tensor] | None = None
+    engine_logprobs: list[Tensor] | None = None  # per completion [T_i]: the sampling engine's
+
+
+class StepInputs(NamedTuple):
+    """What every iteration of one step shares; per-sequence lists are gathered per micro-batch."""
+
+    carries_loss: Tensor  # [N] 1.0 where the sequence contributes loss, 0.0 where masked
+    totals: BatchTotals
+    old: list[Tensor] | None = None  # old log-probs [L_i] (num_iterations > 1)
+    ref: list[Tensor] | None = None  # reference log-probs [L_i] (beta > 0)
+    token_masks: list[Tensor] | None = None  # high-entropy token masks [L_i] (quantile < 1)
 
 
 def is_out_of_memory(err: BaseException) -> bool:
@@ -44,16 +75,26 @@ def is_out_of_memory(err: BaseException) -> bool:
 
 class GRPOStep:
     def __init__(self, model, cfg: TrainingConfig, *, pad_token_id: int, temperature: float,
-                 max_completion_length: int, ref_model=None, micro_batch_tokens: int = 0):
+                 max_completion_length: int, ref_model=None, micro_batch_tokens: int = 0,
+                 importance_sampling: str = "token_truncate",
+                 importance_sampling_cap: float = 3.0):
         self.model = model
         self.cfg = cfg
         self.pad_token_id = pad_token_id
         self.temperature = temperature
         self.max_completion_length = max_completion_length
         self.ref_model = ref_model
-        self.micro_batch_tokens = micro_batch_tokens or cfg.train_micro_batch_tokens or DEFAULT_MICRO_BATCH_TOKENS
+        self.micro_batch_tokens = (micro_batch_tokens or cfg.train_micro_batch_tokens
+                                   or DEFAULT_MICRO_BATCH_TOKENS)
+        self.epsilon_low, self.epsilon_high = clip_range(cfg.loss_type, cfg.epsilon,
+                                                         cfg.epsilon_high)
         self.num_oom_retries = 0
         self.on_micro_batch: Callable[[int], None] | None = None  # told each micro-batch's size
+        self.num_skipped_updates = 0
+        self.importance_sampling = importance_sampling  # rl/importance.py: for vLLM's samples
+        self.importance_sampling_cap = importance_sampling_cap
+        self.mismatch = MismatchStats()
+        self._first_pass = True
 
     # ------------------------------------------------------------------ no-grad passes
 
@@ -70,25 +111,71 @@ class GRPOStep:
         with self.model.disable_adapter():  # LoRA: the base model is the reference
             return self._logprobs(self.model, rollout)
 
+    def carries_loss(self, rollout: Rollout) -> list[bool]:
+        """False where a sequence carries no loss (truncated, with mask_truncated_completions)."""
+        truncated = rollout.truncated or [False] * len(rollout.completion_ids)
+        if len(truncated) != len(rollout.completion_ids):
+            raise ValueError(f"Rollout.truncated: {len(truncated)} flags for "
+                             f"{len(rollout.completion_ids)} completions")
+        return [not (self.cfg.mask_truncated_completions and cut) for cut in truncated]
+
+    def step_inputs(self, rollout: Rollout) -> StepInputs:
+        """Masks, totals and the no-grad passes of one step (each pass only when needed)."""
+        keep = self.carries_loss(rollout)
+        old = token_masks = None
+        if self.cfg.top_entropy_quantile < 1.0:  # one pass gives the entropies and old log-probs
+            logps, entropies = sequence_logprobs_and_entropy(
+                self.model, rollout.prompt_ids, rollout.completion_ids,
+                max_tokens=self.micro_batch_tokens, pad_token_id=self.pad_token_id,
+                temperature=self.temperature)
+            token_masks = high_entropy_masks(entropies, keep, self.cfg.top_entropy_quantile)
+            old = logps if self.cfg.num_iterations > 1 else None
+        elif self.cfg.num_iterations > 1:
+            old = self._logprobs(self.model, rollout)
+        lengths = [len(c) if k else 0 for c, k in zip(rollout.completion_ids, keep)]
+        totals = BatchTotals.from_lengths(lengths, self.max_completion_length)
+        return StepInputs(torch.tensor(keep, dtype=torch.float32), totals, old,
+                          self.reference_logprobs(rollout), token_masks)
+
     # ------------------------------------------------------------------ training
 
     def optimize(self, rollout: Rollout, optimizer, scheduler) -> dict[str, Any]:
         """num_iterations optimizer steps on one rollout; returns TRL-named metrics."""
         self.model.train()
-        old = self._logprobs(self.model, rollout) if self.cfg.num_iterations > 1 else None
-        ref = self.reference_logprobs(rollout)
-        totals = BatchTotals.from_lengths([len(c) for c in rollout.completion_ids], self.max_completion_length)
+        inputs = self.step_inputs(rollout)
         metrics: dict[str, Any] = {}
-        for _ in range(self.cfg.num_iterations):
-            loss, stats = self.accumulate_gradients(rollout, old, ref, totals)
+        self.mismatch = MismatchStats()
+        for iteration in range(self.cfg.num_iterations):
+            self._first_pass = iteration == 0
+            loss, stats = self.accumulate_gradients(rollout, inputs)
             grad_norm = self._clip()
+            metrics = {"loss": loss, "grad_norm": grad_norm, **stats.metrics()}
+            checked = (("loss", loss), ("gradient norm", grad_norm))
+            bad = next((f"{name} is {value}" for name, value in checked
+                        if not math.isfinite(value)), None)
+            if bad is not None:
+                optimizer.zero_grad(set_to_none=True)
+                if self.cfg.nonfinite == "stop":
+                    raise NonFiniteError(bad)
+                self.skip_update(optimizer, scheduler, num_updates=1)
+                continue
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
-            metrics = {"loss": loss, "grad_norm": grad_norm, **stats.metrics()}
+        metrics.update(self.mismatch.metrics())
         metrics["train/micro_batch_tokens"] = self.micro_batch_tokens
         metrics["train/oom_retries"] = self.num_oom_retries
+        metrics["train/skipped_updates"] = self.num_skipped_updates
         return metrics
+
+    def skip_update(self, optimizer, scheduler, num_updates: int | None = None) -> None:
+        """Count `num_updates` (default: a step's) as skipped; the schedule still advances."""
+        optimizer.zero_grad(set_to_none=True)
+        for _ in range(self.cfg.num_iterations if num_updates is None else num_updates):
+            with warnings.catch_warnings():  # torch warns of a schedule step without an update
+                warnings.simplefilter("ignore", UserWarning)
+                scheduler.step()
+            self.num_skipped_updates += 1
 
     def _clip(self) -> float:
         params = [p for p in self.model.parameters() if p.grad is not None]
@@ -97,43 +184,74 @@ class GRPOStep:
         max_norm = self.cfg.max_grad_norm or float("inf")
         return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
 
-    def accumulate_gradients(self, rollout: Rollout, old: list[Tensor] | None, ref: list[Tensor] | None,
-                             totals: BatchTotals, indices: Sequence[int] | None = None,
+    def accumulate_gradients(self, rollout: Rollout, inputs: StepInputs,
+                             indices: Sequence[int] | None = None,
                              max_tokens: int | None = None) -> tuple[float, LossStats]:
         """Backward over micro-batches of `indices`; returns (summed loss value, summed stats)."""
         total_loss, total_stats = 0.0, LossStats()
         device = next(self.model.parameters()).device
         batches = build_micro_batches(rollout.prompt_ids, rollout.completion_ids,
                                       max_tokens=max_tokens or self.micro_batch_tokens,
-                                      pad_token_id=self.pad_token_id, device=device, indices=indices)
+                                      pad_token_id=self.pad_token_id, device=device,
+                                      indices=indices)
         for mb in batches:
             try:
-                loss, stats = self._micro_batch_backward(mb, rollout, old, ref, totals)
+                loss, stats = self._micro_batch_backward(mb, rollout, inputs)
             except (torch.OutOfMemoryError, RuntimeError) as err:
                 if not is_out_of_memory(err) or len(mb.indices) == 1:
                     raise
-                loss, stats = self._retry_smaller(mb, rollout, old, ref, totals)
+                loss, stats = self._retry_smaller(mb, rollout, inputs)
             total_loss, total_stats = total_loss + loss, total_stats + stats
             if self.on_micro_batch is not None:
                 self.on_micro_batch(len(mb.indices))
         return total_loss, total_stats
 
-    def _retry_smaller(self, mb, rollout, old, ref, totals) -> tuple[float, LossStats]:
+    def _retry_smaller(self, mb, rollout: Rollout, inputs: StepInputs) -> tuple[float, LossStats]:
         """Split the failed micro-batch in two (halving the token budget for the rest of the run)."""
         self.num_oom_retries += 1
         with contextlib.suppress(Exception):
             torch.cuda.empty_cache()
         padded = mb.input_ids.numel()
         self.micro_batch_tokens = max(MIN_MICRO_BATCH_TOKENS, self.micro_batch_tokens // 2)
-        return self.accumulate_gradients(rollout, old, ref, totals, indices=mb.indices,
+        return self.accumulate_gradients(rollout, inputs, indices=mb.indices,
                                          max_tokens=max(MIN_MICRO_BATCH_TOKENS, padded // 2))
 
-    def _micro_batch_backward(self, mb, rollout, old, ref, totals) -> tuple[float, LossStats]:
-        logps = micro_batch_logprobs(self.model, mb, self.temperature)  # [b, T_c]
+    def _micro_batch_backward(self, mb, rollout: Rollout,
+                              inputs: StepInputs) -> tuple[float, LossStats]:
+        logps, entropy = micro_batch_logprobs_and_entropy(self.model, mb,
+                                                          self.temperature)  # [b, T_c] each
+        rows = mb.rows(inputs.carries_loss).to(logps.device)  # [b]
+        loss_mask = mb.completion_mask * rows.unsqueeze(1)  # [b, T_c]
         per_token, stats = per_token_loss(
-            logps, mb.gather(old), mb.gather(ref), mb.rows(rollout.advantages).to(logps.device),
-            epsilon_low=self.cfg.epsilon, epsilon_high=self.cfg.epsilon_high or self.cfg.epsilon,
-            beta=self.cfg.beta, mask=mb.completion_mask)
-        loss = LOSS_TYPES[self.cfg.loss_type](per_token, mb.completion_mask, totals)  # []
+            logps, mb.gather(inputs.old), mb.gather(inputs.ref),
+            mb.rows(rollout.advantages).to(logps.device), epsilon_low=self.epsilon_low,
+            epsilon_high=self.epsilon_high, beta=self.cfg.beta, mask=loss_mask,
+            loss_type=self.cfg.loss_type, token_mask=mb.gather(inputs.token_masks),
+            importance_weights=self._importance_weights(mb, rollout, logps, inputs.old),
+            entropy=entropy)
+        loss = LOSS_TYPES[self.cfg.loss_type].aggregate(per_token, loss_mask, inputs.totals)  # []
         loss.backward()
         return loss.item(), stats
+
+    def _importance_weights(self, mb, rollout: Rollout, logps: Tensor,
+                            old: list[Tensor] | None) -> Tensor | None:
+        """Per-token weights [b, T_c] on the policy loss: the rollout's own, times the truncated
+        importance weights exp(old - engine) when another engine (vLLM) sampled the completions
+        (`rl/importance.py`); None when there are neither."""
+        given = mb.gather(rollout.importance_weights)  # [b, T_c] or None
+        if rollout.engine_logprobs is None:
+            return given
+        weights = self._engine_weights(mb, rollout, logps, old)  # [b, T_c]
+        return weights if given is None else weights * given
+
+    def _engine_weights(self, mb, rollout: Rollout, logps: Tensor,
+                        old: list[Tensor] | None) -> Tensor:
+        """Truncated importance weights exp(old - engine); the mismatch is measured on the first
+        pass."""
+        old_logps = logps.detach() if old is None else mb.gather(old)  # [b, T_c]
+        engine_logps = mb.gather(rollout.engine_logprobs)  # [b, T_c]
+        weights = engine_importance_weights(old_logps, engine_logps, mb.completion_mask,
+                                            self.importance_sampling, self.importance_sampling_cap)
+        if self._first_pass:
+            self.mismatch.add(old_logps, engine_logps, mb.completion_mask, weights)
+        return weights

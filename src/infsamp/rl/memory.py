@@ -1,8 +1,11 @@
 """Size the run from the memory planner: the sampler's KV budget and the training micro-batch.
 
 `sampling.kv_budget: auto` and `training.train_micro_batch_tokens: 0` are resolved here, once, from
-`infsamp.planner.plan_memory` for the loaded model on the run's device (total GPU memory, or on a
-CPU the memory available plus what the model already holds). A plan that does not fit is reported
+`infsamp.planner.plan_memory` for the loaded model on the run's device. The micro-batch changes
+how gradients are summed (so the weights' last bits), so by default
+(`training.micro_batch_memory: total`) the plan is made for the device's total memory, a constant
+of the machine: the same command gives the same weights whatever else runs. `auto` plans for the
+memory free at start (plus what the model holds) instead. A plan that does not fit is reported
 with the planner's advice and the run continues with the smallest sizes.
 
 Deliberately simple: planned once at start-up; the out-of-memory retries shrink the sizes later if
@@ -18,8 +21,8 @@ import torch
 
 from infsamp.config import Config
 from infsamp.planner import plan_memory, shape_from_config
-
-DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "bf16"}
+from infsamp.planner.precisions import resolve_precision_name
+from infsamp.sampling.engines.base import resolve_engine_name
 
 
 @dataclass
@@ -29,24 +32,33 @@ class RunSizes:
     note: str
 
 
-def device_memory_bytes(device: torch.device, model: torch.nn.Module) -> int:
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[1]
+def device_memory_bytes(device: torch.device, model: torch.nn.Module, basis: str = "total") -> int:
+    """`total`: the device's memory; `auto`: what is free now plus what the model already holds."""
+    if basis == "total":
+        if device.type == "cuda":
+            return torch.cuda.mem_get_info(device)[1]
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     held = sum(p.numel() * p.element_size() for p in model.parameters())
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0] + held
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") + held
 
 
 def plan_run(cfg: Config, model: torch.nn.Module, device: torch.device) -> RunSizes:
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    dtype = DTYPE_NAMES.get(next(model.parameters()).dtype, "fp32")
+    memory = device_memory_bytes(device, model, cfg.training.micro_batch_memory)
     plan = plan_memory(
-        shape_from_config(base.config), gpu_memory_bytes=device_memory_bytes(device, model),
+        shape_from_config(base.config), gpu_memory_bytes=memory,
         group_size=cfg.sampling.num_generations * cfg.training.prompts_per_step,  # samples decoded per step
         max_prompt=cfg.data.max_prompt_length,
         max_completion=cfg.sampling.max_new_tokens, lora_rank=cfg.model.lora_rank,
         optimizer=cfg.training.optimizer, gradient_checkpointing=cfg.model.gradient_checkpointing,
-        beta=cfg.training.beta, dtype=dtype, device="cuda" if device.type == "cuda" else "cpu",
-        micro_group=cfg.sampling.micro_group)
+        beta=cfg.training.beta,
+        precision=resolve_precision_name(cfg.training.precision, device.type),
+        load_in_4bit=cfg.model.load_in_4bit, device="cuda" if device.type == "cuda" else "cpu",
+        micro_group=cfg.sampling.micro_group,
+        engine=resolve_engine_name(cfg.sampling.engine, device, cfg.model.load_in_4bit),
+        engine_sleep=cfg.sampling.vllm_sleep != "off" and device.type == "cuda")
     kv = plan.kv_budget_tokens if cfg.sampling.kv_budget == "auto" and plan.micro_group > 0 else None
     tokens = cfg.training.train_micro_batch_tokens or max(plan.train_micro_batch_tokens,
                                                           cfg.data.max_prompt_length + cfg.sampling.max_new_tokens)

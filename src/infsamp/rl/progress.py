@@ -18,7 +18,7 @@ from typing import Any, TextIO
 
 from tqdm.auto import tqdm
 
-from infsamp.sampling.sampler import SamplingProgress
+from infsamp.sampling.types import SamplerStats
 
 SUMMARY_KEYS = ("reward", "accuracy", "reward_std", "frac_reward_zero_std",
                 "completions/mean_length", "loss", "kl", "clip_ratio/region_mean",
@@ -67,17 +67,16 @@ class RunProgress:
         if self.bars_shown and self.phase_bar.n >= self.phase_bar.total:
             self.phase_bar.refresh()  # a phase's end is always drawn (update() waits 0.1 s)
 
-    def sampling(self, progress: SamplingProgress) -> None:
+    def sampling(self, stats: SamplerStats, finished: int, running: int) -> None:
         """The sampler's per-decode-step callback: samples done, tokens/s, slots in use."""
         now = time.perf_counter()
         if not self.bars_shown or (now - self._last_refresh < REFRESH_S
-                                   and progress.finished_samples < progress.total_samples):
+                                   and finished < stats.num_samples):
             return
         self._last_refresh = now
-        rate = progress.generated_tokens / max(progress.elapsed_s, 1e-9)
-        self.phase_bar.n = progress.finished_samples
-        slots = f"slots {progress.active_slots}/{progress.num_slots}"
-        self.phase_bar.set_postfix_str(f"{rate:,.0f} tok/s, {slots}", refresh=True)
+        self.phase_bar.n = finished
+        slots = f"slots {running}/{stats.num_slots}"
+        self.phase_bar.set_postfix_str(f"{stats.tokens_per_second:,.0f} tok/s, {slots}", refresh=True)
 
     def eta_seconds(self, step: int) -> float | None:
         done = step - self.start_step

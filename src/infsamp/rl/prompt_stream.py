@@ -10,7 +10,7 @@ from typing import Any
 
 
 class PromptStream:
-    def __init__(self, examples: list[dict[str, Any]], prompts_per_step: int, seed: int):
+    def __init__(self, examples: list[Any], prompts_per_step: int, seed: int):
         if not examples:
             raise ValueError("the training split has no examples")
         self.examples = examples
@@ -25,7 +25,7 @@ class PromptStream:
         random.Random(self.seed * 100_003 + epoch).shuffle(order)
         return order
 
-    def next_batch(self) -> list[tuple[int, dict[str, Any]]]:
+    def next_batch(self) -> list[tuple[int, Any]]:
         """(example index, example) for the next step; wraps into a new epoch when needed."""
         batch = []
         while len(batch) < self.prompts_per_step:

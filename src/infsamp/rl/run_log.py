@@ -2,8 +2,13 @@
 
 Files in the run folder: `metrics.jsonl` (one object per step, TRL metric names where they exist),
 `eval.jsonl` (held-out accuracy by step), `lengths.jsonl` (one line per sampled group, the trace that
-`infsamp simulate` replays), `plots/training.png`. Lines are appended and flushed, so a crash loses at
-most the step in flight; a resumed run truncates them back to the checkpoint's step.
+`infsamp simulate` replays), `completions.jsonl` (with `logging.completions_every`: one line per
+completion of the logged steps: prompt, completion, per-function rewards, advantage; TRL's
+`log_completions`), `plots/training.png`. Every JSONL file is written by
+`append_jsonl`: whole lines in one `write` on an append-only descriptor, so a killed process leaves
+at most a torn last line. Readers skip a torn last line; a resumed run `rewind`s each file to its
+checkpoint's step (the torn line and the rows after the checkpoint go; the run writes them again),
+atomically. (A killed process loses nothing written; a power cut can lose the last lines.)
 Progress bars and summary lines come from `progress.py`; the experiment trackers chosen in
 `logging.report_to` (`trackers.py`) get every metrics and eval record after it is on disk, the
 config and the plot.
@@ -15,9 +20,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
+from infsamp.errors import DataError, RunFolderError
 from infsamp.rl.progress import RunProgress, format_value
 from infsamp.rl.trackers import Trackers, open_trackers
 
@@ -28,30 +35,72 @@ def _clean(value: Any) -> Any:
     return value
 
 
-def append_jsonl(path: Path, record: dict[str, Any]) -> None:
-    with path.open("a") as fh:
-        fh.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
+# the run's JSONL files: a resume rewinds each of them to the checkpoint's step
+RUN_LOGS = ("metrics.jsonl", "eval.jsonl", "lengths.jsonl", "completions.jsonl")
+
+
+def append_jsonl(path: Path, records: dict[str, Any] | list[dict[str, Any]]) -> None:
+    """Append one or more records as whole lines with a single write (see module docstring)."""
+    records = [records] if isinstance(records, dict) else records
+    text = "".join(json.dumps({k: _clean(v) for k, v in r.items()}) + "\n" for r in records)
+    data = memoryview(text.encode())
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            while data:
+                data = data[os.write(fd, data):]
+        finally:
+            os.close(fd)
+    except OSError as err:
+        raise RunFolderError(f"cannot append to {path}: {err.strerror or err}") from None
+
+
+def _complete_lines(path: Path) -> list[str]:
+    """The file's lines without a torn last one (no newline: a write cut short by a kill)."""
+    text = path.read_text(errors="replace")
+    lines = text.split("\n")
+    return lines[:-1]  # the part after the last newline is '' or a torn line
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    records = []
+    for number, line in enumerate(_complete_lines(path), 1):
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                raise DataError(f"{path}:{number}: not valid JSON") from None
+    return records
 
 
-def truncate_after_step(path: Path, step: int) -> None:
-    """Drop records past `step` (a resumed run rewrites them)."""
-    if path.exists():
-        kept = [r for r in read_jsonl(path) if r.get("step", 0) <= step]
-        path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+def rewind(path: Path, step: int) -> int:
+    """Keep the complete records with step <= `step` (atomic rewrite); returns how many went."""
+    if not path.exists():
+        return 0
+    lines = path.read_text(errors="replace").split("\n")
+    kept = [line for line in lines[:-1] if line.strip() and _step_of(line) <= step]
+    dropped = len([line for line in lines if line.strip()]) - len(kept)
+    if dropped:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(line + "\n" for line in kept))
+        os.replace(tmp, path)
+    return dropped
+
+
+def _step_of(line: str) -> float:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return math.inf  # a damaged line is dropped
+    return record.get("step", 0) if isinstance(record, dict) else math.inf
 
 
 class RunLogger:
     def __init__(self, output_dir: Path, max_steps: int, start_step: int, log_every: int, progress_bar: bool):
         self.dir = output_dir
         self.log_every = log_every
-        for name in ("metrics.jsonl", "eval.jsonl", "lengths.jsonl"):
-            truncate_after_step(self.dir / name, start_step)
         self.progress = RunProgress(max_steps, start_step, enabled=progress_bar)
         self.start_step = start_step
         self.trackers: Trackers | None = None
@@ -85,15 +134,31 @@ class RunLogger:
         return path
 
     def log_lengths(self, step: int, groups: list[dict[str, Any]]) -> None:
-        with (self.dir / "lengths.jsonl").open("a") as fh:
-            for group in groups:
-                fh.write(json.dumps({"step": step, **group}) + "\n")
+        append_jsonl(self.dir / "lengths.jsonl", [{"step": step, **group} for group in groups])
+
+    def log_completions(self, step: int, records: list[dict[str, Any]]) -> None:
+        append_jsonl(self.dir / "completions.jsonl", [{"step": step, **record} for record in records])
 
     def close(self, ok: bool = True) -> None:
         """Close the bars and finish the trackers' runs (marked failed when `ok` is False)."""
         self.progress.close()
         if self.trackers:
             self.trackers.finish(ok)
+
+
+def completion_records(prompt_ids: list[str], prompts: list[str], completions: list[Any],
+                       rewards: dict[str, list[float]], totals: list[float],
+                       advantages: Any) -> list[dict[str, Any]]:
+    """One record per completion (group-major, G per prompt): what the policy wrote and its score.
+
+    `completions` carry `.text`, `.length`, `.finish_reason`; NaN rewards (None) become null.
+    """
+    group_size = len(completions) // max(len(prompts), 1)
+    return [{"prompt_id": prompt_ids[row // group_size], "prompt": prompts[row // group_size],
+             "completion": c.text, "length": c.length, "finish_reason": c.finish_reason,
+             "rewards": {name: _clean(values[row]) for name, values in rewards.items()},
+             "reward": totals[row], "advantage": float(advantages[row])}
+            for row, c in enumerate(completions)]
 
 
 SMOOTHING_STEPS = 10  # few prompts per step make per-step rewards noisy

@@ -307,11 +307,15 @@ def open_trackers(names: list[str], output_dir: Path, project: str, run_name: st
     if not chosen(names):
         return None
     path = output_dir / STATE_FILE
-    state = json.loads(path.read_text()) if start_step > 0 and path.exists() else {}
+    # a new run starts in an empty folder (rl/run_folder.py): trackers.json there is this run's,
+    # resumed from `start_step` or, without a checkpoint, started again from step 0
+    resumed = path.exists()
+    state = json.loads(path.read_text()) if resumed else {}
     state.setdefault("run_id", uuid.uuid4().hex[:12])
-    state["purge_step"] = start_step + 1 if start_step > 0 else None  # first step to log again
+    # the first step to log again: the run logs were rewound to start_step (to nothing at 0)
+    state["purge_step"] = (start_step + 1 if start_step > 0 else 0) if resumed else None
     name = run_name or output_dir.resolve().name
-    run = RunInfo(output_dir, project, name, state["run_id"], config, resumed=start_step > 0,
+    run = RunInfo(output_dir, project, name, state["run_id"], config, resumed=resumed,
                   state=state)
     trackers = Trackers(names, run, report)
     tmp = path.with_name(STATE_FILE + ".tmp")

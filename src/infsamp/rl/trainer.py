@@ -9,7 +9,12 @@ One step, laid out in time:
 
 Everything configurable comes from `infsamp.config.Config`; loss types, advantage scaling and
 sampling policies are registries in their own modules. The trainer only wires them together, logs,
-evaluates and checkpoints.
+evaluates and checkpoints. Start-up order: validate the config, load the reward functions and
+prepare the run folder (`run_folder.py`: a new run, or the verified checkpoint to resume) before
+anything loads; then the tokenizer, the data (encoded once by `tasks.prompts`, the same ids for
+sampling and evaluation, and checked against the settings), then the weights. While it runs,
+SIGTERM/SIGINT end the step and save (`signals.py`), and a non-finite loss, gradient norm or
+reward stops the run before it is applied (or skips it: `training.nonfinite`).
 
 Deliberately simple: one process, one device; the reward functions run in the trainer's process.
 """
@@ -17,6 +22,7 @@ Deliberately simple: one process, one device; the reward functions run in the tr
 from __future__ import annotations
 
 import random
+import sys
 import time
 from copy import deepcopy
 from dataclasses import dataclass, replace
@@ -26,23 +32,61 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from infsamp.config import Config, save_config
-from infsamp.errors import InfsampError
-from infsamp.models.loading import load_model_and_tokenizer, resolve_device
-from infsamp.rewards import compute_rewards, load_reward_functions
+from infsamp.config import Config, ConfigError, save_config
+from infsamp.errors import NonFiniteError, RewardError, RunFolderError, RunStopped
+from infsamp.models.loading import (load_model_and_tokenizer, load_tokenizer, quiet_transformers,
+                                    resolve_device, resolve_dtype, stop_token_ids)
+from infsamp.rewards import check_async_allowed, compute_rewards, load_reward_functions
 from infsamp.rl import checkpoint as ckpt
 from infsamp.rl.advantages import compute_advantages
 from infsamp.rl.evaluation import evaluate_accuracy
 from infsamp.rl.memory import plan_run
-from infsamp.rl.grpo_step import GRPOStep, Rollout, is_out_of_memory
-from infsamp.rl.optim import build_optimizer, build_scheduler
+from infsamp.rl.grpo_step import DEFAULT_MICRO_BATCH_TOKENS, GRPOStep, Rollout, is_out_of_memory
+from infsamp.rl.optim import build_optimizer, build_scheduler, schedule_horizon
+from infsamp.rl.precision import resolve_precision
 from infsamp.rl.prompt_stream import PromptStream
 from infsamp.rl.progress import RunProgress
-from infsamp.rl.run_log import RunLogger
+from infsamp.rl.run_folder import prepare_run_folder
+from infsamp.rl.run_log import RunLogger, completion_records
+from infsamp.rl.signals import StopSignals
+from infsamp.rl.train_state import restore_training_state, training_state
+from infsamp.sampling.engines.base import make_engine
 from infsamp.sampling.length_predictor import make_predictor
-from infsamp.sampling.sampler import GroupSampler
-from infsamp.tasks.loading import (completion_for_rewards, load_examples, prompt_for_rewards, render_prompt,
-                                    uses_chat_template)
+from infsamp.sampling.sampler import GroupSampler, engine_limits
+from infsamp.tasks.loading import load_splits
+from infsamp.tasks.prompts import (EncodedPrompt, EncodedSplit, completion_for_rewards,
+                                   encode_examples, prompt_for_rewards, uses_chat_template)
+
+
+def _load_rewards(cfg: Config):
+    """The reward functions (and reward models, on the run's device), before anything else loads."""
+    device = resolve_device(cfg.model.device)
+    try:
+        funcs = load_reward_functions(
+            cfg.rewards.functions, cfg.rewards.format_think_block, device=device,
+            dtype=resolve_dtype(cfg.model.dtype, device),
+            max_tokens=cfg.training.train_micro_batch_tokens or DEFAULT_MICRO_BATCH_TOKENS)
+    except RewardError as err:
+        named = str(err).startswith("rewards.functions")
+        raise (err if named else RewardError(f"rewards.functions: {err}")) from None
+    return funcs
+
+
+def warn_about_settings(cfg: Config) -> None:
+    """Settings that are valid but almost certainly not meant."""
+    if cfg.sampling.temperature == 0:
+        print("warning: sampling.temperature 0 decodes greedily: every completion of a group is "
+              "the same, rewards have no spread and GRPO learns nothing", file=sys.stderr)
+
+
+def check_finite(sample_metrics: dict[str, Any], advantages: torch.Tensor) -> None:
+    """The step's reward aggregates and advantages are finite, or NonFiniteError names one."""
+    for key in ("reward", "reward_std"):
+        value = sample_metrics.get(key)
+        if isinstance(value, float) and not np.isfinite(value):
+            raise NonFiniteError(f"{key} is {value}")
+    if not bool(torch.isfinite(advantages).all()):
+        raise NonFiniteError("an advantage is not finite")
 
 
 @dataclass
@@ -51,14 +95,6 @@ class TrainResult:
     final_step: int
     eval_before: float | None
     eval_after: float | None
-
-
-def quiet_transformers() -> None:
-    """No per-save progress bars or advisory warnings between our own log lines."""
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
 
 
 SMALL_MODEL_PARAMETERS = 50_000_000
@@ -84,50 +120,82 @@ class GRPOTrainer:
 
     def __init__(self, cfg: Config, reward_funcs: list[tuple[str, Callable]] | None = None,
                  step_callback: Callable[[int, dict[str, Any]], None] | None = None):
-        self.cfg = cfg
+        self.cfg = cfg.validate()
         self.output_dir = Path(cfg.logging.output_dir)
-        self.output_dir.mkdir(parents=True, exist_ok=True)
+        self.reward_funcs = reward_funcs or _load_rewards(cfg)
+        check_async_allowed(self.reward_funcs, cfg.rewards.allow_async)
+        self.resume_from = prepare_run_folder(cfg)  # before anything loads
+        warn_about_settings(cfg)
         seed_everything(cfg.training.seed)
         quiet_transformers()
         self.device = resolve_device(cfg.model.device)
-        self.model, self.tokenizer = load_model_and_tokenizer(cfg.model, self.device)
+        self.precision = resolve_precision(cfg, self.device)  # its checks run before loading
+        self.tokenizer = load_tokenizer(cfg.model.name_or_path)
+        self.train_prompts, self.eval_prompts = self._load_prompts()
+        self.model, _ = load_model_and_tokenizer(cfg.model, self.device, tokenizer=self.tokenizer,
+                                                 precision=self.precision)
+        self.stop_token_ids = stop_token_ids(self.model, self.tokenizer)
         set_num_threads(cfg.training.num_threads, self.model, self.device)
-        self.reward_funcs = reward_funcs or load_reward_functions(cfg.rewards.functions)
         self.reward_weights = cfg.rewards.weights or [1.0] * len(self.reward_funcs)
-        self.train_examples = load_examples(cfg.data, cfg.data.train_split)
-        self.eval_examples = load_examples(cfg.data, cfg.data.eval_split)[: cfg.eval.num_problems] \
-            if cfg.eval.num_problems else []
-        self.stream = PromptStream(self.train_examples, cfg.training.prompts_per_step, cfg.training.seed)
+        self.stream = PromptStream(self.train_prompts.prompts, cfg.training.prompts_per_step,
+                                   cfg.training.seed)
         self.sizes = plan_run(cfg, self.model, self.device)
         sampling_cfg = replace(cfg.sampling, kv_budget=str(self.sizes.kv_budget_tokens)) \
             if self.sizes.kv_budget_tokens else replace(cfg.sampling)
-        self.sampler = GroupSampler(self.model, self.tokenizer, sampling_cfg, predictor=self._length_predictor())
+        limits = engine_limits(sampling_cfg, self.model, cfg.data.max_prompt_length,
+                               cfg.training.prompts_per_step)
+        self.engine = make_engine(cfg.sampling.engine, self.model, sampling_cfg, limits)  # kept
+        self.sampler = GroupSampler(self.model, self.tokenizer, sampling_cfg,
+                                    predictor=self._length_predictor(), engine=self.engine)
         self.generator = torch.Generator(device="cpu").manual_seed(cfg.training.seed)
         self.ref_model = self._reference_model()
         self.grpo = GRPOStep(self.model, cfg.training, pad_token_id=self.tokenizer.pad_token_id,
                              temperature=cfg.sampling.temperature or 1.0, ref_model=self.ref_model,
                              max_completion_length=cfg.sampling.max_new_tokens,
-                             micro_batch_tokens=self.sizes.train_micro_batch_tokens)
-        self.optimizer = build_optimizer(self.model, cfg.training)
-        self.scheduler = build_scheduler(self.optimizer, cfg.training)
+                             micro_batch_tokens=self.sizes.train_micro_batch_tokens,
+                             importance_sampling=cfg.sampling.vllm_importance_sampling,
+                             importance_sampling_cap=cfg.sampling.vllm_importance_sampling_cap)
+        self.optimizer = build_optimizer(self.model, cfg.training, self.precision)
+        self.horizon = self.resume_from.state["schedule"] if self.resume_from else \
+            schedule_horizon(cfg.training)  # a resumed run keeps the schedule it started with
+        self.scheduler = build_scheduler(self.optimizer, cfg.training, self.horizon)
         self.step_callback = step_callback
         self.num_sampling_oom_retries = 0
         self.step = 0
         self.eval_before: float | None = None
+        self._saved_step = -1
         self._resume()
-        save_config(cfg, self.output_dir / "config.yaml")
+        try:
+            save_config(cfg, self.output_dir / "config.yaml")
+        except OSError as err:
+            raise RunFolderError(f"cannot write {self.output_dir / 'config.yaml'}: "
+                                 f"{err.strerror or err}") from None
         print(self.sizes.note)
 
     # ------------------------------------------------------------------ setup
+
+    def _load_prompts(self) -> tuple[EncodedSplit, EncodedSplit]:
+        """Training and held-out prompts as token ids, checked against the settings before the
+        weights load; says in the run log which rows evaluate and how many prompts were skipped."""
+        cfg = self.cfg
+        splits = load_splits(cfg.data, cfg.eval.num_problems)
+        train = encode_examples(splits.train, self.tokenizer, cfg.data, "training prompts")
+        held_out = encode_examples(splits.eval, self.tokenizer, cfg.data, "evaluation prompts") \
+            if splits.eval else EncodedSplit([], 0)
+        if cfg.training.prompts_per_step > len(train.prompts):
+            raise ConfigError(f"training.prompts_per_step: {cfg.training.prompts_per_step} is more "
+                              f"than the {len(train.prompts)} training prompts; one step would "
+                              "repeat a prompt")
+        notes = [splits.eval_note, train.note("training", cfg.data.max_prompt_length),
+                 held_out.note("evaluation", cfg.data.max_prompt_length)]
+        print("\n".join(note for note in notes if note))
+        return train, held_out
 
     def _length_predictor(self):
         """The length_aware policy's predictor, kept for the whole run so it learns across epochs."""
         if self.cfg.sampling.policy != "length_aware":
             return None
-        if self.cfg.sampling.predictor not in ("online", "none"):
-            raise InfsampError(f"sampling.predictor {self.cfg.sampling.predictor!r}: training needs online or "
-                               "none (oracle and noisy know the true lengths: bench and simulate only)")
-        return make_predictor(self.cfg.sampling.predictor)
+        return make_predictor(self.cfg.sampling.predictor)  # online or none (Config.validate)
 
     def _reference_model(self):
         """None with beta 0; with LoRA the base with adapters disabled; else a frozen copy."""
@@ -138,59 +206,68 @@ class GRPOTrainer:
         return ref
 
     def _resume(self) -> None:
-        path = ckpt.resolve_resume(self.cfg.checkpointing.resume, self.output_dir)
-        if path is None:
-            return
-        state, blob = ckpt.load_training_state(path)
-        self._load_weights(path / "model")
-        self.optimizer.load_state_dict(blob["optimizer"])
-        self.scheduler.load_state_dict(blob["scheduler"])
-        ckpt.set_rng_state(blob["rng"])
-        self.generator.set_state(blob["generator"])
-        self.stream.load_state_dict(state["data"])
-        self.step, self.eval_before = state["step"], state.get("eval_before")
-        if blob.get("predictor") is not None:
-            self.sampler.predictor = blob["predictor"]
-        print(f"resumed from {path} at step {self.step}")
-
-    def _load_weights(self, model_dir: Path) -> None:
-        from safetensors.torch import load_file
-
-        if self.cfg.model.lora_rank > 0:
-            from peft import set_peft_model_state_dict
-
-            set_peft_model_state_dict(self.model, load_file(str(model_dir / "adapter_model.safetensors")))
-        else:
-            state = load_file(str(model_dir / "model.safetensors"))
-            missing, unexpected = self.model.load_state_dict(state, strict=False)
-            if unexpected or any("lm_head" not in m for m in missing):
-                raise InfsampError(f"checkpoint {model_dir}: weights do not match the model")
-            self.model.tie_weights()
+        if self.resume_from is not None:
+            restore_training_state(self, self.resume_from)
+            self._saved_step = self.step
+            self.engine.load_weights(self.model)  # the engine samples from the restored policy
 
     # ------------------------------------------------------------------ loop
 
     def train(self) -> TrainResult:
         cfg = self.cfg
+        if self.resume_from is not None and self.step >= cfg.training.max_steps:
+            print(f"the run finished at step {self.step} (training.max_steps "
+                  f"{cfg.training.max_steps}): nothing to do")
+            self.close()
+            return TrainResult(self.output_dir, self.step, self.eval_before,
+                               self._eval_at(self.step))
         logger = RunLogger(self.output_dir, cfg.training.max_steps, self.step, cfg.logging.log_every,
                            cfg.logging.progress_bar)
         ok = False
         try:
             log = cfg.logging
             logger.open_trackers(log.report_to, log.project, log.run_name, cfg.to_dict())
-            if self.step == 0:
-                self.eval_before = self._evaluate(logger)
-            while self.step < cfg.training.max_steps:
-                metrics = self.train_step(logger)
-                logger.log_step(self.step, metrics)
-                self._after_step(logger, metrics)
-            eval_after = self._evaluate(logger) if not self._evaluated_at(self.step) else self._last_eval
-            self._save()
+            with StopSignals() as stop:
+                if self.step == 0 and not self._evaluated_at(0):
+                    self.eval_before = self._evaluate(logger)
+                while self.step < cfg.training.max_steps:
+                    self._stop_if_asked(stop)
+                    metrics = self.train_step(logger)
+                    logger.log_step(self.step, metrics)
+                    self._after_step(logger, metrics)
+                done = self._evaluated_at(self.step)
+                eval_after = self._last_eval if done else self._evaluate(logger)
+                self._save()
+                self._stop_if_asked(stop)
             if cfg.logging.plot:
-                logger.log_plot(self.step)
+                self._plot(logger)
             ok = True
         finally:
             logger.close(ok)
+            self.close()
         return TrainResult(self.output_dir, self.step, self.eval_before, eval_after)
+
+    def _plot(self, logger: RunLogger) -> None:
+        """plots/training.png, sent to the trackers; a failed write is a warning (the run is done)."""
+        try:
+            logger.log_plot(self.step)
+        except OSError as err:
+            print(f"warning: plots/training.png not written ({err.strerror or err})",
+                  file=sys.stderr)
+
+    def _stop_if_asked(self, stop: StopSignals) -> None:
+        """After a signal: save (checkpointing.save_on_signal) and stop, exit code 128 + signal."""
+        if not stop.requested:
+            return
+        if self.cfg.checkpointing.save_on_signal:
+            what = f"saved {self._save().name} in {self.output_dir} (continue with --resume)"
+        else:
+            newest = ckpt.list_checkpoints(self.output_dir)
+            what = "nothing saved (checkpointing.save_on_signal false; newest checkpoint: " \
+                   f"{newest[-1].name if newest else 'none'})"
+        done = "the run is complete" if self.step >= self.cfg.training.max_steps else \
+            f"after step {self.step}"
+        raise RunStopped(f"stopped by {stop.name} {done}: {what}", 128 + stop.received)
 
     def _after_step(self, logger: RunLogger, metrics: dict[str, Any]) -> None:
         every = self.cfg.eval.every_steps
@@ -208,30 +285,41 @@ class GRPOTrainer:
     def _evaluated_at(self, step: int) -> bool:
         return self._last_eval_step == step
 
+    def _eval_at(self, step: int) -> float | None:
+        return self._last_eval if self._evaluated_at(step) else None
+
     def _evaluate(self, logger: RunLogger) -> float | None:
-        if not self.eval_examples:
+        prompts = self.eval_prompts.prompts
+        if not prompts:
             return None
         start = time.perf_counter()
-        logger.progress.phase("evaluating", len(self.eval_examples), "problems")
+        logger.progress.phase("evaluating", len(prompts), "problems")
         max_new = self.cfg.eval.max_new_tokens or self.cfg.sampling.max_new_tokens
-        accuracy = evaluate_accuracy(self.model, self.tokenizer, self._eval_problems(), max_new_tokens=max_new,
+        accuracy = evaluate_accuracy(self.model, self.tokenizer, [p.token_ids for p in prompts],
+                                     [p.example["answer"] for p in prompts],
+                                     stop_token_ids=self.stop_token_ids, max_new_tokens=max_new,
                                      temperature=self.cfg.eval.temperature)
-        logger.progress.advance(len(self.eval_examples))
-        logger.log_eval(self.step, {"eval/accuracy": accuracy, "eval/num_problems": len(self.eval_examples),
+        logger.progress.advance(len(prompts))
+        logger.log_eval(self.step, {"eval/accuracy": accuracy, "eval/num_problems": len(prompts),
+                                    "eval/dropped_prompts": self.eval_prompts.num_dropped,
                                     "eval/time_s": round(time.perf_counter() - start, 2)})
         self._last_eval, self._last_eval_step = accuracy, self.step
         return accuracy
 
-    def _eval_problems(self) -> list[dict[str, Any]]:
-        return [{"prompt": render_prompt(ex, self.tokenizer, self.cfg.data), "answer": ex["answer"]}
-                for ex in self.eval_examples]
+    def _save(self) -> Path:
+        """checkpoint-<step>, once per step (a signal right after a periodic save adds nothing)."""
+        path = self.output_dir / f"checkpoint-{self.step}"
+        if self._saved_step == self.step and (path / ckpt.MANIFEST).is_file():
+            return path
+        path = ckpt.save_checkpoint(self.output_dir, self.step, model=self.model,
+                                    tokenizer=self.tokenizer, state=training_state(self),
+                                    keep_last=self.cfg.checkpointing.keep_last)
+        self._saved_step = self.step
+        return path
 
-    def _save(self) -> None:
-        ckpt.save_checkpoint(
-            self.output_dir, self.step, model=self.model, tokenizer=self.tokenizer, optimizer=self.optimizer,
-            scheduler=self.scheduler, keep_last=self.cfg.checkpointing.keep_last,
-            extra={"generator": self.generator.get_state(), "predictor": self.sampler.predictor},
-            trainer_state={"data": self.stream.state_dict(), "eval_before": self.eval_before})
+    def close(self) -> None:
+        """Free the sampling engine (vLLM's pool and weights); no sampling afterwards."""
+        self.engine.close()
 
     # ------------------------------------------------------------------ one step
 
@@ -239,38 +327,64 @@ class GRPOTrainer:
         start = time.perf_counter()
         progress = logger.progress if logger is not None else RunProgress(0, 0, enabled=False)
         batch = self.stream.next_batch()
-        rollout, sample_metrics, groups = self._rollout(batch, progress)
+        rollout, sample_metrics, groups, records = self._rollout(batch, progress)
         if logger is not None:
             logger.log_lengths(self.step + 1, groups)
-        num_updates = len(rollout.completion_ids) * self.cfg.training.num_iterations
-        progress.phase("update", num_updates, "sequences")
-        self.grpo.on_micro_batch = progress.advance
-        loss_metrics = self.grpo.optimize(rollout, self.optimizer, self.scheduler)
+            logger.log_completions(self.step + 1, records)
+        try:
+            check_finite(sample_metrics, rollout.advantages)
+            self.engine.sleep()  # vLLM on CUDA: free its KV pool and weights while training
+            num_updates = len(rollout.completion_ids) * self.cfg.training.num_iterations
+            progress.phase("update", num_updates, "sequences")
+            self.grpo.on_micro_batch = progress.advance
+            loss_metrics = self.grpo.optimize(rollout, self.optimizer, self.scheduler)
+        except NonFiniteError as err:
+            loss_metrics = self._on_non_finite(err)
+        self.engine.load_weights(self.model)  # the next step samples from the updated policy
         self.step += 1
-        return {**sample_metrics, **loss_metrics, "learning_rate": self.scheduler.get_last_lr()[0],
+        learning_rate = float(self.scheduler.get_last_lr()[0])  # torchao keeps it as a tensor
+        return {**sample_metrics, **loss_metrics, "learning_rate": learning_rate,
                 "epoch": self.stream.epoch, "step_time": round(time.perf_counter() - start, 3)}
 
-    def _rollout(self, batch: list[tuple[int, dict[str, Any]]], progress: RunProgress):
+    def _rollout(self, batch: list[tuple[int, EncodedPrompt]], progress: RunProgress):
         """Sample, score and normalise one step's groups; returns (Rollout, metrics, trace lines)."""
         G = self.cfg.sampling.num_generations
-        texts = [render_prompt(ex, self.tokenizer, self.cfg.data) for _, ex in batch]
-        prompt_ids = [self._encode_prompt(t) for t in texts]
+        prompt_ids = [p.token_ids for _, p in batch]
+        keys = [str(p.index) for _, p in batch]
         progress.phase("sampling", len(batch) * G, "samples")
-        keys = [str(i) for i, _ in batch]
-        result = self._sample_with_retry(prompt_ids, G, keys, texts, progress)
+        result = self._sample_with_retry(prompt_ids, G, keys, [p.text for _, p in batch], progress)
         completions = [c for group in result.groups for c in group]  # group-major, N = B*G
-        examples = [ex for _, ex in batch for _ in range(G)]
+        examples = [p.example for _, p in batch for _ in range(G)]
         progress.phase("scoring", len(completions), "completions")
         rewards = self._score(examples, completions)
         progress.advance(len(completions))
         adv = compute_advantages(torch.tensor(rewards.total, dtype=torch.float32), G,
                                  self.cfg.training.scale_rewards)
+        engine_logprobs = ([torch.tensor(c.logprobs, dtype=torch.float32) for c in completions]
+                           if all(c.logprobs is not None for c in completions) else None)
         rollout = Rollout(prompt_ids=[p for p in prompt_ids for _ in range(G)],
-                          completion_ids=[c.token_ids for c in completions], advantages=adv.advantages)
+                          completion_ids=[c.token_ids for c in completions],
+                          advantages=adv.advantages,
+                          truncated=[c.finish_reason == "length" for c in completions],
+                          engine_logprobs=engine_logprobs)
         metrics = self._sample_metrics(rewards, adv, completions, result.stats.to_metrics())
-        groups = [{"prompt_id": str(i), "prompt_tokens": len(p), "lengths": [c.length for c in grp]}
-                  for (i, _), p, grp in zip(batch, prompt_ids, result.groups)]
-        return rollout, metrics, groups
+        groups = [{"prompt_id": key, "prompt_tokens": len(p), "lengths": [c.length for c in grp]}
+                  for key, p, grp in zip(keys, prompt_ids, result.groups)]
+        every = self.cfg.logging.completions_every
+        records = [] if not every or (self.step + 1) % every else completion_records(
+            keys, [p.text for _, p in batch], completions, rewards.per_function, rewards.total,
+            adv.advantages)
+        return rollout, metrics, groups, records
+
+    def _on_non_finite(self, err: NonFiniteError) -> dict[str, Any]:
+        """training.nonfinite: stop with one line naming step and quantity, or skip the update."""
+        where = f"step {self.step + 1}: {err}"
+        if self.cfg.training.nonfinite == "stop":
+            raise NonFiniteError(f"{where}; stopped before applying it (checkpoints untouched; "
+                                 "training.nonfinite skip skips such updates instead)") from None
+        self.grpo.skip_update(self.optimizer, self.scheduler)
+        print(f"{where}: update skipped ({self.grpo.num_skipped_updates} so far)", file=sys.stderr)
+        return {"train/skipped_updates": self.grpo.num_skipped_updates}
 
     def _sample_with_retry(self, prompt_ids, G: int, keys: list[str], texts: list[str],
                            progress: RunProgress):
@@ -291,23 +405,20 @@ class GRPOTrainer:
                 self.num_sampling_oom_retries += 1
                 print(f"out of memory while sampling: retrying with micro_group={g // 2}")
 
-    def _encode_prompt(self, text: str) -> list[int]:
-        ids = self.tokenizer(text, add_special_tokens=False).input_ids
-        return ids[-self.cfg.data.max_prompt_length:]
-
     def _score(self, examples: list[dict[str, Any]], completions):
         chat = uses_chat_template(self.tokenizer, self.cfg.data)
         prompts = [prompt_for_rewards(ex, self.tokenizer, self.cfg.data) for ex in examples]
         texts = [completion_for_rewards(c.text, chat) for c in completions]
         columns = {k: [ex[k] for ex in examples] for k in examples[0] if k != "prompt"}
         return compute_rewards(self.reward_funcs, self.reward_weights, prompts, texts, columns,
+                               timeout_s=self.cfg.rewards.timeout_s,
                                completion_ids=[c.token_ids for c in completions])
 
     def _sample_metrics(self, rewards, adv, completions, sampler_metrics: dict[str, Any]) -> dict[str, Any]:
         lengths = torch.tensor([c.length for c in completions], dtype=torch.float32)  # [N]
         total = torch.tensor(rewards.total, dtype=torch.float32)  # [N]
         metrics: dict[str, Any] = {
-            "reward": total.mean().item(), "reward_std": adv.reward_std,
+            "reward": total.nanmean().item(), "reward_std": adv.reward_std,
             "frac_reward_zero_std": adv.zero_std_fraction,
             "completions/mean_length": lengths.mean().item(), "completions/max_length": lengths.max().item(),
             "completions/min_length": lengths.min().item(),
@@ -319,4 +430,5 @@ class GRPOTrainer:
             metrics["accuracy"] = sum(1 for v in values if v and v > 0) / len(values)
         metrics.update(sampler_metrics)
         metrics["sampling/oom_retries"] = self.num_sampling_oom_retries
+        metrics["data/dropped_prompts"] = self.train_prompts.num_dropped
         return metrics

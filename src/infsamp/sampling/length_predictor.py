@@ -25,40 +25,45 @@ import math
 import random
 import re
 from collections import Counter, defaultdict, deque
-from typing import TYPE_CHECKING, Callable, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
 from infsamp.errors import SamplingError
-
-if TYPE_CHECKING:
-    from infsamp.sampling.scheduler import SampleSpec
+from infsamp.sampling.types import Sample
 
 NUMBER = re.compile(r"\d+")
 
 
 class LengthPredictor:
     name = ""
-    uses_prefix = False  # wants observe_prefix (predict_remaining with the first k tokens)
+    uses_prefix = False  # wants predict_remaining with the first k generated tokens
     adaptive = False     # predictions of pending samples change as samples finish
 
-    def predict(self, spec: "SampleSpec") -> float:
+    def predict(self, spec: Sample) -> float:
         raise NotImplementedError
 
-    def predict_remaining(self, spec: "SampleSpec", prefix_token_ids: Sequence[int]) -> float:
+    def predict_remaining(self, spec: Sample, prefix_token_ids: Sequence[int]) -> float:
         return max(1.0, self.predict(spec) - len(prefix_token_ids))
 
-    def observe_finished(self, spec: "SampleSpec", length: int) -> None:
+    def observe_finished(self, spec: Sample, length: int) -> None:
         pass
 
     def end_call(self) -> None:
         pass
 
-    def update(self, specs: Sequence["SampleSpec"], lengths: Sequence[int]) -> None:
+    def update(self, specs: Sequence[Sample], lengths: Sequence[int]) -> None:
         """Learn from a whole finished call at once (when the scheduler did not see it)."""
         for spec, length in zip(specs, lengths):
             self.observe_finished(spec, length)
         self.end_call()
+
+    def state_dict(self) -> dict:
+        """What it learned, as plain dicts, lists and numbers (a checkpoint stores it as JSON)."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
 
 
 class ConstantPredictor(LengthPredictor):
@@ -73,10 +78,10 @@ class OraclePredictor(LengthPredictor):
     """`oracle`: the true length, from a sample_id -> length mapping or a spec -> length function."""
     name = "oracle"
 
-    def __init__(self, lengths: Mapping[int, int] | Callable[["SampleSpec"], int] | None = None):
+    def __init__(self, lengths: Mapping[int, int] | Callable[[Sample], int] | None = None):
         self.set_lengths(lengths or {})
 
-    def set_lengths(self, lengths: Mapping[int, int] | Callable[["SampleSpec"], int]) -> None:
+    def set_lengths(self, lengths: Mapping[int, int] | Callable[[Sample], int]) -> None:
         """The true lengths of the next call's samples."""
         self._length_of = lengths if callable(lengths) else (lambda spec: lengths[spec.sample_id])
 
@@ -130,6 +135,17 @@ class _Ridge:
     def predict(self, x: np.ndarray) -> float | None:
         return None if self.weights is None else float(x @ self.weights)
 
+    def state_dict(self) -> dict:
+        return {"a": self.a.tolist(), "b": self.b.tolist(),
+                "weights": None if self.weights is None else self.weights.tolist(),
+                "num_unfit": self.num_unfit, "num_seen": self.num_seen}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.a, self.b = np.array(state["a"], dtype=float), np.array(state["b"], dtype=float)
+        weights = state["weights"]
+        self.weights = None if weights is None else np.array(weights, dtype=float)
+        self.num_unfit, self.num_seen = state["num_unfit"], state["num_seen"]
+
 
 class OnlinePredictor(LengthPredictor):
     """`online`: learned inside the run from its own completions (see the module docstring)."""
@@ -178,6 +194,27 @@ class OnlinePredictor(LengthPredictor):
         sibling[1] += 1
         self._call_logs.append((spec.prompt_key, log_length))
         self._run_mean = log_length if self._run_mean is None else 0.98 * self._run_mean + 0.02 * log_length
+
+    def state_dict(self) -> dict:
+        """Between calls (what a checkpoint sees) the per-call parts are empty; kept anyway."""
+        return {"history": {k: list(v) for k, v in self._history.items()},
+                "siblings": [[g, list(v)] for g, v in self._siblings.items()],
+                "call_logs": [list(item) for item in self._call_logs], "run_mean": self._run_mean,
+                "model": self._model.state_dict(), "prefix_model": self._prefix_model.state_dict(),
+                "memory": self._memory.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._history.clear()
+        self._history.update({k: list(v) for k, v in state["history"].items()})
+        self._siblings.clear()
+        self._siblings.update({int(g): list(v) for g, v in state["siblings"]})
+        self._call_logs = [(key, log_length) for key, log_length in state["call_logs"]]
+        self._run_mean = state["run_mean"]
+        self._model.load_state_dict(state["model"])
+        self._prefix_model.load_state_dict(state["prefix_model"])
+        self._memory.load_state_dict(state["memory"])
+        self._cache.clear()
+        self._prefixes.clear()
 
     def end_call(self):
         for key, log_length in self._call_logs:
@@ -252,6 +289,17 @@ class PrefixMemory:
         if key and len(counts) > 1:
             self._entries[key].append((counts, _norm(counts), log_length))
 
+    def state_dict(self) -> dict:
+        return {key: [[[[token, count] for token, count in counts.items()], norm, log_length]
+                      for counts, norm, log_length in entries]
+                for key, entries in self._entries.items()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._entries.clear()
+        for key, entries in state.items():
+            self._entries[key].extend((Counter(dict(counts)), norm, log_length)
+                                      for counts, norm, log_length in entries)
+
     def predict(self, key: str, counts: Counter) -> float | None:
         entries = self._entries.get(key) if key and len(counts) > 1 else None
         if not entries:
@@ -278,8 +326,7 @@ def _text_features(text: str) -> list[float]:
 
 
 def _probe_spec():
-    from infsamp.sampling.scheduler import SampleSpec
-    return SampleSpec(0, 0, 0, 1, 1)
+    return Sample(0, 0, 0, 1, 1)
 
 
 PREDICTORS: dict[str, Callable[[str | None], LengthPredictor]] = {

@@ -2,7 +2,9 @@
 
 One place for the format shared by the recipe and the built-in rewards (`infsamp.rewards` imports
 from here): the system prompt, the strict format pattern, and the two answer extractors
-(`extract_hash_answer` for GSM8K references, `extract_xml_answer` for completions).
+(`extract_hash_answer` for GSM8K references, `extract_xml_answer` for completions), and how a
+leading `<think>...</think>` block (Qwen3 with thinking on) is treated: `THINK_BLOCK_RULES`, chosen
+by `rewards.format_think_block`.
 
 Deliberate deviations from the original, both more lenient for the correct format only:
 - `XML_FORMAT_PATTERN` is matched with DOTALL, so the reasoning (and answer) may span several lines;
@@ -25,6 +27,8 @@ SYSTEM_PROMPT = """Respond in the following format:
 """
 
 XML_FORMAT_PATTERN = re.compile(r"^<reasoning>\n.*?\n</reasoning>\n<answer>\n.*?\n</answer>\n?$", re.DOTALL)
+THINK_BLOCK = re.compile(r"^\s*<think>.*?</think>\s*", re.DOTALL)
+THINK_BLOCK_RULES = ("forbid", "allow", "require")  # must not / may / must open with a think block
 
 
 def extract_hash_answer(text: str) -> str | None:
@@ -45,6 +49,13 @@ def extract_xml_answer(text: str) -> str:
     return answer.strip()
 
 
-def has_xml_format(text: str) -> bool:
-    """True when `text` is exactly <reasoning>...</reasoning><answer>...</answer> (one tag per line)."""
-    return XML_FORMAT_PATTERN.match(text) is not None
+def has_xml_format(text: str, think_block: str = "forbid") -> bool:
+    """True when `text` is exactly <reasoning>...</reasoning><answer>...</answer> (one tag per
+    line), after a leading <think>...</think> block that `think_block` allows or requires."""
+    if think_block not in THINK_BLOCK_RULES:
+        raise ValueError(f"think_block must be one of {', '.join(THINK_BLOCK_RULES)}, "
+                         f"got {think_block!r}")
+    think = THINK_BLOCK.match(text) if think_block != "forbid" else None
+    if think_block == "require" and think is None:
+        return False
+    return XML_FORMAT_PATTERN.match(text[think.end():] if think else text) is not None

@@ -1,0 +1,84 @@
+"""What `model.name_or_path` names, decided at once and without torch: the CLI asks before it
+imports the trainer, so a mistyped path or an unreachable hub is one line right at the start.
+
+`resolve_model_source`: 'embedded' -> the bundled tiny model; a local checkpoint folder; a peft
+adapter folder (its `adapter_config.json` names the base, resolved the same way); a hub id, used as
+is only when the hub can be asked (`infsamp.hub`), else its cached snapshot, else `ModelError`. A
+missing name that looks like a path is a missing path (never a hub id).
+
+Deliberately simple: the hub cache is looked up for `config.json` only.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from infsamp.config import EMBEDDED_MODEL
+from infsamp.errors import ModelError
+from infsamp.hub import cached_hub_snapshot, hub_unavailable, looks_like_path
+
+EMBEDDED_DIR = Path(__file__).parent / "embedded"
+
+
+def resolve_path(name_or_path: str) -> str:
+    return str(EMBEDDED_DIR) if name_or_path == EMBEDDED_MODEL else name_or_path
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    path: str  # what from_pretrained loads: a local folder or a reachable hub id
+    tokenizer_path: str
+    adapter_dir: Path | None = None  # a peft adapter folder applied on top of `path`
+
+
+ADAPTER_CONFIG = "adapter_config.json"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+
+
+def resolve_model_source(name_or_path: str) -> ModelSource:
+    """Decide at once what `model.name_or_path` names; raises ModelError without touching the hub
+    when it is a missing path, or a hub id while the hub cannot be asked and nothing is cached."""
+    path = Path(resolve_path(name_or_path)).expanduser()
+    if path.is_dir() and (path / ADAPTER_CONFIG).exists():
+        return _adapter_source(path)
+    if path.is_dir():
+        return ModelSource(str(path), str(path))
+    if path.exists():
+        raise ModelError(f"model.name_or_path {name_or_path!r}: a file; give the checkpoint folder")
+    if looks_like_path(name_or_path):
+        raise ModelError(f"model.name_or_path {name_or_path!r}: no such folder")
+    where = _hub_or_cached(name_or_path)
+    return ModelSource(where, where)
+
+
+def _hub_or_cached(repo_id: str) -> str:
+    why = hub_unavailable()
+    if why is None:
+        return repo_id
+    cached = cached_hub_snapshot(repo_id)
+    if cached is None:
+        raise ModelError(f"model.name_or_path {repo_id!r}: not a local folder, and {why} (nor is "
+                         "it in the hub cache): give the folder of a downloaded checkpoint")
+    return str(cached)
+
+
+def _adapter_source(adapter_dir: Path) -> ModelSource:
+    """A peft adapter folder: the base named in its adapter_config.json, the adapters on top."""
+    where = f"model.name_or_path {str(adapter_dir)!r}"
+    try:
+        base = json.loads((adapter_dir / ADAPTER_CONFIG).read_text())["base_model_name_or_path"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        why = f"{type(err).__name__}: {err}".splitlines()[0]
+        raise ModelError(f"{where}: unreadable {ADAPTER_CONFIG} ({why})") from None
+    if not base:
+        raise ModelError(f"{where}: {ADAPTER_CONFIG} names no base model")
+    try:
+        base_source = resolve_model_source(base)
+    except ModelError as err:
+        raise ModelError(f"{where} holds LoRA adapters of {base!r}, which cannot be loaded "
+                         f"({err})") from None
+    has_tokenizer = any((adapter_dir / name).exists() for name in TOKENIZER_FILES)
+    tokenizer_path = str(adapter_dir) if has_tokenizer else base_source.tokenizer_path
+    return ModelSource(base_source.path, tokenizer_path, adapter_dir)

@@ -1,0 +1,137 @@
+"""From an example to the exact token ids the model is fed: the one path for training, evaluation,
+`infsamp sample` and the benches.
+
+`encode_prompt(example, tokenizer, data_cfg)` renders the prompt and tokenizes it:
+- chat mode (`data.use_chat_template`): system prompt (`data.system_prompt`) + the question as chat
+  messages, through the tokenizer's chat template with `add_generation_prompt` and
+  `data.chat_template_kwargs` (e.g. `enable_thinking: false` for Qwen3). The rendered text is
+  tokenized without the tokenizer's own special tokens: the template writes what the model expects
+  (a Llama-3 template writes BOS itself, so a tokenizer that also adds BOS would double it).
+- plain-text mode: `system prompt\\nquestion`, tokenized with the tokenizer's special tokens (BOS
+  where the model expects one).
+Either way a leading BOS appears at most once.
+
+`encode_examples` encodes a split and skips prompts longer than `data.max_prompt_length` tokens (a
+prompt is never cut through its template): the count is reported (`data/dropped_prompts`).
+`prompt_for_rewards` / `completion_for_rewards` give reward functions TRL's shapes: chat messages in
+chat mode, strings otherwise.
+
+Deliberately simple: a prompt is one turn (system + user) unless the dataset stores conversations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from infsamp.config import DataConfig
+from infsamp.errors import DataError
+
+
+@dataclass(frozen=True)
+class EncodedPrompt:
+    index: int  # the example's row in its split: the prompt's key in logs and traces
+    example: dict[str, Any]
+    text: str  # the rendered prompt (what `token_ids` spell)
+    token_ids: list[int]
+
+
+@dataclass
+class EncodedSplit:
+    prompts: list[EncodedPrompt]
+    num_dropped: int  # longer than data.max_prompt_length
+    longest_dropped: int = 0  # tokens of the longest dropped prompt
+
+    def note(self, what: str, max_prompt_length: int) -> str:
+        """One line for the run log about the dropped prompts ('' when none were)."""
+        if not self.num_dropped:
+            return ""
+        total = len(self.prompts) + self.num_dropped
+        return (f"{what}: skipped {self.num_dropped} of {total} prompts longer than "
+                f"data.max_prompt_length={max_prompt_length} tokens "
+                f"(longest {self.longest_dropped})")
+
+
+def uses_chat_template(tokenizer: Any, data_cfg: DataConfig) -> bool:
+    """'always', or 'auto' with a tokenizer that has a chat template."""
+    if data_cfg.use_chat_template == "always":
+        return True
+    return data_cfg.use_chat_template == "auto" and bool(getattr(tokenizer, "chat_template", None))
+
+
+def _messages_text(messages: list[dict[str, Any]]) -> str:
+    return "\n".join(str(m.get("content") or "") for m in messages)
+
+
+def build_prompt(example: dict[str, Any], data_cfg: DataConfig,
+                 chat: bool) -> str | list[dict[str, str]]:
+    """The prompt as rewards see it: chat messages (system + user) when `chat`, else plain text."""
+    prompt = example["prompt"]
+    system = data_cfg.system_prompt
+    if not chat:
+        text = prompt if isinstance(prompt, str) else _messages_text(prompt)
+        return f"{system}\n{text}" if system else text
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+    if system and messages[0].get("role") != "system":
+        messages = [{"role": "system", "content": system}, *messages]
+    return messages
+
+
+def render_prompt(example: dict[str, Any], tokenizer: Any, data_cfg: DataConfig) -> str:
+    """The text of the prompt fed to the model for `example` (its tokens: `encode_prompt`)."""
+    chat = uses_chat_template(tokenizer, data_cfg)
+    prompt = build_prompt(example, data_cfg, chat)
+    if not chat:
+        return prompt  # type: ignore[return-value]
+    if not getattr(tokenizer, "chat_template", None):
+        raise DataError("data.use_chat_template: 'always' but the tokenizer has no chat template")
+    try:
+        return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True,
+                                             **data_cfg.chat_template_kwargs)
+    except Exception as err:  # noqa: BLE001 - jinja errors of a model's template: one line
+        why = f"{type(err).__name__}: {err}".splitlines()[0]
+        raise DataError(f"the tokenizer's chat template failed on {prompt!r:.80} ({why})") from None
+
+
+def _without_repeated_bos(ids: list[int], bos_token_id: int | None) -> list[int]:
+    start = 0
+    while bos_token_id is not None and ids[start: start + 2] == [bos_token_id, bos_token_id]:
+        start += 1
+    return ids[start:]
+
+
+def encode_prompt(example: dict[str, Any], tokenizer: Any,
+                  data_cfg: DataConfig) -> tuple[str, list[int]]:
+    """(rendered text, token ids) of `example`'s prompt, exactly as every consumer feeds it."""
+    text = render_prompt(example, tokenizer, data_cfg)
+    add_special = not uses_chat_template(tokenizer, data_cfg)
+    ids = list(tokenizer(text, add_special_tokens=add_special)["input_ids"])
+    return text, _without_repeated_bos(ids, getattr(tokenizer, "bos_token_id", None))
+
+
+def encode_examples(examples: list[dict[str, Any]], tokenizer: Any, data_cfg: DataConfig,
+                    what: str = "prompts") -> EncodedSplit:
+    """Every example's prompt ids; prompts over `data.max_prompt_length` tokens are skipped and
+    counted. Raises DataError when none is left."""
+    kept, dropped, longest = [], 0, 0
+    for index, example in enumerate(examples):
+        text, ids = encode_prompt(example, tokenizer, data_cfg)
+        if len(ids) > data_cfg.max_prompt_length:
+            dropped, longest = dropped + 1, max(longest, len(ids))
+            continue
+        kept.append(EncodedPrompt(index, example, text, ids))
+    if not kept:
+        raise DataError(f"{what}: all {dropped} prompts are longer than data.max_prompt_length="
+                        f"{data_cfg.max_prompt_length} tokens (longest {longest}); raise it")
+    return EncodedSplit(kept, dropped, longest)
+
+
+def prompt_for_rewards(example: dict[str, Any], tokenizer: Any,
+                       data_cfg: DataConfig) -> str | list[dict[str, str]]:
+    """What reward functions receive as a prompt: messages in chat mode (as TRL), else the text."""
+    return build_prompt(example, data_cfg, uses_chat_template(tokenizer, data_cfg))
+
+
+def completion_for_rewards(text: str, chat: bool) -> str | list[dict[str, str]]:
+    """What reward functions receive as a completion: [{'role': 'assistant', ...}] in chat mode."""
+    return [{"role": "assistant", "content": text}] if chat else text

@@ -1,0 +1,116 @@
+"""Fixtures of the fault suite: a forkserver of pre-imported children, run settings, references."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import fault_harness
+
+HARNESS = Path(fault_harness.__file__)
+NUM_STEPS = 6
+POLICIES = {  # every policy, and length_aware with each predictor training can use
+    "continuous": [], "full": ["--sampling.policy", "full"],
+    "rounds": ["--sampling.policy", "rounds"],
+    "length_aware-online": ["--sampling.policy", "length_aware", "--sampling.predictor", "online"],
+    "length_aware-none": ["--sampling.policy", "length_aware", "--sampling.predictor", "none"],
+}
+
+
+def run_args(model_dir: Path, out: Path, *extra: str) -> list[str]:
+    """`infsamp train` on the tiny model: 6 steps, checkpoints every 2 (two kept), eval every 3."""
+    settings = {
+        "model.name_or_path": model_dir, "model.attn_implementation": "eager",
+        "data.num_train_examples": 40, "data.num_eval_examples": 4, "eval.num_problems": 4,
+        "eval.every_steps": 3, "eval.max_new_tokens": 8,
+        "rewards.functions": f"format,{HARNESS}:length_reward", "sampling.num_generations": 4,
+        "sampling.max_new_tokens": 12, "sampling.micro_group": 4, "sampling.kv_budget": 4096,
+        "training.max_steps": NUM_STEPS, "training.prompts_per_step": 2,
+        "training.learning_rate": 1e-2,
+        "training.warmup_ratio": 0.0, "checkpointing.save_every": 2, "checkpointing.keep_last": 2,
+        "logging.output_dir": out, "logging.progress_bar": False, "logging.plot": False,
+    }
+    flags = [item for key, value in settings.items() for item in (f"--{key}", str(value))]
+    return ["train", *flags, *extra]
+
+
+@dataclass
+class Child:
+    process: multiprocessing.Process
+    log: Path
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def wait(self, timeout: float = 120) -> int:
+        self.process.join(timeout)
+        assert self.process.exitcode is not None, f"still running after {timeout} s: {self.output}"
+        return self.process.exitcode
+
+    @property
+    def output(self) -> str:
+        return self.log.read_text() if self.log.exists() else ""
+
+    def signal(self, number: int) -> None:
+        os.kill(self.pid, number)
+
+    def wait_for(self, text: str, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in self.output:
+            alive = self.process.is_alive() and time.monotonic() < deadline
+            assert alive, f"no {text!r} in: {self.output}"
+            time.sleep(0.05)
+
+
+class Runner:
+    """Starts children: `start(argv, kill_at=...)`, or `run(...)` to wait for the exit code too."""
+
+    def __init__(self, context, log_dir: Path):
+        self.context, self.log_dir, self.count = context, log_dir, 0
+
+    def start(self, argv: list[str], kill_at: str | None = None) -> Child:
+        self.count += 1
+        log = self.log_dir / f"child-{self.count}.log"
+        process = self.context.Process(target=fault_harness.child_main,
+                                       args=(argv, str(log), kill_at))
+        process.start()
+        return Child(process, log)
+
+    def run(self, argv: list[str], kill_at: str | None = None) -> tuple[int, str]:
+        child = self.start(argv, kill_at)
+        code = child.wait()
+        return code, child.output
+
+
+@pytest.fixture(scope="session")
+def runner(tmp_path_factory):
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["infsamp.cli", "infsamp.commands.train", "infsamp.rl.trainer",
+                                    "fault_harness", "peft"])
+    return Runner(context, tmp_path_factory.mktemp("children"))
+
+
+@pytest.fixture(scope="session")
+def reference(runner, tiny_model_dir, tmp_path_factory):
+    """Uninterrupted runs, one per policy, made once: name -> run folder."""
+    made: dict[str, Path] = {}
+
+    def get(policy: str) -> Path:
+        if policy not in made:
+            out = tmp_path_factory.mktemp("reference") / policy
+            code, output = runner.run(run_args(tiny_model_dir, out, *POLICIES[policy]))
+            assert code == 0, output
+            made[policy] = out
+        return made[policy]
+
+    return get
+
+
+SIGKILLED = -signal.SIGKILL

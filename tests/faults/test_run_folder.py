@@ -1,0 +1,95 @@
+"""A run never writes over files it did not write; resume says what it resumes, or why not."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from conftest import run_args
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    files = sorted(p for p in folder.rglob("*") if p.is_file())
+    return {str(p.relative_to(folder)): p.read_bytes() for p in files}
+
+
+def last_line(output: str) -> str:
+    return output.strip().splitlines()[-1]
+
+
+def test_new_run_into_a_used_folder_is_refused_and_touches_nothing(runner, reference,
+                                                                   tiny_model_dir, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(reference("continuous"), out)
+    before = snapshot(out)
+    code, output = runner.run(run_args(tiny_model_dir, out, "--training.max_steps", "2"))
+    assert code == 2 and "Traceback" not in output
+    assert last_line(output).startswith(f"infsamp train: error: logging.output_dir {out}: "
+                                        "already holds files")
+    assert "pass --resume" in last_line(output)
+    assert snapshot(out) == before
+
+
+def test_a_folder_of_other_files_is_refused(runner, tiny_model_dir, tmp_path):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("my notes")
+    for resume in ([], ["--resume"], ["--checkpointing.resume", "auto"]):
+        code, output = runner.run(run_args(tiny_model_dir, out, *resume))
+        assert code == 2 and "Traceback" not in output, output
+    assert snapshot(out) == {"notes.txt": b"my notes"}
+
+
+def test_resume_with_nothing_to_resume_says_so(runner, tiny_model_dir, tmp_path):
+    code, output = runner.run(run_args(tiny_model_dir, tmp_path / "none", "--resume"))
+    assert code == 2
+    assert "nothing to resume from" in last_line(output) and "does not exist" in last_line(output)
+    code, output = runner.run(run_args(tiny_model_dir, tmp_path / "none",
+                                       "--training.max_steps", "2",
+                                       "--checkpointing.resume", "auto"))
+    assert code == 0 and "starting a new run" in output, output
+
+
+def test_resume_with_another_lora_rank_is_one_line(runner, tiny_model_dir, tmp_path):
+    out = tmp_path / "lora"
+    lora = ["--model.lora_rank", "4", "--training.max_steps", "2", "--eval.num_problems", "0"]
+    code, output = runner.run(run_args(tiny_model_dir, out, *lora))
+    assert code == 0, output
+    code, output = runner.run(run_args(tiny_model_dir, out, *lora, "--model.lora_rank", "8",
+                                       "--resume"))
+    assert code == 2 and "Traceback" not in output
+    assert ("checkpoint-2 holds LoRA adapters of rank 4; this run asks for LoRA adapters of "
+            "rank 8") in last_line(output)
+    code, output = runner.run(run_args(tiny_model_dir, out, *lora, "--model.lora_rank", "0",
+                                       "--resume"))
+    assert code == 2 and "this run asks for full weights" in last_line(output)
+
+
+def test_extending_a_finished_run(runner, reference, tiny_model_dir, tmp_path):
+    """A constant schedule continues as started; a decaying one is refused, not restarted."""
+    out = tmp_path / "run"
+    shutil.copytree(reference("continuous"), out)
+    code, output = runner.run(run_args(tiny_model_dir, out, "--training.max_steps", "8",
+                                       "--resume"))
+    assert code == 0, output
+    assert ("extending the run from 6 to 8 steps: the constant_with_warmup schedule continues "
+            "as started") in output
+    cosine = tmp_path / "cosine"
+    code, output = runner.run(run_args(tiny_model_dir, cosine, "--training.lr_scheduler", "cosine",
+                                       "--training.max_steps", "2", "--eval.num_problems", "0"))
+    assert code == 0, output
+    code, output = runner.run(run_args(tiny_model_dir, cosine, "--training.lr_scheduler", "cosine",
+                                       "--training.max_steps", "4", "--resume"))
+    assert code == 2
+    assert "cosine schedule was built for 2 steps and cannot be extended" in last_line(output)
+
+
+def test_resume_with_another_learning_rate_is_one_line(runner, reference, tiny_model_dir,
+                                                       tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(reference("continuous"), out)
+    code, output = runner.run(run_args(tiny_model_dir, out, "--training.learning_rate", "0.5",
+                                       "--training.max_steps", "8", "--resume"))
+    assert code == 2
+    assert "checkpoint-6 was trained with training.learning_rate 0.01; this run asks for 0.5" \
+        in last_line(output)

@@ -1,0 +1,56 @@
+"""SIGTERM and SIGINT: the step ends, a checkpoint is saved and named, exit code 128 + signal."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from conftest import run_args
+from test_kill_resume import assert_same_run
+
+
+@pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGINT])
+def test_signal_saves_names_the_checkpoint_and_resumes_exactly(runner, reference, tiny_model_dir,
+                                                              tmp_path, number):
+    out = tmp_path / "run"
+    # save_every 0: with no periodic checkpoint, only the signal's save can keep the work
+    child = runner.start(run_args(tiny_model_dir, out, "--checkpointing.save_every", "0"),
+                         kill_at="wait@3")
+    child.wait_for("waiting for a signal")
+    child.signal(number)
+    assert child.wait() == 128 + number, child.output
+    name = signal.Signals(number).name
+    assert f"stopped by {name} after step 3: saved checkpoint-3" in child.output
+    assert "Traceback" not in child.output
+    assert (out / "checkpoint-3" / "manifest.json").is_file()
+    code, output = runner.run(run_args(tiny_model_dir, out, "--resume"))
+    assert code == 0 and "resuming from" in output, output
+    assert_same_run(out, reference("continuous"))
+
+
+def test_second_signal_stops_at_once_without_saving(runner, reference, tiny_model_dir, tmp_path):
+    out = tmp_path / "run"
+    child = runner.start(run_args(tiny_model_dir, out), kill_at="wait2@3")
+    child.wait_for("waiting for a signal")
+    child.signal(signal.SIGTERM)
+    child.wait_for("SIGTERM received")  # two signals sent at once would arrive as one
+    child.signal(signal.SIGTERM)
+    assert child.wait() == 128 + signal.SIGTERM, child.output
+    assert "SIGTERM again: stopped at once" in child.output and "Traceback" not in child.output
+    assert not (out / "checkpoint-3").exists()
+    code, output = runner.run(run_args(tiny_model_dir, out, "--resume"))
+    assert code == 0 and "resuming from" in output and "(step 2)" in output, output
+    assert_same_run(out, reference("continuous"))
+
+
+def test_signal_without_save_on_signal_says_so(runner, tiny_model_dir, tmp_path):
+    out = tmp_path / "run"
+    child = runner.start(run_args(tiny_model_dir, out, "--checkpointing.save_on_signal", "false"),
+                         kill_at="wait@3")
+    child.wait_for("waiting for a signal")
+    child.signal(signal.SIGTERM)
+    assert child.wait() == 128 + signal.SIGTERM
+    assert ("nothing saved (checkpointing.save_on_signal false; newest checkpoint: "
+            "checkpoint-2)") in child.output
+    assert not (out / "checkpoint-3").exists()
