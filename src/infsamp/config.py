@@ -323,6 +323,8 @@ class LoggingConfig:
         _check_output_dir(self.output_dir)
         _require(self.completions_every >= 0, "logging.completions_every", self.completions_every,
                  "must be >= 0 (0: never)")
+        _require(bool(self.project.strip()), "logging.project", self.project,
+                 "must name a tracker project")
         from infsamp.rl.trackers import tracker_problem
 
         problem = tracker_problem(self.report_to)

@@ -3,6 +3,7 @@ names, the config and the plot (read back from what it wrote); bad names fail be
 backend failing mid-run is reported once while the run and the other trackers go on; a resumed run
 continues the same tracker runs. No network: tests/conftest.py keeps every client offline."""
 
+import os
 import importlib.util
 import json
 import struct
@@ -235,44 +236,50 @@ def test_a_tracker_that_cannot_start_is_reported_and_the_others_open(tmp_path, m
     assert tensorboard_data(tmp_path / "tensorboard")[0] == {("reward", 1): 0.5}
 
 
-def test_resumed_run_continues_the_same_tracker_runs(tiny_config, local_trackers):
-    def kill_after_step_2(step, _metrics):
-        if step == 2:
+def killed_then_resumed(tiny_config, kill_at: int, resume: str, **overrides):
+    """A run to TensorBoard and MLflow killed after step `kill_at`, then resumed; returns the
+    MLflow run id of the first attempt and the run folder."""
+    def kill(step, _metrics):
+        if step == kill_at:
             raise Killed
 
     overrides = {"logging.report_to": "tensorboard,mlflow", "logging.project": PROJECT,
-                 "checkpointing.save_every": 2, "eval.num_problems": 0}
+                 **overrides}
     with pytest.raises(Killed):
-        GRPOTrainer(tiny_config(**overrides), step_callback=kill_after_step_2).train()
-    uri = (local_trackers / "mlruns").as_uri()
-    first_id = mlflow_run(uri)[1].info.run_id
-    assert mlflow_run(uri)[1].info.status == "FAILED"
-    resumed = tiny_config(**overrides, **{"checkpointing.resume": "latest"})
-    out = GRPOTrainer(resumed).train().output_dir
-    client, run = mlflow_run(uri)
-    assert run.info.run_id == first_id and run.info.status == "FINISHED"
-    assert [m.step for m in client.get_metric_history(first_id, "reward")] == [1, 2, 3, 4]
-    assert_same_points(mlflow_data(uri)[0], expected_points(out))
-    assert_same_points(tensorboard_data(out / "tensorboard")[0], expected_points(out))
+        GRPOTrainer(tiny_config(**overrides), step_callback=kill).train()
+    _, first = mlflow_run(trackers_uri())
+    assert first.info.status == "FAILED"
+    resumed = tiny_config(**overrides, **{"checkpointing.resume": resume})
+    return first.info.run_id, GRPOTrainer(resumed).train().output_dir
 
 
-def test_steps_after_the_last_checkpoint_are_replaced_on_resume(tiny_config, local_trackers):
-    def kill_after_step_3(step, _metrics):  # the checkpoint is at step 2
-        if step == 3:
-            raise Killed
+def trackers_uri() -> str:
+    return os.environ["MLFLOW_TRACKING_URI"]
 
-    overrides = {"logging.report_to": "tensorboard,mlflow", "logging.project": PROJECT,
-                 "checkpointing.save_every": 2, "eval.num_problems": 0}
-    with pytest.raises(Killed):
-        GRPOTrainer(tiny_config(**overrides), step_callback=kill_after_step_3).train()
-    resumed = tiny_config(**overrides, **{"checkpointing.resume": "latest"})
-    out = GRPOTrainer(resumed).train().output_dir
+
+def tensorboard_steps(out, tag: str) -> list[int]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     acc = EventAccumulator(str(out / "tensorboard"), size_guidance={"scalars": 0})
     acc.Reload()
-    assert [e.step for e in acc.Scalars("reward")] == [1, 2, 3, 4]  # crashed step 3 purged
-    client, run = mlflow_run((local_trackers / "mlruns").as_uri())
+    return [e.step for e in acc.Scalars(tag)]
+
+
+def test_resumed_run_continues_the_same_tracker_runs(tiny_config, local_trackers):
+    first_id, out = killed_then_resumed(tiny_config, 2, "latest", **{
+        "checkpointing.save_every": 2, "eval.num_problems": 0})
+    client, run = mlflow_run(trackers_uri())
+    assert run.info.run_id == first_id and run.info.status == "FINISHED"
+    assert [m.step for m in client.get_metric_history(first_id, "reward")] == [1, 2, 3, 4]
+    assert_same_points(mlflow_data(trackers_uri())[0], expected_points(out))
+    assert_same_points(tensorboard_data(out / "tensorboard")[0], expected_points(out))
+
+
+def test_steps_after_the_last_checkpoint_are_replaced_on_resume(tiny_config, local_trackers):
+    _, out = killed_then_resumed(tiny_config, 3, "latest", **{  # the checkpoint is at step 2
+        "checkpointing.save_every": 2, "eval.num_problems": 0})
+    assert tensorboard_steps(out, "reward") == [1, 2, 3, 4]  # crashed step 3 purged
+    client, run = mlflow_run(trackers_uri())
     history = client.get_metric_history(run.info.run_id, "completions/mean_length")
     latest = {m.step: m.value for m in sorted(history, key=lambda m: m.timestamp)}
     rows = read_jsonl(out / "metrics.jsonl")
@@ -283,22 +290,8 @@ def test_a_run_started_again_without_a_checkpoint_replaces_its_tracker_steps(tin
                                                                               local_trackers):
     """checkpointing.resume auto with no checkpoint yet: the logs restart at step 0 (the run
     folder's rewind), and so do the tracker runs, the same ones (no step twice)."""
-    def kill_after_step_2(step, _metrics):
-        if step == 2:
-            raise Killed
-
-    overrides = {"logging.report_to": "tensorboard,mlflow", "logging.project": PROJECT,
-                 "checkpointing.save_every": 100, "training.max_steps": 3}
-    with pytest.raises(Killed):
-        GRPOTrainer(tiny_config(**overrides), step_callback=kill_after_step_2).train()
-    uri = (local_trackers / "mlruns").as_uri()
-    first_id = mlflow_run(uri)[1].info.run_id
-    again = tiny_config(**overrides, **{"checkpointing.resume": "auto"})
-    out = GRPOTrainer(again).train().output_dir
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(str(out / "tensorboard"), size_guidance={"scalars": 0})
-    acc.Reload()
-    assert [e.step for e in acc.Scalars("reward")] == [1, 2, 3]
-    assert [e.step for e in acc.Scalars("eval/accuracy")] == [0, 3]
-    assert mlflow_run(uri)[1].info.run_id == first_id
+    first_id, out = killed_then_resumed(tiny_config, 2, "auto", **{
+        "checkpointing.save_every": 100, "training.max_steps": 3})
+    assert tensorboard_steps(out, "reward") == [1, 2, 3]
+    assert tensorboard_steps(out, "eval/accuracy") == [0, 3]
+    assert mlflow_run(trackers_uri())[1].info.run_id == first_id

@@ -10,10 +10,17 @@ checkpoint is merged into its base model (the run's `model.name_or_path`) unless
 `--adapters-only`, which writes a peft adapter folder whose `base_model_name_or_path` is that base.
 
 Checks before any work, each one line: the target exists and is not empty; the checkpoint is
-incomplete or damaged (`rl/checkpoint.py`'s `verify_checkpoint`: its manifest, every file's size and
-sha256); the run has no checkpoint that verifies (newer damaged ones are named and skipped);
-`--adapters-only` on full weights; a LoRA run over a 4-bit base without `--adapters-only`. The export is written under a temporary name beside DIR and
-renamed when complete, so nothing half-written is left and nothing existing is overwritten.
+incomplete or damaged (`rl/checkpoint.py`'s `verify_checkpoint`: its manifest, every file's size
+and sha256); the run has no checkpoint that verifies (newer damaged ones are named and skipped);
+`--adapters-only` on full weights; LoRA trained over a 4-bit (QLoRA) base without
+`--adapters-only`: the trained policy is the adapters on the *quantised* base, so merging them into
+the full-precision base would serve another model (dequantising needs bitsandbytes on CUDA; not
+done). The export is written under a temporary name beside DIR and renamed when complete, so
+nothing half-written is left and nothing existing is overwritten.
+
+Weights: the dtype the checkpoint holds (`training.precision` fp32 or mixed: fp32; bf16: bf16),
+or `--dtype`; a LoRA is merged in fp32 and cast to the base's dtype. `generation_config.json`
+lists every stop token the run sampled with (`models.loading.stop_token_ids`) as `eos_token_id`.
 
 Deliberately simple: the whole model is loaded in CPU memory (merging needs the base weights).
 """

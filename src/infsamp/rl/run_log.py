@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -127,8 +128,14 @@ class RunLogger:
         self.progress.write(f"eval @ step {step}: {shown}")
 
     def log_plot(self, step: int) -> Path | None:
-        """Write plots/training.png and send it to the trackers."""
-        path = plot_run(self.dir)
+        """Write plots/training.png and send it to the trackers; a failed write is a warning (the
+        run and its checkpoint are complete: say so, do not fail)."""
+        try:
+            path = plot_run(self.dir)
+        except OSError as err:
+            print(f"warning: plots/training.png not written ({err.strerror or err})",
+                  file=sys.stderr)
+            return None
         if path is not None and self.trackers:
             self.trackers.log_image(step, path)
         return path

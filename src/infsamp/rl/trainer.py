@@ -240,20 +240,12 @@ class GRPOTrainer:
                 self._save()
                 self._stop_if_asked(stop)
             if cfg.logging.plot:
-                self._plot(logger)
+                logger.log_plot(self.step)
             ok = True
         finally:
             logger.close(ok)
             self.close()
         return TrainResult(self.output_dir, self.step, self.eval_before, eval_after)
-
-    def _plot(self, logger: RunLogger) -> None:
-        """plots/training.png, sent to the trackers; a failed write is a warning (the run is done)."""
-        try:
-            logger.log_plot(self.step)
-        except OSError as err:
-            print(f"warning: plots/training.png not written ({err.strerror or err})",
-                  file=sys.stderr)
 
     def _stop_if_asked(self, stop: StopSignals) -> None:
         """After a signal: save (checkpointing.save_on_signal) and stop, exit code 128 + signal."""
