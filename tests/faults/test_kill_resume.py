@@ -75,7 +75,7 @@ def test_killed_twice_in_a_row(runner, reference, tiny_model_dir, tmp_path):
 def test_kill_at_a_random_moment(runner, reference, tiny_model_dir, tmp_path):
     out = tmp_path / "run"
     child = runner.start(run_args(tiny_model_dir, out))
-    child.wait_for("step 1:")
+    child.wait_for("step 1/")
     time.sleep(random.Random().uniform(0.0, 0.6))
     child.signal(9)
     child.wait()  # before the first checkpoint there is nothing to resume: `auto` starts again

@@ -11,18 +11,18 @@ processes becomes a smaller group), tokenizes each prompt once as TRL does (chat
 conversational prompts), and samples every group with `GroupSampler` on the trainer's current
 policy, unwrapped as TRL's own generation unwraps it: the KV cache stays within `kv_budget`
 whatever G, in micro groups of g slots with continuous refill, under any infsamp policy (and the
-online length predictor, kept for the whole run) on the engine `engine` names (`slots`, the
+online length predictor, kept for the whole run), on the engine `engine` names (`slots`, the
 default: the trainer's own model; `vllm`: a vLLM copy kept for the run, sent the trainer's weights
-before every call and put to sleep after it; see `sampling.engine`). It returns one row per
-completion, in the
-prompts' order: `prompt_ids`, `completion_ids` (EOS included, as TRL's own path) and `logprobs`,
-the per-token log-probs of the sampled tokens under the policy at temperature T (what TRL
-computes for its own `old_per_token_logps`), in no-grad micro-batches of at most `kv_budget`
-tokens, so the whole rollout's memory stays bounded by the budget whatever G; or None with
-`logprobs=False` (as TRL's own transformers generation returns: TRL reads them only for its vLLM
-corrections). Sampling
-options default to TRL's (`max_completion_length`, `temperature`, `top_p`, `top_k`); sampler
-statistics are added to TRL's logs as `infsamp/*`.
+before every call and put to sleep after it; see `sampling.engine`).
+
+It returns one row per completion, in the prompts' order: `prompt_ids`, `completion_ids` (EOS
+included, as TRL's own path) and `logprobs`, the per-token log-probs of the sampled tokens under
+the policy at temperature T (what TRL computes for its own `old_per_token_logps`), in no-grad
+micro-batches of at most `kv_budget` tokens, so the whole rollout's memory stays bounded by the
+budget whatever G; or None with `logprobs=False` (as TRL's own transformers generation returns:
+TRL reads them only for its vLLM corrections). Sampling options default to TRL's
+(`max_completion_length`, `temperature`, `top_p`, `top_k`); sampler statistics are added to TRL's
+logs as `infsamp/*`.
 
 Deliberately simple: text prompts (plain or chat) only; no tools, environments or images;
 TRL's own `use_vllm` must be off (the rollout is the generation backend); `repetition_penalty`,
