@@ -94,13 +94,8 @@ def weights_moved(trainer, before) -> bool:
     return any(not torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
 
 
-@pytest.mark.slow
-def test_trl_grpo_trainer_trains_with_the_infsamp_rollout(tmp_path, monkeypatch):
-    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
-    rollout = infsamp_rollout(kv_budget=str(KV_BUDGET), micro_group=MICRO_GROUP,
-                              policy="length_aware")
-    calls = []
-
+def checked(rollout, calls):
+    """Wraps a rollout: checks two rows' log-probs against the current policy's, records calls."""
     def checked_rollout(prompts, trainer):
         out = rollout(prompts, trainer)
         policy = trainer.accelerator.unwrap_model(trainer.model)
@@ -111,7 +106,16 @@ def test_trl_grpo_trainer_trains_with_the_infsamp_rollout(tmp_path, monkeypatch)
             torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)
         calls.append((prompts, out, rollout.last_stats))
         return out
+    return checked_rollout
 
+
+@pytest.mark.slow
+def test_trl_grpo_trainer_trains_with_the_infsamp_rollout(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    rollout = infsamp_rollout(kv_budget=str(KV_BUDGET), micro_group=MICRO_GROUP,
+                              policy="length_aware")
+    calls = []
+    checked_rollout = checked(rollout, calls)
     trainer, before = train_with_trl(checked_rollout, tmp_path)
     assert trainer.state.global_step == 2 and len(calls) == 2
     for prompts, out, stats in calls:
@@ -142,4 +146,26 @@ def test_trl_trains_with_the_continuous_policy_and_no_logprobs(tmp_path, monkeyp
     assert trainer.state.global_step == 1 and outputs[0]["logprobs"] is None
     stats = rollout.last_stats
     assert stats.policy == "continuous" and stats.num_slots == MICRO_GROUP
+    assert weights_moved(trainer, before)
+
+
+@pytest.mark.slow
+def test_trl_trains_with_the_vllm_engine_on_the_current_weights(tmp_path, monkeypatch):
+    """engine='vllm': the rollout decodes with vLLM; the second step's log-probs are the updated
+    policy's (the weights were pushed after TRL's first optimizer step)."""
+    pytest.importorskip("vllm")
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    rollout = infsamp_rollout(engine="vllm", kv_budget=str(KV_BUDGET), micro_group=MICRO_GROUP)
+    sampled, sample = [], rollout._sample
+    monkeypatch.setattr(rollout, "_sample", lambda *a: sampled.append(sample(*a)) or sampled[-1])
+    calls = []
+    trainer, before = train_with_trl(checked(rollout, calls), tmp_path)
+    assert trainer.state.global_step == 2 and len(calls) == 2
+    assert all(stats.engine == "vllm" for _, _, stats in calls)
+    for groups, (_, out, _) in zip(sampled, calls):  # vLLM's own log-probs: the same weights
+        by_vllm = [c.logprobs for group in groups for c in group]
+        for row in (0, len(by_vllm) - 1):
+            torch.testing.assert_close(torch.tensor(by_vllm[row]),
+                                       torch.tensor(out["logprobs"][row]), atol=1e-4, rtol=0)
+    assert all(stats.peak_kv_tokens <= KV_BUDGET for _, _, stats in calls)
     assert weights_moved(trainer, before)
