@@ -83,8 +83,14 @@ class GroupSampler:
     def sample(self, prompt_ids: list[list[int]], num_generations: int, prompt_keys: list[str] | None = None,
                prompt_texts: list[str] | None = None, max_new_tokens: int | None = None,
                temperature: float | None = None, logits_processor_factory: LogitsProcessorFactory | None = None,
-               generator: torch.Generator | None = None, policy: str | None = None) -> SampleResult:
-        """Every completion of every prompt, grouped by prompt, plus the sampler's statistics."""
+               generator: torch.Generator | None = None, policy: str | None = None,
+               global_group_ids: Sequence[int] | None = None) -> SampleResult:
+        """Every completion of every prompt, grouped by prompt, plus the sampler's statistics.
+
+        `global_group_ids`: each prompt's place in the whole step when this call samples a rank's
+        share of it; sample j of prompt i then draws the random stream a single process gives it
+        (key `global_group_ids[i] * G + j`), so the completions do not depend on the process count.
+        """
         policy = policy or self.cfg.policy
         max_new = max_new_tokens or self.cfg.max_new_tokens
         self._check_request(prompt_ids, num_generations, max_new)
@@ -94,6 +100,9 @@ class GroupSampler:
         num_slots = self.num_slots(policy, budget, [len(p) for p in prompt_ids], max_new, len(specs))
         self.last_num_slots = num_slots
         options = self._decode_options(temperature, generator)
+        if global_group_ids is not None:
+            options.sample_keys = tuple(global_group_ids[spec.group_id] * num_generations
+                                        + spec.index_in_group for spec in specs)
         sched = SlotScheduler(specs, policy, num_slots, max_kv_tokens=budget, predictor=self.predictor,
                               refill=self.cfg.refill, epsilon=self.cfg.grouping_epsilon,
                               prefix_tokens=self.cfg.predictor_prefix_tokens)

@@ -34,6 +34,7 @@ class DecodeOptions:
     top_p: float = 1.0
     top_k: int = 0
     seed: int = 0  # base of the per-sample random streams
+    sample_keys: tuple[int, ...] = ()  # random-stream key of each sample id (empty: the id itself)
     eos_token_ids: tuple[int, ...] = ()
 
 
