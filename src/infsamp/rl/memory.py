@@ -44,13 +44,15 @@ def device_memory_bytes(device: torch.device, model: torch.nn.Module, basis: str
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") + held
 
 
-def plan_run(cfg: Config, model: torch.nn.Module, device: torch.device) -> RunSizes:
+def plan_run(cfg: Config, model: torch.nn.Module, device: torch.device,
+             num_ranks: int = 1) -> RunSizes:
+    """Sizes for this process; with several ranks it samples about 1/num_ranks of the prompts."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     dtype = DTYPE_NAMES.get(next(model.parameters()).dtype, "fp32")
     memory = device_memory_bytes(device, model, cfg.training.micro_batch_memory)
     plan = plan_memory(
         shape_from_config(base.config), gpu_memory_bytes=memory,
-        group_size=cfg.sampling.num_generations * cfg.training.prompts_per_step,  # samples decoded per step
+        group_size=cfg.sampling.num_generations * -(-cfg.training.prompts_per_step // num_ranks),
         max_prompt=cfg.data.max_prompt_length,
         max_completion=cfg.sampling.max_new_tokens, lora_rank=cfg.model.lora_rank,
         optimizer=cfg.training.optimizer, gradient_checkpointing=cfg.model.gradient_checkpointing,

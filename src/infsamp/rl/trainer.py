@@ -16,7 +16,12 @@ sampling and evaluation, and checked against the settings), then the weights. Wh
 SIGTERM/SIGINT end the step and save (`signals.py`), and a non-finite loss, gradient norm or
 reward stops the run before it is applied (or skips it: `training.nonfinite`).
 
-Deliberately simple: one process, one device; the reward functions run in the trainer's process.
+Several processes (torchrun / accelerate launch): `distributed.py` joins them, `strategies.py`
+wraps the model (DDP or FSDP2), `rank_step.py` divides each step's prompts between the ranks and
+gathers what the step's statistics need, `rank_checkpoint.py` writes one checkpoint for all. Rank 0
+alone decides the run folder and writes the logs, plots and checkpoints' shared files.
+
+Deliberately simple: the reward functions run in each rank's own process, on its own groups.
 """
 
 from __future__ import annotations
@@ -39,14 +44,18 @@ from infsamp.models.loading import (load_model_and_tokenizer, load_tokenizer, qu
 from infsamp.rewards import compute_rewards, load_reward_functions
 from infsamp.rl import checkpoint as ckpt
 from infsamp.rl.advantages import compute_advantages
+from infsamp.rl.distributed import Ranks, init_ranks, reshard_after_forward
 from infsamp.rl.evaluation import evaluate_accuracy
 from infsamp.rl.memory import plan_run
 from infsamp.rl.grpo_step import GRPOStep, Rollout, is_out_of_memory
 from infsamp.rl.optim import build_optimizer, build_scheduler, schedule_horizon
+from infsamp.rl.losses import BatchTotals
 from infsamp.rl.prompt_stream import PromptStream
-from infsamp.rl.run_folder import prepare_run_folder
+from infsamp.rl.rank_checkpoint import NullLogger, prepare_run_folder_on_ranks, save_on_ranks
+from infsamp.rl.rank_step import RankSteps
 from infsamp.rl.run_log import RunLogger, plot_run
 from infsamp.rl.signals import StopSignals
+from infsamp.rl.strategies import make_strategy
 from infsamp.rl.train_state import restore_training_state, training_state
 from infsamp.sampling.length_predictor import make_predictor
 from infsamp.sampling.sampler import GroupSampler
@@ -109,33 +118,42 @@ class GRPOTrainer:
     """`GRPOTrainer(cfg).train()`; pass `reward_funcs` to use Python callables instead of names."""
 
     def __init__(self, cfg: Config, reward_funcs: list[tuple[str, Callable]] | None = None,
-                 step_callback: Callable[[int, dict[str, Any]], None] | None = None):
+                 step_callback: Callable[[int, dict[str, Any]], None] | None = None,
+                 ranks: Ranks | None = None):
         self.cfg = cfg.validate()
+        self.ranks = ranks or init_ranks(cfg)  # one process, or this rank of a launch
         self.output_dir = Path(cfg.logging.output_dir)
         self.reward_funcs = reward_funcs or _load_rewards(cfg)
-        self.resume_from = prepare_run_folder(cfg)  # before anything loads
+        self.resume_from = prepare_run_folder_on_ranks(cfg, self.ranks)  # before anything loads
         warn_about_settings(cfg)
         seed_everything(cfg.training.seed)
         quiet_transformers()
-        self.device = resolve_device(cfg.model.device)
+        self.device = self.ranks.device(cfg.model.device)
         self.tokenizer = load_tokenizer(cfg.model.name_or_path)
-        self.train_prompts, self.eval_prompts = self._load_prompts()
+        with self.ranks.main_first():  # rank 0 fills the datasets cache
+            self.train_prompts, self.eval_prompts = self._load_prompts()
         self.model, _ = load_model_and_tokenizer(cfg.model, self.device, tokenizer=self.tokenizer)
         self.stop_token_ids = stop_token_ids(self.model, self.tokenizer)
         set_num_threads(cfg.training.num_threads, self.model, self.device)
         self.reward_weights = cfg.rewards.weights or [1.0] * len(self.reward_funcs)
         self.stream = PromptStream(self.train_prompts.prompts, cfg.training.prompts_per_step,
                                    cfg.training.seed)
-        self.sizes = plan_run(cfg, self.model, self.device)
+        self.sizes = plan_run(cfg, self.model, self.device, self.ranks.world_size)
         sampling_cfg = replace(cfg.sampling, kv_budget=str(self.sizes.kv_budget_tokens)) \
             if self.sizes.kv_budget_tokens else replace(cfg.sampling)
-        self.sampler = GroupSampler(self.model, self.tokenizer, sampling_cfg, predictor=self._length_predictor())
-        self.generator = torch.Generator(device="cpu").manual_seed(cfg.training.seed)
         self.ref_model = self._reference_model()
-        self.grpo = GRPOStep(self.model, cfg.training, pad_token_id=self.tokenizer.pad_token_id,
+        self.strategy = make_strategy(self.ranks, reshard_after_forward(cfg))
+        train_model = self.strategy.wrap(self.model)  # DDP wrapper, or the model sharded in place
+        self.sampler = GroupSampler(self.strategy.sampling_model(), self.tokenizer, sampling_cfg,
+                                    predictor=self._length_predictor())
+        self.generator = torch.Generator(device="cpu").manual_seed(cfg.training.seed)
+        self.grpo = GRPOStep(train_model, cfg.training, pad_token_id=self.tokenizer.pad_token_id,
                              temperature=cfg.sampling.temperature or 1.0, ref_model=self.ref_model,
                              max_completion_length=cfg.sampling.max_new_tokens,
-                             micro_batch_tokens=self.sizes.train_micro_batch_tokens)
+                             micro_batch_tokens=self.sizes.train_micro_batch_tokens,
+                             parallel=self.strategy)
+        self.rank_steps = RankSteps(self.ranks, cfg.sampling.num_generations,
+                                    cfg.sampling.max_new_tokens, cfg.distributed.assignment)
         self.optimizer = build_optimizer(self.model, cfg.training)
         self.horizon = self.resume_from.state["schedule"] if self.resume_from else \
             schedule_horizon(cfg.training)  # a resumed run keeps the schedule it started with
@@ -147,7 +165,8 @@ class GRPOTrainer:
         self._saved_step = -1
         self._resume()
         try:
-            save_config(cfg, self.output_dir / "config.yaml")
+            if self.ranks.is_main:
+                save_config(cfg, self.output_dir / "config.yaml")
         except OSError as err:
             raise RunFolderError(f"cannot write {self.output_dir / 'config.yaml'}: "
                                  f"{err.strerror or err}") from None
@@ -201,7 +220,7 @@ class GRPOTrainer:
             return TrainResult(self.output_dir, self.step, self.eval_before,
                                self._eval_at(self.step))
         logger = RunLogger(self.output_dir, cfg.training.max_steps, self.step, cfg.logging.log_every,
-                           cfg.logging.progress_bar)
+                           cfg.logging.progress_bar) if self.ranks.is_main else NullLogger()
         try:
             with StopSignals() as stop:
                 if self.step == 0 and not self._evaluated_at(0):
@@ -215,9 +234,10 @@ class GRPOTrainer:
                 eval_after = self._last_eval if done else self._evaluate(logger)
                 self._save()
                 self._stop_if_asked(stop)
+            self.ranks.finish()
         finally:
             logger.close()
-        if cfg.logging.plot:
+        if cfg.logging.plot and self.ranks.is_main:
             try:
                 plot_run(self.output_dir)
             except OSError as err:  # the run and its checkpoint are complete: say so, do not fail
@@ -226,9 +246,12 @@ class GRPOTrainer:
         return TrainResult(self.output_dir, self.step, self.eval_before, eval_after)
 
     def _stop_if_asked(self, stop: StopSignals) -> None:
-        """After a signal: save (checkpointing.save_on_signal) and stop, exit code 128 + signal."""
-        if not stop.requested:
+        """After a signal: save (checkpointing.save_on_signal) and stop, exit code 128 + signal.
+        Several ranks stop together when any of them received one."""
+        received = int(self.ranks.max([stop.received or 0])[0])
+        if not received:
             return
+        stop.received = stop.received or received
         if self.cfg.checkpointing.save_on_signal:
             what = f"saved {self._save().name} in {self.output_dir} (continue with --resume)"
         else:
@@ -251,6 +274,7 @@ class GRPOTrainer:
 
     _last_eval: float | None = None
     _last_eval_step: int = -1
+    _totals: BatchTotals | None = None  # the whole step's (every rank's) completion sizes
 
     def _evaluated_at(self, step: int) -> bool:
         return self._last_eval_step == step
@@ -264,10 +288,14 @@ class GRPOTrainer:
             return None
         start = time.perf_counter()
         max_new = self.cfg.eval.max_new_tokens or self.cfg.sampling.max_new_tokens
-        accuracy = evaluate_accuracy(self.model, self.tokenizer, [p.token_ids for p in prompts],
-                                     [p.example["answer"] for p in prompts],
-                                     stop_token_ids=self.stop_token_ids, max_new_tokens=max_new,
-                                     temperature=self.cfg.eval.temperature)
+        mine = prompts[self.ranks.rank::self.ranks.world_size]  # each rank a share, then summed
+        with self.strategy.inference_model() as model:
+            share = evaluate_accuracy(model, self.tokenizer, [p.token_ids for p in mine],
+                                      [p.example["answer"] for p in mine],
+                                      stop_token_ids=self.stop_token_ids, max_new_tokens=max_new,
+                                      temperature=self.cfg.eval.temperature) if mine else 0.0
+        solved, total = self.ranks.sum([round(share * len(mine)), len(mine)])
+        accuracy = solved / total
         logger.log_eval(self.step, {"eval/accuracy": accuracy, "eval/num_problems": len(prompts),
                                     "eval/dropped_prompts": self.eval_prompts.num_dropped,
                                     "eval/time_s": round(time.perf_counter() - start, 2)})
@@ -277,7 +305,12 @@ class GRPOTrainer:
     def _save(self) -> Path:
         """checkpoint-<step>, once per step (a signal right after a periodic save adds nothing)."""
         path = self.output_dir / f"checkpoint-{self.step}"
-        if self._saved_step == self.step and (path / ckpt.MANIFEST).is_file():
+        if self._saved_step == self.step and self.ranks.broadcast_json(
+                (path / ckpt.MANIFEST).is_file() if self.ranks.is_main else None):
+            return path
+        if self.ranks.distributed:
+            path = save_on_ranks(self)
+            self._saved_step = self.step
             return path
         path = ckpt.save_checkpoint(self.output_dir, self.step, model=self.model,
                                     tokenizer=self.tokenizer, state=training_state(self),
@@ -295,30 +328,37 @@ class GRPOTrainer:
             logger.log_lengths(self.step + 1, groups)
         try:
             check_finite(sample_metrics, rollout.advantages)
-            loss_metrics = self.grpo.optimize(rollout, self.optimizer, self.scheduler)
+            loss_metrics = self.grpo.optimize(rollout, self.optimizer, self.scheduler, self._totals)
         except NonFiniteError as err:
             loss_metrics = self._on_non_finite(err)
         self.step += 1
-        return {**sample_metrics, **loss_metrics, "learning_rate": self.scheduler.get_last_lr()[0],
-                "epoch": self.stream.epoch, "step_time": round(time.perf_counter() - start, 3)}
+        metrics = {**sample_metrics, **loss_metrics, "learning_rate": self.scheduler.get_last_lr()[0],
+                   "epoch": self.stream.epoch, "step_time": round(time.perf_counter() - start, 3)}
+        return self.rank_steps.finish_metrics(metrics)
 
     def _rollout(self, batch: list[tuple[int, EncodedPrompt]]):
-        """Sample, score and normalise one step's groups; returns (Rollout, metrics, trace lines)."""
+        """Sample, score and normalise this rank's groups of the step (all of them in one
+        process); returns (Rollout, the step's metrics, the step's trace lines)."""
         G = self.cfg.sampling.num_generations
-        prompt_ids = [p.token_ids for _, p in batch]
-        keys = [str(p.index) for _, p in batch]
-        result = self._sample_with_retry(prompt_ids, G, keys, [p.text for _, p in batch])
-        completions = [c for group in result.groups for c in group]  # group-major, N = B*G
-        examples = [p.example for _, p in batch for _ in range(G)]
+        share = self.rank_steps.share(batch)  # indices into batch: this rank's whole groups
+        mine = [batch[i][1] for i in share]
+        prompt_ids = [p.token_ids for p in mine]
+        result = self._sample_with_retry(prompt_ids, G, [str(p.index) for p in mine],
+                                         [p.text for p in mine], share)
+        completions = [c for group in result.groups for c in group]  # group-major, N = b*G
+        examples = [p.example for p in mine for _ in range(G)]
         rewards = self._score(examples, completions)
-        adv = compute_advantages(torch.tensor(rewards.total, dtype=torch.float32), G,
+        step = self.rank_steps.combine(batch, share, result.groups, rewards,
+                                       result.stats.to_metrics())  # the whole step's values
+        adv = compute_advantages(torch.tensor(step.rewards.total, dtype=torch.float32), G,
                                  self.cfg.training.scale_rewards)
+        self._totals = BatchTotals.from_lengths([c.length for c in step.completions],
+                                                self.cfg.sampling.max_new_tokens)
         rollout = Rollout(prompt_ids=[p for p in prompt_ids for _ in range(G)],
-                          completion_ids=[c.token_ids for c in completions], advantages=adv.advantages)
-        metrics = self._sample_metrics(rewards, adv, completions, result.stats.to_metrics())
-        groups = [{"prompt_id": key, "prompt_tokens": len(p), "lengths": [c.length for c in grp]}
-                  for key, p, grp in zip(keys, prompt_ids, result.groups)]
-        return rollout, metrics, groups
+                          completion_ids=[c.token_ids for c in completions],
+                          advantages=adv.advantages[step.local_rows])
+        metrics = self._sample_metrics(step.rewards, adv, step.completions, step.sampler_metrics)
+        return rollout, metrics, step.groups
 
     def _on_non_finite(self, err: NonFiniteError) -> dict[str, Any]:
         """training.nonfinite: stop with one line naming step and quantity, or skip the update."""
@@ -330,14 +370,16 @@ class GRPOTrainer:
         print(f"{where}: update skipped ({self.grpo.num_skipped_updates} so far)", file=sys.stderr)
         return {"train/skipped_updates": self.grpo.num_skipped_updates}
 
-    def _sample_with_retry(self, prompt_ids, G: int, keys: list[str], texts: list[str]):
+    def _sample_with_retry(self, prompt_ids, G: int, keys: list[str], texts: list[str],
+                           share: list[int]):
         """On out-of-memory, halve g (leaving `full` for `continuous`) and sample the step again."""
         sampling = self.sampler.cfg
         while True:
             state = self.generator.get_state()
             try:
-                return self.sampler.sample(prompt_ids, G, prompt_keys=keys, prompt_texts=texts,
-                                           generator=self.generator)
+                with self.strategy.inference_model():  # FSDP: whole weights while sampling
+                    return self.sampler.sample(prompt_ids, G, prompt_keys=keys, prompt_texts=texts,
+                                               generator=self.generator, global_group_ids=share)
             except (torch.OutOfMemoryError, RuntimeError) as err:
                 g = sampling.micro_group or self.sampler.last_num_slots or G * len(prompt_ids)
                 if not is_out_of_memory(err) or g <= 1:
