@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "faults"))
@@ -27,6 +28,13 @@ def main() -> int:
 
             name, _, step = moment.partition("@")
             fault_harness.ARM[name](int(step))
+            die = fault_harness._die
+
+            def note_and_die() -> None:  # the test measures how long the others take to stop
+                Path(sys.argv[1]).with_suffix(".killed").write_text(str(time.time()))
+                die()
+
+            fault_harness._die = note_and_die
     from infsamp.cli import main as cli
 
     for run in runs:

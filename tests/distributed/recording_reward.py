@@ -32,3 +32,14 @@ def completions_by_call(folder: Path) -> list[dict[str, list]]:
             for prompt, ids in zip(record["prompts"], record["ids"]):
                 calls[k].setdefault(prompt, []).append(ids)
     return calls
+
+
+_calls = {"n": 0}
+
+
+def fails_on_rank_1(prompts, completions, **kwargs):
+    """Raises on rank 1 at its second call (step 2); elsewhere a length reward."""
+    _calls["n"] += 1
+    if os.environ.get("RANK") == "1" and _calls["n"] == 2:
+        raise ValueError("a reward server that went away")
+    return [len(c) / 10 for c in completions]

@@ -61,12 +61,15 @@ def shard_name(rank: int, world_size: int) -> str:
 
 def prepare_run_folder_on_ranks(cfg: Config, ranks: Ranks) -> ckpt.Checkpoint | None:
     """Rank 0 decides (new run or which checkpoint); every rank gets the verified checkpoint."""
+    def check(found: ckpt.Checkpoint) -> None:
+        _check_launch(found, ranks)
+
     if not ranks.distributed:
-        return prepare_run_folder(cfg)
+        return prepare_run_folder(cfg, check)
     found: list[ckpt.Checkpoint | None] = [None]
 
     def on_main() -> str | None:
-        found[0] = prepare_run_folder(cfg)
+        found[0] = prepare_run_folder(cfg, check)
         return str(found[0].path) if found[0] is not None else None
 
     path = ranks.decide(on_main)
@@ -75,8 +78,6 @@ def prepare_run_folder_on_ranks(cfg: Config, ranks: Ranks) -> ckpt.Checkpoint | 
             found[0] = ckpt.load_checkpoint(Path(path))
         except CheckpointError as err:
             raise CheckpointError(f"rank {ranks.rank}: {err}") from None
-    if found[0] is not None:
-        _check_launch(found[0], ranks)
     return found[0]
 
 

@@ -115,7 +115,8 @@ class FSDPStrategy(Strategy):
                 fully_shard(module, reshard_after_forward=self.reshard_after_forward)
         fully_shard(model, reshard_after_forward=self.reshard_after_forward)
         for module in model.modules():
-            if isinstance(module, FSDPModule):
+            if isinstance(module, FSDPModule):  # a plain SUM (no PREMUL_SUM: gloo has none)
+                module.set_force_sum_reduction_for_comms(True)
                 module.set_gradient_divide_factor(1.0)
         self.model = model
         self._depth = 0

@@ -1,0 +1,61 @@
+"""FSDP2 over two CPU processes (gloo): the same run as one process, and sharded checkpoints.
+
+gloo runs what FSDP2 needs on CPU (all-gather, reduce-scatter as a plain SUM). Two processes give
+the one-process completions and weights (as with DDP); each checkpoint holds every rank's shards
+(safetensors + JSON) beside a consolidated `model/` that transformers loads; a resume under the
+same launch continues bit for bit, and another number of ranks is refused in one line.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from conftest import final_weights, launch, max_difference, one_process, train_argv
+from test_equal_to_one_process import assert_same_run, case_settings
+
+CASES = {"grpo-group": ("grpo", "group"), "dapo-batch": ("dapo", "batch")}
+FSDP = {"distributed.strategy": "fsdp"}
+
+
+@pytest.mark.slow
+def test_fsdp_equals_one_process_and_resumes_from_its_shards(tiny_model_dir, tmp_path,
+                                                             monkeypatch, one_thread, capsys):
+    runs = [(train_argv({**case_settings(tiny_model_dir, tmp_path / f"fsdp-{name}", loss, scale),
+                         **FSDP}), tmp_path / f"record-fsdp-{name}")
+            for name, (loss, scale) in CASES.items()]
+    result = launch(tmp_path, runs)
+    assert result.returncode == 0, result.output[-3000:]
+    for name, (loss, scale) in CASES.items():
+        values = case_settings(tiny_model_dir, tmp_path / f"one-{name}", loss, scale)
+        one = one_process(values, tmp_path / f"record-one-{name}", monkeypatch)
+        assert_same_run(one, tmp_path / f"fsdp-{name}", tmp_path / f"record-one-{name}",
+                        tmp_path / f"record-fsdp-{name}", tiny_model_dir)
+
+    run = tmp_path / "fsdp-grpo-group"
+    shards = sorted(p.name for p in (run / "checkpoint-3" / "ranks").iterdir())
+    assert shards == [f"rank-0000{r}-of-00002.{ext}" for r in (0, 1) for ext in ("json",
+                                                                               "safetensors")]
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(run / "checkpoint-3" / "model")  # consolidated
+
+    again = tmp_path / "again"
+    shutil.copytree(run, again)
+    shutil.rmtree(again / "checkpoint-3")
+    values = {**case_settings(tiny_model_dir, again, "grpo", "group"), **FSDP}
+    resumed = launch(tmp_path, [(train_argv(values, "--resume"), tmp_path / "record-again")])
+    assert resumed.returncode == 0, resumed.output[-3000:]
+    assert "resuming from" in resumed.output and "checkpoint-2" in resumed.output
+    assert max_difference(final_weights(again, 3), final_weights(run, 3)) == 0.0
+
+    from infsamp import cli
+
+    shutil.rmtree(again / "checkpoint-3")
+    capsys.readouterr()
+    code = cli.main(train_argv({**values, "distributed.strategy": "auto"}, "--resume"))
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(lines) == 1, lines  # one process cannot take two ranks' shards
+    assert "checkpoint-2 holds FSDP shards of 2 ranks; resume it under the same launch" in lines[0]
+
