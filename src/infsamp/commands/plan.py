@@ -1,6 +1,7 @@
 """`infsamp plan`: the memory planner on the command line (no torch imported).
 
     infsamp plan --model llama-3.2-1b --gpu-memory 16GiB --group-size 16 --max-completion 786 --beta 0.04
+    infsamp plan --model qwen3-8b --gpu-memory 24GiB --num-gpus 8 --strategy fsdp   # per device
 
 Flags are read as text and checked here so that every mistake is one error line naming the flag.
 """
@@ -12,6 +13,7 @@ import argparse
 from infsamp.config import ConfigError, parse_size, size_is_bytes
 from infsamp.planner import DTYPE_BYTES, OPTIMIZERS, PRESETS, load_shape, plan_memory
 from infsamp.planner.estimate import DEVICES
+from infsamp.planner.parallel import STRATEGIES
 from infsamp.planner.report import format_plan
 
 INT_FLAGS = {  # flag -> (default, minimum, help)
@@ -35,6 +37,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--beta", default="0", help="KL coefficient; > 0 keeps a reference model (default 0)")
     parser.add_argument("--dtype", default="bf16", help=f"{' | '.join(DTYPE_BYTES)} (default bf16)")
     parser.add_argument("--device", default="cuda", help=f"{' | '.join(DEVICES)} (cpu: no CUDA context)")
+    parser.add_argument("--num-gpus", default="1", help="GPUs the run spreads over; every figure "
+                        "is then one GPU's (default 1)")
+    parser.add_argument("--strategy", default=None, help=f"{' | '.join(STRATEGIES[1:])}: what each GPU "
+                        "holds (default: ddp with --num-gpus > 1; see docs/distributed.md)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
 
@@ -76,14 +82,27 @@ def _read_beta(text: str) -> float:
     return beta
 
 
+def _read_devices(args: argparse.Namespace) -> tuple[int, str]:
+    """(--num-gpus, --strategy): the strategy is ddp or fsdp; one GPU alone plans as one device."""
+    text = str(args.num_gpus).strip()
+    if not text.isdigit() or int(text) < 1:
+        raise ConfigError(f"--num-gpus: expected an integer >= 1, got {args.num_gpus!r}")
+    num = int(text)
+    if args.strategy is None:
+        return num, "single" if num == 1 else "ddp"
+    return num, _read_choice(args.strategy, "strategy", STRATEGIES[1:])
+
+
 def run(args: argparse.Namespace) -> int:
     ints = {flag.replace("-", "_"): _read_int(args, flag) for flag in INT_FLAGS}
+    num_devices, strategy = _read_devices(args)
     if ints["micro_group"] > ints["group_size"]:
         raise ConfigError(f"--micro-group: must be <= --group-size {ints['group_size']} (got {ints['micro_group']})")
     plan = plan_memory(
         load_shape(args.model), gpu_memory_bytes=_read_memory(args.gpu_memory),
         optimizer=_read_choice(args.optimizer, "optimizer", OPTIMIZERS),
         dtype=_read_choice(args.dtype, "dtype", DTYPE_BYTES), device=_read_choice(args.device, "device", DEVICES),
-        gradient_checkpointing=args.gradient_checkpointing, beta=_read_beta(args.beta), **ints)
+        gradient_checkpointing=args.gradient_checkpointing, beta=_read_beta(args.beta),
+        num_devices=num_devices, strategy=strategy, **ints)
     print(plan.to_json() if args.json else format_plan(plan))
     return 0

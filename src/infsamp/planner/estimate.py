@@ -13,7 +13,8 @@ Built on the second seed's rule of thumb (bytes per parameter: weights 2, refere
 - optimizer states stay resident during generation (zero_grad frees the gradients);
 - KV cache: the prompt once, shared by the g samples decoded at once, plus g * max_completion tokens.
 
-Deliberately simplified: one device, no tensor/pipeline parallelism, no offloading; the no-grad passes for
+Several devices: data parallel only (`planner/parallel.py`: DDP replicas or FSDP2 shards, per
+device). Deliberately simplified: no tensor/pipeline parallelism, no offloading; the no-grad passes for
 old / reference log-probs are assumed to stay below the training peak (they hold no activations).
 """
 
@@ -23,6 +24,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from infsamp.planner.parallel import per_device_parts, shard_fraction
 from infsamp.planner.presets import (LORA_TARGETS_ALL_LINEAR, ModelShape, count_lora_parameters,
                                      count_parameters, embedding_parameters)
 
@@ -79,6 +81,8 @@ class PlanInputs:
     shared_prompt_kv: bool = True
     micro_group: int = 0  # 0: the largest g <= G that fits
     train_micro_batch_tokens: int = 0  # 0: the largest budget that fits
+    num_devices: int = 1  # GPUs the run spreads over (planner/parallel.py)
+    strategy: str = "single"  # single, ddp or fsdp: what each device holds
 
     @property
     def dtype_bytes(self) -> int:
@@ -135,8 +139,8 @@ def optimizer_step_temporaries(p: PlanInputs) -> int:
     spec = OPTIMIZERS[p.optimizer]
     if spec.step_temporaries == 0:
         return 0
-    if DEVICES[p.device].foreach_optimizer:
-        return int(spec.step_temporaries * p.num_trainable * p.trainable_bytes)
+    if DEVICES[p.device].foreach_optimizer:  # FSDP steps on this device's shards only
+        return int(spec.step_temporaries * p.num_trainable * p.trainable_bytes * shard_fraction(p))
     largest = embedding_parameters(p.shape) if p.lora_rank == 0 else 0
     return 2 * largest * p.trainable_bytes  # single-tensor loop: sqrt and division of the largest tensor
 
@@ -216,7 +220,7 @@ def generation_breakdown(p: PlanInputs, micro_group: int) -> dict[str, int]:
                  activations=inference_workspace_bytes(p, max(prefill_tokens, micro_group)),
                  logits=max(micro_group * decode_logits_bytes_per_row(p), prefill_logits_bytes(p)),
                  kv_cache=kv_tokens * kv_bytes_per_token(p.shape, p.dtype))
-    return _with_overhead(parts, p.device)
+    return _with_overhead(per_device_parts(p, parts, "generation"), p.device)
 
 
 def embedding_grad_bytes(p: PlanInputs) -> int:
@@ -252,6 +256,7 @@ def training_breakdown(p: PlanInputs, micro_batch_tokens: int) -> dict[str, int]
     """Bytes at the peak moment of a training step with a micro-batch of `micro_batch_tokens` tokens."""
     parts = dict(weights=weights_bytes(p), reference=reference_bytes(p), gradients=gradients_bytes(p),
                  optimizer=optimizer_bytes(p), activations=0, logits=0, kv_cache=0)
+    parts = per_device_parts(p, parts, "training")
     for key, value in peak_training_moment(p, micro_batch_tokens)[1].items():
         parts[key] += value
     return _with_overhead(parts, p.device)

@@ -23,6 +23,7 @@ from infsamp.planner.estimate import (DEVICES, DTYPE_BYTES, GIB, OPTIMIZERS, Pla
                                       kv_bytes_per_token, largest_micro_batch_sequences, largest_micro_group,
                                       peak_training_moment,
                                       train_logits_bytes_per_row, training_breakdown)
+from infsamp.planner.parallel import STRATEGIES
 from infsamp.planner.presets import LORA_TARGETS_ALL_LINEAR, ModelShape
 
 DEFAULT_LORA_RANK = 16
@@ -85,6 +86,11 @@ def validate_inputs(p: PlanInputs) -> None:
     _check(p.optimizer in OPTIMIZERS, "optimizer", p.optimizer, f"must be one of {', '.join(OPTIMIZERS)}")
     _check(p.dtype in DTYPE_BYTES, "dtype", p.dtype, f"must be one of {', '.join(DTYPE_BYTES)}")
     _check(p.device in DEVICES, "device", p.device, f"must be one of {', '.join(DEVICES)}")
+    _check(p.num_devices >= 1, "num_gpus", p.num_devices, "must be >= 1")
+    _check(p.strategy in STRATEGIES, "strategy", p.strategy,
+           f"must be one of {', '.join(STRATEGIES)}")
+    _check(p.strategy != "fsdp" or p.lora_rank == 0, "strategy", p.strategy,
+           "fsdp shards full fine-tuning; with LoRA use ddp")
 
 
 # --- the plan --------------------------------------------------------------------------------------
@@ -113,12 +119,15 @@ def plan_memory(shape: ModelShape, *, gpu_memory_bytes: int, group_size: int, ma
                 gradient_checkpointing: bool = False, beta: float = 0.0, dtype: str = "bf16",
                 device: str = "cuda", shared_prompt_kv: bool = True, micro_group: int = 0,
                 train_micro_batch_tokens: int = 0,
-                lora_targets: tuple[str, ...] = LORA_TARGETS_ALL_LINEAR) -> MemoryPlan:
+                lora_targets: tuple[str, ...] = LORA_TARGETS_ALL_LINEAR, num_devices: int = 1,
+                strategy: str = "single") -> MemoryPlan:
     """Estimate both phases, choose g and the micro-batch, and advise when it does not fit.
-    A micro_group above group_size means all of the step's samples at once."""
+    A micro_group above group_size means all of the step's samples at once. With `num_devices`
+    and `strategy` (ddp, fsdp) every figure is one device's (planner/parallel.py)."""
     p = PlanInputs(shape, int(gpu_memory_bytes), group_size, max_prompt, max_completion, lora_rank,
                    tuple(lora_targets), optimizer, gradient_checkpointing, float(beta), dtype, device,
-                   shared_prompt_kv, min(micro_group, group_size), train_micro_batch_tokens)
+                   shared_prompt_kv, min(micro_group, group_size), train_micro_batch_tokens,
+                   num_devices, strategy)
     validate_inputs(p)
     g, tokens = _choose(p)
     shown_g, shown_tokens = _shown_sizes(p, g, tokens)
@@ -141,7 +150,9 @@ def _only_if(condition: Callable[[PlanInputs], bool], **changes: Any) -> Callabl
 
 
 SWITCHES: dict[str, Callable[[PlanInputs], PlanInputs | None]] = {
-    f"--lora-rank {DEFAULT_LORA_RANK}": _only_if(lambda p: p.lora_rank == 0, lora_rank=DEFAULT_LORA_RANK),
+    f"--lora-rank {DEFAULT_LORA_RANK}": _only_if(lambda p: p.lora_rank == 0 and p.strategy != "fsdp",
+                                                 lora_rank=DEFAULT_LORA_RANK),
+    "--strategy fsdp": _only_if(lambda p: p.num_devices > 1 and p.strategy == "ddp", strategy="fsdp"),
     "--optimizer adamw8bit": _only_if(lambda p: p.optimizer == "adamw", optimizer="adamw8bit"),
     "--gradient-checkpointing": _only_if(lambda p: not p.gradient_checkpointing, gradient_checkpointing=True),
     "--beta 0 (no reference model)": _only_if(lambda p: p.beta > 0 and p.lora_rank == 0, beta=0.0),

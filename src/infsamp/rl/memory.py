@@ -45,8 +45,9 @@ def device_memory_bytes(device: torch.device, model: torch.nn.Module, basis: str
 
 
 def plan_run(cfg: Config, model: torch.nn.Module, device: torch.device,
-             num_ranks: int = 1) -> RunSizes:
-    """Sizes for this process; with several ranks it samples about 1/num_ranks of the prompts."""
+             num_ranks: int = 1, strategy: str = "single") -> RunSizes:
+    """Sizes for this process; with several ranks it samples about 1/num_ranks of the prompts and
+    holds what `strategy` (ddp, fsdp) leaves on one device."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     dtype = DTYPE_NAMES.get(next(model.parameters()).dtype, "fp32")
     memory = device_memory_bytes(device, model, cfg.training.micro_batch_memory)
@@ -57,7 +58,7 @@ def plan_run(cfg: Config, model: torch.nn.Module, device: torch.device,
         max_completion=cfg.sampling.max_new_tokens, lora_rank=cfg.model.lora_rank,
         optimizer=cfg.training.optimizer, gradient_checkpointing=cfg.model.gradient_checkpointing,
         beta=cfg.training.beta, dtype=dtype, device="cuda" if device.type == "cuda" else "cpu",
-        micro_group=cfg.sampling.micro_group)
+        micro_group=cfg.sampling.micro_group, num_devices=num_ranks, strategy=strategy)
     kv = plan.kv_budget_tokens if cfg.sampling.kv_budget == "auto" and plan.micro_group > 0 else None
     tokens = cfg.training.train_micro_batch_tokens or max(plan.train_micro_batch_tokens,
                                                           cfg.data.max_prompt_length + cfg.sampling.max_new_tokens)

@@ -138,7 +138,8 @@ class GRPOTrainer:
         self.reward_weights = cfg.rewards.weights or [1.0] * len(self.reward_funcs)
         self.stream = PromptStream(self.train_prompts.prompts, cfg.training.prompts_per_step,
                                    cfg.training.seed)
-        self.sizes = plan_run(cfg, self.model, self.device, self.ranks.world_size)
+        self.sizes = plan_run(cfg, self.model, self.device, self.ranks.world_size,
+                              self.ranks.strategy)
         sampling_cfg = replace(cfg.sampling, kv_budget=str(self.sizes.kv_budget_tokens)) \
             if self.sizes.kv_budget_tokens else replace(cfg.sampling)
         self.ref_model = self._reference_model()
