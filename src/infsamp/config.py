@@ -277,8 +277,8 @@ class CheckpointConfig:
 
 @dataclass
 class DistributedConfig:
-    strategy: str = opt("auto", "under torchrun or accelerate launch: ddp (every process holds the "
-                        "model; gradients all-reduced), fsdp (FSDP2: weights, gradients and "
+    strategy: str = opt("auto", "under torchrun or accelerate launch: ddp (every process holds "
+                        "the model; gradients all-reduced), fsdp (FSDP2: weights, gradients and "
                         "optimizer states sharded; full weights gathered only to sample and "
                         "evaluate) or auto (accelerate launch's FSDP config: fsdp; else ddp)",
                         choices=("auto", "ddp", "fsdp"))

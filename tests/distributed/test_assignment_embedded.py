@@ -26,7 +26,7 @@ def test_lpt_with_oracle_lengths_beats_round_robin(tmp_path, one_thread):
     cfg = load_config(overrides={"logging.output_dir": str(tmp_path / "run"),
                                  "eval.num_problems": "0", "logging.progress_bar": "false",
                                  "training.prompts_per_step": str(NUM_PROMPTS),
-                                 "sampling.micro_group": "4", "sampling.max_new_tokens": "160"})
+                                 "sampling.micro_group": "4", "sampling.max_new_tokens": "128"})
     trainer = GRPOTrainer(cfg)
     ratios: dict[str, list[float]] = {"round_robin": [], "lpt": []}
     for step in range(NUM_STEPS):

@@ -20,7 +20,7 @@ import json
 
 import pytest
 
-from conftest import (final_weights, launch, max_difference, one_process, settings,
+from launching import (final_weights, launch, max_difference, one_process, settings,
                       train_argv)
 from recording_reward import completions_by_call
 
@@ -28,8 +28,9 @@ CASES = {"grpo-group": ("grpo", "group"), "grpo-batch": ("grpo", "batch"),
          "dapo-group": ("dapo", "group"), "dapo-batch": ("dapo", "batch")}
 TOLERANCE = 1e-6
 SAME_METRICS = ("reward", "reward_std", "frac_reward_zero_std", "completions/mean_length",
-                "completions/max_length", "completions/clipped_ratio", "rewards/length_reward/mean",
-                "loss", "grad_norm", "kl", "clip_ratio/region_mean", "learning_rate")
+                "completions/max_length", "completions/clipped_ratio",
+                "rewards/length_reward/mean", "loss", "grad_norm", "kl", "clip_ratio/region_mean",
+                "learning_rate")
 
 
 def case_settings(model_dir, out, loss, scale, **extra):

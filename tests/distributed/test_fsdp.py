@@ -3,7 +3,10 @@
 gloo runs what FSDP2 needs on CPU (all-gather, reduce-scatter as a plain SUM). Two processes give
 the one-process completions and weights (as with DDP); each checkpoint holds every rank's shards
 (safetensors + JSON) beside a consolidated `model/` that transformers loads; a resume under the
-same launch continues bit for bit, and another number of ranks is refused in one line.
+same launch continues bit for bit, and another number of ranks is refused in one line. The runs
+are launched with `accelerate launch` and the shipped configs (fsdp2_zero2.yaml, then fsdp2.yaml
+for the resume: the shards do not depend on resharding after forward), so `distributed.strategy
+auto` reads accelerate's FSDP settings.
 """
 
 from __future__ import annotations
@@ -12,11 +15,11 @@ import shutil
 
 import pytest
 
-from conftest import final_weights, launch, max_difference, one_process, train_argv
+from launching import final_weights, launch, max_difference, one_process, train_argv
 from test_equal_to_one_process import assert_same_run, case_settings
 
 CASES = {"grpo-group": ("grpo", "group"), "dapo-batch": ("dapo", "batch")}
-FSDP = {"distributed.strategy": "fsdp"}
+FSDP = {"distributed.strategy": "auto"}  # the accelerate config says fsdp
 
 
 @pytest.mark.slow
@@ -25,8 +28,9 @@ def test_fsdp_equals_one_process_and_resumes_from_its_shards(tiny_model_dir, tmp
     runs = [(train_argv({**case_settings(tiny_model_dir, tmp_path / f"fsdp-{name}", loss, scale),
                          **FSDP}), tmp_path / f"record-fsdp-{name}")
             for name, (loss, scale) in CASES.items()]
-    result = launch(tmp_path, runs)
+    result = launch(tmp_path, runs, accelerate_config="fsdp2_zero2.yaml")
     assert result.returncode == 0, result.output[-3000:]
+    assert "2 processes (gloo), strategy fsdp (reshard_after_forward false)" in result.output
     for name, (loss, scale) in CASES.items():
         values = case_settings(tiny_model_dir, tmp_path / f"one-{name}", loss, scale)
         one = one_process(values, tmp_path / f"record-one-{name}", monkeypatch)
@@ -45,7 +49,8 @@ def test_fsdp_equals_one_process_and_resumes_from_its_shards(tiny_model_dir, tmp
     shutil.copytree(run, again)
     shutil.rmtree(again / "checkpoint-3")
     values = {**case_settings(tiny_model_dir, again, "grpo", "group"), **FSDP}
-    resumed = launch(tmp_path, [(train_argv(values, "--resume"), tmp_path / "record-again")])
+    resumed = launch(tmp_path, [(train_argv(values, "--resume"), tmp_path / "record-again")],
+                     accelerate_config="fsdp2.yaml")
     assert resumed.returncode == 0, resumed.output[-3000:]
     assert "resuming from" in resumed.output and "checkpoint-2" in resumed.output
     assert max_difference(final_weights(again, 3), final_weights(run, 3)) == 0.0

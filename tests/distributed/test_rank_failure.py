@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import final_weights, launch, max_difference, settings, train_argv
+from launching import final_weights, launch, max_difference, settings, train_argv
 
 
 @pytest.mark.slow
@@ -21,7 +21,8 @@ def test_killed_rank_stops_the_others_and_the_run_resumes(tiny_model_dir, tmp_pa
     common = {"training.max_steps": 4, "checkpointing.save_every": 2}
     straight = settings(tiny_model_dir, tmp_path / "straight", **common)
     killed = settings(tiny_model_dir, tmp_path / "killed", **common)
-    result = launch(tmp_path / "b", [(train_argv(killed), tmp_path / "rec-b")], kill="1:sampling@4")
+    result = launch(tmp_path / "b", [(train_argv(killed), tmp_path / "rec-b")],
+                    kill="1:sampling@4")
     finished = time.time()
     killed_at = float(next((tmp_path / "b").glob("*.killed")).read_text())
     assert result.returncode != 0
@@ -43,7 +44,7 @@ def test_an_exception_on_one_rank_stops_the_others_naming_it(tiny_model_dir, tmp
     """Rank 1's reward function raises at step 2: rank 1 reports it in one line, rank 0 stops with
     one line naming rank 1 and its error (exit 3) instead of waiting in a collective. (Rank 1 may
     still be exiting when torchrun, seeing rank 0 gone, sends it SIGTERM.)"""
-    from conftest import HERE
+    from launching import HERE
 
     values = settings(tiny_model_dir, tmp_path / "run", **{
         "rewards.functions": f"{HERE / 'recording_reward.py'}:fails_on_rank_1"})

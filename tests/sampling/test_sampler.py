@@ -155,8 +155,8 @@ def test_small_budget_lowers_max_new_tokens(model):
 
 @pytest.mark.parametrize("policy", ["continuous", "length_aware"])
 def test_a_share_of_the_step_draws_the_same_completions_as_the_whole_step(model, policy):
-    """Ranks sample parts of a step: keyed by their global prompt index, each part's completions are
-    those the whole step gives its prompts (what makes N processes match one)."""
+    """Ranks sample parts of a step: keyed by their global prompt index, each part's completions
+    are those the whole step gives its prompts (what makes N processes match one)."""
     make = dict(temperature=1.0, policy=policy, micro_group=5)
     whole = sampler(model, **make).sample(PROMPTS, 4, generator=torch.Generator().manual_seed(3),
                                           logits_processor_factory=EosBoost)

@@ -39,8 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cuda", help=f"{' | '.join(DEVICES)} (cpu: no CUDA context)")
     parser.add_argument("--num-gpus", default="1", help="GPUs the run spreads over; every figure "
                         "is then one GPU's (default 1)")
-    parser.add_argument("--strategy", default=None, help=f"{' | '.join(STRATEGIES[1:])}: what each GPU "
-                        "holds (default: ddp with --num-gpus > 1; see docs/distributed.md)")
+    parser.add_argument("--strategy", default=None,
+                        help=f"{' | '.join(STRATEGIES[1:])}: what each GPU holds (default: ddp "
+                        "with --num-gpus > 1; see docs/distributed.md)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
 

@@ -14,7 +14,8 @@ Built on the second seed's rule of thumb (bytes per parameter: weights 2, refere
 - KV cache: the prompt once, shared by the g samples decoded at once, plus g * max_completion tokens.
 
 Several devices: data parallel only (`planner/parallel.py`: DDP replicas or FSDP2 shards, per
-device). Deliberately simplified: no tensor/pipeline parallelism, no offloading; the no-grad passes for
+device). Deliberately simplified: no tensor/pipeline parallelism, no offloading; the no-grad passes
+for
 old / reference log-probs are assumed to stay below the training peak (they hold no activations).
 """
 

@@ -43,7 +43,7 @@ def gathered_parameters(p: "PlanInputs") -> int:
 
 
 def per_device_parts(p: "PlanInputs", parts: dict[str, int], phase: str) -> dict[str, int]:
-    """Bytes of each part on one device (see the module docstring); `phase`: generation or training."""
+    """Bytes of each part on one device (module docstring); `phase`: generation or training."""
     if p.strategy == "ddp" and phase == "generation":
         return {**parts, "gradients": p.num_trainable * p.trainable_bytes}
     if p.strategy != "fsdp":

@@ -150,9 +150,10 @@ def _only_if(condition: Callable[[PlanInputs], bool], **changes: Any) -> Callabl
 
 
 SWITCHES: dict[str, Callable[[PlanInputs], PlanInputs | None]] = {
-    f"--lora-rank {DEFAULT_LORA_RANK}": _only_if(lambda p: p.lora_rank == 0 and p.strategy != "fsdp",
-                                                 lora_rank=DEFAULT_LORA_RANK),
-    "--strategy fsdp": _only_if(lambda p: p.num_devices > 1 and p.strategy == "ddp", strategy="fsdp"),
+    f"--lora-rank {DEFAULT_LORA_RANK}": _only_if(
+        lambda p: p.lora_rank == 0 and p.strategy != "fsdp", lora_rank=DEFAULT_LORA_RANK),
+    "--strategy fsdp": _only_if(lambda p: p.num_devices > 1 and p.strategy == "ddp",
+                                strategy="fsdp"),
     "--optimizer adamw8bit": _only_if(lambda p: p.optimizer == "adamw", optimizer="adamw8bit"),
     "--gradient-checkpointing": _only_if(lambda p: not p.gradient_checkpointing, gradient_checkpointing=True),
     "--beta 0 (no reference model)": _only_if(lambda p: p.beta > 0 and p.lora_rank == 0, beta=0.0),

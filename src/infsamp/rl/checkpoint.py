@@ -17,7 +17,8 @@ NaN or inf in any tensor.
 `find_resume_point` walks back from the newest checkpoint to the newest one that verifies.
 
 Deliberately simple: one process writes (with several ranks, the others add their shard files
-through `write_extra` before the manifest); sha256 re-reads every file once at save and once at load.
+through `write_extra` before the manifest); sha256 re-reads every file once at save and once at
+load.
 """
 
 from __future__ import annotations

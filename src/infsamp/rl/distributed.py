@@ -1,4 +1,4 @@
-"""The processes of a data-parallel run: who am I, what the launch asked for, and the few collectives.
+"""The processes of a data-parallel run: who am I, what the launch asked for, the few collectives.
 
     torchrun --nproc-per-node N -m infsamp train CONFIG             # or, with a config file:
     accelerate launch --config_file examples/accelerate/ddp.yaml -m infsamp train CONFIG
@@ -131,7 +131,8 @@ class ProcessRanks(Ranks):
         padded[: data.numel()] = data
         out = [torch.zeros(width, dtype=torch.uint8) for _ in range(self.world_size)]
         dist.all_gather(out, padded)
-        return [json.loads(bytes(t[: int(n.item())].tolist()).decode()) for t, n in zip(out, sizes)]
+        return [json.loads(bytes(t[: int(n.item())].tolist()).decode())
+                for t, n in zip(out, sizes)]
 
     def broadcast_json(self, value: Any) -> Any:
         return self.gather_json(value if self.is_main else None)[0]
@@ -187,9 +188,14 @@ class ProcessRanks(Ranks):
         try:
             yield
         except BaseException as err:
-            if is_agreed(err) or isinstance(err, PeerFailed):
-                raise agreed(err) if is_agreed(err) else err
-            peer = self.watch.peer_failure(wait_s=5.0)
+            if is_agreed(err):  # every rank stops here: their exits are not failures
+                self.watch.finished()
+                raise agreed(err)
+            if isinstance(err, PeerFailed):
+                raise
+            # a collective that failed: most likely a peer died; give the watcher time to see it
+            communication = isinstance(err, RuntimeError) and not isinstance(err, InfsampError)
+            peer = self.watch.peer_failure(wait_s=5.0 if communication else 0.0)
             if peer is not None:
                 raise PeerFailed(self.watch.describe(*peer)) from None
             self.watch.report_failure(f"{type(err).__name__}: {_first_line(err)}")
@@ -269,6 +275,12 @@ def init_ranks(cfg: Config) -> Ranks:
     ranks = ProcessRanks(strategy, cfg.distributed.failure_timeout_s, cfg.logging.output_dir)
     if not ranks.is_main:
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - rank 0 speaks for the run
+    import torch.distributed as dist
+
+    sharding = f" (reshard_after_forward {str(reshard_after_forward(cfg)).lower()})" \
+        if strategy == "fsdp" else ""
+    print(f"{ranks.world_size} processes ({dist.get_backend()}), strategy {strategy}{sharding}, "
+          f"prompts assigned to ranks by {cfg.distributed.assignment}")
     return ranks
 
 

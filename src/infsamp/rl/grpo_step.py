@@ -174,8 +174,9 @@ class GRPOStep:
         total_loss, total_stats = 0.0, LossStats()
         device = next(self.model.parameters()).device
         budget = max_tokens or self.micro_batch_tokens
-        batches = build_micro_batches(rollout.prompt_ids, rollout.completion_ids, max_tokens=budget,
-                                      pad_token_id=self.pad_token_id, device=device, indices=indices)
+        batches = build_micro_batches(rollout.prompt_ids, rollout.completion_ids,
+                                      max_tokens=budget, pad_token_id=self.pad_token_id,
+                                      device=device, indices=indices)
         padding = 0 if indices is not None else self.parallel.padding_batches(
             len(plan_micro_batches_of(rollout, budget)))
         for mb, last in with_last(batches):
@@ -194,7 +195,7 @@ class GRPOStep:
         return total_loss, total_stats
 
     def _padding_backward(self, rollout: Rollout, device) -> None:
-        """A zero-weight micro-batch (one sequence): the collectives run, the gradient is unchanged."""
+        """A zero-weight micro-batch (one sequence): its collectives run, gradients stay."""
         mb = make_micro_batch(rollout.prompt_ids, rollout.completion_ids, [0], self.pad_token_id,
                               device)
         (micro_batch_logprobs(self.model, mb, self.temperature).sum() * 0.0).backward()

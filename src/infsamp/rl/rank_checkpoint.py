@@ -87,8 +87,8 @@ def _check_launch(found: ckpt.Checkpoint, ranks: Ranks) -> None:
             ("fsdp", saved["world_size"]):
         raise agreed(CheckpointError(
             f"{found.path.name} holds FSDP shards of {saved['world_size']} ranks; resume it "
-            f"under the same launch (this one: {ranks.strategy} on {ranks.world_size}), or start a "
-            f"new run from {found.path / ckpt.MODEL_DIR}"))
+            f"under the same launch (this one: {ranks.strategy} on {ranks.world_size}), or "
+            f"start a new run from {found.path / ckpt.MODEL_DIR}"))
 
 
 # ---------------------------------------------------------------- per-rank state
@@ -177,7 +177,8 @@ class _Agreements:
         if failed is not None:
             self.finish(failed[1])
             rank, message = failed
-            who = "" if message.startswith("rank ") or self.ranks.world_size == 1 else f"rank {rank}: "
+            named = message.startswith("rank ") or self.ranks.world_size == 1
+            who = "" if named else f"rank {rank}: "
             raise agreed(CheckpointError(who + message))
 
     def finish(self, error: str) -> None:
@@ -245,5 +246,6 @@ def _write_shard(tmp: Path, shards, ranks: Ranks) -> str | None:
             os.fsync(fd)
             os.close(fd)
     except Exception as err:  # noqa: BLE001 - OSError or safetensors' own error
-        return f"rank {ranks.rank}: cannot write {base.name}: {getattr(err, 'strerror', None) or err}"
+        why = getattr(err, "strerror", None) or err
+        return f"rank {ranks.rank}: cannot write {base.name}: {why}"
     return None

@@ -18,8 +18,10 @@ G x its predicted length: the tokens it decodes.
 
 Metrics: `sampling/rank_imbalance` is the slowest rank's sampling time over the mean;
 `sampling/rank_imbalance_steps` the same for decode steps (deterministic); `sampling/
-predicted_imbalance` what the assignment expected; `distributed/wait_s` the time this rank spent
-in the step's collectives waiting for the others (rank 0's, logged).
+predicted_imbalance` what the assignment expected; `distributed/wait_s` the time a rank spent in
+the step's gathers waiting for the others (mean over ranks; where a fast sampler waits for the
+slowest; the wait inside DDP's gradient all-reduce is not in it), `distributed/wait_fraction` that
+over the step time.
 
 Deliberately simple: one process keeps the same code path with a share of every prompt; the
 sampler's statistics are combined by a fixed table (sums, maxima, else means).
@@ -58,8 +60,9 @@ class StepData:
     groups: list[dict[str, Any]]  # lengths.jsonl lines, step order
 
 
-def combine_metrics(per_rank: list[dict[str, float]], prefix: str = "sampling/") -> dict[str, float]:
-    """One dict from every rank's: the SUMMED keys add, MAXED keys take the maximum, others average."""
+def combine_metrics(per_rank: list[dict[str, float]],
+                    prefix: str = "sampling/") -> dict[str, float]:
+    """One dict from every rank's: SUMMED keys add, MAXED keys take the maximum, others average."""
     out: dict[str, float] = {}
     for key in per_rank[0]:
         values = [m[key] for m in per_rank if key in m]
@@ -74,7 +77,8 @@ class RankSteps:
     the rank's own values."""
 
     def __init__(self, ranks: Ranks, num_generations: int, max_new_tokens: int, method: str):
-        self.ranks, self.G, self.max_new, self.method = ranks, num_generations, max_new_tokens, method
+        self.ranks, self.G, self.method = ranks, num_generations, method
+        self.max_new = max_new_tokens
         self.costs = _make_cost_predictor() if ranks.distributed and ranks.is_main else None
         self.wait_s = 0.0
         self._predicted = 1.0
@@ -116,13 +120,15 @@ class RankSteps:
             self.costs.update(self._specs(batch, self.G), lengths)
         return data
 
-    def _merge(self, everyone: list[dict[str, Any]], num_prompts: int, share: list[int]) -> StepData:
+    def _merge(self, everyone: list[dict[str, Any]], num_prompts: int,
+               share: list[int]) -> StepData:
         by_prompt: dict[int, dict[str, Any]] = {}
         for record in everyone:
             for position, group in zip(record["share"], record["groups"]):
                 by_prompt[position] = group
         groups = [by_prompt[i] for i in range(num_prompts)]
-        completions = [Finished(n, why) for g in groups for n, why in zip(g["lengths"], g["finish"])]
+        completions = [Finished(n, why) for g in groups
+                       for n, why in zip(g["lengths"], g["finish"])]
         total = [r for g in groups for r in g["total"]]
         per_function = {name: [v for g in groups for v in g["per_function"][name]]
                         for name in everyone[0]["functions"]}
@@ -149,12 +155,21 @@ class RankSteps:
 
     # ---- after the update
     def finish_metrics(self, metrics: dict[str, Any]) -> dict[str, Any]:
-        """Counters that differ per rank summed; this rank's waiting time; reset for the next step."""
+        """Counters that differ per rank summed; this rank's waiting time; on CUDA the busiest
+        device's peak memory so far (`memory/peak_gib`); reset for the next step."""
+        import torch
+
+        if torch.cuda.is_available():
+            metrics["memory/peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
         if self.ranks.distributed:
             keys = [k for k in ("train/oom_retries",) if k in metrics]
             for key, value in zip(keys, self.ranks.sum([metrics[k] for k in keys])):
                 metrics[key] = value
-            metrics["distributed/wait_s"] = round(self.wait_s, 3)
+            if "memory/peak_gib" in metrics:
+                metrics["memory/peak_gib"] = self.ranks.max([metrics["memory/peak_gib"]])[0]
+            wait = self.ranks.sum([self.wait_s])[0] / self.ranks.world_size
+            metrics["distributed/wait_s"] = round(wait, 3)  # mean over ranks
+            metrics["distributed/wait_fraction"] = round(wait / max(metrics["step_time"], 1e-9), 4)
             metrics["distributed/num_ranks"] = self.ranks.world_size
         self.wait_s = 0.0
         return metrics
@@ -176,7 +191,7 @@ def _make_cost_predictor():
 
 def _records(batch, share: list[int], groups, rewards: RewardResult,
              sampler_metrics: dict[str, float]) -> dict[str, Any]:
-    """This rank's groups as JSON-able records (a lengths.jsonl line plus what the metrics need)."""
+    """This rank's groups as JSON-able records (a lengths.jsonl line + what the metrics need)."""
     records = []
     for k, (position, group) in enumerate(zip(share, groups)):
         _, prompt = batch[position]

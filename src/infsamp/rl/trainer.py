@@ -218,6 +218,7 @@ class GRPOTrainer:
         if self.resume_from is not None and self.step >= cfg.training.max_steps:
             print(f"the run finished at step {self.step} (training.max_steps "
                   f"{cfg.training.max_steps}): nothing to do")
+            self.ranks.finish()
             return TrainResult(self.output_dir, self.step, self.eval_before,
                                self._eval_at(self.step))
         logger = RunLogger(self.output_dir, cfg.training.max_steps, self.step, cfg.logging.log_every,
@@ -329,12 +330,14 @@ class GRPOTrainer:
             logger.log_lengths(self.step + 1, groups)
         try:
             check_finite(sample_metrics, rollout.advantages)
-            loss_metrics = self.grpo.optimize(rollout, self.optimizer, self.scheduler, self._totals)
+            loss_metrics = self.grpo.optimize(rollout, self.optimizer, self.scheduler,
+                                              self._totals)
         except NonFiniteError as err:
             loss_metrics = self._on_non_finite(err)
         self.step += 1
-        metrics = {**sample_metrics, **loss_metrics, "learning_rate": self.scheduler.get_last_lr()[0],
-                   "epoch": self.stream.epoch, "step_time": round(time.perf_counter() - start, 3)}
+        metrics = {**sample_metrics, **loss_metrics,
+                   "learning_rate": self.scheduler.get_last_lr()[0], "epoch": self.stream.epoch,
+                   "step_time": round(time.perf_counter() - start, 3)}
         return self.rank_steps.finish_metrics(metrics)
 
     def _rollout(self, batch: list[tuple[int, EncodedPrompt]]):

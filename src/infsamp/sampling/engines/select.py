@@ -4,9 +4,9 @@ Greedy (temperature 0) is an argmax. Otherwise tokens are drawn by the Gumbel-ma
 argmax(logits / T + Gumbel noise), which samples exactly from softmax(logits / T). The noise of sample s
 at its n-th token is a counter-based hash of (seed, s, n, vocab index), so a sample draws the same random
 numbers whichever slot, round or batch it lands in: the policies differ only in schedule, not in outcome
-(up to floating-point differences of the logits). `DecodeOptions.sample_keys` renames s: a rank that
-samples part of a step keys each sample by its place in the whole step, so every process count draws
-the same completions. top-k / top-p use transformers' logits warpers.
+(up to floating-point differences of the logits). `DecodeOptions.sample_keys` renames s: a rank
+that samples part of a step keys each sample by its place in the whole step, so every process count
+draws the same completions. top-k / top-p use transformers' logits warpers.
 
 Deliberately simple: a 32-bit integer hash (lowbias32), 24-bit uniforms; ample for sampling, not crypto.
 """

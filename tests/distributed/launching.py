@@ -1,24 +1,26 @@
 """Launching real process groups from a test: torchrun children on the tiny model, CPU and gloo.
 
 `launch` runs `torchrun --standalone --nproc-per-node N tests/distributed/rank_child.py` (a free
-port each time, so parallel test runs do not collide) with this worktree's sources first on the
-path; `one_process` runs the same settings in the test's own process, the reference.
+port each time, so parallel test runs do not collide), or `accelerate launch` with one of the
+configs in examples/accelerate/, with this worktree's sources first on the path; `one_process`
+runs the same settings in the test's own process, the reference.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
 
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parents[1] / "src"
+EXAMPLES = HERE.parents[1] / "examples" / "accelerate"
 REWARD = f"{HERE / 'recording_reward.py'}:length_reward"
 
 
@@ -49,16 +51,32 @@ class Launch:
     seconds: float
 
 
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def launcher(nproc: int, accelerate_config: str | None) -> list[str]:
+    """torchrun on a free port, or accelerate launch with one of examples/accelerate/."""
+    if accelerate_config is None:
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                f"--nproc-per-node={nproc}"]
+    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+            str(EXAMPLES / accelerate_config), "--num_processes", str(nproc),
+            "--main_process_port", str(free_port())]
+
+
 def launch(folder: Path, runs: list[tuple[list[str], Path]], nproc: int = 2,
-           kill: str | None = None, timeout: float = 170) -> Launch:
+           kill: str | None = None, timeout: float = 170,
+           accelerate_config: str | None = None) -> Launch:
     """Each (argv, record folder) run in turn by the same `nproc` processes."""
     folder.mkdir(parents=True, exist_ok=True)
     spec = folder / f"runs-{time.monotonic_ns()}.json"
     spec.write_text(json.dumps([{"argv": argv, "record": str(record)} for argv, record in runs]))
     env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
            "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc-per-node={nproc}", str(HERE / "rank_child.py"), str(spec)]
+    command = launcher(nproc, accelerate_config) + [str(HERE / "rank_child.py"), str(spec)]
     start = time.monotonic()
     done = subprocess.run(command + ([kill] if kill else []), env=env, capture_output=True,
                           text=True, timeout=timeout)
@@ -85,12 +103,3 @@ def max_difference(a: dict, b: dict) -> float:
     assert a.keys() == b.keys()
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
-
-@pytest.fixture
-def one_thread():
-    import torch
-
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
