@@ -1,6 +1,7 @@
 """1 vs 2 CPU processes on the embedded task; round-robin vs LPT assignment of prompts to ranks.
 
-    .venv/bin/python benchmarks/distributed.py [--steps 12] [--prompts 8] [--out DIR]
+    .venv/bin/python benchmarks/distributed.py [--steps 12] [--prompts 8] [--micro-group 16]
+                                               [--oracle-steps 6] [--out DIR]
 
 Part 1 runs `infsamp train` on the embedded model and task three times, side by side in one
 invocation: one process; two processes (`torchrun --nproc-per-node 2`, gloo) with round-robin
@@ -59,7 +60,8 @@ def summary(out: Path) -> dict[str, float]:
             "mean_length": round(mean("completions/mean_length"), 1)}
 
 
-def oracle(out: Path, num_steps: int, prompts: int) -> dict[str, dict[str, float]]:
+def oracle(out: Path, num_steps: int, prompts: int,
+           micro_group: int) -> dict[str, dict[str, float]]:
     import torch
 
     from infsamp.config import load_config
@@ -70,6 +72,7 @@ def oracle(out: Path, num_steps: int, prompts: int) -> dict[str, dict[str, float
     torch.set_num_threads(1)
     cfg = load_config(overrides={"logging.output_dir": str(out), "eval.num_problems": "0",
                                  "training.prompts_per_step": str(prompts),
+                                 "sampling.micro_group": str(micro_group),
                                  "logging.progress_bar": "false"})
     trainer, G = GRPOTrainer(cfg), cfg.sampling.num_generations
     found: dict[str, dict[str, list[float]]] = {m: {"steps": [], "time": []}
@@ -95,19 +98,22 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--oracle-steps", type=int, default=6)
+    parser.add_argument("--micro-group", type=int, default=16, help="g: sampling slots per rank")
     parser.add_argument("--out", default="runs/bench_distributed")
     args = parser.parse_args()
     out = Path(args.out)
     runs = {"1 process": (1, []),
             "2 processes, round_robin": (2, ["--distributed.assignment", "round_robin"]),
             "2 processes, lpt": (2, ["--distributed.assignment", "lpt"])}
-    report: dict[str, object] = {"date": time.strftime("%Y-%m-%d"), "load_before": os.getloadavg()}
+    report: dict[str, object] = {"date": time.strftime("%Y-%m-%d"),
+                                 "micro_group": args.micro_group, "load_before": os.getloadavg()}
     for name, (nproc, extra) in runs.items():
         folder = out / name.replace(" ", "_").replace(",", "")
-        seconds = train(folder, nproc, args.steps, args.prompts, extra)
+        seconds = train(folder, nproc, args.steps, args.prompts,
+                        extra + ["--sampling.micro_group", str(args.micro_group)])
         report[name] = {"wall_s": round(seconds, 1), **summary(folder)}
     report["oracle (sampler only, 2 ranks)"] = oracle(out / "oracle", args.oracle_steps,
-                                                       args.prompts)
+                                                       args.prompts, args.micro_group)
     report["load_after"] = os.getloadavg()
     print(json.dumps(report, indent=1))
 

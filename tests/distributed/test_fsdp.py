@@ -18,21 +18,24 @@ import pytest
 from launching import final_weights, launch, max_difference, one_process, train_argv
 from test_equal_to_one_process import assert_same_run, case_settings
 
-CASES = {"grpo-group": ("grpo", "group"), "dapo-batch": ("dapo", "batch")}
+# dapo-batch also takes the KL term (a whole reference model on each rank) and two passes over
+# each rollout (old log-probs from the gathered whole weights)
+CASES = {"grpo-group": ("grpo", "group", None),
+         "dapo-batch": ("dapo", "batch", {"training.beta": 0.04, "training.num_iterations": 2})}
 FSDP = {"distributed.strategy": "auto"}  # the accelerate config says fsdp
 
 
 @pytest.mark.slow
 def test_fsdp_equals_one_process_and_resumes_from_its_shards(tiny_model_dir, tmp_path,
                                                              monkeypatch, one_thread, capsys):
-    runs = [(train_argv({**case_settings(tiny_model_dir, tmp_path / f"fsdp-{name}", loss, scale),
-                         **FSDP}), tmp_path / f"record-fsdp-{name}")
-            for name, (loss, scale) in CASES.items()]
+    runs = [(train_argv({**case_settings(tiny_model_dir, tmp_path / f"fsdp-{name}", loss, scale,
+                                         extra), **FSDP}), tmp_path / f"record-fsdp-{name}")
+            for name, (loss, scale, extra) in CASES.items()]
     result = launch(tmp_path, runs, accelerate_config="fsdp2_zero2.yaml")
     assert result.returncode == 0, result.output[-3000:]
     assert "2 processes (gloo), strategy fsdp (reshard_after_forward false)" in result.output
-    for name, (loss, scale) in CASES.items():
-        values = case_settings(tiny_model_dir, tmp_path / f"one-{name}", loss, scale)
+    for name, (loss, scale, extra) in CASES.items():
+        values = case_settings(tiny_model_dir, tmp_path / f"one-{name}", loss, scale, extra)
         one = one_process(values, tmp_path / f"record-one-{name}", monkeypatch)
         assert_same_run(one, tmp_path / f"fsdp-{name}", tmp_path / f"record-one-{name}",
                         tmp_path / f"record-fsdp-{name}", tiny_model_dir)

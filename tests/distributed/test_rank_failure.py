@@ -4,11 +4,13 @@ Rank 1 SIGKILLs itself as step 4 starts sampling (no message, no cleanup: what t
 lost machine does). Rank 0 must not hang in the step's collective: its watcher sees rank 1's
 process gone and stops it with one line naming rank 1 and the newest complete checkpoint
 (checkpoint-2); `--resume` under the same launch then reaches the weights of a run that was never
-interrupted, bit for bit.
+interrupted, bit for bit. The run uses `length_aware` with the online predictor, so each rank's
+sampler state and the assignment's cost predictor go through the checkpoint too.
 """
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -18,7 +20,8 @@ from launching import final_weights, launch, max_difference, settings, train_arg
 
 @pytest.mark.slow
 def test_killed_rank_stops_the_others_and_the_run_resumes(tiny_model_dir, tmp_path):
-    common = {"training.max_steps": 4, "checkpointing.save_every": 2}
+    common = {"training.max_steps": 4, "checkpointing.save_every": 2,  # each rank's sampler has
+              "sampling.policy": "length_aware", "sampling.predictor": "online"}  # a predictor
     straight = settings(tiny_model_dir, tmp_path / "straight", **common)
     killed = settings(tiny_model_dir, tmp_path / "killed", **common)
     result = launch(tmp_path / "b", [(train_argv(killed), tmp_path / "rec-b")],
@@ -37,6 +40,11 @@ def test_killed_rank_stops_the_others_and_the_run_resumes(tiny_model_dir, tmp_pa
     assert result.returncode == 0, result.output[-3000:]
     assert max_difference(final_weights(tmp_path / "killed", 4),
                           final_weights(tmp_path / "straight", 4)) == 0.0
+    state = {run: json.loads((tmp_path / run / "checkpoint-4" / "training_state.json").read_text())
+             for run in ("killed", "straight")}
+    for key in ("ranks", "rank_costs", "predictor", "data", "counters"):  # each rank's own state
+        assert state["killed"][key] == state["straight"][key], key
+    assert len(state["killed"]["ranks"]) == 2 and state["killed"]["rank_costs"] is not None
 
 
 @pytest.mark.slow

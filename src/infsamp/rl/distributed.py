@@ -290,6 +290,8 @@ def _init_process_group() -> None:
 
     if dist.is_initialized():
         return
+    if torch.cuda.is_available():  # one GPU per process, chosen before NCCL starts
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
     try:
         dist.init_process_group(backend=backend)
