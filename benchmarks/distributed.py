@@ -1,7 +1,10 @@
 """1 vs 2 CPU processes on the embedded task; round-robin vs LPT assignment of prompts to ranks.
 
     .venv/bin/python benchmarks/distributed.py [--steps 12] [--prompts 8] [--micro-group 16]
-                                               [--oracle-steps 6] [--out DIR]
+                                 [--train-examples 4000] [--oracle-steps 6] [--out DIR]
+
+`--train-examples 32` makes every prompt come back every 4 steps (several epochs), so the cost
+predictor has each prompt's earlier lengths to go on.
 
 Part 1 runs `infsamp train` on the embedded model and task three times, side by side in one
 invocation: one process; two processes (`torchrun --nproc-per-node 2`, gloo) with round-robin
@@ -99,21 +102,24 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--oracle-steps", type=int, default=6)
     parser.add_argument("--micro-group", type=int, default=16, help="g: sampling slots per rank")
+    parser.add_argument("--train-examples", type=int, default=4000, help="training prompts")
     parser.add_argument("--out", default="runs/bench_distributed")
     args = parser.parse_args()
     out = Path(args.out)
     runs = {"1 process": (1, []),
             "2 processes, round_robin": (2, ["--distributed.assignment", "round_robin"]),
             "2 processes, lpt": (2, ["--distributed.assignment", "lpt"])}
-    report: dict[str, object] = {"date": time.strftime("%Y-%m-%d"),
-                                 "micro_group": args.micro_group, "load_before": os.getloadavg()}
+    report: dict[str, object] = {"date": time.strftime("%Y-%m-%d"), "argv": sys.argv[1:],
+                                 "load_before": os.getloadavg()}
     for name, (nproc, extra) in runs.items():
         folder = out / name.replace(" ", "_").replace(",", "")
         seconds = train(folder, nproc, args.steps, args.prompts,
-                        extra + ["--sampling.micro_group", str(args.micro_group)])
+                        extra + ["--sampling.micro_group", str(args.micro_group),
+                                 "--data.num_train_examples", str(args.train_examples)])
         report[name] = {"wall_s": round(seconds, 1), **summary(folder)}
-    report["oracle (sampler only, 2 ranks)"] = oracle(out / "oracle", args.oracle_steps,
-                                                       args.prompts, args.micro_group)
+    if args.oracle_steps:
+        report["oracle (sampler only, 2 ranks)"] = oracle(out / "oracle", args.oracle_steps,
+                                                           args.prompts, args.micro_group)
     report["load_after"] = os.getloadavg()
     print(json.dumps(report, indent=1))
 

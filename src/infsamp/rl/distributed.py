@@ -271,6 +271,11 @@ def init_ranks(cfg: Config) -> Ranks:
                               "..., or accelerate launch -m infsamp train ...)")
         return Ranks()
     strategy = launch_strategy(cfg)
+    world_size = int(os.environ["WORLD_SIZE"])
+    if cfg.training.prompts_per_step < world_size:
+        raise ConfigError(f"training.prompts_per_step: {cfg.training.prompts_per_step} prompts "
+                          f"for {world_size} processes; each process samples whole groups, so "
+                          f"give at least {world_size} prompts per step")
     _init_process_group()
     ranks = ProcessRanks(strategy, cfg.distributed.failure_timeout_s, cfg.logging.output_dir)
     if not ranks.is_main:
