@@ -9,10 +9,14 @@ with random weights (no download): the embedded tiny Llama and real shapes (some
     python benchmarks/memory.py --quick         # the small CPU cases only (~1 minute)
     python benchmarks/memory.py --device cuda   # GPU cases: qwen3-0.6b and qwen3-1.7b shapes in bf16
     python benchmarks/memory.py --case embedded --phase train   # one measurement
+    python benchmarks/memory.py --quick --precision fp32,mixed,bf16   # each precision mode
+    python benchmarks/memory.py --device cuda --precision all         # GPU, with the QLoRA case
 
 Sampling goes through the project's GroupSampler (continuous policy, g slots, shared prompt KV, every
 completion forced to max length by disabling EOS). The training step lives in `measure_training_step`:
-token-budget micro-batches of infsamp.rl.logprobs, the GRPO loss of infsamp.rl.losses, backward, AdamW.
+token-budget micro-batches of infsamp.rl.logprobs, the GRPO loss of infsamp.rl.losses, backward,
+and the optimizer the trainer builds for the precision mode (`build_optimizer`); the model is built
+in the mode's dtype with its compute context (`apply_compute`), as `load_model_and_tokenizer` does.
 
 Deliberately simple: one prompt per step; completions all of maximum length (the worst case the planner
 sizes for); random token ids.
@@ -21,6 +25,7 @@ sizes for); random token ids.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import os
@@ -55,14 +60,13 @@ class Case:
     train_sequences: int = 2  # sequences per training micro-batch
     quick: bool = False
     device: str = "cpu"
+    lora_rank: int = 0
+    load_in_4bit: bool = False  # QLoRA (CUDA and bitsandbytes only)
 
     @property
     def train_micro_batch_tokens(self) -> int:
         return self.train_sequences * (self.max_prompt + self.max_completion)
 
-    @property
-    def dtype(self) -> str:
-        return "bf16" if self.device == "cuda" else "fp32"
 
 
 CASES: dict[str, Case] = {
@@ -82,7 +86,11 @@ CASES: dict[str, Case] = {
                            train_sequences=8, device="cuda"),
     "gpu-qwen3-1.7b": Case("qwen3-1.7b", group_size=32, micro_group=32, max_prompt=256, max_completion=1024,
                            train_sequences=4, device="cuda"),
+    "gpu-qwen3-1.7b-qlora": Case("qwen3-1.7b", group_size=32, micro_group=32, max_prompt=256,
+                                 max_completion=1024, train_sequences=4, device="cuda",
+                                 lora_rank=16, load_in_4bit=True),
 }
+PRECISION_MODES = ("fp32", "mixed", "bf16")  # --precision all (bf16_lossy has bf16's bytes)
 PHASES = ("sample", "train")
 MICRO_CASE = Case("micro", group_size=2, micro_group=2, max_prompt=4, max_completion=4, train_sequences=1)
 MICRO_SHAPE = ModelShape("micro", 64, 128, 1, 2, 1, 32, 256, True, 2048)
@@ -123,17 +131,34 @@ def hf_config(shape: ModelShape):
                   pad_token_id=0, **extra)
 
 
-def build_model(case: Case):
+def build_model(case: Case, precision: str):
+    """Random weights in the mode's dtype, LoRA / 4-bit as the case says, its compute context."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    dtype = torch.bfloat16 if case.dtype == "bf16" else torch.float32
+    from infsamp.config import ModelConfig
+    from infsamp.models.loading import apply_lora, weight_kwargs
+    from infsamp.planner import PRECISIONS
+    from infsamp.rl.precision import apply_compute
+
+    mode = PRECISIONS[precision]
+    model_cfg = ModelConfig(lora_rank=case.lora_rank, load_in_4bit=case.load_in_4bit)
+    kwargs = weight_kwargs(model_cfg, torch.device(case.device), mode)
     torch.manual_seed(0)
     config = hf_config(case_shape(case))
     config._attn_implementation = "sdpa"
-    model = AutoModelForCausalLM.from_config(config, dtype=dtype).to(case.device)
+    if case.load_in_4bit:  # bitsandbytes quantises while loading a checkpoint
+        import tempfile
+
+        folder = tempfile.mkdtemp()
+        AutoModelForCausalLM.from_config(config, dtype=kwargs["dtype"]).save_pretrained(folder)
+        model = AutoModelForCausalLM.from_pretrained(folder, **kwargs)
+    else:
+        model = AutoModelForCausalLM.from_config(config, dtype=kwargs["dtype"]).to(case.device)
     model.config.eos_token_id = None  # completions run to max length: the worst case
-    return model
+    if case.lora_rank:
+        model = apply_lora(model, model_cfg)
+    return apply_compute(model, mode)
 
 
 # --- the two measured phases -----------------------------------------------------------------------
@@ -175,7 +200,7 @@ def measure_training_step(model, optimizer, prompts, completions, *, max_tokens:
         logps = micro_batch_logprobs(model, mb)  # [b, T_c]
         loss, _ = per_token_loss(logps, None, None, mb.rows(advantages), epsilon_low=0.2, epsilon_high=0.2,
                                  beta=0.0, mask=mb.completion_mask)
-        LOSS_TYPES["dapo"](loss, mb.completion_mask, totals).backward()
+        LOSS_TYPES["dapo"].aggregate(loss, mb.completion_mask, totals).backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
@@ -215,7 +240,7 @@ class PeakMeter:
         return peak_resident_bytes() - self.baseline
 
 
-def run_child(name: str, phase: str) -> dict:
+def run_child(name: str, phase: str, precision: str) -> dict:
     case = CASES[name]
     import torch
 
@@ -224,29 +249,33 @@ def run_child(name: str, phase: str) -> dict:
     import infsamp.sampling.sampler  # noqa: F401
     import transformers  # noqa: F401
 
-    run_phase(MICRO_CASE, phase, PeakMeter(case.device))  # loads lazily imported code before the baseline
+    micro = dataclasses.replace(MICRO_CASE, device=case.device)
+    run_phase(micro, phase, PeakMeter(case.device), precision)  # lazy imports before the baseline
     gc.collect()
     meter = PeakMeter(case.device)
     start = time.perf_counter()
-    run_phase(case, phase, meter)
+    run_phase(case, phase, meter, precision)
     return {"measured_bytes": meter.peak(), "seconds": round(time.perf_counter() - start, 1)}
 
 
-def run_phase(case: Case, phase: str, meter: PeakMeter) -> None:
-    model = build_model(case)
+def run_phase(case: Case, phase: str, meter: PeakMeter, precision: str) -> None:
+    model = build_model(case, precision)
     meter.reset()  # random init briefly holds a second copy of some weights: not part of either phase
     if phase == "sample":
         measure_sampling(model, case)
     else:
-        train_phase(model, case, meter)
+        train_phase(model, case, meter, precision)
 
 
-def train_phase(model, case: Case, meter: PeakMeter) -> None:
-    """A warm-up step on one short sequence creates the optimizer states; then the measured step."""
-    import torch
+def train_phase(model, case: Case, meter: PeakMeter, precision: str) -> None:
+    """A warm-up step on one short sequence creates the optimizer states (and compiles torchao's
+    step); then the measured step."""
+    from infsamp.config import TrainingConfig
+    from infsamp.planner import PRECISIONS
+    from infsamp.rl.optim import build_optimizer
 
     model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    optimizer = build_optimizer(model, TrainingConfig(learning_rate=1e-5), PRECISIONS[precision])
     vocab = model.config.vocab_size
     measure_training_step(model, optimizer, *random_sequences(vocab, 1, 4, 4), max_tokens=8, max_completion=4)
     meter.reset()
@@ -258,20 +287,27 @@ def train_phase(model, case: Case, meter: PeakMeter) -> None:
 # --- planner side and the table --------------------------------------------------------------------
 
 
-def planned_bytes(case: Case, phase: str) -> int:
+def planned_bytes(case: Case, phase: str, precision: str) -> int:
     """The planner's peak for what the child runs (no optimizer state while sampling alone)."""
     plan = plan_memory(case_shape(case), gpu_memory_bytes=NO_LIMIT, group_size=case.group_size,
                        max_prompt=case.max_prompt, max_completion=case.max_completion,
                        micro_group=case.micro_group, train_micro_batch_tokens=case.train_micro_batch_tokens,
-                       optimizer="sgd" if phase == "sample" else "adamw", dtype=case.dtype, device=case.device)
+                       optimizer="adamw", precision=precision, device=case.device,
+                       lora_rank=case.lora_rank, load_in_4bit=case.load_in_4bit)
     parts = plan.generation if phase == "sample" else plan.training
+    absent = parts["optimizer"] if phase == "sample" else 0  # sampling alone builds no optimizer
     # torch.cuda.max_memory_allocated excludes the CUDA context and the allocator's slack
-    return parts["peak"] - (parts["overhead"] if case.device == "cuda" else 0)
+    return parts["peak"] - absent - (parts["overhead"] if case.device == "cuda" else 0)
 
 
-def measure(name: str, phase: str, default_malloc: bool = False) -> dict:
+def default_precision(case: Case) -> str:
+    return "bf16" if case.device == "cuda" else "fp32"
+
+
+def measure(name: str, phase: str, precision: str, default_malloc: bool = False) -> dict:
     """Run one measurement in a fresh interpreter."""
-    command = [sys.executable, __file__, "--child", "--case", name, "--phase", phase]
+    command = [sys.executable, __file__, "--child", "--case", name, "--phase", phase,
+               "--precision", precision]
     env = {**os.environ, **({} if default_malloc else FIXED_MMAP_THRESHOLD)}
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env)
     if done.returncode != 0:
@@ -286,19 +322,28 @@ def describe(case: Case, phase: str) -> str:
             f"micro-batch {case.train_micro_batch_tokens} tok")
 
 
-def table_row(name: str, phase: str, result: dict) -> str:
+def table_row(name: str, phase: str, precision: str, result: dict) -> str:
     case = CASES[name]
     shape = case_shape(case)
     from infsamp.planner.presets import count_parameters
 
     params = f"{count_parameters(shape) / 1e6:.1f}M"
-    planned = planned_bytes(case, phase)
+    planned = planned_bytes(case, phase, precision)
+    start = f"| {name} | {params} | {precision} | {phase} | {describe(case, phase)} |"
     if "error" in result:
-        return f"| {name} | {params} | {phase} | {describe(case, phase)} | error: {result['error']} | | |"
+        return f"{start} error: {result['error']} | | | |"
     measured = result["measured_bytes"]
     error = 100.0 * (planned - measured) / measured
-    return (f"| {name} | {params} | {phase} | {describe(case, phase)} | {measured / MIB:,.0f} | "
-            f"{planned / MIB:,.0f} | {error:+.1f}% | {result['seconds']} |")
+    return (f"{start} {measured / MIB:,.0f} | {planned / MIB:,.0f} | {error:+.1f}% | "
+            f"{result['seconds']} |")
+
+
+def precisions_for(case: Case, choice: str) -> list[str]:
+    """'' -> the device's default; 'all' -> every mode (QLoRA cases: the bf16-compute ones)."""
+    if not choice:
+        return [default_precision(case)]
+    modes = list(PRECISION_MODES) if choice == "all" else choice.split(",")
+    return [m for m in modes if not (case.load_in_4bit and m == "fp32")]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -307,20 +352,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small CPU cases only")
     parser.add_argument("--case", choices=sorted(CASES), help="one case")
     parser.add_argument("--phase", choices=PHASES, help="one phase")
+    parser.add_argument("--precision", default="",
+                        help="comma-separated modes (fp32, mixed, bf16, bf16_lossy) or all; "
+                             "default: the device's default (cpu fp32, cuda bf16)")
     parser.add_argument("--default-malloc", action="store_true",
                         help="keep glibc's adaptive mmap threshold (resident set then includes freed heap)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        print(json.dumps(run_child(args.case, args.phase)))
+        print(json.dumps(run_child(args.case, args.phase, args.precision)))
         return 0
     names = [args.case] if args.case else [n for n, c in CASES.items()
                                            if c.device == args.device and (c.quick or not args.quick)]
-    print("| case | params | phase | setting | measured MiB | planned MiB | error | s |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| case | params | precision | phase | setting | measured MiB | planned MiB | error "
+          "| s |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name in names:
-        for phase in [args.phase] if args.phase else PHASES:
-            print(table_row(name, phase, measure(name, phase, args.default_malloc)), flush=True)
+        for precision in precisions_for(CASES[name], args.precision):
+            for phase in [args.phase] if args.phase else PHASES:
+                result = measure(name, phase, precision, args.default_malloc)
+                print(table_row(name, phase, precision, result), flush=True)
     return 0
 
 

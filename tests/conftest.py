@@ -1,4 +1,8 @@
-"""Shared test setup: GPU tests skip cleanly without CUDA; a tiny char-level checkpoint for CLI/trainer tests."""
+"""Shared test setup: GPU tests skip cleanly without CUDA; a tiny char-level checkpoint for CLI and
+trainer tests; `load_benchmark` imports a script of benchmarks/ by name."""
+
+import importlib.util
+from pathlib import Path
 
 import os
 
@@ -23,6 +27,18 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="session")
+def load_benchmark():
+    """load_benchmark('precision') -> the module benchmarks/precision.py."""
+    def load(name: str):
+        script = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(f"bench_{name}", script)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    return load
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,13 @@
 """Config tree: YAML + overrides, type coercion, validation errors that name the key."""
 
+from pathlib import Path
+
 import pytest
 
 from infsamp.config import Config, ConfigError, load_config, parse_size, save_config
+
+
+EXAMPLES = Path(__file__).parent.parent / "examples"
 
 
 def test_defaults_validate():
@@ -35,6 +40,13 @@ def test_yaml_then_overrides(tmp_path):
     ({"sampling.kv_budget": "24XB"}, "sampling.kv_budget"),
     ({"logging.progress_bar": "maybe"}, "logging.progress_bar"),
     ({"rewards.weights": "1.0"}, "rewards.weights"),
+    ({"training.loss_type": "gspo_token"}, "training.loss_type"),
+    ({"training.top_entropy_quantile": 0}, "training.top_entropy_quantile"),
+    ({"training.top_entropy_quantile": 1.5}, "training.top_entropy_quantile"),
+    ({"training.mask_truncated_completions": "sometimes"}, "training.mask_truncated_completions"),
+    ({"rewards.timeout_s": -1}, "rewards.timeout_s"),
+    ({"rewards.allow_async": "perhaps"}, "rewards.allow_async"),
+    ({"logging.completions_every": -2}, "logging.completions_every"),
 ])
 def test_bad_values_name_the_key(overrides, key):
     with pytest.raises(ConfigError) as info:
@@ -42,6 +54,26 @@ def test_bad_values_name_the_key(overrides, key):
     message = str(info.value)
     assert message.startswith(key)
     assert "\n" not in message
+
+
+@pytest.mark.parametrize("loss_type, epsilon, epsilon_high", [
+    ("dapo", 0.2, 0.2), ("gspo", 3e-4, 4e-4), ("cispo", 0.2, 5.0),
+])
+def test_loss_type_defaults_of_the_clip_range_are_resolved_and_saved(tmp_path, loss_type, epsilon,
+                                                                      epsilon_high):
+    cfg = load_config(overrides={"training.loss_type": loss_type})
+    assert (cfg.training.epsilon, cfg.training.epsilon_high) == (epsilon, epsilon_high)
+    save_config(cfg, tmp_path / "config.yaml")
+    assert f"epsilon_high: {epsilon_high}" in (tmp_path / "config.yaml").read_text()
+    explicit = load_config(overrides={"training.loss_type": loss_type, "training.epsilon": 0.1})
+    assert explicit.training.epsilon == 0.1
+
+
+@pytest.mark.parametrize("recipe", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
+def test_example_recipes_validate(recipe):
+    cfg = load_config(recipe)
+    if recipe.name == "gsm8k_gspo.yaml":
+        assert cfg.training.loss_type == "gspo" and cfg.training.epsilon_high == 4e-4
 
 
 def test_yaml_errors(tmp_path):

@@ -1,12 +1,17 @@
 """Built-in rewards, loading by spec, and the checks of compute_rewards (one-line errors naming function + row)."""
 
+import asyncio
+import functools
 import math
+import threading
+import time
 
 import numpy as np
 import pytest
 
 from infsamp.errors import RewardError
-from infsamp.rewards import (BUILTIN_REWARDS, accuracy_reward, completion_text, compute_rewards, format_reward,
+from infsamp.rewards import (BUILTIN_REWARDS, accuracy_reward, check_async_allowed,
+                             completion_text, compute_rewards, format_reward, is_async_callable,
                              load_reward_functions, normalize_answer)
 
 GOOD = "<reasoning>\n3 + 4 = 7\n</reasoning>\n<answer>\n7\n</answer>\n"
@@ -200,3 +205,142 @@ def test_format_reward_think_block_option(think_block, with_block, without_block
     assert format_reward([THINK + "prefix " + GOOD], think_block=think_block) == [0.0]
     (_, loaded), = load_reward_functions(["format"], format_think_block=think_block)
     assert loaded(completions=[chat(THINK + GOOD)], prompts=["p"]) == [with_block]
+
+
+# ---------------------------------------------------------------- async functions and timeouts
+
+
+def test_async_functions_run_concurrently_with_each_other_and_with_sync_ones():
+    first, second, released = asyncio.Event(), asyncio.Event(), threading.Event()
+
+    async def a(prompts, completions, **kw):  # finishes only if b runs at the same time
+        first.set()
+        await asyncio.wait_for(second.wait(), 10)
+        released.set()
+        return [1.0] * len(completions)
+
+    async def b(prompts, completions, **kw):
+        second.set()
+        await asyncio.wait_for(first.wait(), 10)
+        return [2.0] * len(completions)
+
+    def plain(prompts, completions, **kw):  # runs in the trainer's thread while a and b run
+        return [10.0 if released.wait(10) else 0.0] * len(completions)
+
+    funcs = [("a", a), ("plain", plain), ("b", b)]
+    result = compute_rewards(funcs, None, PROMPTS, ["x", "y", "z"], COLUMNS)
+    assert list(result.per_function) == ["a", "plain", "b"]
+    assert result.total == [13.0] * 3
+
+
+def test_async_functions_work_inside_a_running_event_loop():
+    async def scorer(prompts, completions, answer, **kw):
+        await asyncio.sleep(0)
+        return [float(a) for a in answer]
+
+    async def main():  # e.g. a notebook: compute_rewards itself is called from a running loop
+        return compute_rewards([("s", scorer)], None, PROMPTS, ["x", "y", "z"], COLUMNS)
+
+    assert asyncio.run(main()).total == [7.0, 4.0, 2.0]
+
+
+def test_async_callables_are_recognised_like_trl():
+    async def scorer(prompts, completions, **kw):
+        return [0.0] * len(completions)
+
+    class Judge:
+        async def __call__(self, prompts, completions, **kw):
+            return [0.0] * len(completions)
+
+    assert is_async_callable(scorer) and is_async_callable(functools.partial(scorer, x=1))
+    assert is_async_callable(Judge()) and not is_async_callable(format_reward)
+
+
+def test_timed_out_functions_give_none_and_are_counted():
+    cancelled, release = threading.Event(), threading.Event()
+
+    async def slow_async(prompts, completions, **kw):
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return [1.0] * len(completions)
+
+    def slow_sync(prompts, completions, **kw):
+        release.wait(60)
+        return [1.0] * len(completions)
+
+    funcs = [("format", format_reward), ("slow_async", slow_async), ("slow_sync", slow_sync)]
+    start = time.perf_counter()
+    result = compute_rewards(funcs, None, PROMPTS, [GOOD, "x", "y"], COLUMNS, timeout_s=0.5)
+    release.set()
+    assert time.perf_counter() - start < 30
+    assert result.total == [0.5, 0.0, 0.0] and cancelled.wait(5)
+    assert math.isnan(result.per_function["slow_async"][0])
+    assert math.isnan(result.per_function["slow_sync"][2])
+    metrics = result.metrics()
+    assert metrics["rewards/slow_async/timeouts"] == 1
+    assert metrics["rewards/slow_sync/timeouts"] == 1 and metrics["rewards/format/timeouts"] == 0
+    assert math.isnan(metrics["rewards/slow_sync/mean"])
+
+
+def test_rows_only_a_timed_out_function_could_score_have_no_total():
+    async def hangs(prompts, completions, **kw):
+        await asyncio.sleep(60)
+
+    result = compute_rewards([("hangs", hangs)], None, PROMPTS, ["x", "y", "z"], COLUMNS,
+                             timeout_s=0.2)
+    assert all(math.isnan(t) for t in result.total) and result.timeouts == {"hangs": 1}
+
+
+async def async_raises_on_row_2(prompts, completions, **kw):
+    return raises_on_row_2(prompts, completions)
+
+
+async def raises_its_own_timeout(prompts, completions, **kw):
+    raise TimeoutError("upstream API timed out")
+
+
+@pytest.mark.parametrize("func, fragment", [
+    (async_raises_on_row_2, "'bad', row 2 (prompt 'What is 1+1?'): raised ZeroDivisionError"),
+    (raises_its_own_timeout, "'bad', row 0 (prompt 'What is 3+4?'): raised TimeoutError: up"),
+])
+def test_async_failures_name_function_and_row_even_with_a_timeout(func, fragment):
+    with pytest.raises(RewardError) as info:
+        compute_rewards([("bad", func)], None, PROMPTS, ["xx", "yy", "z"], COLUMNS, timeout_s=30)
+    assert fragment in str(info.value) and "\n" not in str(info.value)
+
+
+def test_allow_async_false_refuses_async_functions():
+    funcs = [("format", format_reward), ("judge", async_raises_on_row_2)]
+    check_async_allowed(funcs, allow_async=True)
+    with pytest.raises(RewardError,
+                       match=r"^rewards.allow_async: false, but reward function 'judge' is async"):
+        check_async_allowed(funcs, allow_async=False)
+
+
+def test_a_function_that_ignores_its_cancellation_does_not_hold_up_the_step():
+    release = threading.Event()
+
+    async def stubborn(prompts, completions, **kw):
+        while not release.is_set():
+            try:
+                await asyncio.sleep(0.05)
+            except asyncio.CancelledError:
+                continue  # swallows the cancellation and keeps going
+        return [1.0] * len(completions)
+
+    start = time.perf_counter()
+    result = compute_rewards([("format", format_reward), ("stubborn", stubborn)], None, PROMPTS,
+                             [GOOD, "x", "y"], COLUMNS, timeout_s=0.3)
+    release.set()
+    assert time.perf_counter() - start < 20 and result.timeouts == {"format": 0, "stubborn": 1}
+
+
+def test_an_async_call_that_fails_before_awaiting_names_the_function():
+    async def needs_column(prompts, completions, missing_column, **kw):
+        return [0.0] * len(completions)
+
+    with pytest.raises(RewardError, match=r"^reward function 'judge'.*raised TypeError"):
+        compute_rewards([("judge", needs_column)], None, PROMPTS, ["a", "b", "c"], COLUMNS)

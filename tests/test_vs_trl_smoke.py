@@ -1,20 +1,14 @@
 """benchmarks/vs_trl.py: the ratio/table helpers, and a 1-step infsamp-only run at tiny size (TRL side skipped:
 importing and starting TRL alone takes longer than this test's budget on a shared 2-core machine)."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "vs_trl.py"
 
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("vs_trl", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+@pytest.fixture
+def load_script(load_benchmark):
+    return lambda: load_benchmark("vs_trl")
 
 
 def row(framework, G, peak, seconds):
@@ -22,7 +16,7 @@ def row(framework, G, peak, seconds):
             "mean_completion_length": 10.0}
 
 
-def test_ratios_pair_each_infsamp_row_with_trl_at_same_G():
+def test_ratios_pair_each_infsamp_row_with_trl_at_same_G(load_script):
     vs_trl = load_script()
     rows = [row("trl", 8, 100.0, 2.0), row("infsamp", 8, 25.0, 3.0), row("infsamp", 32, 10.0, 1.0)]
     vs_trl.add_ratios(rows)
@@ -32,13 +26,13 @@ def test_ratios_pair_each_infsamp_row_with_trl_at_same_G():
     assert table.count("\n") == len(rows) + 1 and "| infsamp | 8 | 25 | 3.00 | 10.0 | 0.25 | 1.5 |" in table
 
 
-def test_quick_sets_one_group_and_one_step():
+def test_quick_sets_one_group_and_one_step(load_script):
     args = load_script().parse_args(["--quick"])
     assert args.groups == [8] and args.steps == 1 and args.frameworks == ["trl", "infsamp"]
 
 
 @pytest.mark.slow
-def test_infsamp_side_one_step_tiny(tmp_path):
+def test_infsamp_side_one_step_tiny(tmp_path, load_script):
     out = tmp_path / "vs_trl.json"
     assert load_script().main(["--frameworks", "infsamp", "--groups", "4", "--steps", "1", "--hidden", "32",
                                "--layers", "2", "--max-completion", "8", "--out", str(out)]) == 0

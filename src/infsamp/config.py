@@ -44,8 +44,9 @@ def opt(default: Any, help: str, **kw: Any) -> Any:
 @dataclass
 class ModelConfig:
     name_or_path: str = opt(EMBEDDED_MODEL, "HF checkpoint directory, or 'embedded' for the bundled tiny model")
-    dtype: str = opt("auto", "weights dtype: auto (fp32 on CPU, bf16 on GPU), fp32, bf16, fp16",
-                     choices=("auto", "fp32", "bf16", "fp16"))
+    dtype: str = opt("auto", "weights dtype: auto (training: follows training.precision; sample "
+                     "and bench: bf16 on GPU, fp32 on CPU), fp32, bf16 (must agree with "
+                     "training.precision)", choices=("auto", "fp32", "bf16"))
     attn_implementation: str = opt("sdpa", "attention kernel passed to transformers (sdpa, eager, flash_attention_2)")
     lora_rank: int = opt(0, "LoRA rank through peft; 0 trains all weights")
     lora_alpha: int = opt(32, "LoRA alpha")
@@ -53,9 +54,14 @@ class ModelConfig:
     lora_target_modules: list[str] = opt(["all-linear"], "modules LoRA adapts (peft names)")
     gradient_checkpointing: bool = opt(False, "recompute activations in the backward pass to save memory")
     device: str = opt("auto", "auto, cpu or cuda[:N]")
+    load_in_4bit: bool = opt(False, "QLoRA: base weights in 4-bit NF4 (bitsandbytes, CUDA only), "
+                             "fp32 LoRA adapters on top; needs model.lora_rank > 0")
 
     def validate(self) -> None:
         _require(self.lora_rank >= 0, "model.lora_rank", self.lora_rank, "must be >= 0")
+        _require(not self.load_in_4bit or self.lora_rank > 0, "model.load_in_4bit",
+                 self.load_in_4bit, "trains LoRA adapters over the 4-bit base: set "
+                 "model.lora_rank (e.g. 16)")
         _require(self.lora_alpha > 0, "model.lora_alpha", self.lora_alpha, "must be > 0")
         _require(0 <= self.lora_dropout < 1, "model.lora_dropout", self.lora_dropout,
                  "must be in [0, 1)")
@@ -120,15 +126,24 @@ TEMPLATE_ARGUMENTS = {"messages", "conversation", "add_generation_prompt", "toke
 @dataclass
 class RewardsConfig:
     functions: list[str] = opt(["format", "accuracy"],
-                               "reward functions: built-in names (format, accuracy) or 'module:function'")
+                               "reward functions: built-in names (format, accuracy), "
+                               "'module:function', 'file.py:function', or a local "
+                               "sequence-classification model directory")
     weights: list[float] = opt([], "one weight per function (default: all 1.0)")
     format_think_block: str = opt("forbid", "the format reward and a leading <think>...</think> "
                                             "block: forbid (the completion opens with <reasoning>, "
                                             "as the seed), allow (skipped when present), require",
                                   choices=("forbid", "allow", "require"))
+    timeout_s: float = opt(0.0, "seconds one reward function may take per step; past it its rows "
+                                "get None, counted in rewards/<name>/timeouts, and the step goes "
+                                "on (0: no limit)")
+    allow_async: bool = opt(True, "run 'async def' reward functions concurrently; false refuses "
+                                  "them at start-up (rewards strictly one after another)")
 
     def validate(self) -> None:
         _require(len(self.functions) > 0, "rewards.functions", self.functions, "needs at least one function")
+        _require(self.timeout_s >= 0, "rewards.timeout_s", self.timeout_s,
+                 "must be >= 0 (0: no limit)")
         _require(not self.weights or len(self.weights) == len(self.functions), "rewards.weights",
                  self.weights, f"needs {len(self.functions)} values, one per function")
 
@@ -147,8 +162,22 @@ class SamplingConfig:
     predictor_prefix_tokens: int = opt(16, "k: tokens decoded before a sample's length is re-predicted")
     refill: str = opt("auto", "runtime refill order for length_aware: auto (= ljf, measured best), sjf, ljf")
     grouping_epsilon: float = opt(0.1, "FPTAS epsilon of the global grouping (smaller: closer to optimal)")
-    engine: str = opt("auto", "decoding engine: auto or hf (infsamp's slot engine over the transformers model)",
-                      choices=("auto", "hf"))
+    engine: str = opt(
+        "auto", "decoding engine: slots (infsamp's slot engine over the transformers model), vllm "
+        "(vLLM in the trainer's process), auto (vllm where it is installed and the model is on a "
+        "CUDA GPU, else slots)", choices=("auto", "slots", "vllm"))
+    vllm_sleep: str = opt(
+        "auto", "vllm engine: free GPU memory while training (vLLM sleep mode): off, offload "
+        "(weights to CPU, KV pool freed), discard (weights and KV pool freed; the weights are "
+        "pushed again after the optimizer step), auto (discard on CUDA, off on CPU)",
+        choices=("auto", "off", "offload", "discard"))
+    vllm_importance_sampling: str = opt(
+        "token_truncate", "vllm engine: correct the loss for vLLM's log-prob mismatch with "
+        "capped weights exp(old - vllm): token_truncate, token_mask, sequence_truncate, "
+        "sequence_mask (as TRL) or off",
+        choices=("token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "off"))
+    vllm_importance_sampling_cap: float = opt(
+        3.0, "vllm engine: the cap of those weights (TRL's C_max)")
 
     def validate(self) -> None:
         _require(self.num_generations >= 2, "sampling.num_generations", self.num_generations,
@@ -166,6 +195,12 @@ class SamplingConfig:
                  "simulate only)")
         _require(self.refill in ("auto", "sjf", "ljf"), "sampling.refill", self.refill, "must be auto, sjf or ljf")
         _require(self.grouping_epsilon > 0, "sampling.grouping_epsilon", self.grouping_epsilon, "must be > 0")
+        for name in ("engine", "vllm_sleep", "vllm_importance_sampling"):
+            choices = _field(SamplingConfig, name).metadata["choices"]
+            _require(getattr(self, name) in choices, f"sampling.{name}", getattr(self, name),
+                     f"must be one of {', '.join(choices)}")
+        _require(self.vllm_importance_sampling_cap >= 1, "sampling.vllm_importance_sampling_cap",
+                 self.vllm_importance_sampling_cap, "must be >= 1 (a weight of 1: no correction)")
         if self.kv_budget != "auto":
             try:
                 parse_size(self.kv_budget)
@@ -183,13 +218,22 @@ class TrainingConfig:
     weight_decay: float = opt(0.0, "AdamW weight decay")
     adam_beta1: float = opt(0.9, "AdamW beta1")
     adam_beta2: float = opt(0.99, "AdamW beta2")
-    optimizer: str = opt("adamw", "adamw, adamw8bit (bitsandbytes) or sgd")
+    optimizer: str = opt("adamw", "adamw, adamw8bit (8-bit states: bitsandbytes on CUDA, torchao "
+                         "elsewhere and for bf16 weights) or sgd")
     max_grad_norm: float = opt(1.0, "gradient clipping norm (0 = off)")
-    loss_type: str = opt("dapo", "token aggregation: grpo, dr_grpo, dapo, bnpo")
+    loss_type: str = opt("dapo", "loss: grpo, dr_grpo, dapo, bnpo, gspo, cispo "
+                                 "(README: when to use which)")
     scale_rewards: str = opt("group", "advantage scaling: group, batch, none")
     beta: float = opt(0.0, "KL coefficient to the reference model (0: no reference)")
-    epsilon: float = opt(0.2, "lower clip range of the ratio")
-    epsilon_high: float = opt(0.0, "upper clip range (0: same as epsilon)")
+    epsilon: float = opt(0.0, "lower clip range of the ratio (0: the loss type's default, "
+                              "0.2; gspo 3e-4)")
+    epsilon_high: float = opt(0.0, "upper clip range (0: the loss type's default: gspo 4e-4, "
+                                   "cispo 5.0 (cispo caps the ratio itself), others = epsilon)")
+    mask_truncated_completions: bool = opt(False, "completions cut at sampling.max_new_tokens "
+                                                  "carry no loss (DAPO)")
+    top_entropy_quantile: float = opt(1.0, "only this top fraction of the step's tokens by "
+                                           "entropy carries policy loss (0.2 in 'Beyond the "
+                                           "80/20 Rule'; 1.0: all)")
     num_iterations: int = opt(1, "optimisation passes over each sampled batch (mu)")
     train_micro_batch_tokens: int = opt(0, "tokens per training micro-batch; 0 = auto from the planner")
     seed: int = opt(0, "seed for sampling, shuffling and initialisation")
@@ -201,6 +245,10 @@ class TrainingConfig:
                                   "for: total (the device's total memory: the same command gives "
                                   "the same weights) or auto (memory free at start: results vary "
                                   "with the machine's load)", choices=("total", "auto"))
+    precision: str = opt("auto", "fp32; mixed (fp32 master weights and states, bf16 autocast); "
+                         "bf16 (bf16 weights, stochastically rounded updates); bf16_lossy (plain "
+                         "AdamW on bf16: loses updates); auto: fp32 on CPU, bf16 on GPU. LoRA "
+                         "adapters are fp32 in every mode")
 
     def validate(self) -> None:
         _require(0 <= self.num_threads <= 4096, "training.num_threads", self.num_threads,
@@ -217,6 +265,9 @@ class TrainingConfig:
         _require(self.train_micro_batch_tokens >= 0, "training.train_micro_batch_tokens",
                  self.train_micro_batch_tokens, "must be >= 0")
         _check_choice("training.loss_type", self.loss_type, "infsamp.rl.losses", "LOSS_TYPES")
+        _require(0 < self.top_entropy_quantile <= 1, "training.top_entropy_quantile",
+                 self.top_entropy_quantile, "must be in (0, 1] (1.0: every token)")
+        self._resolve_clip_range()
         _check_choice("training.scale_rewards", self.scale_rewards, "infsamp.rl.advantages", "REWARD_SCALERS")
         _require(self.optimizer in ("adamw", "adamw8bit", "sgd"), "training.optimizer", self.optimizer,
                  "must be one of adamw, adamw8bit, sgd")
@@ -228,6 +279,15 @@ class TrainingConfig:
         _require(0 <= self.seed < 2**32, "training.seed", self.seed, "must be in [0, 2**32)")
         _check_choice("training.lr_scheduler", self.lr_scheduler, "infsamp.rl.optim",
                       "LR_SCHEDULERS")
+        _check_choice("training.precision", self.precision, "infsamp.planner.precisions",
+                      "PRECISION_CHOICES")
+
+    def _resolve_clip_range(self) -> None:
+        """epsilon / epsilon_high 0 -> the loss type's defaults, written back (config.yaml)."""
+        from infsamp.rl.losses import clip_range
+
+        self.epsilon, self.epsilon_high = clip_range(self.loss_type, self.epsilon,
+                                                     self.epsilon_high)
 
 
 @dataclass
@@ -251,10 +311,14 @@ class LoggingConfig:
     log_every: int = opt(1, "print a metrics line every N steps")
     progress_bar: bool = opt(True, "show a tqdm progress bar")
     plot: bool = opt(True, "write reward/accuracy plots (PNG) at the end")
+    completions_every: int = opt(0, "every N steps write the step's prompts, completions, "
+                                    "rewards and advantages to completions.jsonl (0: never)")
 
     def validate(self) -> None:
         _require(self.log_every >= 1, "logging.log_every", self.log_every, "must be >= 1")
         _check_output_dir(self.output_dir)
+        _require(self.completions_every >= 0, "logging.completions_every", self.completions_every,
+                 "must be >= 0 (0: never)")
 
 
 @dataclass
@@ -322,6 +386,9 @@ class Config:
         _require(not (self.distributed.strategy == "fsdp" and self.model.lora_rank > 0),
                  "distributed.strategy", self.distributed.strategy,
                  "fsdp shards full fine-tuning; with LoRA (model.lora_rank > 0) use ddp")
+        from infsamp.rl.precision import resolve_precision  # across sections, and needs the device
+
+        resolve_precision(self)
         return self
 
     def to_dict(self) -> dict[str, Any]:

@@ -6,24 +6,35 @@ A reward function is what TRL users already write:
 went through a chat template, lists of messages `[{"role": "assistant", "content": ...}]`.
 `None` means "not applicable to this row" and is skipped like TRL does (nansum across functions).
 
+A function may be `async def` (an HTTP scorer, a sandboxed code runner): the async functions of
+a step run concurrently on an event loop in a worker thread while the plain ones run one after
+another in the trainer's thread (`rewards.allow_async: false` refuses async functions instead).
+A directory name loads a sequence-classification reward model (`infsamp.reward_model`).
+
 Every value is checked: a function that raises, returns something other than a list of the right
 length, a non-number, NaN or inf stops the step with a one-line `RewardError` naming the function and
-the row, instead of silently corrupting the advantages.
+the row, instead of silently corrupting the advantages. With `rewards.timeout_s`, a call that runs
+longer gives None for all its rows (counted in `rewards/<name>/timeouts`) and the step goes on.
 
-Deliberately simple: functions run one after another in this process (no async, no reward models).
+Deliberately simple: everything runs in this process; a timed-out plain function cannot be stopped,
+so it keeps running in a daemon thread (an async one is cancelled); one call per function per step.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import functools
 import importlib
 import importlib.util
+import inspect
 import math
 import numbers
+import threading
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 from infsamp.errors import RewardError
 from infsamp.tasks.gsm8k import extract_xml_answer, has_xml_format
@@ -105,14 +116,21 @@ def _load_from_module(name: str, spec: str) -> Any:
                           f"({type(err).__name__}: {err})") from None
 
 
-def load_reward_function(spec: str) -> tuple[str, RewardFunction]:
-    """A built-in name, 'package.module:function' or 'path/to/file.py:function' -> (name, function)."""
+def load_reward_function(spec: str, **model_options: Any) -> tuple[str, RewardFunction]:
+    """A built-in name, 'package.module:function', 'path/to/file.py:function' or a reward model
+    directory -> (name, function). `model_options` (device, dtype, max_tokens) go to
+    `load_reward_model`."""
     if spec in BUILTIN_REWARDS:
         return spec, BUILTIN_REWARDS[spec]
+    from infsamp.reward_model import load_reward_model, looks_like_model_dir
+
+    if looks_like_model_dir(spec):
+        return Path(spec).resolve().name, load_reward_model(spec, **model_options)
     source, sep, attr = spec.rpartition(":")
     if not sep or not source or not attr:
-        raise RewardError(f"reward function {spec!r}: unknown (built-in: {', '.join(BUILTIN_REWARDS)}; "
-                          "or give 'module:function' or 'file.py:function')")
+        raise RewardError(f"reward function {spec!r}: unknown (built-in: "
+                          f"{', '.join(BUILTIN_REWARDS)}; or give 'module:function', "
+                          "'file.py:function' or a reward model directory)")
     is_file = source.endswith(".py")
     module = _load_from_file(source, spec) if is_file else _load_from_module(source, spec)
     func = getattr(module, attr, None)
@@ -122,13 +140,14 @@ def load_reward_function(spec: str) -> tuple[str, RewardFunction]:
 
 
 def load_reward_functions(names: list[str],
-                          format_think_block: str = "forbid") -> list[tuple[str, RewardFunction]]:
+                          format_think_block: str = "forbid",
+                          **model_options: Any) -> list[tuple[str, RewardFunction]]:
     """Load each spec; repeated names get a suffix (accuracy, accuracy_2) so metrics stay distinct.
     The built-in format reward gets `format_think_block` (`rewards.format_think_block`)."""
     loaded: list[tuple[str, RewardFunction]] = []
     seen: set[str] = set()
     for spec in names:
-        name, func = load_reward_function(spec)
+        name, func = load_reward_function(spec, **model_options)
         if func is format_reward and format_think_block != "forbid":
             func = functools.partial(format_reward, think_block=format_think_block)
         unique, index = name, 2
@@ -146,8 +165,9 @@ def load_reward_functions(names: list[str],
 class RewardResult:
     """Weighted total per completion and each function's raw values (None -> NaN)."""
 
-    total: list[float]
+    total: list[float]  # NaN for a row that only timed-out functions could have scored
     per_function: dict[str, list[float]] = field(default_factory=dict)
+    timeouts: dict[str, int] = field(default_factory=dict)  # calls past rewards.timeout_s, if set
 
     def metrics(self) -> dict[str, float]:
         """TRL's names: rewards/{name}/mean and rewards/{name}/std over the rows the function scored
@@ -159,6 +179,8 @@ class RewardResult:
             squares = sum((v - mean) ** 2 for v in scored)
             logged[f"rewards/{name}/mean"] = mean
             logged[f"rewards/{name}/std"] = math.sqrt(squares / (len(scored) - 1)) if len(scored) > 1 else 0.0
+        for name, count in self.timeouts.items():
+            logged[f"rewards/{name}/timeouts"] = count
         return logged
 
 
@@ -177,15 +199,132 @@ def _is_per_row(values: Any, completions: Sequence[Any]) -> bool:
     return isinstance(values, (list, tuple)) and len(values) == len(completions)
 
 
+# ---------------------------------------------------------------- calling: sync, async, timeouts
+
+
+def is_async_callable(func: Any) -> bool:
+    """True for `async def` functions, partials of them, and objects with an async __call__."""
+    while isinstance(func, functools.partial):
+        func = func.func
+    call = getattr(func, "__call__", None)
+    return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(call)
+
+
+def check_async_allowed(funcs: list[tuple[str, RewardFunction]], allow_async: bool) -> None:
+    """rewards.allow_async false refuses `async def` reward functions before any work is done."""
+    for name, func in funcs:
+        if not allow_async and is_async_callable(func):
+            raise RewardError(f"rewards.allow_async: false, but reward function {name!r} is async "
+                              "(allow it, or make it a plain function)")
+
+
+class Outcome(NamedTuple):
+    """One call's result: its value, the exception it raised, or that it ran past the timeout."""
+
+    value: Any = None
+    error: BaseException | None = None
+    timed_out: bool = False
+
+
+class _Worker(threading.Thread):
+    """A daemon thread running `job`: a call past its timeout is left behind, not blocking exit."""
+
+    def __init__(self, job: Callable[[], Any]):
+        super().__init__(daemon=True)
+        self.job, self.outcome = job, Outcome(timed_out=True)
+
+    def run(self) -> None:
+        try:
+            self.outcome = Outcome(value=self.job())
+        except BaseException as err:  # noqa: BLE001 - user code; reported by the caller
+            self.outcome = Outcome(error=err)
+
+
+def _run_in_thread(job: Callable[[], Any], timeout_s: float) -> Outcome:
+    worker = _Worker(job)
+    worker.start()
+    worker.join(timeout_s or None)
+    return Outcome(timed_out=True) if worker.is_alive() else worker.outcome
+
+
+async def _await_with_timeout(func: RewardFunction, kwargs: dict[str, Any],
+                              timeout_s: float) -> Outcome:
+    """Await one async call; past `timeout_s` it is cancelled (a TimeoutError it raises itself is
+    an error, not a timeout)."""
+    try:
+        task = asyncio.ensure_future(func(**kwargs))
+    except Exception as err:  # noqa: BLE001 - e.g. a TypeError from the call's arguments
+        return Outcome(error=err)
+    done, _ = await asyncio.wait({task}, timeout=timeout_s or None)
+    if not done:
+        task.cancel()
+        return Outcome(timed_out=True)
+    if task.cancelled():
+        return Outcome(error=asyncio.CancelledError("the call was cancelled"))
+    return Outcome(error=task.exception()) if task.exception() else Outcome(value=task.result())
+
+
+def _start_async(calls: list[tuple[RewardFunction, dict[str, Any]]],
+                 timeout_s: float) -> concurrent.futures.Future:
+    """Run the calls concurrently on a new event loop in a daemon thread; the future holds their
+    outcomes as soon as each finished or timed out (a task that ignores its cancellation is left
+    behind on that loop instead of holding up the step)."""
+    outcomes: concurrent.futures.Future = concurrent.futures.Future()
+
+    async def gather() -> None:
+        tasks = [_await_with_timeout(func, kwargs, timeout_s) for func, kwargs in calls]
+        outcomes.set_result(list(await asyncio.gather(*tasks)))
+
+    def loop() -> None:
+        try:
+            asyncio.run(gather())
+        except BaseException as err:  # noqa: BLE001 - reported through the future
+            if not outcomes.done():
+                outcomes.set_exception(err)
+
+    threading.Thread(target=loop, daemon=True).start()
+    return outcomes
+
+
+def invoke(func: RewardFunction, kwargs: dict[str, Any], timeout_s: float = 0.0) -> Outcome:
+    """Call one sync or async function alone (async: on its own event loop in a worker thread)."""
+    if is_async_callable(func):
+        return _start_async([(func, kwargs)], timeout_s).result()[0]
+    if timeout_s:
+        return _run_in_thread(lambda: func(**kwargs), timeout_s)
+    try:
+        return Outcome(value=func(**kwargs))
+    except Exception as err:  # noqa: BLE001 - user code
+        return Outcome(error=err)
+
+
+def run_reward_functions(funcs: list[tuple[str, RewardFunction]], kwargs: dict[str, Any],
+                         timeout_s: float = 0.0) -> dict[str, Outcome]:
+    """Every function on the same batch: async ones concurrently on an event loop in a worker
+    thread, while the sync ones run one after another in this thread. Outcomes in `funcs` order."""
+    async_names = [name for name, func in funcs if is_async_callable(func)]
+    pending = _start_async([(func, kwargs) for name, func in funcs if name in async_names],
+                           timeout_s) if async_names else None
+    outcomes = {name: invoke(func, kwargs, timeout_s) for name, func in funcs
+                if name not in async_names}
+    if pending is not None:
+        outcomes.update(zip(async_names, pending.result()))
+    return {name: outcomes[name] for name, _ in funcs}
+
+
+# ---------------------------------------------------------------- checking
+
+
 def _find_failing_row(func: RewardFunction, prompts: Sequence[Any], completions: Sequence[Any],
-                      columns: dict[str, list], extra: dict[str, Any]) -> int | None:
+                      columns: dict[str, list], extra: dict[str, Any],
+                      timeout_s: float = 0.0) -> int | None:
     """Re-run `func` row by row to locate the row that made the batched call raise."""
     for row in range(len(completions)):
         one_columns = {key: values[row:row + 1] if _is_per_row(values, completions) else values
                        for key, values in {**columns, **extra}.items()}
-        try:
-            func(prompts=prompts[row:row + 1], completions=completions[row:row + 1], **one_columns)
-        except Exception:  # noqa: BLE001
+        kwargs = {"prompts": prompts[row:row + 1], "completions": completions[row:row + 1],
+                  **one_columns}
+        if invoke(func, kwargs, timeout_s).error is not None:
             return row
     return None
 
@@ -207,26 +346,42 @@ def _checked_value(value: Any, name: str, row: int, prompts: Sequence[Any]) -> f
     raise _row_error(f"reward function {name!r}", row, prompts, why)
 
 
-def call_reward_function(name: str, func: RewardFunction, prompts: Sequence[Any], completions: Sequence[Any],
-                         columns: dict[str, list], extra: dict[str, Any] | None = None) -> list[float]:
-    """Call one function on the batch and check its output; None becomes NaN."""
-    extra = extra or {}
-    try:
-        values = func(prompts=list(prompts), completions=list(completions), **columns, **extra)
-    except Exception as err:  # noqa: BLE001 - user code
-        row = _find_failing_row(func, prompts, completions, columns, extra)
-        why = f"raised {type(err).__name__}: {err}".splitlines()[0]
-        if row is None:
-            raise RewardError(f"reward function {name!r}: {why}") from None
-        raise _row_error(f"reward function {name!r}", row, prompts, why) from None
+def _checked_values(name: str, values: Any, prompts: Sequence[Any],
+                    completions: Sequence[Any]) -> list[float]:
+    """A function's batch output as floats (None -> NaN), or a one-line RewardError naming the
+    function and the row."""
     if hasattr(values, "tolist"):  # numpy array or torch tensor
         values = values.tolist()
     if not isinstance(values, (list, tuple)):
-        raise RewardError(f"reward function {name!r}: returned {type(values).__name__}, expected a list of floats")
+        raise RewardError(f"reward function {name!r}: returned {type(values).__name__}, "
+                          "expected a list of floats")
     if len(values) != len(completions):
         raise RewardError(f"reward function {name!r}: returned {len(values)} values for "
                           f"{len(completions)} completions")
     return [_checked_value(v, name, row, prompts) for row, v in enumerate(values)]
+
+
+def _failure(name: str, func: RewardFunction, err: BaseException, prompts: Sequence[Any],
+             completions: Sequence[Any], columns: dict[str, list], extra: dict[str, Any],
+             timeout_s: float) -> RewardError:
+    row = _find_failing_row(func, prompts, completions, columns, extra, timeout_s)
+    why = f"raised {type(err).__name__}: {err}".splitlines()[0]
+    if row is None:
+        return RewardError(f"reward function {name!r}: {why}")
+    return _row_error(f"reward function {name!r}", row, prompts, why)
+
+
+def call_reward_function(name: str, func: RewardFunction, prompts: Sequence[Any],
+                         completions: Sequence[Any], columns: dict[str, list],
+                         extra: dict[str, Any] | None = None) -> list[float]:
+    """Call one function on the batch and check its output; None becomes NaN."""
+    extra = extra or {}
+    kwargs = {"prompts": list(prompts), "completions": list(completions), **columns, **extra}
+    outcome = invoke(func, kwargs)
+    if outcome.error is not None:
+        raise _failure(name, func, outcome.error, prompts, completions, columns, extra,
+                       0.0) from None
+    return _checked_values(name, outcome.value, prompts, completions)
 
 
 def _check_inputs(funcs: list, weights: Sequence[float] | None, completions: Sequence[Any],
@@ -240,28 +395,46 @@ def _check_inputs(funcs: list, weights: Sequence[float] | None, completions: Seq
     return weights
 
 
+def _weighted_total(row: int, weights: list[float], result: RewardResult,
+                    prompts: Sequence[Any]) -> float:
+    """Weighted sum of the row's scores; NaN when only timed-out functions could have scored it."""
+    scored = [(w, values[row]) for w, values in zip(weights, result.per_function.values())
+              if not math.isnan(values[row])]
+    if scored:
+        total = sum(w * v for w, v in scored)
+        if not abs(total) <= FLOAT32_MAX:
+            raise _row_error(f"reward functions {', '.join(result.per_function)}", row, prompts,
+                             f"weighted total {total!r} is beyond float32 range")
+        return total
+    if any(result.timeouts.values()):
+        return math.nan  # no signal for this row: its advantage becomes 0 and the step goes on
+    raise _row_error(f"reward functions {', '.join(result.per_function)}", row, prompts,
+                     "every function returned None")
+
+
 def compute_rewards(funcs: list[tuple[str, RewardFunction]], weights: Sequence[float] | None,
                     prompts: Sequence[Any], completions: Sequence[Any], columns: dict[str, list],
-                    **extra: Any) -> RewardResult:
-    """Run every function, check its values, and sum them with `weights` (None rows skipped).
+                    timeout_s: float = 0.0, **extra: Any) -> RewardResult:
+    """Run every function (async ones concurrently), check its values, sum them with `weights`.
 
     `columns` holds one value per completion for each dataset column (already repeated G times);
-    `extra` (e.g. completion_ids) is passed through to every function. A row that no function
-    scored raises RewardError.
+    `extra` (e.g. completion_ids) is passed through to every function. None rows are skipped (TRL's
+    nansum); a row that no function scored raises RewardError, unless a function timed out on it
+    (`timeout_s` > 0: its rows are None and `timeouts` counts the call), when its total is NaN.
     """
     weights = _check_inputs(funcs, weights, completions, columns)
-    per_function = {name: call_reward_function(name, func, prompts, completions, columns, extra)
-                    for name, func in funcs}
-    total = []
-    for row in range(len(completions)):
-        scored = [(w, values[row]) for w, values in zip(weights, per_function.values())
-                  if not math.isnan(values[row])]
-        if not scored:
-            raise _row_error(f"reward functions {', '.join(per_function)}", row, prompts,
-                             "every function returned None")
-        row_total = sum(w * v for w, v in scored)
-        if not abs(row_total) <= FLOAT32_MAX:
-            raise _row_error(f"reward functions {', '.join(per_function)}", row, prompts,
-                             f"weighted total {row_total!r} is beyond float32 range")
-        total.append(row_total)
-    return RewardResult(total=total, per_function=per_function)
+    kwargs = {"prompts": list(prompts), "completions": list(completions), **columns, **extra}
+    result = RewardResult(total=[], timeouts={name: 0 for name, _ in funcs} if timeout_s else {})
+    outcomes = run_reward_functions(funcs, kwargs, timeout_s).values()
+    for (name, func), outcome in zip(funcs, outcomes):
+        if outcome.timed_out:
+            result.timeouts[name] += 1
+            result.per_function[name] = [math.nan] * len(completions)
+        elif outcome.error is not None:
+            raise _failure(name, func, outcome.error, prompts, completions, columns, extra,
+                           timeout_s) from None
+        else:
+            result.per_function[name] = _checked_values(name, outcome.value, prompts, completions)
+    result.total = [_weighted_total(row, weights, result, prompts)
+                    for row in range(len(completions))]
+    return result

@@ -1,6 +1,7 @@
 """`infsamp plan` on the command line: text, --json, and one error line per mistake."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -55,3 +56,40 @@ def test_unreadable_config_is_one_line(tmp_path, capsys):
     assert main(["plan", "--model", str(tmp_path / "config.json")]) == 2
     err = capsys.readouterr().err
     assert "cannot read JSON" in err and err.count("\n") == 1
+
+
+def test_precision_and_4bit_flags_shown_in_text_and_json(capsys):
+    base = ["plan", "--model", "qwen3-1.7b", "--gpu-memory", "24GiB", "--lora-rank", "16"]
+    assert main(base + ["--precision", "mixed", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["precision"] == "mixed" and data["settings"]["precision"] == "mixed"
+    assert data["settings"]["load_in_4bit"] is False and data["bytes_per_parameter"]["total"] > 2
+    assert main(base + ["--load-in-4bit"]) == 0
+    out = capsys.readouterr().out
+    assert ("precision bf16: bf16 weights and states, stochastically rounded updates (torchao); "
+            "base in 4-bit NF4; bytes per parameter:") in out
+    assert main(["plan", "--model", "qwen3-1.7b", "--device", "cpu", "--gpu-memory", "64GiB"]) == 0
+    assert ("precision fp32: fp32 weights, gradients, optimizer states and compute; bytes per "
+            "parameter: weights 4 + gradients 4 + optimizer 8 = 16") in capsys.readouterr().out
+
+
+def test_small_models_print_a_unit_that_fits(capsys):
+    embedded = Path(__file__).resolve().parents[2] / "src" / "infsamp" / "models" / "embedded"
+    assert main(["plan", "--model", str(embedded), "--gpu-memory", "1GiB", "--device", "cpu",
+                 "--lora-rank", "4"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert "800.9K parameters, 38.9K trainable (LoRA rank 4)" in first and "0.000B" not in first
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--precision", "fp16"],
+     "--precision: must be one of auto, fp32, mixed, bf16, bf16_lossy (got 'fp16')"),
+    (["--load-in-4bit"],
+     "--load-in-4bit: trains LoRA adapters over the 4-bit base: add --lora-rank 16"),
+    (["--load-in-4bit", "--lora-rank", "8", "--device", "cpu"],
+     "--load-in-4bit: bitsandbytes 4-bit needs"),
+])
+def test_precision_errors_are_one_line(args, message, capsys):
+    assert main(["plan", "--model", "qwen3-0.6b", *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1

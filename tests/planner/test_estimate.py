@@ -1,10 +1,13 @@
 """The estimate's arithmetic, checked by hand against the rule of thumb and its stated refinements."""
 
+import dataclasses
+
 import pytest
 
 from infsamp.planner import PRESETS, count_lora_parameters, kv_bytes_per_token, plan_memory
 from infsamp.planner.estimate import (activation_bytes_per_token, embedding_parameters, generation_breakdown,
                                       training_breakdown)
+from infsamp.planner.presets import linear_shapes
 
 LLAMA_1B = PRESETS["llama-3.2-1b"]
 N = 1_235_814_400  # parameters of Llama-3.2-1B
@@ -32,9 +35,10 @@ def test_rule_of_thumb_bf16_full_fine_tuning_with_reference():
 
 
 def test_optimizer_bytes_per_parameter():
-    assert plan(dtype="fp32").generation["optimizer"] == 8 * N  # the seed's AdamW 8 B/param
+    assert plan(precision="fp32").generation["optimizer"] == 8 * N  # the seed's AdamW 8 B/param
     assert plan(optimizer="adamw8bit").generation["optimizer"] == int(N * (2 + 8 / 256))
-    assert plan(optimizer="sgd").generation["optimizer"] == 0
+    assert plan(optimizer="sgd", precision="fp32").generation["optimizer"] == 0
+    assert plan(optimizer="sgd", precision="bf16_lossy").generation["optimizer"] == 0
 
 
 def test_lora_shrinks_gradients_and_optimizer_and_drops_reference():
@@ -95,11 +99,81 @@ def test_embedding_grad_helper():
 def test_invalid_inputs_raise_config_error():
     from infsamp.config import ConfigError
 
-    for bad in (dict(max_completion=0), dict(group_size=-1), dict(optimizer="adam"), dict(dtype="int8"),
-                dict(beta=-1.0), dict(micro_group=-1)):
+    for bad in (dict(max_completion=0), dict(group_size=-1), dict(optimizer="adam"),
+                dict(precision="fp16"), dict(beta=-1.0), dict(micro_group=-1),
+                dict(load_in_4bit=True), dict(load_in_4bit=True, lora_rank=8, device="cpu")):
         with pytest.raises(ConfigError):
             plan(**bad)
 
 
+# --- precision modes -----------------------------------------------------------------------------
+
+NORMS = 16 * 2 * 2048 + 2048  # Llama-3.2-1B's RMSNorm weights (not cast by autocast)
+
+
+COPIES = 2 * (N - NORMS) / N  # mixed: autocast's bf16 copy of every weight but the norms
+EIGHT_BIT = 2 + 8 / 256
+
+
+@pytest.mark.parametrize("precision, optimizer, expected", [
+    ("fp32", "adamw", dict(weights=4, gradients=4, optimizer=8, compute_copies=0)),
+    ("mixed", "adamw", dict(weights=4, gradients=4, optimizer=8, compute_copies=COPIES)),
+    ("bf16", "adamw", dict(weights=2, gradients=2, optimizer=4, compute_copies=0)),  # rounding
+    ("bf16_lossy", "adamw", dict(weights=2, gradients=2, optimizer=4, compute_copies=0)),
+    ("bf16", "sgd", dict(weights=2, gradients=2, optimizer=2, compute_copies=0)),  # Kahan buffer
+    ("bf16", "adamw8bit", dict(weights=2, gradients=2, optimizer=EIGHT_BIT, compute_copies=0)),
+    ("mixed", "adamw8bit",
+     dict(weights=4, gradients=4, optimizer=EIGHT_BIT, compute_copies=COPIES)),
+])
+def test_bytes_per_parameter_follow_the_mode(precision, optimizer, expected):
+    result = plan(precision=precision, optimizer=optimizer)
+    per = result.to_dict()["bytes_per_parameter"]
+    for part, value in expected.items():
+        assert per[part] == pytest.approx(value, abs=1e-3), part
+    assert result.generation["optimizer"] == int(N * expected["optimizer"])
+    assert result.to_dict()["precision"] == precision
+
+
+def test_mixed_adds_bf16_copies_while_decoding_and_in_backward_only():
+    mixed = plan(precision="mixed")
+    copies = 2 * (N - NORMS)
+    assert mixed.generation["compute_copies"] == copies
+    assert mixed.training_peak_moment == "backward" and mixed.training["compute_copies"] == copies
+    assert plan(precision="fp32").training["compute_copies"] == 0
+    at_step = training_breakdown(dataclasses.replace(mixed.inputs, shape=PRESETS["qwen3-8b"]), 32)
+    assert at_step["compute_copies"] == 0  # qwen3-8b peaks at the optimizer step: copies freed
+
+
+def test_activations_follow_the_compute_dtype():
+    fp32, bf16 = plan(precision="fp32").inputs, plan(precision="bf16").inputs
+    assert activation_bytes_per_token(bf16) < 0.6 * activation_bytes_per_token(fp32)
+    mixed = plan(precision="mixed").inputs  # bf16 matmul outputs, fp32 residual stream, casts
+    per_token = [activation_bytes_per_token(p) for p in (bf16, mixed, fp32)]
+    assert per_token == sorted(per_token) and len(set(per_token)) == 3
+
+
+@pytest.mark.parametrize("precision, base", [("fp32", 4), ("mixed", 2), ("bf16", 2)])
+def test_lora_adapters_are_fp32_over_the_mode_base(precision, base):
+    num_lora = count_lora_parameters(LLAMA_1B, 16)
+    result = plan(precision=precision, lora_rank=16)
+    assert result.training["weights"] == base * N + 4 * num_lora
+    assert result.training["gradients"] == 4 * num_lora
+    assert result.generation["optimizer"] == 8 * num_lora
+    assert result.inputs.dtype == ("fp32" if base == 4 else "bf16")  # the KV cache follows it
+
+
+def test_qlora_stores_decoder_linears_in_nf4():
+    num_lora = count_lora_parameters(LLAMA_1B, 16)
+    quantized = 16 * sum(i * o for i, o in linear_shapes(LLAMA_1B).values())
+    result = plan(lora_rank=16, load_in_4bit=True)
+    assert result.inputs.num_quantized == quantized
+    nf4 = 0.5 + 1 / 64 + 4 / (64 * 256)  # codes, 8-bit scale per 64, fp32 scale per 256 scales
+    assert result.training["weights"] == int((N - quantized) * 2 + quantized * nf4) + 4 * num_lora
+    assert result.training["weights"] < 0.45 * plan(lora_rank=16).training["weights"]
+
+
+def test_auto_precision_is_the_trainers_default_per_device():
+    assert plan(device="cuda").inputs.precision == "bf16"
+    assert plan(device="cpu").inputs.precision == "fp32"
 def test_micro_group_above_the_step_samples_means_all_of_them():
     assert plan(micro_group=10_000).micro_group == plan(micro_group=0).inputs.group_size

@@ -1,4 +1,7 @@
-"""Token-budget micro-batches, chunked log-softmax, completion log-probs and exact gradient accumulation."""
+"""Token-budget micro-batches, chunked log-softmax and entropy, completion log-probs and exact
+gradient accumulation."""
+
+import math
 
 import pytest
 import torch
@@ -6,9 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from infsamp.rl.logprobs import (build_micro_batches, make_micro_batch, micro_batch_logprobs,
-                                 plan_micro_batches, plan_prompt_completion_batches, selective_log_softmax,
-                                 sequence_logprobs)
+from infsamp.rl.logprobs import (build_micro_batches, log_softmax_and_entropy, make_micro_batch,
+                                 micro_batch_logprobs, plan_micro_batches,
+                                 plan_prompt_completion_batches, selective_log_softmax,
+                                 sequence_logprobs, sequence_logprobs_and_entropy)
 from infsamp.rl.losses import LOSS_TYPES, BatchTotals, per_token_loss
 
 PAD = 0
@@ -81,6 +85,42 @@ def test_selective_log_softmax_matches_log_softmax_gather(dtype):
     torch.testing.assert_close(grad_chunked, grad_naive)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_entropy_comes_from_the_same_chunked_pass(dtype):
+    logits = torch.randn(3, 7, 50, dtype=dtype).requires_grad_()
+    index = torch.randint(0, 50, (3, 7))
+    logps, entropy = log_softmax_and_entropy(logits, index, chunk_rows=4)
+    full = logits.float().log_softmax(-1)  # [3, 7, 50]
+    torch.testing.assert_close(logps, selective_log_softmax(logits, index, chunk_rows=4))
+    torch.testing.assert_close(entropy, -(full.exp() * full).sum(-1))
+    assert logps.requires_grad and not entropy.requires_grad
+
+
+def test_entropy_ignores_impossible_tokens():
+    logits = torch.tensor([[[0.0, 0.0, -torch.inf, -torch.inf]]])  # two equally likely tokens
+    _, entropy = log_softmax_and_entropy(logits, torch.tensor([[0]]))
+    torch.testing.assert_close(entropy, torch.tensor([[math.log(2)]]))
+
+
+@pytest.mark.parametrize("budget", [12, 10_000])
+def test_sequence_logprobs_and_entropy_match_unpadded_forward(budget):
+    model = tiny_model().eval()
+    prompts, completions = random_batch([3, 7, 5, 2], [6, 1, 9, 0])
+    logps, entropies = sequence_logprobs_and_entropy(model, prompts, completions,
+                                                     max_tokens=budget, pad_token_id=PAD,
+                                                     temperature=0.7)
+    for prompt, completion, lp, ent in zip(prompts, completions, logps, entropies):
+        assert lp.shape == ent.shape == (len(completion),)
+        if not completion:
+            continue
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + completion])).logits  # [1, P + L, V]
+        full = (logits[0, len(prompt) - 1: -1] / 0.7).log_softmax(-1)  # [L, V]
+        chosen = full.gather(-1, torch.tensor(completion).unsqueeze(-1)).squeeze(-1)  # [L]
+        torch.testing.assert_close(ent, -(full.exp() * full).sum(-1), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(lp, chosen, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("budget", [12, 10_000])
 def test_sequence_logprobs_match_unpadded_forward(budget):
     model = tiny_model().eval()
@@ -118,8 +158,10 @@ def accumulated_gradients(model, prompts, completions, budget, loss_type, old, r
     for mb in build_micro_batches(prompts, completions, max_tokens=budget, pad_token_id=PAD):
         logps = micro_batch_logprobs(model, mb, temperature=0.9)  # [b, T_c]
         loss, _ = per_token_loss(logps, mb.gather(old), mb.gather(ref), mb.rows(advantages),
-                                 epsilon_low=0.2, epsilon_high=0.28, beta=0.04, mask=mb.completion_mask)
-        LOSS_TYPES[loss_type](loss, mb.completion_mask, totals).backward()
+                                 epsilon_low=0.2, beta=0.04, mask=mb.completion_mask,
+                                 epsilon_high=1.2 if loss_type == "cispo" else 0.28,
+                                 loss_type=loss_type)
+        LOSS_TYPES[loss_type].aggregate(loss, mb.completion_mask, totals).backward()
         num_micro_batches += 1
     return {n: p.grad.clone() for n, p in model.named_parameters()}, num_micro_batches
 

@@ -9,7 +9,7 @@ import torch
 
 from infsamp.rl.state_data import from_data, non_finite_tensor, rng_state, set_rng_state, to_data
 from infsamp.sampling.length_predictor import OnlinePredictor
-from infsamp.sampling.scheduler import SampleSpec
+from infsamp.sampling.types import Sample
 
 
 def through_disk(value):
@@ -53,7 +53,7 @@ def test_non_finite_tensor_is_named():
 
 def test_online_predictor_state_round_trips_through_json():
     def spec(i, group, key):
-        return SampleSpec(i, group, i, 10 + group, 200, key, f"{group}+{group}=?")
+        return Sample(i, group, i, 10 + group, 200, key, f"{group}+{group}=?")
 
     trained = OnlinePredictor()
     rng = random.Random(0)

@@ -1,4 +1,6 @@
-"""The trainer end to end on a tiny model: metrics, resume after a kill, OOM retries, reward errors."""
+"""The trainer end to end on a tiny model: metrics, resume after a kill, OOM retries, reward
+errors, every loss type with the masks, logged completions with async rewards, timeouts and a
+reward model."""
 
 import json
 
@@ -8,6 +10,8 @@ import torch
 from infsamp.errors import RewardError
 from infsamp.rl import grpo_step
 from infsamp.rl.checkpoint import list_checkpoints
+from infsamp.rl.losses import LOSS_TYPES
+from infsamp.rl.run_log import read_jsonl
 from infsamp.rl.trainer import GRPOTrainer
 
 
@@ -123,14 +127,6 @@ def test_lora_with_kl_and_checkpointing_trains_only_adapters(tiny_config):
     assert (trainer.output_dir / "checkpoint-1" / "model" / "adapter_model.safetensors").exists()
 
 
-def test_adamw8bit_needs_a_gpu(tiny_config):
-    from infsamp.errors import InfsampError
-
-    if torch.cuda.is_available():
-        pytest.skip("bitsandbytes runs here")
-    with pytest.raises(InfsampError, match="adamw8bit"):
-        GRPOTrainer(tiny_config(**{"training.optimizer": "adamw8bit"}))
-
 
 # ---------------------------------------------------------------- data checked before the weights
 
@@ -216,3 +212,76 @@ def test_new_run_from_a_lora_checkpoint_trains_its_adapters_or_merges_them(tiny_
         GRPOTrainer(tiny_config(**{"model.name_or_path": str(adapters), "model.lora_rank": 8,
                                    "eval.num_problems": 0,
                                    "logging.output_dir": str(tmp_path / "bad")}))
+
+
+def varied(prompts, completions, **kwargs):
+    """Rewards that differ within a group even for a random model (format, accuracy: all 0)."""
+    return [float(sum(map(ord, c)) % 5) for c in completions]
+
+
+@pytest.mark.parametrize("loss_type", sorted(LOSS_TYPES))
+def test_every_loss_type_trains_with_the_entropy_mask(tiny_config, loss_type):
+    cfg = tiny_config(**{"training.max_steps": 1, "eval.num_problems": 0,
+                         "training.loss_type": loss_type, "training.top_entropy_quantile": 0.5})
+    trainer = GRPOTrainer(cfg, reward_funcs=[("varied", varied)])
+    before = weights(trainer.model)
+    trainer.train()
+    metrics = json.loads((trainer.output_dir / "metrics.jsonl").read_text())
+    assert metrics["entropy"] > 0 and metrics["grad_norm"] > 0
+    assert any(not torch.equal(before[k], v) for k, v in weights(trainer.model).items())
+
+
+def test_truncated_completions_carry_no_loss_through_the_trainer(tiny_config):
+    cfg = tiny_config(**{"training.max_steps": 1, "eval.num_problems": 0,
+                         "training.mask_truncated_completions": True})
+    trainer = GRPOTrainer(cfg, reward_funcs=[("varied", varied)])
+    before = weights(trainer.model)
+    trainer.train()
+    metrics = json.loads((trainer.output_dir / "metrics.jsonl").read_text())
+    assert metrics["completions/clipped_ratio"] == 1.0  # the random tiny model never stops
+    assert metrics["grad_norm"] == 0.0 and metrics["reward_std"] > 0
+    assert_same_weights(weights(trainer.model), before)
+
+
+REWARD_FILE = '''
+import asyncio
+
+async def judge(prompts, completions, **kwargs):
+    await asyncio.sleep(0.01)
+    return [float(len(c) % 3) for c in completions]
+
+async def hangs(prompts, completions, **kwargs):
+    await asyncio.sleep(60)
+'''
+
+
+def test_logged_completions_with_async_rewards_a_timeout_and_a_reward_model(tiny_config, tmp_path):
+    from test_reward_model import save_reward_model
+
+    (tmp_path / "my_rewards.py").write_text(REWARD_FILE)
+    rm_dir = save_reward_model(tmp_path / "rm")
+    functions = f"accuracy,{tmp_path}/my_rewards.py:judge,{tmp_path}/my_rewards.py:hangs,{rm_dir}"
+    cfg = tiny_config(**{"training.max_steps": 3, "eval.num_problems": 0,
+                         "rewards.functions": functions, "rewards.timeout_s": 0.3,
+                         "logging.completions_every": 2})
+    GRPOTrainer(cfg).train()
+    records = read_jsonl(tmp_path / "run" / "completions.jsonl")
+    assert len(records) == 2 * 4 and {r["step"] for r in records} == {2}
+    assert set(records[0]["rewards"]) == {"accuracy", "judge", "hangs", "rm"}
+    assert all(r["rewards"]["hangs"] is None for r in records)
+    assert all(isinstance(r["rewards"]["rm"], float) for r in records)
+    for key in ("prompt_id", "prompt", "completion", "length", "finish_reason", "reward",
+                "advantage"):
+        assert key in records[0], key
+    metrics = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert [m["rewards/hangs/timeouts"] for m in metrics] == [1, 1, 1]
+    assert all(m["rewards/judge/timeouts"] == 0 and m["rewards/rm/std"] > 0 for m in metrics)
+
+
+def test_async_reward_refused_when_the_config_forbids_it(tiny_config, tmp_path):
+    (tmp_path / "my_rewards.py").write_text(REWARD_FILE)
+    cfg = tiny_config(**{"rewards.functions": f"format,{tmp_path}/my_rewards.py:judge",
+                         "rewards.allow_async": False})
+    with pytest.raises(RewardError, match="^rewards.allow_async: false, but reward function "
+                                          "'judge' is async"):
+        GRPOTrainer(cfg)

@@ -9,6 +9,7 @@ import pytest
 
 from infsamp.cli import main
 from infsamp.commands import bench_scheduling as bench
+from infsamp.sampling.engines.base import vllm_installed
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -37,10 +38,11 @@ def test_every_policy_sees_the_same_completions(tiny_model_dir):
     oracle = [r for r in measured if r["variant"] == "length_aware:oracle"]
     assert all(r["kendall_tau"] in (None, 1.0) or len(set(r["lengths"][0])) == 1 for r in oracle)
     report = bench.summarise(rows, variants, args)
-    totals = report["totals"]
+    totals = report["totals"]["slots"]
     assert set(totals) == {v.name for v in variants}
     assert totals["rounds"]["generated_tokens"] == totals["continuous"]["generated_tokens"]
-    saved = report["targets"]["length_aware:online decode steps saved vs rounds (>= 0.40)"]
+    name = "length_aware:online decode steps saved vs rounds (>= 0.40)"
+    saved = report["targets"]["slots"][name]
     assert saved == pytest.approx(1 - totals["length_aware:online"]["decode_steps"] / totals["rounds"]["decode_steps"])
 
 
@@ -50,7 +52,7 @@ def test_cli_writes_json(tiny_model_dir, tmp_path, capsys):
     assert code == 0
     report = json.loads((tmp_path / "scheduling.json").read_text())
     assert report["G"] == 4 and len(report["rows"]) == 1 + len(bench.VARIANTS)
-    assert "targets:" in capsys.readouterr().out
+    assert "targets (slots):" in capsys.readouterr().out
 
 
 def test_variant_names_round_trip():
@@ -82,3 +84,22 @@ def test_bad_arguments_end_in_one_line(argv, message, capsys):
     assert main(["bench", "scheduling", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not vllm_installed(), reason="vLLM is not installed")
+def test_both_engines_side_by_side(tmp_path, capsys):
+    """`--engine slots,vllm`: the same calls on both engines, rows tagged, lossless on each."""
+    code = main(["bench", "scheduling", "--engine", "slots,vllm", "--prompts", "2", "-B", "2",
+                 "-G", "4", "--micro-group", "3", "--max-new-tokens", "24", "--epochs", "1",
+                 "--out", str(tmp_path)])
+    assert code == 0
+    report = json.loads((tmp_path / "scheduling.json").read_text())
+    assert report["engines"] == ["slots", "vllm"]
+    assert set(report["engine_startup_s"]) == {"slots", "vllm"}
+    assert {r["engine"] for r in report["rows"]} == {"slots", "vllm"}
+    for engine in ("slots", "vllm"):
+        totals = report["totals"][engine].values()
+        assert all(t["identical_lengths"] and t["num_preemptions"] == 0 for t in totals)
+    assert "length_aware:online: vllm / slots tokens/s" in report["targets"]["vllm vs slots"]
+    assert "engine start-up (not in the figures above): vllm" in capsys.readouterr().out

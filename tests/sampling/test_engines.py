@@ -9,7 +9,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from infsamp.sampling.engines.base import DecodeOptions
 from infsamp.sampling.engines.select import build_warpers, select_tokens, uniform_noise
 from infsamp.sampling.engines.slots import SlotEngine, SlotKVCache
-from infsamp.sampling.scheduler import SampleSpec
+from infsamp.sampling.types import Sample, SamplerStats
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -62,63 +62,84 @@ def test_prompt_table_add_and_drop():
     assert cache.prompt_keys[0][1, 0, :2].eq(12).all() and cache.prompt_keys[0][0].eq(10).all()
 
 
-def _spec(sample_id, group_id=0, max_new=5):
-    return SampleSpec(sample_id, group_id, sample_id, prompt_tokens=3, max_new_tokens=max_new)
+def _spec(sample_id, group_id=0, max_new=5, prompt_tokens=3):
+    return Sample(sample_id, group_id, sample_id, prompt_tokens=prompt_tokens,
+                  max_new_tokens=max_new)
+
+
+def engine_for(model, prompts, samples, num_slots, options):
+    engine = SlotEngine(model)
+    stats = SamplerStats()
+    engine.begin_call(prompts, samples, num_slots, options, stats)
+    return engine, stats
 
 
 def test_preempted_sample_restarts_and_counts_recomputation(model):
     options = DecodeOptions(temperature=1.0, seed=11, eos_token_ids=())
-    engine = SlotEngine(model, [[4, 5, 6]], [2], num_slots=1, slot_capacity=5, options=options)
     first, second = _spec(0), _spec(1)
+    engine, stats = engine_for(model, [[4, 5, 6]], [first, second], 1, options)
     engine.start(0, first)
     engine.decode_step({0: first})
     engine.decode_step({0: first})
     engine.start(0, second)  # the scheduler gave slot 0 to another sample: `first` is preempted
-    assert engine.counters.num_preemptions == 1
+    assert stats.num_preemptions == 1
     for _ in range(5):
         ended = engine.decode_step({0: second})
-    assert ended == [(1, 5)] and engine.finish_reason(1) == "length"
-    reference = SlotEngine(model, [[4, 5, 6]], [1], num_slots=1, slot_capacity=5, options=options)
-    reference.start(0, first)
+    assert ended == [second] and second.finish_reason == "length" and second.num_tokens == 5
+    alone = _spec(0)
+    reference, _ = engine_for(model, [[4, 5, 6]], [alone], 1, options)
+    reference.start(0, alone)
     for _ in range(5):
-        reference.decode_step({0: first})
+        reference.decode_step({0: alone})
     engine.start(0, first)
     for _ in range(5):
         engine.decode_step({0: first})
-    assert engine.counters.recomputed_tokens == 2
-    assert engine.tokens(0) == reference.tokens(0)  # same random stream after the restart
-    assert engine.counters.prefill_tokens == 2  # the prompt (minus its last token) once
+    assert stats.recomputed_tokens == 2
+    assert first.token_ids == alone.token_ids  # same random stream after the restart
+    assert stats.prefill_tokens == 2  # the prompt (minus its last token) once
 
 
 def test_two_groups_share_slots(model):
     """Slots crossing a group boundary attend to their own group's prompt only."""
     options = DecodeOptions(temperature=0.0, eos_token_ids=())
     prompts = [[4, 5, 6, 7], [8, 9]]
-    mixed = SlotEngine(model, prompts, [1, 1], num_slots=2, slot_capacity=4, options=options)
-    specs = [SampleSpec(0, 0, 0, 4, 4), SampleSpec(1, 1, 0, 2, 4)]
-    mixed.start(0, specs[0]), mixed.start(1, specs[1])
+    samples = [Sample(0, 0, 0, 4, 4), Sample(1, 1, 0, 2, 4)]
+    mixed, _ = engine_for(model, prompts, samples, 2, options)
+    mixed.start(0, samples[0]), mixed.start(1, samples[1])
     for _ in range(4):
-        mixed.decode_step({0: specs[0], 1: specs[1]})
-    for group_id, spec in enumerate(specs):
-        alone = SlotEngine(model, [prompts[group_id]], [1], num_slots=1, slot_capacity=4, options=options)
-        single = SampleSpec(0, 0, 0, spec.prompt_tokens, 4)
+        mixed.decode_step({0: samples[0], 1: samples[1]})
+    for group_id, sample in enumerate(samples):
+        single = Sample(0, 0, 0, sample.prompt_tokens, 4)
+        alone, _ = engine_for(model, [prompts[group_id]], [single], 1, options)
         alone.start(0, single)
         for _ in range(4):
             alone.decode_step({0: single})
-        assert mixed.tokens(spec.sample_id) == alone.tokens(0)
+        assert sample.token_ids == single.token_ids
 
 
 def test_eager_attention_matches_sdpa(model):
     options = DecodeOptions(temperature=0.0, eos_token_ids=())
-    spec = SampleSpec(0, 0, 0, 4, 6)
     outputs = []
     for implementation in ("sdpa", "eager"):
         model.set_attn_implementation(implementation)
-        engine = SlotEngine(model, [[4, 5, 6, 7]], [1], num_slots=2, slot_capacity=6, options=options)
+        sample = Sample(0, 0, 0, 4, 6)
+        engine, _ = engine_for(model, [[4, 5, 6, 7]], [sample], 2, options)
         assert engine.eager_mask == (implementation == "eager")  # additive float mask for eager
-        engine.start(1, spec)
+        engine.start(1, sample)
         for _ in range(6):
-            engine.decode_step({1: spec})
-        outputs.append(engine.tokens(0))
+            engine.decode_step({1: sample})
+        outputs.append(sample.token_ids)
     model.set_attn_implementation("sdpa")
     assert outputs[0] == outputs[1]
+
+
+def test_long_lived_engine_restores_training_mode(model):
+    model.train()
+    sample = Sample(0, 0, 0, 3, 2)
+    engine, _ = engine_for(model, [[4, 5, 6]], [sample], 1, DecodeOptions(temperature=0.0))
+    assert not model.training  # decoding runs in eval mode
+    engine.start(0, sample)
+    engine.decode_step({0: sample})
+    engine.reset()  # a call that failed half-way
+    assert model.training and engine.cache is None
+    model.eval()

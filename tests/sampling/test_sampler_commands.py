@@ -10,6 +10,7 @@ import pytest
 from infsamp.cli import main
 from infsamp.commands import bench_sampling as bench
 from infsamp.config import SamplingConfig
+from infsamp.sampling.engines.base import vllm_installed
 from infsamp.sampling.sampler import GroupSampler
 
 
@@ -50,8 +51,7 @@ def test_forced_lengths_are_exact(checkpoint):
     workload = bench.Workload("controlled", (8,), 40, median=12, min_length=2, controlled=True)
     targets = bench.target_lengths(workload, 8, 0, seed=0)
     cfg = SamplingConfig(policy="continuous", micro_group=3, kv_budget="1000", max_new_tokens=40)
-    result = GroupSampler(model, tokenizer, cfg).sample(
-        [[5, 6, 7]], 8, logits_processor_factory=lambda specs: bench.ForcedLengths(targets, tokenizer.eos_token_id))
+    result = GroupSampler(model, tokenizer, cfg).sample([[5, 6, 7]], 8, target_lengths=targets)
     assert [c.length for c in result.groups[0]] == targets
     assert all(c.finish_reason == "eos" for c in result.completions)
 
@@ -66,7 +66,7 @@ def test_bench_cells_and_targets(checkpoint):
     prompts = bench.bench_prompts(tokenizer, 1, 0)
     rows = [bench.run_cell(model, tokenizer, workload, prompts, size, policy, args)
             for size in (4, 8) for policy in bench.POLICIES]
-    targets = bench.check_targets(rows, 2)
+    targets = bench.check_targets(rows)
     assert targets["controlled/continuous: peak KV G=8 / G=4"] == 1.0
     assert targets["controlled: peak KV full / continuous at G=8"] > 3
     assert all(r["decode_steps"] >= r["lower_bound"] for r in rows)
@@ -114,3 +114,41 @@ def test_sample_command_on_the_recipe_renders_txt_and_jsonl_like_training(chat_m
     assert main(["sample", recipe, "--model.name_or_path", model, "--data.dataset", str(rows),
                  "-G", "2", "--max-new-tokens", "3", "--out", str(out)]) == 0
     assert json.loads(out.read_text().splitlines()[0])["prompt"] == prompt
+def test_engine_flag_errors_are_one_line(checkpoint, tmp_path, capsys):
+    assert main(["bench", "sampling", "--engine", "slots,hf", "--model", str(checkpoint)]) == 2
+    assert "--engine: unknown engine 'hf'" in capsys.readouterr().err
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("What is 2+3?\n")
+    code = main(["sample", "--model", str(checkpoint), "--prompts", str(prompts),
+                 "--engine", "hf"])
+    assert code == 2
+    assert "sampling.engine: must be one of auto, slots, vllm" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not vllm_installed(), reason="vLLM is not installed")
+def test_bench_sampling_on_both_engines(tmp_path):
+    code = main(["bench", "sampling", "--engine", "slots,vllm", "--model", "embedded",
+                 "--workload", "embedded", "--sizes", "4,8", "--micro-group", "2,4",
+                 "--policies", "rounds,continuous", "--quick", "--out", str(tmp_path)])
+    assert code == 0
+    report = json.loads((tmp_path / "sampling.json").read_text())
+    rows = report["rows"]
+    setups = {(r["engine"], r["micro_group"]) for r in rows}
+    assert setups == {(e, g) for e in ("slots", "vllm") for g in (2, 4)}
+    assert all(r["g"] == r["micro_group"] and r["num_preemptions"] == 0 for r in rows)
+    assert "embedded G=8 g=4 continuous: vllm / slots tokens/s" in report["targets"]
+    assert report["engine_startup_s"]["vllm"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not vllm_installed(), reason="vLLM is not installed")
+def test_sample_command_on_vllm(tmp_path, capsys):
+    out = tmp_path / "out.jsonl"
+    code = main(["sample", "--model", "embedded", "--prompts", "embedded:arithmetic",
+                 "--num-prompts", "2", "-G", "4", "--max-new-tokens", "32", "--kv-budget", "2048",
+                 "--engine", "vllm", "--out", str(out), "--quiet"])
+    assert code == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 8 and all(1 <= r["length"] <= 32 for r in rows)
+    assert "decode steps" in capsys.readouterr().out

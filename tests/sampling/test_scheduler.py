@@ -9,8 +9,9 @@ from hypothesis import strategies as st
 from infsamp.errors import SamplingError
 from infsamp.sampling.grouping import lower_bound
 from infsamp.sampling.length_predictor import OraclePredictor, make_predictor
-from infsamp.sampling.scheduler import SampleSpec, SlotScheduler, make_group_specs
+from infsamp.sampling.scheduler import SlotScheduler
 from infsamp.sampling.simulator import run_call
+from infsamp.sampling.types import Sample, make_samples
 
 POLICIES = ["full", "rounds", "continuous", "length_aware"]
 
@@ -20,15 +21,23 @@ def specs_for(groups, prompt_tokens=10, max_new=64):
     specs, lengths = [], []
     for group_id, group in enumerate(groups):
         for index, length in enumerate(group):
-            specs.append(SampleSpec(len(specs), group_id, index, prompt_tokens, max_new, f"p{group_id}"))
+            specs.append(Sample(len(specs), group_id, index, prompt_tokens, max_new,
+                                f"p{group_id}"))
             lengths.append(length)
     return specs, lengths
 
 
+def fresh(specs):
+    """Samples carry their state: each run gets new ones."""
+    return [Sample(s.sample_id, s.group_id, s.index_in_group, s.prompt_tokens, s.max_new_tokens,
+                   s.prompt_key) for s in specs]
+
+
 def checked_run(specs, lengths, policy, num_slots, budget=None, predictor=None, **options):
     """The engine loop, with the engine-side checks the scheduler must satisfy."""
+    specs = fresh(specs)
     sched = SlotScheduler(specs, policy, num_slots, budget, predictor, **options)
-    started, age, open_groups, unfinished = set(), {}, set(), {}
+    started, open_groups, unfinished = set(), set(), {}
     for spec in specs:
         unfinished[spec.group_id] = unfinished.get(spec.group_id, 0) + 1
     peak = 0
@@ -36,29 +45,30 @@ def checked_run(specs, lengths, policy, num_slots, budget=None, predictor=None, 
         for slot, spec in sched.admit():
             assert spec.sample_id not in started, "sample scheduled twice"
             started.add(spec.sample_id)
-            age[spec.sample_id] = 0
             open_groups.add(spec.group_id)
         active = sched.active()
         assert 0 < len(active) <= sched.num_slots
         finished = []
         for spec in active.values():
-            age[spec.sample_id] += 1
-            if age[spec.sample_id] == lengths[spec.sample_id]:
-                finished.append((spec.sample_id, age[spec.sample_id]))
+            spec.token_ids.append(7)
+            if spec.num_tokens == lengths[spec.sample_id]:
+                spec.finish_reason = "length"
+                finished.append(spec)
         kv = sum(specs[[s.group_id for s in specs].index(g)].prompt_tokens for g in open_groups)
-        kv += sum(age[s.sample_id] for s in active.values())
+        kv += sum(s.num_tokens for s in active.values())
         peak = max(peak, kv)
         if budget is not None and policy != "full":
             assert kv <= budget, f"KV {kv} over budget {budget}"
-        for sample_id, _ in finished:
-            group = specs[sample_id].group_id
+        for spec in finished:
+            group = spec.group_id
             unfinished[group] -= 1
             if unfinished[group] == 0:
                 open_groups.discard(group)
         sched.step(finished)
     assert started == set(range(len(specs))), "some sample never ran"
-    stats = sched.stats()
-    assert stats.peak_kv_tokens == peak
+    assert all(s.status == "finished" for s in specs)
+    stats = sched.stats
+    assert stats.peak_kv_tokens_used == peak
     assert stats.generated_tokens == sum(lengths)
     assert stats.decode_steps >= stats.lower_bound == lower_bound(lengths, sched.num_slots)
     return stats
@@ -68,7 +78,7 @@ def test_full_takes_the_longest_sample():
     specs, lengths = specs_for([[5, 1, 3, 2]])
     stats = checked_run(specs, lengths, "full", num_slots=2, budget=1)  # full ignores slots and budget
     assert stats.decode_steps == 5 and stats.num_slots == 4 and stats.num_rounds == 1
-    assert stats.peak_kv_tokens == 10 + 2 + 2 + 2  # prompt once + 2 tokens each of the 3 left after step 2
+    assert stats.peak_kv_tokens_used == 10 + 2 + 2 + 2  # prompt once + 2 tokens each of 3 left
 
 
 def test_rounds_wait_for_their_longest():
@@ -101,7 +111,7 @@ def test_continuous_takes_arrival_order():
 def test_shared_prompt_counted_once_per_group():
     specs, lengths = specs_for([[2, 2, 2, 2]], prompt_tokens=100)
     stats = checked_run(specs, lengths, "rounds", num_slots=2)
-    assert stats.peak_kv_tokens == 100 + 2 * 2
+    assert stats.peak_kv_tokens_used == 100 + 2 * 2
 
 
 def test_budget_caps_concurrency_below_the_slots():
@@ -130,17 +140,33 @@ def test_bad_inputs_are_rejected():
 
 
 def test_engine_disagreement_is_caught():
-    specs, _ = specs_for([[3, 3]])
+    specs, _ = specs_for([[3, 3], [3]])
     sched = SlotScheduler(specs, "continuous", 2)
     sched.admit()
-    with pytest.raises(ValueError, match="length 3 after 1 decode steps"):
-        sched.step([(0, 3)])
-    with pytest.raises(ValueError, match="sample 7 finished but is not active"):
-        sched.step([(7, 2)])
+    specs[0].token_ids += [5, 6]
+    with pytest.raises(ValueError, match="sample 0 grew by 2 tokens in one decode step"):
+        sched.step([])
+    specs[0].token_ids.pop()
+    with pytest.raises(ValueError, match="sample 2 finished but is not active"):
+        sched.step([specs[2]])
 
 
-def test_make_group_specs_is_group_major():
-    specs = make_group_specs([5, 7], group_size=3, max_new_tokens=9, prompt_keys=["a", "b"])
+def test_a_held_back_sample_takes_more_steps():
+    """An engine may hold a running sample back (vLLM preempting it): no token, no error."""
+    specs, _ = specs_for([[2]])
+    sched = SlotScheduler(specs, "continuous", 1)
+    sched.admit()
+    specs[0].token_ids.append(3)
+    sched.step([])
+    sched.step([])  # held back: no token this step
+    specs[0].token_ids.append(4)
+    specs[0].finish_reason = "length"
+    sched.step([specs[0]])
+    assert sched.done and sched.stats.decode_steps == 3 and sched.stats.generated_tokens == 2
+
+
+def test_make_samples_is_group_major():
+    specs = make_samples([5, 7], group_size=3, max_new_tokens=9, prompt_keys=["a", "b"])
     assert [(s.sample_id, s.group_id, s.index_in_group, s.prompt_tokens) for s in specs] == [
         (0, 0, 0, 5), (1, 0, 1, 5), (2, 0, 2, 5), (3, 1, 0, 7), (4, 1, 1, 7), (5, 1, 2, 7)]
     assert specs[4].prompt_key == "b"
@@ -158,13 +184,13 @@ def test_length_aware_with_oracle_balances_slots():
     specs, lengths = specs_for([[8, 7, 6, 5, 4, 3, 2, 1]])
     stats = checked_run(specs, lengths, "length_aware", 2, predictor=OraclePredictor(dict(enumerate(lengths))))
     assert stats.decode_steps == stats.lower_bound == 18
-    assert stats.kendall_tau == pytest.approx(1.0) and stats.mae == 0.0
+    assert stats.predictor_kendall_tau == pytest.approx(1.0) and stats.predictor_mae == 0.0
 
 
 def test_scheduler_is_fast_per_decode_step():
-    specs = make_group_specs([64] * 4, group_size=256, max_new_tokens=64)
-    lengths = [1 + (i * 37) % 64 for i in range(len(specs))]
+    lengths = [1 + (i * 37) % 64 for i in range(4 * 256)]
     for policy in ("continuous", "length_aware"):
+        specs = make_samples([64] * 4, group_size=256, max_new_tokens=64)
         start = time.perf_counter()
         stats = run_call(specs, lengths, policy, 64, predictor=OraclePredictor())
         per_step = (time.perf_counter() - start) / stats.decode_steps

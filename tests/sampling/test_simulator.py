@@ -63,15 +63,15 @@ def test_steps_group_consecutive_lines():
     groups = [TraceGroup("a", 5, [4, 1]), TraceGroup("b", 5, [1, 1]), TraceGroup("c", 5, [2])]
     result = simulate(groups, "continuous", num_slots=2, prompts_per_step=2)
     # step 1: slot 0 runs 4; slot 1 runs 1, 1, 1 -> 4 steps; step 2: 2 steps
-    assert (result.num_steps, result.decode_steps, result.lower_bound) == (2, 6, 4 + 2)
+    assert (result.num_calls, result.decode_steps, result.lower_bound) == (2, 6, 4 + 2)
     assert result.num_samples == 5 and result.generated_tokens == 9
-    assert result.peak_kv_tokens == 5 + 5 + 3 + 1  # both prompts held at step 2 of step 1
+    assert result.peak_kv_tokens_used == 5 + 5 + 3 + 1  # both prompts held at step 2 of step 1
 
 
 def test_kv_budget_sets_the_slots():
     groups = synthetic_trace(2, 16, seed=0)
     result = simulate(groups, "continuous", kv_budget=160 + 4 * 1024, max_new_tokens=1024)
-    assert result.num_slots == 4 and result.peak_kv_tokens <= 160 + 4 * 1024
+    assert result.num_slots == 4 and result.peak_kv_tokens_used <= 160 + 4 * 1024
     with pytest.raises(SamplingError, match="too small"):
         simulate(groups, "continuous", kv_budget=500, max_new_tokens=1024)
     with pytest.raises(SamplingError, match="--max-new-tokens"):
@@ -95,8 +95,8 @@ def test_cli_json(tmp_path, capsys):
                  "--prompts-per-step", "2", "--write-trace", str(trace)])
     out = json.loads(capsys.readouterr().out)
     assert code == 0 and len(read_trace(trace)) == 8
-    for key in ("decode_steps", "lower_bound", "peak_kv_tokens", "num_samples", "generated_tokens",
-                "kendall_tau", "mae"):
+    for key in ("decode_steps", "lower_bound", "peak_kv_tokens_used", "num_samples",
+                "generated_tokens", "predictor_kendall_tau", "predictor_mae"):
         assert out[key] is not None, key
     assert out["num_samples"] == 128 and out["decode_steps"] >= out["lower_bound"]
     main(["simulate", "--trace", str(trace), "--slots", "4", "--json"])

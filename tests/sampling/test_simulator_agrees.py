@@ -8,7 +8,7 @@ from infsamp.config import SamplingConfig
 from infsamp.models.tiny import build_model, build_tokenizer
 from infsamp.sampling.length_predictor import OraclePredictor
 from infsamp.sampling.sampler import GroupSampler
-from infsamp.sampling.scheduler import make_group_specs
+from infsamp.sampling.types import make_samples
 from infsamp.sampling.simulator import run_call
 
 EOS = build_tokenizer().eos_token_id
@@ -61,10 +61,11 @@ def test_replay_matches_the_real_engine(model, policy, predictor, kv_budget):
     oracle = OraclePredictor(dict(enumerate(lengths))) if predictor == "oracle" else None
     real = sample(model, policy, kv_budget, oracle)
     assert [c.length for group in real.groups for c in group] == lengths  # schedule-independent sampling
-    specs = make_group_specs([len(p) for p in PROMPTS], GROUP_SIZE, MAX_NEW)
+    samples = make_samples([len(p) for p in PROMPTS], GROUP_SIZE, MAX_NEW)
     replay_predictor = OraclePredictor() if predictor == "oracle" else None
-    replay = run_call(specs, lengths, policy, real.stats.num_slots, real.stats.kv_budget_tokens, replay_predictor)
+    replay = run_call(samples, lengths, policy, real.stats.num_slots, real.stats.kv_budget_tokens,
+                      replay_predictor)
     assert real.stats.num_slots == (len(lengths) if policy == "full" else 2)
     assert replay.decode_steps == real.stats.decode_steps
     assert replay.lower_bound == real.stats.lower_bound
-    assert replay.peak_kv_tokens == real.stats.extra["peak_kv_tokens_used"]
+    assert replay.peak_kv_tokens_used == real.stats.peak_kv_tokens_used

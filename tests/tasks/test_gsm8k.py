@@ -33,7 +33,10 @@ def test_seed_helpers():
 
 def test_recipe_matches_the_seed():
     cfg = load_config(RECIPE)
-    assert cfg.model.name_or_path == "meta-llama/Llama-3.2-1B-Instruct" and cfg.model.dtype == "bf16"
+    assert cfg.model.name_or_path == "meta-llama/Llama-3.2-1B-Instruct"
+    # the seed's bf16=True (plain AdamW on bf16 weights) is training.precision auto: bf16 with
+    # stochastically rounded updates on a GPU, fp32 on a CPU
+    assert cfg.model.dtype == "auto" and cfg.training.precision == "auto"
     assert (cfg.data.dataset, cfg.data.dataset_config, cfg.data.answer_parser) == ("openai/gsm8k", "main", "gsm8k")
     assert cfg.data.prompt_column == "question" and cfg.data.system_prompt == SYSTEM_PROMPT
     assert cfg.data.max_prompt_length == 256

@@ -2,15 +2,21 @@
 
     infsamp bench sampling --quick            # < 2 minutes on a 2-core CPU
     infsamp bench sampling --out runs/bench   # G in 8, 32, 128, 512 (tens of minutes on a CPU)
+    infsamp bench sampling --engine slots,vllm --micro-group 8,64   # both engines, two g
 
 Two workloads, one prompt per sampler call (= per training step):
   (a) `embedded`: the embedded arithmetic task, natural EOS, temperature 1;
-  (b) `controlled`: lengths forced by a logits processor (EOS banned before the target, forced at it);
+  (b) `controlled`: lengths forced per sample (`target_lengths`: the slot engine bans EOS before
+      the target and forces it there; vLLM sets min_tokens = max_tokens = the target);
       each prompt's median is log-normal around 180 tokens (sigma 0.7 across prompts), each sample's
       target log-normal around it (sigma 0.55), clipped to 16..1024 -- the paper's setting.
-g is fixed and `rounds` / `continuous` get the same KV budget (g slots of max_new_tokens plus one
-prompt); `full` decodes all G at once. Writes a table (stdout), `sampling.json` and `sampling.png`
-(peak KV bytes and decode steps against G), and a profile of where the time goes at g=8.
+g is fixed (`--micro-group`, a list) and `rounds` / `continuous` get the KV budget of exactly g
+samples (`types.kv_tokens_needed`: g slots of max_new_tokens plus one prompt; on vLLM in whole
+blocks); `full` decodes all G at once (on vLLM within the pool the largest such budget sizes: it
+may preempt). With `--engine slots,vllm` every cell runs on both engines, interleaved; each engine
+is started and warmed up once before the measurements (start-up reported apart) and rows are tagged
+`engine`. Writes a table (stdout), `sampling.json` and `sampling.png` (peak KV bytes and decode
+steps against G), and a profile of where the slot engine's time goes at g=8.
 
 Deliberately simple: one run per cell (no repetitions); timings depend on the machine's load.
 """
@@ -27,6 +33,9 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from infsamp.commands.engine_choice import ENGINE_HELP, close_engines, parse_engines, start_engines
+from infsamp.errors import SamplingError
 
 POLICIES = ("full", "rounds", "continuous")
 
@@ -66,7 +75,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="small G and lengths (< 2 minutes)")
     parser.add_argument("--out", default="runs/bench", help="folder for sampling.json and sampling.png")
     parser.add_argument("--model", default="embedded", help="checkpoint directory or 'embedded'")
-    parser.add_argument("--micro-group", type=int, default=8, help="g for rounds and continuous")
+    parser.add_argument("--micro-group", default="8",
+                        help="g for rounds and continuous (a comma-separated list)")
+    parser.add_argument("--engine", default="slots", help=ENGINE_HELP)
     parser.add_argument("--workload", choices=("embedded", "controlled"), action="append",
                         help="run only this workload (repeatable)")
     parser.add_argument("--sizes", help="comma-separated G values instead of the workload's list")
@@ -82,22 +93,27 @@ def run(args: argparse.Namespace) -> int:
     from infsamp.config import ModelConfig
     from infsamp.models.loading import load_model_and_tokenizer
 
+    names, micro_groups = parse_engines(args.engine), parse_micro_groups(args.micro_group)
     torch.set_num_threads(args.threads)
     model, tokenizer = load_model_and_tokenizer(ModelConfig(name_or_path=args.model))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     selected = [customise(w, args) for w in workloads(args.quick) if not args.workload or w.name in args.workload]
-    rows = []
-    for workload in selected:
-        prompts = bench_prompts(tokenizer, max(workload.prompts_per_size.values()), args.seed)
-        for group_size in workload.group_sizes:
-            for policy in args.policies.split(","):
-                rows.append(run_cell(model, tokenizer, workload, prompts, group_size, policy, args))
-                print(format_row(rows[-1]), flush=True)
-                (out / "sampling.partial.json").write_text(json.dumps(rows, indent=1))
+    prompts = {w.name: bench_prompts(tokenizer, max(w.prompts_per_size.values()), args.seed)
+               for w in selected}
+    limits = engine_limits_for(selected, prompts, micro_groups)
+    cfg = cell_config("continuous", micro_groups[0], limits.kv_budget_tokens,
+                      limits.max_new_tokens)
+    engines, startup = start_engines(names, model, cfg, limits, prompts[selected[0].name][0])
+    try:
+        rows = run_cells(model, tokenizer, selected, prompts, micro_groups, engines, args, out)
+    finally:
+        close_engines(engines)
     embedded = [w for w in selected if w.name == "embedded"]
-    profile = profile_overhead(model, tokenizer, embedded[0], args) if embedded else {}
-    report = {"rows": rows, "targets": check_targets(rows, args.micro_group), "profile": profile,
+    profile = (profile_overhead(model, tokenizer, embedded[0], args, micro_groups[0])
+               if embedded and "slots" in names else {})
+    report = {"rows": rows, "targets": check_targets(rows), "profile": profile,
+              "engine_startup_s": startup,
               "command": "infsamp bench sampling " + " ".join(sys.argv[3:]),
               "date": time.strftime("%Y-%m-%d"), "threads": args.threads}
     (out / "sampling.json").write_text(json.dumps(report, indent=1))
@@ -106,6 +122,61 @@ def run(args: argparse.Namespace) -> int:
     plot(rows, out / "sampling.png")
     print(f"wrote {out / 'sampling.json'} and {out / 'sampling.png'}")
     return 0
+
+
+def parse_micro_groups(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise SamplingError(f"--micro-group: give positive integers, e.g. 8 or 8,64 "
+                            f"(got {text!r})")
+    return values
+
+
+def run_cells(model, tokenizer, selected, prompts, micro_groups, engines, args,
+              out: Path) -> list[dict]:
+    """Every workload x G x g x policy on every engine (engines innermost: same load for all)."""
+    rows = []
+    for workload in selected:
+        for group_size in workload.group_sizes:
+            for g in micro_groups:
+                for policy in args.policies.split(","):
+                    for engine in engines.values():
+                        rows.append(run_cell(model, tokenizer, workload, prompts[workload.name],
+                                             group_size, policy, args, engine, g))
+                        print(format_row(rows[-1]), flush=True)
+                        (out / "sampling.partial.json").write_text(json.dumps(rows, indent=1))
+    return rows
+
+
+def cell_budget(workload_max_new: int, prompts, g: int, block_size: int) -> int:
+    """KV budget of exactly g samples at once on an engine with this block size."""
+    from infsamp.sampling.types import kv_tokens_needed
+
+    return kv_tokens_needed(g, workload_max_new, max(len(p) for p in prompts), 1, block_size)
+
+
+def cell_config(policy: str, g: int, budget: int, max_new_tokens: int):
+    from infsamp.config import SamplingConfig
+
+    return SamplingConfig(policy=policy, micro_group=g, kv_budget=str(budget),
+                          max_new_tokens=max_new_tokens, temperature=1.0)
+
+
+def engine_limits_for(selected, prompts, micro_groups):
+    """One engine serves every cell: longest prompt and completion, all G of `full` admitted at
+    once, the largest g budget (whole vLLM blocks)."""
+    from infsamp.sampling.engines.base import EngineLimits
+    from infsamp.sampling.types import VLLM_BLOCK_SIZE
+
+    blocks = (1, *VLLM_BLOCK_SIZE.values())
+    budget = max(cell_budget(w.max_new_tokens, prompts[w.name], g, block)
+                 for w in selected for g in micro_groups for block in blocks)
+    longest = max(len(p) for ps in prompts.values() for p in ps)
+    return EngineLimits(longest, max(w.max_new_tokens for w in selected),
+                        max(max(w.group_sizes) for w in selected), budget)
 
 
 # ---------------------------------------------------------------- workloads
@@ -135,61 +206,40 @@ def target_lengths(workload: Workload, group_size: int, prompt_index: int, seed:
             for _ in range(group_size)]
 
 
-class ForcedLengths:
-    """Logits rule: EOS banned before a sample's target length, forced at it."""
-
-    def __init__(self, targets: list[int], eos_id: int):
-        import torch
-
-        self.targets = torch.tensor(targets)  # [N], indexed by sample id
-        self.eos_id = eos_id
-
-    def __call__(self, sample_ids, num_generated, scores):
-        import torch
-
-        position = num_generated + 1  # length the sample reaches with this token
-        target = self.targets[sample_ids]  # [S]
-        scores = scores.clone()
-        scores[position < target, self.eos_id] = -torch.inf
-        forced = position >= target
-        scores[forced] = -torch.inf
-        scores[forced, self.eos_id] = 0.0
-        return scores
-
-
 # ---------------------------------------------------------------- one cell of the table
 
 
-def run_cell(model, tokenizer, workload: Workload, prompts, group_size: int, policy: str, args) -> dict:
+def run_cell(model, tokenizer, workload: Workload, prompts, group_size: int, policy: str, args,
+             engine=None, micro_group: int | None = None) -> dict:
     import torch
 
-    from infsamp.config import SamplingConfig
     from infsamp.sampling.sampler import GroupSampler
 
-    g = args.micro_group
+    g = micro_group or args.micro_group
     num_prompts = workload.prompts_per_size.get(group_size, 1)
-    budget = g * workload.max_new_tokens + max(len(p) for p in prompts[:num_prompts])
-    cfg = SamplingConfig(policy=policy, micro_group=g, kv_budget=str(budget),
-                         max_new_tokens=workload.max_new_tokens, temperature=1.0)
-    sampler = GroupSampler(model, tokenizer, cfg)
+    block = engine.kv_block_size if engine else 1
+    budget = cell_budget(workload.max_new_tokens, prompts[:num_prompts], g, block)
+    cfg = cell_config(policy, g, budget, workload.max_new_tokens)
+    sampler = GroupSampler(model, tokenizer, cfg, engine=engine)
     total = {"decode_steps": 0, "lower_bound": 0, "generated_tokens": 0, "wall_time_s": 0.0, "model_time_s": 0.0,
-             "cpu_time_s": 0.0}
-    peaks = {"peak_kv_bytes": 0, "peak_kv_tokens": 0, "peak_kv_tokens_used": 0}
+             "cpu_time_s": 0.0, "num_preemptions": 0, "prefill_tokens": 0}
+    peaks = dict.fromkeys(("peak_kv_bytes", "peak_kv_tokens", "peak_kv_blocks",
+                           "peak_kv_tokens_used"), 0)
     for index, prompt in enumerate(prompts[:num_prompts]):
-        factory = None
-        if workload.controlled:
-            targets = target_lengths(workload, group_size, index, args.seed)
-            factory = lambda specs, t=targets: ForcedLengths(t, tokenizer.eos_token_id)  # noqa: E731
+        targets = (target_lengths(workload, group_size, index, args.seed)
+                   if workload.controlled else None)
         cpu_start = time.process_time()
-        stats = sampler.sample([prompt], group_size, logits_processor_factory=factory,
+        stats = sampler.sample([prompt], group_size, target_lengths=targets,
                                generator=torch.Generator().manual_seed(args.seed + index)).stats
         total["cpu_time_s"] += time.process_time() - cpu_start
-        for key in ("decode_steps", "lower_bound", "generated_tokens", "wall_time_s"):
+        for key in ("decode_steps", "lower_bound", "generated_tokens", "wall_time_s",
+                    "model_time_s", "num_preemptions", "prefill_tokens"):
             total[key] += getattr(stats, key)
-        total["model_time_s"] += stats.extra["model_time_s"]
-        peaks = {k: max(v, getattr(stats, k, 0) or stats.extra.get(k, 0)) for k, v in peaks.items()}
-    return {"workload": workload.name, "G": group_size, "policy": policy, "g": stats.num_slots,
-            "kv_budget_tokens": budget, "num_prompts": num_prompts, **total, **peaks,
+        peaks = {k: max(v, getattr(stats, k)) for k, v in peaks.items()}
+    return {"engine": stats.engine, "workload": workload.name, "G": group_size, "policy": policy,
+            "micro_group": g, "g": stats.num_slots, "kv_budget_tokens": budget,
+            "num_prompts": num_prompts,
+            **total, **peaks,
             "tokens_per_second": total["generated_tokens"] / max(total["wall_time_s"], 1e-9),
             "tokens_per_cpu_second": total["generated_tokens"] / max(total["cpu_time_s"], 1e-9),
             "overhead_fraction": 1 - total["model_time_s"] / max(total["wall_time_s"], 1e-9)}
@@ -202,7 +252,26 @@ def _cell(rows, workload, group_size, policy):
     return next((r for r in rows if (r["workload"], r["G"], r["policy"]) == (workload, group_size, policy)), None)
 
 
-def check_targets(rows: list[dict], micro_group: int) -> dict:
+def check_targets(rows: list[dict]) -> dict:
+    """The policy targets per engine and g (prefixed `engine g=..` when there are several), and the
+    vLLM / slot engine tokens/s of every cell both ran."""
+    setups = sorted({(r["engine"], r["micro_group"]) for r in rows})
+    targets = {}
+    for engine, g in setups:
+        prefix = f"{engine} g={g}: " if len(setups) > 1 else ""
+        subset = [r for r in rows if (r["engine"], r["micro_group"]) == (engine, g)]
+        targets.update({prefix + k: v for k, v in policy_targets(subset).items()})
+    for r in rows:
+        other = next((o for o in rows if o["engine"] == "slots" and r["engine"] == "vllm" and all(
+            o[k] == r[k] for k in ("workload", "G", "micro_group", "policy"))), None)
+        if other is not None:
+            name = (f"{r['workload']} G={r['G']} g={r['micro_group']} {r['policy']}: "
+                    "vllm / slots tokens/s")
+            targets[name] = r["tokens_per_second"] / other["tokens_per_second"]
+    return targets
+
+
+def policy_targets(rows: list[dict]) -> dict:
     targets = {}
     for workload in sorted({r["workload"] for r in rows}):
         sizes = sorted({r["G"] for r in rows if r["workload"] == workload})
@@ -239,16 +308,18 @@ PROFILE_PARTS = {  # part -> (file suffix, function) whose cumulative time it is
     "token selection + logits rule": [("slots.py", "_select")],
     "engine bookkeeping": [("slots.py", "_step_layout"), ("slots.py", "prepare_step"), ("slots.py", "_record"),
                            ("slots.py", "_drop_preempted")],
-    "scheduler and policy": [("scheduler.py", "admit"), ("scheduler.py", "step"), ("sampler.py", "_report_prefixes")],
+    "scheduler and policy": [("scheduler.py", "admit"), ("scheduler.py", "step")],
 }
 
 
-def profile_overhead(model, tokenizer, workload: Workload, args) -> dict:
-    """cProfile one continuous call (G=32, g) and split the loop's time into parts (cumulative times)."""
+def profile_overhead(model, tokenizer, workload: Workload, args, micro_group: int) -> dict:
+    """cProfile one continuous call (G=32, g) on the slot engine and split the loop's time into
+    parts (cumulative times)."""
     prompts = bench_prompts(tokenizer, 1, args.seed)
     profiler = cProfile.Profile()
     profiler.enable()
-    row = run_cell(model, tokenizer, workload, prompts, 32, "continuous", args)
+    row = run_cell(model, tokenizer, workload, prompts, 32, "continuous", args,
+                   micro_group=micro_group)
     profiler.disable()
     cumulative = {(path, name): entry[3] for (path, _, name), entry in pstats.Stats(profiler).stats.items()}
 
@@ -263,14 +334,17 @@ def profile_overhead(model, tokenizer, workload: Workload, args) -> dict:
             "share_of_profiled_time": {k: v / total for k, v in parts.items()}}
 
 
-HEADER = (f"{'workload':<11}{'G':>5} {'policy':<11}{'g':>4}{'steps':>8}{'bound':>8}{'peak KV':>11}{'tokens':>8}"
-          f"{'wall s':>8}{'tok/s':>8}{'tok/cpu-s':>10}{'ovh':>6}")
+HEADER = (f"{'engine':<7}{'workload':<11}{'G':>5} {'policy':<11}{'g':>4}{'steps':>8}{'bound':>8}"
+          f"{'peak KV':>11}{'prefill':>8}{'preempt':>8}{'tokens':>8}{'wall s':>8}{'tok/s':>8}"
+          f"{'tok/cpu-s':>10}{'ovh':>6}")
 
 
 def format_row(r: dict) -> str:
-    return (f"{r['workload']:<11}{r['G']:>5} {r['policy']:<11}{r['g']:>4}{r['decode_steps']:>8}{r['lower_bound']:>8}"
-            f"{r['peak_kv_bytes'] / 2**20:>9.2f}Mi{r['generated_tokens']:>8}{r['wall_time_s']:>8.1f}"
-            f"{r['tokens_per_second']:>8.0f}{r['tokens_per_cpu_second']:>10.0f}{100 * r['overhead_fraction']:>5.1f}%")
+    return (f"{r['engine']:<7}{r['workload']:<11}{r['G']:>5} {r['policy']:<11}{r['g']:>4}"
+            f"{r['decode_steps']:>8}{r['lower_bound']:>8}{r['peak_kv_bytes'] / 2**20:>9.2f}Mi"
+            f"{r['prefill_tokens']:>8}{r['num_preemptions']:>8}{r['generated_tokens']:>8}"
+            f"{r['wall_time_s']:>8.1f}{r['tokens_per_second']:>8.0f}"
+            f"{r['tokens_per_cpu_second']:>10.0f}{100 * r['overhead_fraction']:>5.1f}%")
 
 
 def print_report(rows: list[dict], report: dict) -> None:
@@ -284,6 +358,8 @@ def print_report(rows: list[dict], report: dict) -> None:
         print("profile (continuous, G=32, g=8), share of profiled time:")
         for name, share in report["profile"]["share_of_profiled_time"].items():
             print(f"  {name:<36} {100 * share:5.1f}%")
+    for engine, seconds in report.get("engine_startup_s", {}).items():
+        print(f"engine start-up (not in the figures above): {engine} {seconds:.1f} s")
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -294,16 +370,22 @@ def plot(rows: list[dict], path: Path) -> None:
 
     names = sorted({r["workload"] for r in rows})
     fig, axes = plt.subplots(len(names), 2, figsize=(10, 3.6 * len(names)), squeeze=False)
+    setups = sorted({(r["engine"], r["micro_group"]) for r in rows})
     for row_axes, workload in zip(axes, names):
-        for policy in POLICIES:
-            cells = sorted((r for r in rows if (r["workload"], r["policy"]) == (workload, policy)),
+        for (engine, g), policy in ((setup, p) for setup in setups for p in POLICIES):
+            key = (workload, policy, engine, g)
+            cells = sorted((r for r in rows
+                            if (r["workload"], r["policy"], r["engine"], r["micro_group"]) == key),
                            key=lambda r: r["G"])
+            label = policy if len(setups) == 1 else f"{engine} g={g} {policy}"
             sizes = [r["G"] for r in cells]
-            row_axes[0].plot(sizes, [r["peak_kv_bytes"] / 2**20 for r in cells], marker="o", label=policy)
-            row_axes[1].plot(sizes, [r["decode_steps"] / r["num_prompts"] for r in cells], marker="o", label=policy)
+            peaks = [r["peak_kv_bytes"] / 2**20 for r in cells]
+            row_axes[0].plot(sizes, peaks, marker="o", label=label)
+            steps = [r["decode_steps"] / r["num_prompts"] for r in cells]
+            row_axes[1].plot(sizes, steps, marker="o", label=label)
         for ax, label in zip(row_axes, ("peak KV cache (MiB)", "decode steps per prompt")):
             ax.set(xscale="log", yscale="log", xlabel="G (samples per prompt)", ylabel=label, title=workload)
-            ax.legend()
+            ax.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -2,6 +2,7 @@
 
     infsamp bench scheduling --quick                 # about a minute on a 2-core CPU
     infsamp bench scheduling --out runs/bench_sched  # G=32, g=8, 12 prompts, 2 epochs
+    infsamp bench scheduling --engine slots,vllm -B 4  # the same calls on both engines
 
 The embedded task with natural lengths, B prompts per sampler call (= one training step, `-B`, default
 1), G samples per prompt and the same g slots and KV budget for every policy. Epoch 1 warms the online predictor
@@ -11,9 +12,11 @@ each variant with a predictor of its own); the last epoch is measured. Per promp
 its own key, so every policy produces the same completions for the same seed (the bench checks the
 lengths); the oracle is handed the lengths of the `continuous` call.
 
-Writes `scheduling.json` (per-call rows, totals, targets) and prints a table with the issue's targets.
-Deliberately simple: one run per cell, policies interleaved per prompt so that machine load hits all
-of them alike.
+`--engine slots,vllm` runs every call on each engine (rows tagged `engine`; each engine has its own
+predictors and its oracle takes that engine's lengths). On vLLM a decode step is an engine step.
+Writes `scheduling.json` (per-call rows, totals per engine and variant, targets) and prints a
+table. Deliberately simple: one run per cell, engines and policies interleaved per prompt so that
+machine load hits all of them alike; each engine is started once, before the measurements.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from infsamp.commands.engine_choice import ENGINE_HELP, close_engines, parse_engines, start_engines
 
 VARIANTS = ("continuous", "rounds", "length_aware:online", "length_aware:oracle")
 
@@ -62,6 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prefix-tokens", type=int, default=16, help="k of the token-conditioned predictor")
     parser.add_argument("--variants", default=",".join(VARIANTS),
                         help="comma-separated policy[:predictor][/refill]; continuous must come first")
+    parser.add_argument("--engine", default="slots", help=ENGINE_HELP)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--seed", type=int, default=0)
 
@@ -75,11 +81,19 @@ def run(args: argparse.Namespace) -> int:
     if args.quick:
         args.prompts, args.group_size, args.micro_group, args.max_new_tokens = 3, 16, 4, 256
     variants = check_arguments(args)
+    names = parse_engines(args.engine)
     torch.set_num_threads(args.threads)
     model, tokenizer = load_model_and_tokenizer(ModelConfig(name_or_path=args.model))
     prompts = bench_prompts(tokenizer, args.prompts, args.seed)
-    rows = run_epochs(model, tokenizer, prompts, variants, args)
+    limits = engine_limits_for(prompts, args)
+    cfg = sampling_config(Variant("continuous"), args, limits.kv_budget_tokens)
+    engines, startup = start_engines(names, model, cfg, limits, prompts[0][1])
+    try:
+        rows = run_epochs(model, tokenizer, prompts, variants, args, engines)
+    finally:
+        close_engines(engines)
     report = summarise(rows, variants, args)
+    report["engine_startup_s"] = startup
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "scheduling.json").write_text(json.dumps({**report, "rows": rows}, indent=1))
@@ -115,12 +129,40 @@ def bench_prompts(tokenizer, num: int, seed: int) -> list[tuple[str, list[int]]]
 # ---------------------------------------------------------------- the calls
 
 
+def sampling_config(variant: Variant, args, budget: int):
+    from infsamp.config import SamplingConfig
+
+    return SamplingConfig(policy=variant.policy, micro_group=args.micro_group,
+                          kv_budget=str(budget), max_new_tokens=args.max_new_tokens,
+                          temperature=args.temperature, refill=variant.refill,
+                          predictor_prefix_tokens=args.prefix_tokens)
+
+
+def call_budget(args, max_prompt_tokens: int, block_size: int = 1) -> int:
+    """The budget a call needs for exactly g samples at once, prompts and blocks counted as the
+    sampler counts them on this engine."""
+    from infsamp.sampling.types import kv_tokens_needed
+
+    return kv_tokens_needed(args.micro_group, args.max_new_tokens, max_prompt_tokens,
+                            args.prompts_per_step, block_size)
+
+
+def engine_limits_for(prompts, args):
+    """Enough for every call: the longest prompt, g at once, the largest budget (vLLM blocks)."""
+    from infsamp.sampling.engines.base import EngineLimits
+    from infsamp.sampling.types import VLLM_BLOCK_SIZE
+
+    longest = max(len(p[1]) for p in prompts)
+    budget = max(call_budget(args, longest, block) for block in (1, *VLLM_BLOCK_SIZE.values()))
+    return EngineLimits(longest, args.max_new_tokens, args.micro_group, budget)
+
+
 class Runner:
     """One predictor per variant, alive across calls: an online predictor learns only from its own
     variant's calls (two variants sharing one would see each other's identical completions)."""
 
-    def __init__(self, model, tokenizer, args):
-        self.model, self.tokenizer, self.args = model, tokenizer, args
+    def __init__(self, model, tokenizer, args, engine=None):
+        self.model, self.tokenizer, self.args, self.engine = model, tokenizer, args, engine
         self._predictors: dict = {}
 
     def predictor(self, variant: Variant):
@@ -141,32 +183,38 @@ class Runner:
     def call(self, variant: Variant, prompts: list[tuple[str, list[int]]], keys: list[str], seed: int) -> dict:
         import torch
 
-        from infsamp.config import SamplingConfig
         from infsamp.sampling.sampler import GroupSampler
-        from infsamp.sampling.types import kv_tokens_needed
 
-        a = self.args  # the budget the sampler needs for exactly g slots (prompts counted as it counts them)
-        budget = kv_tokens_needed(a.micro_group, a.max_new_tokens, max(len(p[1]) for p in prompts), len(prompts))
-        cfg = SamplingConfig(policy=variant.policy, micro_group=a.micro_group, kv_budget=str(budget),
-                             max_new_tokens=a.max_new_tokens, temperature=a.temperature,
-                             refill=variant.refill, predictor_prefix_tokens=a.prefix_tokens)
-        sampler = GroupSampler(self.model, self.tokenizer, cfg, predictor=self.predictor(variant))
+        block = self.engine.kv_block_size if self.engine else 1
+        budget = call_budget(self.args, max(len(p[1]) for p in prompts), block)
+        cfg = sampling_config(variant, self.args, budget)
+        sampler = GroupSampler(self.model, self.tokenizer, cfg, predictor=self.predictor(variant),
+                               engine=self.engine)
         cpu_start = time.process_time()
-        result = sampler.sample([p[1] for p in prompts], a.group_size, prompt_keys=keys,
+        result = sampler.sample([p[1] for p in prompts], self.args.group_size, prompt_keys=keys,
                                 prompt_texts=[p[0] for p in prompts], generator=torch.Generator().manual_seed(seed))
         cpu = time.process_time() - cpu_start
         s = result.stats
-        return {"variant": variant.name, "prompt": ",".join(keys), "decode_steps": s.decode_steps,
+        return {"engine": s.engine, "variant": variant.name, "prompt": ",".join(keys),
+                "decode_steps": s.decode_steps,
                 "lower_bound": s.lower_bound, "opt_lower_bound": s.opt_lower_bound, "generated_tokens": s.generated_tokens,
                 "wall_time_s": s.wall_time_s, "cpu_time_s": cpu, "num_slots": s.num_slots,
-                "peak_kv_tokens": s.peak_kv_tokens, "kendall_tau": s.extra.get("predictor_kendall_tau"),
-                "mae": s.extra.get("predictor_mae"), "lengths": [[c.length for c in g] for g in result.groups]}
+                "peak_kv_tokens": s.peak_kv_tokens, "peak_kv_blocks": s.peak_kv_blocks,
+                "num_preemptions": s.num_preemptions, "prefill_tokens": s.prefill_tokens,
+                "kendall_tau": s.predictor_kendall_tau, "mae": s.predictor_mae,
+                "lengths": [[c.length for c in g] for g in result.groups]}
 
 
-def run_epochs(model, tokenizer, prompts, variants: list[Variant], args) -> list[dict]:
-    runner = Runner(model, tokenizer, args)
-    for variant in variants:
-        runner.predictor(variant)
+def run_epochs(model, tokenizer, prompts, variants: list[Variant], args,
+               engines: dict | None = None) -> list[dict]:
+    """Every call on every engine (default: the slot engine), interleaved per call."""
+    from infsamp.sampling.engines.slots import SlotEngine
+
+    engines = engines or {"slots": SlotEngine(model)}
+    runners = [Runner(model, tokenizer, args, engine) for engine in engines.values()]
+    for runner in runners:
+        for variant in variants:
+            runner.predictor(variant)
     rows = []
     for epoch in range(1, args.epochs + 1):
         measured = epoch == args.epochs
@@ -175,15 +223,23 @@ def run_epochs(model, tokenizer, prompts, variants: list[Variant], args) -> list
             keys = [str(first + i) for i in range(len(chunk))]
             seed = args.seed + 1000 * epoch + first
             todo = variants if measured else [v for v in variants if v.predictor == "online"]
-            for variant in todo:
-                row = runner.call(variant, chunk, keys, seed)
-                if variant.policy == "continuous":  # the oracle's lengths for this call
-                    lengths = row["lengths"]
-                    runner.set_true_lengths(lengths)
-                row.update(epoch=epoch, measured=measured, same_lengths_as_continuous=row["lengths"] == lengths
-                           if measured else None)
-                rows.append(row)
-                print(format_call(row), flush=True)
+            for runner in runners:
+                rows += run_variants(runner, todo, chunk, keys, seed, epoch, measured)
+    return rows
+
+
+def run_variants(runner: Runner, variants: list[Variant], chunk, keys, seed: int, epoch: int,
+                 measured: bool) -> list[dict]:
+    rows, lengths = [], None
+    for variant in variants:
+        row = runner.call(variant, chunk, keys, seed)
+        if variant.policy == "continuous":  # the oracle's lengths for this call
+            lengths = row["lengths"]
+            runner.set_true_lengths(lengths)
+        row.update(epoch=epoch, measured=measured,
+                   same_lengths_as_continuous=row["lengths"] == lengths if measured else None)
+        rows.append(row)
+        print(format_call(row), flush=True)
     return rows
 
 
@@ -202,18 +258,30 @@ def totals(rows: list[dict]) -> dict:
     total["mae"] = sum(maes) / len(maes) if maes else None
     total["calls"] = len(rows)
     total["identical_lengths"] = all(r["same_lengths_as_continuous"] for r in rows)
+    total["num_preemptions"] = sum(r["num_preemptions"] for r in rows)
+    total["peak_kv_tokens"] = max(r["peak_kv_tokens"] for r in rows)
     return total
 
 
 def summarise(rows: list[dict], variants: list[Variant], args) -> dict:
+    """Totals and targets per engine ({engine: {variant: ...}}), and vLLM against the slots."""
     measured = [r for r in rows if r["measured"]]
-    by_variant = {v.name: totals([r for r in measured if r["variant"] == v.name]) for v in variants}
+    engines = list(dict.fromkeys(r["engine"] for r in rows))
+    by_engine = {e: {v.name: totals([r for r in measured
+                                     if (r["engine"], r["variant"]) == (e, v.name)])
+                     for v in variants} for e in engines}
     warmup = [r for r in rows if not r["measured"]]
     report = {"command": "infsamp bench scheduling " + " ".join(sys.argv[3:]), "date": time.strftime("%Y-%m-%d"),
-              "G": args.group_size, "g": sorted({r["num_slots"] for r in rows}), "prompts": args.prompts, "B": args.prompts_per_step, "epochs": args.epochs,
-              "temperature": args.temperature, "totals": by_variant,
+              "G": args.group_size, "g": sorted({r["num_slots"] for r in rows}),
+              "prompts": args.prompts,
+              "B": args.prompts_per_step, "epochs": args.epochs, "temperature": args.temperature,
+              "engines": engines, "totals": by_engine,
               "warmup_kendall_tau": totals(warmup)["kendall_tau"] if warmup else None}
-    report["targets"] = targets(by_variant)
+    report["targets"] = {e: targets(t) for e, t in by_engine.items()}
+    if {"slots", "vllm"} <= set(engines):
+        report["targets"]["vllm vs slots"] = {
+            f"{name}: vllm / slots tokens/s": by_engine["vllm"][name]["tokens_per_second"]
+            / by_engine["slots"][name]["tokens_per_second"] for name in by_engine["vllm"]}
     return report
 
 
@@ -245,21 +313,26 @@ def targets(t: dict) -> dict:
 
 def format_call(r: dict) -> str:
     tau = "" if r["kendall_tau"] is None else f" tau {r['kendall_tau']:.2f}"
-    return (f"epoch {r['epoch']} prompts {r['prompt']:>6} {r['variant']:<22} steps {r['decode_steps']:>5} "
+    return (f"epoch {r['epoch']} prompts {r['prompt']:>6} {r['engine']:<6}{r['variant']:<22} "
+            f"steps {r['decode_steps']:>5} "
             f"bound {r['lower_bound']:>5} tokens {r['generated_tokens']:>6} {r['wall_time_s']:6.1f}s{tau}")
 
 
 def print_report(report: dict) -> None:
     print(f"\nmeasured epoch {report['epochs']}: G={report['G']} g={','.join(map(str, report['g']))}, "
-          f"{report['prompts']} prompts, "
-          f"{report['B']} per call")
-    print(f"{'variant':<24}{'steps':>8}{'bound':>8}{'x bound':>8}{'tokens':>8}{'wall s':>8}{'tok/s':>8}"
-          f"{'tok/cpu-s':>10}{'tau':>6}")
-    for name, t in report["totals"].items():
-        tau = "" if t["kendall_tau"] is None else f"{t['kendall_tau']:.2f}"
-        print(f"{name:<24}{t['decode_steps']:>8}{t['lower_bound']:>8}{t['decode_steps'] / t['lower_bound']:>8.3f}"
-              f"{t['generated_tokens']:>8}{t['wall_time_s']:>8.1f}{t['tokens_per_second']:>8.0f}"
-              f"{t['tokens_per_cpu_second']:>10.0f}{tau:>6}")
-    print("targets:")
-    for name, value in report["targets"].items():
-        print(f"  {name}: {value:.3f}")
+          f"{report['prompts']} prompts, {report['B']} per call")
+    print(f"{'engine':<7}{'variant':<24}{'steps':>8}{'bound':>8}{'x bound':>8}{'tokens':>8}"
+          f"{'wall s':>8}{'tok/s':>8}{'tok/cpu-s':>10}{'preempt':>8}{'tau':>6}")
+    for engine, by_variant in report["totals"].items():
+        for name, t in by_variant.items():
+            tau = "" if t["kendall_tau"] is None else f"{t['kendall_tau']:.2f}"
+            print(f"{engine:<7}{name:<24}{t['decode_steps']:>8}{t['lower_bound']:>8}"
+                  f"{t['decode_steps'] / t['lower_bound']:>8.3f}{t['generated_tokens']:>8}"
+                  f"{t['wall_time_s']:>8.1f}{t['tokens_per_second']:>8.0f}"
+                  f"{t['tokens_per_cpu_second']:>10.0f}{t['num_preemptions']:>8}{tau:>6}")
+    for scope, values in report["targets"].items():
+        print(f"targets ({scope}):")
+        for name, value in values.items():
+            print(f"  {name}: {value:.3f}")
+    for engine, seconds in report.get("engine_startup_s", {}).items():
+        print(f"engine start-up (not in the figures above): {engine} {seconds:.1f} s")

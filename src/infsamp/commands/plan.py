@@ -1,6 +1,7 @@
 """`infsamp plan`: the memory planner on the command line (no torch imported).
 
     infsamp plan --model llama-3.2-1b --gpu-memory 16GiB --group-size 16 --max-completion 786 --beta 0.04
+    infsamp plan --model qwen3-8b --gpu-memory 24GiB --lora-rank 16 --load-in-4bit --precision bf16
     infsamp plan --model qwen3-8b --gpu-memory 24GiB --num-gpus 8 --strategy fsdp   # per device
 
 Flags are read as text and checked here so that every mistake is one error line naming the flag.
@@ -11,7 +12,7 @@ from __future__ import annotations
 import argparse
 
 from infsamp.config import ConfigError, parse_size, size_is_bytes
-from infsamp.planner import DTYPE_BYTES, OPTIMIZERS, PRESETS, load_shape, plan_memory
+from infsamp.planner import OPTIMIZERS, PRECISION_CHOICES, PRESETS, load_shape, plan_memory
 from infsamp.planner.estimate import DEVICES
 from infsamp.planner.parallel import STRATEGIES
 from infsamp.planner.report import format_plan
@@ -35,8 +36,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--optimizer", default="adamw", help=f"{' | '.join(OPTIMIZERS)} (default adamw)")
     parser.add_argument("--gradient-checkpointing", action="store_true", help="recompute activations")
     parser.add_argument("--beta", default="0", help="KL coefficient; > 0 keeps a reference model (default 0)")
-    parser.add_argument("--dtype", default="bf16", help=f"{' | '.join(DTYPE_BYTES)} (default bf16)")
+    parser.add_argument("--precision", default="auto",
+                        help=f"{' | '.join(PRECISION_CHOICES)} (default auto: the trainer's "
+                             "default, bf16 on cuda, fp32 on cpu)")
+    parser.add_argument("--load-in-4bit", action="store_true",
+                        help="QLoRA: NF4 base weights (needs --lora-rank > 0 and cuda)")
     parser.add_argument("--device", default="cuda", help=f"{' | '.join(DEVICES)} (cpu: no CUDA context)")
+    parser.add_argument("--engine", default="slots",
+                        help="sampling engine: slots | vllm (its weights, pool and graphs count)")
+    parser.add_argument("--vllm-sleep", default="on",
+                        help="on | off: vLLM frees its pool and weights while training")
     parser.add_argument("--num-gpus", default="1", help="GPUs the run spreads over; every figure "
                         "is then one GPU's (default 1)")
     parser.add_argument("--strategy", default=None,
@@ -94,6 +103,15 @@ def _read_devices(args: argparse.Namespace) -> tuple[int, str]:
     return num, _read_choice(args.strategy, "strategy", STRATEGIES[1:])
 
 
+def _read_4bit(args: argparse.Namespace, lora_rank: int) -> bool:
+    if args.load_in_4bit and lora_rank == 0:
+        raise ConfigError("--load-in-4bit: trains LoRA adapters over the 4-bit base: "
+                          "add --lora-rank 16")
+    if args.load_in_4bit and args.device != "cuda":
+        raise ConfigError("--load-in-4bit: bitsandbytes 4-bit needs --device cuda")
+    return bool(args.load_in_4bit)
+
+
 def run(args: argparse.Namespace) -> int:
     ints = {flag.replace("-", "_"): _read_int(args, flag) for flag in INT_FLAGS}
     num_devices, strategy = _read_devices(args)
@@ -102,8 +120,12 @@ def run(args: argparse.Namespace) -> int:
     plan = plan_memory(
         load_shape(args.model), gpu_memory_bytes=_read_memory(args.gpu_memory),
         optimizer=_read_choice(args.optimizer, "optimizer", OPTIMIZERS),
-        dtype=_read_choice(args.dtype, "dtype", DTYPE_BYTES), device=_read_choice(args.device, "device", DEVICES),
+        precision=_read_choice(args.precision, "precision", PRECISION_CHOICES),
+        device=_read_choice(args.device, "device", DEVICES),
+        load_in_4bit=_read_4bit(args, ints["lora_rank"]),
         gradient_checkpointing=args.gradient_checkpointing, beta=_read_beta(args.beta),
+        engine=_read_choice(args.engine, "engine", ("slots", "vllm")),
+        engine_sleep=_read_choice(args.vllm_sleep, "vllm-sleep", ("on", "off")) == "on",
         num_devices=num_devices, strategy=strategy, **ints)
     print(plan.to_json() if args.json else format_plan(plan))
     return 0

@@ -31,6 +31,7 @@ SHORT_FLAGS = {  # short flag -> (config key, help)
     "max-new-tokens": ("sampling.max_new_tokens", "completion limit"),
     "temperature": ("sampling.temperature", "0: greedy"),
     "predictor": ("sampling.predictor", "length predictor for length_aware: online or none"),
+    "engine": ("sampling.engine", "slots, vllm or auto"),
     "seed": ("training.seed", "sampling seed"),
 }
 
@@ -83,9 +84,13 @@ def run(args: argparse.Namespace) -> int:
     length_aware = cfg.sampling.policy == "length_aware"
     predictor = make_predictor(cfg.sampling.predictor) if length_aware else None
     prompt_ids, texts = [p.token_ids for p in prompts], [p.text for p in prompts]
-    result = GroupSampler(model, tokenizer, cfg.sampling, predictor).sample(
-        prompt_ids, cfg.sampling.num_generations, prompt_keys=[str(p.index) for p in prompts],
-        prompt_texts=texts, generator=torch.Generator().manual_seed(cfg.training.seed))
+    engine = _engine(cfg.sampling, model, prompt_ids)
+    try:
+        result = GroupSampler(model, tokenizer, cfg.sampling, predictor, engine=engine).sample(
+            prompt_ids, cfg.sampling.num_generations, prompt_keys=[str(p.index) for p in prompts],
+            prompt_texts=texts, generator=torch.Generator().manual_seed(cfg.training.seed))
+    finally:
+        engine.close()
     if not args.quiet:
         print_completions(texts, result)
     print(format_stats(result.stats))
@@ -107,6 +112,16 @@ def read_prompts(data_cfg: DataConfig, split: str, tokenizer, num_prompts: int =
     return encode_examples(examples, tokenizer, data_cfg, what)
 
 
+def _engine(cfg, model, prompt_ids: list[list[int]]):
+    """The `sampling.engine` (`--engine`) engine, sized for these prompts."""
+    from infsamp.sampling.engines.base import make_engine
+    from infsamp.sampling.sampler import engine_limits
+
+    longest = max((len(p) for p in prompt_ids), default=1)
+    limits = engine_limits(cfg, model, longest, len(prompt_ids))
+    return make_engine(cfg.engine, model, cfg, limits)
+
+
 def print_completions(texts: list[str], result) -> None:
     for text, group in zip(texts, result.groups):
         print(f"=== prompt: {text!r}")
@@ -121,7 +136,7 @@ def format_stats(stats) -> str:
             ("peak kv tokens", stats.peak_kv_tokens), ("peak kv bytes", stats.peak_kv_bytes),
             ("preemptions", stats.num_preemptions), ("wall time (s)", f"{stats.wall_time_s:.2f}"),
             ("tokens / s", f"{stats.tokens_per_second:.1f}"),
-            ("sampler overhead", f"{100 * stats.extra.get('overhead_fraction', 0):.1f}% of wall time")]
+            ("sampler overhead", f"{100 * stats.overhead_fraction:.1f}% of wall time")]
     return "\n".join(f"{name:>20}: {value}" for name, value in rows)
 
 

@@ -17,8 +17,9 @@ from pathlib import Path
 
 from infsamp.errors import SamplingError
 from infsamp.sampling.policies import POLICIES, REFILL_ORDERS
-from infsamp.sampling.simulator import (
-    SimulationResult, arithmetic_trace, read_trace, simulate, synthetic_trace, write_trace)
+from infsamp.sampling.simulator import (arithmetic_trace, read_trace, simulate, synthetic_trace,
+                                        write_trace)
+from infsamp.sampling.types import SamplerStats
 
 SYNTHETIC = {"lognormal": synthetic_trace, "arithmetic": arithmetic_trace}
 PLOT_SIGMAS = (0.0, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5)
@@ -97,19 +98,26 @@ def _policy_options(args) -> dict:
     return {}
 
 
-def _print(result: SimulationResult, args) -> None:
-    summary = result.summary()
+SCHEDULE_KEYS = ("decode_steps", "lower_bound", "opt_lower_bound", "peak_kv_tokens_used",
+                 "num_samples", "generated_tokens", "num_calls", "num_slots",
+                 "predictor_kendall_tau", "predictor_mae")
+
+
+def _print(result: SamplerStats, args) -> None:
     if args.json:
-        print(json.dumps(summary))
+        print(json.dumps({key: getattr(result, key) for key in SCHEDULE_KEYS}))
         return
     ratio = result.decode_steps / max(1, result.lower_bound)
     print(f"policy {args.policy}, predictor {args.predictor}, g={result.num_slots}, "
-          f"{result.num_steps} steps of {args.prompts_per_step} prompt(s), {result.num_samples} samples")
+          f"{result.num_calls} steps of {args.prompts_per_step} prompt(s), "
+          f"{result.num_samples} samples")
     print(f"decode steps {result.decode_steps} (lower bound {result.lower_bound}, x{ratio:.3f}; "
           f"pigeonhole bound {result.opt_lower_bound}), "
-          f"peak KV {result.peak_kv_tokens} tokens, generated {result.generated_tokens} tokens")
-    if result.kendall_tau is not None:
-        print(f"predictor: Kendall tau {result.kendall_tau:.3f}, MAE {result.mae:.1f} tokens")
+          f"peak KV {result.peak_kv_tokens_used} tokens, generated {result.generated_tokens} "
+          "tokens")
+    if result.predictor_kendall_tau is not None:
+        print(f"predictor: Kendall tau {result.predictor_kendall_tau:.3f}, "
+              f"MAE {result.predictor_mae:.1f} tokens")
 
 
 def _plot(groups, args) -> None:
@@ -126,11 +134,13 @@ def _plot(groups, args) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for refill, marker in (("sjf", "o"), ("ljf", "s")):
         points = [run_one("length_aware", f"noisy:{sigma}", refill) for sigma in PLOT_SIGMAS]
-        ax.plot([p.kendall_tau for p in points], [p.decode_steps for p in points], marker=marker,
+        taus = [p.predictor_kendall_tau for p in points]
+        ax.plot(taus, [p.decode_steps for p in points], marker=marker,
                 label=f"length_aware, noisy oracle, refill {refill}")
     for predictor, marker in (("online", "*"), ("none", "x")):
         point = run_one("length_aware", predictor)
-        ax.scatter([point.kendall_tau], [point.decode_steps], marker=marker, s=90, zorder=3,
+        ax.scatter([point.predictor_kendall_tau], [point.decode_steps], marker=marker, s=90,
+                   zorder=3,
                    label=f"length_aware, {predictor} predictor")
     continuous = run_one("continuous", "none").decode_steps
     ax.axhline(continuous, linestyle="--", color="gray", label="continuous (arrival order)")

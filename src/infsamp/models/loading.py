@@ -3,11 +3,14 @@
 Resolves `model.name_or_path` through `models.source` (a folder, a peft adapter folder, or a hub
 id decided at once); a LoRA checkpoint folder (e.g. `run/checkpoint-4/model`) loads its base and
 the adapters are trained further with `model.lora_rank` > 0, or merged into the base with 0. Picks
-device and dtype, applies LoRA through peft and gradient checkpointing when asked. Every failure
-becomes one `ModelError` line naming the path. `stop_token_ids` is the one list of tokens that end a
-completion (sampler and evaluation both use it).
+device and dtype (from the training precision when one is given, see `infsamp.rl.precision`),
+loads the base in 4-bit NF4 for QLoRA, applies LoRA through peft (adapters fp32 whatever the
+base), gradient checkpointing when asked, and the precision's compute context (autocast for
+`mixed`). Every failure becomes one `ModelError` line naming the path. `stop_token_ids` is the one
+list of tokens that end a completion (sampler and evaluation both use it).
 
-Deliberately simple: one device, no sharding, no quantised loading.
+Deliberately simple: one device, no sharding; 4-bit is bitsandbytes NF4 with double quantisation,
+non-linear modules (embeddings, norms, lm_head) stay in the base dtype.
 """
 
 from __future__ import annotations
@@ -20,10 +23,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from infsamp.config import ModelConfig
 from infsamp.errors import ModelError
+from infsamp.models.device import resolve_device  # noqa: F401  (callers import it from here)
 from infsamp.models.source import (ADAPTER_CONFIG, EMBEDDED_DIR, resolve_model_source,  # noqa: F401
                                    resolve_path)
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def quiet_transformers() -> None:
@@ -49,12 +53,6 @@ def stop_token_ids(model, tokenizer) -> tuple[int, ...]:
     return tuple(found)
 
 
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     if dtype == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -74,26 +72,53 @@ def load_tokenizer(name_or_path: str):
     return tokenizer
 
 
-def load_model_and_tokenizer(cfg: ModelConfig, device: torch.device | None = None, tokenizer=None):
-    """(model, tokenizer) on `device` with cfg's dtype, LoRA and checkpointing applied; pass the
-    `tokenizer` when it was loaded already (the trainer encodes its data before loading weights)."""
+def weight_kwargs(cfg: ModelConfig, device: torch.device, precision=None) -> dict:
+    """from_pretrained's dtype (and 4-bit quantisation) for `precision` (a PrecisionMode), else
+    cfg.dtype."""
+    if precision is None:
+        return {"dtype": resolve_dtype(cfg.dtype, device)}
+    from infsamp.rl.precision import COMPUTE_DTYPE, weights_dtype
+
+    dtype = weights_dtype(precision, lora=cfg.lora_rank > 0)
+    if not cfg.load_in_4bit:
+        return {"dtype": dtype}
+    from transformers import BitsAndBytesConfig
+
+    compute = COMPUTE_DTYPE if precision.compute == "bf16" else torch.float32
+    quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                      bnb_4bit_use_double_quant=True,
+                                      bnb_4bit_compute_dtype=compute)
+    return {"dtype": dtype, "quantization_config": quantization, "device_map": {"": device}}
+
+
+def load_model_and_tokenizer(cfg: ModelConfig, device: torch.device | None = None, tokenizer=None,
+                             *, precision=None):
+    """(model, tokenizer) on `device` in the precision's dtypes (or cfg.dtype), LoRA and
+    checkpointing applied; pass the `tokenizer` when it was loaded already (the trainer encodes its
+    data before loading weights)."""
     device = device or resolve_device(cfg.device)
     source = resolve_model_source(cfg.name_or_path)
     path = source.path
     tokenizer = tokenizer or load_tokenizer(cfg.name_or_path)
+    weights = weight_kwargs(cfg, device, precision)
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=resolve_dtype(cfg.dtype, device), attn_implementation=cfg.attn_implementation)
+            path, attn_implementation=cfg.attn_implementation, **weights)
     except Exception as err:
         raise ModelError(f"model.name_or_path {path!r}: cannot load model ({_first_line(err)})") from None
-    model.to(device)
+    if "device_map" not in weights:  # a quantised model is placed by from_pretrained
+        model.to(device)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
     if source.adapter_dir is not None:
-        return load_adapters(model, cfg, source.adapter_dir), tokenizer
-    if cfg.lora_rank > 0:
+        model = load_adapters(model, cfg, source.adapter_dir)
+    elif cfg.lora_rank > 0:
         model = apply_lora(model, cfg)
+    if precision is not None:
+        from infsamp.rl.precision import apply_compute
+
+        apply_compute(model, precision)
     return model, tokenizer
 
 

@@ -2,11 +2,15 @@
 
 Built on the second seed's rule of thumb (bytes per parameter: weights 2, reference 2, gradients 2, AdamW 8,
 8-bit AdamW 4) with these refinements, each stated in docs/planner.md:
-- optimizer states follow what the code allocates: torch AdamW keeps exp_avg and exp_avg_sq in the
-  parameter's dtype (2 x 2 B in bf16, 2 x 4 B in fp32); bitsandbytes AdamW8bit keeps two uint8 states plus
-  one fp32 absmax per 256 values (~2.03 B); SGD (no momentum) keeps none;
+- the precision mode (`planner/precisions.py`) sets the dtypes of weights, gradients, states and
+  compute; `mixed` adds autocast's bf16 copies of every matmul weight (alive until the backward);
+- optimizer states follow what the code allocates: AdamW keeps exp_avg and exp_avg_sq in the
+  parameter's dtype (2 x 2 B in bf16, 2 x 4 B in fp32; bf16's stochastic rounding needs no more);
+  8-bit AdamW (bitsandbytes or torchao) keeps two uint8 states plus one fp32 scale per 256 values
+  (~2.03 B); SGD (no momentum) keeps none (with bf16 weights: a 2 B Kahan buffer, torch-optimi);
 - LoRA adapters (peft casts them to fp32) are the only trainable parameters; the reference model is the base
-  with adapters disabled, so it costs nothing;
+  with adapters disabled, so it costs nothing; a 4-bit base (QLoRA) stores its decoder linears in
+  NF4 with double-quantised scales (~0.516 B), the rest in bf16;
 - the training step computes log-probs in micro-batches of `train_micro_batch_tokens` padded tokens, logits
   only for completion positions, fp32 log-softmax in row chunks: activations and logits scale with the
   micro-batch, never with G. Activations are counted tensor by tensor from what autograd saves per layer;
@@ -14,9 +18,9 @@ Built on the second seed's rule of thumb (bytes per parameter: weights 2, refere
 - KV cache: the prompt once, shared by the g samples decoded at once, plus g * max_completion tokens.
 
 Several devices: data parallel only (`planner/parallel.py`: DDP replicas or FSDP2 shards, per
-device). Deliberately simplified: no tensor/pipeline parallelism, no offloading; the no-grad passes
-for
-old / reference log-probs are assumed to stay below the training peak (they hold no activations).
+device, every precision mode's bytes sharded alike). Deliberately simplified: no tensor/pipeline
+parallelism, no offloading; the no-grad passes for old / reference log-probs are assumed to stay
+below the training peak (they hold no activations).
 """
 
 from __future__ import annotations
@@ -26,12 +30,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from infsamp.planner.parallel import per_device_parts, shard_fraction
+from infsamp.planner.precisions import PRECISIONS, PrecisionMode, base_dtype
 from infsamp.planner.presets import (LORA_TARGETS_ALL_LINEAR, ModelShape, count_lora_parameters,
-                                     count_parameters, embedding_parameters)
+                                     count_parameters, embedding_parameters, linear_shapes)
+from infsamp.sampling.types import VLLM_BLOCK_SIZE, kv_tokens_needed
 
-PARTS = ("weights", "reference", "gradients", "optimizer", "activations", "logits", "kv_cache", "overhead")
+PARTS = ("weights", "reference", "gradients", "optimizer", "compute_copies", "activations",
+         "logits", "kv_cache", "overhead", "vllm_weights", "vllm_graphs")  # vLLM's copy and graphs
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 ADAPTER_BYTES = 4  # peft keeps LoRA weights in fp32 (autocast_adapter_dtype)
+NF4_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)  # codes, 8-bit scale per 64, fp32 per 256 scales
 GIB = 2**30
 
 
@@ -39,14 +47,16 @@ GIB = 2**30
 class OptimizerSpec:
     state_bytes: Callable[[int], float]  # bytes per trainable parameter, given the parameter's bytes
     step_temporaries: float  # parameter-sized temporaries during step() when run as one foreach kernel
+    kahan: bool  # keeps bf16 updates in a Kahan buffer of the parameter dtype (else: rounding)
     summary: str
 
 
 OPTIMIZERS: dict[str, OptimizerSpec] = {
-    "adamw": OptimizerSpec(lambda p: 2 * p, 1.0, "torch AdamW: exp_avg + exp_avg_sq in the parameter dtype"),
-    "adamw8bit": OptimizerSpec(lambda p: 2 + 2 * 4 / 256, 0.0,
-                               "bitsandbytes AdamW8bit: 2 uint8 states + fp32 absmax per 256 values"),
-    "sgd": OptimizerSpec(lambda p: 0, 0.0, "SGD without momentum: no state"),
+    "adamw": OptimizerSpec(lambda p: 2 * p, 1.0, False,
+                           "AdamW: exp_avg + exp_avg_sq in the parameter dtype"),
+    "adamw8bit": OptimizerSpec(lambda p: 2 + 2 * 4 / 256, 0.0, False,
+                               "8-bit AdamW: 2 uint8 states + fp32 scale per 256 values"),
+    "sgd": OptimizerSpec(lambda p: 0, 0.0, True, "SGD without momentum: no state"),
 }
 
 
@@ -77,17 +87,34 @@ class PlanInputs:
     optimizer: str = "adamw"
     gradient_checkpointing: bool = False
     beta: float = 0.0
-    dtype: str = "bf16"
+    precision: str = "bf16"  # a name of planner.precisions.PRECISIONS ('auto' is resolved before)
     device: str = "cuda"
     shared_prompt_kv: bool = True
     micro_group: int = 0  # 0: the largest g <= G that fits
     train_micro_batch_tokens: int = 0  # 0: the largest budget that fits
+    load_in_4bit: bool = False  # QLoRA: NF4 base (needs LoRA and CUDA)
+    engine: str = "slots"  # sampling engine: slots, or vllm (its weights, paged pool, graphs)
+    engine_sleep: bool = True  # vllm: sleep mode frees its pool and weights while training
     num_devices: int = 1  # GPUs the run spreads over (planner/parallel.py)
     strategy: str = "single"  # single, ddp or fsdp: what each device holds
 
     @property
+    def mode(self) -> PrecisionMode:
+        return PRECISIONS[self.precision]
+
+    @property
+    def dtype(self) -> str:
+        """dtype of the model's own weights (and of the KV cache, which follows them)."""
+        return base_dtype(self.mode, self.lora_rank > 0)
+
+    @property
     def dtype_bytes(self) -> int:
         return DTYPE_BYTES[self.dtype]
+
+    @property
+    def compute_bytes(self) -> int:
+        """bytes of an activation element: matmul outputs in the compute dtype."""
+        return DTYPE_BYTES[self.mode.compute]
 
     @property
     def seq_len(self) -> int:
@@ -108,6 +135,14 @@ class PlanInputs:
         """Bytes of one trainable parameter (and of its gradient)."""
         return ADAPTER_BYTES if self.lora_rank > 0 else self.dtype_bytes
 
+    @property
+    def num_quantized(self) -> int:
+        """Base parameters stored in NF4: every decoder-layer linear weight (QLoRA); else 0."""
+        if not self.load_in_4bit:
+            return 0
+        per_layer = sum(n_in * n_out for n_in, n_out in linear_shapes(self.shape).values())
+        return self.shape.num_hidden_layers * per_layer
+
 
 # --- per-part bytes --------------------------------------------------------------------------------
 
@@ -119,7 +154,8 @@ def kv_bytes_per_token(shape: ModelShape, dtype: str = "bf16") -> int:
 
 def weights_bytes(p: PlanInputs) -> int:
     adapters = p.num_trainable * ADAPTER_BYTES if p.lora_rank > 0 else 0
-    return p.num_parameters * p.dtype_bytes + adapters
+    quantized = p.num_quantized
+    return int((p.num_parameters - quantized) * p.dtype_bytes + quantized * NF4_BYTES) + adapters
 
 
 def reference_bytes(p: PlanInputs) -> int:
@@ -132,7 +168,34 @@ def gradients_bytes(p: PlanInputs) -> int:
 
 
 def optimizer_bytes(p: PlanInputs) -> int:
-    return int(p.num_trainable * OPTIMIZERS[p.optimizer].state_bytes(p.trainable_bytes))
+    spec = OPTIMIZERS[p.optimizer]
+    low = p.trainable_bytes == 2
+    kahan = p.trainable_bytes if spec.kahan and p.mode.keeps_updates and low else 0
+    return int(p.num_trainable * (spec.state_bytes(p.trainable_bytes) + kahan))
+
+
+def compute_copy_bytes(p: PlanInputs) -> int:
+    """autocast's bf16 copies of fp32 matmul weights: cached for a forward, saved for backward.
+
+    Full fine-tuning under `mixed`: all weights but the norms (a tied lm_head casts the embedding);
+    LoRA under `mixed`: the fp32 adapters (the base is already bf16). None in the other modes.
+    """
+    if not p.mode.autocast:
+        return 0
+    if p.lora_rank > 0:
+        return p.num_trainable * p.compute_bytes
+    s = p.shape
+    per_layer = 2 * s.hidden_size + (2 * s.head_dim if s.qk_norm else 0)
+    norms = s.num_hidden_layers * per_layer + s.hidden_size
+    return (p.num_parameters - norms) * p.compute_bytes
+
+
+def bytes_per_parameter(p: PlanInputs) -> dict[str, float]:
+    """Static bytes of the mode divided by the model's parameter count (LoRA: base + adapters)."""
+    parts = dict(weights=weights_bytes(p), gradients=gradients_bytes(p),
+                 optimizer=optimizer_bytes(p), compute_copies=compute_copy_bytes(p))
+    per = {k: round(v / p.num_parameters, 3) for k, v in parts.items()}
+    return {**per, "total": round(sum(parts.values()) / p.num_parameters, 3)}
 
 
 def optimizer_step_temporaries(p: PlanInputs) -> int:
@@ -142,8 +205,8 @@ def optimizer_step_temporaries(p: PlanInputs) -> int:
         return 0
     if DEVICES[p.device].foreach_optimizer:  # FSDP steps on this device's shards only
         return int(spec.step_temporaries * p.num_trainable * p.trainable_bytes * shard_fraction(p))
-    largest = embedding_parameters(p.shape) if p.lora_rank == 0 else 0
-    return 2 * largest * p.trainable_bytes  # single-tensor loop: sqrt and division of the largest tensor
+    largest = embedding_parameters(p.shape) * shard_fraction(p) if p.lora_rank == 0 else 0
+    return int(2 * largest * p.trainable_bytes)  # single-tensor loop: the largest tensor's sqrt, div
 
 
 def layer_activation_bytes_per_token(p: PlanInputs) -> int:
@@ -151,18 +214,22 @@ def layer_activation_bytes_per_token(p: PlanInputs) -> int:
 
     RMSNorm: fp32 copy of its input + normalised output; attention: q, k and v repeated to all heads (a
     padding mask rules out sdpa's GQA path), output, fp32 log-sum-exp, o_proj's input copy, and the float
-    mask row sdpa converts per layer; SwiGLU: gate, silu(gate), up, their product. With LoRA in a 16-bit
-    dtype peft also keeps an fp32 copy of every adapted linear's input.
+    mask row sdpa converts per layer; SwiGLU: gate, silu(gate), up, their product. Matmul outputs
+    are in the compute dtype (d), the residual stream and norms in the weights' dtype (r). Under
+    autocast with fp32 weights, q/k/v/gate/up each save a bf16 copy of their fp32 input. With LoRA
+    in a 16-bit dtype peft keeps a copy of every adapted linear's input (fp32; bf16 in autocast).
     """
-    s, d = p.shape, p.dtype_bytes
-    norms = 2 * (4 + d) * s.hidden_size
+    s, d, r = p.shape, p.compute_bytes, p.dtype_bytes
+    norms = 2 * (4 + r) * s.hidden_size
     qk_norm = (4 + d) * (s.q_dim + s.kv_dim) if s.qk_norm else 0
-    attention = 5 * s.q_dim * d + 4 * s.num_attention_heads + p.seq_len * d
+    attention = 5 * s.q_dim * d + 4 * s.num_attention_heads + p.seq_len * r
     mlp = 4 * s.intermediate_size * d
+    input_casts = 5 * s.hidden_size * d if p.mode.autocast and r != d else 0
     lora_casts = 0
-    if p.lora_rank > 0 and d != ADAPTER_BYTES:
-        lora_casts = ADAPTER_BYTES * (5 * s.hidden_size + s.q_dim + s.intermediate_size)
-    return norms + qk_norm + attention + mlp + lora_casts
+    if p.lora_rank > 0 and (p.mode.autocast or d != ADAPTER_BYTES):
+        cast = d if p.mode.autocast else ADAPTER_BYTES
+        lora_casts = cast * (5 * s.hidden_size + s.q_dim + s.intermediate_size)
+    return norms + qk_norm + attention + mlp + input_casts + lora_casts
 
 
 def activation_bytes_per_token(p: PlanInputs) -> int:
@@ -176,23 +243,24 @@ def activation_bytes_per_token(p: PlanInputs) -> int:
 
 def train_logits_bytes_per_row(p: PlanInputs) -> int:
     """One completion position's logits in training: fp32 chunk kept by logsumexp + grad buffer + temp."""
-    return p.shape.vocab_size * (4 + 2 * p.dtype_bytes)
+    return p.shape.vocab_size * (4 + 2 * p.compute_bytes)
 
 
 def decode_logits_bytes_per_row(p: PlanInputs) -> int:
     """One decoding row: model logits + fp32 copy, scaled copy and probabilities for sampling."""
-    return p.shape.vocab_size * (p.dtype_bytes + 12)
+    return p.shape.vocab_size * (p.compute_bytes + 12)
 
 
 def prefill_logits_bytes(p: PlanInputs) -> int:
     """Logits of a prompt's prefill: the sampler keeps one row (logits_to_keep=1)."""
-    return p.shape.vocab_size * p.dtype_bytes
+    return p.shape.vocab_size * p.compute_bytes
 
 
 def inference_workspace_bytes(p: PlanInputs, tokens: int) -> int:
     """No-grad forward working set: one layer's intermediates for `tokens` tokens at a time."""
     s = p.shape
-    return tokens * (2 * s.hidden_size + s.q_dim + 2 * s.kv_dim + 3 * s.intermediate_size) * p.dtype_bytes
+    width = 2 * s.hidden_size + s.q_dim + 2 * s.kv_dim + 3 * s.intermediate_size
+    return tokens * width * p.compute_bytes
 
 
 def completion_rows(p: PlanInputs, tokens: int) -> int:
@@ -210,17 +278,51 @@ def _with_overhead(parts: dict[str, int], device: str) -> dict[str, int]:
     return {**parts, "peak": sum(parts.values())}
 
 
+def plan_kv_tokens(p: PlanInputs, micro_group: int) -> int:
+    """KV tokens of g samples decoded at once: the sampler's own rule (`types.kv_tokens_needed`,
+    one prompt shared by the g samples; vLLM's pool in whole blocks), or a prompt per sample."""
+    block = VLLM_BLOCK_SIZE[p.device] if p.engine == "vllm" else 1
+    if p.shared_prompt_kv:
+        return kv_tokens_needed(micro_group, p.max_completion, p.max_prompt, num_prompts=1,
+                                block_size=block)
+    return micro_group * p.seq_len
+
+
+VLLM_GRAPH_BYTES = {"cuda": 512 * 2**20, "cpu": 0}  # vLLM's CUDA graphs (none on CPU): assumed
+VLLM_BATCHED_TOKENS = 8192  # prefill tokens per engine step (engines/vllm.py MAX_BATCHED_TOKENS)
+
+
+def vllm_parts(p: PlanInputs, micro_group: int) -> dict[str, int]:
+    """vLLM's resident memory: its weight copy, its KV pool, its graph pool."""
+    return dict(vllm_weights=p.num_parameters * p.dtype_bytes,
+                vllm_graphs=VLLM_GRAPH_BYTES[p.device],
+                kv_cache=plan_kv_tokens(p, micro_group) * kv_bytes_per_token(p.shape, p.dtype))
+
+
+def vllm_generation_breakdown(p: PlanInputs, micro_group: int) -> dict[str, int]:
+    """Decoding on vLLM: trainer weights and optimizer states stay resident beside vLLM's parts;
+    its forward works on up to VLLM_BATCHED_TOKENS tokens per step; no slot-concat workspace."""
+    tokens = max(micro_group, min(VLLM_BATCHED_TOKENS, micro_group * (p.max_prompt + 1)))
+    parts = dict(weights=weights_bytes(p), reference=reference_bytes(p), gradients=0,
+                 optimizer=optimizer_bytes(p), compute_copies=0,  # vLLM has its own copy
+                 activations=inference_workspace_bytes(p, tokens),
+                 logits=micro_group * decode_logits_bytes_per_row(p), **vllm_parts(p, micro_group))
+    return _with_overhead(per_device_parts(p, parts, "generation"), p.device)
+
+
 def generation_breakdown(p: PlanInputs, micro_group: int) -> dict[str, int]:
     """Bytes while decoding `micro_group` samples at once (optimizer states stay resident)."""
-    kv_tokens = (p.max_prompt + micro_group * p.max_completion if p.shared_prompt_kv
-                 else micro_group * p.seq_len)
+    if p.engine == "vllm":
+        return vllm_generation_breakdown(p, micro_group)
+    kv_tokens = plan_kv_tokens(p, micro_group)
     kv_tokens += math.ceil(micro_group * p.seq_len / p.shape.num_hidden_layers)  # one layer's K/V concat per step
     prefill_tokens = p.max_prompt if p.shared_prompt_kv else micro_group * p.max_prompt
     parts = dict(weights=weights_bytes(p), reference=reference_bytes(p), gradients=0,
-                 optimizer=optimizer_bytes(p),
+                 optimizer=optimizer_bytes(p), compute_copies=compute_copy_bytes(p),
                  activations=inference_workspace_bytes(p, max(prefill_tokens, micro_group)),
                  logits=max(micro_group * decode_logits_bytes_per_row(p), prefill_logits_bytes(p)),
-                 kv_cache=kv_tokens * kv_bytes_per_token(p.shape, p.dtype))
+                 kv_cache=kv_tokens * kv_bytes_per_token(p.shape, p.dtype), vllm_weights=0,
+                 vllm_graphs=0)
     return _with_overhead(per_device_parts(p, parts, "generation"), p.device)
 
 
@@ -232,16 +334,17 @@ def embedding_grad_bytes(p: PlanInputs) -> int:
 def training_moments(p: PlanInputs, micro_batch_tokens: int) -> dict[str, dict[str, int]]:
     """Dynamic bytes at the three candidate peak moments of a step (static parts excluded).
 
-    backward: all saved activations + the logits' backward buffers + lm_head's fresh weight gradient;
-    end of backward: with tied embeddings lm_head's gradient waits for the embedding's, then both are
-    summed (3 x V x H), untied only the embedding's own (1 x); optimizer step: step() temporaries.
+    backward: all saved activations (with autocast's bf16 weight copies) + the logits' backward
+    buffers + lm_head's fresh weight gradient; end of backward: with tied embeddings lm_head's
+    gradient waits for the embedding's, then both are summed (3 x V x H), untied only the
+    embedding's own (1 x); optimizer step: step() temporaries.
     """
     vocab_grad = embedding_grad_bytes(p)
     tied_factor = 3 if p.shape.tie_word_embeddings else 1
     return {
         "backward": dict(activations=micro_batch_tokens * activation_bytes_per_token(p),
                          logits=completion_rows(p, micro_batch_tokens) * train_logits_bytes_per_row(p),
-                         gradients=vocab_grad),
+                         gradients=vocab_grad, compute_copies=compute_copy_bytes(p)),
         "end of backward": dict(gradients=tied_factor * vocab_grad),
         "optimizer step": dict(optimizer=optimizer_step_temporaries(p)),
     }
@@ -256,8 +359,11 @@ def peak_training_moment(p: PlanInputs, micro_batch_tokens: int) -> tuple[str, d
 def training_breakdown(p: PlanInputs, micro_batch_tokens: int) -> dict[str, int]:
     """Bytes at the peak moment of a training step with a micro-batch of `micro_batch_tokens` tokens."""
     parts = dict(weights=weights_bytes(p), reference=reference_bytes(p), gradients=gradients_bytes(p),
-                 optimizer=optimizer_bytes(p), activations=0, logits=0, kv_cache=0)
+                 optimizer=optimizer_bytes(p), compute_copies=0, activations=0, logits=0,
+                 kv_cache=0, vllm_weights=0, vllm_graphs=0)
     parts = per_device_parts(p, parts, "training")
+    if p.engine == "vllm" and not p.engine_sleep:  # awake, vLLM keeps its pool and weights
+        parts.update(vllm_parts(p, p.micro_group or p.group_size))
     for key, value in peak_training_moment(p, micro_batch_tokens)[1].items():
         parts[key] += value
     return _with_overhead(parts, p.device)

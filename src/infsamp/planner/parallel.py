@@ -7,15 +7,19 @@ training, before allocator overhead) into what each of `num_devices` GPUs holds:
 - `ddp`: every device holds the whole model, gradients and optimizer states; DDP's gradient buckets
   (the gradients are views into them) stay allocated between steps, so generation holds them too.
 - `fsdp` (FSDP2, as `rl/strategies.py` runs it): weights, gradients and optimizer states are
-  sharded 1/N. Generation decodes with a whole copy of the weights gathered for the sampler (the
-  sharded forward is a collective and ranks decode different numbers of steps), so it holds the
-  shards plus the whole weights. Training holds the shards plus what is gathered at a time: the
+  sharded 1/N, in the bytes of the precision mode (`planner/precisions.py`: fp32 master weights
+  and states under fp32/mixed, bf16 under bf16, 8-bit states under adamw8bit). Generation on the
+  slot engine decodes with a whole copy of the weights gathered for the sampler (the sharded
+  forward is a collective and ranks decode different numbers of steps), so it holds the shards
+  plus the whole weights; on vLLM the whole copy is vLLM's own (`vllm_weights`), pushed to it
+  after each step, so nothing more is gathered. Training holds the shards plus what is gathered at a time: the
   root unit (embeddings, final norm, untied lm_head: kept for the whole forward and backward) and
   two decoder layers (the one computing, the one prefetched), and their unsharded gradients until
   they are reduce-scattered. The optimizer step runs on shards (its temporaries are 1/N too).
 
 Deliberately simplified: a reference model (beta > 0) is whole on every device (it is not
-sharded); communication buffers are not counted (NCCL's are small next to these).
+sharded); `mixed`'s autocast copies (bf16 casts of the gathered weights, saved for the backward)
+are counted whole; communication buffers are not counted (NCCL's are small next to these).
 """
 
 from __future__ import annotations
@@ -50,10 +54,10 @@ def per_device_parts(p: "PlanInputs", parts: dict[str, int], phase: str) -> dict
         return parts
     n, weights = p.num_devices, parts["weights"]
     out = {**parts, "optimizer": parts["optimizer"] // n}
-    if phase == "generation":
-        out["weights"] = weights // n + weights  # shards + the whole copy the sampler uses
+    if phase == "generation":  # shards + the whole copy the slot sampler uses (vLLM: its own)
+        out["weights"] = weights // n + (weights if p.engine != "vllm" else 0)
     else:
         gathered = gathered_parameters(p) * p.dtype_bytes
         out["weights"] = weights // n + gathered
-        out["gradients"] = parts["gradients"] // n + gathered
+        out["gradients"] = parts["gradients"] // n + gathered_parameters(p) * p.trainable_bytes
     return out

@@ -4,7 +4,8 @@ Also the two entry points the sampler and the trainer call at run time: `auto_kv
 (`sampling.kv_budget: auto`) and `auto_train_micro_batch_tokens` (`training.train_micro_batch_tokens: 0`).
 
 Advice is not a lookup table: each switch (LoRA, 8-bit AdamW, gradient checkpointing, no reference model,
-bf16) is applied to the inputs and the estimate is re-run; the smallest sets of switches that fit are named.
+bf16 precision, a 4-bit base) is applied to the inputs and the estimate is re-run; the smallest
+sets of switches that fit are named.
 """
 
 from __future__ import annotations
@@ -18,12 +19,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infsamp.config import ConfigError
-from infsamp.planner.estimate import (DEVICES, DTYPE_BYTES, GIB, OPTIMIZERS, PlanInputs, activation_bytes_per_token,
-                                      decode_logits_bytes_per_row, embedding_grad_bytes, generation_breakdown, inference_workspace_bytes,
+from infsamp.planner.estimate import (DEVICES, GIB, OPTIMIZERS, PlanInputs,
+                                      activation_bytes_per_token, bytes_per_parameter,
+                                      compute_copy_bytes, decode_logits_bytes_per_row,
+                                      embedding_grad_bytes, generation_breakdown,
+                                      inference_workspace_bytes,
                                       kv_bytes_per_token, largest_micro_batch_sequences, largest_micro_group,
-                                      peak_training_moment,
+                                      peak_training_moment, plan_kv_tokens,
                                       train_logits_bytes_per_row, training_breakdown)
 from infsamp.planner.parallel import STRATEGIES
+from infsamp.planner.precisions import PRECISION_CHOICES, PRECISIONS, resolve_precision_name
 from infsamp.planner.presets import LORA_TARGETS_ALL_LINEAR, ModelShape
 
 DEFAULT_LORA_RANK = 16
@@ -60,6 +65,8 @@ class MemoryPlan:
                     training_peak_moment=self.training_peak_moment,
                     advice=self.advice, num_parameters=self.num_parameters,
                     num_trainable_parameters=self.num_trainable_parameters,
+                    precision=self.inputs.precision,
+                    bytes_per_parameter=bytes_per_parameter(self.inputs),
                     model=dataclasses.asdict(self.inputs.shape), settings=settings)
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -84,8 +91,14 @@ def validate_inputs(p: PlanInputs) -> None:
     _check(p.micro_group <= p.group_size, "micro_group", p.micro_group, f"must be <= group_size {p.group_size}")
     _check(p.beta >= 0, "beta", p.beta, "must be >= 0")
     _check(p.optimizer in OPTIMIZERS, "optimizer", p.optimizer, f"must be one of {', '.join(OPTIMIZERS)}")
-    _check(p.dtype in DTYPE_BYTES, "dtype", p.dtype, f"must be one of {', '.join(DTYPE_BYTES)}")
+    _check(p.precision in PRECISIONS, "precision", p.precision,
+           f"must be one of {', '.join(PRECISION_CHOICES)}")
     _check(p.device in DEVICES, "device", p.device, f"must be one of {', '.join(DEVICES)}")
+    _check(p.engine in ("slots", "vllm"), "engine", p.engine, "must be slots or vllm")
+    if p.load_in_4bit:
+        _check(p.lora_rank > 0, "load_in_4bit", True,
+               "trains LoRA adapters over the 4-bit base: set a LoRA rank")
+        _check(p.device == "cuda", "load_in_4bit", True, "bitsandbytes 4-bit needs a CUDA GPU")
     _check(p.num_devices >= 1, "num_gpus", p.num_devices, "must be >= 1")
     _check(p.strategy in STRATEGIES, "strategy", p.strategy,
            f"must be one of {', '.join(STRATEGIES)}")
@@ -116,25 +129,29 @@ def _shown_sizes(p: PlanInputs, g: int, tokens: int) -> tuple[int, int]:
 
 def plan_memory(shape: ModelShape, *, gpu_memory_bytes: int, group_size: int, max_prompt: int,
                 max_completion: int, lora_rank: int = 0, optimizer: str = "adamw",
-                gradient_checkpointing: bool = False, beta: float = 0.0, dtype: str = "bf16",
+                gradient_checkpointing: bool = False, beta: float = 0.0, precision: str = "auto",
                 device: str = "cuda", shared_prompt_kv: bool = True, micro_group: int = 0,
-                train_micro_batch_tokens: int = 0,
-                lora_targets: tuple[str, ...] = LORA_TARGETS_ALL_LINEAR, num_devices: int = 1,
+                train_micro_batch_tokens: int = 0, load_in_4bit: bool = False,
+                lora_targets: tuple[str, ...] = LORA_TARGETS_ALL_LINEAR, engine: str = "slots",
+                engine_sleep: bool = True, num_devices: int = 1,
                 strategy: str = "single") -> MemoryPlan:
     """Estimate both phases, choose g and the micro-batch, and advise when it does not fit.
+
+    `precision`: a mode of planner.precisions, or 'auto' (the trainer's default on `device`).
     A micro_group above group_size means all of the step's samples at once. With `num_devices`
     and `strategy` (ddp, fsdp) every figure is one device's (planner/parallel.py)."""
     p = PlanInputs(shape, int(gpu_memory_bytes), group_size, max_prompt, max_completion, lora_rank,
-                   tuple(lora_targets), optimizer, gradient_checkpointing, float(beta), dtype, device,
-                   shared_prompt_kv, min(micro_group, group_size), train_micro_batch_tokens,
-                   num_devices, strategy)
+                   tuple(lora_targets), optimizer, gradient_checkpointing, float(beta),
+                   resolve_precision_name(precision, device), device, shared_prompt_kv,
+                   min(micro_group, group_size), train_micro_batch_tokens, load_in_4bit, engine,
+                   engine_sleep, num_devices, strategy)
     validate_inputs(p)
     g, tokens = _choose(p)
     shown_g, shown_tokens = _shown_sizes(p, g, tokens)
     generation, training = generation_breakdown(p, shown_g), training_breakdown(p, shown_tokens)
     fits = g > 0 and tokens > 0
-    kv_tokens = p.max_prompt + shown_g * p.max_completion if p.shared_prompt_kv else shown_g * p.seq_len
-    return MemoryPlan(fits=fits, micro_group=g, train_micro_batch_tokens=tokens, kv_budget_tokens=kv_tokens,
+    return MemoryPlan(fits=fits, micro_group=g, train_micro_batch_tokens=tokens,
+                      kv_budget_tokens=plan_kv_tokens(p, shown_g),
                       generation=generation, training=training,
                       peak_bytes=max(generation["peak"], training["peak"]),
                       advice=[] if fits else advise(p, g, tokens),
@@ -157,7 +174,9 @@ SWITCHES: dict[str, Callable[[PlanInputs], PlanInputs | None]] = {
     "--optimizer adamw8bit": _only_if(lambda p: p.optimizer == "adamw", optimizer="adamw8bit"),
     "--gradient-checkpointing": _only_if(lambda p: not p.gradient_checkpointing, gradient_checkpointing=True),
     "--beta 0 (no reference model)": _only_if(lambda p: p.beta > 0 and p.lora_rank == 0, beta=0.0),
-    "--dtype bf16": _only_if(lambda p: p.dtype == "fp32", dtype="bf16"),
+    "--precision bf16": _only_if(lambda p: p.precision in ("fp32", "mixed"), precision="bf16"),
+    "--load-in-4bit": _only_if(lambda p: p.lora_rank > 0 and p.device == "cuda"
+                               and not p.load_in_4bit, load_in_4bit=True),
 }
 
 
@@ -228,7 +247,9 @@ def auto_kv_budget_tokens(shape: ModelShape, free_bytes: int, *, dtype: str = "b
     `free_bytes`: memory the sampler may use now, with weights (and optimizer states, which stay resident
     between steps) already subtracted; the runtime context is assumed already paid.
     """
-    p = PlanInputs(shape, 1, max(max_micro_group, 1), max(prefill_tokens, 1), 1, dtype=dtype, device=device)
+    precision = "fp32" if dtype == "fp32" else "bf16"  # a mode whose weights and KV are in dtype
+    p = PlanInputs(shape, 1, max(max_micro_group, 1), max(prefill_tokens, 1), 1,
+                   precision=precision, device=device)
     workspace = (max_micro_group * decode_logits_bytes_per_row(p)
                  + inference_workspace_bytes(p, max(prefill_tokens, max_micro_group)))
     usable = free_bytes / (1 + DEVICES[device].fragmentation) - workspace
@@ -241,14 +262,16 @@ def train_bytes_per_token(p: PlanInputs) -> float:
 
 
 def auto_train_micro_batch_tokens(shape: ModelShape, free_bytes: int, *, max_prompt: int, max_completion: int,
-                                  dtype: str = "bf16", gradient_checkpointing: bool = False, lora_rank: int = 0,
-                                  device: str = "cuda") -> int:
+                                  precision: str = "auto", gradient_checkpointing: bool = False,
+                                  lora_rank: int = 0, device: str = "cuda") -> int:
     """Padded tokens per training micro-batch that fit in `free_bytes` (memory left after weights,
     reference, gradients and optimizer states), in whole sequences of max_prompt + max_completion;
     at least one sequence (whether that fits is plan_memory's answer).
     """
-    p = PlanInputs(shape, 1, 1, max_prompt, max_completion, lora_rank=lora_rank, dtype=dtype, device=device,
+    p = PlanInputs(shape, 1, 1, max_prompt, max_completion, lora_rank=lora_rank,
+                   precision=resolve_precision_name(precision, device), device=device,
                    gradient_checkpointing=gradient_checkpointing)
-    usable = free_bytes / (1 + DEVICES[device].fragmentation) - embedding_grad_bytes(p)
+    dynamic_fixed = embedding_grad_bytes(p) + compute_copy_bytes(p)
+    usable = free_bytes / (1 + DEVICES[device].fragmentation) - dynamic_fixed
     sequences = math.floor(usable / (train_bytes_per_token(p) * p.seq_len))
     return max(sequences, 1) * p.seq_len

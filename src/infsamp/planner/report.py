@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import math
 
-from infsamp.planner.estimate import (GIB, PARTS, activation_bytes_per_token, kv_bytes_per_token,
-                                      train_logits_bytes_per_row)
+from infsamp.planner.estimate import (GIB, PARTS, activation_bytes_per_token, bytes_per_parameter,
+                                      kv_bytes_per_token, train_logits_bytes_per_row)
 from infsamp.planner.plan import MemoryPlan
 
 TIGHT_FRACTION = 0.95  # a plan above this share of the memory is flagged as tight
@@ -22,16 +22,35 @@ def _kib(num_bytes: float) -> str:
     return f"{num_bytes / 1024:,.1f} KiB"
 
 
+def format_count(count: int) -> str:
+    """A parameter count in the unit that fits: 1.236B, 187.0M, 12.5K, 950."""
+    for unit, scale, digits in (("B", 1e9, 3), ("M", 1e6, 1), ("K", 1e3, 1)):
+        if count >= scale:
+            return f"{count / scale:,.{digits}f}{unit}"
+    return str(count)
+
+
+def precision_line(plan: MemoryPlan) -> str:
+    p = plan.inputs
+    per = bytes_per_parameter(p)
+    terms = " + ".join(f"{name.replace('_', ' ')} {per[name]:g}" for name in
+                       ("weights", "gradients", "optimizer", "compute_copies") if per[name])
+    base = "; base in 4-bit NF4" if p.load_in_4bit else ""
+    return (f"precision {p.precision}: {p.mode.summary}{base}; bytes per parameter: "
+            f"{terms} = {per['total']:g}")
+
+
 def header_lines(plan: MemoryPlan) -> list[str]:
     p = plan.inputs
     reference = "reference = base with adapters off" if p.lora_rank else (
         f"beta {p.beta:g}: reference model" if p.beta > 0 else "beta 0: no reference model")
     training = f"LoRA rank {p.lora_rank}" if p.lora_rank else "full fine-tuning"
     return [
-        f"model {p.shape.name}: {plan.num_parameters / 1e9:.3f}B parameters, "
-        f"{plan.num_trainable_parameters / 1e6:,.1f}M trainable ({training})",
-        f"{p.dtype} on {p.device} with {p.gpu_memory_bytes / GIB:.2f} GiB; G = {p.group_size}, prompt <= "
-        f"{p.max_prompt}, completion <= {p.max_completion} tokens",
+        f"model {p.shape.name}: {format_count(plan.num_parameters)} parameters, "
+        f"{format_count(plan.num_trainable_parameters)} trainable ({training})",
+        precision_line(plan),
+        f"{p.dtype} weights on {p.device} with {p.gpu_memory_bytes / GIB:.2f} GiB; "
+        f"G = {p.group_size}, prompt <= {p.max_prompt}, completion <= {p.max_completion} tokens",
         f"optimizer {p.optimizer}, {reference}, gradient checkpointing "
         f"{'on' if p.gradient_checkpointing else 'off'}",
     ] + ([f"per device: {p.num_devices} GPU(s), {p.strategy} (every figure below is one GPU's)"]
@@ -39,9 +58,9 @@ def header_lines(plan: MemoryPlan) -> list[str]:
 
 
 def breakdown_lines(plan: MemoryPlan) -> list[str]:
-    lines = [f"{'':14}{'generation':>13}{'training':>14}"]
+    lines = [f"{'':16}{'generation':>13}{'training':>14}"]
     for part in (*PARTS, "peak"):
-        lines.append(f"  {part:<12}{_gib(plan.generation[part])} {_gib(plan.training[part])}")
+        lines.append(f"  {part:<14}{_gib(plan.generation[part])} {_gib(plan.training[part])}")
     return lines
 
 

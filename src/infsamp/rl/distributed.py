@@ -75,6 +75,10 @@ class Ranks:
     def broadcast_json(self, value: Any) -> Any:
         return value
 
+    def gather_values(self, values):
+        """Every rank's 1-D tensor of floats, concatenated in rank order (one process: its own)."""
+        return values
+
     def sum(self, values: Sequence[float]) -> list[float]:
         return [float(v) for v in values]
 
@@ -119,20 +123,30 @@ class ProcessRanks(Ranks):
         self.watch = _start_watch(self, failure_timeout_s, output_dir)
 
     # ---- collectives
-    def gather_json(self, value: Any) -> list[Any]:
+    def _gather_varying(self, data) -> list:
+        """Every rank's 1-D CPU tensor (lengths may differ): the sizes first, then padded."""
         import torch
         import torch.distributed as dist
 
-        data = torch.frombuffer(bytearray(json.dumps(value).encode()), dtype=torch.uint8)
         sizes = [torch.zeros(1, dtype=torch.long) for _ in range(self.world_size)]
         dist.all_gather(sizes, torch.tensor([data.numel()]))
         width = int(max(s.item() for s in sizes))
-        padded = torch.zeros(width, dtype=torch.uint8)
+        padded = torch.zeros(width, dtype=data.dtype)
         padded[: data.numel()] = data
-        out = [torch.zeros(width, dtype=torch.uint8) for _ in range(self.world_size)]
+        out = [torch.zeros(width, dtype=data.dtype) for _ in range(self.world_size)]
         dist.all_gather(out, padded)
-        return [json.loads(bytes(t[: int(n.item())].tolist()).decode())
-                for t, n in zip(out, sizes)]
+        return [t[: int(n.item())] for t, n in zip(out, sizes)]
+
+    def gather_json(self, value: Any) -> list[Any]:
+        import torch
+
+        data = torch.frombuffer(bytearray(json.dumps(value).encode()), dtype=torch.uint8)
+        return [json.loads(bytes(t.tolist()).decode()) for t in self._gather_varying(data)]
+
+    def gather_values(self, values):
+        import torch
+
+        return torch.cat(self._gather_varying(values.detach().float().cpu()))
 
     def broadcast_json(self, value: Any) -> Any:
         return self.gather_json(value if self.is_main else None)[0]

@@ -1,23 +1,32 @@
 """One GRPO optimisation step over a sampled batch, with memory that does not grow with G.
 
     rollout (N = B*G completions, advantages [N])
-      -> old log-probs (only when num_iterations > 1) and reference log-probs (only when beta > 0),
-         computed without grad in token-budget micro-batches
-      -> for each iteration: for each micro-batch: log-probs -> per-token loss -> aggregate with the
-         WHOLE step's totals -> backward (gradients accumulate; one micro-batch of activations alive)
+      -> step inputs, fixed for all iterations (StepInputs):
+         which sequences carry loss (mask_truncated_completions drops those cut at the length
+         limit); a no-grad pass for old log-probs (num_iterations > 1) and token entropies
+         (top_entropy_quantile < 1: high-entropy token masks, thresholded over the WHOLE step);
+         reference log-probs (beta > 0); all in token-budget micro-batches
+      -> for each iteration: for each micro-batch: log-probs + entropy -> per-token loss of the
+         loss type -> aggregate with the WHOLE step's totals -> backward (gradients accumulate;
+         one micro-batch of activations alive)
       -> clip, optimizer step, scheduler step
 
-Because each micro-batch's loss is normalised by totals of the whole batch, the accumulated gradient
-equals the full-batch gradient (tested). Over several ranks `totals` is the whole step's (every
-rank's) and `parallel` (rl/strategies.py) reduces the gradients: each rank's last backward only
-(DDP), or every backward with the ranks running equally many micro-batches (FSDP); the logged loss
-and token statistics are summed over ranks. An out-of-memory error in a micro-batch splits that
-micro-batch in two and retries it; gradients of the micro-batches already done are kept.
+Because each micro-batch's loss is normalised by totals of the whole batch and every mask is fixed
+per step, the accumulated gradient equals the full-batch gradient (tested). Over several ranks
+`totals` is the whole step's (every rank's: sequences and loss tokens after the truncation mask),
+the high-entropy threshold is a quantile over every rank's tokens (so the masks are those of one
+process), and `parallel` (rl/strategies.py) reduces the gradients: each rank's last backward only
+(DDP), or every backward with the ranks running equally many micro-batches (FSDP); the logged
+loss, token and importance-weight statistics are reduced over ranks. An out-of-memory error in a
+micro-batch splits that micro-batch in two and retries it; gradients of the micro-batches already
+done are kept.
 A NaN or inf loss or gradient norm is never applied: the gradients are dropped and
 `NonFiniteError` raised (`training.nonfinite: stop`), or the update is skipped and counted
 (`skip`).
 
-Deliberately simple: the LR scheduler advances once per optimizer step; no sequence packing.
+Deliberately simple: the LR scheduler advances once per optimizer step; no sequence packing; with
+num_iterations > 1 the high-entropy masks come from the policy that sampled (TRL recomputes them
+each iteration from the current policy).
 """
 
 from __future__ import annotations
@@ -27,7 +36,7 @@ import math
 import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, fields
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import torch
 from torch import Tensor
@@ -35,9 +44,12 @@ from torch import Tensor
 from infsamp.config import TrainingConfig
 from infsamp.errors import NonFiniteError
 from infsamp.rl.distributed import Ranks
+from infsamp.rl.importance import MismatchStats, engine_importance_weights
 from infsamp.rl.logprobs import (build_micro_batches, make_micro_batch, micro_batch_logprobs,
-                                 plan_prompt_completion_batches, sequence_logprobs)
-from infsamp.rl.losses import LOSS_TYPES, BatchTotals, LossStats, per_token_loss
+                                 micro_batch_logprobs_and_entropy, plan_prompt_completion_batches,
+                                 sequence_logprobs, sequence_logprobs_and_entropy)
+from infsamp.rl.losses import (LOSS_TYPES, BatchTotals, LossStats, clip_range, high_entropy_masks,
+                               per_token_loss)
 from infsamp.rl.strategies import Strategy
 
 DEFAULT_MICRO_BATCH_TOKENS = 8192
@@ -49,6 +61,21 @@ class Rollout:
     prompt_ids: list[list[int]]  # one per completion (the group's prompt repeated)
     completion_ids: list[list[int]]
     advantages: Tensor  # [N]
+    truncated: list[bool] | None = None  # per completion: cut at the length limit; None: none
+    # per completion, one weight per token [L_i] multiplying its policy loss, e.g. the capped
+    # importance-sampling correction exp(old_logp - engine_logp) of a sampling engine; None: all 1
+    importance_weights: list[Tensor] | None = None
+    engine_logprobs: list[Tensor] | None = None  # per completion [T_i]: the sampling engine's
+
+
+class StepInputs(NamedTuple):
+    """What every iteration of one step shares; per-sequence lists are gathered per micro-batch."""
+
+    carries_loss: Tensor  # [N] 1.0 where the sequence contributes loss, 0.0 where masked
+    totals: BatchTotals
+    old: list[Tensor] | None = None  # old log-probs [L_i] (num_iterations > 1)
+    ref: list[Tensor] | None = None  # reference log-probs [L_i] (beta > 0)
+    token_masks: list[Tensor] | None = None  # high-entropy token masks [L_i] (quantile < 1)
 
 
 def is_out_of_memory(err: BaseException) -> bool:
@@ -73,7 +100,8 @@ def plan_micro_batches_of(rollout: Rollout, max_tokens: int) -> list[list[int]]:
 class GRPOStep:
     def __init__(self, model, cfg: TrainingConfig, *, pad_token_id: int, temperature: float,
                  max_completion_length: int, ref_model=None, micro_batch_tokens: int = 0,
-                 parallel: Strategy | None = None):
+                 importance_sampling: str = "token_truncate",
+                 importance_sampling_cap: float = 3.0, parallel: Strategy | None = None):
         self.model = model  # what the training forward runs through (a DDP/FSDP module or not)
         if parallel is None:  # one process
             parallel = Strategy(Ranks())
@@ -84,9 +112,16 @@ class GRPOStep:
         self.temperature = temperature
         self.max_completion_length = max_completion_length
         self.ref_model = ref_model
-        self.micro_batch_tokens = micro_batch_tokens or cfg.train_micro_batch_tokens or DEFAULT_MICRO_BATCH_TOKENS
+        self.micro_batch_tokens = (micro_batch_tokens or cfg.train_micro_batch_tokens
+                                   or DEFAULT_MICRO_BATCH_TOKENS)
+        self.epsilon_low, self.epsilon_high = clip_range(cfg.loss_type, cfg.epsilon,
+                                                         cfg.epsilon_high)
         self.num_oom_retries = 0
         self.num_skipped_updates = 0
+        self.importance_sampling = importance_sampling  # rl/importance.py: for vLLM's samples
+        self.importance_sampling_cap = importance_sampling_cap
+        self.mismatch = MismatchStats()
+        self._first_pass = True
 
     # ------------------------------------------------------------------ no-grad passes
 
@@ -104,14 +139,40 @@ class GRPOStep:
         with model.disable_adapter():  # LoRA: the base model is the reference
             return self._logprobs(model, rollout)
 
-    def _no_grad_passes(self, rollout: Rollout) -> tuple[list[Tensor] | None, list[Tensor] | None]:
-        """Old log-probs (num_iterations > 1) and reference log-probs (beta > 0), through the
-        strategy's whole-weights module (its forward is this rank's alone)."""
-        if self.cfg.num_iterations == 1 and self.cfg.beta == 0:
-            return None, None
+    def carries_loss(self, truncated: Sequence[bool] | None, num: int) -> list[bool]:
+        """False where a sequence carries no loss (truncated, with mask_truncated_completions)."""
+        truncated = truncated or [False] * num
+        if len(truncated) != num:
+            raise ValueError(f"Rollout.truncated: {len(truncated)} flags for {num} completions")
+        return [not (self.cfg.mask_truncated_completions and cut) for cut in truncated]
+
+    def totals_of(self, lengths: Sequence[int], truncated: Sequence[bool] | None) -> BatchTotals:
+        """The loss normaliser of a step whose completions have these lengths (every rank's)."""
+        keep = self.carries_loss(truncated, len(lengths))
+        return BatchTotals.from_lengths([n if k else 0 for n, k in zip(lengths, keep)],
+                                        self.max_completion_length)
+
+    def step_inputs(self, rollout: Rollout, totals: BatchTotals | None = None) -> StepInputs:
+        """Masks, totals and the no-grad passes of one step (each pass only when needed), run
+        through the strategy's whole-weights module (its forward is this rank's alone).
+        `totals`: the whole step's when this rollout is one rank's share (default: its own)."""
+        keep = self.carries_loss(rollout.truncated, len(rollout.completion_ids))
+        totals = totals or self.totals_of([len(c) for c in rollout.completion_ids],
+                                          rollout.truncated)
+        old = token_masks = None
         with self.parallel.inference_model() as model:
-            old = self._logprobs(model, rollout) if self.cfg.num_iterations > 1 else None
-            return old, self.reference_logprobs(rollout, model)
+            if self.cfg.top_entropy_quantile < 1.0:  # one pass: entropies and old log-probs
+                logps, entropies = sequence_logprobs_and_entropy(
+                    model, rollout.prompt_ids, rollout.completion_ids,
+                    max_tokens=self.micro_batch_tokens, pad_token_id=self.pad_token_id,
+                    temperature=self.temperature)
+                token_masks = high_entropy_masks(entropies, keep, self.cfg.top_entropy_quantile,
+                                                 gather=self.parallel.ranks.gather_values)
+                old = logps if self.cfg.num_iterations > 1 else None
+            elif self.cfg.num_iterations > 1:
+                old = self._logprobs(model, rollout)
+            ref = self.reference_logprobs(rollout, model)
+        return StepInputs(torch.tensor(keep, dtype=torch.float32), totals, old, ref, token_masks)
 
     # ------------------------------------------------------------------ training
 
@@ -120,12 +181,12 @@ class GRPOStep:
         """num_iterations optimizer steps on one rollout; returns TRL-named metrics. `totals`:
         the whole step's sizes when this rollout is one rank's share (default: the rollout's)."""
         self.model.train()
-        old, ref = self._no_grad_passes(rollout)
-        totals = totals or BatchTotals.from_lengths([len(c) for c in rollout.completion_ids],
-                                                    self.max_completion_length)
+        inputs = self.step_inputs(rollout, totals)
         metrics: dict[str, Any] = {}
-        for _ in range(self.cfg.num_iterations):
-            loss, stats = self._summed(*self.accumulate_gradients(rollout, old, ref, totals))
+        self.mismatch = MismatchStats()
+        for iteration in range(self.cfg.num_iterations):
+            self._first_pass = iteration == 0
+            loss, stats = self._summed(*self.accumulate_gradients(rollout, inputs))
             grad_norm = self._clip()
             metrics = {"loss": loss, "grad_norm": grad_norm, **stats.metrics()}
             checked = (("loss", loss), ("gradient norm", grad_norm))
@@ -140,6 +201,7 @@ class GRPOStep:
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
+        metrics.update(self._mismatch_metrics())
         metrics["train/micro_batch_tokens"] = self.micro_batch_tokens
         metrics["train/oom_retries"] = self.num_oom_retries
         metrics["train/skipped_updates"] = self.num_skipped_updates
@@ -159,6 +221,17 @@ class GRPOStep:
         values = self.parallel.sum([loss, *(getattr(stats, f.name) for f in fields(stats))])
         return values[0], LossStats(*values[1:])
 
+    def _mismatch_metrics(self) -> dict[str, float]:
+        """The engine log-prob mismatch over every rank's tokens (sums, and extremes)."""
+        m, ranks = self.mismatch, self.parallel.ranks
+        if ranks.distributed:
+            m.num_tokens, m.abs_diff_sum, m.weight_sum = ranks.sum(
+                [m.num_tokens, m.abs_diff_sum, m.weight_sum])
+            m.abs_diff_max, m.weight_max, lowest = ranks.max(
+                [m.abs_diff_max, m.weight_max, -m.weight_min])
+            m.weight_min = -lowest
+        return m.metrics()
+
     def _clip(self) -> float:
         params = [p for p in self.model.parameters() if p.grad is not None]
         if not params:
@@ -166,9 +239,8 @@ class GRPOStep:
         max_norm = self.cfg.max_grad_norm or float("inf")
         return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
 
-    def accumulate_gradients(self, rollout: Rollout, old: list[Tensor] | None, ref: list[Tensor] | None,
-                             totals: BatchTotals, indices: Sequence[int] | None = None,
-                             max_tokens: int | None = None,
+    def accumulate_gradients(self, rollout: Rollout, inputs: StepInputs,
+                             indices: Sequence[int] | None = None, max_tokens: int | None = None,
                              sync_last: bool = True) -> tuple[float, LossStats]:
         """Backward over micro-batches of `indices`; returns (summed loss value, summed stats)."""
         total_loss, total_stats = 0.0, LossStats()
@@ -183,12 +255,12 @@ class GRPOStep:
             sync = last and sync_last and not padding  # DDP: only the rank's last backward reduces
             try:
                 with self.parallel.backward_sync(sync):
-                    loss, stats = self._micro_batch_backward(mb, rollout, old, ref, totals)
+                    loss, stats = self._micro_batch_backward(mb, rollout, inputs)
             except (torch.OutOfMemoryError, RuntimeError) as err:
                 if not is_out_of_memory(err) or len(mb.indices) == 1 or \
                         not self.parallel.can_split_micro_batches:
                     raise
-                loss, stats = self._retry_smaller(mb, rollout, old, ref, totals, sync)
+                loss, stats = self._retry_smaller(mb, rollout, inputs, sync)
             total_loss, total_stats = total_loss + loss, total_stats + stats
         for _ in range(padding):  # FSDP: as many forward/backward collectives as the other ranks
             self._padding_backward(rollout, device)
@@ -200,7 +272,7 @@ class GRPOStep:
                               device)
         (micro_batch_logprobs(self.model, mb, self.temperature).sum() * 0.0).backward()
 
-    def _retry_smaller(self, mb, rollout, old, ref, totals,
+    def _retry_smaller(self, mb, rollout: Rollout, inputs: StepInputs,
                        sync_last: bool = True) -> tuple[float, LossStats]:
         """Split the failed micro-batch in two (halving the token budget for the rest of the run)."""
         self.num_oom_retries += 1
@@ -208,16 +280,46 @@ class GRPOStep:
             torch.cuda.empty_cache()
         padded = mb.input_ids.numel()
         self.micro_batch_tokens = max(MIN_MICRO_BATCH_TOKENS, self.micro_batch_tokens // 2)
-        return self.accumulate_gradients(rollout, old, ref, totals, indices=mb.indices,
+        return self.accumulate_gradients(rollout, inputs, indices=mb.indices,
                                          max_tokens=max(MIN_MICRO_BATCH_TOKENS, padded // 2),
                                          sync_last=sync_last)
 
-    def _micro_batch_backward(self, mb, rollout, old, ref, totals) -> tuple[float, LossStats]:
-        logps = micro_batch_logprobs(self.model, mb, self.temperature)  # [b, T_c]
+    def _micro_batch_backward(self, mb, rollout: Rollout,
+                              inputs: StepInputs) -> tuple[float, LossStats]:
+        logps, entropy = micro_batch_logprobs_and_entropy(self.model, mb,
+                                                          self.temperature)  # [b, T_c] each
+        rows = mb.rows(inputs.carries_loss).to(logps.device)  # [b]
+        loss_mask = mb.completion_mask * rows.unsqueeze(1)  # [b, T_c]
         per_token, stats = per_token_loss(
-            logps, mb.gather(old), mb.gather(ref), mb.rows(rollout.advantages).to(logps.device),
-            epsilon_low=self.cfg.epsilon, epsilon_high=self.cfg.epsilon_high or self.cfg.epsilon,
-            beta=self.cfg.beta, mask=mb.completion_mask)
-        loss = LOSS_TYPES[self.cfg.loss_type](per_token, mb.completion_mask, totals)  # []
+            logps, mb.gather(inputs.old), mb.gather(inputs.ref),
+            mb.rows(rollout.advantages).to(logps.device), epsilon_low=self.epsilon_low,
+            epsilon_high=self.epsilon_high, beta=self.cfg.beta, mask=loss_mask,
+            loss_type=self.cfg.loss_type, token_mask=mb.gather(inputs.token_masks),
+            importance_weights=self._importance_weights(mb, rollout, logps, inputs.old),
+            entropy=entropy)
+        loss = LOSS_TYPES[self.cfg.loss_type].aggregate(per_token, loss_mask, inputs.totals)  # []
         loss.backward()
         return loss.item(), stats
+
+    def _importance_weights(self, mb, rollout: Rollout, logps: Tensor,
+                            old: list[Tensor] | None) -> Tensor | None:
+        """Per-token weights [b, T_c] on the policy loss: the rollout's own, times the truncated
+        importance weights exp(old - engine) when another engine (vLLM) sampled the completions
+        (`rl/importance.py`); None when there are neither."""
+        given = mb.gather(rollout.importance_weights)  # [b, T_c] or None
+        if rollout.engine_logprobs is None:
+            return given
+        weights = self._engine_weights(mb, rollout, logps, old)  # [b, T_c]
+        return weights if given is None else weights * given
+
+    def _engine_weights(self, mb, rollout: Rollout, logps: Tensor,
+                        old: list[Tensor] | None) -> Tensor:
+        """Truncated importance weights exp(old - engine); the mismatch is measured on the first
+        pass."""
+        old_logps = logps.detach() if old is None else mb.gather(old)  # [b, T_c]
+        engine_logps = mb.gather(rollout.engine_logprobs)  # [b, T_c]
+        weights = engine_importance_weights(old_logps, engine_logps, mb.completion_mask,
+                                            self.importance_sampling, self.importance_sampling_cap)
+        if self._first_pass:
+            self.mismatch.add(old_logps, engine_logps, mb.completion_mask, weights)
+        return weights

@@ -8,15 +8,18 @@ its longest completion, so every completion occupies the last `T_c` positions:
 The forward asks the model for only `T_c + 1` logits (`logits_to_keep`, so the lm_head runs on completion
 positions only) and drops the last one. Chosen-token log-probs are taken by `selective_log_softmax`, which
 runs logsumexp over row chunks in fp32 instead of materialising a full-vocabulary log-softmax of the
-micro-batch. Logits are divided by the sampling temperature first, as TRL does.
+micro-batch; the same chunks give each position's token entropy (no grad) when asked
+(`micro_batch_logprobs_and_entropy`: TRL's `entropy` metric and high-entropy token mask).
+Logits are divided by the sampling temperature first, as TRL does.
 
 Training loop these pieces are made for (one micro-batch of activations alive at a time):
 
     totals = BatchTotals.from_lengths([len(c) for c in completions], max_completion_length)
     for mb in build_micro_batches(prompts, completions, max_tokens=budget, pad_token_id=pad):
         logps = micro_batch_logprobs(model, mb, temperature)              # [b, T_c], with grad
-        loss, stats = per_token_loss(logps, mb.gather(old), mb.gather(ref), mb.rows(advantages), ...)
-        LOSS_TYPES[loss_type](loss, mb.completion_mask, totals).backward()  # accumulates .grad
+        loss, stats = per_token_loss(logps, mb.gather(old), mb.gather(ref), mb.rows(advantages),
+                                     loss_type=loss_type, mask=mb.completion_mask, ...)
+        LOSS_TYPES[loss_type].aggregate(loss, mb.completion_mask, totals).backward()  # sums .grad
 
 Simplifications: sequences are never packed end to end (padding only); a model whose forward refuses
 `logits_to_keep` gets full logits which are then sliced (correct, but no memory saving).
@@ -29,6 +32,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+CHUNK_ROWS = 256  # rows of logits per fp32 logsumexp chunk
 
 
 # --- planning: which sequences share a micro-batch ------------------------------------------------
@@ -145,20 +150,48 @@ def build_micro_batches(prompt_ids: Sequence[Sequence[int]], completion_ids: Seq
 # --- log-probs --------------------------------------------------------------------------------------
 
 
-def selective_log_softmax(logits: Tensor, index: Tensor, chunk_rows: int = 256) -> Tensor:
-    """log_softmax(logits).gather(index) without a full [b, t, V] log-softmax: fp32 logsumexp per row chunk."""
+def _chunked_log_softmax(logits: Tensor, index: Tensor, chunk_rows: int,
+                         with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+    """Chosen-token log-probs (with grad) and, optionally, token entropies (no grad), per chunk."""
     flat_logits = logits.reshape(-1, logits.shape[-1])  # [R, V]
     flat_index = index.reshape(-1, 1)  # [R, 1]
-    pieces = []  # split (not slicing): its backward concatenates chunk grads instead of R/r full-size zeros
+    # split (not slicing): its backward concatenates chunk grads instead of R/r full-size zeros
+    pieces, entropies = [], []
     for chunk, chunk_index in zip(flat_logits.split(chunk_rows), flat_index.split(chunk_rows)):
         chunk = chunk.float()  # [r, V]
         chosen = chunk.gather(-1, chunk_index).squeeze(-1)  # [r]
-        pieces.append(chosen - torch.logsumexp(chunk, dim=-1))  # [r]
-    return torch.cat(pieces).reshape(index.shape)  # [b, t]
+        normaliser = torch.logsumexp(chunk, dim=-1)  # [r]
+        pieces.append(chosen - normaliser)  # [r]
+        if with_entropy:
+            entropies.append(_entropy(chunk.detach(), normaliser.detach()))  # [r]
+    logps = torch.cat(pieces).reshape(index.shape)  # [b, t]
+    if not with_entropy:
+        return logps, None
+    return logps, torch.cat(entropies).reshape(index.shape)  # [b, t] each
 
 
-def _completion_logits(model: torch.nn.Module, mb: MicroBatch) -> Tensor:
-    """Logits predicting each completion position: [b, T_c, V]."""
+@torch.no_grad()
+def _entropy(chunk: Tensor, normaliser: Tensor) -> Tensor:
+    """-sum_v p log p of each row of fp32 logits [r, V]; p = 0 terms (logit -inf) count as 0."""
+    logp = chunk - normaliser.unsqueeze(-1)  # [r, V]
+    return -logp.exp().mul_(logp).nan_to_num_(nan=0.0).sum(-1)  # [r], one more [r, V] buffer
+
+
+def selective_log_softmax(logits: Tensor, index: Tensor, chunk_rows: int = CHUNK_ROWS) -> Tensor:
+    """log_softmax(logits).gather(index) without a full [b, t, V] log-softmax: fp32 logsumexp per
+    row chunk."""
+    return _chunked_log_softmax(logits, index, chunk_rows, with_entropy=False)[0]
+
+
+def log_softmax_and_entropy(logits: Tensor, index: Tensor,
+                            chunk_rows: int = CHUNK_ROWS) -> tuple[Tensor, Tensor]:
+    """(selective_log_softmax [b, t], each position's entropy [b, t], no grad) in one pass."""
+    logps, entropy = _chunked_log_softmax(logits, index, chunk_rows, with_entropy=True)
+    return logps, entropy  # type: ignore[return-value]
+
+
+def _completion_logits(model: torch.nn.Module, mb: MicroBatch, temperature: float = 1.0) -> Tensor:
+    """Logits predicting each completion position, divided by the temperature: [b, T_c, V]."""
     keep = mb.num_completion_positions + 1
     inputs = dict(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=mb.position_ids,
                   use_cache=False)
@@ -166,19 +199,28 @@ def _completion_logits(model: torch.nn.Module, mb: MicroBatch) -> Tensor:
         logits = model(**inputs, logits_to_keep=keep).logits  # [b, T_c + 1, V]
     except TypeError:  # a model without logits_to_keep: full logits, then slice
         logits = model(**inputs).logits[:, -keep:]  # [b, T_c + 1, V]
-    return logits[:, :-1]  # [b, T_c, V]
+    logits = logits[:, :-1]  # [b, T_c, V]
+    if temperature > 0 and temperature != 1.0:  # temperature 0 (greedy) leaves logits unscaled
+        logits = logits / temperature
+    return logits
 
 
 def micro_batch_logprobs(model: torch.nn.Module, mb: MicroBatch, temperature: float = 1.0,
-                         chunk_rows: int = 256) -> Tensor:
+                         chunk_rows: int = CHUNK_ROWS) -> Tensor:
     """Per-token log-probs [b, T_c] (fp32) of the micro-batch's completions; grad follows torch's mode.
 
     Padded completion positions hold meaningless values: multiply by `mb.completion_mask`.
     """
-    logits = _completion_logits(model, mb)  # [b, T_c, V]
-    if temperature > 0 and temperature != 1.0:  # temperature 0 (greedy) leaves logits unscaled
-        logits = logits / temperature
+    logits = _completion_logits(model, mb, temperature)  # [b, T_c, V]
     return selective_log_softmax(logits, mb.completion_ids, chunk_rows)  # [b, T_c]
+
+
+def micro_batch_logprobs_and_entropy(model: torch.nn.Module, mb: MicroBatch,
+                                     temperature: float = 1.0,
+                                     chunk_rows: int = CHUNK_ROWS) -> tuple[Tensor, Tensor]:
+    """As micro_batch_logprobs, plus each completion position's token entropy [b, T_c], no grad."""
+    logits = _completion_logits(model, mb, temperature)  # [b, T_c, V]
+    return log_softmax_and_entropy(logits, mb.completion_ids, chunk_rows)  # [b, T_c] each
 
 
 def sequence_logprobs(model: torch.nn.Module, prompt_ids: Sequence[Sequence[int]],
@@ -189,12 +231,35 @@ def sequence_logprobs(model: torch.nn.Module, prompt_ids: Sequence[Sequence[int]
     For old / reference log-probs (grad=False). With grad=True every micro-batch's graph stays alive; for
     training use the build_micro_batches loop in the module docstring instead.
     """
+    return _sequence_pass(model, prompt_ids, completion_ids, max_tokens, pad_token_id, temperature,
+                          grad=grad, with_entropy=False)[0]
+
+
+def sequence_logprobs_and_entropy(model: torch.nn.Module, prompt_ids: Sequence[Sequence[int]],
+                                  completion_ids: Sequence[Sequence[int]], *, max_tokens: int,
+                                  pad_token_id: int,
+                                  temperature: float = 1.0) -> tuple[list[Tensor], list[Tensor]]:
+    """(log-probs, token entropies) of every completion, 1-D fp32 tensors per sequence; no grad."""
+    logps, entropies = _sequence_pass(model, prompt_ids, completion_ids, max_tokens, pad_token_id,
+                                      temperature, grad=False, with_entropy=True)
+    return logps, entropies  # type: ignore[return-value]
+
+
+def _sequence_pass(model, prompt_ids, completion_ids, max_tokens: int, pad_token_id: int,
+                   temperature: float, *, grad: bool, with_entropy: bool):
+    """Per-sequence log-probs (and entropies) over token-budget micro-batches, in input order."""
     device = next(model.parameters()).device
-    out: list[Tensor] = [torch.empty(0)] * len(completion_ids)
+    logps_out: list[Tensor] = [torch.empty(0)] * len(completion_ids)
+    entropy_out: list[Tensor] = [torch.empty(0)] * len(completion_ids)
     with torch.set_grad_enabled(grad):
         for mb in build_micro_batches(prompt_ids, completion_ids, max_tokens=max_tokens,
                                       pad_token_id=pad_token_id, device=device):
-            logps = micro_batch_logprobs(model, mb, temperature)  # [b, T_c]
+            logits = _completion_logits(model, mb, temperature)  # [b, T_c, V]
+            logps, entropy = _chunked_log_softmax(logits, mb.completion_ids, CHUNK_ROWS,
+                                                  with_entropy)  # [b, T_c]
             for row, index in enumerate(mb.indices):
-                out[index] = logps[row, : len(completion_ids[index])]
-    return out
+                length = len(completion_ids[index])
+                logps_out[index] = logps[row, :length]
+                if entropy is not None:
+                    entropy_out[index] = entropy[row, :length]
+    return logps_out, entropy_out if with_entropy else None

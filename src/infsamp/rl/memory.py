@@ -21,8 +21,8 @@ import torch
 
 from infsamp.config import Config
 from infsamp.planner import plan_memory, shape_from_config
-
-DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "bf16"}
+from infsamp.planner.precisions import resolve_precision_name
+from infsamp.sampling.engines.base import resolve_engine_name
 
 
 @dataclass
@@ -49,7 +49,6 @@ def plan_run(cfg: Config, model: torch.nn.Module, device: torch.device,
     """Sizes for this process; with several ranks it samples about 1/num_ranks of the prompts and
     holds what `strategy` (ddp, fsdp) leaves on one device."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    dtype = DTYPE_NAMES.get(next(model.parameters()).dtype, "fp32")
     memory = device_memory_bytes(device, model, cfg.training.micro_batch_memory)
     plan = plan_memory(
         shape_from_config(base.config), gpu_memory_bytes=memory,
@@ -57,8 +56,13 @@ def plan_run(cfg: Config, model: torch.nn.Module, device: torch.device,
         max_prompt=cfg.data.max_prompt_length,
         max_completion=cfg.sampling.max_new_tokens, lora_rank=cfg.model.lora_rank,
         optimizer=cfg.training.optimizer, gradient_checkpointing=cfg.model.gradient_checkpointing,
-        beta=cfg.training.beta, dtype=dtype, device="cuda" if device.type == "cuda" else "cpu",
-        micro_group=cfg.sampling.micro_group, num_devices=num_ranks, strategy=strategy)
+        beta=cfg.training.beta,
+        precision=resolve_precision_name(cfg.training.precision, device.type),
+        load_in_4bit=cfg.model.load_in_4bit, device="cuda" if device.type == "cuda" else "cpu",
+        micro_group=cfg.sampling.micro_group,
+        engine=resolve_engine_name(cfg.sampling.engine, device, cfg.model.load_in_4bit),
+        engine_sleep=cfg.sampling.vllm_sleep != "off" and device.type == "cuda",
+        num_devices=num_ranks, strategy=strategy)
     kv = plan.kv_budget_tokens if cfg.sampling.kv_budget == "auto" and plan.micro_group > 0 else None
     tokens = cfg.training.train_micro_batch_tokens or max(plan.train_micro_batch_tokens,
                                                           cfg.data.max_prompt_length + cfg.sampling.max_new_tokens)

@@ -1,7 +1,20 @@
-"""Optimizers (a small registry) and the learning-rate schedule.
+"""Optimizers (a small registry) chosen with the precision mode, and the learning-rate schedule.
 
-`adamw` and `sgd` come from torch; `adamw8bit` from bitsandbytes, which needs a CUDA GPU: asking for
-it elsewhere ends in one clear error. The schedule is transformers' `get_scheduler`.
+Which implementation runs, by optimizer and by the dtype of the trainable parameters:
+
+    optimizer   fp32 parameters (fp32, mixed, LoRA)   bf16 parameters (bf16 / bf16_lossy)
+    adamw       torch AdamW                           torchao _AdamW, stochastic rounding
+                                                      (bf16_lossy: torch AdamW, loses updates)
+    adamw8bit   bitsandbytes on CUDA, else torchao    torchao AdamW8bit, stochastic rounding
+    sgd         torch SGD                             torch-optimi SGD, Kahan-compensated
+
+For `bf16` AdamW, torchao's stochastic rounding was chosen over torch-optimi's Kahan summation by
+measurement (docs/benchmarks.md, "Precision modes"): its applied update follows the fp32 run from
+the first steps (follow ratio 0.97 at 10 steps, 0.99 at 300; Kahan 0.07 and 0.95: its bf16 buffer
+carries over late and rounds itself) and it keeps 4 bytes of state per parameter instead of 6. It
+costs a torch.compile of its step per tensor shape (once) and 1.7x the optimizer's CPU time on the
+embedded model. torchao has no SGD: bf16 SGD keeps its updates in torch-optimi's Kahan buffer.
+The schedule is transformers' `get_scheduler`.
 
 Deliberately simple: one parameter group (no per-layer learning rates).
 """
@@ -14,27 +27,47 @@ import torch
 
 from infsamp.config import TrainingConfig
 from infsamp.errors import InfsampError
+from infsamp.planner.precisions import PRECISIONS, PrecisionMode
+
+EPS = 1e-8  # torch's AdamW default, for every implementation: the modes compare like for like
+LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 
-def _adamw(params, cfg: TrainingConfig) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(params, lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2),
-                             weight_decay=cfg.weight_decay)
+def _adam_settings(cfg: TrainingConfig) -> dict:
+    return dict(lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=EPS,
+                weight_decay=cfg.weight_decay)
 
 
-def _adamw8bit(params, cfg: TrainingConfig) -> torch.optim.Optimizer:
-    if not torch.cuda.is_available():
-        raise InfsampError("training.optimizer adamw8bit: bitsandbytes 8-bit AdamW needs a CUDA GPU "
-                           "(use adamw on CPU)")
+def _adamw(params, cfg: TrainingConfig, keep_updates: bool, device: torch.device):
+    if keep_updates:
+        from torchao.optim import _AdamW  # torchao's documented entry for bf16 stochastic rounding
+
+        return _AdamW(params, **_adam_settings(cfg), bf16_stochastic_round=True)
+    return torch.optim.AdamW(params, **_adam_settings(cfg))
+
+
+def _adamw8bit(params, cfg: TrainingConfig, keep_updates: bool, device: torch.device):
+    low = any(p.dtype in LOW_PRECISION for p in params)
+    if device.type == "cuda" and not low:
+        try:
+            import bitsandbytes as bnb
+
+            return bnb.optim.AdamW8bit(params, **_adam_settings(cfg))
+        except ImportError:
+            pass  # torchao below
     try:
-        import bitsandbytes as bnb
+        from torchao.optim import AdamW8bit
     except ImportError:
-        raise InfsampError("training.optimizer adamw8bit: bitsandbytes is not installed "
-                           "(pip install 'infsamp[gpu]')") from None
-    return bnb.optim.AdamW8bit(params, lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2),
-                               weight_decay=cfg.weight_decay)
+        raise InfsampError("training.optimizer adamw8bit: needs torchao here "
+                           "(pip install 'infsamp[lowprec]')") from None
+    return AdamW8bit(params, **_adam_settings(cfg), bf16_stochastic_round=keep_updates)
 
 
-def _sgd(params, cfg: TrainingConfig) -> torch.optim.Optimizer:
+def _sgd(params, cfg: TrainingConfig, keep_updates: bool, device: torch.device):
+    if keep_updates:
+        from optimi import SGD
+
+        return SGD(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay, kahan_sum=True)
     return torch.optim.SGD(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
 
 
@@ -42,9 +75,15 @@ OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
     "adamw": _adamw, "adamw8bit": _adamw8bit, "sgd": _sgd}
 
 
-def build_optimizer(model: torch.nn.Module, cfg: TrainingConfig) -> torch.optim.Optimizer:
+def build_optimizer(model: torch.nn.Module, cfg: TrainingConfig,
+                    precision: PrecisionMode | None = None) -> torch.optim.Optimizer:
+    """The optimizer of the trainable parameters; one that keeps bf16 updates when the mode asks
+    for it and the parameters are bf16 (LoRA adapters are fp32 and need nothing)."""
+    precision = precision or PRECISIONS["fp32"]
     params = [p for p in model.parameters() if p.requires_grad]
-    return OPTIMIZERS[cfg.optimizer](params, cfg)
+    keep_updates = precision.keeps_updates and any(p.dtype in LOW_PRECISION for p in params)
+    device = params[0].device if params else torch.device("cpu")
+    return OPTIMIZERS[cfg.optimizer](params, cfg, keep_updates, device)
 
 
 # transformers schedules that need only warmup and total steps -> whether the rate depends on the

@@ -153,6 +153,17 @@ class RankSteps:
         finally:
             self.wait_s += time.perf_counter() - start
 
+    def gather_records(self, share: list[int], records: list[Any]) -> list[Any]:
+        """Every rank's completion records (G per prompt of `share`) in step order, on every
+        rank (one process: its own); rank 0 writes them."""
+        if not self.ranks.distributed:
+            return records
+        by_prompt: dict[int, list[Any]] = {}
+        for their_share, theirs in self._timed(self.ranks.gather_json, [share, records]):
+            for k, position in enumerate(their_share):
+                by_prompt[position] = theirs[k * self.G:(k + 1) * self.G]
+        return [r for position in sorted(by_prompt) for r in by_prompt[position]]
+
     # ---- after the update
     def finish_metrics(self, metrics: dict[str, Any]) -> dict[str, Any]:
         """Counters that differ per rank summed; this rank's waiting time; on CUDA the busiest

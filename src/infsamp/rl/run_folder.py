@@ -10,7 +10,8 @@ Resuming skips newer checkpoints that do not verify with one line each (they are
 `checkpoint-N.damaged`, never deleted), removes the run's own unfinished `checkpoint-N.tmp`
 folders, rewinds the run's JSONL logs to the checkpoint's step, and checks that the checkpoint fits
 this run: the same base model, full weights or LoRA of the same rank and targets, the same
-learning-rate schedule (a run keeps the schedule it started with; see `check_schedule`).
+learning-rate schedule (a run keeps the schedule it started with; see `check_schedule`), the
+same precision mode (its optimizer states differ).
 
 Deliberately simple: "the same model" means the same configured name or path, not a weights hash.
 """
@@ -113,9 +114,14 @@ def _rewind_logs(out: Path, step: int) -> None:
 
 def run_identity(cfg: Config) -> dict[str, object]:
     """What a checkpoint must share with the run that resumes it."""
+    from infsamp.models.device import resolve_device
+    from infsamp.planner.precisions import resolve_precision_name
+
     model = cfg.model
+    precision = resolve_precision_name(cfg.training.precision, resolve_device(model.device).type)
     return {"model": model.name_or_path, "weights": "lora" if model.lora_rank > 0 else "full",
-            "lora_rank": model.lora_rank, "lora_target_modules": list(model.lora_target_modules)}
+            "lora_rank": model.lora_rank, "lora_target_modules": list(model.lora_target_modules),
+            "precision": precision}
 
 
 def run_identity_matches(cfg: Config, found: ckpt.Checkpoint) -> None:
@@ -133,6 +139,11 @@ def run_identity_matches(cfg: Config, found: ckpt.Checkpoint) -> None:
     if wanted["weights"] == "lora" and targets != wanted["lora_target_modules"]:
         raise CheckpointError(f"{name} adapts {targets}; this run asks for "
                               f"model.lora_target_modules {wanted['lora_target_modules']}")
+    precision = saved.get("precision", wanted["precision"])
+    if precision != wanted["precision"]:  # the optimizer states differ between modes
+        raise CheckpointError(f"{name} was saved with training.precision {precision}, this run "
+                              f"is {wanted['precision']}; resume with --training.precision "
+                              f"{precision}")
     check_schedule(cfg, found)
 
 

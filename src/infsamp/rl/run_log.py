@@ -2,7 +2,9 @@
 
 Files in the run folder: `metrics.jsonl` (one object per step, TRL metric names where they exist),
 `eval.jsonl` (held-out accuracy by step), `lengths.jsonl` (one line per sampled group, the trace that
-`infsamp simulate` replays), `plots/training.png`. Every JSONL file is written by
+`infsamp simulate` replays), `completions.jsonl` (with `logging.completions_every`: one line per
+completion of the logged steps: prompt, completion, per-function rewards, advantage; TRL's
+`log_completions`), `plots/training.png`. Every JSONL file is written by
 `append_jsonl`: whole lines in one `write` on an append-only descriptor, so a killed process leaves
 at most a torn last line. Readers skip a torn last line; a resumed run `rewind`s each file to its
 checkpoint's step (the torn line and the rows after the checkpoint go; the run writes them again),
@@ -118,8 +120,26 @@ class RunLogger:
     def log_lengths(self, step: int, groups: list[dict[str, Any]]) -> None:
         append_jsonl(self.dir / "lengths.jsonl", [{"step": step, **group} for group in groups])
 
+    def log_completions(self, step: int, records: list[dict[str, Any]]) -> None:
+        append_jsonl(self.dir / "completions.jsonl", [{"step": step, **record} for record in records])
+
     def close(self) -> None:
         self.bar.close()
+
+
+def completion_records(prompt_ids: list[str], prompts: list[str], completions: list[Any],
+                       rewards: dict[str, list[float]], totals: list[float],
+                       advantages: Any) -> list[dict[str, Any]]:
+    """One record per completion (group-major, G per prompt): what the policy wrote and its score.
+
+    `completions` carry `.text`, `.length`, `.finish_reason`; NaN rewards (None) become null.
+    """
+    group_size = len(completions) // max(len(prompts), 1)
+    return [{"prompt_id": prompt_ids[row // group_size], "prompt": prompts[row // group_size],
+             "completion": c.text, "length": c.length, "finish_reason": c.finish_reason,
+             "rewards": {name: _clean(values[row]) for name, values in rewards.items()},
+             "reward": totals[row], "advantage": float(advantages[row])}
+            for row, c in enumerate(completions)]
 
 
 def _fmt(value: Any) -> str:

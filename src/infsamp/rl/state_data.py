@@ -9,7 +9,10 @@ loading a checkpoint never unpickles anything: a crafted file can at worst fail 
 
 Encoding: a tensor becomes {"__tensor__": key}; a tuple {"__tuple__": [...]}; a dict whose keys are
 not all plain strings {"__items__": [[key, value], ...]}; a numpy array {"__ndarray__": list,
-"dtype": name}. Anything that is not data (a function, any other object) is refused at save time.
+"dtype": name}; torchao's quantized optimizer states (8-bit AdamW) {"__subclass__": class name,
+"inner": its plain tensors, "attributes": [...]}, rebuilt by the class's own `__tensor_unflatten__`
+(only the classes in `QUANTIZED_STATES`). Anything that is not data (a function, any other object)
+is refused at save time.
 
 Deliberately simple: tensors are moved to the CPU to be written; no sharding.
 """
@@ -22,7 +25,10 @@ from typing import Any
 import numpy as np
 import torch
 
-MARKERS = ("__tensor__", "__tuple__", "__items__", "__ndarray__")
+MARKERS = ("__tensor__", "__tuple__", "__items__", "__ndarray__", "__subclass__", "__dtype__")
+QUANTIZED_STATES = ("torchao.optim.subclass_8bit.OptimState8bit",
+                    "torchao.optim.subclass_4bit.OptimState4bit",
+                    "torchao.optim.subclass_fp8.OptimStateFp8")
 
 
 def to_data(value: Any, path: str = "") -> tuple[Any, dict[str, torch.Tensor]]:
@@ -32,6 +38,11 @@ def to_data(value: Any, path: str = "") -> tuple[Any, dict[str, torch.Tensor]]:
 
 
 def _encode(value: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
+    if isinstance(value, torch.Tensor) and type(value) is not torch.Tensor \
+            and hasattr(value, "__tensor_flatten__"):
+        return _encode_quantized(value, path, tensors)
+    if isinstance(value, torch.dtype):
+        return {"__dtype__": str(value).removeprefix("torch.")}
     if isinstance(value, torch.Tensor):
         if path in tensors:
             raise ValueError(f"{path}: two tensors under one key")
@@ -56,6 +67,34 @@ def _encode(value: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
                     "(checkpoints hold tensors, numbers and strings)")
 
 
+def _class_name(value: Any) -> str:
+    return f"{type(value).__module__}.{type(value).__qualname__}"
+
+
+def _encode_quantized(value: torch.Tensor, path: str, tensors: dict[str, torch.Tensor]) -> Any:
+    """A quantized optimizer state as its plain inner tensors and its (data) attributes."""
+    name = _class_name(value)
+    if name not in QUANTIZED_STATES:
+        raise TypeError(f"{path}: {name} is not data (checkpoints hold tensors, numbers and "
+                        "strings)")
+    names, attributes = value.__tensor_flatten__()
+    inner = {n: _encode(getattr(value, n), f"{path}/{n}", tensors) for n in names}
+    return {"__subclass__": name, "inner": inner,
+            "attributes": _encode(list(attributes), f"{path}/attributes", tensors)}
+
+
+def _decode_quantized(tree: dict[str, Any], tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+    import importlib
+
+    name = tree["__subclass__"]
+    if name not in QUANTIZED_STATES:
+        raise ValueError(f"{name}: not a tensor class a checkpoint may rebuild")
+    module, _, cls_name = name.rpartition(".")
+    cls = getattr(importlib.import_module(module), cls_name)
+    inner = {k: from_data(v, tensors) for k, v in tree["inner"].items()}
+    return cls.__tensor_unflatten__(inner, from_data(tree["attributes"], tensors), None, None)
+
+
 def from_data(tree: Any, tensors: dict[str, torch.Tensor]) -> Any:
     """Inverse of `to_data`; a tensor key missing from `tensors` raises KeyError."""
     if isinstance(tree, list):
@@ -64,6 +103,10 @@ def from_data(tree: Any, tensors: dict[str, torch.Tensor]) -> Any:
         return tree
     if "__tensor__" in tree:
         return tensors[tree["__tensor__"]]
+    if "__subclass__" in tree:
+        return _decode_quantized(tree, tensors)
+    if "__dtype__" in tree:
+        return getattr(torch, tree["__dtype__"])
     if "__tuple__" in tree:
         return tuple(from_data(v, tensors) for v in tree["__tuple__"])
     if "__items__" in tree:

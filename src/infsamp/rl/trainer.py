@@ -40,35 +40,43 @@ import torch
 from infsamp.config import Config, ConfigError, save_config
 from infsamp.errors import NonFiniteError, RewardError, RunFolderError, RunStopped
 from infsamp.models.loading import (load_model_and_tokenizer, load_tokenizer, quiet_transformers,
-                                    resolve_device, stop_token_ids)
-from infsamp.rewards import compute_rewards, load_reward_functions
+                                    resolve_device, resolve_dtype, stop_token_ids)
+from infsamp.rewards import check_async_allowed, compute_rewards, load_reward_functions
 from infsamp.rl import checkpoint as ckpt
 from infsamp.rl.advantages import compute_advantages
 from infsamp.rl.distributed import Ranks, init_ranks, reshard_after_forward
 from infsamp.rl.evaluation import evaluate_accuracy
 from infsamp.rl.memory import plan_run
-from infsamp.rl.grpo_step import GRPOStep, Rollout, is_out_of_memory
+from infsamp.rl.grpo_step import DEFAULT_MICRO_BATCH_TOKENS, GRPOStep, Rollout, is_out_of_memory
 from infsamp.rl.optim import build_optimizer, build_scheduler, schedule_horizon
-from infsamp.rl.losses import BatchTotals
+from infsamp.rl.precision import resolve_precision
 from infsamp.rl.prompt_stream import PromptStream
 from infsamp.rl.rank_checkpoint import NullLogger, prepare_run_folder_on_ranks, save_on_ranks
 from infsamp.rl.rank_step import RankSteps
-from infsamp.rl.run_log import RunLogger, plot_run
+from infsamp.rl.run_log import RunLogger, completion_records, plot_run
 from infsamp.rl.signals import StopSignals
 from infsamp.rl.strategies import make_strategy
 from infsamp.rl.train_state import restore_training_state, training_state
+from infsamp.sampling.engines.base import make_engine
 from infsamp.sampling.length_predictor import make_predictor
-from infsamp.sampling.sampler import GroupSampler
+from infsamp.sampling.sampler import GroupSampler, engine_limits
 from infsamp.tasks.loading import load_splits
 from infsamp.tasks.prompts import (EncodedPrompt, EncodedSplit, completion_for_rewards,
                                    encode_examples, prompt_for_rewards, uses_chat_template)
 
 
 def _load_rewards(cfg: Config):
+    """The reward functions (and reward models, on the run's device), before anything else loads."""
+    device = resolve_device(cfg.model.device)
     try:
-        return load_reward_functions(cfg.rewards.functions, cfg.rewards.format_think_block)
+        funcs = load_reward_functions(
+            cfg.rewards.functions, cfg.rewards.format_think_block, device=device,
+            dtype=resolve_dtype(cfg.model.dtype, device),
+            max_tokens=cfg.training.train_micro_batch_tokens or DEFAULT_MICRO_BATCH_TOKENS)
     except RewardError as err:
-        raise RewardError(f"rewards.functions: {err}") from None
+        named = str(err).startswith("rewards.functions")
+        raise (err if named else RewardError(f"rewards.functions: {err}")) from None
+    return funcs
 
 
 def warn_about_settings(cfg: Config) -> None:
@@ -124,15 +132,18 @@ class GRPOTrainer:
         self.ranks = ranks or init_ranks(cfg)  # one process, or this rank of a launch
         self.output_dir = Path(cfg.logging.output_dir)
         self.reward_funcs = reward_funcs or _load_rewards(cfg)
+        check_async_allowed(self.reward_funcs, cfg.rewards.allow_async)
         self.resume_from = prepare_run_folder_on_ranks(cfg, self.ranks)  # before anything loads
         warn_about_settings(cfg)
         seed_everything(cfg.training.seed)
         quiet_transformers()
         self.device = self.ranks.device(cfg.model.device)
+        self.precision = resolve_precision(cfg, self.device)  # its checks run before loading
         self.tokenizer = load_tokenizer(cfg.model.name_or_path)
         with self.ranks.main_first():  # rank 0 fills the datasets cache
             self.train_prompts, self.eval_prompts = self._load_prompts()
-        self.model, _ = load_model_and_tokenizer(cfg.model, self.device, tokenizer=self.tokenizer)
+        self.model, _ = load_model_and_tokenizer(cfg.model, self.device, tokenizer=self.tokenizer,
+                                                 precision=self.precision)
         self.stop_token_ids = stop_token_ids(self.model, self.tokenizer)
         set_num_threads(cfg.training.num_threads, self.model, self.device)
         self.reward_weights = cfg.rewards.weights or [1.0] * len(self.reward_funcs)
@@ -142,20 +153,26 @@ class GRPOTrainer:
                               self.ranks.strategy)
         sampling_cfg = replace(cfg.sampling, kv_budget=str(self.sizes.kv_budget_tokens)) \
             if self.sizes.kv_budget_tokens else replace(cfg.sampling)
+        limits = engine_limits(sampling_cfg, self.model, cfg.data.max_prompt_length,
+                               cfg.training.prompts_per_step)
         self.ref_model = self._reference_model()
         self.strategy = make_strategy(self.ranks, reshard_after_forward(cfg))
         train_model = self.strategy.wrap(self.model)  # DDP wrapper, or the model sharded in place
+        with self.strategy.inference_model() as model:  # FSDP: whole weights to start from
+            self.engine = make_engine(cfg.sampling.engine, model, sampling_cfg, limits)  # kept
         self.sampler = GroupSampler(self.strategy.sampling_model(), self.tokenizer, sampling_cfg,
-                                    predictor=self._length_predictor())
+                                    predictor=self._length_predictor(), engine=self.engine)
         self.generator = torch.Generator(device="cpu").manual_seed(cfg.training.seed)
         self.grpo = GRPOStep(train_model, cfg.training, pad_token_id=self.tokenizer.pad_token_id,
                              temperature=cfg.sampling.temperature or 1.0, ref_model=self.ref_model,
                              max_completion_length=cfg.sampling.max_new_tokens,
                              micro_batch_tokens=self.sizes.train_micro_batch_tokens,
+                             importance_sampling=cfg.sampling.vllm_importance_sampling,
+                             importance_sampling_cap=cfg.sampling.vllm_importance_sampling_cap,
                              parallel=self.strategy)
         self.rank_steps = RankSteps(self.ranks, cfg.sampling.num_generations,
                                     cfg.sampling.max_new_tokens, cfg.distributed.assignment)
-        self.optimizer = build_optimizer(self.model, cfg.training)
+        self.optimizer = build_optimizer(self.model, cfg.training, self.precision)
         self.horizon = self.resume_from.state["schedule"] if self.resume_from else \
             schedule_horizon(cfg.training)  # a resumed run keeps the schedule it started with
         self.scheduler = build_scheduler(self.optimizer, cfg.training, self.horizon)
@@ -210,6 +227,7 @@ class GRPOTrainer:
         if self.resume_from is not None:
             restore_training_state(self, self.resume_from)
             self._saved_step = self.step
+            self._push_weights()  # the engine samples from the restored policy
 
     # ------------------------------------------------------------------ loop
 
@@ -219,6 +237,7 @@ class GRPOTrainer:
             print(f"the run finished at step {self.step} (training.max_steps "
                   f"{cfg.training.max_steps}): nothing to do")
             self.ranks.finish()
+            self.close()
             return TrainResult(self.output_dir, self.step, self.eval_before,
                                self._eval_at(self.step))
         logger = RunLogger(self.output_dir, cfg.training.max_steps, self.step, cfg.logging.log_every,
@@ -239,6 +258,7 @@ class GRPOTrainer:
             self.ranks.finish()
         finally:
             logger.close()
+            self.close()
         if cfg.logging.plot and self.ranks.is_main:
             try:
                 plot_run(self.output_dir)
@@ -276,7 +296,7 @@ class GRPOTrainer:
 
     _last_eval: float | None = None
     _last_eval_step: int = -1
-    _totals: BatchTotals | None = None  # the whole step's (every rank's) completion sizes
+    _totals = None  # BatchTotals of the whole step (every rank's completions)
 
     def _evaluated_at(self, step: int) -> bool:
         return self._last_eval_step == step
@@ -320,29 +340,47 @@ class GRPOTrainer:
         self._saved_step = self.step
         return path
 
+    def _push_weights(self) -> None:
+        """The engine takes the current weights: the slot engine decodes with the strategy's
+        sampling model; an engine with its own copy (vLLM) gets the whole weights pushed (FSDP:
+        gathered from the shards, a collective every rank enters)."""
+        if not self.engine.copies_weights:
+            self.engine.load_weights(self.strategy.sampling_model())
+            return
+        with self.strategy.inference_model() as model:
+            self.engine.load_weights(model)
+
+    def close(self) -> None:
+        """Free the sampling engine (vLLM's pool and weights); no sampling afterwards."""
+        self.engine.close()
+
     # ------------------------------------------------------------------ one step
 
     def train_step(self, logger: RunLogger | None = None) -> dict[str, Any]:
         start = time.perf_counter()
         batch = self.stream.next_batch()
-        rollout, sample_metrics, groups = self._rollout(batch)
+        rollout, sample_metrics, groups, records = self._rollout(batch)
         if logger is not None:
             logger.log_lengths(self.step + 1, groups)
+            logger.log_completions(self.step + 1, records)
         try:
             check_finite(sample_metrics, rollout.advantages)
+            self.engine.sleep()  # vLLM on CUDA: free its KV pool and weights while training
             loss_metrics = self.grpo.optimize(rollout, self.optimizer, self.scheduler,
                                               self._totals)
         except NonFiniteError as err:
             loss_metrics = self._on_non_finite(err)
+        self._push_weights()  # the next step samples from the updated policy
         self.step += 1
-        metrics = {**sample_metrics, **loss_metrics,
-                   "learning_rate": self.scheduler.get_last_lr()[0], "epoch": self.stream.epoch,
-                   "step_time": round(time.perf_counter() - start, 3)}
+        learning_rate = float(self.scheduler.get_last_lr()[0])  # torchao keeps it as a tensor
+        metrics = {**sample_metrics, **loss_metrics, "learning_rate": learning_rate,
+                   "epoch": self.stream.epoch, "step_time": round(time.perf_counter() - start, 3)}
         return self.rank_steps.finish_metrics(metrics)
 
     def _rollout(self, batch: list[tuple[int, EncodedPrompt]]):
         """Sample, score and normalise this rank's groups of the step (all of them in one
-        process); returns (Rollout, the step's metrics, the step's trace lines)."""
+        process); returns (Rollout, the step's metrics, its trace lines, its completion records:
+        rank 0 alone writes them)."""
         G = self.cfg.sampling.num_generations
         share = self.rank_steps.share(batch)  # indices into batch: this rank's whole groups
         mine = [batch[i][1] for i in share]
@@ -356,13 +394,23 @@ class GRPOTrainer:
                                        result.stats.to_metrics())  # the whole step's values
         adv = compute_advantages(torch.tensor(step.rewards.total, dtype=torch.float32), G,
                                  self.cfg.training.scale_rewards)
-        self._totals = BatchTotals.from_lengths([c.length for c in step.completions],
-                                                self.cfg.sampling.max_new_tokens)
+        self._totals = self.grpo.totals_of([c.length for c in step.completions],
+                                           [c.finish_reason == "length" for c in step.completions])
+        advantages = adv.advantages[step.local_rows]  # [b*G]: this rank's rows
+        engine_logprobs = ([torch.tensor(c.logprobs, dtype=torch.float32) for c in completions]
+                           if all(c.logprobs is not None for c in completions) else None)
         rollout = Rollout(prompt_ids=[p for p in prompt_ids for _ in range(G)],
                           completion_ids=[c.token_ids for c in completions],
-                          advantages=adv.advantages[step.local_rows])
+                          advantages=advantages,
+                          truncated=[c.finish_reason == "length" for c in completions],
+                          engine_logprobs=engine_logprobs)
         metrics = self._sample_metrics(step.rewards, adv, step.completions, step.sampler_metrics)
-        return rollout, metrics, step.groups
+        every = self.cfg.logging.completions_every
+        records = [] if not every or (self.step + 1) % every else self.rank_steps.gather_records(
+            share, completion_records([str(p.index) for p in mine], [p.text for p in mine],
+                                      completions, rewards.per_function, rewards.total,
+                                      advantages))
+        return rollout, metrics, step.groups, records
 
     def _on_non_finite(self, err: NonFiniteError) -> dict[str, Any]:
         """training.nonfinite: stop with one line naming step and quantity, or skip the update."""
@@ -400,13 +448,14 @@ class GRPOTrainer:
         texts = [completion_for_rewards(c.text, chat) for c in completions]
         columns = {k: [ex[k] for ex in examples] for k in examples[0] if k != "prompt"}
         return compute_rewards(self.reward_funcs, self.reward_weights, prompts, texts, columns,
+                               timeout_s=self.cfg.rewards.timeout_s,
                                completion_ids=[c.token_ids for c in completions])
 
     def _sample_metrics(self, rewards, adv, completions, sampler_metrics: dict[str, Any]) -> dict[str, Any]:
         lengths = torch.tensor([c.length for c in completions], dtype=torch.float32)  # [N]
         total = torch.tensor(rewards.total, dtype=torch.float32)  # [N]
         metrics: dict[str, Any] = {
-            "reward": total.mean().item(), "reward_std": adv.reward_std,
+            "reward": total.nanmean().item(), "reward_std": adv.reward_std,
             "frac_reward_zero_std": adv.zero_std_fraction,
             "completions/mean_length": lengths.mean().item(), "completions/max_length": lengths.max().item(),
             "completions/min_length": lengths.min().item(),

@@ -25,36 +25,34 @@ import math
 import random
 import re
 from collections import Counter, defaultdict, deque
-from typing import TYPE_CHECKING, Callable, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
 from infsamp.errors import SamplingError
-
-if TYPE_CHECKING:
-    from infsamp.sampling.scheduler import SampleSpec
+from infsamp.sampling.types import Sample
 
 NUMBER = re.compile(r"\d+")
 
 
 class LengthPredictor:
     name = ""
-    uses_prefix = False  # wants observe_prefix (predict_remaining with the first k tokens)
+    uses_prefix = False  # wants predict_remaining with the first k generated tokens
     adaptive = False     # predictions of pending samples change as samples finish
 
-    def predict(self, spec: "SampleSpec") -> float:
+    def predict(self, spec: Sample) -> float:
         raise NotImplementedError
 
-    def predict_remaining(self, spec: "SampleSpec", prefix_token_ids: Sequence[int]) -> float:
+    def predict_remaining(self, spec: Sample, prefix_token_ids: Sequence[int]) -> float:
         return max(1.0, self.predict(spec) - len(prefix_token_ids))
 
-    def observe_finished(self, spec: "SampleSpec", length: int) -> None:
+    def observe_finished(self, spec: Sample, length: int) -> None:
         pass
 
     def end_call(self) -> None:
         pass
 
-    def update(self, specs: Sequence["SampleSpec"], lengths: Sequence[int]) -> None:
+    def update(self, specs: Sequence[Sample], lengths: Sequence[int]) -> None:
         """Learn from a whole finished call at once (when the scheduler did not see it)."""
         for spec, length in zip(specs, lengths):
             self.observe_finished(spec, length)
@@ -80,10 +78,10 @@ class OraclePredictor(LengthPredictor):
     """`oracle`: the true length, from a sample_id -> length mapping or a spec -> length function."""
     name = "oracle"
 
-    def __init__(self, lengths: Mapping[int, int] | Callable[["SampleSpec"], int] | None = None):
+    def __init__(self, lengths: Mapping[int, int] | Callable[[Sample], int] | None = None):
         self.set_lengths(lengths or {})
 
-    def set_lengths(self, lengths: Mapping[int, int] | Callable[["SampleSpec"], int]) -> None:
+    def set_lengths(self, lengths: Mapping[int, int] | Callable[[Sample], int]) -> None:
         """The true lengths of the next call's samples."""
         self._length_of = lengths if callable(lengths) else (lambda spec: lengths[spec.sample_id])
 
@@ -328,8 +326,7 @@ def _text_features(text: str) -> list[float]:
 
 
 def _probe_spec():
-    from infsamp.sampling.scheduler import SampleSpec
-    return SampleSpec(0, 0, 0, 1, 1)
+    return Sample(0, 0, 0, 1, 1)
 
 
 PREDICTORS: dict[str, Callable[[str | None], LengthPredictor]] = {

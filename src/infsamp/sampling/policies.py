@@ -23,16 +23,14 @@ Simplification: a policy never preempts; the scheduler's conservative reservatio
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Callable, Sequence
 
 from infsamp.errors import SamplingError
 from infsamp.sampling.grouping import DEFAULT_MAX_STATES, balance, lpt
+from infsamp.sampling.length_predictor import ConstantPredictor, LengthPredictor
+from infsamp.sampling.types import Sample
 
-if TYPE_CHECKING:
-    from infsamp.sampling.length_predictor import LengthPredictor
-    from infsamp.sampling.scheduler import SampleSpec
-
-CanAllocate = Callable[["SampleSpec"], bool]
+CanAllocate = Callable[[Sample], bool]
 
 # options any policy accepts (so callers may pass the config uniformly); unknown names are an error
 KNOWN_OPTIONS = {"refill", "epsilon", "prefix_tokens", "length_sorted", "max_states"}
@@ -45,8 +43,8 @@ class AdmissionPolicy:
     uses_budget = True
     prefix_tokens_wanted = 0
 
-    def __init__(self, samples: Sequence["SampleSpec"], num_slots: int,
-                 predictor: "LengthPredictor | None", **options):
+    def __init__(self, samples: Sequence[Sample], num_slots: int,
+                 predictor: LengthPredictor | None, **options):
         unknown = set(options) - KNOWN_OPTIONS
         if unknown:
             raise SamplingError(f"policy {self.name}: unknown option {sorted(unknown)[0]!r}")
@@ -54,22 +52,19 @@ class AdmissionPolicy:
         self.num_slots = num_slots
         self.predictor = predictor
 
-    def bind(self, age_of: Callable[[int], int]) -> None:
-        """The scheduler hands over its clock: decode steps a running sample has taken."""
-
     def begin_admit(self, all_free: bool) -> None:
         """Called once per `admit()`, before the picks."""
 
-    def pick(self, slot: int, can_allocate: CanAllocate) -> "SampleSpec | None":
+    def pick(self, slot: int, can_allocate: CanAllocate) -> Sample | None:
         raise NotImplementedError
 
-    def on_started(self, slot: int, spec: "SampleSpec") -> None:
+    def on_started(self, slot: int, sample: Sample) -> None:
         pass
 
-    def on_finished(self, spec: "SampleSpec", length: int) -> None:
+    def on_finished(self, sample: Sample, length: int) -> None:
         pass
 
-    def on_prefix(self, spec: "SampleSpec", token_ids: Sequence[int]) -> float | None:
+    def on_prefix(self, sample: Sample, token_ids: Sequence[int]) -> float | None:
         """The sample's first tokens were seen; returns its re-predicted total length, if any."""
         return None
 
@@ -112,10 +107,10 @@ class RoundsPolicy(ContinuousPolicy):
             self._pending = deque(order)
 
     def pick(self, slot, can_allocate):
-        spec = super().pick(slot, can_allocate) if self._round_open else None
-        if spec is None:
+        sample = super().pick(slot, can_allocate) if self._round_open else None
+        if sample is None:
             self._round_open = False  # a round never takes samples behind one that did not fit
-        return spec
+        return sample
 
 
 class LengthAwarePolicy(AdmissionPolicy):
@@ -125,14 +120,12 @@ class LengthAwarePolicy(AdmissionPolicy):
                  prefix_tokens: int = 16, max_states: int = DEFAULT_MAX_STATES, **options):
         super().__init__(samples, num_slots, predictor, **options)
         if predictor is None:
-            from infsamp.sampling.length_predictor import ConstantPredictor
             self.predictor = ConstantPredictor()
         self.refill = DEFAULT_REFILL if refill == "auto" else refill
         if self.refill not in REFILL_ORDERS:
             raise SamplingError(f"policy length_aware: refill must be auto, sjf or ljf, got {refill!r}")
         self.epsilon, self.max_states = epsilon, max_states
         self.prefix_tokens_wanted = prefix_tokens if self.predictor.uses_prefix else 0
-        self._age_of: Callable[[int], int] = lambda sample_id: 0
         self._running: dict[int, int] = {}          # slot -> sample_id
         self._prefix_total: dict[int, float] = {}   # sample_id -> re-predicted total length
         self._pending = {s.sample_id for s in samples}
@@ -142,37 +135,35 @@ class LengthAwarePolicy(AdmissionPolicy):
         self.plan_method = ""
         self._queues = self._plan(max_states)
 
-    def bind(self, age_of):
-        self._age_of = age_of
-
     def pick(self, slot, can_allocate):
         if self.predictor.adaptive and self._events_since_plan >= self.num_slots and self._pending:
             self._queues = self._plan(0)
         if self._off_plan:  # list scheduling: the next pending sample in refill order, any slot
             return self._take(self._order, can_allocate)
-        spec = self._take(self._queues[slot], can_allocate)
-        if spec is None:
+        sample = self._take(self._queues[slot], can_allocate)
+        if sample is None:
             for victim in self._by_remaining_work():
-                spec = self._take(self._queues[victim], can_allocate)
-                if spec is not None:
+                sample = self._take(self._queues[victim], can_allocate)
+                if sample is not None:
                     break
-        return spec
+        return sample
 
-    def on_started(self, slot, spec):
-        self._running[slot] = spec.sample_id
+    def on_started(self, slot, sample):
+        self._running[slot] = sample.sample_id
 
-    def on_finished(self, spec, length):
-        self._running = {s: i for s, i in self._running.items() if i != spec.sample_id}
+    def on_finished(self, sample, length):
+        self._running = {s: i for s, i in self._running.items() if i != sample.sample_id}
         self._events_since_plan += 1
-        planned = self._prefix_total.get(spec.sample_id) or self._weight.get(spec.sample_id, length)
+        planned = (self._prefix_total.get(sample.sample_id)
+                   or self._weight.get(sample.sample_id, length))
         if abs(length - planned) > self.tolerance * planned:
             self._off_plan = True
 
-    def on_prefix(self, spec, token_ids):
-        remaining = self.predictor.predict_remaining(spec, token_ids)
-        self._prefix_total[spec.sample_id] = len(token_ids) + max(1.0, float(remaining))
+    def on_prefix(self, sample, token_ids):
+        remaining = self.predictor.predict_remaining(sample, token_ids)
+        self._prefix_total[sample.sample_id] = len(token_ids) + max(1.0, float(remaining))
         self._events_since_plan += 1
-        return self._prefix_total[spec.sample_id]
+        return self._prefix_total[sample.sample_id]
 
     # ---- planning -------------------------------------------------------------------------------
     def _plan(self, max_states: int) -> list[list[int]]:
@@ -195,11 +186,11 @@ class LengthAwarePolicy(AdmissionPolicy):
         return (-weight if self.refill == "ljf" else weight, sample_id)
 
     def _remaining(self, sample_id: int) -> float:
-        spec = self.samples[sample_id]
-        total = self._prefix_total.get(sample_id) or float(self.predictor.predict(spec))
-        return max(1.0, total - self._age_of(sample_id))
+        sample = self.samples[sample_id]
+        total = self._prefix_total.get(sample_id) or float(self.predictor.predict(sample))
+        return max(1.0, total - sample.num_tokens)
 
-    def _take(self, queue: list[int], can_allocate: CanAllocate) -> "SampleSpec | None":
+    def _take(self, queue: list[int], can_allocate: CanAllocate) -> Sample | None:
         """The first sample of `queue` that is still pending and fits; stale entries are dropped."""
         position = 0
         while position < len(queue):
@@ -226,8 +217,8 @@ POLICIES: dict[str, type[AdmissionPolicy]] = {
 }
 
 
-def make_policy(name: str, samples: Sequence["SampleSpec"], num_slots: int,
-                predictor: "LengthPredictor | None", **options) -> AdmissionPolicy:
+def make_policy(name: str, samples: Sequence[Sample], num_slots: int,
+                predictor: LengthPredictor | None, **options) -> AdmissionPolicy:
     if name not in POLICIES:
         raise SamplingError(f"unknown sampling policy {name!r}; choose one of {', '.join(POLICIES)}")
     return POLICIES[name](samples, num_slots, predictor, **options)

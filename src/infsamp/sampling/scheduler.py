@@ -1,19 +1,22 @@
 """The slot loop's brain: which sample starts in which decode slot, and when. Pure Python, no torch.
 
-The real engine and the simulator both run exactly this loop, so they agree by construction:
+Every engine (the slot engine, vLLM) and the simulator run exactly this loop, so they agree by
+construction:
 
     while not sched.done:
-        for slot, spec in sched.admit(): engine.start(slot, spec)
-        finished = engine.decode_step(sched.active())   # one forward pass over all active slots
-        sched.step(finished)                             # [(sample_id, length), ...]
+        for slot, sample in sched.admit(): engine.start(slot, sample)
+        finished = engine.decode_step(sched.active())   # one forward step over all running samples
+        sched.step(finished)                             # the samples that ended in it
 
-Conventions. A sample of length L (generated tokens incl. EOS) is active for exactly L decode steps.
-KV is counted in tokens: a group holds its `prompt_tokens` from the start of its first sample until its
-last sample finishes (the prompt is prefilled once per group, never per sample); a sample holds j tokens
-after its j-th decode step. Admission is conservative: a sample starts only if the held prompts plus
-`max_new_tokens` for every active sample (itself included) fit `max_kv_tokens`, so the budget is never
-exceeded and nothing is ever preempted. Which pending sample goes next is the admission policy's job
-(`policies.py`); this class only keeps the books.
+Conventions. A sample's tokens live on it (`Sample.token_ids`); each decode step adds at most one
+token to each running sample (none when an engine had to hold it back, as vLLM does when it
+preempts). KV is counted in tokens: a group holds its shared prompt from the start of its first
+sample until its last sample finishes (prefilled once per group, never per sample); a running
+sample holds its tokens. Admission is conservative: a sample starts only if the held prompts plus
+the reservation of every running sample (itself included) fit `max_kv_tokens`, so the budget is
+never exceeded and nothing has to be preempted. Prompts and reservations are whole blocks of
+`kv_block_size` tokens (`types.shared_prompt_tokens`, `types.reserved_tokens`). Which pending
+sample goes next is the admission policy's job (`policies.py`); this class only keeps the books.
 
 Simplifications: one call = one training step (every sample of the call finishes before `done`); slots
 are identical; the reservation is the worst case (`max_new_tokens`), not the predicted length.
@@ -22,131 +25,90 @@ are identical; the reservation is the worst case (`max_new_tokens`), not the pre
 from __future__ import annotations
 
 import heapq
-from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 from infsamp.errors import SamplingError
 from infsamp.sampling.grouping import lower_bound, pigeonhole_bound
+from infsamp.sampling.length_predictor import LengthPredictor, prediction_quality
 from infsamp.sampling.policies import make_policy
-
-if TYPE_CHECKING:
-    from infsamp.sampling.length_predictor import LengthPredictor
-
-
-@dataclass(frozen=True)
-class SampleSpec:
-    sample_id: int        # 0..N-1 within one sampler call, group-major (group 0's samples first, in order)
-    group_id: int         # which prompt of the call (0..B-1)
-    index_in_group: int
-    prompt_tokens: int    # the group's prompt length; its KV is shared, held once while the group is open
-    max_new_tokens: int
-    prompt_key: str = ""  # stable identity of the prompt across steps/epochs (for the predictor's history)
-    prompt_text: str = "" # for cheap prompt features
-
-
-@dataclass
-class SchedulerStats:
-    decode_steps: int = 0
-    lower_bound: int = 0          # max(ceil(sum L / num_slots), max L) for this call
-    opt_lower_bound: int = 0      # pigeonhole_bound: tighter, still <= the best possible schedule
-    peak_kv_tokens: int = 0
-    num_samples: int = 0
-    generated_tokens: int = 0
-    num_rounds: int = 0           # admissions that started from an empty engine (rounds policy: its rounds)
-    num_preemptions: int = 0      # always 0: admission is conservative
-    num_slots: int = 0
-    kendall_tau: float | None = None  # last prediction used (token-conditioned once seen) vs real lengths
-    mae: float | None = None
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-
-def make_group_specs(prompt_tokens: Sequence[int], group_size: int, max_new_tokens: int,
-                     prompt_keys: Sequence[str] | None = None,
-                     prompt_texts: Sequence[str] | None = None) -> list[SampleSpec]:
-    """Group-major specs for B prompts x G samples (the layout every sampler call uses)."""
-    specs = []
-    for group_id, num_prompt in enumerate(prompt_tokens):
-        key = prompt_keys[group_id] if prompt_keys else ""
-        text = prompt_texts[group_id] if prompt_texts else ""
-        for index in range(group_size):
-            specs.append(SampleSpec(len(specs), group_id, index, int(num_prompt), max_new_tokens, key, text))
-    return specs
+from infsamp.sampling.types import Sample, SamplerStats, reserved_tokens, shared_prompt_tokens
 
 
 class SlotScheduler:
-    def __init__(self, samples: Sequence[SampleSpec], policy: str, num_slots: int,
-                 max_kv_tokens: int | None = None, predictor: "LengthPredictor | None" = None,
-                 **policy_options):
+    def __init__(self, samples: Sequence[Sample], policy: str, num_slots: int,
+                 max_kv_tokens: int | None = None, predictor: LengthPredictor | None = None,
+                 kv_block_size: int = 1, **policy_options):
         self._samples = list(samples)
         _check_samples(self._samples, num_slots)
         self.predictor = predictor
         self._policy = make_policy(policy, self._samples, num_slots, predictor, **policy_options)
-        self._policy.bind(self.age)
         self.num_slots = self._policy.num_slots
         self.max_kv_tokens = max_kv_tokens if self._policy.uses_budget else None
-        self._max_new_any = max((s.max_new_tokens for s in self._samples), default=0)
+        self._shared = [shared_prompt_tokens(s.prompt_tokens, kv_block_size)
+                        for s in self._samples]
+        self._reserve = [reserved_tokens(s.prompt_tokens, s.max_new_tokens, kv_block_size)
+                         for s in self._samples]
+        self._max_reserve = max(self._reserve, default=0)
         self._check_budget()
         self.prefix_tokens_wanted = self._policy.prefix_tokens_wanted
         self._free_slots = list(range(self.num_slots))  # a heap: lowest free slot first
-        self._active: dict[int, SampleSpec] = {}
-        self._slot_of: dict[int, int] = {}
-        self._start_step: dict[int, int] = {}
+        self._active: dict[int, Sample] = {}
+        self._seen_tokens: dict[int, int] = {}  # sample_id -> tokens counted so far
+        self._prefix_seen: set[int] = set()
         self._group_open = [0] * (max((s.group_id for s in self._samples), default=-1) + 1)
         self._group_unfinished = list(self._group_open)
-        for spec in self._samples:
-            self._group_unfinished[spec.group_id] += 1
+        for sample in self._samples:
+            self._group_unfinished[sample.group_id] += 1
         self._held_prompt_tokens = 0
-        self._reserved_tokens = 0      # sum of max_new_tokens over active samples
-        self._active_tokens = 0        # sum of tokens generated so far by active samples
+        self._reserved_tokens = 0  # reservations of running samples
+        self._active_tokens = 0  # tokens generated so far by running samples
         self._num_finished = 0
-        self._lengths: dict[int, int] = {}
         self._predicted: dict[int, float] = {}
-        self._stats = SchedulerStats(num_samples=len(self._samples), num_slots=self.num_slots)
+        self.stats = SamplerStats(num_samples=len(self._samples), num_slots=self.num_slots,
+                                  policy=policy, kv_block_size=kv_block_size)
 
     # ---- the loop -------------------------------------------------------------------------------
-    def admit(self) -> list[tuple[int, SampleSpec]]:
+    def admit(self) -> list[tuple[int, Sample]]:
         """(slot, sample) pairs to start now, before the next decode step."""
         all_free = not self._active
         self._policy.begin_admit(all_free)
         started = []
         while self._free_slots:
-            spec = self._policy.pick(self._free_slots[0], self.can_allocate)
-            if spec is None:
+            sample = self._policy.pick(self._free_slots[0], self.can_allocate)
+            if sample is None:
                 break
             slot = heapq.heappop(self._free_slots)
-            self._allocate(slot, spec)
-            started.append((slot, spec))
+            self._allocate(slot, sample)
+            started.append((slot, sample))
         if all_free and started:
-            self._stats.num_rounds += 1
+            self.stats.num_rounds += 1
         if not self._active and not self.done:
             raise RuntimeError(f"scheduler stalled: policy {self._policy.name!r} admitted nothing "
                                f"with {len(self._samples) - self._num_finished} samples left")
         return started
 
-    def step(self, finished: Sequence[tuple[int, int]]) -> None:
-        """After each decode step: (sample_id, length) of the samples that ended in it."""
+    def step(self, finished: Sequence[Sample]) -> None:
+        """After each decode step: the samples that ended in it (their tokens are on them)."""
         if not self._active:
             raise RuntimeError("step() called with no active sample; call admit() first")
-        self._stats.decode_steps += 1
-        self._active_tokens += len(self._active)
+        self.stats.decode_steps += 1
+        for sample in self._active.values():
+            grown = sample.num_tokens - self._seen_tokens[sample.sample_id]
+            if grown not in (0, 1):
+                raise ValueError(f"step: sample {sample.sample_id} grew by {grown} tokens in one "
+                                 "decode step")
+            self._seen_tokens[sample.sample_id] = sample.num_tokens
+            self._active_tokens += grown
         kv_tokens = self._held_prompt_tokens + self._active_tokens
-        self._stats.peak_kv_tokens = max(self._stats.peak_kv_tokens, kv_tokens)
-        for sample_id, length in finished:
-            self._release(sample_id, int(length))
+        self.stats.peak_kv_tokens_used = max(self.stats.peak_kv_tokens_used, kv_tokens)
+        if self.prefix_tokens_wanted:
+            self._observe_prefixes(finished)
+        for sample in finished:
+            self._release(sample)
         if self.done:
             self._finish_call()
 
-    def observe_prefix(self, sample_id: int, token_ids: Sequence[int]) -> None:
-        """The engine reports a sample's first `prefix_tokens_wanted` generated tokens (once)."""
-        if sample_id not in self._slot_of:
-            raise ValueError(f"observe_prefix: sample {sample_id} is not active")
-        total = self._policy.on_prefix(self._samples[sample_id], token_ids)
-        if total is not None:  # quality is measured on the prediction the plan last used
-            self._predicted[sample_id] = float(total)
-
-    def active(self) -> dict[int, SampleSpec]:
+    def active(self) -> dict[int, Sample]:
         """slot -> running sample."""
         return dict(self._active)
 
@@ -154,85 +116,90 @@ class SlotScheduler:
     def done(self) -> bool:
         return self._num_finished == len(self._samples)
 
-    def stats(self) -> SchedulerStats:
-        return self._stats
-
-    def age(self, sample_id: int) -> int:
-        """Decode steps a running sample has taken so far (= tokens it has generated)."""
-        return self._stats.decode_steps - self._start_step[sample_id]
-
     # ---- KV books -------------------------------------------------------------------------------
-    def can_allocate(self, spec: SampleSpec) -> bool:
-        """Whether starting `spec` now keeps the worst-case KV within the budget."""
+    def can_allocate(self, sample: Sample) -> bool:
+        """Whether starting `sample` now keeps the worst-case KV within the budget."""
         if self.max_kv_tokens is None:
             return True
-        opens_group = not self._group_open[spec.group_id]
-        held = self._held_prompt_tokens + (spec.prompt_tokens if opens_group else 0)
-        if held + self._reserved_tokens + spec.max_new_tokens > self.max_kv_tokens:
+        opens_group = not self._group_open[sample.group_id]
+        held = self._held_prompt_tokens + (self._shared[sample.sample_id] if opens_group else 0)
+        if held + self._reserved_tokens + self._reserve[sample.sample_id] > self.max_kv_tokens:
             return False
         # never open a group whose prompt would leave too little room to run any one sample alone
-        return not opens_group or held + self._max_new_any <= self.max_kv_tokens
+        return not opens_group or held + self._max_reserve <= self.max_kv_tokens
 
-    def _allocate(self, slot: int, spec: SampleSpec) -> None:
-        if not self._group_open[spec.group_id]:
-            self._group_open[spec.group_id] = 1
-            self._held_prompt_tokens += spec.prompt_tokens
-        self._active[slot] = spec
-        self._slot_of[spec.sample_id] = slot
-        self._start_step[spec.sample_id] = self._stats.decode_steps
-        self._reserved_tokens += spec.max_new_tokens
+    def _allocate(self, slot: int, sample: Sample) -> None:
+        if not self._group_open[sample.group_id]:
+            self._group_open[sample.group_id] = 1
+            self._held_prompt_tokens += self._shared[sample.sample_id]
+        sample.status, sample.slot = "running", slot
+        self._active[slot] = sample
+        self._seen_tokens[sample.sample_id] = sample.num_tokens
+        self._active_tokens += sample.num_tokens
+        self._reserved_tokens += self._reserve[sample.sample_id]
         if self.predictor is not None:
-            self._predicted[spec.sample_id] = float(self.predictor.predict(spec))
-        self._policy.on_started(slot, spec)
+            self._predicted[sample.sample_id] = float(self.predictor.predict(sample))
+        self._policy.on_started(slot, sample)
 
-    def _release(self, sample_id: int, length: int) -> None:
-        slot = self._slot_of.pop(sample_id, None)
-        if slot is None:
-            raise ValueError(f"step: sample {sample_id} finished but is not active")
-        spec = self._active.pop(slot)
-        age = self._stats.decode_steps - self._start_step.pop(sample_id)
-        if length != age or length > spec.max_new_tokens:
-            raise ValueError(f"step: sample {sample_id} reported length {length} after {age} decode "
-                             f"steps (max_new_tokens {spec.max_new_tokens})")
-        heapq.heappush(self._free_slots, slot)
+    def _release(self, sample: Sample) -> None:
+        if sample.status != "running" or self._active.get(sample.slot) is not sample:
+            raise ValueError(f"step: sample {sample.sample_id} finished but is not active")
+        length = sample.num_tokens
+        if not 1 <= length <= sample.max_new_tokens:
+            raise ValueError(f"step: sample {sample.sample_id} finished with {length} tokens "
+                             f"(max_new_tokens {sample.max_new_tokens})")
+        del self._active[sample.slot]
+        heapq.heappush(self._free_slots, sample.slot)
+        sample.status = "finished"
         self._active_tokens -= length
-        self._reserved_tokens -= spec.max_new_tokens
-        self._group_unfinished[spec.group_id] -= 1
-        if self._group_unfinished[spec.group_id] == 0:
-            self._held_prompt_tokens -= spec.prompt_tokens
-        self._lengths[sample_id] = length
+        self._reserved_tokens -= self._reserve[sample.sample_id]
+        self._group_unfinished[sample.group_id] -= 1
+        if self._group_unfinished[sample.group_id] == 0:
+            self._held_prompt_tokens -= self._shared[sample.sample_id]
         self._num_finished += 1
         if self.predictor is not None:
-            self.predictor.observe_finished(spec, length)
-        self._policy.on_finished(spec, length)
+            self.predictor.observe_finished(sample, length)
+        self._policy.on_finished(sample, length)
+
+    def _observe_prefixes(self, finished: Sequence[Sample]) -> None:
+        """Each running sample's first k tokens, once, to the policy (token-conditioned)."""
+        ended = {s.sample_id for s in finished}
+        for sample in self._active.values():
+            sample_id = sample.sample_id
+            wanted = sample.num_tokens == self.prefix_tokens_wanted
+            if wanted and sample_id not in self._prefix_seen and sample_id not in ended:
+                self._prefix_seen.add(sample_id)
+                total = self._policy.on_prefix(sample, sample.token_ids)
+                if total is not None:  # quality is measured on the prediction the plan last used
+                    self._predicted[sample_id] = float(total)
 
     def _finish_call(self) -> None:
-        lengths = [self._lengths[s.sample_id] for s in self._samples]
-        self._stats.generated_tokens = sum(lengths)
-        self._stats.lower_bound = lower_bound(lengths, self.num_slots)
-        self._stats.opt_lower_bound = pigeonhole_bound(lengths, self.num_slots)
+        lengths = [s.num_tokens for s in self._samples]
+        self.stats.generated_tokens = sum(lengths)
+        self.stats.lower_bound = lower_bound(lengths, self.num_slots)
+        self.stats.opt_lower_bound = pigeonhole_bound(lengths, self.num_slots)
         if self.predictor is not None:
-            from infsamp.sampling.length_predictor import prediction_quality
-
             predicted = [self._predicted[s.sample_id] for s in self._samples]
-            self._stats.kendall_tau, self._stats.mae = prediction_quality(predicted, lengths)
+            quality = prediction_quality(predicted, lengths)
+            self.stats.predictor_kendall_tau, self.stats.predictor_mae = quality
             self.predictor.end_call()
 
     def _check_budget(self) -> None:
-        if self.max_kv_tokens is None:
+        if self.max_kv_tokens is None or not self._samples:
             return
-        largest = max(self._samples, key=lambda spec: spec.prompt_tokens, default=None)
-        if largest is not None and largest.prompt_tokens + self._max_new_any > self.max_kv_tokens:
+        largest = max(self._samples, key=lambda s: self._shared[s.sample_id])
+        if self._shared[largest.sample_id] + self._max_reserve > self.max_kv_tokens:
             raise SamplingError(
                 f"kv budget {self.max_kv_tokens} tokens is too small for group {largest.group_id}: "
-                f"prompt {largest.prompt_tokens} + max_new_tokens {self._max_new_any}")
+                f"prompt {largest.prompt_tokens} + max_new_tokens {largest.max_new_tokens}")
 
 
-def _check_samples(samples: list[SampleSpec], num_slots: int) -> None:
+def _check_samples(samples: list[Sample], num_slots: int) -> None:
     if num_slots < 1:
         raise SamplingError(f"num_slots must be >= 1, got {num_slots}")
-    for position, spec in enumerate(samples):
-        if spec.sample_id != position:
-            raise ValueError(f"samples must be numbered 0..N-1 in order; got id {spec.sample_id} at {position}")
-        if spec.max_new_tokens < 1 or spec.prompt_tokens < 0:
+    for position, sample in enumerate(samples):
+        if sample.sample_id != position:
+            raise ValueError(f"samples must be numbered 0..N-1 in order; got id "
+                             f"{sample.sample_id} at {position}")
+        if sample.max_new_tokens < 1 or sample.prompt_tokens < 0:
             raise SamplingError(f"sample {position}: max_new_tokens must be >= 1 and prompt_tokens >= 0")

@@ -17,13 +17,14 @@ from __future__ import annotations
 import json
 import math
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
 from infsamp.errors import DataError, SamplingError
 from infsamp.sampling.length_predictor import LengthPredictor, OraclePredictor, make_predictor
-from infsamp.sampling.scheduler import SampleSpec, SchedulerStats, SlotScheduler
+from infsamp.sampling.scheduler import SlotScheduler
+from infsamp.sampling.types import Sample, SamplerStats, concurrency_for_budget
 
 
 @dataclass
@@ -32,24 +33,6 @@ class TraceGroup:
     prompt_tokens: int
     lengths: list[int]
     prompt_text: str = ""  # optional in a trace; gives the online predictor its prompt features
-
-
-@dataclass
-class SimulationResult:
-    decode_steps: int = 0
-    lower_bound: int = 0
-    opt_lower_bound: int = 0  # pigeonhole bound, summed over steps (<= the best schedule)
-    peak_kv_tokens: int = 0
-    num_samples: int = 0
-    generated_tokens: int = 0
-    num_steps: int = 0
-    num_slots: int = 0
-    kendall_tau: float | None = None  # mean over steps
-    mae: float | None = None          # mean over samples
-    per_step: list[dict] = field(default_factory=list)
-
-    def summary(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k != "per_step"}
 
 
 # ---- traces -------------------------------------------------------------------------------------
@@ -165,45 +148,49 @@ def _token_length(solution: str) -> int:
 
 # ---- replay -------------------------------------------------------------------------------------
 class TraceEngine:
-    """Stands in for the model: a sample ends after exactly its traced length of decode steps."""
+    """Stands in for the model: a sample ends after exactly its traced length of decode steps.
+    Its tokens are placeholders (id 0): a token-conditioned predictor learns only that it
+    survived k tokens."""
 
-    def __init__(self, scheduler: SlotScheduler, lengths: Sequence[int]):
-        self.scheduler, self.lengths = scheduler, lengths
-        self._generated: dict[int, int] = {}
+    def __init__(self, lengths: Sequence[int]):
+        self.lengths = lengths
 
-    def start(self, slot: int, spec: SampleSpec) -> None:
-        self._generated[spec.sample_id] = 0
+    def start(self, slot: int, sample: Sample) -> None:
+        sample.restart()
 
-    def decode_step(self, active: dict[int, SampleSpec]) -> list[tuple[int, int]]:
-        finished, k = [], self.scheduler.prefix_tokens_wanted
-        for spec in active.values():
-            num = self._generated[spec.sample_id] = self._generated[spec.sample_id] + 1
-            if num >= self.lengths[spec.sample_id]:
-                finished.append((spec.sample_id, num))
-            elif num == k:
-                self.scheduler.observe_prefix(spec.sample_id, [0] * k)
+    def decode_step(self, active: dict[int, Sample]) -> list[Sample]:
+        finished = []
+        for sample in active.values():
+            sample.token_ids.append(0)
+            if sample.num_tokens >= self.lengths[sample.sample_id]:
+                sample.finish_reason = "length"
+                finished.append(sample)
         return finished
 
 
-def run_call(specs: Sequence[SampleSpec], lengths: Sequence[int], policy: str, num_slots: int,
+def run_call(samples: Sequence[Sample], lengths: Sequence[int], policy: str, num_slots: int,
              max_kv_tokens: int | None = None, predictor: LengthPredictor | None = None,
-             **policy_options) -> SchedulerStats:
+             kv_block_size: int = 1, **policy_options) -> SamplerStats:
     """One sampler call through the engine loop; returns the scheduler's statistics."""
     if isinstance(predictor, OraclePredictor):
         predictor.set_lengths(dict(enumerate(lengths)))
-    scheduler = SlotScheduler(specs, policy, num_slots, max_kv_tokens, predictor, **policy_options)
-    engine = TraceEngine(scheduler, lengths)
+    scheduler = SlotScheduler(samples, policy, num_slots, max_kv_tokens, predictor, kv_block_size,
+                              **policy_options)
+    engine = TraceEngine(lengths)
     while not scheduler.done:
-        for slot, spec in scheduler.admit():
-            engine.start(slot, spec)
+        for slot, sample in scheduler.admit():
+            engine.start(slot, sample)
         scheduler.step(engine.decode_step(scheduler.active()))
-    return scheduler.stats()
+    return scheduler.stats
 
 
-def slots_for_budget(kv_budget: int, groups: Sequence[TraceGroup], max_new_tokens: int) -> int:
-    """g that a token budget allows with the largest prompt held: (budget - prompt) // max_new_tokens."""
+def slots_for_budget(kv_budget: int, groups: Sequence[TraceGroup], max_new_tokens: int,
+                     prompts_per_step: int = 1) -> int:
+    """g that a token budget allows, as the sampler computes it (`concurrency_for_budget`)."""
     largest_prompt = max(g.prompt_tokens for g in groups)
-    num_slots = (kv_budget - largest_prompt) // max_new_tokens
+    most_samples = max(len(g.lengths) for g in groups) * prompts_per_step
+    num_slots = concurrency_for_budget(kv_budget, max_new_tokens, largest_prompt, prompts_per_step,
+                                       most_samples)
     if num_slots < 1:
         raise SamplingError(f"--kv-budget {kv_budget} is too small for one prompt ({largest_prompt} tokens) "
                             f"plus max_new_tokens {max_new_tokens}")
@@ -212,8 +199,8 @@ def slots_for_budget(kv_budget: int, groups: Sequence[TraceGroup], max_new_token
 
 def simulate(groups: Sequence[TraceGroup], policy: str, num_slots: int | None = None,
              kv_budget: int | None = None, predictor: str = "none", prompts_per_step: int = 1,
-             max_new_tokens: int | None = None, **policy_options) -> SimulationResult:
-    """Replay a whole trace, `prompts_per_step` groups per training step."""
+             max_new_tokens: int | None = None, **policy_options) -> SamplerStats:
+    """Replay a whole trace, `prompts_per_step` groups per training step; statistics summed."""
     if prompts_per_step < 1:
         raise SamplingError(f"--prompts-per-step must be >= 1, got {prompts_per_step}")
     max_new = max_new_tokens or max(max(g.lengths) for g in groups)
@@ -221,50 +208,32 @@ def simulate(groups: Sequence[TraceGroup], policy: str, num_slots: int | None = 
     if too_long is not None:
         raise SamplingError(f"prompt {too_long.prompt_id} has a length {max(too_long.lengths)} "
                             f"> --max-new-tokens {max_new}")
-    slots = _num_slots(num_slots, kv_budget, groups, max_new)
+    slots = _num_slots(num_slots, kv_budget, groups, max_new, prompts_per_step)
     length_predictor = make_predictor(predictor) if policy == "length_aware" or predictor != "none" else None
-    result = SimulationResult(num_slots=slots)
+    calls = []
     for start in range(0, len(groups), prompts_per_step):
-        step_groups = groups[start:start + prompts_per_step]
-        specs, lengths = _call_specs(step_groups, max_new)
-        stats = run_call(specs, lengths, policy, slots, kv_budget, length_predictor, **policy_options)
-        _accumulate(result, stats)
-    return _finish(result)
+        samples, lengths = _call_samples(groups[start:start + prompts_per_step], max_new)
+        calls.append(run_call(samples, lengths, policy, slots, kv_budget, length_predictor,
+                              **policy_options))
+    return SamplerStats.merge(calls)
 
 
-def _num_slots(num_slots, kv_budget, groups, max_new) -> int:
+def _num_slots(num_slots, kv_budget, groups, max_new, prompts_per_step) -> int:
     if num_slots is None and kv_budget is None:
         raise SamplingError("give --slots or --kv-budget (or both)")
-    budget_slots = slots_for_budget(kv_budget, groups, max_new) if kv_budget is not None else None
+    budget_slots = (slots_for_budget(kv_budget, groups, max_new, prompts_per_step)
+                    if kv_budget is not None else None)
     if num_slots is not None and num_slots < 1:
         raise SamplingError(f"--slots must be >= 1, got {num_slots}")
     return min(s for s in (num_slots, budget_slots) if s is not None)
 
 
-def _call_specs(step_groups: Sequence[TraceGroup], max_new: int) -> tuple[list[SampleSpec], list[int]]:
-    specs, lengths = [], []
+def _call_samples(step_groups: Sequence[TraceGroup],
+                  max_new: int) -> tuple[list[Sample], list[int]]:
+    samples, lengths = [], []
     for group_id, group in enumerate(step_groups):
         for index, length in enumerate(group.lengths):
-            specs.append(SampleSpec(len(specs), group_id, index, group.prompt_tokens, max_new,
-                                    group.prompt_id, group.prompt_text))
+            samples.append(Sample(len(samples), group_id, index, group.prompt_tokens, max_new,
+                                  group.prompt_id, group.prompt_text))
             lengths.append(length)
-    return specs, lengths
-
-
-def _accumulate(result: SimulationResult, stats: SchedulerStats) -> None:
-    result.decode_steps += stats.decode_steps
-    result.lower_bound += stats.lower_bound
-    result.opt_lower_bound += stats.opt_lower_bound
-    result.peak_kv_tokens = max(result.peak_kv_tokens, stats.peak_kv_tokens)
-    result.num_samples += stats.num_samples
-    result.generated_tokens += stats.generated_tokens
-    result.num_steps += 1
-    result.per_step.append(stats.as_dict())
-
-
-def _finish(result: SimulationResult) -> SimulationResult:
-    rated = [s for s in result.per_step if s["kendall_tau"] is not None]
-    if rated:
-        result.kendall_tau = sum(s["kendall_tau"] for s in rated) / len(rated)
-        result.mae = sum(s["mae"] * s["num_samples"] for s in rated) / sum(s["num_samples"] for s in rated)
-    return result
+    return samples, lengths

@@ -1,20 +1,34 @@
-"""The engine boundary: what the sampler's loop asks of a decoding engine.
+"""The engine boundary: what the sampler's loop asks of a decoding engine, and the engine registry.
 
-The loop (see `infsamp.sampling.sampler`) owns the scheduler; an engine only executes its decisions:
-`start(slot, spec)` puts a sample in a slot (prefilling the group's prompt the first time it is seen),
-`decode_step(active)` runs one batched forward pass over the slots and returns the samples that ended.
-A vLLM engine can implement the same three calls on top of its own paged cache.
+The loop (see `infsamp.sampling.sampler`) owns the scheduler; an engine only executes its
+decisions. An engine is long-lived (the trainer keeps one for the whole run); per sampler call it
+is told the prompts and samples (`begin_call`), then `start(slot, sample)` puts a sample in a slot
+and `decode_step(active)` runs one forward step over the running samples, appends one token to each
+sample that advanced and returns the samples that ended. Between calls the trainer pushes new
+weights (`load_weights`); `reset` drops any half-done call (after an error); `close` frees it.
 
-Deliberately simple: one decode token per slot per step (no speculative decoding, no chunked prefill).
+Engines (`sampling.engine`): `slots` (infsamp's slot engine over the transformers model, exact
+reference, any device) and `vllm` (vLLM in the trainer's process, paged KV with prefix caching);
+`auto` picks vLLM where it is installed and a CUDA GPU holds the model, else slots.
+
+Deliberately simple: one decode token per sample per step (no speculative decoding).
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
+
+from infsamp.errors import SamplingError
+from infsamp.sampling.types import Sample, SamplerStats, kv_bytes_per_token
+
+if TYPE_CHECKING:
+    from infsamp.config import SamplingConfig
 
 
 class SlotLogitsProcessor(Protocol):
@@ -25,7 +39,7 @@ class SlotLogitsProcessor(Protocol):
         ...
 
 
-LogitsProcessorFactory = Callable[[Sequence[Any]], SlotLogitsProcessor]  # called once with every SampleSpec
+LogitsProcessorFactory = Callable[[Sequence[Sample]], SlotLogitsProcessor]  # given all samples
 
 
 @dataclass
@@ -36,30 +50,98 @@ class DecodeOptions:
     seed: int = 0  # base of the per-sample random streams
     sample_keys: tuple[int, ...] = ()  # random-stream key of each sample id (empty: the id itself)
     eos_token_ids: tuple[int, ...] = ()
+    target_lengths: tuple[int, ...] | None = None  # per sample id: end after exactly this many
+
+    def stream_key(self, sample_id: int) -> int:
+        """The key of a sample's random stream: its place in the whole step (`sample_keys`)."""
+        return self.sample_keys[sample_id] if self.sample_keys else sample_id
 
 
-@dataclass
-class EngineCounters:
-    prefill_tokens: int = 0
-    peak_kv_tokens: int = 0
-    peak_kv_bytes: int = 0
-    num_preemptions: int = 0
-    recomputed_tokens: int = 0
-    generated_tokens: int = 0
-    model_time_s: float = 0.0  # prefill, decode forward passes and token selection (the rest is overhead)
+@dataclass(frozen=True)
+class EngineLimits:
+    """What a run may ask of a long-lived engine, fixed when it starts (vLLM sizes its pool)."""
+
+    max_prompt_tokens: int
+    max_new_tokens: int
+    max_num_seqs: int  # the most samples running at once
+    kv_budget_tokens: int  # the KV pool never exceeds this
 
 
 class Engine(Protocol):
-    counters: EngineCounters
+    name: str
+    kv_block_size: int  # tokens per KV allocation unit (the slot engine: 1)
+    max_context: int  # the most tokens (prompt + completion) one sample may hold
+    max_num_seqs: int | None  # the most samples it runs at once (None: any)
+    kv_capacity_tokens: int | None  # its fixed KV pool in tokens (None: allocated per call)
+    copies_weights: bool  # holds its own copy of the weights (load_weights copies them in)
 
-    def start(self, slot: int, spec: Any) -> None:
-        """Begin decoding `spec` (a SampleSpec) in `slot` before the next decode step."""
+    def begin_call(self, prompts: Sequence[Sequence[int]], samples: Sequence[Sample],
+                   num_slots: int, options: DecodeOptions, stats: SamplerStats,
+                   processor: SlotLogitsProcessor | None = None) -> None:
+        """Prepare one sampler call; the engine's counters go to `stats`."""
 
-    def decode_step(self, active: dict[int, Any]) -> list[tuple[int, int]]:
-        """One forward pass over the active slots; returns (sample_id, length) of samples that ended."""
+    def start(self, slot: int, sample: Sample) -> None:
+        """Begin decoding `sample` in `slot` before the next decode step."""
 
-    def tokens(self, sample_id: int) -> list[int]:
-        """Tokens generated so far by a sample (complete once it has ended)."""
+    def decode_step(self, active: dict[int, Sample]) -> list[Sample]:
+        """One forward step over the running samples; returns the samples that ended in it."""
 
-    def finish_reason(self, sample_id: int) -> str:
-        """'eos' or 'length' for an ended sample."""
+    def end_call(self) -> None:
+        """The call is over (every sample finished)."""
+
+    def load_weights(self, model: torch.nn.Module) -> None:
+        """Take the trainer model's current weights (after an optimizer step)."""
+
+    def reset(self) -> None:
+        """Forget any half-done call and cached state."""
+
+    def sleep(self) -> None:
+        """Free what it can for the training phase (vLLM sleep mode on CUDA); back next call."""
+
+    def close(self) -> None:
+        """Free the engine."""
+
+
+def model_kv_bytes_per_token(model) -> int:
+    """KV bytes of one token for a transformers model (its config, its parameters' dtype)."""
+    config = model.config
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    dtype_bytes = next(model.parameters()).element_size()
+    return kv_bytes_per_token(config.num_hidden_layers, kv_heads, head_dim, dtype_bytes)
+
+
+ENGINES = {  # name -> "module:class"; imported only when chosen (importing vLLM takes seconds)
+    "slots": "infsamp.sampling.engines.slots:SlotEngine",
+    "vllm": "infsamp.sampling.engines.vllm:VLLMEngine",
+}
+ENGINE_NAMES = ("auto", *ENGINES)
+
+
+def vllm_installed() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
+def resolve_engine_name(name: str, device: torch.device, quantized: bool = False) -> str:
+    """`auto`: vLLM where it is installed and the model is on a CUDA GPU, else the slot engine;
+    a 4-bit (bitsandbytes) base always decodes on the slot engine (vLLM cannot load it)."""
+    if name not in ENGINE_NAMES:
+        raise SamplingError(f"sampling.engine: unknown engine {name!r}; choose one of "
+                            f"{', '.join(ENGINE_NAMES)}")
+    if name == "auto":
+        use_vllm = device.type == "cuda" and vllm_installed() and not quantized
+        return "vllm" if use_vllm else "slots"
+    return name
+
+
+def is_4bit(model) -> bool:
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return bool(getattr(base, "is_loaded_in_4bit", False))
+
+
+def make_engine(name: str, model, cfg: "SamplingConfig", limits: EngineLimits) -> Engine:
+    """The engine `sampling.engine` names, for `model` (a transformers causal LM, peft or not)."""
+    name = resolve_engine_name(name, next(model.parameters()).device, quantized=is_4bit(model))
+    module, _, cls = ENGINES[name].partition(":")
+    return getattr(importlib.import_module(module), cls)(model, cfg, limits)

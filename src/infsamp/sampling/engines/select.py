@@ -61,3 +61,23 @@ def select_tokens(scores: torch.Tensor, sample_ids: torch.Tensor, num_generated:
     noise = uniform_noise(options.seed, keys, num_generated, scores.shape[-1])  # [S, V]
     gumbel = -torch.log(-torch.log(noise))
     return (scores + gumbel).argmax(dim=-1)
+
+
+class ForcedLengths:
+    """Logits rule for a controlled workload: EOS banned before a sample's target length, forced
+    at it."""
+
+    def __init__(self, targets: list[int] | tuple[int, ...], eos_id: int):
+        self.targets = torch.tensor(targets)  # [N], indexed by sample id
+        self.eos_id = eos_id
+
+    def __call__(self, sample_ids: torch.Tensor, num_generated: torch.Tensor,
+                 scores: torch.Tensor) -> torch.Tensor:  # [S], [S], [S, V] -> [S, V]
+        position = num_generated + 1  # length the sample reaches with this token
+        target = self.targets.to(sample_ids.device)[sample_ids]  # [S]
+        scores = scores.clone()
+        scores[position < target, self.eos_id] = -torch.inf
+        forced = position >= target
+        scores[forced] = -torch.inf
+        scores[forced, self.eos_id] = 0.0
+        return scores

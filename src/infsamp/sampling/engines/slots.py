@@ -25,14 +25,16 @@ the shared rows in place); rows of inactive slots are computed and ignored, as `
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 from transformers import DynamicCache
 
-from infsamp.sampling.engines.base import DecodeOptions, EngineCounters, SlotLogitsProcessor
-from infsamp.sampling.engines.select import build_warpers, select_tokens
+from infsamp.sampling.engines.base import DecodeOptions, SlotLogitsProcessor
+from infsamp.sampling.engines.select import ForcedLengths, build_warpers, select_tokens
+from infsamp.sampling.types import Sample, SamplerStats
 
 
 class SlotKVCache:
@@ -58,8 +60,9 @@ class SlotKVCache:
         """Append a group's prompt KV (per layer [1, H, P-1, D]) as a new row of the table."""
         self.group_rows[group_id] = len(self.prompt_lengths)
         self.prompt_lengths.append(keys[0].shape[2])
-        self.prompt_keys = [_append_row(t, k) for t, k in zip(self.prompt_keys, keys)]
-        self.prompt_values = [_append_row(t, v) for t, v in zip(self.prompt_values, values)]
+        self.prompt_keys = [_append_row(t, k.to(t.dtype)) for t, k in zip(self.prompt_keys, keys)]
+        self.prompt_values = [_append_row(t, v.to(t.dtype))
+                              for t, v in zip(self.prompt_values, values)]
 
     def drop_prompt(self, group_id: int) -> None:
         row = self.group_rows.pop(group_id)
@@ -100,8 +103,9 @@ class SlotKVCache:
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, **_: Any):
         """Write the step's K/V [S, H, 1, D] at each slot's column; return prompt + slot K/V to attend."""
         slot_k, slot_v = self.slot_keys[layer_idx], self.slot_values[layer_idx]
-        slot_k[self.slot_index, :, self.write_index] = key_states[:, :, 0]
-        slot_v[self.slot_index, :, self.write_index] = value_states[:, :, 0]
+        # under autocast (precision mixed) K/V come in bf16 or fp32: store the cache's dtype
+        slot_k[self.slot_index, :, self.write_index] = key_states[:, :, 0].to(slot_k.dtype)
+        slot_v[self.slot_index, :, self.write_index] = value_states[:, :, 0].to(slot_v.dtype)
         keys = self._with_prompt(self.prompt_keys[layer_idx], slot_k[:, :, : self.width])
         values = self._with_prompt(self.prompt_values[layer_idx], slot_v[:, :, : self.width])
         return keys, values  # [S, H, P_max + W, D]
@@ -124,76 +128,100 @@ def _append_row(table: torch.Tensor, row: torch.Tensor) -> torch.Tensor:
 
 
 class SlotEngine:
-    """Executes a SlotScheduler's decisions on a transformers model (see module docstring)."""
+    """Executes a SlotScheduler's decisions on a transformers model (see module docstring).
 
-    def __init__(self, model, prompts: Sequence[Sequence[int]], group_sizes: Sequence[int], num_slots: int,
-                 slot_capacity: int, options: DecodeOptions, processor: SlotLogitsProcessor | None = None):
-        self.model, self.prompts, self.options, self.processor = model, prompts, options, processor
-        config = model.config
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-        param = next(model.parameters())
-        self.device = param.device
-        self.cache = SlotKVCache(config.num_hidden_layers, num_slots, slot_capacity, kv_heads, head_dim,
-                                 param.dtype, param.device)
-        self.eager_mask = getattr(config, "_attn_implementation", "sdpa") == "eager"
+    Long-lived: it reads the trainer's model itself, so `load_weights` only swaps the model object;
+    the KV tensors are allocated per call (`begin_call`) and freed at `end_call`."""
+
+    name = "slots"
+    kv_block_size = 1
+    copies_weights = False  # decodes with the trainer's model itself
+    max_num_seqs = None
+    kv_capacity_tokens = None
+
+    def __init__(self, model, cfg=None, limits=None):
+        self.model = model
+        self.eager_mask = getattr(model.config, "_attn_implementation", "sdpa") == "eager"
         self.cache_kwarg = _cache_kwarg_name(model)
-        self.warpers = build_warpers(options)
-        self.eos_ids = set(options.eos_token_ids)
-        self.remaining = {g: n for g, n in enumerate(group_sizes)}  # samples of a group not yet ended
-        self.slot_sample: list[Any | None] = [None] * num_slots  # SampleSpec per slot
-        self.slot_group_row = [0] * num_slots
-        self.generated: dict[int, list[int]] = {}
-        self.finish: dict[int, str] = {}
-        self.counters = EngineCounters()
-        self._track_peak()
+        self.cache: SlotKVCache | None = None
+
+    @property
+    def max_context(self) -> int:
+        return int(getattr(self.model.config, "max_position_embeddings", 1 << 30))
 
     # ---- Engine protocol
-    def start(self, slot: int, spec: Any) -> None:
-        previous = self.slot_sample[slot]
-        if previous is not None and previous.sample_id not in self.finish:
-            self._preempt(slot)
-        if spec.group_id not in self.cache.group_rows:
-            self._prefill(spec.group_id)
-        old_tokens = self.generated.get(spec.sample_id)
-        if old_tokens:
-            self.counters.recomputed_tokens += len(old_tokens)
-        self.generated[spec.sample_id] = []
-        self.slot_sample[slot] = spec
+    def begin_call(self, prompts: Sequence[Sequence[int]], samples: Sequence[Sample],
+                   num_slots: int, options: DecodeOptions, stats: SamplerStats,
+                   processor: SlotLogitsProcessor | None = None) -> None:
+        config, param = self.model.config, next(self.model.parameters())
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        capacity = max(s.max_new_tokens for s in samples)
+        self.cache = SlotKVCache(config.num_hidden_layers, num_slots, capacity, kv_heads, head_dim,
+                                 param.dtype, param.device)
+        self.device, self.prompts, self.options, self.stats = param.device, prompts, options, stats
+        if processor is None and options.target_lengths is not None:
+            processor = ForcedLengths(options.target_lengths, options.eos_token_ids[0])
+        self.processor = processor
+        self.warpers = build_warpers(options)
+        self.eos_ids = set(options.eos_token_ids)
+        self.remaining = Counter(s.group_id for s in samples)  # samples of a group not yet ended
+        self.slot_sample: list[Sample | None] = [None] * num_slots
+        self.was_training = self.model.training
+        self.model.eval()
+        self._track_peak()
 
-    def decode_step(self, active: dict[int, Any]) -> list[tuple[int, int]]:
+    def start(self, slot: int, sample: Sample) -> None:
+        previous = self.slot_sample[slot]
+        if previous is not None and previous.finish_reason is None:
+            self._preempt(slot)
+        if sample.group_id not in self.cache.group_rows:
+            self._prefill(sample.group_id)
+        self.stats.recomputed_tokens += sample.restart()
+        self.slot_sample[slot] = sample
+
+    def decode_step(self, active: dict[int, Sample]) -> list[Sample]:
         self._drop_preempted(active)
         slots = sorted(active)
         inputs, positions, write_index, rows = self._step_layout()
         mask = self.cache.prepare_step(rows, write_index, self.eager_mask)
         start = time.perf_counter()
-        logits = self._forward(inputs, positions, mask)  # [S, V]
-        tokens = self._select(logits, write_index).tolist()
-        self.counters.model_time_s += time.perf_counter() - start
+        with torch.inference_mode():
+            logits = self._forward(inputs, positions, mask)  # [S, V]
+            tokens = self._select(logits, write_index).tolist()
+        self.stats.model_time_s += time.perf_counter() - start
         return self._record(slots, tokens)
 
-    def tokens(self, sample_id: int) -> list[int]:
-        return self.generated[sample_id]
+    def end_call(self) -> None:
+        self.model.train(self.was_training)
+        self.cache = None
 
-    def finish_reason(self, sample_id: int) -> str:
-        return self.finish[sample_id]
+    def load_weights(self, model) -> None:
+        self.model = model  # the slot engine runs the trainer's own model: nothing to copy
 
-    def is_running(self, sample_id: int) -> bool:
-        return sample_id in self.generated and sample_id not in self.finish
+    def reset(self) -> None:
+        if self.cache is not None:
+            self.end_call()
+
+    def sleep(self) -> None:
+        pass  # nothing is held between calls
+
+    def close(self) -> None:
+        self.reset()
 
     # ---- internals
     def _step_layout(self):
         inputs, positions, write_index, rows = [], [], [], []
-        for spec in self.slot_sample:
-            if spec is None or spec.sample_id in self.finish:
+        for sample in self.slot_sample:
+            if sample is None or sample.finish_reason is not None:
                 inputs.append(0), positions.append(0), write_index.append(0), rows.append(0)
                 continue
-            done = self.generated[spec.sample_id]
-            prompt = self.prompts[spec.group_id]
+            done = sample.token_ids
+            prompt = self.prompts[sample.group_id]
             inputs.append(done[-1] if done else prompt[-1])
             positions.append(len(prompt) - 1 + len(done))
             write_index.append(len(done))
-            rows.append(self.cache.group_rows[spec.group_id])
+            rows.append(self.cache.group_rows[sample.group_id])
         return inputs, positions, write_index, rows
 
     def _forward(self, inputs: list[int], positions: list[int], mask: torch.Tensor) -> torch.Tensor:
@@ -211,17 +239,15 @@ class SlotEngine:
             logits = self.processor(sample_ids, num_generated, logits)
         return select_tokens(logits, sample_ids, num_generated, self.options, self.warpers)
 
-    def _record(self, slots: list[int], tokens: list[int]) -> list[tuple[int, int]]:
+    def _record(self, slots: list[int], tokens: list[int]) -> list[Sample]:
         ended = []
         for slot in slots:
-            spec = self.slot_sample[slot]
-            done = self.generated[spec.sample_id]
-            done.append(tokens[slot])
-            self.counters.generated_tokens += 1
-            if tokens[slot] in self.eos_ids or len(done) >= spec.max_new_tokens:
-                self.finish[spec.sample_id] = "eos" if tokens[slot] in self.eos_ids else "length"
-                ended.append((spec.sample_id, len(done)))
-                self._release_group(spec.group_id)
+            sample = self.slot_sample[slot]
+            sample.token_ids.append(tokens[slot])
+            if tokens[slot] in self.eos_ids or sample.num_tokens >= sample.max_new_tokens:
+                sample.finish_reason = "eos" if tokens[slot] in self.eos_ids else "length"
+                ended.append(sample)
+                self._release_group(sample.group_id)
         return ended
 
     def _prefill(self, group_id: int) -> None:
@@ -230,8 +256,9 @@ class SlotEngine:
         start = time.perf_counter()
         if prompt_kv:
             input_ids = torch.tensor([prompt_kv], device=self.device)  # [1, P-1]
-            self.model(input_ids=input_ids, use_cache=True, logits_to_keep=1,  # logits unused: keep one row
-                       **{self.cache_kwarg: cache})
+            with torch.inference_mode():
+                self.model(input_ids=input_ids, use_cache=True, logits_to_keep=1,  # logits unused
+                           **{self.cache_kwarg: cache})
             keys = [layer.keys for layer in cache.layers]
             values = [layer.values for layer in cache.layers]
         else:  # a one-token prompt: a row of zero width (the table may have no row to copy yet)
@@ -239,8 +266,8 @@ class SlotEngine:
             empty = self.cache.prompt_keys[0].new_zeros((1, kv_heads, 0, head_dim))  # [1, H, 0, D]
             keys = values = [empty] * len(self.cache.prompt_keys)
         self.cache.add_prompt(group_id, keys, values)
-        self.counters.model_time_s += time.perf_counter() - start
-        self.counters.prefill_tokens += len(prompt_kv)
+        self.stats.model_time_s += time.perf_counter() - start
+        self.stats.prefill_tokens += len(prompt_kv)
         self._track_peak()
 
     def _release_group(self, group_id: int) -> None:
@@ -248,22 +275,22 @@ class SlotEngine:
         if self.remaining[group_id] == 0:
             self.cache.drop_prompt(group_id)
 
-    def _drop_preempted(self, active: dict[int, Any]) -> None:
-        for slot, spec in enumerate(self.slot_sample):
-            if spec is None or spec.sample_id in self.finish:
+    def _drop_preempted(self, active: dict[int, Sample]) -> None:
+        for slot, sample in enumerate(self.slot_sample):
+            if sample is None or sample.finish_reason is not None:
                 continue
-            running = active.get(slot)
-            if running is None or running.sample_id != spec.sample_id:  # the scheduler took the slot back
+            if active.get(slot) is not sample:  # the scheduler took the slot back
                 self._preempt(slot)
 
     def _preempt(self, slot: int) -> None:
-        self.counters.num_preemptions += 1
+        self.stats.num_preemptions += 1
         self.slot_sample[slot] = None
 
     def _track_peak(self) -> None:
         held = sum(t.numel() * t.element_size() for t in self.cache.held_tensors())
-        self.counters.peak_kv_bytes = max(self.counters.peak_kv_bytes, held)
-        self.counters.peak_kv_tokens = max(self.counters.peak_kv_tokens, self.cache.held_tokens())
+        self.stats.peak_kv_bytes = max(self.stats.peak_kv_bytes, held)
+        self.stats.peak_kv_tokens = max(self.stats.peak_kv_tokens, self.cache.held_tokens())
+        self.stats.peak_kv_blocks = self.stats.peak_kv_tokens
 
 
 def _cache_kwarg_name(model) -> str:

@@ -1,0 +1,61 @@
+"""`--engine` for the benchmarks: parse the names, start each engine once (warm, its start-up
+timed apart from the measurements) and close them at the end.
+
+Deliberately simple: vLLM keeps one engine per process, so a benchmark runs at most one vLLM
+engine, sized (`EngineLimits`) for every cell it will serve.
+"""
+
+from __future__ import annotations
+
+import time
+
+from infsamp.errors import SamplingError
+
+ENGINE_HELP = "sampling engine(s), comma-separated: slots, vllm, auto"
+
+
+def parse_engines(text: str, single: bool = False) -> list[str]:
+    """`slots,vllm` -> ['slots', 'vllm']; an unknown or repeated name is one error line."""
+    from infsamp.sampling.engines.base import ENGINE_NAMES
+
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    bad = next((n for n in names if n not in ENGINE_NAMES), None)
+    if bad is not None or not names:
+        raise SamplingError(f"--engine: unknown engine {bad!r}; choose from "
+                            f"{', '.join(ENGINE_NAMES)}")
+    if len(set(names)) != len(names) or (single and len(names) > 1):
+        wanted = "one engine" if single else "each engine once"
+        raise SamplingError(f"--engine: give {wanted}, got {text!r}")
+    return names
+
+
+def start_engines(names: list[str], model, cfg, limits,
+                  warmup_prompt: list[int]) -> tuple[dict, dict[str, float]]:
+    """{name: engine} started and warmed up now (one call of g samples, not measured), and
+    {name: start-up seconds}. Each pool gets one block more than `limits` asks: vLLM keeps one
+    (its null block)."""
+    import dataclasses
+
+    import torch
+
+    from infsamp.sampling.engines.base import make_engine
+    from infsamp.sampling.sampler import GroupSampler
+    from infsamp.sampling.types import VLLM_BLOCK_SIZE
+
+    null_block = max(VLLM_BLOCK_SIZE.values())
+    limits = dataclasses.replace(limits, kv_budget_tokens=limits.kv_budget_tokens + null_block)
+    engines, startup = {}, {}
+    for name in names:
+        began = time.perf_counter()
+        engines[name] = make_engine(name, model, cfg, limits)
+        startup[name] = time.perf_counter() - began
+        warm_up = min(limits.max_num_seqs, 64)  # every batch size up to g meets its kernels once
+        GroupSampler(model, None, cfg, engine=engines[name]).sample(
+            [warmup_prompt], warm_up, max_new_tokens=min(32, limits.max_new_tokens),
+            generator=torch.Generator().manual_seed(0))
+    return engines, startup
+
+
+def close_engines(engines: dict) -> None:
+    for engine in engines.values():
+        engine.close()

