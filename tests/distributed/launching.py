@@ -96,7 +96,12 @@ def one_process(values: dict[str, object], record: Path, monkeypatch) -> Path:
 def final_weights(run: Path, step: int) -> dict:
     from safetensors.torch import load_file
 
-    return load_file(str(run / f"checkpoint-{step}" / "model" / "model.safetensors"))
+    folder = run / f"checkpoint-{step}" / "model"  # LoRA: adapter_model.safetensors
+    weights = {}
+    for file in sorted(folder.glob("*.safetensors")):
+        weights.update(load_file(str(file)))
+    assert weights, f"no weights in {folder}"
+    return weights
 
 
 def max_difference(a: dict, b: dict) -> float:

@@ -90,19 +90,19 @@ class RankSteps:
             return list(range(len(batch)))
         plan = None
         if self.ranks.is_main:
-            costs = [self.G * self.costs.predict(spec) for spec in self._specs(batch, 1)]
+            costs = [self.G * self.costs.predict(s) for s in self._samples(batch, 1)]
             shares = assign(costs, self.ranks.world_size, self.method)
             plan = {"shares": shares, "predicted": imbalance(rank_loads(shares, costs))}
         plan = self._timed(self.ranks.broadcast_json, plan)
         self._predicted = plan["predicted"]
         return plan["shares"][self.ranks.rank]
 
-    def _specs(self, batch: list[tuple[int, Any]], group_size: int) -> list:
-        """The step's samples as the sampler specifies them (group_size 1: one per prompt)."""
-        from infsamp.sampling.scheduler import make_group_specs
+    def _samples(self, batch: list[tuple[int, Any]], group_size: int) -> list:
+        """The step's samples as the sampler lays them out (group_size 1: one per prompt)."""
+        from infsamp.sampling.types import make_samples
 
-        return make_group_specs([len(p.token_ids) for _, p in batch], group_size, self.max_new,
-                                [str(p.index) for _, p in batch], [p.text for _, p in batch])
+        return make_samples([len(p.token_ids) for _, p in batch], group_size, self.max_new,
+                            [str(p.index) for _, p in batch], [p.text for _, p in batch])
 
     # ---- after sampling and scoring
     def combine(self, batch, share: list[int], groups, rewards: RewardResult,
@@ -117,7 +117,7 @@ class RankSteps:
         data = self._merge(everyone, len(batch), share)
         if self.costs is not None:
             lengths = [length for g in data.groups for length in g["lengths"]]
-            self.costs.update(self._specs(batch, self.G), lengths)
+            self.costs.update(self._samples(batch, self.G), lengths)
         return data
 
     def _merge(self, everyone: list[dict[str, Any]], num_prompts: int,
