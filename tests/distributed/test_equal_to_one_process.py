@@ -5,7 +5,8 @@ the loss normaliser and the gradient are the whole step's. So two processes with
 every completion the one process draws, and after three optimizer steps their weights agree with
 the one process's within 1e-6 (fp32; the last bits differ because gradients are summed in another
 order). Checked for the grpo and dapo losses with group and batch reward scaling, under DDP (one
-launch runs all four) and FSDP2.
+launch runs all of them) and FSDP2; through DDP also LoRA + KL + two passes, uneven shares, and
+cispo with the high-entropy and truncation masks.
 
 Learning rate 1e-4: AdamW's update g / (|g| + 1e-8) turns a gradient difference of 3e-11 (fp32
 summation order, measured) on a parameter whose gradient is ~1e-8 into 1e-3 x lr, so at 1e-3 the
@@ -29,6 +30,9 @@ CASES = {"grpo-group": ("grpo", "group"), "grpo-batch": ("grpo", "batch"),
 # also through DDP: LoRA adapters, the KL term (the base without adapters as reference) and two
 # optimisation passes over each rollout (old log-probs), every no-grad pass the step makes
 LORA = {"model.lora_rank": 4, "training.beta": 0.04, "training.num_iterations": 2}
+# cispo (token-averaged) with both masks: the high-entropy threshold is a quantile over every
+# rank's tokens and truncated completions leave the whole step's loss normaliser
+MASKS = {"training.top_entropy_quantile": 0.5, "training.mask_truncated_completions": True}
 TOLERANCE = 1e-6
 SAME_METRICS = ("reward", "reward_std", "frac_reward_zero_std", "completions/mean_length",
                 "completions/max_length", "completions/clipped_ratio",
@@ -71,6 +75,7 @@ def test_two_ddp_processes_equal_one_process(tiny_model_dir, tmp_path, monkeypat
     cases = {name: (loss, scale, None) for name, (loss, scale) in CASES.items()}
     cases["lora-kl-2-passes"] = ("grpo", "group", LORA)
     cases["uneven-b3"] = ("dapo", "group", {"training.prompts_per_step": 3})  # shares of 2 and 1
+    cases["cispo-masks"] = ("cispo", "group", MASKS)
     runs = []
     for name, (loss, scale, extra) in cases.items():
         values = case_settings(tiny_model_dir, tmp_path / f"two-{name}", loss, scale, extra)
@@ -84,3 +89,5 @@ def test_two_ddp_processes_equal_one_process(tiny_model_dir, tmp_path, monkeypat
         assert_same_run(one, tmp_path / f"two-{name}", tmp_path / f"record-one-{name}",
                         tmp_path / f"record-two-{name}", None if name.startswith("lora")
                         else tiny_model_dir)
+    truncated = [row["completions/clipped_ratio"] for row in metrics(tmp_path / "one-cispo-masks")]
+    assert 0 < max(truncated) < 1  # the truncation mask had sequences to drop
