@@ -64,4 +64,6 @@ def test_an_exception_on_one_rank_stops_the_others_naming_it(tiny_model_dir, tmp
                "a reward server that went away" in line for line in lines), result.output[-3000:]
     assert any("rank 1 failed (RewardError:" in line and "rank 0 stopped too" in line
                and "checkpoint-1" in line for line in lines), lines
-    assert "exitcode  : 3" in result.output
+    # rank 0 exits with PEER_FAILED_EXIT (3), unless torchrun, seeing rank 1 gone first, ends it
+    # with SIGTERM after it printed the line above (seen under load)
+    assert "exitcode  : 3" in result.output or "exitcode  : -15" in result.output

@@ -12,9 +12,9 @@ training, before allocator overhead) into what each of `num_devices` GPUs holds:
   slot engine decodes with a whole copy of the weights gathered for the sampler (the sharded
   forward is a collective and ranks decode different numbers of steps), so it holds the shards
   plus the whole weights; on vLLM the whole copy is vLLM's own (`vllm_weights`), pushed to it
-  after each step, so nothing more is gathered. Training holds the shards plus what is gathered at a time: the
-  root unit (embeddings, final norm, untied lm_head: kept for the whole forward and backward) and
-  two decoder layers (the one computing, the one prefetched), and their unsharded gradients until
+  after each step, so nothing more is gathered. Training holds the shards plus what is gathered
+  at a time: the root unit (embeddings, final norm, untied lm_head: kept for the whole forward
+  and backward) and two decoder layers (the one computing, the one prefetched), and their unsharded gradients until
   they are reduce-scattered. The optimizer step runs on shards (its temporaries are 1/N too).
 
 Deliberately simplified: a reference model (beta > 0) is whole on every device (it is not

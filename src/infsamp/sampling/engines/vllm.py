@@ -17,8 +17,9 @@ The loop is the slot engine's: `start` adds a request through the step-level API
 is one `LLMEngine.step()` (one engine step = one decode step: a new request's prefill yields its
 first token in the same step), outputs come back as deltas. Each sample carries its own seed
 (keyed by its place in the whole step, `DecodeOptions.stream_key`), so completions depend neither
-on the schedule nor on how many ranks share the step; vLLM returns the log-prob of every sampled token (after
-temperature: `logprobs_mode="processed_logprobs"`), which the trainer compares with its own.
+on the schedule nor on how many ranks share the step; vLLM returns the log-prob of every sampled
+token (after temperature: `logprobs_mode="processed_logprobs"`), which the trainer compares with
+its own.
 
 Deliberately simple: one device, no tensor parallelism, eager mode on CPU; sleep mode (CUDA) frees
 the pool and the weights during training (`sleep`), the weights being pushed again after.
