@@ -65,6 +65,15 @@ def tiny_model_dir(tmp_path_factory):
     return path
 
 
+@pytest.fixture
+def one_thread():
+    """Tiny models run fastest on one thread (and do not fight parallel jobs for the 2 cores)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(autouse=True)
 def no_network(monkeypatch):
     """Tests never touch the network: the hub probe answers 'unreachable' (a test may change it)."""

@@ -37,14 +37,6 @@ LONG = {"question": "How many? " + "Count the apples in the basket carefully. " 
 
 
 @pytest.fixture
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture
 def gsm8k_folder(tmp_path):
     """A GSM8K-format folder (train.jsonl / test.jsonl, as in the grade-school-math repository); the
     two short questions are in both splits so training and evaluation see the same examples."""

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
+from infsamp.config import ConfigError
 from infsamp.errors import InfsampError, RunStopped
 
 SUBCOMMANDS = {
@@ -50,14 +52,37 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(_module(args.command).run(args) or 0)
     except RunStopped as err:  # a signal, after saving: not an error of the user's
-        print(f"infsamp {args.command}: {err}", file=sys.stderr)
+        _say(f"infsamp {args.command}: {err}", err)
         return err.exit_code
     except InfsampError as err:
-        print(f"infsamp {args.command}: error: {err}", file=sys.stderr)
-        return 2
+        _say(f"infsamp {args.command}: error: {_rank_prefix(err)}{err}", err)
+        return getattr(err, "exit_code", 2)
     except KeyboardInterrupt as err:
         print(f"infsamp {args.command}: {err or 'interrupted'}", file=sys.stderr)
         return getattr(err, "exit_code", 130)
+
+
+def _launch_rank() -> int | None:
+    """This process's rank under torchrun / accelerate launch with several processes, else None."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return int(os.environ.get("RANK", "0"))
+    return None
+
+
+def _rank_prefix(err: BaseException) -> str:
+    rank = _launch_rank()
+    shared = getattr(err, "agreed", False) or isinstance(err, ConfigError) or \
+        str(err).startswith("rank ")
+    return "" if rank is None or shared else f"rank {rank}: "
+
+
+def _say(line: str, err: BaseException) -> None:
+    """Print the error line; with several processes an error they all reached together (a config
+    error, a decision taken on gathered values) is printed by rank 0 alone."""
+    rank = _launch_rank()
+    shared = getattr(err, "agreed", False) or isinstance(err, (ConfigError, RunStopped))
+    if rank is None or rank == 0 or not shared:
+        print(line, file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -350,6 +350,29 @@ class CheckpointConfig:
 
 
 @dataclass
+class DistributedConfig:
+    strategy: str = opt("auto", "under torchrun or accelerate launch: ddp (every process holds "
+                        "the model; gradients all-reduced), fsdp (FSDP2: weights, gradients and "
+                        "optimizer states sharded; full weights gathered only to sample and "
+                        "evaluate) or auto (accelerate launch's FSDP config: fsdp; else ddp)",
+                        choices=("auto", "ddp", "fsdp"))
+    assignment: str = opt("lpt", "how a step's prompts are divided between processes: lpt (by "
+                          "predicted sampling cost, so they finish sampling together) or "
+                          "round_robin", choices=("lpt", "round_robin"))
+    failure_timeout_s: float = opt(30.0, "a process on another machine that sends no heartbeat "
+                                   "for this long counts as failed and the others stop (processes "
+                                   "on the same machine are checked directly)")
+    reshard_after_forward: str = opt("auto", "fsdp: free each layer's gathered weights after its "
+                                     "forward (true: ZeRO-3 memory) or keep them for the backward "
+                                     "(false: ZeRO-2, less communication); auto: accelerate's "
+                                     "config, else true", choices=("auto", "true", "false"))
+
+    def validate(self) -> None:
+        _require(self.failure_timeout_s >= 1, "distributed.failure_timeout_s",
+                 self.failure_timeout_s, "must be >= 1 (seconds)")
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -359,6 +382,7 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     checkpointing: CheckpointConfig = field(default_factory=CheckpointConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
     def validate(self) -> "Config":
         for section in dataclasses.fields(self):
@@ -369,6 +393,9 @@ class Config:
             _require(predictor in ("online", "none"), "sampling.predictor", predictor,
                      "training needs online or none (oracle and noisy know the true lengths: "
                      "bench and simulate only)")
+        _require(not (self.distributed.strategy == "fsdp" and self.model.lora_rank > 0),
+                 "distributed.strategy", self.distributed.strategy,
+                 "fsdp shards full fine-tuning; with LoRA (model.lora_rank > 0) use ddp")
         from infsamp.rl.precision import resolve_precision  # across sections, and needs the device
 
         resolve_precision(self)

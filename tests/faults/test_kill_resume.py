@@ -7,6 +7,7 @@ uninterrupted run.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
 
@@ -77,7 +78,8 @@ def test_kill_at_a_random_moment(runner, reference, tiny_model_dir, tmp_path):
     child = runner.start(run_args(tiny_model_dir, out))
     child.wait_for("step 1/")
     time.sleep(random.Random().uniform(0.0, 0.6))
-    child.signal(9)
+    with contextlib.suppress(ProcessLookupError):  # an unloaded machine may finish first
+        child.signal(9)
     child.wait()  # before the first checkpoint there is nothing to resume: `auto` starts again
     code, output = runner.run(run_args(tiny_model_dir, out, "--checkpointing.resume", "auto"))
     assert code == 0, output

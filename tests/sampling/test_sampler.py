@@ -151,3 +151,22 @@ def test_small_budget_lowers_max_new_tokens(model):
         result = sampler(model, kv_budget="8", max_new_tokens=12).sample([[5, 6, 7, 8, 9]], 2)
     assert all(c.length <= 3 for c in result.completions)
     assert result.stats.num_slots == 1
+
+
+@pytest.mark.parametrize("policy", ["continuous", "length_aware"])
+def test_a_share_of_the_step_draws_the_same_completions_as_the_whole_step(model, policy):
+    """Ranks sample parts of a step: keyed by their global prompt index, each part's completions
+    are those the whole step gives its prompts (what makes N processes match one)."""
+    make = dict(temperature=1.0, policy=policy, micro_group=5)
+    whole = sampler(model, **make).sample(PROMPTS, 4, generator=torch.Generator().manual_seed(3),
+                                          logits_processor_factory=EosBoost)
+    for share in ([0, 2], [1, 3], [3]):
+        part = sampler(model, **make).sample([PROMPTS[i] for i in share], 4,
+                                             generator=torch.Generator().manual_seed(3),
+                                             logits_processor_factory=EosBoost,
+                                             global_group_ids=share)
+        assert token_ids(part) == [token_ids(whole)[i] for i in share]
+    unkeyed = sampler(model, **make).sample([PROMPTS[1], PROMPTS[3]], 4,
+                                            generator=torch.Generator().manual_seed(3),
+                                            logits_processor_factory=EosBoost)
+    assert token_ids(unkeyed) != [token_ids(whole)[i] for i in (1, 3)]  # the key matters

@@ -115,6 +115,22 @@ def test_every_policy_returns_the_same_completions(embedded, engine, prompts):
     assert oracle.decode_steps <= rounds.decode_steps
 
 
+def test_a_share_keyed_by_its_place_in_the_step_draws_the_whole_steps_samples(embedded, engine,
+                                                                               prompts):
+    """A rank samples prompts 0 and 2 of a step: its per-request seeds are keyed by their place
+    in the whole step, so it draws what one process draws for them (issue 12)."""
+    model, tokenizer = embedded
+    sampler = GroupSampler(model, tokenizer, config(), engine=engine)
+    whole = sampler.sample(prompts, 4, generator=torch.Generator().manual_seed(3)).groups
+    share = sampler.sample([prompts[0], prompts[2]], 4, global_group_ids=[0, 2],
+                           generator=torch.Generator().manual_seed(3)).groups
+    unkeyed = sampler.sample([prompts[0], prompts[2]], 4,
+                             generator=torch.Generator().manual_seed(3)).groups
+    ids = lambda groups: [[c.token_ids for c in group] for group in groups]  # noqa: E731
+    assert ids(share) == [ids(whole)[0], ids(whole)[2]]
+    assert ids(unkeyed)[1] != ids(whole)[2]  # the key matters
+
+
 @pytest.mark.parametrize("policy, predictor_name", [("rounds", None), ("continuous", None),
                                                     ("length_aware", "oracle")])
 def test_simulator_replays_the_engine_steps(embedded, engine, prompts, policy, predictor_name):

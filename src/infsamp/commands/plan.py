@@ -2,6 +2,7 @@
 
     infsamp plan --model llama-3.2-1b --gpu-memory 16GiB --group-size 16 --max-completion 786 --beta 0.04
     infsamp plan --model qwen3-8b --gpu-memory 24GiB --lora-rank 16 --load-in-4bit --precision bf16
+    infsamp plan --model qwen3-8b --gpu-memory 24GiB --num-gpus 8 --strategy fsdp   # per device
 
 Flags are read as text and checked here so that every mistake is one error line naming the flag.
 """
@@ -13,6 +14,7 @@ import argparse
 from infsamp.config import ConfigError, parse_size, size_is_bytes
 from infsamp.planner import OPTIMIZERS, PRECISION_CHOICES, PRESETS, load_shape, plan_memory
 from infsamp.planner.estimate import DEVICES
+from infsamp.planner.parallel import STRATEGIES
 from infsamp.planner.report import format_plan
 
 INT_FLAGS = {  # flag -> (default, minimum, help)
@@ -44,6 +46,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="sampling engine: slots | vllm (its weights, pool and graphs count)")
     parser.add_argument("--vllm-sleep", default="on",
                         help="on | off: vLLM frees its pool and weights while training")
+    parser.add_argument("--num-gpus", default="1", help="GPUs the run spreads over; every figure "
+                        "is then one GPU's (default 1)")
+    parser.add_argument("--strategy", default=None,
+                        help=f"{' | '.join(STRATEGIES[1:])}: what each GPU holds (default: ddp "
+                        "with --num-gpus > 1; see docs/distributed.md)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
 
@@ -85,6 +92,17 @@ def _read_beta(text: str) -> float:
     return beta
 
 
+def _read_devices(args: argparse.Namespace) -> tuple[int, str]:
+    """(--num-gpus, --strategy): the strategy is ddp or fsdp; one GPU alone plans as one device."""
+    text = str(args.num_gpus).strip()
+    if not text.isdigit() or int(text) < 1:
+        raise ConfigError(f"--num-gpus: expected an integer >= 1, got {args.num_gpus!r}")
+    num = int(text)
+    if args.strategy is None:
+        return num, "single" if num == 1 else "ddp"
+    return num, _read_choice(args.strategy, "strategy", STRATEGIES[1:])
+
+
 def _read_4bit(args: argparse.Namespace, lora_rank: int) -> bool:
     if args.load_in_4bit and lora_rank == 0:
         raise ConfigError("--load-in-4bit: trains LoRA adapters over the 4-bit base: "
@@ -96,6 +114,7 @@ def _read_4bit(args: argparse.Namespace, lora_rank: int) -> bool:
 
 def run(args: argparse.Namespace) -> int:
     ints = {flag.replace("-", "_"): _read_int(args, flag) for flag in INT_FLAGS}
+    num_devices, strategy = _read_devices(args)
     if ints["micro_group"] > ints["group_size"]:
         raise ConfigError(f"--micro-group: must be <= --group-size {ints['group_size']} (got {ints['micro_group']})")
     plan = plan_memory(
@@ -106,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
         load_in_4bit=_read_4bit(args, ints["lora_rank"]),
         gradient_checkpointing=args.gradient_checkpointing, beta=_read_beta(args.beta),
         engine=_read_choice(args.engine, "engine", ("slots", "vllm")),
-        engine_sleep=_read_choice(args.vllm_sleep, "vllm-sleep", ("on", "off")) == "on", **ints)
+        engine_sleep=_read_choice(args.vllm_sleep, "vllm-sleep", ("on", "off")) == "on",
+        num_devices=num_devices, strategy=strategy, **ints)
     print(plan.to_json() if args.json else format_plan(plan))
     return 0

@@ -1,5 +1,8 @@
 """`infsamp train [CONFIG.yaml] [--section.key VALUE ...] [--resume]`: GRPO training.
 
+Several processes: `torchrun --nproc-per-node N -m infsamp train ...` or `accelerate launch
+[--config_file examples/accelerate/ddp.yaml] -m infsamp train ...` (see docs/distributed.md).
+
 With no arguments it runs the embedded demo (tiny model, arithmetic task, CPU-sized). Every config
 option is also a flag, generated from the dataclass tree with its help text.
 """
@@ -50,9 +53,12 @@ def run(args: argparse.Namespace) -> int:
     check_sources(cfg)
     if args.config is None:
         print(DEMO_HINT)
+    from infsamp.rl.distributed import init_ranks
     from infsamp.rl.trainer import GRPOTrainer
 
-    result = GRPOTrainer(cfg).train()
+    ranks = init_ranks(cfg)  # one process, or this rank of a torchrun / accelerate launch
+    with ranks.guard():  # a failure here stops the other ranks, naming this one
+        result = GRPOTrainer(cfg, ranks=ranks).train()
     before, after = result.eval_before, result.eval_after
     if before is not None and after is not None:
         print(f"held-out accuracy: {before:.3f} -> {after:.3f} ({100 * (after - before):+.1f} points)")

@@ -17,8 +17,10 @@ Built on the second seed's rule of thumb (bytes per parameter: weights 2, refere
 - optimizer states stay resident during generation (zero_grad frees the gradients);
 - KV cache: the prompt once, shared by the g samples decoded at once, plus g * max_completion tokens.
 
-Deliberately simplified: one device, no tensor/pipeline parallelism, no offloading; the no-grad passes for
-old / reference log-probs are assumed to stay below the training peak (they hold no activations).
+Several devices: data parallel only (`planner/parallel.py`: DDP replicas or FSDP2 shards, per
+device, every precision mode's bytes sharded alike). Deliberately simplified: no tensor/pipeline
+parallelism, no offloading; the no-grad passes for old / reference log-probs are assumed to stay
+below the training peak (they hold no activations).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from infsamp.planner.parallel import per_device_parts, shard_fraction
 from infsamp.planner.precisions import PRECISIONS, PrecisionMode, base_dtype
 from infsamp.planner.presets import (LORA_TARGETS_ALL_LINEAR, ModelShape, count_lora_parameters,
                                      count_parameters, embedding_parameters, linear_shapes)
@@ -92,6 +95,8 @@ class PlanInputs:
     load_in_4bit: bool = False  # QLoRA: NF4 base (needs LoRA and CUDA)
     engine: str = "slots"  # sampling engine: slots, or vllm (its weights, paged pool, graphs)
     engine_sleep: bool = True  # vllm: sleep mode frees its pool and weights while training
+    num_devices: int = 1  # GPUs the run spreads over (planner/parallel.py)
+    strategy: str = "single"  # single, ddp or fsdp: what each device holds
 
     @property
     def mode(self) -> PrecisionMode:
@@ -198,10 +203,10 @@ def optimizer_step_temporaries(p: PlanInputs) -> int:
     spec = OPTIMIZERS[p.optimizer]
     if spec.step_temporaries == 0:
         return 0
-    if DEVICES[p.device].foreach_optimizer:
-        return int(spec.step_temporaries * p.num_trainable * p.trainable_bytes)
-    largest = embedding_parameters(p.shape) if p.lora_rank == 0 else 0
-    return 2 * largest * p.trainable_bytes  # single-tensor loop: sqrt and division of the largest tensor
+    if DEVICES[p.device].foreach_optimizer:  # FSDP steps on this device's shards only
+        return int(spec.step_temporaries * p.num_trainable * p.trainable_bytes * shard_fraction(p))
+    largest = embedding_parameters(p.shape) * shard_fraction(p) if p.lora_rank == 0 else 0
+    return int(2 * largest * p.trainable_bytes)  # single-tensor loop: the largest tensor's sqrt, div
 
 
 def layer_activation_bytes_per_token(p: PlanInputs) -> int:
@@ -302,7 +307,7 @@ def vllm_generation_breakdown(p: PlanInputs, micro_group: int) -> dict[str, int]
                  optimizer=optimizer_bytes(p), compute_copies=0,  # vLLM has its own copy
                  activations=inference_workspace_bytes(p, tokens),
                  logits=micro_group * decode_logits_bytes_per_row(p), **vllm_parts(p, micro_group))
-    return _with_overhead(parts, p.device)
+    return _with_overhead(per_device_parts(p, parts, "generation"), p.device)
 
 
 def generation_breakdown(p: PlanInputs, micro_group: int) -> dict[str, int]:
@@ -318,7 +323,7 @@ def generation_breakdown(p: PlanInputs, micro_group: int) -> dict[str, int]:
                  logits=max(micro_group * decode_logits_bytes_per_row(p), prefill_logits_bytes(p)),
                  kv_cache=kv_tokens * kv_bytes_per_token(p.shape, p.dtype), vllm_weights=0,
                  vllm_graphs=0)
-    return _with_overhead(parts, p.device)
+    return _with_overhead(per_device_parts(p, parts, "generation"), p.device)
 
 
 def embedding_grad_bytes(p: PlanInputs) -> int:
@@ -356,6 +361,7 @@ def training_breakdown(p: PlanInputs, micro_batch_tokens: int) -> dict[str, int]
     parts = dict(weights=weights_bytes(p), reference=reference_bytes(p), gradients=gradients_bytes(p),
                  optimizer=optimizer_bytes(p), compute_copies=0, activations=0, logits=0,
                  kv_cache=0, vllm_weights=0, vllm_graphs=0)
+    parts = per_device_parts(p, parts, "training")
     if p.engine == "vllm" and not p.engine_sleep:  # awake, vLLM keeps its pool and weights
         parts.update(vllm_parts(p, p.micro_group or p.group_size))
     for key, value in peak_training_moment(p, micro_batch_tokens)[1].items():

@@ -27,6 +27,7 @@ from infsamp.planner.estimate import (DEVICES, GIB, OPTIMIZERS, PlanInputs,
                                       kv_bytes_per_token, largest_micro_batch_sequences, largest_micro_group,
                                       peak_training_moment, plan_kv_tokens,
                                       train_logits_bytes_per_row, training_breakdown)
+from infsamp.planner.parallel import STRATEGIES
 from infsamp.planner.precisions import PRECISION_CHOICES, PRECISIONS, resolve_precision_name
 from infsamp.planner.presets import LORA_TARGETS_ALL_LINEAR, ModelShape
 
@@ -98,6 +99,11 @@ def validate_inputs(p: PlanInputs) -> None:
         _check(p.lora_rank > 0, "load_in_4bit", True,
                "trains LoRA adapters over the 4-bit base: set a LoRA rank")
         _check(p.device == "cuda", "load_in_4bit", True, "bitsandbytes 4-bit needs a CUDA GPU")
+    _check(p.num_devices >= 1, "num_gpus", p.num_devices, "must be >= 1")
+    _check(p.strategy in STRATEGIES, "strategy", p.strategy,
+           f"must be one of {', '.join(STRATEGIES)}")
+    _check(p.strategy != "fsdp" or p.lora_rank == 0, "strategy", p.strategy,
+           "fsdp shards full fine-tuning; with LoRA use ddp")
 
 
 # --- the plan --------------------------------------------------------------------------------------
@@ -127,16 +133,18 @@ def plan_memory(shape: ModelShape, *, gpu_memory_bytes: int, group_size: int, ma
                 device: str = "cuda", shared_prompt_kv: bool = True, micro_group: int = 0,
                 train_micro_batch_tokens: int = 0, load_in_4bit: bool = False,
                 lora_targets: tuple[str, ...] = LORA_TARGETS_ALL_LINEAR, engine: str = "slots",
-                engine_sleep: bool = True) -> MemoryPlan:
+                engine_sleep: bool = True, num_devices: int = 1,
+                strategy: str = "single") -> MemoryPlan:
     """Estimate both phases, choose g and the micro-batch, and advise when it does not fit.
 
     `precision`: a mode of planner.precisions, or 'auto' (the trainer's default on `device`).
-    A micro_group above group_size means all of the step's samples at once."""
+    A micro_group above group_size means all of the step's samples at once. With `num_devices`
+    and `strategy` (ddp, fsdp) every figure is one device's (planner/parallel.py)."""
     p = PlanInputs(shape, int(gpu_memory_bytes), group_size, max_prompt, max_completion, lora_rank,
                    tuple(lora_targets), optimizer, gradient_checkpointing, float(beta),
                    resolve_precision_name(precision, device), device, shared_prompt_kv,
                    min(micro_group, group_size), train_micro_batch_tokens, load_in_4bit, engine,
-                   engine_sleep)
+                   engine_sleep, num_devices, strategy)
     validate_inputs(p)
     g, tokens = _choose(p)
     shown_g, shown_tokens = _shown_sizes(p, g, tokens)
@@ -159,7 +167,10 @@ def _only_if(condition: Callable[[PlanInputs], bool], **changes: Any) -> Callabl
 
 
 SWITCHES: dict[str, Callable[[PlanInputs], PlanInputs | None]] = {
-    f"--lora-rank {DEFAULT_LORA_RANK}": _only_if(lambda p: p.lora_rank == 0, lora_rank=DEFAULT_LORA_RANK),
+    f"--lora-rank {DEFAULT_LORA_RANK}": _only_if(
+        lambda p: p.lora_rank == 0 and p.strategy != "fsdp", lora_rank=DEFAULT_LORA_RANK),
+    "--strategy fsdp": _only_if(lambda p: p.num_devices > 1 and p.strategy == "ddp",
+                                strategy="fsdp"),
     "--optimizer adamw8bit": _only_if(lambda p: p.optimizer == "adamw", optimizer="adamw8bit"),
     "--gradient-checkpointing": _only_if(lambda p: not p.gradient_checkpointing, gradient_checkpointing=True),
     "--beta 0 (no reference model)": _only_if(lambda p: p.beta > 0 and p.lora_rank == 0, beta=0.0),

@@ -53,7 +53,8 @@ def header_lines(plan: MemoryPlan) -> list[str]:
         f"G = {p.group_size}, prompt <= {p.max_prompt}, completion <= {p.max_completion} tokens",
         f"optimizer {p.optimizer}, {reference}, gradient checkpointing "
         f"{'on' if p.gradient_checkpointing else 'off'}",
-    ]
+    ] + ([f"per device: {p.num_devices} GPU(s), {p.strategy} (every figure below is one GPU's)"]
+         if p.strategy != "single" else [])
 
 
 def breakdown_lines(plan: MemoryPlan) -> list[str]:

@@ -16,7 +16,9 @@ is caught), reads tensors with safetensors and the rest as JSON (nothing is unpi
 NaN or inf in any tensor.
 `find_resume_point` walks back from the newest checkpoint to the newest one that verifies.
 
-Deliberately simple: one process writes; sha256 re-reads every file once at save and once at load.
+Deliberately simple: one process writes (with several ranks, the others add their shard files
+through `write_extra` before the manifest); sha256 re-reads every file once at save and once at
+load.
 """
 
 from __future__ import annotations
@@ -55,14 +57,16 @@ class Checkpoint:
 
 
 def save_checkpoint(output_dir: Path, step: int, *, model, tokenizer, state: dict[str, Any],
-                    keep_last: int | None = None) -> Path:
-    """Write checkpoint-`step` atomically (see module docstring); returns its path."""
+                    keep_last: int | None = None,
+                    write_extra: Callable[[Path], None] | None = None) -> Path:
+    """Write checkpoint-`step` atomically (see module docstring); returns its path.
+    `write_extra(tmp)` adds files before the manifest (other ranks' shards: rank_checkpoint.py)."""
     final, tmp = output_dir / f"checkpoint-{step}", output_dir / f"checkpoint-{step}.tmp"
     tree, tensors = to_data({"format": FORMAT, "step": step, **state})
     _refuse_non_finite(step, dict(model.named_parameters()), tensors)
     try:
         shutil.rmtree(tmp, ignore_errors=True)
-        _write_folder(tmp, model, tokenizer, tree, tensors)
+        _write_folder(tmp, model, tokenizer, tree, tensors, write_extra)
         _replace_folder(tmp, final)
     except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -75,10 +79,12 @@ def save_checkpoint(output_dir: Path, step: int, *, model, tokenizer, state: dic
 
 
 def _write_folder(tmp: Path, model, tokenizer, tree: dict[str, Any],
-                  tensors: dict[str, torch.Tensor]) -> None:
+                  tensors: dict[str, torch.Tensor], write_extra=None) -> None:
     from safetensors.torch import save_file
 
     tmp.mkdir(parents=True)
+    if write_extra is not None:
+        write_extra(tmp)
     model.save_pretrained(tmp / MODEL_DIR, safe_serialization=True)
     tokenizer.save_pretrained(tmp / MODEL_DIR)
     save_file(tensors, str(tmp / STATE_TENSORS))
@@ -204,7 +210,7 @@ def newest_verified(output_dir: Path, on_skip: Callable[[Path, str], None]) -> P
 def load_checkpoint(path: Path) -> Checkpoint:
     """Verify and read a checkpoint; CheckpointError says why it cannot be used."""
     verify_checkpoint(path)
-    tensors = _read_tensors(path / STATE_TENSORS)
+    tensors = read_tensors(path / STATE_TENSORS)
     try:
         tree = json.loads((path / STATE_JSON).read_text())
         state = from_data(tree, tensors)
@@ -212,7 +218,7 @@ def load_checkpoint(path: Path) -> Checkpoint:
         raise CheckpointError(f"{path}: {STATE_JSON} cannot be read ({err})") from None
     model_tensors: dict[str, torch.Tensor] = {}
     for file in sorted((path / MODEL_DIR).glob("*.safetensors")):
-        model_tensors.update(_read_tensors(file))
+        model_tensors.update(read_tensors(file))
     if not model_tensors:
         raise CheckpointError(f"{path}: no weights in {MODEL_DIR}/")
     return Checkpoint(path, int(state["step"]), state, model_tensors)
@@ -246,7 +252,7 @@ def _verify_file(path: Path, name: str, entry: dict[str, Any]) -> None:
                               "(altered after saving)")
 
 
-def _read_tensors(file: Path) -> dict[str, torch.Tensor]:
+def read_tensors(file: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     try:

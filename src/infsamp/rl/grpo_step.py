@@ -12,9 +12,14 @@
       -> clip, optimizer step, scheduler step
 
 Because each micro-batch's loss is normalised by totals of the whole batch and every mask is fixed
-per step, the accumulated gradient equals the full-batch gradient (tested). An out-of-memory error
-in a micro-batch splits that micro-batch in two and retries it; gradients of the micro-batches
-already done are kept.
+per step, the accumulated gradient equals the full-batch gradient (tested). Over several ranks
+`totals` is the whole step's (every rank's: sequences and loss tokens after the truncation mask),
+the high-entropy threshold is a quantile over every rank's tokens (so the masks are those of one
+process), and `parallel` (rl/strategies.py) reduces the gradients: each rank's last backward only
+(DDP), or every backward with the ranks running equally many micro-batches (FSDP); the logged
+loss, token and importance-weight statistics are reduced over ranks. An out-of-memory error in a
+micro-batch splits that micro-batch in two and retries it; gradients of the micro-batches already
+done are kept.
 A NaN or inf loss or gradient norm is never applied: the gradients are dropped and
 `NonFiniteError` raised (`training.nonfinite: stop`), or the update is skipped and counted
 (`skip`).
@@ -29,7 +34,8 @@ from __future__ import annotations
 import contextlib
 import math
 import warnings
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, fields
 from typing import Any, Callable, NamedTuple, Sequence
 
 import torch
@@ -37,11 +43,14 @@ from torch import Tensor
 
 from infsamp.config import TrainingConfig
 from infsamp.errors import NonFiniteError
-from infsamp.rl.logprobs import (build_micro_batches, micro_batch_logprobs_and_entropy,
+from infsamp.rl.distributed import Ranks
+from infsamp.rl.importance import MismatchStats, engine_importance_weights
+from infsamp.rl.logprobs import (build_micro_batches, make_micro_batch, micro_batch_logprobs,
+                                 micro_batch_logprobs_and_entropy, plan_prompt_completion_batches,
                                  sequence_logprobs, sequence_logprobs_and_entropy)
 from infsamp.rl.losses import (LOSS_TYPES, BatchTotals, LossStats, clip_range, high_entropy_masks,
                                per_token_loss)
-from infsamp.rl.importance import MismatchStats, engine_importance_weights
+from infsamp.rl.strategies import Strategy
 
 DEFAULT_MICRO_BATCH_TOKENS = 8192
 MIN_MICRO_BATCH_TOKENS = 64
@@ -73,12 +82,31 @@ def is_out_of_memory(err: BaseException) -> bool:
     return isinstance(err, torch.OutOfMemoryError) or "out of memory" in str(err).lower()
 
 
+def with_last(items: Iterable) -> Iterator[tuple[Any, bool]]:
+    """(item, is it the last one) without materialising a generator."""
+    iterator = iter(items)
+    current = next(iterator, with_last)
+    while current is not with_last:
+        following = next(iterator, with_last)
+        yield current, following is with_last
+        current = following
+
+
+def plan_micro_batches_of(rollout: Rollout, max_tokens: int) -> list[list[int]]:
+    return plan_prompt_completion_batches([len(p) for p in rollout.prompt_ids],
+                                          [len(c) for c in rollout.completion_ids], max_tokens)
+
+
 class GRPOStep:
     def __init__(self, model, cfg: TrainingConfig, *, pad_token_id: int, temperature: float,
                  max_completion_length: int, ref_model=None, micro_batch_tokens: int = 0,
                  importance_sampling: str = "token_truncate",
-                 importance_sampling_cap: float = 3.0):
-        self.model = model
+                 importance_sampling_cap: float = 3.0, parallel: Strategy | None = None):
+        self.model = model  # what the training forward runs through (a DDP/FSDP module or not)
+        if parallel is None:  # one process
+            parallel = Strategy(Ranks())
+            parallel.wrap(model)
+        self.parallel = parallel
         self.cfg = cfg
         self.pad_token_id = pad_token_id
         self.temperature = temperature
@@ -103,51 +131,63 @@ class GRPOStep:
                                  max_tokens=self.micro_batch_tokens, pad_token_id=self.pad_token_id,
                                  temperature=self.temperature, grad=False)
 
-    def reference_logprobs(self, rollout: Rollout) -> list[Tensor] | None:
+    def reference_logprobs(self, rollout: Rollout, model=None) -> list[Tensor] | None:
         if self.cfg.beta == 0:
             return None
         if self.ref_model is not None:
             return self._logprobs(self.ref_model, rollout)
-        with self.model.disable_adapter():  # LoRA: the base model is the reference
-            return self._logprobs(self.model, rollout)
+        model = model or self.model
+        with model.disable_adapter():  # LoRA: the base model is the reference
+            return self._logprobs(model, rollout)
 
-    def carries_loss(self, rollout: Rollout) -> list[bool]:
+    def carries_loss(self, truncated: Sequence[bool] | None, num: int) -> list[bool]:
         """False where a sequence carries no loss (truncated, with mask_truncated_completions)."""
-        truncated = rollout.truncated or [False] * len(rollout.completion_ids)
-        if len(truncated) != len(rollout.completion_ids):
-            raise ValueError(f"Rollout.truncated: {len(truncated)} flags for "
-                             f"{len(rollout.completion_ids)} completions")
+        truncated = truncated or [False] * num
+        if len(truncated) != num:
+            raise ValueError(f"Rollout.truncated: {len(truncated)} flags for {num} completions")
         return [not (self.cfg.mask_truncated_completions and cut) for cut in truncated]
 
-    def step_inputs(self, rollout: Rollout) -> StepInputs:
-        """Masks, totals and the no-grad passes of one step (each pass only when needed)."""
-        keep = self.carries_loss(rollout)
+    def totals_of(self, lengths: Sequence[int], truncated: Sequence[bool] | None) -> BatchTotals:
+        """The loss normaliser of a step whose completions have these lengths (every rank's)."""
+        keep = self.carries_loss(truncated, len(lengths))
+        return BatchTotals.from_lengths([n if k else 0 for n, k in zip(lengths, keep)],
+                                        self.max_completion_length)
+
+    def step_inputs(self, rollout: Rollout, totals: BatchTotals | None = None) -> StepInputs:
+        """Masks, totals and the no-grad passes of one step (each pass only when needed), run
+        through the strategy's whole-weights module (its forward is this rank's alone).
+        `totals`: the whole step's when this rollout is one rank's share (default: its own)."""
+        keep = self.carries_loss(rollout.truncated, len(rollout.completion_ids))
+        totals = totals or self.totals_of([len(c) for c in rollout.completion_ids],
+                                          rollout.truncated)
         old = token_masks = None
-        if self.cfg.top_entropy_quantile < 1.0:  # one pass gives the entropies and old log-probs
-            logps, entropies = sequence_logprobs_and_entropy(
-                self.model, rollout.prompt_ids, rollout.completion_ids,
-                max_tokens=self.micro_batch_tokens, pad_token_id=self.pad_token_id,
-                temperature=self.temperature)
-            token_masks = high_entropy_masks(entropies, keep, self.cfg.top_entropy_quantile)
-            old = logps if self.cfg.num_iterations > 1 else None
-        elif self.cfg.num_iterations > 1:
-            old = self._logprobs(self.model, rollout)
-        lengths = [len(c) if k else 0 for c, k in zip(rollout.completion_ids, keep)]
-        totals = BatchTotals.from_lengths(lengths, self.max_completion_length)
-        return StepInputs(torch.tensor(keep, dtype=torch.float32), totals, old,
-                          self.reference_logprobs(rollout), token_masks)
+        with self.parallel.inference_model() as model:
+            if self.cfg.top_entropy_quantile < 1.0:  # one pass: entropies and old log-probs
+                logps, entropies = sequence_logprobs_and_entropy(
+                    model, rollout.prompt_ids, rollout.completion_ids,
+                    max_tokens=self.micro_batch_tokens, pad_token_id=self.pad_token_id,
+                    temperature=self.temperature)
+                token_masks = high_entropy_masks(entropies, keep, self.cfg.top_entropy_quantile,
+                                                 gather=self.parallel.ranks.gather_values)
+                old = logps if self.cfg.num_iterations > 1 else None
+            elif self.cfg.num_iterations > 1:
+                old = self._logprobs(model, rollout)
+            ref = self.reference_logprobs(rollout, model)
+        return StepInputs(torch.tensor(keep, dtype=torch.float32), totals, old, ref, token_masks)
 
     # ------------------------------------------------------------------ training
 
-    def optimize(self, rollout: Rollout, optimizer, scheduler) -> dict[str, Any]:
-        """num_iterations optimizer steps on one rollout; returns TRL-named metrics."""
+    def optimize(self, rollout: Rollout, optimizer, scheduler,
+                 totals: BatchTotals | None = None) -> dict[str, Any]:
+        """num_iterations optimizer steps on one rollout; returns TRL-named metrics. `totals`:
+        the whole step's sizes when this rollout is one rank's share (default: the rollout's)."""
         self.model.train()
-        inputs = self.step_inputs(rollout)
+        inputs = self.step_inputs(rollout, totals)
         metrics: dict[str, Any] = {}
         self.mismatch = MismatchStats()
         for iteration in range(self.cfg.num_iterations):
             self._first_pass = iteration == 0
-            loss, stats = self.accumulate_gradients(rollout, inputs)
+            loss, stats = self._summed(*self.accumulate_gradients(rollout, inputs))
             grad_norm = self._clip()
             metrics = {"loss": loss, "grad_norm": grad_norm, **stats.metrics()}
             checked = (("loss", loss), ("gradient norm", grad_norm))
@@ -162,7 +202,7 @@ class GRPOStep:
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
-        metrics.update(self.mismatch.metrics())
+        metrics.update(self._mismatch_metrics())
         metrics["train/micro_batch_tokens"] = self.micro_batch_tokens
         metrics["train/oom_retries"] = self.num_oom_retries
         metrics["train/skipped_updates"] = self.num_skipped_updates
@@ -177,6 +217,22 @@ class GRPOStep:
                 scheduler.step()
             self.num_skipped_updates += 1
 
+    def _summed(self, loss: float, stats: LossStats) -> tuple[float, LossStats]:
+        """The loss and its token statistics over every rank (one process: as they are)."""
+        values = self.parallel.sum([loss, *(getattr(stats, f.name) for f in fields(stats))])
+        return values[0], LossStats(*values[1:])
+
+    def _mismatch_metrics(self) -> dict[str, float]:
+        """The engine log-prob mismatch over every rank's tokens (sums, and extremes)."""
+        m, ranks = self.mismatch, self.parallel.ranks
+        if ranks.distributed:
+            m.num_tokens, m.abs_diff_sum, m.weight_sum = ranks.sum(
+                [m.num_tokens, m.abs_diff_sum, m.weight_sum])
+            m.abs_diff_max, m.weight_max, lowest = ranks.max(
+                [m.abs_diff_max, m.weight_max, -m.weight_min])
+            m.weight_min = -lowest
+        return m.metrics()
+
     def _clip(self) -> float:
         params = [p for p in self.model.parameters() if p.grad is not None]
         if not params:
@@ -185,28 +241,42 @@ class GRPOStep:
         return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
 
     def accumulate_gradients(self, rollout: Rollout, inputs: StepInputs,
-                             indices: Sequence[int] | None = None,
-                             max_tokens: int | None = None) -> tuple[float, LossStats]:
+                             indices: Sequence[int] | None = None, max_tokens: int | None = None,
+                             sync_last: bool = True) -> tuple[float, LossStats]:
         """Backward over micro-batches of `indices`; returns (summed loss value, summed stats)."""
         total_loss, total_stats = 0.0, LossStats()
         device = next(self.model.parameters()).device
+        budget = max_tokens or self.micro_batch_tokens
         batches = build_micro_batches(rollout.prompt_ids, rollout.completion_ids,
-                                      max_tokens=max_tokens or self.micro_batch_tokens,
-                                      pad_token_id=self.pad_token_id, device=device,
-                                      indices=indices)
-        for mb in batches:
+                                      max_tokens=budget, pad_token_id=self.pad_token_id,
+                                      device=device, indices=indices)
+        padding = 0 if indices is not None else self.parallel.padding_batches(
+            len(plan_micro_batches_of(rollout, budget)))
+        for mb, last in with_last(batches):
+            sync = last and sync_last and not padding  # DDP: only the rank's last backward reduces
             try:
-                loss, stats = self._micro_batch_backward(mb, rollout, inputs)
+                with self.parallel.backward_sync(sync):
+                    loss, stats = self._micro_batch_backward(mb, rollout, inputs)
             except (torch.OutOfMemoryError, RuntimeError) as err:
-                if not is_out_of_memory(err) or len(mb.indices) == 1:
+                if not is_out_of_memory(err) or len(mb.indices) == 1 or \
+                        not self.parallel.can_split_micro_batches:
                     raise
-                loss, stats = self._retry_smaller(mb, rollout, inputs)
+                loss, stats = self._retry_smaller(mb, rollout, inputs, sync)
             total_loss, total_stats = total_loss + loss, total_stats + stats
             if self.on_micro_batch is not None:
                 self.on_micro_batch(len(mb.indices))
+        for _ in range(padding):  # FSDP: as many forward/backward collectives as the other ranks
+            self._padding_backward(rollout, device)
         return total_loss, total_stats
 
-    def _retry_smaller(self, mb, rollout: Rollout, inputs: StepInputs) -> tuple[float, LossStats]:
+    def _padding_backward(self, rollout: Rollout, device) -> None:
+        """A zero-weight micro-batch (one sequence): its collectives run, gradients stay."""
+        mb = make_micro_batch(rollout.prompt_ids, rollout.completion_ids, [0], self.pad_token_id,
+                              device)
+        (micro_batch_logprobs(self.model, mb, self.temperature).sum() * 0.0).backward()
+
+    def _retry_smaller(self, mb, rollout: Rollout, inputs: StepInputs,
+                       sync_last: bool = True) -> tuple[float, LossStats]:
         """Split the failed micro-batch in two (halving the token budget for the rest of the run)."""
         self.num_oom_retries += 1
         with contextlib.suppress(Exception):
@@ -214,7 +284,8 @@ class GRPOStep:
         padded = mb.input_ids.numel()
         self.micro_batch_tokens = max(MIN_MICRO_BATCH_TOKENS, self.micro_batch_tokens // 2)
         return self.accumulate_gradients(rollout, inputs, indices=mb.indices,
-                                         max_tokens=max(MIN_MICRO_BATCH_TOKENS, padded // 2))
+                                         max_tokens=max(MIN_MICRO_BATCH_TOKENS, padded // 2),
+                                         sync_last=sync_last)
 
     def _micro_batch_backward(self, mb, rollout: Rollout,
                               inputs: StepInputs) -> tuple[float, LossStats]:

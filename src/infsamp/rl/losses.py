@@ -227,19 +227,24 @@ def quantile(values: Tensor, q: float) -> Tensor:
 
 
 def high_entropy_masks(entropies: Sequence[Tensor], carries_loss: Sequence[bool],
-                       top_quantile: float) -> list[Tensor]:
+                       top_quantile: float,
+                       gather: Callable[[Tensor], Tensor] | None = None) -> list[Tensor]:
     """Per sequence, 1.0 on tokens whose entropy is in the top `top_quantile` of the step's loss
     tokens.
 
     The threshold is the (1 - top_quantile) quantile over every token of the sequences that carry
     loss (TRL `top_entropy_quantile`; "Beyond the 80/20 Rule", Wang et al. 2025), so it does not
     depend on how the step is split into micro-batches. Sequences that carry no loss get an
-    all-zero mask.
+    all-zero mask. `gather` turns this rank's pool into every rank's (several processes), so the
+    threshold is the whole step's and the masks are those of one process.
     """
     pool = [e.float() for e, keep in zip(entropies, carries_loss) if keep and e.numel()]
-    if not pool:
+    pool = torch.cat(pool) if pool else torch.zeros(0)  # [n]
+    if gather is not None:
+        pool = gather(pool)
+    if not pool.numel():
         return [torch.zeros_like(e, dtype=torch.float32) for e in entropies]
-    threshold = quantile(torch.cat(pool), 1.0 - top_quantile)
+    threshold = quantile(pool, 1.0 - top_quantile)
     return [((e.float() >= threshold) & keep).float()
             for e, keep in zip(entropies, carries_loss)]
 

@@ -44,12 +44,15 @@ def device_memory_bytes(device: torch.device, model: torch.nn.Module, basis: str
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") + held
 
 
-def plan_run(cfg: Config, model: torch.nn.Module, device: torch.device) -> RunSizes:
+def plan_run(cfg: Config, model: torch.nn.Module, device: torch.device,
+             num_ranks: int = 1, strategy: str = "single") -> RunSizes:
+    """Sizes for this process; with several ranks it samples about 1/num_ranks of the prompts and
+    holds what `strategy` (ddp, fsdp) leaves on one device."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     memory = device_memory_bytes(device, model, cfg.training.micro_batch_memory)
     plan = plan_memory(
         shape_from_config(base.config), gpu_memory_bytes=memory,
-        group_size=cfg.sampling.num_generations * cfg.training.prompts_per_step,  # samples decoded per step
+        group_size=cfg.sampling.num_generations * -(-cfg.training.prompts_per_step // num_ranks),
         max_prompt=cfg.data.max_prompt_length,
         max_completion=cfg.sampling.max_new_tokens, lora_rank=cfg.model.lora_rank,
         optimizer=cfg.training.optimizer, gradient_checkpointing=cfg.model.gradient_checkpointing,
@@ -58,7 +61,8 @@ def plan_run(cfg: Config, model: torch.nn.Module, device: torch.device) -> RunSi
         load_in_4bit=cfg.model.load_in_4bit, device="cuda" if device.type == "cuda" else "cpu",
         micro_group=cfg.sampling.micro_group,
         engine=resolve_engine_name(cfg.sampling.engine, device, cfg.model.load_in_4bit),
-        engine_sleep=cfg.sampling.vllm_sleep != "off" and device.type == "cuda")
+        engine_sleep=cfg.sampling.vllm_sleep != "off" and device.type == "cuda",
+        num_devices=num_ranks, strategy=strategy)
     kv = plan.kv_budget_tokens if cfg.sampling.kv_budget == "auto" and plan.micro_group > 0 else None
     tokens = cfg.training.train_micro_batch_tokens or max(plan.train_micro_batch_tokens,
                                                           cfg.data.max_prompt_length + cfg.sampling.max_new_tokens)

@@ -29,8 +29,9 @@ from infsamp.rl.optim import LR_SCHEDULERS, schedule_horizon
 from infsamp.rl.run_log import RUN_LOGS, rewind
 
 
-def prepare_run_folder(cfg: Config) -> ckpt.Checkpoint | None:
-    """Create or check `logging.output_dir`; returns the verified checkpoint to resume, or None."""
+def prepare_run_folder(cfg: Config, check=None) -> ckpt.Checkpoint | None:
+    """Create or check `logging.output_dir`; returns the verified checkpoint to resume, or None.
+    `check(checkpoint)` may refuse it before anything in the folder changes (the launch's)."""
     out = Path(cfg.logging.output_dir)
     resume = cfg.checkpointing.resume
     if not resume:
@@ -42,6 +43,8 @@ def prepare_run_folder(cfg: Config) -> ckpt.Checkpoint | None:
     if found is None:
         return _nothing_to_resume(out, resume)
     run_identity_matches(cfg, found)
+    if check is not None:
+        check(found)
     _rewind_logs(out, found.step)
     return found
 

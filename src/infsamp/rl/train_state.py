@@ -21,31 +21,42 @@ from infsamp.rl.run_folder import run_identity
 from infsamp.rl.state_data import rng_state, set_rng_state
 
 
-def training_state(trainer) -> dict[str, Any]:
+def training_state(trainer, optimizer: bool = True) -> dict[str, Any]:
+    """`optimizer=False`: its state is sharded and saved per rank (FSDP: rank_checkpoint.py)."""
     predictor = trainer.sampler.predictor
     return {"run": run_identity(trainer.cfg), "schedule": trainer.horizon,
-            "optimizer": trainer.optimizer.state_dict(),
+            "optimizer": trainer.optimizer.state_dict() if optimizer else None,
             "scheduler": trainer.scheduler.state_dict(),
             "rng": rng_state(), "generator": trainer.generator.get_state(),
             "data": trainer.stream.state_dict(), "eval_before": trainer.eval_before,
             "last_eval": [trainer._last_eval, trainer._last_eval_step],
-            "counters": _counters(trainer),
+            "counters": sampler_counters(trainer),
             "predictor": predictor.state_dict() if predictor is not None else None}
 
 
 def restore_training_state(trainer, found: Checkpoint) -> None:
     state = found.state
-    load_weights(trainer.model, found, lora=trainer.cfg.model.lora_rank > 0)
-    trainer.optimizer.load_state_dict(state["optimizer"])
+    if state["optimizer"] is None:  # FSDP: weights and optimizer state in the ranks' shards
+        from infsamp.rl.rank_checkpoint import load_shards
+
+        load_shards(trainer.model, trainer.optimizer, found, trainer.ranks.rank,
+                    trainer.ranks.world_size)
+    else:
+        load_weights(trainer.model, found, lora=trainer.cfg.model.lora_rank > 0)
+        trainer.optimizer.load_state_dict(state["optimizer"])
     trainer.scheduler.load_state_dict(state["scheduler"])
     set_rng_state(state["rng"])
     trainer.generator.set_state(state["generator"])
     trainer.stream.load_state_dict(state["data"])
     trainer.step, trainer.eval_before = found.step, state["eval_before"]
     trainer._last_eval, trainer._last_eval_step = state["last_eval"]
-    _set_counters(trainer, state["counters"])
+    set_sampler_counters(trainer, state["counters"])
     if trainer.sampler.predictor is not None:
         trainer.sampler.predictor.load_state_dict(state["predictor"])
+    if "ranks" in state:  # written by several ranks: each takes its own sampler state
+        from infsamp.rl.rank_checkpoint import restore_rank_state
+
+        restore_rank_state(trainer, found)
 
 
 def load_weights(model, found: Checkpoint, lora: bool) -> None:
@@ -66,7 +77,7 @@ def load_weights(model, found: Checkpoint, lora: bool) -> None:
                               f"{more} more)")
 
 
-def _counters(trainer) -> dict[str, Any]:
+def sampler_counters(trainer) -> dict[str, Any]:
     sampling, grpo = trainer.sampler.cfg, trainer.grpo
     return {"sampling_oom_retries": trainer.num_sampling_oom_retries,
             "micro_group": sampling.micro_group, "policy": sampling.policy,
@@ -75,7 +86,7 @@ def _counters(trainer) -> dict[str, Any]:
             "skipped_updates": grpo.num_skipped_updates}
 
 
-def _set_counters(trainer, counters: dict[str, Any]) -> None:
+def set_sampler_counters(trainer, counters: dict[str, Any]) -> None:
     sampling, grpo = trainer.sampler.cfg, trainer.grpo
     trainer.num_sampling_oom_retries = counters["sampling_oom_retries"]
     sampling.micro_group, sampling.policy = counters["micro_group"], counters["policy"]

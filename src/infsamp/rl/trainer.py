@@ -16,7 +16,12 @@ sampling and evaluation, and checked against the settings), then the weights. Wh
 SIGTERM/SIGINT end the step and save (`signals.py`), and a non-finite loss, gradient norm or
 reward stops the run before it is applied (or skips it: `training.nonfinite`).
 
-Deliberately simple: one process, one device; the reward functions run in the trainer's process.
+Several processes (torchrun / accelerate launch): `distributed.py` joins them, `strategies.py`
+wraps the model (DDP or FSDP2), `rank_step.py` divides each step's prompts between the ranks and
+gathers what the step's statistics need, `rank_checkpoint.py` writes one checkpoint for all. Rank 0
+alone decides the run folder and writes the logs, plots and checkpoints' shared files.
+
+Deliberately simple: the reward functions run in each rank's own process, on its own groups.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from infsamp.models.loading import (load_model_and_tokenizer, load_tokenizer, qu
 from infsamp.rewards import check_async_allowed, compute_rewards, load_reward_functions
 from infsamp.rl import checkpoint as ckpt
 from infsamp.rl.advantages import compute_advantages
+from infsamp.rl.distributed import Ranks, init_ranks, reshard_after_forward
 from infsamp.rl.evaluation import evaluate_accuracy
 from infsamp.rl.memory import plan_run
 from infsamp.rl.grpo_step import DEFAULT_MICRO_BATCH_TOKENS, GRPOStep, Rollout, is_out_of_memory
@@ -46,9 +52,11 @@ from infsamp.rl.optim import build_optimizer, build_scheduler, schedule_horizon
 from infsamp.rl.precision import resolve_precision
 from infsamp.rl.prompt_stream import PromptStream
 from infsamp.rl.progress import RunProgress
-from infsamp.rl.run_folder import prepare_run_folder
+from infsamp.rl.rank_checkpoint import NullLogger, prepare_run_folder_on_ranks, save_on_ranks
+from infsamp.rl.rank_step import RankSteps
 from infsamp.rl.run_log import RunLogger, completion_records
 from infsamp.rl.signals import StopSignals
+from infsamp.rl.strategies import make_strategy
 from infsamp.rl.train_state import restore_training_state, training_state
 from infsamp.sampling.engines.base import make_engine
 from infsamp.sampling.length_predictor import make_predictor
@@ -119,19 +127,22 @@ class GRPOTrainer:
     """`GRPOTrainer(cfg).train()`; pass `reward_funcs` to use Python callables instead of names."""
 
     def __init__(self, cfg: Config, reward_funcs: list[tuple[str, Callable]] | None = None,
-                 step_callback: Callable[[int, dict[str, Any]], None] | None = None):
+                 step_callback: Callable[[int, dict[str, Any]], None] | None = None,
+                 ranks: Ranks | None = None):
         self.cfg = cfg.validate()
+        self.ranks = ranks or init_ranks(cfg)  # one process, or this rank of a launch
         self.output_dir = Path(cfg.logging.output_dir)
         self.reward_funcs = reward_funcs or _load_rewards(cfg)
         check_async_allowed(self.reward_funcs, cfg.rewards.allow_async)
-        self.resume_from = prepare_run_folder(cfg)  # before anything loads
+        self.resume_from = prepare_run_folder_on_ranks(cfg, self.ranks)  # before anything loads
         warn_about_settings(cfg)
         seed_everything(cfg.training.seed)
         quiet_transformers()
-        self.device = resolve_device(cfg.model.device)
+        self.device = self.ranks.device(cfg.model.device)
         self.precision = resolve_precision(cfg, self.device)  # its checks run before loading
         self.tokenizer = load_tokenizer(cfg.model.name_or_path)
-        self.train_prompts, self.eval_prompts = self._load_prompts()
+        with self.ranks.main_first():  # rank 0 fills the datasets cache
+            self.train_prompts, self.eval_prompts = self._load_prompts()
         self.model, _ = load_model_and_tokenizer(cfg.model, self.device, tokenizer=self.tokenizer,
                                                  precision=self.precision)
         self.stop_token_ids = stop_token_ids(self.model, self.tokenizer)
@@ -139,22 +150,29 @@ class GRPOTrainer:
         self.reward_weights = cfg.rewards.weights or [1.0] * len(self.reward_funcs)
         self.stream = PromptStream(self.train_prompts.prompts, cfg.training.prompts_per_step,
                                    cfg.training.seed)
-        self.sizes = plan_run(cfg, self.model, self.device)
+        self.sizes = plan_run(cfg, self.model, self.device, self.ranks.world_size,
+                              self.ranks.strategy)
         sampling_cfg = replace(cfg.sampling, kv_budget=str(self.sizes.kv_budget_tokens)) \
             if self.sizes.kv_budget_tokens else replace(cfg.sampling)
         limits = engine_limits(sampling_cfg, self.model, cfg.data.max_prompt_length,
                                cfg.training.prompts_per_step)
-        self.engine = make_engine(cfg.sampling.engine, self.model, sampling_cfg, limits)  # kept
-        self.sampler = GroupSampler(self.model, self.tokenizer, sampling_cfg,
+        self.ref_model = self._reference_model()
+        self.strategy = make_strategy(self.ranks, reshard_after_forward(cfg))
+        train_model = self.strategy.wrap(self.model)  # DDP wrapper, or the model sharded in place
+        with self.strategy.inference_model() as model:  # FSDP: whole weights to start from
+            self.engine = make_engine(cfg.sampling.engine, model, sampling_cfg, limits)  # kept
+        self.sampler = GroupSampler(self.strategy.sampling_model(), self.tokenizer, sampling_cfg,
                                     predictor=self._length_predictor(), engine=self.engine)
         self.generator = torch.Generator(device="cpu").manual_seed(cfg.training.seed)
-        self.ref_model = self._reference_model()
-        self.grpo = GRPOStep(self.model, cfg.training, pad_token_id=self.tokenizer.pad_token_id,
+        self.grpo = GRPOStep(train_model, cfg.training, pad_token_id=self.tokenizer.pad_token_id,
                              temperature=cfg.sampling.temperature or 1.0, ref_model=self.ref_model,
                              max_completion_length=cfg.sampling.max_new_tokens,
                              micro_batch_tokens=self.sizes.train_micro_batch_tokens,
                              importance_sampling=cfg.sampling.vllm_importance_sampling,
-                             importance_sampling_cap=cfg.sampling.vllm_importance_sampling_cap)
+                             importance_sampling_cap=cfg.sampling.vllm_importance_sampling_cap,
+                             parallel=self.strategy)
+        self.rank_steps = RankSteps(self.ranks, cfg.sampling.num_generations,
+                                    cfg.sampling.max_new_tokens, cfg.distributed.assignment)
         self.optimizer = build_optimizer(self.model, cfg.training, self.precision)
         self.horizon = self.resume_from.state["schedule"] if self.resume_from else \
             schedule_horizon(cfg.training)  # a resumed run keeps the schedule it started with
@@ -166,7 +184,8 @@ class GRPOTrainer:
         self._saved_step = -1
         self._resume()
         try:
-            save_config(cfg, self.output_dir / "config.yaml")
+            if self.ranks.is_main:
+                save_config(cfg, self.output_dir / "config.yaml")
         except OSError as err:
             raise RunFolderError(f"cannot write {self.output_dir / 'config.yaml'}: "
                                  f"{err.strerror or err}") from None
@@ -209,7 +228,7 @@ class GRPOTrainer:
         if self.resume_from is not None:
             restore_training_state(self, self.resume_from)
             self._saved_step = self.step
-            self.engine.load_weights(self.model)  # the engine samples from the restored policy
+            self._push_weights()  # the engine samples from the restored policy
 
     # ------------------------------------------------------------------ loop
 
@@ -218,11 +237,12 @@ class GRPOTrainer:
         if self.resume_from is not None and self.step >= cfg.training.max_steps:
             print(f"the run finished at step {self.step} (training.max_steps "
                   f"{cfg.training.max_steps}): nothing to do")
+            self.ranks.finish()
             self.close()
             return TrainResult(self.output_dir, self.step, self.eval_before,
                                self._eval_at(self.step))
         logger = RunLogger(self.output_dir, cfg.training.max_steps, self.step, cfg.logging.log_every,
-                           cfg.logging.progress_bar)
+                           cfg.logging.progress_bar) if self.ranks.is_main else NullLogger()
         ok = False
         try:
             log = cfg.logging
@@ -240,7 +260,8 @@ class GRPOTrainer:
                 self._save()
                 self._stop_if_asked(stop)
             if cfg.logging.plot:
-                logger.log_plot(self.step)
+                logger.log_plot(self.step)  # rank 0's logger; a no-op on the others
+            self.ranks.finish()
             ok = True
         finally:
             logger.close(ok)
@@ -248,9 +269,12 @@ class GRPOTrainer:
         return TrainResult(self.output_dir, self.step, self.eval_before, eval_after)
 
     def _stop_if_asked(self, stop: StopSignals) -> None:
-        """After a signal: save (checkpointing.save_on_signal) and stop, exit code 128 + signal."""
-        if not stop.requested:
+        """After a signal: save (checkpointing.save_on_signal) and stop, exit code 128 + signal.
+        Several ranks stop together when any of them received one."""
+        received = int(self.ranks.max([stop.received or 0])[0])
+        if not received:
             return
+        stop.received = stop.received or received
         if self.cfg.checkpointing.save_on_signal:
             what = f"saved {self._save().name} in {self.output_dir} (continue with --resume)"
         else:
@@ -273,6 +297,7 @@ class GRPOTrainer:
 
     _last_eval: float | None = None
     _last_eval_step: int = -1
+    _totals = None  # BatchTotals of the whole step (every rank's completions)
 
     def _evaluated_at(self, step: int) -> bool:
         return self._last_eval_step == step
@@ -287,10 +312,14 @@ class GRPOTrainer:
         start = time.perf_counter()
         logger.progress.phase("evaluating", len(prompts), "problems")
         max_new = self.cfg.eval.max_new_tokens or self.cfg.sampling.max_new_tokens
-        accuracy = evaluate_accuracy(self.model, self.tokenizer, [p.token_ids for p in prompts],
-                                     [p.example["answer"] for p in prompts],
-                                     stop_token_ids=self.stop_token_ids, max_new_tokens=max_new,
-                                     temperature=self.cfg.eval.temperature)
+        mine = prompts[self.ranks.rank::self.ranks.world_size]  # each rank a share, then summed
+        with self.strategy.inference_model() as model:
+            share = evaluate_accuracy(model, self.tokenizer, [p.token_ids for p in mine],
+                                      [p.example["answer"] for p in mine],
+                                      stop_token_ids=self.stop_token_ids, max_new_tokens=max_new,
+                                      temperature=self.cfg.eval.temperature) if mine else 0.0
+        solved, total = self.ranks.sum([round(share * len(mine)), len(mine)])
+        accuracy = solved / total
         logger.progress.advance(len(prompts))
         logger.log_eval(self.step, {"eval/accuracy": accuracy, "eval/num_problems": len(prompts),
                                     "eval/dropped_prompts": self.eval_prompts.num_dropped,
@@ -301,13 +330,28 @@ class GRPOTrainer:
     def _save(self) -> Path:
         """checkpoint-<step>, once per step (a signal right after a periodic save adds nothing)."""
         path = self.output_dir / f"checkpoint-{self.step}"
-        if self._saved_step == self.step and (path / ckpt.MANIFEST).is_file():
+        if self._saved_step == self.step and self.ranks.broadcast_json(
+                (path / ckpt.MANIFEST).is_file() if self.ranks.is_main else None):
+            return path
+        if self.ranks.distributed:
+            path = save_on_ranks(self)
+            self._saved_step = self.step
             return path
         path = ckpt.save_checkpoint(self.output_dir, self.step, model=self.model,
                                     tokenizer=self.tokenizer, state=training_state(self),
                                     keep_last=self.cfg.checkpointing.keep_last)
         self._saved_step = self.step
         return path
+
+    def _push_weights(self) -> None:
+        """The engine takes the current weights: the slot engine decodes with the strategy's
+        sampling model; an engine with its own copy (vLLM) gets the whole weights pushed (FSDP:
+        gathered from the shards, a collective every rank enters)."""
+        if not self.engine.copies_weights:
+            self.engine.load_weights(self.strategy.sampling_model())
+            return
+        with self.strategy.inference_model() as model:
+            self.engine.load_weights(model)
 
     def close(self) -> None:
         """Free the sampling engine (vLLM's pool and weights); no sampling afterwards."""
@@ -329,44 +373,54 @@ class GRPOTrainer:
             num_updates = len(rollout.completion_ids) * self.cfg.training.num_iterations
             progress.phase("update", num_updates, "sequences")
             self.grpo.on_micro_batch = progress.advance
-            loss_metrics = self.grpo.optimize(rollout, self.optimizer, self.scheduler)
+            loss_metrics = self.grpo.optimize(rollout, self.optimizer, self.scheduler,
+                                              self._totals)
         except NonFiniteError as err:
             loss_metrics = self._on_non_finite(err)
-        self.engine.load_weights(self.model)  # the next step samples from the updated policy
+        self._push_weights()  # the next step samples from the updated policy
         self.step += 1
         learning_rate = float(self.scheduler.get_last_lr()[0])  # torchao keeps it as a tensor
-        return {**sample_metrics, **loss_metrics, "learning_rate": learning_rate,
-                "epoch": self.stream.epoch, "step_time": round(time.perf_counter() - start, 3)}
+        metrics = {**sample_metrics, **loss_metrics, "learning_rate": learning_rate,
+                   "epoch": self.stream.epoch, "step_time": round(time.perf_counter() - start, 3)}
+        return self.rank_steps.finish_metrics(metrics)
 
     def _rollout(self, batch: list[tuple[int, EncodedPrompt]], progress: RunProgress):
-        """Sample, score and normalise one step's groups; returns (Rollout, metrics, trace lines)."""
+        """Sample, score and normalise this rank's groups of the step (all of them in one
+        process); returns (Rollout, the step's metrics, its trace lines, its completion records:
+        rank 0 alone writes them)."""
         G = self.cfg.sampling.num_generations
-        prompt_ids = [p.token_ids for _, p in batch]
-        keys = [str(p.index) for _, p in batch]
-        progress.phase("sampling", len(batch) * G, "samples")
-        result = self._sample_with_retry(prompt_ids, G, keys, [p.text for _, p in batch], progress)
-        completions = [c for group in result.groups for c in group]  # group-major, N = B*G
-        examples = [p.example for _, p in batch for _ in range(G)]
+        share = self.rank_steps.share(batch)  # indices into batch: this rank's whole groups
+        mine = [batch[i][1] for i in share]
+        prompt_ids = [p.token_ids for p in mine]
+        progress.phase("sampling", len(mine) * G, "samples")
+        result = self._sample_with_retry(prompt_ids, G, [str(p.index) for p in mine],
+                                         [p.text for p in mine], share, progress)
+        completions = [c for group in result.groups for c in group]  # group-major, N = b*G
+        examples = [p.example for p in mine for _ in range(G)]
         progress.phase("scoring", len(completions), "completions")
         rewards = self._score(examples, completions)
         progress.advance(len(completions))
-        adv = compute_advantages(torch.tensor(rewards.total, dtype=torch.float32), G,
+        step = self.rank_steps.combine(batch, share, result.groups, rewards,
+                                       result.stats.to_metrics())  # the whole step's values
+        adv = compute_advantages(torch.tensor(step.rewards.total, dtype=torch.float32), G,
                                  self.cfg.training.scale_rewards)
+        self._totals = self.grpo.totals_of([c.length for c in step.completions],
+                                           [c.finish_reason == "length" for c in step.completions])
+        advantages = adv.advantages[step.local_rows]  # [b*G]: this rank's rows
         engine_logprobs = ([torch.tensor(c.logprobs, dtype=torch.float32) for c in completions]
                            if all(c.logprobs is not None for c in completions) else None)
         rollout = Rollout(prompt_ids=[p for p in prompt_ids for _ in range(G)],
                           completion_ids=[c.token_ids for c in completions],
-                          advantages=adv.advantages,
+                          advantages=advantages,
                           truncated=[c.finish_reason == "length" for c in completions],
                           engine_logprobs=engine_logprobs)
-        metrics = self._sample_metrics(rewards, adv, completions, result.stats.to_metrics())
-        groups = [{"prompt_id": key, "prompt_tokens": len(p), "lengths": [c.length for c in grp]}
-                  for key, p, grp in zip(keys, prompt_ids, result.groups)]
+        metrics = self._sample_metrics(step.rewards, adv, step.completions, step.sampler_metrics)
         every = self.cfg.logging.completions_every
-        records = [] if not every or (self.step + 1) % every else completion_records(
-            keys, [p.text for _, p in batch], completions, rewards.per_function, rewards.total,
-            adv.advantages)
-        return rollout, metrics, groups, records
+        records = [] if not every or (self.step + 1) % every else self.rank_steps.gather_records(
+            share, completion_records([str(p.index) for p in mine], [p.text for p in mine],
+                                      completions, rewards.per_function, rewards.total,
+                                      advantages))
+        return rollout, metrics, step.groups, records
 
     def _on_non_finite(self, err: NonFiniteError) -> dict[str, Any]:
         """training.nonfinite: stop with one line naming step and quantity, or skip the update."""
@@ -379,14 +433,16 @@ class GRPOTrainer:
         return {"train/skipped_updates": self.grpo.num_skipped_updates}
 
     def _sample_with_retry(self, prompt_ids, G: int, keys: list[str], texts: list[str],
-                           progress: RunProgress):
+                           share: list[int], progress: RunProgress):
         """On out-of-memory, halve g (leaving `full` for `continuous`) and sample the step again."""
         sampling = self.sampler.cfg
         while True:
             state = self.generator.get_state()
             try:
-                return self.sampler.sample(prompt_ids, G, prompt_keys=keys, prompt_texts=texts,
-                                           generator=self.generator, progress=progress.sampling)
+                with self.strategy.inference_model():  # FSDP: whole weights while sampling
+                    return self.sampler.sample(prompt_ids, G, prompt_keys=keys, prompt_texts=texts,
+                                               generator=self.generator, global_group_ids=share,
+                                               progress=progress.sampling)
             except (torch.OutOfMemoryError, RuntimeError) as err:
                 g = sampling.micro_group or self.sampler.last_num_slots or G * len(prompt_ids)
                 if not is_out_of_memory(err) or g <= 1:

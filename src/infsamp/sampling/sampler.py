@@ -98,12 +98,17 @@ class GroupSampler:
                temperature: float | None = None, logits_processor_factory: LogitsProcessorFactory | None = None,
                generator: torch.Generator | None = None, policy: str | None = None,
                target_lengths: Sequence[int] | None = None,
+               global_group_ids: Sequence[int] | None = None,
                progress: ProgressCallback | None = None) -> SampleResult:
         """Every completion of every prompt, grouped by prompt, plus the sampler's statistics.
 
         `target_lengths` (one per sample, group-major) makes each sample end after exactly that
-        many tokens: the benchmarks' controlled workload. `progress`, if given, is called after
-        every decode step (see `ProgressCallback`)."""
+        many tokens: the benchmarks' controlled workload.
+        `global_group_ids`: each prompt's place in the whole step when this call samples a rank's
+        share of it; sample j of prompt i then draws the random stream a single process gives it
+        (key `global_group_ids[i] * G + j`), so the completions do not depend on the process count.
+        `progress`, if given, is called after every decode step (see `ProgressCallback`).
+        """
         policy = policy or self.cfg.policy
         max_new = max_new_tokens or self.cfg.max_new_tokens
         self._check_request(prompt_ids, num_generations, max_new, logits_processor_factory)
@@ -116,6 +121,9 @@ class GroupSampler:
         options = self._decode_options(temperature, generator)
         if target_lengths is not None:
             options.target_lengths = tuple(int(n) for n in target_lengths)
+        if global_group_ids is not None:
+            options.sample_keys = tuple(global_group_ids[s.group_id] * num_generations
+                                        + s.index_in_group for s in samples)
         sched = SlotScheduler(samples, policy, num_slots, max_kv_tokens=budget,
                               predictor=self.predictor, kv_block_size=self.engine.kv_block_size,
                               refill=self.cfg.refill, epsilon=self.cfg.grouping_epsilon,

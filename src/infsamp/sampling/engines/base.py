@@ -48,8 +48,13 @@ class DecodeOptions:
     top_p: float = 1.0
     top_k: int = 0
     seed: int = 0  # base of the per-sample random streams
+    sample_keys: tuple[int, ...] = ()  # random-stream key of each sample id (empty: the id itself)
     eos_token_ids: tuple[int, ...] = ()
     target_lengths: tuple[int, ...] | None = None  # per sample id: end after exactly this many
+
+    def stream_key(self, sample_id: int) -> int:
+        """The key of a sample's random stream: its place in the whole step (`sample_keys`)."""
+        return self.sample_keys[sample_id] if self.sample_keys else sample_id
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,7 @@ class Engine(Protocol):
     max_context: int  # the most tokens (prompt + completion) one sample may hold
     max_num_seqs: int | None  # the most samples it runs at once (None: any)
     kv_capacity_tokens: int | None  # its fixed KV pool in tokens (None: allocated per call)
+    copies_weights: bool  # holds its own copy of the weights (load_weights copies them in)
 
     def begin_call(self, prompts: Sequence[Sequence[int]], samples: Sequence[Sample],
                    num_slots: int, options: DecodeOptions, stats: SamplerStats,

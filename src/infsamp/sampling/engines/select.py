@@ -4,7 +4,9 @@ Greedy (temperature 0) is an argmax. Otherwise tokens are drawn by the Gumbel-ma
 argmax(logits / T + Gumbel noise), which samples exactly from softmax(logits / T). The noise of sample s
 at its n-th token is a counter-based hash of (seed, s, n, vocab index), so a sample draws the same random
 numbers whichever slot, round or batch it lands in: the policies differ only in schedule, not in outcome
-(up to floating-point differences of the logits). top-k / top-p use transformers' logits warpers.
+(up to floating-point differences of the logits). `DecodeOptions.sample_keys` renames s: a rank
+that samples part of a step keys each sample by its place in the whole step, so every process count
+draws the same completions. top-k / top-p use transformers' logits warpers.
 
 Deliberately simple: a 32-bit integer hash (lowbias32), 24-bit uniforms; ample for sampling, not crypto.
 """
@@ -54,7 +56,9 @@ def select_tokens(scores: torch.Tensor, sample_ids: torch.Tensor, num_generated:
     scores = scores / options.temperature
     for warper in warpers:
         scores = warper(None, scores)
-    noise = uniform_noise(options.seed, sample_ids, num_generated, scores.shape[-1])  # [S, V]
+    keys = sample_ids if not options.sample_keys else \
+        torch.as_tensor(options.sample_keys, device=sample_ids.device)[sample_ids]  # [S]
+    noise = uniform_noise(options.seed, keys, num_generated, scores.shape[-1])  # [S, V]
     gumbel = -torch.log(-torch.log(noise))
     return (scores + gumbel).argmax(dim=-1)
 

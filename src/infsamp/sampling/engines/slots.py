@@ -135,6 +135,7 @@ class SlotEngine:
 
     name = "slots"
     kv_block_size = 1
+    copies_weights = False  # decodes with the trainer's model itself
     max_num_seqs = None
     kv_capacity_tokens = None
 

@@ -15,9 +15,11 @@ reason to preempt (it may under `full`, whose g ignores the budget: preemptions 
 
 The loop is the slot engine's: `start` adds a request through the step-level API, `decode_step`
 is one `LLMEngine.step()` (one engine step = one decode step: a new request's prefill yields its
-first token in the same step), outputs come back as deltas. Each sample carries its own seed, so
-completions do not depend on the schedule; vLLM returns the log-prob of every sampled token (after
-temperature: `logprobs_mode="processed_logprobs"`), which the trainer compares with its own.
+first token in the same step), outputs come back as deltas. Each sample carries its own seed
+(keyed by its place in the whole step, `DecodeOptions.stream_key`), so completions depend neither
+on the schedule nor on how many ranks share the step; vLLM returns the log-prob of every sampled
+token (after temperature: `logprobs_mode="processed_logprobs"`), which the trainer compares with
+its own.
 
 Deliberately simple: one device, no tensor parallelism, eager mode on CPU; sleep mode (CUDA) frees
 the pool and the weights during training (`sleep`), the weights being pushed again after.
@@ -101,6 +103,7 @@ def sample_seed(seed: int, sample_id: int) -> int:
 
 class VLLMEngine:
     name = "vllm"
+    copies_weights = True  # its own weights, pushed after every optimizer step
 
     def __init__(self, model, cfg: SamplingConfig, limits: EngineLimits):
         global _live
@@ -232,7 +235,7 @@ class VLLMEngine:
         targets = options.target_lengths
         params = SamplingParams(
             temperature=options.temperature, top_p=options.top_p, top_k=options.top_k,
-            seed=sample_seed(options.seed, sample.sample_id),
+            seed=sample_seed(options.seed, options.stream_key(sample.sample_id)),
             max_tokens=targets[sample.sample_id] if targets else length,
             min_tokens=targets[sample.sample_id] if targets else 0,
             stop_token_ids=list(options.eos_token_ids), logprobs=0, detokenize=False,

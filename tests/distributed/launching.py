@@ -1,0 +1,110 @@
+"""Launching real process groups from a test: torchrun children on the tiny model, CPU and gloo.
+
+`launch` runs `torchrun --standalone --nproc-per-node N tests/distributed/rank_child.py` (a free
+port each time, so parallel test runs do not collide), or `accelerate launch` with one of the
+configs in examples/accelerate/, with this worktree's sources first on the path; `one_process`
+runs the same settings in the test's own process, the reference.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+
+HERE = Path(__file__).resolve().parent
+SRC = HERE.parents[1] / "src"
+EXAMPLES = HERE.parents[1] / "examples" / "accelerate"
+REWARD = f"{HERE / 'recording_reward.py'}:length_reward"
+
+
+def settings(model_dir: Path, out: Path, **overrides) -> dict[str, object]:
+    """B = 4 prompts x G = 8 for 3 steps, fp32, the slot engine; a reward that always spreads."""
+    base = {
+        "model.name_or_path": model_dir, "model.attn_implementation": "eager",
+        "model.dtype": "fp32", "data.num_train_examples": 40, "data.num_eval_examples": 6,
+        "eval.num_problems": 6, "eval.every_steps": 0, "eval.max_new_tokens": 8,
+        "rewards.functions": REWARD, "sampling.num_generations": 8, "sampling.max_new_tokens": 12,
+        "sampling.micro_group": 4, "sampling.kv_budget": 4096, "sampling.temperature": 1.0,
+        "training.max_steps": 3, "training.prompts_per_step": 4, "training.learning_rate": 1e-3,
+        "training.warmup_ratio": 0.0, "checkpointing.save_every": 1, "checkpointing.keep_last": 5,
+        "logging.output_dir": out, "logging.progress_bar": False, "logging.plot": False,
+    }
+    base.update(overrides)
+    return base
+
+
+def train_argv(values: dict[str, object], *extra: str) -> list[str]:
+    return ["train", *[item for k, v in values.items() for item in (f"--{k}", str(v))], *extra]
+
+
+@dataclass
+class Launch:
+    returncode: int
+    output: str
+    seconds: float
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def launcher(nproc: int, accelerate_config: str | None) -> list[str]:
+    """torchrun on a free port, or accelerate launch with one of examples/accelerate/."""
+    if accelerate_config is None:
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                f"--nproc-per-node={nproc}"]
+    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+            str(EXAMPLES / accelerate_config), "--num_processes", str(nproc),
+            "--main_process_port", str(free_port())]
+
+
+def launch(folder: Path, runs: list[tuple[list[str], Path]], nproc: int = 2,
+           kill: str | None = None, timeout: float = 170,
+           accelerate_config: str | None = None) -> Launch:
+    """Each (argv, record folder) run in turn by the same `nproc` processes."""
+    folder.mkdir(parents=True, exist_ok=True)
+    spec = folder / f"runs-{time.monotonic_ns()}.json"
+    spec.write_text(json.dumps([{"argv": argv, "record": str(record)} for argv, record in runs]))
+    env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+           "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    command = launcher(nproc, accelerate_config) + [str(HERE / "rank_child.py"), str(spec)]
+    start = time.monotonic()
+    done = subprocess.run(command + ([kill] if kill else []), env=env, capture_output=True,
+                          text=True, timeout=timeout)
+    return Launch(done.returncode, done.stdout + done.stderr, time.monotonic() - start)
+
+
+def one_process(values: dict[str, object], record: Path, monkeypatch) -> Path:
+    """The same run in this process (the reference); returns its folder."""
+    from infsamp.config import load_config
+    from infsamp.rl.trainer import GRPOTrainer
+
+    monkeypatch.setenv("INFSAMP_TEST_RECORD", str(record))
+    cfg = load_config(overrides={k: str(v) for k, v in values.items()})
+    return GRPOTrainer(cfg).train().output_dir
+
+
+def final_weights(run: Path, step: int) -> dict:
+    from safetensors.torch import load_file
+
+    folder = run / f"checkpoint-{step}" / "model"  # LoRA: adapter_model.safetensors
+    weights = {}
+    for file in sorted(folder.glob("*.safetensors")):
+        weights.update(load_file(str(file)))
+    assert weights, f"no weights in {folder}"
+    return weights
+
+
+def max_difference(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
