@@ -67,7 +67,7 @@ def oracle(out: Path, num_steps: int, prompts: int,
            micro_group: int) -> dict[str, dict[str, float]]:
     import torch
 
-    from infsamp.config import load_config
+    from infsamp.config_io import load_config
     from infsamp.rl.trainer import GRPOTrainer
     from infsamp.sampling.rank_assignment import assign, imbalance
 

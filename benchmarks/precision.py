@@ -39,7 +39,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from infsamp.config import load_config  # noqa: E402
+from infsamp.config_io import load_config  # noqa: E402
 from infsamp.models.loading import load_model_and_tokenizer  # noqa: E402
 from infsamp.planner.precisions import PRECISIONS  # noqa: E402
 from infsamp.rl.grpo_step import GRPOStep, Rollout  # noqa: E402

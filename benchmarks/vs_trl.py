@@ -229,7 +229,7 @@ def run_trl_infsamp(args, G: int, model_dir: Path, tmp: Path) -> dict:
 
 
 def infsamp_trainer(args, G: int, model_dir: Path, tmp: Path):
-    from infsamp.config import load_config
+    from infsamp.config_io import load_config
     from infsamp.rl.trainer import GRPOTrainer
 
     g = min(args.micro_group, G)

@@ -16,7 +16,8 @@ import torch
 
 from chat_models import stop_tokens_of
 from infsamp.cli import main
-from infsamp.config import ModelConfig, SamplingConfig, load_config
+from infsamp.config import ModelConfig, SamplingConfig
+from infsamp.config_io import load_config
 from infsamp.models.loading import load_model_and_tokenizer, stop_token_ids
 from infsamp.rewards import format_reward
 from infsamp.rl import evaluation

@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from infsamp.config import Config, ConfigError, load_config, parse_size, save_config
+from infsamp.config import Config, ConfigError, parse_size
+from infsamp.config_io import load_config, save_config
 
 
 EXAMPLES = Path(__file__).parent.parent / "examples"

@@ -14,7 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from infsamp.cli import main
-from infsamp.config import load_config
+from infsamp.config_io import load_config
 from infsamp.models.loading import EMBEDDED_DIR
 from infsamp.rl.trainer import GRPOTrainer
 from infsamp.tasks.arithmetic import generate_problems

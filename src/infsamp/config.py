@@ -1,8 +1,9 @@
 """The single source of configuration: a tree of dataclasses.
 
 YAML files and command-line flags (`--training.learning_rate 1e-5`) are both derived from this tree;
-each option's help text lives in its field's metadata and nowhere else. `load_config` validates
-types and values and raises `ConfigError` with one line that names the offending key.
+each option's help text lives in its field's metadata and nowhere else. `Config.validate` checks
+values and raises `ConfigError` with one line that names the offending key; reading YAML files and
+flags into the tree is `config_io.py`.
 
 Deliberately simple: no interpolation, no includes; lists are given in YAML or as comma-separated
 strings on the command line.
@@ -14,13 +15,10 @@ import dataclasses
 import math
 import os
 import re
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 
 EMBEDDED_MODEL = "embedded"
 EMBEDDED_TASK = "embedded:arithmetic"
@@ -501,166 +499,5 @@ def size_is_bytes(text: str) -> bool:
     return bool(re.search(r"[A-Za-z]", str(text)))
 
 
-def _coerce(value: Any, annotation: Any, key: str) -> Any:
-    """Convert `value` to the annotated type or raise ConfigError naming `key`."""
-    if value is None:  # YAML `key:` with nothing after it
-        raise ConfigError(f"{key}: expected {type_name(annotation)}, got an empty value")
-    origin = typing.get_origin(annotation)
-    if origin in (list, typing.List):
-        (item_type,) = typing.get_args(annotation)
-        if isinstance(value, str):
-            value = [v.strip() for v in value.split(",") if v.strip()]
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{key}: expected a list, got {value!r}")
-        return [_coerce(v, item_type, key) for v in value]
-    if origin is dict:
-        return _coerce_mapping(value, key)
-    if annotation is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "false", "0", "no"):
-            return value.lower() in ("true", "1", "yes")
-        raise ConfigError(f"{key}: expected true or false, got {value!r}")
-    if annotation is int:
-        if isinstance(value, bool) or not _is_intlike(value):
-            raise ConfigError(f"{key}: expected an integer, got {value!r}")
-        return int(float(value)) if isinstance(value, str) else int(value)
-    if annotation is float:
-        try:
-            if isinstance(value, bool):
-                raise ValueError
-            return float(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{key}: expected a number, got {value!r}") from None
-    if annotation is str:
-        if isinstance(value, (dict, list)):
-            raise ConfigError(f"{key}: expected a string, got {value!r}")
-        return str(value)
-    return value
-
-
-def _coerce_mapping(value: Any, key: str) -> dict[str, Any]:
-    """A YAML mapping, or its flow text on the command line ('{enable_thinking: false}')."""
-    if isinstance(value, str):
-        try:
-            value = yaml.safe_load(value) if value.strip() else {}
-        except yaml.YAMLError:
-            value = None
-    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
-        raise ConfigError(f"{key}: expected a mapping such as {{enable_thinking: false}}, "
-                          f"got {value!r}")
-    return dict(value)
-
-
-def _is_intlike(value: Any) -> bool:
-    if isinstance(value, int):
-        return True
-    if isinstance(value, float):
-        return value.is_integer()
-    if isinstance(value, str):
-        try:
-            return float(value).is_integer()
-        except ValueError:
-            return False
-    return False
-
-
-def _section_types(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
-def apply_overrides(cfg: Config, overrides: dict[str, Any]) -> Config:
-    """Set dotted keys ('training.learning_rate') on `cfg`, converting and checking types."""
-    for key, value in overrides.items():
-        section_name, _, name = key.partition(".")
-        if not hasattr(cfg, section_name) or not dataclasses.is_dataclass(getattr(cfg, section_name)):
-            raise ConfigError(f"{key}: unknown section {section_name!r} "
-                              f"(known: {', '.join(f.name for f in dataclasses.fields(Config))})")
-        section = getattr(cfg, section_name)
-        hints = _section_types(type(section))
-        if name not in hints:
-            raise ConfigError(f"{key}: unknown key (known in {section_name}: {', '.join(hints)})")
-        choices = _field(type(section), name).metadata.get("choices")
-        converted = _coerce(value, hints[name], key)
-        if choices and converted not in choices:
-            raise ConfigError(f"{key}: must be one of {', '.join(choices)} (got {converted!r})")
-        setattr(section, name, converted)
-    return cfg
-
-
 def _field(cls: type, name: str) -> dataclasses.Field:
     return next(f for f in dataclasses.fields(cls) if f.name == name)
-
-
-def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{'a': {'b': 1}} -> {'a.b': 1}; a non-dict section value is kept as is for the error message."""
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        dotted = f"{prefix}{key}"
-        if isinstance(value, dict) and not prefix:
-            flat.update(flatten(value, dotted + "."))
-        else:
-            flat[dotted] = value
-    return flat
-
-
-def read_yaml(path: str | Path) -> dict[str, Any]:
-    path = Path(path)
-    if not path.exists():
-        raise ConfigError(f"config file {path}: does not exist")
-    if path.is_dir():
-        raise ConfigError(f"config file {path}: is a folder, not a YAML file")
-    try:
-        tree = yaml.safe_load(path.read_text())
-    except UnicodeDecodeError:
-        raise ConfigError(f"config file {path}: not a text file") from None
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark else ""
-        raise ConfigError(f"config file {path}{where}: not valid YAML") from None
-    if tree is None:
-        raise ConfigError(f"config file {path}: is empty (no settings; run `infsamp train` "
-                          "without a file for the demo)")
-    if not isinstance(tree, dict):
-        raise ConfigError(f"config file {path}: top level must be a mapping of sections")
-    for section, value in tree.items():
-        if not isinstance(value, dict):
-            raise ConfigError(f"{section}: expected a mapping of options, got {value!r}")
-    return tree
-
-
-def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> Config:
-    """Defaults <- YAML file <- overrides, then validation. Raises ConfigError (one line)."""
-    cfg = Config()
-    if path is not None:
-        apply_overrides(cfg, flatten(read_yaml(path)))
-    apply_overrides(cfg, overrides or {})
-    return cfg.validate()
-
-
-def save_config(cfg: Config, path: str | Path) -> None:
-    """Written to a temporary file and renamed, so a kill never leaves half a config."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-    os.replace(tmp, path)
-
-
-def iter_options() -> typing.Iterator[tuple[str, Any, Any, str]]:
-    """(dotted key, type, default, help) for every option: drives the CLI flags and the docs."""
-    for section in dataclasses.fields(Config):
-        cls = section.default_factory  # type: ignore[misc]
-        hints = _section_types(cls)
-        defaults = cls()
-        for f in dataclasses.fields(cls):
-            yield f"{section.name}.{f.name}", hints[f.name], getattr(defaults, f.name), f.metadata.get("help", "")
-
-
-def type_name(annotation: Any) -> str:
-    if typing.get_origin(annotation) in (list, typing.List):
-        return f"list[{type_name(typing.get_args(annotation)[0])}]"
-    if typing.get_origin(annotation) is dict:
-        return "mapping"
-    if isinstance(annotation, types.GenericAlias):
-        return str(annotation)
-    return getattr(annotation, "__name__", str(annotation))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from infsamp.config import load_config
+from infsamp.config_io import load_config
 from infsamp.sampling.rank_assignment import assign, imbalance
 
 NUM_STEPS, NUM_PROMPTS, G = 2, 8, 8

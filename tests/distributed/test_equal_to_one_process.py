@@ -71,6 +71,16 @@ def assert_same_run(one, many, record_one, record_many, start=None):
 
 
 @pytest.mark.slow
+def assert_cases_equal_one_process(cases, model_dir, tmp_path, tag: str, monkeypatch) -> None:
+    """Each case run in this process equals its launched run `tag-NAME` (LoRA: adapters only)."""
+    for name, (loss, scale, extra) in cases.items():
+        values = case_settings(model_dir, tmp_path / f"one-{name}", loss, scale, extra)
+        one = one_process(values, tmp_path / f"record-one-{name}", monkeypatch)
+        assert_same_run(one, tmp_path / f"{tag}-{name}", tmp_path / f"record-one-{name}",
+                        tmp_path / f"record-{tag}-{name}",
+                        None if name.startswith("lora") else model_dir)
+
+
 def test_two_ddp_processes_equal_one_process(tiny_model_dir, tmp_path, monkeypatch, one_thread):
     cases = {name: (loss, scale, None) for name, (loss, scale) in CASES.items()}
     cases["lora-kl-2-passes"] = ("grpo", "group", LORA)
@@ -83,12 +93,7 @@ def test_two_ddp_processes_equal_one_process(tiny_model_dir, tmp_path, monkeypat
     result = launch(tmp_path, runs)
     assert result.returncode == 0, result.output[-3000:]
     assert "2 processes (gloo), strategy ddp, prompts assigned to ranks by lpt" in result.output
-    for name, (loss, scale, extra) in cases.items():
-        values = case_settings(tiny_model_dir, tmp_path / f"one-{name}", loss, scale, extra)
-        one = one_process(values, tmp_path / f"record-one-{name}", monkeypatch)
-        assert_same_run(one, tmp_path / f"two-{name}", tmp_path / f"record-one-{name}",
-                        tmp_path / f"record-two-{name}", None if name.startswith("lora")
-                        else tiny_model_dir)
+    assert_cases_equal_one_process(cases, tiny_model_dir, tmp_path, "two", monkeypatch)
     truncated = [row["completions/clipped_ratio"] for row in metrics(tmp_path / "one-cispo-masks")]
     assert 0 < max(truncated) < 1  # the truncation mask had sequences to drop
 

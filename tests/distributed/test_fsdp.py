@@ -15,8 +15,8 @@ import shutil
 
 import pytest
 
-from launching import final_weights, launch, max_difference, one_process, train_argv
-from test_equal_to_one_process import assert_same_run, case_settings
+from launching import final_weights, launch, max_difference, train_argv
+from test_equal_to_one_process import assert_cases_equal_one_process, case_settings
 
 # dapo-batch also takes the KL term (a whole reference model on each rank) and two passes over
 # each rollout (old log-probs from the gathered whole weights)
@@ -34,11 +34,7 @@ def test_fsdp_equals_one_process_and_resumes_from_its_shards(tiny_model_dir, tmp
     result = launch(tmp_path, runs, accelerate_config="fsdp2_zero2.yaml")
     assert result.returncode == 0, result.output[-3000:]
     assert "2 processes (gloo), strategy fsdp (reshard_after_forward false)" in result.output
-    for name, (loss, scale, extra) in CASES.items():
-        values = case_settings(tiny_model_dir, tmp_path / f"one-{name}", loss, scale, extra)
-        one = one_process(values, tmp_path / f"record-one-{name}", monkeypatch)
-        assert_same_run(one, tmp_path / f"fsdp-{name}", tmp_path / f"record-one-{name}",
-                        tmp_path / f"record-fsdp-{name}", tiny_model_dir)
+    assert_cases_equal_one_process(CASES, tiny_model_dir, tmp_path, "fsdp", monkeypatch)
 
     run = tmp_path / "fsdp-grpo-group"
     shards = sorted(p.name for p in (run / "checkpoint-3" / "ranks").iterdir())

@@ -22,7 +22,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from infsamp import cli
-from infsamp.config import Config, iter_options, parse_size
+from infsamp.config import Config, parse_size
+from infsamp.config_io import iter_options
 
 OPTIONS = {key: (annotation, default) for key, annotation, default, _ in iter_options()}
 CHARACTERS = st.characters(min_codepoint=33, max_codepoint=126, exclude_characters="/:,")

@@ -2,7 +2,6 @@
 as its rollout_func (g slots < G, KV within the budget, length-aware policy with the online
 predictor); the log-probs returned are the policy's; unsupported TRL settings are one line."""
 
-import os
 from types import SimpleNamespace
 
 import pytest

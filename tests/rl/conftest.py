@@ -1,7 +1,7 @@
 """A small trainer config around the shared tiny checkpoint (tests/conftest.py)."""
 
 import pytest
-from infsamp.config import load_config
+from infsamp.config_io import load_config
 
 
 @pytest.fixture

@@ -7,7 +7,8 @@ import copy
 import pytest
 import torch
 
-from infsamp.config import ConfigError, ModelConfig, load_config
+from infsamp.config import ConfigError, ModelConfig
+from infsamp.config_io import load_config
 from infsamp.models.loading import load_model_and_tokenizer
 from infsamp.planner.precisions import PRECISIONS, resolve_precision_name
 from infsamp.rl import precision as precision_module

@@ -12,7 +12,8 @@ import pytest
 
 from infsamp.rl import trackers
 from infsamp.cli import main
-from infsamp.config import ConfigError, load_config
+from infsamp.config import ConfigError
+from infsamp.config_io import load_config
 from infsamp.rl.trainer import GRPOTrainer
 
 PROJECT = "infsamp-test"

@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from infsamp.config import ConfigError, load_config
+from infsamp.config import ConfigError
+from infsamp.config_io import load_config
 from infsamp.rewards import compute_rewards, load_reward_functions
 from infsamp.tasks.gsm8k import SYSTEM_PROMPT, extract_hash_answer, extract_xml_answer, has_xml_format
 from infsamp.tasks.loading import load_examples

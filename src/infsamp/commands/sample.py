@@ -19,7 +19,8 @@ import json
 from pathlib import Path
 
 from infsamp.commands.train import add_config_flags, check_sources, config_overrides
-from infsamp.config import ConfigError, DataConfig, load_config
+from infsamp.config import ConfigError, DataConfig
+from infsamp.config_io import load_config
 
 SHORT_FLAGS = {  # short flag -> (config key, help)
     "model": ("model.name_or_path", "checkpoint folder or 'embedded'"),

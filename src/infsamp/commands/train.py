@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from infsamp.config import iter_options, load_config, type_name
+from infsamp.config_io import iter_options, load_config, type_name
 
 DEMO_HINT = "no config given: running the embedded demo (tiny Llama, arithmetic task)"
 

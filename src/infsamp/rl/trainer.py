@@ -4,7 +4,7 @@ One step, laid out in time:
 
     prompts (B) --sampler--> B groups x G completions (memory bounded by the KV budget, not by G)
                 --rewards--> rewards [B*G] --advantages--> group-normalised advantages [B*G]
-                --grpo_step--> token-budget micro-batches: log-probs -> clipped surrogate (+KL) -> backward
+                --grpo_step--> token-budget micro-batches: log-probs -> surrogate (+KL) -> backward
                 --optimizer--> one update per iteration (num_iterations >= 1, old log-probs kept)
 
 Everything configurable comes from `infsamp.config.Config`; loss types, advantage scaling and
@@ -26,7 +26,6 @@ Deliberately simple: the reward functions run in each rank's own process, on its
 
 from __future__ import annotations
 
-import random
 import sys
 import time
 from copy import deepcopy
@@ -34,20 +33,20 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
 import torch
 
-from infsamp.config import Config, ConfigError, save_config
-from infsamp.errors import NonFiniteError, RewardError, RunFolderError, RunStopped
+from infsamp.config import Config, ConfigError
+from infsamp.config_io import save_config
+from infsamp.errors import NonFiniteError, RunFolderError, RunStopped
 from infsamp.models.loading import (load_model_and_tokenizer, load_tokenizer, quiet_transformers,
-                                    resolve_device, resolve_dtype, stop_token_ids)
-from infsamp.rewards import check_async_allowed, compute_rewards, load_reward_functions
+                                    stop_token_ids)
+from infsamp.rewards import check_async_allowed, compute_rewards
 from infsamp.rl import checkpoint as ckpt
 from infsamp.rl.advantages import compute_advantages
 from infsamp.rl.distributed import Ranks, init_ranks, reshard_after_forward
 from infsamp.rl.evaluation import evaluate_accuracy
 from infsamp.rl.memory import plan_run
-from infsamp.rl.grpo_step import DEFAULT_MICRO_BATCH_TOKENS, GRPOStep, Rollout, is_out_of_memory
+from infsamp.rl.grpo_step import GRPOStep, Rollout, is_out_of_memory
 from infsamp.rl.optim import build_optimizer, build_scheduler, schedule_horizon
 from infsamp.rl.precision import resolve_precision
 from infsamp.rl.prompt_stream import PromptStream
@@ -55,7 +54,10 @@ from infsamp.rl.progress import RunProgress
 from infsamp.rl.rank_checkpoint import NullLogger, prepare_run_folder_on_ranks, save_on_ranks
 from infsamp.rl.rank_step import RankSteps
 from infsamp.rl.run_log import RunLogger, completion_records
+from infsamp.rl.run_setup import (load_rewards, seed_everything, set_num_threads,
+                                  warn_about_settings)
 from infsamp.rl.signals import StopSignals
+from infsamp.rl.step_metrics import check_finite, rollout_metrics
 from infsamp.rl.strategies import make_strategy
 from infsamp.rl.train_state import restore_training_state, training_state
 from infsamp.sampling.engines.base import make_engine
@@ -66,61 +68,12 @@ from infsamp.tasks.prompts import (EncodedPrompt, EncodedSplit, completion_for_r
                                    encode_examples, prompt_for_rewards, uses_chat_template)
 
 
-def _load_rewards(cfg: Config):
-    """The reward functions (and reward models, on the run's device), before anything else loads."""
-    device = resolve_device(cfg.model.device)
-    try:
-        funcs = load_reward_functions(
-            cfg.rewards.functions, cfg.rewards.format_think_block, device=device,
-            dtype=resolve_dtype(cfg.model.dtype, device),
-            max_tokens=cfg.training.train_micro_batch_tokens or DEFAULT_MICRO_BATCH_TOKENS)
-    except RewardError as err:
-        named = str(err).startswith("rewards.functions")
-        raise (err if named else RewardError(f"rewards.functions: {err}")) from None
-    return funcs
-
-
-def warn_about_settings(cfg: Config) -> None:
-    """Settings that are valid but almost certainly not meant."""
-    if cfg.sampling.temperature == 0:
-        print("warning: sampling.temperature 0 decodes greedily: every completion of a group is "
-              "the same, rewards have no spread and GRPO learns nothing", file=sys.stderr)
-
-
-def check_finite(sample_metrics: dict[str, Any], advantages: torch.Tensor) -> None:
-    """The step's reward aggregates and advantages are finite, or NonFiniteError names one."""
-    for key in ("reward", "reward_std"):
-        value = sample_metrics.get(key)
-        if isinstance(value, float) and not np.isfinite(value):
-            raise NonFiniteError(f"{key} is {value}")
-    if not bool(torch.isfinite(advantages).all()):
-        raise NonFiniteError("an advantage is not finite")
-
-
 @dataclass
 class TrainResult:
     output_dir: Path
     final_step: int
     eval_before: float | None
     eval_after: float | None
-
-
-SMALL_MODEL_PARAMETERS = 50_000_000
-
-
-def set_num_threads(num_threads: int, model, device: torch.device) -> None:
-    """0 = auto: one thread for a small model on CPU (its ops are too small to split; measured faster)."""
-    if num_threads == 0 and device.type == "cpu":
-        small = sum(p.numel() for p in model.parameters()) < SMALL_MODEL_PARAMETERS
-        num_threads = 1 if small else 0
-    if num_threads:
-        torch.set_num_threads(num_threads)
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
 
 
 class GRPOTrainer:
@@ -132,7 +85,7 @@ class GRPOTrainer:
         self.cfg = cfg.validate()
         self.ranks = ranks or init_ranks(cfg)  # one process, or this rank of a launch
         self.output_dir = Path(cfg.logging.output_dir)
-        self.reward_funcs = reward_funcs or _load_rewards(cfg)
+        self.reward_funcs = reward_funcs or load_rewards(cfg)
         check_async_allowed(self.reward_funcs, cfg.rewards.allow_async)
         self.resume_from = prepare_run_folder_on_ranks(cfg, self.ranks)  # before anything loads
         warn_about_settings(cfg)
@@ -202,16 +155,17 @@ class GRPOTrainer:
         held_out = encode_examples(splits.eval, self.tokenizer, cfg.data, "evaluation prompts") \
             if splits.eval else EncodedSplit([], 0)
         if cfg.training.prompts_per_step > len(train.prompts):
-            raise ConfigError(f"training.prompts_per_step: {cfg.training.prompts_per_step} is more "
-                              f"than the {len(train.prompts)} training prompts; one step would "
-                              "repeat a prompt")
+            wanted = cfg.training.prompts_per_step
+            raise ConfigError(f"training.prompts_per_step: {wanted} is more than the "
+                              f"{len(train.prompts)} training prompts; one step would repeat a "
+                              "prompt")
         notes = [splits.eval_note, train.note("training", cfg.data.max_prompt_length),
                  held_out.note("evaluation", cfg.data.max_prompt_length)]
         print("\n".join(note for note in notes if note))
         return train, held_out
 
     def _length_predictor(self):
-        """The length_aware policy's predictor, kept for the whole run so it learns across epochs."""
+        """The length_aware policy's predictor, kept for the run so it learns across epochs."""
         if self.cfg.sampling.policy != "length_aware":
             return None
         return make_predictor(self.cfg.sampling.predictor)  # online or none (Config.validate)
@@ -241,7 +195,8 @@ class GRPOTrainer:
             self.close()
             return TrainResult(self.output_dir, self.step, self.eval_before,
                                self._eval_at(self.step))
-        logger = RunLogger(self.output_dir, cfg.training.max_steps, self.step, cfg.logging.log_every,
+        logger = RunLogger(self.output_dir, cfg.training.max_steps, self.step,
+                           cfg.logging.log_every,
                            cfg.logging.progress_bar) if self.ranks.is_main else NullLogger()
         ok = False
         try:
@@ -434,7 +389,7 @@ class GRPOTrainer:
 
     def _sample_with_retry(self, prompt_ids, G: int, keys: list[str], texts: list[str],
                            share: list[int], progress: RunProgress):
-        """On out-of-memory, halve g (leaving `full` for `continuous`) and sample the step again."""
+        """On out-of-memory, halve g (`full` becomes `continuous`) and sample the step again."""
         sampling = self.sampler.cfg
         while True:
             state = self.generator.get_state()
@@ -462,21 +417,8 @@ class GRPOTrainer:
                                timeout_s=self.cfg.rewards.timeout_s,
                                completion_ids=[c.token_ids for c in completions])
 
-    def _sample_metrics(self, rewards, adv, completions, sampler_metrics: dict[str, Any]) -> dict[str, Any]:
-        lengths = torch.tensor([c.length for c in completions], dtype=torch.float32)  # [N]
-        total = torch.tensor(rewards.total, dtype=torch.float32)  # [N]
-        metrics: dict[str, Any] = {
-            "reward": total.nanmean().item(), "reward_std": adv.reward_std,
-            "frac_reward_zero_std": adv.zero_std_fraction,
-            "completions/mean_length": lengths.mean().item(), "completions/max_length": lengths.max().item(),
-            "completions/min_length": lengths.min().item(),
-            "completions/clipped_ratio": sum(c.finish_reason == "length" for c in completions) / len(completions),
-        }
-        metrics.update(rewards.metrics())
-        if "accuracy" in rewards.per_function:
-            values = rewards.per_function["accuracy"]
-            metrics["accuracy"] = sum(1 for v in values if v and v > 0) / len(values)
-        metrics.update(sampler_metrics)
-        metrics["sampling/oom_retries"] = self.num_sampling_oom_retries
-        metrics["data/dropped_prompts"] = self.train_prompts.num_dropped
-        return metrics
+    def _sample_metrics(self, rewards, adv, completions,
+                        sampler_metrics: dict[str, Any]) -> dict[str, Any]:
+        return {**rollout_metrics(rewards, adv, completions), **sampler_metrics,
+                "sampling/oom_retries": self.num_sampling_oom_retries,
+                "data/dropped_prompts": self.train_prompts.num_dropped}
