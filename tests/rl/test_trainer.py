@@ -48,8 +48,10 @@ def test_run_writes_metrics_trace_and_checkpoint(tiny_config):
     assert [e["step"] for e in evals] == [0, 2]
 
 
-def test_resume_after_kill_matches_uninterrupted_run(tiny_config, tmp_path):
-    straight = GRPOTrainer(tiny_config(**{"logging.output_dir": str(tmp_path / "a")}))
+def assert_resume_after_kill_matches(tiny_config, tmp_path, **options):
+    """A run killed after step 2 (checkpoint-2) and resumed ends with the weights and the log rows
+    of a run that was never interrupted."""
+    straight = GRPOTrainer(tiny_config(**{"logging.output_dir": str(tmp_path / "a"), **options}))
     straight.train()
     expected = weights(straight.model)
 
@@ -57,17 +59,34 @@ def test_resume_after_kill_matches_uninterrupted_run(tiny_config, tmp_path):
         if step == 2:
             raise Killed
 
-    cfg = tiny_config(**{"logging.output_dir": str(tmp_path / "b"), "checkpointing.save_every": 2})
+    cfg = tiny_config(**{"logging.output_dir": str(tmp_path / "b"), "checkpointing.save_every": 2,
+                         **options})
     with pytest.raises(Killed):
         GRPOTrainer(cfg, step_callback=kill_after_step_2).train()
     torch.manual_seed(12345)  # the resumed run must not depend on the process's RNG state
     resumed = GRPOTrainer(tiny_config(**{"logging.output_dir": str(tmp_path / "b"),
-                                         "checkpointing.resume": "latest"}))
+                                         "checkpointing.resume": "latest", **options}))
     assert resumed.step == 2
     resumed.train()
     assert_same_weights(weights(resumed.model), expected)
-    steps = [json.loads(line)["step"] for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
-    assert steps == [1, 2, 3, 4]
+    assert [row["step"] for row in read_jsonl(tmp_path / "b" / "metrics.jsonl")] == [1, 2, 3, 4]
+
+
+def test_resume_after_kill_matches_uninterrupted_run(tiny_config, tmp_path):
+    assert_resume_after_kill_matches(tiny_config, tmp_path)
+
+
+@pytest.mark.parametrize("loss_type", ["gspo", "cispo"])
+def test_loss_types_masks_and_logged_completions_resume_exactly(tiny_config, tmp_path, loss_type):
+    """Issue 13's options through a checkpoint and a resume: off-policy second pass, both masks,
+    completions logged every step (rows after the checkpoint rewound, none lost or doubled)."""
+    assert_resume_after_kill_matches(
+        tiny_config, tmp_path, **{"training.loss_type": loss_type, "training.num_iterations": 2,
+                                  "training.top_entropy_quantile": 0.5,
+                                  "training.mask_truncated_completions": True,
+                                  "logging.completions_every": 1})
+    resumed, straight = (read_jsonl(tmp_path / run / "completions.jsonl") for run in ("b", "a"))
+    assert resumed == straight and sorted({r["step"] for r in resumed}) == [1, 2, 3, 4]
 
 
 def test_training_oom_splits_micro_batch_and_keeps_gradient(tiny_config, tmp_path, monkeypatch):
