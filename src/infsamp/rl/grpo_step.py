@@ -34,7 +34,6 @@ from __future__ import annotations
 import contextlib
 import math
 import warnings
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, fields
 from typing import Any, Callable, NamedTuple, Sequence
 
@@ -45,8 +44,8 @@ from infsamp.config import TrainingConfig
 from infsamp.errors import NonFiniteError
 from infsamp.rl.distributed import Ranks
 from infsamp.rl.importance import MismatchStats, engine_importance_weights
-from infsamp.rl.logprobs import (build_micro_batches, make_micro_batch, micro_batch_logprobs,
-                                 micro_batch_logprobs_and_entropy, plan_prompt_completion_batches,
+from infsamp.rl.logprobs import (make_micro_batch, micro_batch_logprobs,
+                                 micro_batch_logprobs_and_entropy, plan_sequence_batches,
                                  sequence_logprobs, sequence_logprobs_and_entropy)
 from infsamp.rl.losses import (LOSS_TYPES, BatchTotals, LossStats, clip_range, high_entropy_masks,
                                per_token_loss)
@@ -66,6 +65,7 @@ class Rollout:
     # importance-sampling correction exp(old_logp - engine_logp) of a sampling engine; None: all 1
     importance_weights: list[Tensor] | None = None
     engine_logprobs: list[Tensor] | None = None  # per completion [T_i]: the sampling engine's
+    totals: BatchTotals | None = None  # the whole step's when this is one rank's share; None: its own
 
 
 class StepInputs(NamedTuple):
@@ -80,21 +80,6 @@ class StepInputs(NamedTuple):
 
 def is_out_of_memory(err: BaseException) -> bool:
     return isinstance(err, torch.OutOfMemoryError) or "out of memory" in str(err).lower()
-
-
-def with_last(items: Iterable) -> Iterator[tuple[Any, bool]]:
-    """(item, is it the last one) without materialising a generator."""
-    iterator = iter(items)
-    current = next(iterator, with_last)
-    while current is not with_last:
-        following = next(iterator, with_last)
-        yield current, following is with_last
-        current = following
-
-
-def plan_micro_batches_of(rollout: Rollout, max_tokens: int) -> list[list[int]]:
-    return plan_prompt_completion_batches([len(p) for p in rollout.prompt_ids],
-                                          [len(c) for c in rollout.completion_ids], max_tokens)
 
 
 class GRPOStep:
@@ -131,12 +116,12 @@ class GRPOStep:
                                  max_tokens=self.micro_batch_tokens, pad_token_id=self.pad_token_id,
                                  temperature=self.temperature, grad=False)
 
-    def reference_logprobs(self, rollout: Rollout, model=None) -> list[Tensor] | None:
+    def reference_logprobs(self, rollout: Rollout, model) -> list[Tensor] | None:
+        """The KL reference's log-probs: a separate model, or `model` with its LoRA adapters off."""
         if self.cfg.beta == 0:
             return None
         if self.ref_model is not None:
             return self._logprobs(self.ref_model, rollout)
-        model = model or self.model
         with model.disable_adapter():  # LoRA: the base model is the reference
             return self._logprobs(model, rollout)
 
@@ -153,13 +138,12 @@ class GRPOStep:
         return BatchTotals.from_lengths([n if k else 0 for n, k in zip(lengths, keep)],
                                         self.max_completion_length)
 
-    def step_inputs(self, rollout: Rollout, totals: BatchTotals | None = None) -> StepInputs:
+    def step_inputs(self, rollout: Rollout) -> StepInputs:
         """Masks, totals and the no-grad passes of one step (each pass only when needed), run
-        through the strategy's whole-weights module (its forward is this rank's alone).
-        `totals`: the whole step's when this rollout is one rank's share (default: its own)."""
+        through the strategy's whole-weights module (its forward is this rank's alone)."""
         keep = self.carries_loss(rollout.truncated, len(rollout.completion_ids))
-        totals = totals or self.totals_of([len(c) for c in rollout.completion_ids],
-                                          rollout.truncated)
+        totals = rollout.totals or self.totals_of([len(c) for c in rollout.completion_ids],
+                                                  rollout.truncated)
         old = token_masks = None
         with self.parallel.inference_model() as model:
             if self.cfg.top_entropy_quantile < 1.0:  # one pass: entropies and old log-probs
@@ -177,12 +161,10 @@ class GRPOStep:
 
     # ------------------------------------------------------------------ training
 
-    def optimize(self, rollout: Rollout, optimizer, scheduler,
-                 totals: BatchTotals | None = None) -> dict[str, Any]:
-        """num_iterations optimizer steps on one rollout; returns TRL-named metrics. `totals`:
-        the whole step's sizes when this rollout is one rank's share (default: the rollout's)."""
+    def optimize(self, rollout: Rollout, optimizer, scheduler) -> dict[str, Any]:
+        """num_iterations optimizer steps on one rollout; returns TRL-named metrics."""
         self.model.train()
-        inputs = self.step_inputs(rollout, totals)
+        inputs = self.step_inputs(rollout)
         metrics: dict[str, Any] = {}
         self.mismatch = MismatchStats()
         for iteration in range(self.cfg.num_iterations):
@@ -246,13 +228,13 @@ class GRPOStep:
         """Backward over micro-batches of `indices`; returns (summed loss value, summed stats)."""
         total_loss, total_stats = 0.0, LossStats()
         device = next(self.model.parameters()).device
-        budget = max_tokens or self.micro_batch_tokens
-        batches = build_micro_batches(rollout.prompt_ids, rollout.completion_ids,
-                                      max_tokens=budget, pad_token_id=self.pad_token_id,
-                                      device=device, indices=indices)
-        padding = 0 if indices is not None else self.parallel.padding_batches(
-            len(plan_micro_batches_of(rollout, budget)))
-        for mb, last in with_last(batches):
+        plan = plan_sequence_batches(rollout.prompt_ids, rollout.completion_ids,
+                                     max_tokens or self.micro_batch_tokens, indices)
+        padding = 0 if indices is not None else self.parallel.padding_batches(len(plan))
+        for k, batch in enumerate(plan):  # each micro-batch's tensors built when it is reached
+            mb = make_micro_batch(rollout.prompt_ids, rollout.completion_ids, batch,
+                                  self.pad_token_id, device)
+            last = k == len(plan) - 1
             sync = last and sync_last and not padding  # DDP: only the rank's last backward reduces
             try:
                 with self.parallel.backward_sync(sync):

@@ -132,6 +132,17 @@ def make_micro_batch(prompt_ids: Sequence[Sequence[int]], completion_ids: Sequen
                       completion_tensor.to(device), completion_mask.float().to(device))
 
 
+def plan_sequence_batches(prompt_ids: Sequence[Sequence[int]],
+                          completion_ids: Sequence[Sequence[int]], max_tokens: int,
+                          indices: Sequence[int] | None = None) -> list[list[int]]:
+    """The sequence indices of each micro-batch covering `indices` (default: all) within the
+    padded token budget."""
+    chosen = list(range(len(completion_ids))) if indices is None else list(indices)
+    plan = plan_prompt_completion_batches([len(prompt_ids[i]) for i in chosen],
+                                          [len(completion_ids[i]) for i in chosen], max_tokens)
+    return [[chosen[j] for j in batch] for batch in plan]
+
+
 def build_micro_batches(prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]], *,
                         max_tokens: int, pad_token_id: int, device: torch.device | str = "cpu",
                         indices: Sequence[int] | None = None):
@@ -140,11 +151,8 @@ def build_micro_batches(prompt_ids: Sequence[Sequence[int]], completion_ids: Seq
     A generator: each micro-batch's tensors are built only when the loop reaches it. Re-calling it with the
     indices of a failed micro-batch and a smaller budget splits just that part (out-of-memory retry).
     """
-    chosen = list(range(len(completion_ids))) if indices is None else list(indices)
-    plan = plan_prompt_completion_batches([len(prompt_ids[i]) for i in chosen],
-                                          [len(completion_ids[i]) for i in chosen], max_tokens)
-    for batch in plan:
-        yield make_micro_batch(prompt_ids, completion_ids, [chosen[j] for j in batch], pad_token_id, device)
+    for batch in plan_sequence_batches(prompt_ids, completion_ids, max_tokens, indices):
+        yield make_micro_batch(prompt_ids, completion_ids, batch, pad_token_id, device)
 
 
 # --- log-probs --------------------------------------------------------------------------------------

@@ -252,7 +252,6 @@ class GRPOTrainer:
 
     _last_eval: float | None = None
     _last_eval_step: int = -1
-    _totals = None  # BatchTotals of the whole step (every rank's completions)
 
     def _evaluated_at(self, step: int) -> bool:
         return self._last_eval_step == step
@@ -328,8 +327,7 @@ class GRPOTrainer:
             num_updates = len(rollout.completion_ids) * self.cfg.training.num_iterations
             progress.phase("update", num_updates, "sequences")
             self.grpo.on_micro_batch = progress.advance
-            loss_metrics = self.grpo.optimize(rollout, self.optimizer, self.scheduler,
-                                              self._totals)
+            loss_metrics = self.grpo.optimize(rollout, self.optimizer, self.scheduler)
         except NonFiniteError as err:
             loss_metrics = self._on_non_finite(err)
         self._push_weights()  # the next step samples from the updated policy
@@ -347,9 +345,9 @@ class GRPOTrainer:
         share = self.rank_steps.share(batch)  # indices into batch: this rank's whole groups
         mine = [batch[i][1] for i in share]
         prompt_ids = [p.token_ids for p in mine]
+        keys, texts = [str(p.index) for p in mine], [p.text for p in mine]
         progress.phase("sampling", len(mine) * G, "samples")
-        result = self._sample_with_retry(prompt_ids, G, [str(p.index) for p in mine],
-                                         [p.text for p in mine], share, progress)
+        result = self._sample_with_retry(prompt_ids, G, keys, texts, share, progress)
         completions = [c for group in result.groups for c in group]  # group-major, N = b*G
         examples = [p.example for p in mine for _ in range(G)]
         progress.phase("scoring", len(completions), "completions")
@@ -359,8 +357,6 @@ class GRPOTrainer:
                                        result.stats.to_metrics())  # the whole step's values
         adv = compute_advantages(torch.tensor(step.rewards.total, dtype=torch.float32), G,
                                  self.cfg.training.scale_rewards)
-        self._totals = self.grpo.totals_of([c.length for c in step.completions],
-                                           [c.finish_reason == "length" for c in step.completions])
         advantages = adv.advantages[step.local_rows]  # [b*G]: this rank's rows
         engine_logprobs = ([torch.tensor(c.logprobs, dtype=torch.float32) for c in completions]
                            if all(c.logprobs is not None for c in completions) else None)
@@ -368,13 +364,15 @@ class GRPOTrainer:
                           completion_ids=[c.token_ids for c in completions],
                           advantages=advantages,
                           truncated=[c.finish_reason == "length" for c in completions],
-                          engine_logprobs=engine_logprobs)
+                          engine_logprobs=engine_logprobs,
+                          totals=self.grpo.totals_of(  # the whole step's loss normaliser
+                              [c.length for c in step.completions],
+                              [c.finish_reason == "length" for c in step.completions]))
         metrics = self._sample_metrics(step.rewards, adv, step.completions, step.sampler_metrics)
         every = self.cfg.logging.completions_every
         records = [] if not every or (self.step + 1) % every else self.rank_steps.gather_records(
-            share, completion_records([str(p.index) for p in mine], [p.text for p in mine],
-                                      completions, rewards.per_function, rewards.total,
-                                      advantages))
+            share, completion_records(keys, texts, completions, rewards.per_function,
+                                      rewards.total, advantages))
         return rollout, metrics, step.groups, records
 
     def _on_non_finite(self, err: NonFiniteError) -> dict[str, Any]:
