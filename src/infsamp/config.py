@@ -386,11 +386,6 @@ class Config:
         for section in dataclasses.fields(self):
             _require_finite(section.name, getattr(self, section.name))
             getattr(self, section.name).validate()
-        if self.sampling.policy == "length_aware":
-            predictor = self.sampling.predictor
-            _require(predictor in ("online", "none"), "sampling.predictor", predictor,
-                     "training needs online or none (oracle and noisy know the true lengths: "
-                     "bench and simulate only)")
         _require(not (self.distributed.strategy == "fsdp" and self.model.lora_rank > 0),
                  "distributed.strategy", self.distributed.strategy,
                  "fsdp shards full fine-tuning; with LoRA (model.lora_rank > 0) use ddp")

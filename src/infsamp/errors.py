@@ -41,3 +41,10 @@ class RunStopped(InfsampError):
     def __init__(self, message: str, exit_code: int):
         super().__init__(message)
         self.exit_code = exit_code
+
+
+def first_line(err: BaseException, limit: int = 200) -> str:
+    """The first line of an exception's message (at most `limit` characters), or its type's name:
+    what a one-line error quotes of a library's failure."""
+    lines = str(err).strip().splitlines()
+    return lines[0][:limit] if lines else type(err).__name__

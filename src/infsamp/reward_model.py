@@ -21,15 +21,10 @@ from typing import Any, Sequence
 
 import torch
 
-from infsamp.errors import RewardError
+from infsamp.errors import RewardError, first_line
 from infsamp.rl.logprobs import plan_micro_batches
 
 DEFAULT_MAX_TOKENS = 8192
-
-
-def _first_line(err: BaseException) -> str:
-    lines = str(err).strip().splitlines()
-    return lines[0][:200] if lines else type(err).__name__
 
 
 def _messages(turn: Any, role: str) -> list[dict[str, Any]]:
@@ -96,7 +91,7 @@ def load_reward_model(path: str, *, device: torch.device | str = "cpu",
                                                                    dtype=dtype)
     except Exception as err:  # noqa: BLE001 - transformers raises many types for a bad directory
         raise RewardError(f"{where}: cannot load a sequence-classification reward model "
-                          f"({_first_line(err)})") from None
+                          f"({first_line(err)})") from None
     if tokenizer.pad_token_id is None:
         if tokenizer.eos_token is None:
             raise RewardError(f"{where}: the reward model's tokenizer has no pad or eos token")

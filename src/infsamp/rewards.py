@@ -371,19 +371,6 @@ def _failure(name: str, func: RewardFunction, err: BaseException, prompts: Seque
     return _row_error(f"reward function {name!r}", row, prompts, why)
 
 
-def call_reward_function(name: str, func: RewardFunction, prompts: Sequence[Any],
-                         completions: Sequence[Any], columns: dict[str, list],
-                         extra: dict[str, Any] | None = None) -> list[float]:
-    """Call one function on the batch and check its output; None becomes NaN."""
-    extra = extra or {}
-    kwargs = {"prompts": list(prompts), "completions": list(completions), **columns, **extra}
-    outcome = invoke(func, kwargs)
-    if outcome.error is not None:
-        raise _failure(name, func, outcome.error, prompts, completions, columns, extra,
-                       0.0) from None
-    return _checked_values(name, outcome.value, prompts, completions)
-
-
 def _check_inputs(funcs: list, weights: Sequence[float] | None, completions: Sequence[Any],
                   columns: dict[str, list]) -> list[float]:
     weights = list(weights) if weights else [1.0] * len(funcs)

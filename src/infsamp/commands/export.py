@@ -35,7 +35,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from infsamp.errors import InfsampError, ModelError
+from infsamp.errors import InfsampError, ModelError, first_line
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 DTYPE_CHOICES = ("auto", "fp32", "bf16")
@@ -177,8 +177,7 @@ def _load(path: str | Path, **kwargs):
     try:
         return AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
     except Exception as err:  # transformers raises many types for a bad folder
-        first_line = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
-        raise ModelError(f"{path}: cannot load the model ({first_line})") from None
+        raise ModelError(f"{path}: cannot load the model ({first_line(err)})") from None
 
 
 def write_model(model_dir: Path, base: str | None, out: Path, dtype: str) -> str:

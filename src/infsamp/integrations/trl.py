@@ -116,12 +116,9 @@ class InfsampRollout:
                     "max_new_tokens": trainer.max_completion_length, "top_k": trainer.top_k or 0}
         self.cfg = replace(SamplingConfig(), **{**from_trl, **self.sampling})
         self.cfg.validate()
-        if self.cfg.policy == "length_aware":
+        if self.cfg.policy == "length_aware":  # validate() allowed online or none only
             from infsamp.sampling.length_predictor import make_predictor
 
-            name = self.cfg.predictor
-            if name not in ("online", "none"):
-                raise RolloutError(f"predictor {name!r}: training needs online or none")
             self.predictor = make_predictor(self.cfg.predictor)
         seed = trainer.args.seed + trainer.accelerator.process_index
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
@@ -158,10 +155,11 @@ class InfsampRollout:
         from infsamp.sampling.engines.base import make_engine
         from infsamp.sampling.sampler import engine_limits
 
-        if self.engine is None:
+        if self.engine is None:  # built from the model's current weights
             limits = engine_limits(self.cfg, model, self.max_prompt_tokens, num_prompts)
             self.engine = make_engine(self.cfg.engine, model, self.cfg, limits)
-        self.engine.load_weights(model)
+        else:
+            self.engine.load_weights(model)
         return self.engine
 
     def _sample(self, model, trainer, runs: list[tuple[Any, int]], prompt_ids: list[list[int]]):

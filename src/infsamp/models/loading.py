@@ -22,7 +22,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from infsamp.config import ModelConfig
-from infsamp.errors import ModelError
+from infsamp.errors import ModelError, first_line
 from infsamp.models.device import resolve_device  # noqa: F401  (callers import it from here)
 from infsamp.models.source import (ADAPTER_CONFIG, EMBEDDED_DIR, resolve_model_source,  # noqa: F401
                                    resolve_path)
@@ -65,7 +65,7 @@ def load_tokenizer(name_or_path: str):
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except Exception as err:  # transformers raises many types for a bad path
-        raise ModelError(f"model.name_or_path {path!r}: cannot load tokenizer ({_first_line(err)})") from None
+        raise ModelError(f"model.name_or_path {path!r}: cannot load tokenizer ({first_line(err)})") from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
@@ -105,7 +105,7 @@ def load_model_and_tokenizer(cfg: ModelConfig, device: torch.device | None = Non
         model = AutoModelForCausalLM.from_pretrained(
             path, attn_implementation=cfg.attn_implementation, **weights)
     except Exception as err:
-        raise ModelError(f"model.name_or_path {path!r}: cannot load model ({_first_line(err)})") from None
+        raise ModelError(f"model.name_or_path {path!r}: cannot load model ({first_line(err)})") from None
     if "device_map" not in weights:  # a quantised model is placed by from_pretrained
         model.to(device)
     if cfg.gradient_checkpointing:
@@ -138,7 +138,7 @@ def load_adapters(base: PreTrainedModel, cfg: ModelConfig, adapter_dir: Path):
         model = PeftModel.from_pretrained(base, str(adapter_dir), is_trainable=cfg.lora_rank > 0)
     except Exception as err:  # noqa: BLE001 - peft raises many types for mismatched adapters
         raise ModelError(f"model.name_or_path {str(adapter_dir)!r}: cannot load adapters "
-                         f"({_first_line(err)})") from None
+                         f"({first_line(err)})") from None
     if cfg.lora_rank:
         return model
     return model.merge_and_unload().requires_grad_(True)  # peft froze the base weights
@@ -180,6 +180,3 @@ def context_length(model) -> int:
     return int(getattr(config, "max_position_embeddings", 2048) or 2048)
 
 
-def _first_line(err: Exception) -> str:
-    text = str(err).strip().splitlines()
-    return text[0][:200] if text else type(err).__name__

@@ -94,7 +94,7 @@ def _write_folder(tmp: Path, model, tokenizer, tree: dict[str, Any],
     manifest = {"format": FORMAT, "step": tree["step"], "files": files}
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
     for path in [*tmp.rglob("*"), tmp]:
-        _fsync(path)
+        fsync(path)
 
 
 def _replace_folder(tmp: Path, final: Path) -> None:
@@ -104,7 +104,7 @@ def _replace_folder(tmp: Path, final: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
         os.replace(final, old)
     os.replace(tmp, final)
-    _fsync(final.parent)
+    fsync(final.parent)
     shutil.rmtree(old, ignore_errors=True)
 
 
@@ -125,7 +125,8 @@ def _write_failure(output_dir: Path, name: str, err: BaseException) -> str:
     return f"cannot write {name} in {output_dir}: {why} (removed the partial {name}.tmp; {kept})"
 
 
-def _fsync(path: Path) -> None:
+def fsync(path: Path) -> None:
+    """Flush a file (or a folder's entries) to disk."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

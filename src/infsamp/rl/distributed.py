@@ -31,7 +31,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from infsamp.config import Config, ConfigError
-from infsamp.errors import InfsampError, NonFiniteError, RunStopped
+from infsamp.errors import InfsampError, NonFiniteError, RunStopped, first_line
 from infsamp.rl.rank_watch import PEER_FAILED_EXIT
 
 AGREED_ERRORS = (NonFiniteError, RunStopped)  # raised on every rank after a collective decision
@@ -213,7 +213,7 @@ class ProcessRanks(Ranks):
                 peer = self.watch.peer_failure(wait_s=5.0 if communication else 0.0)
             if peer is not None:
                 raise PeerFailed(self.watch.describe(*peer)) from None
-            self.watch.report_failure(f"{type(err).__name__}: {_first_line(err)}")
+            self.watch.report_failure(f"{type(err).__name__}: {first_line(err, 300)}")
             raise
 
     def finish(self) -> None:
@@ -247,11 +247,6 @@ def _signals_held() -> Iterator[None]:
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)
-
-
-def _first_line(err: BaseException) -> str:
-    lines = str(err).strip().splitlines()
-    return lines[0][:300] if lines else type(err).__name__
 
 
 def _start_watch(ranks: ProcessRanks, timeout_s: float, output_dir: str):
@@ -337,4 +332,4 @@ def _init_process_group() -> None:
     except (RuntimeError, ValueError) as err:
         raise InfsampError(f"cannot join the process group (MASTER_ADDR "
                            f"{os.environ.get('MASTER_ADDR')}, MASTER_PORT "
-                           f"{os.environ.get('MASTER_PORT')}): {_first_line(err)}") from None
+                           f"{os.environ.get('MASTER_PORT')}): {first_line(err, 300)}") from None

@@ -21,7 +21,6 @@ import torch
 
 from infsamp.config import Config
 from infsamp.planner import plan_memory, shape_from_config
-from infsamp.planner.precisions import resolve_precision_name
 from infsamp.sampling.engines.base import resolve_engine_name
 
 
@@ -57,7 +56,7 @@ def plan_run(cfg: Config, model: torch.nn.Module, device: torch.device,
         max_completion=cfg.sampling.max_new_tokens, lora_rank=cfg.model.lora_rank,
         optimizer=cfg.training.optimizer, gradient_checkpointing=cfg.model.gradient_checkpointing,
         beta=cfg.training.beta,
-        precision=resolve_precision_name(cfg.training.precision, device.type),
+        precision=cfg.training.precision,  # 'auto' resolved by the planner for `device`
         load_in_4bit=cfg.model.load_in_4bit, device="cuda" if device.type == "cuda" else "cpu",
         micro_group=cfg.sampling.micro_group,
         engine=resolve_engine_name(cfg.sampling.engine, device, cfg.model.load_in_4bit),

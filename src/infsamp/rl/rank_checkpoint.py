@@ -28,7 +28,6 @@ Deliberately simple: every rank verifies the whole checkpoint it resumes (sha256
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -246,9 +245,7 @@ def _write_shard(tmp: Path, shards, ranks: Ranks) -> str | None:
         save_file(tensors, str(base.with_suffix(".safetensors")))
         base.with_suffix(".json").write_text(json.dumps(tree))
         for file in (base.with_suffix(".safetensors"), base.with_suffix(".json")):
-            fd = os.open(file, os.O_RDONLY)
-            os.fsync(fd)
-            os.close(fd)
+            ckpt.fsync(file)
     except Exception as err:  # noqa: BLE001 - OSError or safetensors' own error
         why = getattr(err, "strerror", None) or err
         return f"rank {ranks.rank}: cannot write {base.name}: {why}"

@@ -38,7 +38,7 @@ from infsamp.rl.distributed import Ranks
 from infsamp.sampling.rank_assignment import assign, imbalance, rank_loads
 
 SUMMED = ("generated_tokens", "prefill_tokens", "recomputed_tokens", "num_preemptions",
-          "tokens_per_second", "oom_retries")
+          "tokens_per_second")
 LINE_KEYS = ("prompt_id", "prompt_tokens", "lengths")  # a lengths.jsonl line (`infsamp simulate`)
 MAXED = ("decode_steps", "lower_bound", "opt_lower_bound", "peak_kv_tokens", "peak_kv_bytes",
          "peak_kv_tokens_used", "wall_time_s", "model_time_s", "num_slots", "kv_budget_tokens")

@@ -86,7 +86,7 @@ class RankWatch:
     def describe(self, peer: int, reason: str) -> str:
         from infsamp.rl.checkpoint import list_checkpoints
 
-        found = list_checkpoints(self.output_dir) if self.output_dir.is_dir() else []
+        found = list_checkpoints(self.output_dir)  # [] while the folder does not exist
         newest = f"the newest complete checkpoint is {found[-1]}; continue with --resume " \
                  "under the same launch" if found else "no checkpoint was written yet"
         return f"rank {peer} failed ({reason}); rank {self.rank} stopped too: {newest}"

@@ -179,8 +179,11 @@ class GRPOTrainer:
         return ref
 
     def _resume(self) -> None:
-        if self.resume_from is not None:
-            restore_training_state(self, self.resume_from)
+        """Restore the checkpoint found at start-up, then let it go (its tensors are copied in)."""
+        found, self.resume_from = self.resume_from, None
+        self.resumed = found is not None
+        if found is not None:
+            restore_training_state(self, found)
             self._saved_step = self.step
             self._push_weights()  # the engine samples from the restored policy
 
@@ -188,7 +191,7 @@ class GRPOTrainer:
 
     def train(self) -> TrainResult:
         cfg = self.cfg
-        if self.resume_from is not None and self.step >= cfg.training.max_steps:
+        if self.resumed and self.step >= cfg.training.max_steps:
             print(f"the run finished at step {self.step} (training.max_steps "
                   f"{cfg.training.max_steps}): nothing to do")
             self.ranks.finish()

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from infsamp.errors import InfsampError
-from infsamp.sampling.grouping import lpt
+from infsamp.sampling.grouping import lpt, makespan  # makespan: the busiest rank's predicted cost
 
 Assignment = list[list[int]]  # prompt indices of each rank, ascending
 
@@ -58,11 +58,6 @@ def assign(costs: Sequence[float], num_ranks: int, method: str = "lpt") -> Assig
 
 def rank_loads(assignment: Assignment, costs: Sequence[float]) -> list[float]:
     return [sum(costs[i] for i in prompts) for prompts in assignment]
-
-
-def makespan(assignment: Assignment, costs: Sequence[float]) -> float:
-    """The busiest rank's predicted cost: how long the step's sampling takes."""
-    return max(rank_loads(assignment, costs), default=0.0)
 
 
 def imbalance(loads: Sequence[float]) -> float:

@@ -137,10 +137,6 @@ class SamplerStats:
                       overhead_fraction=self.overhead_fraction)
         return {f"{prefix}{k}": float(v) for k, v in values.items()}
 
-    def as_dict(self) -> dict:
-        values = {f.name: getattr(self, f.name) for f in fields(self)}
-        return {**values, "tokens_per_second": self.tokens_per_second}
-
     @classmethod
     def merge(cls, calls: list["SamplerStats"]) -> "SamplerStats":
         """Totals over calls: counters summed, peaks maxed, tau averaged over calls, MAE over

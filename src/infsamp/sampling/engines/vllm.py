@@ -40,7 +40,7 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from infsamp.config import SamplingConfig
-from infsamp.errors import SamplingError
+from infsamp.errors import SamplingError, first_line
 from infsamp.sampling.engines.base import (DecodeOptions, EngineLimits, SlotLogitsProcessor,
                                            model_kv_bytes_per_token, vllm_installed)
 from infsamp.sampling.types import VLLM_BLOCK_SIZE, Sample, SamplerStats, kv_tokens_needed
@@ -177,18 +177,16 @@ class VLLMEngine:
             enable_sleep_mode=self.sleep_level > 0, disable_log_stats=True,
             gpu_memory_utilization=_memory_share(self.device))
         set_num_threads = torch.set_num_threads  # vLLM's CPU worker disables it process-wide
-        started = time.perf_counter()
         try:
             engine = LLMEngine.from_engine_args(args)
         except Exception as err:
             self._remove_config()
-            first = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
-            raise SamplingError(f"sampling.engine vllm: vLLM failed to start ({first}); check "
+            raise SamplingError(f"sampling.engine vllm: vLLM failed to start "
+                                f"({first_line(err, 300)}); check "
                                 "the model and sampling.kv_budget, or use --sampling.engine "
                                 "slots") from None
         finally:
             torch.set_num_threads = set_num_threads
-        self.startup_s = time.perf_counter() - started
         return engine
 
     def _probe(self) -> None:
