@@ -90,3 +90,25 @@ def test_loss_unchanged_without_engine_logprobs_or_when_they_agree(model):
     for name, grad in base.items():
         torch.testing.assert_close(shifted[name], math.exp(0.5) * grad, rtol=1e-4, atol=1e-6,
                                    msg=name)
+
+
+def test_an_out_of_memory_retry_measures_the_mismatch_once(model, monkeypatch):
+    """A micro-batch whose backward runs out of memory is split and run again: its tokens count
+    once in the mismatch statistics, as in a run without the retry."""
+    prompts, completions = [[3, 4, 5], [6, 7]] * 2, [[8, 9, 10], [11, 12, 13, 14], [15], [16, 17]]
+    rollout = Rollout(prompts, completions, torch.tensor([1.0, -0.5, 0.3, -0.8]),
+                      engine_logprobs=[torch.full((len(c),), -0.5) for c in completions])
+    _, clean = _step_gradients(model, rollout)
+    original, calls = torch.Tensor.backward, {"n": 0}
+
+    def fails_once(tensor, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+        return original(tensor, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "backward", fails_once)
+    _, retried = _step_gradients(model, rollout)
+    assert retried.num_oom_retries == 1
+    assert retried.mismatch.num_tokens == clean.mismatch.num_tokens == sum(map(len, completions))
+    assert retried.mismatch.metrics() == pytest.approx(clean.mismatch.metrics())

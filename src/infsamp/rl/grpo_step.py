@@ -275,36 +275,38 @@ class GRPOStep:
                                                           self.temperature)  # [b, T_c] each
         rows = mb.rows(inputs.carries_loss).to(logps.device)  # [b]
         loss_mask = mb.completion_mask * rows.unsqueeze(1)  # [b, T_c]
+        measured = MismatchStats()  # this micro-batch's; kept only once its backward succeeded
         per_token, stats = per_token_loss(
             logps, mb.gather(inputs.old), mb.gather(inputs.ref),
             mb.rows(rollout.advantages).to(logps.device), epsilon_low=self.epsilon_low,
             epsilon_high=self.epsilon_high, beta=self.cfg.beta, mask=loss_mask,
             loss_type=self.cfg.loss_type, token_mask=mb.gather(inputs.token_masks),
-            importance_weights=self._importance_weights(mb, rollout, logps, inputs.old),
+            importance_weights=self._importance_weights(mb, rollout, logps, inputs.old, measured),
             entropy=entropy)
         loss = LOSS_TYPES[self.cfg.loss_type].aggregate(per_token, loss_mask, inputs.totals)  # []
         loss.backward()
+        self.mismatch.merge(measured)  # not before: an out-of-memory retry measures it again
         return loss.item(), stats
 
-    def _importance_weights(self, mb, rollout: Rollout, logps: Tensor,
-                            old: list[Tensor] | None) -> Tensor | None:
+    def _importance_weights(self, mb, rollout: Rollout, logps: Tensor, old: list[Tensor] | None,
+                            measured: MismatchStats) -> Tensor | None:
         """Per-token weights [b, T_c] on the policy loss: the rollout's own, times the truncated
         importance weights exp(old - engine) when another engine (vLLM) sampled the completions
         (`rl/importance.py`); None when there are neither."""
         given = mb.gather(rollout.importance_weights)  # [b, T_c] or None
         if rollout.engine_logprobs is None:
             return given
-        weights = self._engine_weights(mb, rollout, logps, old)  # [b, T_c]
+        weights = self._engine_weights(mb, rollout, logps, old, measured)  # [b, T_c]
         return weights if given is None else weights * given
 
-    def _engine_weights(self, mb, rollout: Rollout, logps: Tensor,
-                        old: list[Tensor] | None) -> Tensor:
-        """Truncated importance weights exp(old - engine); the mismatch is measured on the first
-        pass."""
+    def _engine_weights(self, mb, rollout: Rollout, logps: Tensor, old: list[Tensor] | None,
+                        measured: MismatchStats) -> Tensor:
+        """Truncated importance weights exp(old - engine); the mismatch is measured (into
+        `measured`) on the first pass."""
         old_logps = logps.detach() if old is None else mb.gather(old)  # [b, T_c]
         engine_logps = mb.gather(rollout.engine_logprobs)  # [b, T_c]
         weights = engine_importance_weights(old_logps, engine_logps, mb.completion_mask,
                                             self.importance_sampling, self.importance_sampling_cap)
         if self._first_pass:
-            self.mismatch.add(old_logps, engine_logps, mb.completion_mask, weights)
+            measured.add(old_logps, engine_logps, mb.completion_mask, weights)
         return weights

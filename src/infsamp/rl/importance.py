@@ -82,6 +82,15 @@ class MismatchStats:
         self.weight_min = min(self.weight_min, float(per_token.min()))
         self.weight_max = max(self.weight_max, float(per_token.max()))
 
+    def merge(self, other: "MismatchStats") -> None:
+        """Add another micro-batch's figures (sums add, extremes combine)."""
+        self.num_tokens += other.num_tokens
+        self.abs_diff_sum += other.abs_diff_sum
+        self.abs_diff_max = max(self.abs_diff_max, other.abs_diff_max)
+        self.weight_sum += other.weight_sum
+        self.weight_min = min(self.weight_min, other.weight_min)
+        self.weight_max = max(self.weight_max, other.weight_max)
+
     def metrics(self) -> dict[str, float]:
         if not self.num_tokens:
             return {}
