@@ -162,7 +162,7 @@ def base_model_path(checkpoint: Path) -> str:
 def _torch_dtype(dtype: str, config):
     import torch
 
-    from infsamp.models.loading import DTYPES
+    from infsamp.models.device import DTYPES
 
     if dtype != "auto":
         return DTYPES[dtype]

@@ -23,11 +23,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from infsamp.config import ModelConfig
 from infsamp.errors import ModelError, first_line
-from infsamp.models.device import resolve_device  # noqa: F401  (callers import it from here)
+from infsamp.models.device import DTYPES, resolve_device  # noqa: F401  (callers import them here)
 from infsamp.models.source import (ADAPTER_CONFIG, EMBEDDED_DIR, resolve_model_source,  # noqa: F401
                                    resolve_path)
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def quiet_transformers() -> None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from infsamp.config import Config
+from infsamp.models.device import base_model
 from infsamp.planner import plan_memory, shape_from_config
 from infsamp.sampling.engines.base import resolve_engine_name
 
@@ -47,7 +48,7 @@ def plan_run(cfg: Config, model: torch.nn.Module, device: torch.device,
              num_ranks: int = 1, strategy: str = "single") -> RunSizes:
     """Sizes for this process; with several ranks it samples about 1/num_ranks of the prompts and
     holds what `strategy` (ddp, fsdp) leaves on one device."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = base_model(model)
     memory = device_memory_bytes(device, model, cfg.training.micro_batch_memory)
     plan = plan_memory(
         shape_from_config(base.config), gpu_memory_bytes=memory,

@@ -30,17 +30,16 @@ import warnings
 import torch
 
 from infsamp.config import Config, ConfigError
-from infsamp.models.device import resolve_device
+from infsamp.models.device import DTYPES, base_model, resolve_device
 from infsamp.planner.precisions import PRECISION_CHOICES, PRECISIONS, PrecisionMode, base_dtype
 from infsamp.planner.precisions import resolve_precision_name
 
-TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 COMPUTE_DTYPE = torch.bfloat16
 
 
 def weights_dtype(mode: PrecisionMode, lora: bool) -> torch.dtype:
     """dtype of the model's own weights: trained (full fine-tuning) or the frozen base (LoRA)."""
-    return TORCH_DTYPES[base_dtype(mode, lora)]
+    return DTYPES[base_dtype(mode, lora)]
 
 
 def compute_context(mode: PrecisionMode, device_type: str):
@@ -55,7 +54,7 @@ def apply_compute(model: torch.nn.Module, mode: PrecisionMode) -> torch.nn.Modul
     peft's wrappers, `generate` and a deepcopy all go through it)."""
     if not mode.autocast:
         return model
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = base_model(model)
     forward = type(base).forward
 
     @functools.wraps(forward)

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from infsamp.errors import SamplingError
+from infsamp.models.device import base_model
 from infsamp.sampling.types import Sample, SamplerStats, kv_bytes_per_token
 
 if TYPE_CHECKING:
@@ -136,7 +137,7 @@ def resolve_engine_name(name: str, device: torch.device, quantized: bool = False
 
 
 def is_4bit(model) -> bool:
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = base_model(model)
     return bool(getattr(base, "is_loaded_in_4bit", False))
 
 

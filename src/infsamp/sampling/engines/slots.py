@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
+from infsamp.models.device import base_model
 from infsamp.sampling.engines.base import DecodeOptions, SlotLogitsProcessor
 from infsamp.sampling.engines.select import ForcedLengths, build_warpers, select_tokens
 from infsamp.sampling.types import Sample, SamplerStats
@@ -297,5 +298,5 @@ def _cache_kwarg_name(model) -> str:
     """transformers renamed `past_key_values` to `cache` (5.2x); use whichever this version takes."""
     import inspect
 
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = base_model(model)
     return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"

@@ -41,6 +41,7 @@ import torch
 
 from infsamp.config import SamplingConfig
 from infsamp.errors import SamplingError, first_line
+from infsamp.models.device import base_model
 from infsamp.sampling.engines.base import (DecodeOptions, EngineLimits, SlotLogitsProcessor,
                                            model_kv_bytes_per_token, vllm_installed)
 from infsamp.sampling.types import VLLM_BLOCK_SIZE, Sample, SamplerStats, kv_tokens_needed
@@ -65,10 +66,6 @@ def import_vllm():
     logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
 
     return vllm
-
-
-def base_model(model):
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
 def engine_config(model):
