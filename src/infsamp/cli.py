@@ -69,21 +69,24 @@ def _launch_rank() -> int | None:
     return None
 
 
+def _reached_together(err: BaseException) -> bool:
+    """An error every process raised at the same point (a config error, a decision taken on
+    gathered values, a signal after saving)."""
+    return getattr(err, "agreed", False) or isinstance(err, (ConfigError, RunStopped))
+
+
 def _rank_prefix(err: BaseException) -> str:
     rank = _launch_rank()
-    shared = getattr(err, "agreed", False) or isinstance(err, ConfigError) or \
-        str(err).startswith("rank ")
+    shared = _reached_together(err) or str(err).startswith("rank ")
     return "" if rank is None or shared else f"rank {rank}: "
 
 
 def _say(line: str, err: BaseException) -> None:
-    """Print the error line; with several processes an error they all reached together (a config
-    error, a decision taken on gathered values) is printed by rank 0 alone."""
+    """Print the error line; with several processes an error they all reached together is printed
+    by rank 0 alone."""
     rank = _launch_rank()
-    shared = getattr(err, "agreed", False) or isinstance(err, (ConfigError, RunStopped))
-    if rank is None or rank == 0 or not shared:
+    if rank is None or rank == 0 or not _reached_together(err):
         print(line, file=sys.stderr)
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -56,12 +56,18 @@ class Checkpoint:
 # ---------------------------------------------------------------- writing
 
 
+def checkpoint_dirs(output_dir: Path, step: int) -> tuple[Path, Path]:
+    """(checkpoint-N, checkpoint-N.tmp): where step N's checkpoint ends up and is written first."""
+    final = output_dir / f"checkpoint-{step}"
+    return final, final.with_name(final.name + ".tmp")
+
+
 def save_checkpoint(output_dir: Path, step: int, *, model, tokenizer, state: dict[str, Any],
                     keep_last: int | None = None,
                     write_extra: Callable[[Path], None] | None = None) -> Path:
     """Write checkpoint-`step` atomically (see module docstring); returns its path.
     `write_extra(tmp)` adds files before the manifest (other ranks' shards: rank_checkpoint.py)."""
-    final, tmp = output_dir / f"checkpoint-{step}", output_dir / f"checkpoint-{step}.tmp"
+    final, tmp = checkpoint_dirs(output_dir, step)
     tree, tensors = to_data({"format": FORMAT, "step": step, **state})
     _refuse_non_finite(step, dict(model.named_parameters()), tensors)
     try:

@@ -225,11 +225,11 @@ def _write_together(tmp: Path, steps: _Agreements, shards, ranks: Ranks) -> None
 
 
 def _follow(trainer, steps: _Agreements, shards) -> Path:
-    tmp = trainer.output_dir / f"checkpoint-{trainer.step}.tmp"
+    final, tmp = ckpt.checkpoint_dirs(trainer.output_dir, trainer.step)
     steps.agree(None)
     steps.agree(_write_shard(tmp, shards, trainer.ranks))
     steps.agree(None)  # rank 0 renamed the folder (or says why not)
-    return trainer.output_dir / f"checkpoint-{trainer.step}"
+    return final
 
 
 def _write_shard(tmp: Path, shards, ranks: Ranks) -> str | None:

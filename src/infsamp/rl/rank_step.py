@@ -173,12 +173,13 @@ class RankSteps:
         if torch.cuda.is_available():
             metrics["memory/peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
         if self.ranks.distributed:
-            keys = [k for k in ("train/oom_retries",) if k in metrics]
-            for key, value in zip(keys, self.ranks.sum([metrics[k] for k in keys])):
-                metrics[key] = value
+            # one sum for both (the same collectives on every rank, whichever keys it has)
+            oom, wait = self.ranks.sum([metrics.get("train/oom_retries", 0), self.wait_s])
+            if "train/oom_retries" in metrics:
+                metrics["train/oom_retries"] = oom
             if "memory/peak_gib" in metrics:
                 metrics["memory/peak_gib"] = self.ranks.max([metrics["memory/peak_gib"]])[0]
-            wait = self.ranks.sum([self.wait_s])[0] / self.ranks.world_size
+            wait /= self.ranks.world_size
             metrics["distributed/wait_s"] = round(wait, 3)  # mean over ranks
             metrics["distributed/wait_fraction"] = round(wait / max(metrics["step_time"], 1e-9), 4)
             metrics["distributed/num_ranks"] = self.ranks.world_size

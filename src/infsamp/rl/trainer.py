@@ -286,7 +286,7 @@ class GRPOTrainer:
 
     def _save(self) -> Path:
         """checkpoint-<step>, once per step (a signal right after a periodic save adds nothing)."""
-        path = self.output_dir / f"checkpoint-{self.step}"
+        path, _ = ckpt.checkpoint_dirs(self.output_dir, self.step)
         if self._saved_step == self.step and self.ranks.broadcast_json(
                 (path / ckpt.MANIFEST).is_file() if self.ranks.is_main else None):
             return path
