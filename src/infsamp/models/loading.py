@@ -64,7 +64,8 @@ def load_tokenizer(name_or_path: str):
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except Exception as err:  # transformers raises many types for a bad path
-        raise ModelError(f"model.name_or_path {path!r}: cannot load tokenizer ({first_line(err)})") from None
+        raise ModelError(f"model.name_or_path {path!r}: cannot load tokenizer "
+                         f"({first_line(err)})") from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
@@ -104,7 +105,8 @@ def load_model_and_tokenizer(cfg: ModelConfig, device: torch.device | None = Non
         model = AutoModelForCausalLM.from_pretrained(
             path, attn_implementation=cfg.attn_implementation, **weights)
     except Exception as err:
-        raise ModelError(f"model.name_or_path {path!r}: cannot load model ({first_line(err)})") from None
+        raise ModelError(f"model.name_or_path {path!r}: cannot load model "
+                         f"({first_line(err)})") from None
     if "device_map" not in weights:  # a quantised model is placed by from_pretrained
         model.to(device)
     if cfg.gradient_checkpointing:

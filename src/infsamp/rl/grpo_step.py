@@ -65,7 +65,7 @@ class Rollout:
     # importance-sampling correction exp(old_logp - engine_logp) of a sampling engine; None: all 1
     importance_weights: list[Tensor] | None = None
     engine_logprobs: list[Tensor] | None = None  # per completion [T_i]: the sampling engine's
-    totals: BatchTotals | None = None  # the whole step's when this is one rank's share; None: its own
+    totals: BatchTotals | None = None  # the whole step's (one rank's share); None: its own
 
 
 class StepInputs(NamedTuple):
@@ -117,7 +117,7 @@ class GRPOStep:
                                  temperature=self.temperature, grad=False)
 
     def reference_logprobs(self, rollout: Rollout, model) -> list[Tensor] | None:
-        """The KL reference's log-probs: a separate model, or `model` with its LoRA adapters off."""
+        """The KL reference's log-probs: a separate model, or `model` with its adapters off."""
         if self.cfg.beta == 0:
             return None
         if self.ref_model is not None:
