@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from infsamp.rl.logprobs import log_softmax_and_entropy, selective_log_softmax
+from infsamp.algorithm.logprobs import log_softmax_and_entropy, selective_log_softmax
 
 
 def main() -> None:

@@ -88,7 +88,7 @@ def grpo_step_with_sleep(model, engine, prompt: list[int], group_size: int, max_
     import torch
 
     from infsamp.config import SamplingConfig, TrainingConfig
-    from infsamp.rl.grpo_step import GRPOStep, Rollout
+    from infsamp.algorithm.grpo_step import GRPOStep, Rollout
     from infsamp.sampling.sampler import GroupSampler
 
     cfg = SamplingConfig(policy="continuous", micro_group=group_size, kv_budget=str(10**9),

@@ -14,7 +14,7 @@ with random weights (no download): the embedded tiny Llama and real shapes (some
 
 Sampling goes through the project's GroupSampler (continuous policy, g slots, shared prompt KV, every
 completion forced to max length by disabling EOS). The training step lives in `measure_training_step`:
-token-budget micro-batches of infsamp.rl.logprobs, the GRPO loss of infsamp.rl.losses, backward,
+token-budget micro-batches of infsamp.algorithm.logprobs, the GRPO loss of infsamp.algorithm.losses, backward,
 and the optimizer the trainer builds for the precision mode (`build_optimizer`); the model is built
 in the mode's dtype with its compute context (`apply_compute`), as `load_model_and_tokenizer` does.
 
@@ -139,7 +139,7 @@ def build_model(case: Case, precision: str):
     from infsamp.config import ModelConfig
     from infsamp.models.loading import apply_lora, weight_kwargs
     from infsamp.planner import PRECISIONS
-    from infsamp.rl.precision import apply_compute
+    from infsamp.models.precision import apply_compute
 
     mode = PRECISIONS[precision]
     model_cfg = ModelConfig(lora_rank=case.lora_rank, load_in_4bit=case.load_in_4bit)
@@ -190,8 +190,8 @@ def measure_training_step(model, optimizer, prompts, completions, *, max_tokens:
     """One GRPO optimizer step over token-budget micro-batches (the lead may swap in the trainer's step)."""
     import torch
 
-    from infsamp.rl.logprobs import build_micro_batches, micro_batch_logprobs
-    from infsamp.rl.losses import LOSS_TYPES, BatchTotals, per_token_loss
+    from infsamp.algorithm.logprobs import build_micro_batches, micro_batch_logprobs
+    from infsamp.algorithm.losses import LOSS_TYPES, BatchTotals, per_token_loss
 
     device = next(model.parameters()).device
     advantages = torch.randn(len(completions), device=device)  # [N]
@@ -245,7 +245,7 @@ def run_child(name: str, phase: str, precision: str) -> dict:
     import torch
 
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
-    import infsamp.rl.logprobs  # noqa: F401  (imports before the baseline)
+    import infsamp.algorithm.logprobs  # noqa: F401  (imports before the baseline)
     import infsamp.sampling.sampler  # noqa: F401
     import transformers  # noqa: F401
 
@@ -272,7 +272,7 @@ def train_phase(model, case: Case, meter: PeakMeter, precision: str) -> None:
     step); then the measured step."""
     from infsamp.config import TrainingConfig
     from infsamp.planner import PRECISIONS
-    from infsamp.rl.optim import build_optimizer
+    from infsamp.algorithm.optim import build_optimizer
 
     model.train()
     optimizer = build_optimizer(model, TrainingConfig(learning_rate=1e-5), PRECISIONS[precision])

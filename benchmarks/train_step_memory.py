@@ -7,8 +7,8 @@ Prints the peak RSS growth of forward + loss + backward over N completions (one 
 import resource, sys, time
 import torch
 from infsamp.models.tiny import build_model, build_tokenizer
-from infsamp.rl.logprobs import build_micro_batches, micro_batch_logprobs
-from infsamp.rl.losses import LOSS_TYPES, BatchTotals, per_token_loss
+from infsamp.algorithm.logprobs import build_micro_batches, micro_batch_logprobs
+from infsamp.algorithm.losses import LOSS_TYPES, BatchTotals, per_token_loss
 
 n, budget = int(sys.argv[1]), int(sys.argv[2])
 torch.manual_seed(0); torch.set_num_threads(2)

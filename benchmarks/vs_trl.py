@@ -56,11 +56,11 @@ NUM_PROMPTS = 64
 MAX_PROMPT_TOKENS = 32  # arithmetic prompts are < 32 characters (one token each)
 PROFILE_FUNCTIONS = {  # label -> (file suffix, function name) whose cumulative time is reported
     "sampling": ("sampling/sampler.py", "sample"),
-    "rewards": ("rl/trainer.py", "_score"),
-    "train: log-prob forward": ("rl/logprobs.py", "micro_batch_logprobs"),
+    "rewards": ("run/trainer.py", "_score"),
+    "train: log-prob forward": ("algorithm/logprobs.py", "micro_batch_logprobs"),
     "train: backward": ("torch/_tensor.py", "backward"),
     "train: optimizer": ("torch/optim/optimizer.py", "wrapper"),
-    "train: whole grpo step": ("rl/grpo_step.py", "optimize"),
+    "train: whole grpo step": ("algorithm/grpo_step.py", "optimize"),
 }
 
 
@@ -142,7 +142,7 @@ def count_parameters(model_dir: Path) -> int:
 
 
 def reward_functions():
-    from infsamp.rewards import accuracy_reward, format_reward
+    from infsamp.rewards.builtin import accuracy_reward, format_reward
 
     return [format_reward, accuracy_reward]
 
@@ -230,7 +230,7 @@ def run_trl_infsamp(args, G: int, model_dir: Path, tmp: Path) -> dict:
 
 def infsamp_trainer(args, G: int, model_dir: Path, tmp: Path):
     from infsamp.config_io import load_config
-    from infsamp.rl.trainer import GRPOTrainer
+    from infsamp.run.trainer import GRPOTrainer
 
     g = min(args.micro_group, G)
     cfg = load_config(overrides={

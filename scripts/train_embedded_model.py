@@ -53,7 +53,7 @@ def make_batch(tokenizer, problems: list[dict]) -> tuple[torch.Tensor, torch.Ten
 def greedy_accuracy(model, tokenizer, problems: list[dict], max_new_tokens: int = 256) -> float:
     from infsamp.config import DataConfig
     from infsamp.models.loading import stop_token_ids
-    from infsamp.rl.evaluation import evaluate_accuracy
+    from infsamp.run.evaluation import evaluate_accuracy
     from infsamp.tasks.prompts import encode_prompt
 
     prompt_ids = [encode_prompt(p, tokenizer, DataConfig())[1] for p in problems]

@@ -19,9 +19,9 @@ from infsamp.cli import main
 from infsamp.config import ModelConfig, SamplingConfig
 from infsamp.config_io import load_config
 from infsamp.models.loading import load_model_and_tokenizer, stop_token_ids
-from infsamp.rewards import format_reward
-from infsamp.rl import evaluation
-from infsamp.rl.checkpoint import list_checkpoints
+from infsamp.rewards.builtin import format_reward
+from infsamp.run import evaluation
+from infsamp.run.checkpoint import list_checkpoints
 from infsamp.sampling.sampler import GroupSampler
 from infsamp.tasks.gsm8k import SYSTEM_PROMPT
 from infsamp.tasks.prompts import encode_prompt

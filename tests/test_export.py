@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM
 from infsamp.cli import main
 from infsamp.config_io import load_config
 from infsamp.models.loading import EMBEDDED_DIR
-from infsamp.rl.trainer import GRPOTrainer
+from infsamp.run.trainer import GRPOTrainer
 from infsamp.tasks.arithmetic import generate_problems
 
 MAX_NEW = 40

@@ -262,11 +262,11 @@ class TrainingConfig:
         _require(self.max_grad_norm >= 0, "training.max_grad_norm", self.max_grad_norm, "must be >= 0")
         _require(self.train_micro_batch_tokens >= 0, "training.train_micro_batch_tokens",
                  self.train_micro_batch_tokens, "must be >= 0")
-        _check_choice("training.loss_type", self.loss_type, "infsamp.rl.losses", "LOSS_TYPES")
+        _check_choice("training.loss_type", self.loss_type, "infsamp.algorithm.losses", "LOSS_TYPES")
         _require(0 < self.top_entropy_quantile <= 1, "training.top_entropy_quantile",
                  self.top_entropy_quantile, "must be in (0, 1] (1.0: every token)")
         self._resolve_clip_range()
-        _check_choice("training.scale_rewards", self.scale_rewards, "infsamp.rl.advantages", "REWARD_SCALERS")
+        _check_choice("training.scale_rewards", self.scale_rewards, "infsamp.algorithm.advantages", "REWARD_SCALERS")
         _require(self.optimizer in ("adamw", "adamw8bit", "sgd"), "training.optimizer", self.optimizer,
                  "must be one of adamw, adamw8bit, sgd")
         for name in ("adam_beta1", "adam_beta2"):
@@ -275,14 +275,14 @@ class TrainingConfig:
         _require(self.weight_decay >= 0, "training.weight_decay", self.weight_decay,
                  "must be >= 0")
         _require(0 <= self.seed < 2**32, "training.seed", self.seed, "must be in [0, 2**32)")
-        _check_choice("training.lr_scheduler", self.lr_scheduler, "infsamp.rl.optim",
+        _check_choice("training.lr_scheduler", self.lr_scheduler, "infsamp.algorithm.optim",
                       "LR_SCHEDULERS")
         _check_choice("training.precision", self.precision, "infsamp.planner.precisions",
                       "PRECISION_CHOICES")
 
     def _resolve_clip_range(self) -> None:
         """epsilon / epsilon_high 0 -> the loss type's defaults, written back (config.yaml)."""
-        from infsamp.rl.losses import clip_range
+        from infsamp.algorithm.losses import clip_range
 
         self.epsilon, self.epsilon_high = clip_range(self.loss_type, self.epsilon,
                                                      self.epsilon_high)
@@ -323,7 +323,7 @@ class LoggingConfig:
                  "must be >= 0 (0: never)")
         _require(bool(self.project.strip()), "logging.project", self.project,
                  "must name a tracker project")
-        from infsamp.rl.trackers import tracker_problem
+        from infsamp.run.trackers import tracker_problem
 
         problem = tracker_problem(self.report_to)
         _require(problem is None, "logging.report_to", self.report_to, problem or "")
@@ -389,7 +389,7 @@ class Config:
         _require(not (self.distributed.strategy == "fsdp" and self.model.lora_rank > 0),
                  "distributed.strategy", self.distributed.strategy,
                  "fsdp shards full fine-tuning; with LoRA (model.lora_rank > 0) use ddp")
-        from infsamp.rl.precision import resolve_precision  # across sections, and needs the device
+        from infsamp.models.precision import resolve_precision  # across sections, and needs the device
 
         resolve_precision(self)
         return self

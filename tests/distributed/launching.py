@@ -86,7 +86,7 @@ def launch(folder: Path, runs: list[tuple[list[str], Path]], nproc: int = 2,
 def one_process(values: dict[str, object], record: Path, monkeypatch) -> Path:
     """The same run in this process (the reference); returns its folder."""
     from infsamp.config_io import load_config
-    from infsamp.rl.trainer import GRPOTrainer
+    from infsamp.run.trainer import GRPOTrainer
 
     monkeypatch.setenv("INFSAMP_TEST_RECORD", str(record))
     cfg = load_config(overrides={k: str(v) for k, v in values.items()})

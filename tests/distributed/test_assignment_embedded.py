@@ -14,14 +14,14 @@ import pytest
 import torch
 
 from infsamp.config_io import load_config
-from infsamp.sampling.rank_assignment import assign, imbalance
+from infsamp.distributed.rank_assignment import assign, imbalance
 
 NUM_STEPS, NUM_PROMPTS, G = 2, 8, 8
 
 
 @pytest.mark.slow
 def test_lpt_with_oracle_lengths_beats_round_robin(tmp_path, one_thread):
-    from infsamp.rl.trainer import GRPOTrainer
+    from infsamp.run.trainer import GRPOTrainer
 
     cfg = load_config(overrides={"logging.output_dir": str(tmp_path / "run"),
                                  "eval.num_problems": "0", "logging.progress_bar": "false",

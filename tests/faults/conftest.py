@@ -92,7 +92,7 @@ class Runner:
 @pytest.fixture(scope="session")
 def runner(tmp_path_factory):
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["infsamp.cli", "infsamp.commands.train", "infsamp.rl.trainer",
+    context.set_forkserver_preload(["infsamp.cli", "infsamp.commands.train", "infsamp.run.trainer",
                                     "fault_harness", "peft"])
     return Runner(context, tmp_path_factory.mktemp("children"))
 

@@ -75,7 +75,7 @@ _state: dict = {}
 
 
 def _remember_trainer() -> None:
-    from infsamp.rl import trainer
+    from infsamp.run import trainer
 
     original = trainer.GRPOTrainer.train_step
 
@@ -101,7 +101,7 @@ def _arm_sampling(step: int) -> None:
 
 
 def _arm_update(step: int) -> None:
-    from infsamp.rl.grpo_step import GRPOStep
+    from infsamp.algorithm.grpo_step import GRPOStep
 
     _remember_trainer()
     original = GRPOStep.accumulate_gradients
@@ -116,7 +116,7 @@ def _arm_update(step: int) -> None:
 
 
 def _arm_metrics(step: int) -> None:
-    from infsamp.rl.run_log import RunLogger
+    from infsamp.run.logs import RunLogger
 
     original = RunLogger.log_step
 
@@ -142,7 +142,7 @@ def _arm_torn(step: int) -> None:
 
 
 def _arm_eval(step: int) -> None:
-    from infsamp.rl import trainer
+    from infsamp.run import trainer
 
     _remember_trainer()
     original = trainer.evaluate_accuracy
@@ -205,7 +205,7 @@ def _arm_lowmem(_step: int) -> None:
 
 
 def _arm_rename(step: int) -> None:
-    from infsamp.rl import checkpoint
+    from infsamp.run import checkpoint
 
     original = checkpoint._replace_folder
 
@@ -218,7 +218,7 @@ def _arm_rename(step: int) -> None:
 
 
 def _arm_prune(step: int) -> None:
-    from infsamp.rl import checkpoint
+    from infsamp.run import checkpoint
 
     original = checkpoint.prune
 
@@ -233,8 +233,8 @@ def _arm_prune(step: int) -> None:
 
 
 def _arm_wait(step: int, num_signals: int = 1) -> None:
-    from infsamp.rl.run_log import RunLogger
-    from infsamp.rl.signals import StopSignals
+    from infsamp.run.logs import RunLogger
+    from infsamp.run.signals import StopSignals
 
     original_log, original_handle = RunLogger.log_step, StopSignals._handle
 

@@ -73,9 +73,9 @@ ABOVE = {"training.adam_beta1": 1, "training.adam_beta2": 1, "training.warmup_ra
          "data.seed": 2**32, "training.num_threads": 4097}
 NAMED = {  # free-text options with a closed set of valid names
     "sampling.policy": lambda: outside(_names("infsamp.sampling.policies", "POLICIES")),
-    "training.loss_type": lambda: outside(_names("infsamp.rl.losses", "LOSS_TYPES")),
-    "training.scale_rewards": lambda: outside(_names("infsamp.rl.advantages", "REWARD_SCALERS")),
-    "training.lr_scheduler": lambda: outside(_names("infsamp.rl.optim", "LR_SCHEDULERS")),
+    "training.loss_type": lambda: outside(_names("infsamp.algorithm.losses", "LOSS_TYPES")),
+    "training.scale_rewards": lambda: outside(_names("infsamp.algorithm.advantages", "REWARD_SCALERS")),
+    "training.lr_scheduler": lambda: outside(_names("infsamp.algorithm.optim", "LR_SCHEDULERS")),
     "training.optimizer": lambda: outside({"adamw", "adamw8bit", "sgd"}),
     "sampling.predictor": lambda: outside({"online", "none", "oracle"}).filter(
         lambda w: not w.startswith("noisy")),
@@ -134,7 +134,7 @@ def run_train(key: str, route: str, value: typing.Any, folder: Path,
         (folder / "c.yaml").write_text(yaml.safe_dump({section: {name: value}}))
         argv.insert(1, str(folder / "c.yaml"))
     caught = AssertionError(f"{key}={value!r} got as far as loading the model")
-    trap = mock.patch("infsamp.rl.trainer.load_model_and_tokenizer", side_effect=caught)
+    trap = mock.patch("infsamp.run.trainer.load_model_and_tokenizer", side_effect=caught)
     err = io.StringIO()
     with trap, contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
         code = cli.main(argv)

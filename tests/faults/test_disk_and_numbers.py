@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from conftest import HARNESS, run_args
 from fault_harness import final_state
-from infsamp.rl.checkpoint import list_checkpoints, load_checkpoint
+from infsamp.run.checkpoint import list_checkpoints, load_checkpoint
 from test_kill_resume import assert_same_run
 
 

@@ -13,8 +13,8 @@ import torch
 from conftest import run_args
 from infsamp import cli
 from infsamp.errors import RewardError
-from infsamp.rewards import compute_rewards
-from infsamp.rl import run_log
+from infsamp.rewards.compute import compute_rewards
+from infsamp.run import logs as run_log
 from test_config_property import assert_one_line_naming, run_train
 from test_kill_resume import assert_same_run
 
@@ -147,7 +147,7 @@ def test_micro_batch_does_not_follow_free_memory(runner, reference, tiny_model_d
     real = os.sysconf
     monkeypatch.setattr(os, "sysconf",
                         lambda name: 2**20 // page if name == "SC_AVPHYS_PAGES" else real(name))
-    from infsamp.rl.memory import device_memory_bytes
+    from infsamp.run.sizes import device_memory_bytes
 
     assert device_memory_bytes(torch.device("cpu"), torch.nn.Linear(1, 1), "auto") < 2**21
     monkeypatch.undo()

@@ -65,7 +65,7 @@ def train_with_trl(rollout_func, output_dir, num_steps=2):
     from trl import GRPOConfig, GRPOTrainer
 
     from infsamp.models.loading import EMBEDDED_DIR, load_tokenizer
-    from infsamp.rewards import accuracy_reward, format_reward
+    from infsamp.rewards.builtin import accuracy_reward, format_reward
     from infsamp.tasks.arithmetic import generate_problems
 
     model = AutoModelForCausalLM.from_pretrained(EMBEDDED_DIR, dtype=torch.float32)

@@ -76,7 +76,7 @@ def test_the_cli_decides_before_loading_transformers(tmp_path):
     code = ("import sys, infsamp.hub as h; h._endpoint_answers = lambda: False; "
             "from infsamp.cli import main; "
             "rc = main(['train', '--model.name_or_path', 'org/model']); "
-            "print(rc, 'infsamp.rl.trainer' in sys.modules, 'transformers' in sys.modules)")
+            "print(rc, 'infsamp.run.trainer' in sys.modules, 'transformers' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=tmp_path, env={**os.environ, "HF_HUB_OFFLINE": ""}, timeout=300)
     assert done.stdout.split()[-3:] == ["2", "False", "False"], done.stdout + done.stderr

@@ -14,7 +14,7 @@ import torch
 from infsamp.config import ModelConfig, SamplingConfig
 from infsamp.errors import SamplingError
 from infsamp.models.loading import load_model_and_tokenizer
-from infsamp.rl.logprobs import sequence_logprobs
+from infsamp.algorithm.logprobs import sequence_logprobs
 from infsamp.sampling.engines.base import EngineLimits, make_engine, vllm_installed
 from infsamp.sampling.length_predictor import OraclePredictor, make_predictor
 from infsamp.sampling.sampler import GroupSampler

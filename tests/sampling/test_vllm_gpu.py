@@ -9,7 +9,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from infsamp.config import SamplingConfig
-from infsamp.rl.logprobs import sequence_logprobs
+from infsamp.algorithm.logprobs import sequence_logprobs
 from infsamp.sampling.engines.base import (EngineLimits, make_engine, resolve_engine_name,
                                            vllm_installed)
 from infsamp.sampling.sampler import GroupSampler

@@ -41,7 +41,7 @@ def test_lengths_are_heavy_tailed_and_prompt_dependent():
 
 
 def test_sft_targets_mix_direct_and_worked_answers():
-    from infsamp.rewards import accuracy_reward, format_reward
+    from infsamp.rewards.builtin import accuracy_reward, format_reward
     from infsamp.tasks.arithmetic import DIRECT_SHARE, sft_completions
 
     problems = generate_problems(1000, seed=5, split="sft")

@@ -10,7 +10,7 @@ checkpoint is merged into its base model (the run's `model.name_or_path`) unless
 `--adapters-only`, which writes a peft adapter folder whose `base_model_name_or_path` is that base.
 
 Checks before any work, each one line: the target exists and is not empty; the checkpoint is
-incomplete or damaged (`rl/checkpoint.py`'s `verify_checkpoint`: its manifest, every file's size
+incomplete or damaged (`run/checkpoint.py`'s `verify_checkpoint`: its manifest, every file's size
 and sha256); the run has no checkpoint that verifies (newer damaged ones are named and skipped);
 `--adapters-only` on full weights; LoRA trained over a 4-bit (QLoRA) base without
 `--adapters-only`: the trained policy is the adapters on the *quantised* base, so merging them into
@@ -78,7 +78,7 @@ def check_target(out: Path) -> None:
 def resolve_checkpoint(source: Path) -> Path:
     """The checkpoint to export: `source` if it verifies, or a run folder's newest that does."""
     from infsamp.errors import CheckpointError
-    from infsamp.rl.checkpoint import MANIFEST, MODEL_DIR, newest_verified, verify_checkpoint
+    from infsamp.run.checkpoint import MANIFEST, MODEL_DIR, newest_verified, verify_checkpoint
 
     if not source.is_dir():
         raise ExportError(f"{source}: not a run folder or checkpoint folder")

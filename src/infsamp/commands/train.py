@@ -53,8 +53,8 @@ def run(args: argparse.Namespace) -> int:
     check_sources(cfg)
     if args.config is None:
         print(DEMO_HINT)
-    from infsamp.rl.distributed import init_ranks
-    from infsamp.rl.trainer import GRPOTrainer
+    from infsamp.distributed.ranks import init_ranks
+    from infsamp.run.trainer import GRPOTrainer
 
     ranks = init_ranks(cfg)  # one process, or this rank of a torchrun / accelerate launch
     with ranks.guard():  # a failure here stops the other ranks, naming this one

@@ -189,7 +189,7 @@ class InfsampRollout:
 
     def _logprobs(self, model, trainer, prompt_ids, completion_ids) -> list[list[float]]:
         """No-grad, in micro-batches of at most the KV budget's tokens (one sequence at least)."""
-        from infsamp.rl.logprobs import sequence_logprobs
+        from infsamp.algorithm.logprobs import sequence_logprobs
         from infsamp.sampling.sampler import resolve_budget
 
         tokens = self.logprob_tokens or resolve_budget(self.cfg.kv_budget, model)

@@ -3,7 +3,7 @@
 Resolves `model.name_or_path` through `models.source` (a folder, a peft adapter folder, or a hub
 id decided at once); a LoRA checkpoint folder (e.g. `run/checkpoint-4/model`) loads its base and
 the adapters are trained further with `model.lora_rank` > 0, or merged into the base with 0. Picks
-device and dtype (from the training precision when one is given, see `infsamp.rl.precision`),
+device and dtype (from the training precision when one is given, see `infsamp.models.precision`),
 loads the base in 4-bit NF4 for QLoRA, applies LoRA through peft (adapters fp32 whatever the
 base), gradient checkpointing when asked, and the precision's compute context (autocast for
 `mixed`). Every failure becomes one `ModelError` line naming the path. `stop_token_ids` is the one
@@ -77,7 +77,7 @@ def weight_kwargs(cfg: ModelConfig, device: torch.device, precision=None) -> dic
     cfg.dtype."""
     if precision is None:
         return {"dtype": resolve_dtype(cfg.dtype, device)}
-    from infsamp.rl.precision import COMPUTE_DTYPE, weights_dtype
+    from infsamp.models.precision import COMPUTE_DTYPE, weights_dtype
 
     dtype = weights_dtype(precision, lora=cfg.lora_rank > 0)
     if not cfg.load_in_4bit:
@@ -117,7 +117,7 @@ def load_model_and_tokenizer(cfg: ModelConfig, device: torch.device | None = Non
     elif cfg.lora_rank > 0:
         model = apply_lora(model, cfg)
     if precision is not None:
-        from infsamp.rl.precision import apply_compute
+        from infsamp.models.precision import apply_compute
 
         apply_compute(model, precision)
     return model, tokenizer

@@ -6,7 +6,7 @@ training, before allocator overhead) into what each of `num_devices` GPUs holds:
 - `single`: unchanged.
 - `ddp`: every device holds the whole model, gradients and optimizer states; DDP's gradient buckets
   (the gradients are views into them) stay allocated between steps, so generation holds them too.
-- `fsdp` (FSDP2, as `rl/strategies.py` runs it): weights, gradients and optimizer states are
+- `fsdp` (FSDP2, as `distributed/strategies.py` runs it): weights, gradients and optimizer states are
   sharded 1/N, in the bytes of the precision mode (`planner/precisions.py`: fp32 master weights
   and states under fp32/mixed, bf16 under bf16, 8-bit states under adamw8bit). Generation on the
   slot engine decodes with a whole copy of the weights gathered for the sampler (the sharded

@@ -1,0 +1,221 @@
+"""One training step over several ranks: who samples which prompts, and what is gathered after.
+
+    share(batch)        rank 0 predicts each prompt's sampling cost and assigns the step's prompts
+                        to ranks (`sampling.rank_assignment`: lpt or round_robin); every rank
+                        learns its share (one small broadcast)
+    combine(...)        after sampling and scoring its own groups, every rank sends what the
+                        step's statistics need (lengths, finish reasons, rewards per function,
+                        the sampler's statistics): B*G numbers, one gather. Every rank then holds
+                        the whole step's rewards, so its advantages come from the same function
+                        on the same values as in one process (`scale_rewards: batch` included)
+                        and its loss normaliser (`BatchTotals`) counts the whole step's tokens.
+
+The cost predictor is kept for the assignment alone, on rank 0: an `OnlinePredictor` fed every
+group's lengths after each step, so it predicts from the prompt (its length, its digits), the same
+prompt's lengths in earlier epochs and the run's recent mean; it works with every sampling policy
+(with `length_aware` each rank's sampler keeps its own predictor for its slots). A group's cost is
+G x its predicted length: the tokens it decodes.
+
+Metrics: `sampling/rank_imbalance` is the slowest rank's sampling time over the mean;
+`sampling/rank_imbalance_steps` the same for decode steps (deterministic); `sampling/
+predicted_imbalance` what the assignment expected; `distributed/wait_s` the time a rank spent in
+the step's gathers waiting for the others (mean over ranks; where a fast sampler waits for the
+slowest; the wait inside DDP's gradient all-reduce is not in it), `distributed/wait_fraction` that
+over the step time.
+
+Deliberately simple: one process keeps the same code path with a share of every prompt; the
+sampler's statistics are combined by a fixed table (sums, maxima, else means).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from infsamp.rewards.compute import RewardResult
+from infsamp.distributed.ranks import Ranks
+from infsamp.distributed.rank_assignment import assign, imbalance, rank_loads
+
+SUMMED = ("generated_tokens", "prefill_tokens", "recomputed_tokens", "num_preemptions",
+          "tokens_per_second")
+LINE_KEYS = ("prompt_id", "prompt_tokens", "lengths")  # a lengths.jsonl line (`infsamp simulate`)
+MAXED = ("decode_steps", "lower_bound", "opt_lower_bound", "peak_kv_tokens", "peak_kv_bytes",
+         "peak_kv_tokens_used", "wall_time_s", "model_time_s", "num_slots", "kv_budget_tokens")
+
+
+class Finished(NamedTuple):
+    """What the step's statistics read of a completion (one process has the Completion itself)."""
+
+    length: int
+    finish_reason: str
+
+
+@dataclass
+class StepData:
+    rewards: RewardResult  # the whole step's, prompts in step order
+    completions: list[Any]  # the whole step's (Completion or Finished), group-major
+    local_rows: list[int]  # rows of this rank's completions in the step
+    sampler_metrics: dict[str, float]
+    groups: list[dict[str, Any]]  # lengths.jsonl lines, step order
+
+
+def combine_metrics(per_rank: list[dict[str, float]],
+                    prefix: str = "sampling/") -> dict[str, float]:
+    """One dict from every rank's: SUMMED keys add, MAXED keys take the maximum, others average."""
+    out: dict[str, float] = {}
+    for key in per_rank[0]:
+        values = [m[key] for m in per_rank if key in m]
+        name = key[len(prefix):] if key.startswith(prefix) else key
+        out[key] = sum(values) if name in SUMMED else max(values) if name in MAXED else \
+            sum(values) / len(values)
+    return out
+
+
+class RankSteps:
+    """The trainer's multi-rank step; with one process `share` is every prompt and `combine` keeps
+    the rank's own values."""
+
+    def __init__(self, ranks: Ranks, num_generations: int, max_new_tokens: int, method: str):
+        self.ranks, self.G, self.method = ranks, num_generations, method
+        self.max_new = max_new_tokens
+        self.costs = _make_cost_predictor() if ranks.distributed and ranks.is_main else None
+        self.wait_s = 0.0
+        self._predicted = 1.0
+
+    # ---- before sampling
+    def share(self, batch: list[tuple[int, Any]]) -> list[int]:
+        """This rank's prompts: indices into `batch`, ascending."""
+        if not self.ranks.distributed:
+            return list(range(len(batch)))
+        plan = None
+        if self.ranks.is_main:
+            costs = [self.G * self.costs.predict(s) for s in self._samples(batch, 1)]
+            shares = assign(costs, self.ranks.world_size, self.method)
+            plan = {"shares": shares, "predicted": imbalance(rank_loads(shares, costs))}
+        plan = self._timed(self.ranks.broadcast_json, plan)
+        self._predicted = plan["predicted"]
+        return plan["shares"][self.ranks.rank]
+
+    def _samples(self, batch: list[tuple[int, Any]], group_size: int) -> list:
+        """The step's samples as the sampler lays them out (group_size 1: one per prompt)."""
+        from infsamp.sampling.types import make_samples
+
+        return make_samples([len(p.token_ids) for _, p in batch], group_size, self.max_new,
+                            [str(p.index) for _, p in batch], [p.text for _, p in batch])
+
+    # ---- after sampling and scoring
+    def combine(self, batch, share: list[int], groups, rewards: RewardResult,
+                sampler_metrics: dict[str, float]) -> StepData:
+        """The whole step's data on every rank (see the module docstring)."""
+        mine = _records(batch, share, groups, rewards, sampler_metrics)
+        if not self.ranks.distributed:
+            completions = [c for group in groups for c in group]
+            return StepData(rewards, completions, list(range(len(completions))),
+                            sampler_metrics, [_line(r) for r in mine["groups"]])
+        everyone = self._timed(self.ranks.gather_json, mine)
+        data = self._merge(everyone, len(batch), share)
+        if self.costs is not None:
+            lengths = [length for g in data.groups for length in g["lengths"]]
+            self.costs.update(self._samples(batch, self.G), lengths)
+        return data
+
+    def _merge(self, everyone: list[dict[str, Any]], num_prompts: int,
+               share: list[int]) -> StepData:
+        by_prompt: dict[int, dict[str, Any]] = {}
+        for record in everyone:
+            for position, group in zip(record["share"], record["groups"]):
+                by_prompt[position] = group
+        groups = [by_prompt[i] for i in range(num_prompts)]
+        completions = [Finished(n, why) for g in groups
+                       for n, why in zip(g["lengths"], g["finish"])]
+        total = [r for g in groups for r in g["total"]]
+        per_function = {name: [v for g in groups for v in g["per_function"][name]]
+                        for name in everyone[0]["functions"]}
+        rows = [i * self.G + j for i in share for j in range(self.G)]
+        return StepData(RewardResult(total, per_function), completions, rows,
+                        self._sampler_metrics(everyone), [_line(g) for g in groups])
+
+    def _sampler_metrics(self, everyone: list[dict[str, Any]]) -> dict[str, float]:
+        per_rank = [record["metrics"] for record in everyone]
+        metrics = combine_metrics(per_rank)
+        times = [m.get("sampling/wall_time_s", 0.0) for m in per_rank]
+        steps = [m.get("sampling/decode_steps", 0.0) for m in per_rank]
+        metrics["sampling/rank_imbalance"] = imbalance(times)
+        metrics["sampling/rank_imbalance_steps"] = imbalance(steps)
+        metrics["sampling/predicted_imbalance"] = self._predicted
+        return metrics
+
+    def _timed(self, collective, value):
+        start = time.perf_counter()
+        try:
+            return collective(value)
+        finally:
+            self.wait_s += time.perf_counter() - start
+
+    def gather_records(self, share: list[int], records: list[Any]) -> list[Any]:
+        """Every rank's completion records (G per prompt of `share`) in step order, on every
+        rank (one process: its own); rank 0 writes them."""
+        if not self.ranks.distributed:
+            return records
+        by_prompt: dict[int, list[Any]] = {}
+        for their_share, theirs in self._timed(self.ranks.gather_json, [share, records]):
+            for k, position in enumerate(their_share):
+                by_prompt[position] = theirs[k * self.G:(k + 1) * self.G]
+        return [r for position in sorted(by_prompt) for r in by_prompt[position]]
+
+    # ---- after the update
+    def finish_metrics(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        """Counters that differ per rank summed; this rank's waiting time; on CUDA the busiest
+        device's peak memory so far (`memory/peak_gib`); reset for the next step."""
+        import torch
+
+        if torch.cuda.is_available():
+            metrics["memory/peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        if self.ranks.distributed:
+            # one sum for both (the same collectives on every rank, whichever keys it has)
+            oom, wait = self.ranks.sum([metrics.get("train/oom_retries", 0), self.wait_s])
+            if "train/oom_retries" in metrics:
+                metrics["train/oom_retries"] = oom
+            if "memory/peak_gib" in metrics:
+                metrics["memory/peak_gib"] = self.ranks.max([metrics["memory/peak_gib"]])[0]
+            wait /= self.ranks.world_size
+            metrics["distributed/wait_s"] = round(wait, 3)  # mean over ranks
+            metrics["distributed/wait_fraction"] = round(wait / max(metrics["step_time"], 1e-9), 4)
+            metrics["distributed/num_ranks"] = self.ranks.world_size
+        self.wait_s = 0.0
+        return metrics
+
+    # ---- checkpoints
+    def state_dict(self) -> dict[str, Any] | None:
+        return self.costs.state_dict() if self.costs is not None else None
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        if self.costs is not None and state is not None:
+            self.costs.load_state_dict(state)
+
+
+def _make_cost_predictor():
+    from infsamp.sampling.length_predictor import OnlinePredictor
+
+    return OnlinePredictor()
+
+
+def _records(batch, share: list[int], groups, rewards: RewardResult,
+             sampler_metrics: dict[str, float]) -> dict[str, Any]:
+    """This rank's groups as JSON-able records (a lengths.jsonl line + what the metrics need)."""
+    records = []
+    for k, (position, group) in enumerate(zip(share, groups)):
+        _, prompt = batch[position]
+        rows = slice(k * len(group), (k + 1) * len(group))
+        records.append({"prompt_id": str(prompt.index), "prompt_tokens": len(prompt.token_ids),
+                        "lengths": [c.length for c in group],
+                        "finish": [c.finish_reason for c in group],
+                        "total": rewards.total[rows],
+                        "per_function": {n: v[rows] for n, v in rewards.per_function.items()}})
+    return {"share": share, "groups": records, "functions": list(rewards.per_function),
+            "metrics": sampler_metrics}
+
+
+def _line(record: dict[str, Any]) -> dict[str, Any]:
+    return {key: record[key] for key in LINE_KEYS}

@@ -1,0 +1,82 @@
+"""Reward functions by name: built-ins, `module:function`, `file.py:function`, reward-model folders.
+
+Naming a module, a file or a reward-model folder runs that code or loads that model: reward
+functions are user code. Repeated names get a suffix so their metrics stay distinct.
+
+Deliberately simple: a function is loaded once per run, in the trainer's process.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+from infsamp.errors import RewardError
+from infsamp.rewards.builtin import BUILTIN_REWARDS, RewardFunction, format_reward
+
+def _load_from_file(path: str, spec: str) -> Any:
+    if not Path(path).exists():
+        raise RewardError(f"reward function {spec!r}: file {path} does not exist")
+    module_spec = importlib.util.spec_from_file_location(f"infsamp_user_rewards_{Path(path).stem}", path)
+    module = importlib.util.module_from_spec(module_spec)  # type: ignore[arg-type]
+    try:
+        module_spec.loader.exec_module(module)  # type: ignore[union-attr]
+    except Exception as err:  # noqa: BLE001 - user code: report, don't crash with a traceback
+        raise RewardError(f"reward function {spec!r}: importing {path} failed ({type(err).__name__}: {err})") from None
+    return module
+
+
+def _load_from_module(name: str, spec: str) -> Any:
+    try:
+        return importlib.import_module(name)
+    except Exception as err:  # noqa: BLE001
+        raise RewardError(f"reward function {spec!r}: cannot import module {name!r} "
+                          f"({type(err).__name__}: {err})") from None
+
+
+def load_reward_function(spec: str, **model_options: Any) -> tuple[str, RewardFunction]:
+    """A built-in name, 'package.module:function', 'path/to/file.py:function' or a reward model
+    directory -> (name, function). `model_options` (device, dtype, max_tokens) go to
+    `load_reward_model`."""
+    if spec in BUILTIN_REWARDS:
+        return spec, BUILTIN_REWARDS[spec]
+    from infsamp.rewards.reward_model import load_reward_model, looks_like_model_dir
+
+    if looks_like_model_dir(spec):
+        return Path(spec).resolve().name, load_reward_model(spec, **model_options)
+    source, sep, attr = spec.rpartition(":")
+    if not sep or not source or not attr:
+        raise RewardError(f"reward function {spec!r}: unknown (built-in: "
+                          f"{', '.join(BUILTIN_REWARDS)}; or give 'module:function', "
+                          "'file.py:function' or a reward model directory)")
+    is_file = source.endswith(".py")
+    module = _load_from_file(source, spec) if is_file else _load_from_module(source, spec)
+    func = getattr(module, attr, None)
+    if not callable(func):
+        raise RewardError(f"reward function {spec!r}: {source} has no function {attr!r}")
+    return attr, func
+
+
+def load_reward_functions(names: list[str],
+                          format_think_block: str = "forbid",
+                          **model_options: Any) -> list[tuple[str, RewardFunction]]:
+    """Load each spec; repeated names get a suffix (accuracy, accuracy_2) so metrics stay distinct.
+    The built-in format reward gets `format_think_block` (`rewards.format_think_block`)."""
+    loaded: list[tuple[str, RewardFunction]] = []
+    seen: set[str] = set()
+    for spec in names:
+        name, func = load_reward_function(spec, **model_options)
+        if func is format_reward and format_think_block != "forbid":
+            func = functools.partial(format_reward, think_block=format_think_block)
+        unique, index = name, 2
+        while unique in seen:
+            unique, index = f"{name}_{index}", index + 1
+        seen.add(unique)
+        loaded.append((unique, func))
+    return loaded
+
+
+# ---------------------------------------------------------------- computing

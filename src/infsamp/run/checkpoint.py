@@ -1,0 +1,273 @@
+"""Checkpoints that hold data only, are written atomically and are verified before they are used.
+
+    checkpoint-N/
+      model/                      a standard `save_pretrained` folder: weights (or LoRA adapters)
+                                  in safetensors, config, tokenizer (what `infsamp export` reads)
+      training_state.safetensors  every other tensor: optimizer states, torch RNG states
+      training_state.json         everything else: step, data position, schedule, counters, the
+                                  optimizer's and scheduler's structure, python/numpy RNG states,
+                                  the length predictor, what the run is (model, LoRA rank)
+      manifest.json               bytes and sha256 of each file above; written last
+
+Writing goes to `checkpoint-N.tmp/`, every file is fsynced, and the folder is renamed to
+`checkpoint-N/` only when complete; a failure (a full disk) removes the `.tmp` folder and leaves
+earlier checkpoints as they were. Loading checks the manifest (a truncated, deleted or altered file
+is caught), reads tensors with safetensors and the rest as JSON (nothing is unpickled), and refuses
+NaN or inf in any tensor.
+`find_resume_point` walks back from the newest checkpoint to the newest one that verifies.
+
+Deliberately simple: one process writes (with several ranks, the others add their shard files
+through `write_extra` before the manifest); sha256 re-reads every file once at save and once at
+load.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from infsamp.errors import CheckpointError, NonFiniteError
+from infsamp.run.state_data import from_data, non_finite_tensor, to_data
+
+MANIFEST = "manifest.json"
+STATE_JSON = "training_state.json"
+STATE_TENSORS = "training_state.safetensors"
+MODEL_DIR = "model"
+FORMAT = 2
+_CKPT = re.compile(r"^checkpoint-(\d+)$")
+
+
+@dataclass
+class Checkpoint:
+    path: Path
+    step: int
+    state: dict[str, Any]  # training_state.json with its tensors restored
+    model_tensors: dict[str, torch.Tensor]  # the weights (or adapters) in model/
+
+
+# ---------------------------------------------------------------- writing
+
+
+def checkpoint_dirs(output_dir: Path, step: int) -> tuple[Path, Path]:
+    """(checkpoint-N, checkpoint-N.tmp): where step N's checkpoint ends up and is written first."""
+    final = output_dir / f"checkpoint-{step}"
+    return final, final.with_name(final.name + ".tmp")
+
+
+def save_checkpoint(output_dir: Path, step: int, *, model, tokenizer, state: dict[str, Any],
+                    keep_last: int | None = None,
+                    write_extra: Callable[[Path], None] | None = None) -> Path:
+    """Write checkpoint-`step` atomically (see module docstring); returns its path.
+    `write_extra(tmp)` adds files before the manifest (other ranks' shards: rank_checkpoint.py)."""
+    final, tmp = checkpoint_dirs(output_dir, step)
+    tree, tensors = to_data({"format": FORMAT, "step": step, **state})
+    _refuse_non_finite(step, dict(model.named_parameters()), tensors)
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        _write_folder(tmp, model, tokenizer, tree, tensors, write_extra)
+        _replace_folder(tmp, final)
+    except BaseException as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(err, OSError) or type(err).__name__ == "SafetensorError":
+            raise CheckpointError(_write_failure(output_dir, final.name, err)) from None
+        raise
+    if keep_last:
+        prune(output_dir, keep_last)
+    return final
+
+
+def _write_folder(tmp: Path, model, tokenizer, tree: dict[str, Any],
+                  tensors: dict[str, torch.Tensor], write_extra=None) -> None:
+    from safetensors.torch import save_file
+
+    tmp.mkdir(parents=True)
+    if write_extra is not None:
+        write_extra(tmp)
+    model.save_pretrained(tmp / MODEL_DIR, safe_serialization=True)
+    tokenizer.save_pretrained(tmp / MODEL_DIR)
+    save_file(tensors, str(tmp / STATE_TENSORS))
+    (tmp / STATE_JSON).write_text(json.dumps(tree))
+    files = {str(p.relative_to(tmp)): {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+             for p in sorted(tmp.rglob("*")) if p.is_file()}
+    manifest = {"format": FORMAT, "step": tree["step"], "files": files}
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    for path in [*tmp.rglob("*"), tmp]:
+        fsync(path)
+
+
+def _replace_folder(tmp: Path, final: Path) -> None:
+    """Rename tmp -> final; an existing final (the same step saved again) is set aside first."""
+    old = final.with_name(final.name + ".old")
+    if final.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+    os.replace(tmp, final)
+    fsync(final.parent)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _refuse_non_finite(step: int, weights: dict[str, torch.Tensor],
+                       tensors: dict[str, torch.Tensor]) -> None:
+    bad = non_finite_tensor(weights) or non_finite_tensor(tensors)
+    if bad is not None:
+        raise NonFiniteError(f"step {step}: {bad} holds NaN or inf; the checkpoint is not written "
+                             "(lower training.learning_rate or check the rewards)")
+
+
+def _write_failure(output_dir: Path, name: str, err: BaseException) -> str:
+    code = re.search(r"os error (\d+)", str(err))  # safetensors wraps the OS error in its own
+    why = getattr(err, "strerror", None) or \
+        (os.strerror(int(code.group(1))) if code else str(err).splitlines()[0])
+    previous = list_checkpoints(output_dir)
+    kept = f"{previous[-1].name} is intact" if previous else "no earlier checkpoint"
+    return f"cannot write {name} in {output_dir}: {why} (removed the partial {name}.tmp; {kept})"
+
+
+def fsync(path: Path) -> None:
+    """Flush a file (or a folder's entries) to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# ---------------------------------------------------------------- finding and pruning
+
+
+def checkpoint_step(path: Path) -> int | None:
+    match = _CKPT.match(path.name)
+    return int(match.group(1)) if match and path.is_dir() else None
+
+
+def candidates(output_dir: Path) -> list[Path]:
+    """Every checkpoint-N folder (complete or damaged), newest first."""
+    if not output_dir.is_dir():
+        return []
+    found = [(step, p) for p in output_dir.iterdir() if (step := checkpoint_step(p)) is not None]
+    return [p for _, p in sorted(found, reverse=True)]
+
+
+def list_checkpoints(output_dir: Path) -> list[Path]:
+    """Checkpoints with a manifest (written completely), oldest first."""
+    return [p for p in reversed(candidates(output_dir)) if (p / MANIFEST).is_file()]
+
+
+def prune(output_dir: Path, keep_last: int) -> None:
+    for old in list_checkpoints(output_dir)[:-keep_last]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def find_resume_point(output_dir: Path, on_skip: Callable[[Path, str], None]) -> Checkpoint | None:
+    """The newest checkpoint that verifies; `on_skip(path, reason)` for each newer one."""
+    for path in candidates(output_dir):
+        try:
+            return load_checkpoint(path)
+        except CheckpointError as err:
+            on_skip(path, str(err))
+    return None
+
+
+def set_aside(path: Path) -> Path:
+    """Rename a damaged checkpoint to checkpoint-N.damaged[-k]: kept to inspect, never loaded."""
+    target, k = path.with_name(path.name + ".damaged"), 1
+    while target.exists():
+        target, k = path.with_name(f"{path.name}.damaged-{k}"), k + 1
+    os.replace(path, target)
+    return target
+
+
+# ---------------------------------------------------------------- loading
+
+
+def verify_checkpoint(path: Path) -> None:
+    """Every file the manifest lists is there, whole and unaltered; CheckpointError says why not."""
+    manifest = _read_manifest(path)
+    for name, entry in manifest["files"].items():
+        _verify_file(path, name, entry)
+
+
+def newest_verified(output_dir: Path, on_skip: Callable[[Path, str], None]) -> Path | None:
+    """The newest checkpoint folder that verifies (weights not read); `on_skip` for newer ones."""
+    for path in candidates(output_dir):
+        try:
+            verify_checkpoint(path)
+            return path
+        except CheckpointError as err:
+            on_skip(path, str(err))
+    return None
+
+
+def load_checkpoint(path: Path) -> Checkpoint:
+    """Verify and read a checkpoint; CheckpointError says why it cannot be used."""
+    verify_checkpoint(path)
+    tensors = read_tensors(path / STATE_TENSORS)
+    try:
+        tree = json.loads((path / STATE_JSON).read_text())
+        state = from_data(tree, tensors)
+    except (ValueError, KeyError, TypeError) as err:
+        raise CheckpointError(f"{path}: {STATE_JSON} cannot be read ({err})") from None
+    model_tensors: dict[str, torch.Tensor] = {}
+    for file in sorted((path / MODEL_DIR).glob("*.safetensors")):
+        model_tensors.update(read_tensors(file))
+    if not model_tensors:
+        raise CheckpointError(f"{path}: no weights in {MODEL_DIR}/")
+    return Checkpoint(path, int(state["step"]), state, model_tensors)
+
+
+def _read_manifest(path: Path) -> dict[str, Any]:
+    if not (path / MANIFEST).is_file():
+        old = " (written by an older infsamp: its training_state.pt is a pickle and is not " \
+            "loaded)" if (path / "training_state.pt").exists() else ""
+        raise CheckpointError(f"{path}: no {MANIFEST}, the checkpoint is incomplete{old}")
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+        files = manifest["files"]
+        if not isinstance(files, dict) or STATE_JSON not in files or STATE_TENSORS not in files:
+            raise ValueError("files missing")
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        raise CheckpointError(f"{path}: {MANIFEST} is not a valid manifest") from None
+    return manifest
+
+
+def _verify_file(path: Path, name: str, entry: dict[str, Any]) -> None:
+    file = path / name
+    if ".." in Path(name).parts or not file.is_file():
+        raise CheckpointError(f"{path}: {name} is missing")
+    size = file.stat().st_size
+    if size != entry.get("bytes"):
+        raise CheckpointError(f"{path}: {name} has {size} bytes, the manifest says "
+                              f"{entry.get('bytes')} (truncated or replaced)")
+    if _sha256(file) != entry.get("sha256"):
+        raise CheckpointError(f"{path}: {name} differs from its sha256 in the manifest "
+                              "(altered after saving)")
+
+
+def read_tensors(file: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    try:
+        tensors = load_file(str(file))
+    except Exception as err:  # noqa: BLE001 - safetensors raises its own error type
+        why = str(err).splitlines()[0]
+        raise CheckpointError(f"{file}: not a readable safetensors file ({why})") from None
+    bad = non_finite_tensor(tensors)
+    if bad is not None:
+        raise CheckpointError(f"{file}: tensor {bad!r} holds NaN or inf")
+    return tensors

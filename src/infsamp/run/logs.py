@@ -1,0 +1,223 @@
+"""Run outputs: per-step JSONL metrics, progress and summary lines, trackers, lengths trace, plots.
+
+Files in the run folder: `metrics.jsonl` (one object per step, TRL metric names where they exist),
+`eval.jsonl` (held-out accuracy by step), `lengths.jsonl` (one line per sampled group, the trace that
+`infsamp simulate` replays), `completions.jsonl` (with `logging.completions_every`: one line per
+completion of the logged steps: prompt, completion, per-function rewards, advantage; TRL's
+`log_completions`), `plots/training.png`. Every JSONL file is written by
+`append_jsonl`: whole lines in one `write` on an append-only descriptor, so a killed process leaves
+at most a torn last line. Readers skip a torn last line; a resumed run `rewind`s each file to its
+checkpoint's step (the torn line and the rows after the checkpoint go; the run writes them again),
+atomically. (A killed process loses nothing written; a power cut can lose the last lines.)
+Progress bars and summary lines come from `progress.py`; the experiment trackers chosen in
+`logging.report_to` (`trackers.py`) get every metrics and eval record after it is on disk, the
+config and the plot.
+
+Deliberately simple: trackers see the same flat records as the JSONL files, nothing more.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from infsamp.errors import DataError, RunFolderError
+from infsamp.run.progress import RunProgress, format_value
+from infsamp.run.trackers import Trackers, open_trackers
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+# the run's JSONL files: a resume rewinds each of them to the checkpoint's step
+RUN_LOGS = ("metrics.jsonl", "eval.jsonl", "lengths.jsonl", "completions.jsonl")
+
+
+def append_jsonl(path: Path, records: dict[str, Any] | list[dict[str, Any]]) -> None:
+    """Append one or more records as whole lines with a single write (see module docstring)."""
+    records = [records] if isinstance(records, dict) else records
+    text = "".join(json.dumps({k: _clean(v) for k, v in r.items()}) + "\n" for r in records)
+    data = memoryview(text.encode())
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            while data:
+                data = data[os.write(fd, data):]
+        finally:
+            os.close(fd)
+    except OSError as err:
+        raise RunFolderError(f"cannot append to {path}: {err.strerror or err}") from None
+
+
+def _complete_lines(path: Path) -> list[str]:
+    """The file's lines without a torn last one (no newline: a write cut short by a kill)."""
+    text = path.read_text(errors="replace")
+    lines = text.split("\n")
+    return lines[:-1]  # the part after the last newline is '' or a torn line
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    records = []
+    for number, line in enumerate(_complete_lines(path), 1):
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                raise DataError(f"{path}:{number}: not valid JSON") from None
+    return records
+
+
+def rewind(path: Path, step: int) -> int:
+    """Keep the complete records with step <= `step` (atomic rewrite); returns how many went."""
+    if not path.exists():
+        return 0
+    lines = path.read_text(errors="replace").split("\n")
+    kept = [line for line in lines[:-1] if line.strip() and _step_of(line) <= step]
+    dropped = len([line for line in lines if line.strip()]) - len(kept)
+    if dropped:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(line + "\n" for line in kept))
+        os.replace(tmp, path)
+    return dropped
+
+
+def _step_of(line: str) -> float:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return math.inf  # a damaged line is dropped
+    return record.get("step", 0) if isinstance(record, dict) else math.inf
+
+
+class RunLogger:
+    def __init__(self, output_dir: Path, max_steps: int, start_step: int, log_every: int, progress_bar: bool):
+        self.dir = output_dir
+        self.log_every = log_every
+        self.progress = RunProgress(max_steps, start_step, enabled=progress_bar)
+        self.start_step = start_step
+        self.trackers: Trackers | None = None
+
+    def open_trackers(self, report_to: list[str], project: str, run_name: str,
+                      config: dict[str, Any]) -> None:
+        """Start (on resume: continue) the runs of the trackers in `report_to`, with the config."""
+        self.trackers = open_trackers(report_to, self.dir, project, run_name, config,
+                                      self.start_step, report=self.progress.write)
+
+    def log_step(self, step: int, metrics: dict[str, Any]) -> None:
+        append_jsonl(self.dir / "metrics.jsonl", {"step": step, **metrics})
+        if self.trackers:
+            self.trackers.log_metrics(step, metrics)
+        self.progress.end_step(step)
+        if step % self.log_every == 0:
+            self.progress.write(self.progress.summary(step, metrics))
+
+    def log_eval(self, step: int, metrics: dict[str, Any]) -> None:
+        append_jsonl(self.dir / "eval.jsonl", {"step": step, **metrics})
+        if self.trackers:
+            self.trackers.log_metrics(step, metrics)
+        shown = " ".join(f"{k}={format_value(v)}" for k, v in metrics.items())
+        self.progress.write(f"eval @ step {step}: {shown}")
+
+    def log_plot(self, step: int) -> Path | None:
+        """Write plots/training.png and send it to the trackers; a failed write is a warning (the
+        run and its checkpoint are complete: say so, do not fail)."""
+        try:
+            path = plot_run(self.dir)
+        except OSError as err:
+            print(f"warning: plots/training.png not written ({err.strerror or err})",
+                  file=sys.stderr)
+            return None
+        if path is not None and self.trackers:
+            self.trackers.log_image(step, path)
+        return path
+
+    def log_lengths(self, step: int, groups: list[dict[str, Any]]) -> None:
+        append_jsonl(self.dir / "lengths.jsonl", [{"step": step, **group} for group in groups])
+
+    def log_completions(self, step: int, records: list[dict[str, Any]]) -> None:
+        append_jsonl(self.dir / "completions.jsonl", [{"step": step, **record} for record in records])
+
+    def close(self, ok: bool = True) -> None:
+        """Close the bars and finish the trackers' runs (marked failed when `ok` is False)."""
+        self.progress.close()
+        if self.trackers:
+            self.trackers.finish(ok)
+
+
+def completion_records(prompt_ids: list[str], prompts: list[str], completions: list[Any],
+                       rewards: dict[str, list[float]], totals: list[float],
+                       advantages: Any) -> list[dict[str, Any]]:
+    """One record per completion (group-major, G per prompt): what the policy wrote and its score.
+
+    `completions` carry `.text`, `.length`, `.finish_reason`; NaN rewards (None) become null.
+    """
+    group_size = len(completions) // max(len(prompts), 1)
+    return [{"prompt_id": prompt_ids[row // group_size], "prompt": prompts[row // group_size],
+             "completion": c.text, "length": c.length, "finish_reason": c.finish_reason,
+             "rewards": {name: _clean(values[row]) for name, values in rewards.items()},
+             "reward": totals[row], "advantage": float(advantages[row])}
+            for row, c in enumerate(completions)]
+
+
+SMOOTHING_STEPS = 10  # few prompts per step make per-step rewards noisy
+
+
+def moving_average(values: list[float | None], window: int) -> list[float]:
+    """Mean of the last `window` values at each position (fewer at the start); None/NaN are skipped."""
+    out, recent = [], []
+    for value in values:
+        recent = (recent + [value])[-window:]
+        finite = [v for v in recent if v is not None and v == v]
+        out.append(sum(finite) / len(finite) if finite else float("nan"))
+    return out
+
+
+def plot_run(output_dir: Path) -> Path | None:
+    """reward and held-out accuracy against step -> plots/training.png."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metrics, evals = read_jsonl(output_dir / "metrics.jsonl"), read_jsonl(output_dir / "eval.jsonl")
+    if not metrics:
+        return None
+    fig, (ax_reward, ax_len) = plt.subplots(1, 2, figsize=(11, 4))
+    steps = [m["step"] for m in metrics]
+    rewards = [m.get("reward") for m in metrics]
+    ax_reward.plot(steps, rewards, label="train reward", color="tab:blue", alpha=0.3)
+    ax_reward.plot(steps, moving_average(rewards, SMOOTHING_STEPS), color="tab:blue",
+                   label=f"train reward, mean of {SMOOTHING_STEPS} steps")
+    ax_reward.set_xlabel("step")
+    ax_reward.set_ylabel("mean reward")
+    if evals:
+        ax_acc = ax_reward.twinx()
+        ax_acc.plot([e["step"] for e in evals], [e.get("eval/accuracy") for e in evals], "o-", color="tab:red",
+                    label="held-out accuracy")
+        ax_acc.set_ylabel("held-out accuracy")
+        ax_acc.set_ylim(0, 1)
+        ax_acc.legend(loc="lower right")
+    ax_reward.legend(loc="upper left")
+    lengths = [m.get("completions/mean_length") for m in metrics]
+    ax_len.plot(steps, lengths, color="tab:blue", alpha=0.3)
+    ax_len.plot(steps, moving_average(lengths, SMOOTHING_STEPS), color="tab:blue", label="mean length (smoothed)")
+    ax_len.plot(steps, [m.get("completions/max_length") for m in metrics], label="max length", alpha=0.5,
+                color="tab:orange")
+    ax_len.set_xlabel("step")
+    ax_len.set_ylabel("completion tokens")
+    ax_len.legend()
+    fig.tight_layout()
+    path = output_dir / "plots" / "training.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

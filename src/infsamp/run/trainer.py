@@ -1,0 +1,426 @@
+"""The GRPO trainer: sample G completions per prompt, score them, update the policy.
+
+One step, laid out in time:
+
+    prompts (B) --sampler--> B groups x G completions (memory bounded by the KV budget, not by G)
+                --rewards--> rewards [B*G] --advantages--> group-normalised advantages [B*G]
+                --grpo_step--> token-budget micro-batches: log-probs -> surrogate (+KL) -> backward
+                --optimizer--> one update per iteration (num_iterations >= 1, old log-probs kept)
+
+Everything configurable comes from `infsamp.config.Config`; loss types, advantage scaling and
+sampling policies are registries in their own modules. The trainer only wires them together, logs,
+evaluates and checkpoints. Start-up order: validate the config, load the reward functions and
+prepare the run folder (`run_folder.py`: a new run, or the verified checkpoint to resume) before
+anything loads; then the tokenizer, the data (encoded once by `tasks.prompts`, the same ids for
+sampling and evaluation, and checked against the settings), then the weights. While it runs,
+SIGTERM/SIGINT end the step and save (`signals.py`), and a non-finite loss, gradient norm or
+reward stops the run before it is applied (or skips it: `training.nonfinite`).
+
+Several processes (torchrun / accelerate launch): `distributed.py` joins them, `strategies.py`
+wraps the model (DDP or FSDP2), `rank_step.py` divides each step's prompts between the ranks and
+gathers what the step's statistics need, `rank_checkpoint.py` writes one checkpoint for all. Rank 0
+alone decides the run folder and writes the logs, plots and checkpoints' shared files.
+
+Deliberately simple: the reward functions run in each rank's own process, on its own groups.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from copy import deepcopy
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from infsamp.config import Config, ConfigError
+from infsamp.config_io import save_config
+from infsamp.errors import NonFiniteError, RunFolderError, RunStopped
+from infsamp.models.loading import (load_model_and_tokenizer, load_tokenizer, quiet_transformers,
+                                    stop_token_ids)
+from infsamp.rewards.calling import check_async_allowed
+from infsamp.rewards.compute import compute_rewards
+from infsamp.run import checkpoint as ckpt
+from infsamp.algorithm.advantages import compute_advantages
+from infsamp.distributed.ranks import Ranks, init_ranks, reshard_after_forward
+from infsamp.run.evaluation import evaluate_accuracy
+from infsamp.run.sizes import plan_run
+from infsamp.algorithm.grpo_step import GRPOStep, Rollout, is_out_of_memory
+from infsamp.algorithm.optim import build_optimizer, build_scheduler, schedule_horizon
+from infsamp.models.precision import resolve_precision
+from infsamp.run.prompt_stream import PromptStream
+from infsamp.run.progress import RunProgress
+from infsamp.run.rank_checkpoint import NullLogger, prepare_run_folder_on_ranks, save_on_ranks
+from infsamp.distributed.rank_step import RankSteps
+from infsamp.run.logs import RunLogger, completion_records
+from infsamp.run.setup import (load_rewards, seed_everything, set_num_threads,
+                                  warn_about_settings)
+from infsamp.run.signals import StopSignals
+from infsamp.run.step_metrics import check_finite, rollout_metrics
+from infsamp.distributed.strategies import make_strategy
+from infsamp.run.train_state import restore_training_state, training_state
+from infsamp.sampling.engines.base import make_engine
+from infsamp.sampling.length_predictor import make_predictor
+from infsamp.sampling.sampler import GroupSampler, engine_limits
+from infsamp.tasks.loading import load_splits
+from infsamp.tasks.prompts import (EncodedPrompt, EncodedSplit, completion_for_rewards,
+                                   encode_examples, prompt_for_rewards, uses_chat_template)
+
+
+@dataclass
+class TrainResult:
+    output_dir: Path
+    final_step: int
+    eval_before: float | None
+    eval_after: float | None
+
+
+class GRPOTrainer:
+    """`GRPOTrainer(cfg).train()`; pass `reward_funcs` to use Python callables instead of names."""
+
+    def __init__(self, cfg: Config, reward_funcs: list[tuple[str, Callable]] | None = None,
+                 step_callback: Callable[[int, dict[str, Any]], None] | None = None,
+                 ranks: Ranks | None = None):
+        self.cfg = cfg.validate()
+        self.ranks = ranks or init_ranks(cfg)  # one process, or this rank of a launch
+        self.output_dir = Path(cfg.logging.output_dir)
+        self.reward_funcs = reward_funcs or load_rewards(cfg)
+        check_async_allowed(self.reward_funcs, cfg.rewards.allow_async)
+        self.resume_from = prepare_run_folder_on_ranks(cfg, self.ranks)  # before anything loads
+        warn_about_settings(cfg)
+        seed_everything(cfg.training.seed)
+        quiet_transformers()
+        self.device = self.ranks.device(cfg.model.device)
+        self.precision = resolve_precision(cfg, self.device)  # its checks run before loading
+        self.tokenizer = load_tokenizer(cfg.model.name_or_path)
+        with self.ranks.main_first():  # rank 0 fills the datasets cache
+            self.train_prompts, self.eval_prompts = self._load_prompts()
+        self.model, _ = load_model_and_tokenizer(cfg.model, self.device, tokenizer=self.tokenizer,
+                                                 precision=self.precision)
+        self.stop_token_ids = stop_token_ids(self.model, self.tokenizer)
+        set_num_threads(cfg.training.num_threads, self.model, self.device)
+        self.reward_weights = cfg.rewards.weights or [1.0] * len(self.reward_funcs)
+        self.stream = PromptStream(self.train_prompts.prompts, cfg.training.prompts_per_step,
+                                   cfg.training.seed)
+        self.sizes = plan_run(cfg, self.model, self.device, self.ranks.world_size,
+                              self.ranks.strategy)
+        sampling_cfg = replace(cfg.sampling, kv_budget=str(self.sizes.kv_budget_tokens)) \
+            if self.sizes.kv_budget_tokens else replace(cfg.sampling)
+        limits = engine_limits(sampling_cfg, self.model, cfg.data.max_prompt_length,
+                               cfg.training.prompts_per_step)
+        self.ref_model = self._reference_model()
+        self.strategy = make_strategy(self.ranks, reshard_after_forward(cfg))
+        train_model = self.strategy.wrap(self.model)  # DDP wrapper, or the model sharded in place
+        with self.strategy.inference_model() as model:  # FSDP: whole weights to start from
+            self.engine = make_engine(cfg.sampling.engine, model, sampling_cfg, limits)  # kept
+        self.sampler = GroupSampler(self.strategy.sampling_model(), self.tokenizer, sampling_cfg,
+                                    predictor=self._length_predictor(), engine=self.engine)
+        self.generator = torch.Generator(device="cpu").manual_seed(cfg.training.seed)
+        self.grpo = GRPOStep(train_model, cfg.training, pad_token_id=self.tokenizer.pad_token_id,
+                             temperature=cfg.sampling.temperature or 1.0, ref_model=self.ref_model,
+                             max_completion_length=cfg.sampling.max_new_tokens,
+                             micro_batch_tokens=self.sizes.train_micro_batch_tokens,
+                             importance_sampling=cfg.sampling.vllm_importance_sampling,
+                             importance_sampling_cap=cfg.sampling.vllm_importance_sampling_cap,
+                             parallel=self.strategy)
+        self.rank_steps = RankSteps(self.ranks, cfg.sampling.num_generations,
+                                    cfg.sampling.max_new_tokens, cfg.distributed.assignment)
+        self.optimizer = build_optimizer(self.model, cfg.training, self.precision)
+        self.horizon = self.resume_from.state["schedule"] if self.resume_from else \
+            schedule_horizon(cfg.training)  # a resumed run keeps the schedule it started with
+        self.scheduler = build_scheduler(self.optimizer, cfg.training, self.horizon)
+        self.step_callback = step_callback
+        self.num_sampling_oom_retries = 0
+        self.step = 0
+        self.eval_before: float | None = None
+        self._saved_step = -1
+        self._resume()
+        try:
+            if self.ranks.is_main:
+                save_config(cfg, self.output_dir / "config.yaml")
+        except OSError as err:
+            raise RunFolderError(f"cannot write {self.output_dir / 'config.yaml'}: "
+                                 f"{err.strerror or err}") from None
+        print(self.sizes.note)
+
+    # ------------------------------------------------------------------ setup
+
+    def _load_prompts(self) -> tuple[EncodedSplit, EncodedSplit]:
+        """Training and held-out prompts as token ids, checked against the settings before the
+        weights load; says in the run log which rows evaluate and how many prompts were skipped."""
+        cfg = self.cfg
+        splits = load_splits(cfg.data, cfg.eval.num_problems)
+        train = encode_examples(splits.train, self.tokenizer, cfg.data, "training prompts")
+        held_out = encode_examples(splits.eval, self.tokenizer, cfg.data, "evaluation prompts") \
+            if splits.eval else EncodedSplit([], 0)
+        if cfg.training.prompts_per_step > len(train.prompts):
+            wanted = cfg.training.prompts_per_step
+            raise ConfigError(f"training.prompts_per_step: {wanted} is more than the "
+                              f"{len(train.prompts)} training prompts; one step would repeat a "
+                              "prompt")
+        notes = [splits.eval_note, train.note("training", cfg.data.max_prompt_length),
+                 held_out.note("evaluation", cfg.data.max_prompt_length)]
+        print("\n".join(note for note in notes if note))
+        return train, held_out
+
+    def _length_predictor(self):
+        """The length_aware policy's predictor, kept for the run so it learns across epochs."""
+        if self.cfg.sampling.policy != "length_aware":
+            return None
+        return make_predictor(self.cfg.sampling.predictor)  # online or none (Config.validate)
+
+    def _reference_model(self):
+        """None with beta 0; with LoRA the base with adapters disabled; else a frozen copy."""
+        if self.cfg.training.beta == 0 or self.cfg.model.lora_rank > 0:
+            return None
+        ref = deepcopy(self.model).eval()
+        ref.requires_grad_(False)
+        return ref
+
+    def _resume(self) -> None:
+        """Restore the checkpoint found at start-up, then let it go (its tensors are copied in)."""
+        found, self.resume_from = self.resume_from, None
+        self.resumed = found is not None
+        if found is not None:
+            restore_training_state(self, found)
+            self._saved_step = self.step
+            self._push_weights()  # the engine samples from the restored policy
+
+    # ------------------------------------------------------------------ loop
+
+    def train(self) -> TrainResult:
+        cfg = self.cfg
+        if self.resumed and self.step >= cfg.training.max_steps:
+            print(f"the run finished at step {self.step} (training.max_steps "
+                  f"{cfg.training.max_steps}): nothing to do")
+            self.ranks.finish()
+            self.close()
+            return TrainResult(self.output_dir, self.step, self.eval_before,
+                               self._eval_at(self.step))
+        logger = RunLogger(self.output_dir, cfg.training.max_steps, self.step,
+                           cfg.logging.log_every,
+                           cfg.logging.progress_bar) if self.ranks.is_main else NullLogger()
+        ok = False
+        try:
+            log = cfg.logging
+            logger.open_trackers(log.report_to, log.project, log.run_name, cfg.to_dict())
+            with StopSignals() as stop:
+                if self.step == 0 and not self._evaluated_at(0):
+                    self.eval_before = self._evaluate(logger)
+                while self.step < cfg.training.max_steps:
+                    self._stop_if_asked(stop)
+                    metrics = self.train_step(logger)
+                    logger.log_step(self.step, metrics)
+                    self._after_step(logger, metrics)
+                done = self._evaluated_at(self.step)
+                eval_after = self._last_eval if done else self._evaluate(logger)
+                self._save()
+                self._stop_if_asked(stop)
+            if cfg.logging.plot:
+                logger.log_plot(self.step)  # rank 0's logger; a no-op on the others
+            self.ranks.finish()
+            ok = True
+        finally:
+            logger.close(ok)
+            self.close()
+        return TrainResult(self.output_dir, self.step, self.eval_before, eval_after)
+
+    def _stop_if_asked(self, stop: StopSignals) -> None:
+        """After a signal: save (checkpointing.save_on_signal) and stop, exit code 128 + signal.
+        Several ranks stop together when any of them received one."""
+        received = int(self.ranks.max([stop.received or 0])[0])
+        if not received:
+            return
+        stop.received = stop.received or received
+        if self.cfg.checkpointing.save_on_signal:
+            what = f"saved {self._save().name} in {self.output_dir} (continue with --resume)"
+        else:
+            newest = ckpt.list_checkpoints(self.output_dir)
+            what = "nothing saved (checkpointing.save_on_signal false; newest checkpoint: " \
+                   f"{newest[-1].name if newest else 'none'})"
+        done = "the run is complete" if self.step >= self.cfg.training.max_steps else \
+            f"after step {self.step}"
+        raise RunStopped(f"stopped by {stop.name} {done}: {what}", 128 + stop.received)
+
+    def _after_step(self, logger: RunLogger, metrics: dict[str, Any]) -> None:
+        every = self.cfg.eval.every_steps
+        if every and self.step % every == 0 and self.step < self.cfg.training.max_steps:
+            self._evaluate(logger)
+        save_every = self.cfg.checkpointing.save_every
+        if save_every and self.step % save_every == 0 and self.step < self.cfg.training.max_steps:
+            self._save()
+        if self.step_callback:
+            self.step_callback(self.step, metrics)
+
+    _last_eval: float | None = None
+    _last_eval_step: int = -1
+
+    def _evaluated_at(self, step: int) -> bool:
+        return self._last_eval_step == step
+
+    def _eval_at(self, step: int) -> float | None:
+        return self._last_eval if self._evaluated_at(step) else None
+
+    def _evaluate(self, logger: RunLogger) -> float | None:
+        prompts = self.eval_prompts.prompts
+        if not prompts:
+            return None
+        start = time.perf_counter()
+        logger.progress.phase("evaluating", len(prompts), "problems")
+        max_new = self.cfg.eval.max_new_tokens or self.cfg.sampling.max_new_tokens
+        mine = prompts[self.ranks.rank::self.ranks.world_size]  # each rank a share, then summed
+        with self.strategy.inference_model() as model:
+            share = evaluate_accuracy(model, self.tokenizer, [p.token_ids for p in mine],
+                                      [p.example["answer"] for p in mine],
+                                      stop_token_ids=self.stop_token_ids, max_new_tokens=max_new,
+                                      temperature=self.cfg.eval.temperature) if mine else 0.0
+        solved, total = self.ranks.sum([round(share * len(mine)), len(mine)])
+        accuracy = solved / total
+        logger.progress.advance(len(prompts))
+        logger.log_eval(self.step, {"eval/accuracy": accuracy, "eval/num_problems": len(prompts),
+                                    "eval/dropped_prompts": self.eval_prompts.num_dropped,
+                                    "eval/time_s": round(time.perf_counter() - start, 2)})
+        self._last_eval, self._last_eval_step = accuracy, self.step
+        return accuracy
+
+    def _save(self) -> Path:
+        """checkpoint-<step>, once per step (a signal right after a periodic save adds nothing)."""
+        path, _ = ckpt.checkpoint_dirs(self.output_dir, self.step)
+        if self._saved_step == self.step and self.ranks.broadcast_json(
+                (path / ckpt.MANIFEST).is_file() if self.ranks.is_main else None):
+            return path
+        if self.ranks.distributed:
+            path = save_on_ranks(self)
+            self._saved_step = self.step
+            return path
+        path = ckpt.save_checkpoint(self.output_dir, self.step, model=self.model,
+                                    tokenizer=self.tokenizer, state=training_state(self),
+                                    keep_last=self.cfg.checkpointing.keep_last)
+        self._saved_step = self.step
+        return path
+
+    def _push_weights(self) -> None:
+        """The engine takes the current weights: the slot engine decodes with the strategy's
+        sampling model; an engine with its own copy (vLLM) gets the whole weights pushed (FSDP:
+        gathered from the shards, a collective every rank enters)."""
+        if not self.engine.copies_weights:
+            self.engine.load_weights(self.strategy.sampling_model())
+            return
+        with self.strategy.inference_model() as model:
+            self.engine.load_weights(model)
+
+    def close(self) -> None:
+        """Free the sampling engine (vLLM's pool and weights); no sampling afterwards."""
+        self.engine.close()
+
+    # ------------------------------------------------------------------ one step
+
+    def train_step(self, logger: RunLogger | None = None) -> dict[str, Any]:
+        start = time.perf_counter()
+        progress = logger.progress if logger is not None else RunProgress(0, 0, enabled=False)
+        batch = self.stream.next_batch()
+        rollout, sample_metrics, groups, records = self._rollout(batch, progress)
+        if logger is not None:
+            logger.log_lengths(self.step + 1, groups)
+            logger.log_completions(self.step + 1, records)
+        try:
+            check_finite(sample_metrics, rollout.advantages)
+            self.engine.sleep()  # vLLM on CUDA: free its KV pool and weights while training
+            num_updates = len(rollout.completion_ids) * self.cfg.training.num_iterations
+            progress.phase("update", num_updates, "sequences")
+            self.grpo.on_micro_batch = progress.advance
+            loss_metrics = self.grpo.optimize(rollout, self.optimizer, self.scheduler)
+        except NonFiniteError as err:
+            loss_metrics = self._on_non_finite(err)
+        self._push_weights()  # the next step samples from the updated policy
+        self.step += 1
+        learning_rate = float(self.scheduler.get_last_lr()[0])  # torchao keeps it as a tensor
+        metrics = {**sample_metrics, **loss_metrics, "learning_rate": learning_rate,
+                   "epoch": self.stream.epoch, "step_time": round(time.perf_counter() - start, 3)}
+        return self.rank_steps.finish_metrics(metrics)
+
+    def _rollout(self, batch: list[tuple[int, EncodedPrompt]], progress: RunProgress):
+        """Sample, score and normalise this rank's groups of the step (all of them in one
+        process); returns (Rollout, the step's metrics, its trace lines, its completion records:
+        rank 0 alone writes them)."""
+        G = self.cfg.sampling.num_generations
+        share = self.rank_steps.share(batch)  # indices into batch: this rank's whole groups
+        mine = [batch[i][1] for i in share]
+        prompt_ids = [p.token_ids for p in mine]
+        keys, texts = [str(p.index) for p in mine], [p.text for p in mine]
+        progress.phase("sampling", len(mine) * G, "samples")
+        result = self._sample_with_retry(prompt_ids, G, keys, texts, share, progress)
+        completions = [c for group in result.groups for c in group]  # group-major, N = b*G
+        examples = [p.example for p in mine for _ in range(G)]
+        progress.phase("scoring", len(completions), "completions")
+        rewards = self._score(examples, completions)
+        progress.advance(len(completions))
+        step = self.rank_steps.combine(batch, share, result.groups, rewards,
+                                       result.stats.to_metrics())  # the whole step's values
+        adv = compute_advantages(torch.tensor(step.rewards.total, dtype=torch.float32), G,
+                                 self.cfg.training.scale_rewards)
+        advantages = adv.advantages[step.local_rows]  # [b*G]: this rank's rows
+        engine_logprobs = ([torch.tensor(c.logprobs, dtype=torch.float32) for c in completions]
+                           if all(c.logprobs is not None for c in completions) else None)
+        rollout = Rollout(prompt_ids=[p for p in prompt_ids for _ in range(G)],
+                          completion_ids=[c.token_ids for c in completions],
+                          advantages=advantages,
+                          truncated=[c.finish_reason == "length" for c in completions],
+                          engine_logprobs=engine_logprobs,
+                          totals=self.grpo.totals_of(  # the whole step's loss normaliser
+                              [c.length for c in step.completions],
+                              [c.finish_reason == "length" for c in step.completions]))
+        metrics = self._sample_metrics(step.rewards, adv, step.completions, step.sampler_metrics)
+        every = self.cfg.logging.completions_every
+        records = [] if not every or (self.step + 1) % every else self.rank_steps.gather_records(
+            share, completion_records(keys, texts, completions, rewards.per_function,
+                                      rewards.total, advantages))
+        return rollout, metrics, step.groups, records
+
+    def _on_non_finite(self, err: NonFiniteError) -> dict[str, Any]:
+        """training.nonfinite: stop with one line naming step and quantity, or skip the update."""
+        where = f"step {self.step + 1}: {err}"
+        if self.cfg.training.nonfinite == "stop":
+            raise NonFiniteError(f"{where}; stopped before applying it (checkpoints untouched; "
+                                 "training.nonfinite skip skips such updates instead)") from None
+        self.grpo.skip_update(self.optimizer, self.scheduler)
+        print(f"{where}: update skipped ({self.grpo.num_skipped_updates} so far)", file=sys.stderr)
+        return {"train/skipped_updates": self.grpo.num_skipped_updates}
+
+    def _sample_with_retry(self, prompt_ids, G: int, keys: list[str], texts: list[str],
+                           share: list[int], progress: RunProgress):
+        """On out-of-memory, halve g (`full` becomes `continuous`) and sample the step again."""
+        sampling = self.sampler.cfg
+        while True:
+            state = self.generator.get_state()
+            try:
+                with self.strategy.inference_model():  # FSDP: whole weights while sampling
+                    return self.sampler.sample(prompt_ids, G, prompt_keys=keys, prompt_texts=texts,
+                                               generator=self.generator, global_group_ids=share,
+                                               progress=progress.sampling)
+            except (torch.OutOfMemoryError, RuntimeError) as err:
+                g = sampling.micro_group or self.sampler.last_num_slots or G * len(prompt_ids)
+                if not is_out_of_memory(err) or g <= 1:
+                    raise
+                self.generator.set_state(state)
+                sampling.micro_group = g // 2
+                sampling.policy = "continuous" if sampling.policy == "full" else sampling.policy
+                self.num_sampling_oom_retries += 1
+                print(f"out of memory while sampling: retrying with micro_group={g // 2}")
+
+    def _score(self, examples: list[dict[str, Any]], completions):
+        chat = uses_chat_template(self.tokenizer, self.cfg.data)
+        prompts = [prompt_for_rewards(ex, self.tokenizer, self.cfg.data) for ex in examples]
+        texts = [completion_for_rewards(c.text, chat) for c in completions]
+        columns = {k: [ex[k] for ex in examples] for k in examples[0] if k != "prompt"}
+        return compute_rewards(self.reward_funcs, self.reward_weights, prompts, texts, columns,
+                               timeout_s=self.cfg.rewards.timeout_s,
+                               completion_ids=[c.token_ids for c in completions])
+
+    def _sample_metrics(self, rewards, adv, completions,
+                        sampler_metrics: dict[str, Any]) -> dict[str, Any]:
+        return {**rollout_metrics(rewards, adv, completions), **sampler_metrics,
+                "sampling/oom_retries": self.num_sampling_oom_retries,
+                "data/dropped_prompts": self.train_prompts.num_dropped}

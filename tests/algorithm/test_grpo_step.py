@@ -1,0 +1,84 @@
+"""GRPOStep: truncation and high-entropy masks, importance weights and the entropy metric, with
+micro-batched gradients equal to whole-batch gradients for every loss type."""
+
+import pytest
+import torch
+from test_logprobs import PAD, random_batch, tiny_model
+
+from infsamp.config import TrainingConfig
+from infsamp.algorithm.grpo_step import GRPOStep, Rollout
+from infsamp.algorithm.logprobs import sequence_logprobs_and_entropy
+from infsamp.algorithm.losses import LOSS_TYPES
+
+PROMPTS, COMPLETIONS = random_batch([4, 4, 4, 7, 7, 7], [12, 2, 6, 9, 1, 4])
+TRUNCATED = [True, False, False, True, False, False]
+
+
+def make_rollout(**kw):
+    advantages = torch.randn(len(COMPLETIONS), generator=torch.Generator().manual_seed(3))
+    return Rollout(PROMPTS, COMPLETIONS, advantages, **kw)
+
+
+def make_step(budget=10_000, **options):
+    cfg = TrainingConfig(**options)
+    cfg.validate()
+    return GRPOStep(tiny_model(), cfg, pad_token_id=PAD, temperature=0.9, max_completion_length=12,
+                    micro_batch_tokens=budget)
+
+
+def gradients(step, rollout):
+    step.model.zero_grad()
+    _, stats = step.accumulate_gradients(rollout, step.step_inputs(rollout))
+    return {n: p.grad.clone() for n, p in step.model.named_parameters()}, stats
+
+
+def assert_same(a, b):
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], atol=1e-5, rtol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("loss_type", sorted(LOSS_TYPES))
+def test_masked_micro_batches_equal_the_whole_batch(loss_type):
+    options = dict(loss_type=loss_type, top_entropy_quantile=0.3, mask_truncated_completions=True,
+                   beta=0.0, num_iterations=2)
+    rollout = make_rollout(truncated=TRUNCATED)
+    full, _ = gradients(make_step(10_000, **options), rollout)
+    split, _ = gradients(make_step(30, **options), rollout)
+    assert_same(split, full)
+    unmasked, _ = gradients(make_step(10_000, loss_type=loss_type), rollout)
+    assert any(not torch.allclose(unmasked[n], full[n]) for n in full)  # the masks did something
+
+
+def test_truncated_completions_carry_no_loss():
+    masked, _ = gradients(make_step(mask_truncated_completions=True),
+                          make_rollout(truncated=TRUNCATED))
+    kept = [i for i, cut in enumerate(TRUNCATED) if not cut]
+    only_kept = Rollout([PROMPTS[i] for i in kept], [COMPLETIONS[i] for i in kept],
+                        make_rollout().advantages[kept])
+    expected, _ = gradients(make_step(), only_kept)  # dapo: token mean over the kept tokens
+    assert_same(masked, expected)
+    flag_ignored, _ = gradients(make_step(), make_rollout(truncated=TRUNCATED))  # option off
+    plain, _ = gradients(make_step(), make_rollout())
+    assert_same(flag_ignored, plain)
+
+
+def test_importance_weights_multiply_the_loss():
+    weights = [torch.full((len(c),), 2.0) for c in COMPLETIONS]
+    doubled, _ = gradients(make_step(30), make_rollout(importance_weights=weights))
+    plain, _ = gradients(make_step(30), make_rollout())
+    assert_same(doubled, {n: 2 * g for n, g in plain.items()})
+
+
+def test_entropy_metric_is_the_mean_token_entropy():
+    step = make_step(30)
+    _, stats = gradients(step, make_rollout())
+    _, entropies = sequence_logprobs_and_entropy(step.model, PROMPTS, COMPLETIONS,
+                                                 max_tokens=10_000, pad_token_id=PAD,
+                                                 temperature=0.9)
+    expected = torch.cat(entropies).mean().item()
+    assert stats.metrics()["entropy"] == pytest.approx(expected, rel=1e-5)
+
+
+def test_truncation_flags_must_match_the_completions():
+    with pytest.raises(ValueError, match="Rollout.truncated"):
+        make_step(mask_truncated_completions=True).step_inputs(make_rollout(truncated=[True]))
