@@ -122,7 +122,7 @@ def test_sampling_oom_halves_micro_group(tiny_config, monkeypatch):
     monkeypatch.setattr(trainer.sampler, "sample", flaky)
     trainer.train()
     assert trainer.num_sampling_oom_retries == 1
-    assert trainer.sampler.cfg.micro_group == 2
+    assert trainer.sizes.micro_group == 2  # halved in the run's sizes, not in the config
 
 
 def test_bad_reward_function_names_function_and_row(tiny_config):
