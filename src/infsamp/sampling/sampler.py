@@ -75,12 +75,14 @@ def memory_micro_group(cfg: SamplingConfig, model, max_prompt_tokens: int, num_p
 
 def sampler_sizes(cfg: SamplingConfig, model, max_prompt_tokens: int, num_prompts: int,
                   engine: str = "slots", num_generations: int | None = None,
-                  max_new_tokens: int | None = None, budget_is_pool: bool = True) -> RunSizes:
+                  max_new_tokens: int | None = None, budget_is_pool: bool = True,
+                  budget: int | None | str = "read") -> RunSizes:
     """The sizes of a sampler that runs alone (no training run planned them), for calls of up to
     `num_prompts` prompts x G of up to `max_prompt_tokens` tokens on `engine` (slots or vllm):
-    the rule a run's plan uses (`planner.sizes.sampling_sizes`)."""
+    the rule a run's plan uses (`planner.sizes.sampling_sizes`). `budget`: `sampling.kv_budget`
+    in tokens when already read (None: auto)."""
     G, max_new = num_generations or cfg.num_generations, max_new_tokens or cfg.max_new_tokens
-    budget = resolve_budget(cfg.kv_budget, model)
+    budget = resolve_budget(cfg.kv_budget, model) if budget == "read" else budget
     memory_g = 0
     if budget is None and not cfg.micro_group and cfg.policy != "full":
         memory_g = memory_micro_group(cfg, model, max_prompt_tokens, num_prompts, engine)
@@ -104,8 +106,8 @@ class GroupSampler:
         self.model, self.tokenizer, self.cfg, self.predictor = model, tokenizer, cfg, predictor
         self.engine = engine if engine is not None else SlotEngine(model)
         self.sizes = sizes
-        if sizes is None:
-            resolve_budget(cfg.kv_budget, model)  # a bad budget fails here, before any call
+        # a sampler used alone reads `sampling.kv_budget` once (a bad one fails here)
+        self._kv_budget = resolve_budget(cfg.kv_budget, model) if sizes is None else None
 
     @property
     def max_context(self) -> int:
@@ -157,7 +159,8 @@ class GroupSampler:
                    max_new: int) -> RunSizes:
         """A sampler used alone: the sizes of one call, for its own prompts."""
         return sampler_sizes(self.cfg, self.model, max(len(p) for p in prompt_ids), len(prompt_ids),
-                             self.engine.name, num_generations, max_new, budget_is_pool=False)
+                             self.engine.name, num_generations, max_new, budget_is_pool=False,
+                             budget=self._kv_budget)
 
     def budget_tokens(self, sizes: RunSizes) -> int:
         """The KV budget in tokens, capped by the engine's fixed KV pool (vLLM)."""
