@@ -15,10 +15,10 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
+from infsamp.choices import OPTIMIZERS, PRECISION_CHOICES, STRATEGIES
 from infsamp.config import Config, ConfigError, parse_size, size_is_bytes
-from infsamp.planner import OPTIMIZERS, PRECISION_CHOICES, PRESETS, load_shape
+from infsamp.planner import PRESETS, load_shape
 from infsamp.planner.estimate import DEVICES
-from infsamp.planner.parallel import STRATEGIES
 from infsamp.planner.report import format_plan
 from infsamp.planner.sizes import ENGINE_CHOICES, plan_run_sizes, resolve_engine
 

@@ -7,14 +7,14 @@ alike. See docs/planner.md.
 """
 
 from infsamp.planner.estimate import DTYPE_BYTES, OPTIMIZERS, PARTS, PlanInputs, kv_bytes_per_token
-from infsamp.planner.precisions import PRECISION_CHOICES, PRECISIONS, PrecisionMode
+from infsamp.planner.precisions import PRECISIONS, PrecisionMode
 from infsamp.planner.plan import MemoryPlan, plan_memory
 from infsamp.planner.presets import (PRESETS, ModelShape, count_lora_parameters, count_parameters, load_shape,
                                      shape_from_config, with_layers)
 from infsamp.planner.sizes import RunSizes, plan_run_sizes
 
 __all__ = [
-    "DTYPE_BYTES", "OPTIMIZERS", "PARTS", "PRECISIONS", "PRECISION_CHOICES", "PRESETS",
+    "DTYPE_BYTES", "OPTIMIZERS", "PARTS", "PRECISIONS", "PRESETS",
     "MemoryPlan", "ModelShape", "PlanInputs", "PrecisionMode", "RunSizes",
     "count_lora_parameters", "count_parameters", "kv_bytes_per_token", "load_shape",
     "plan_memory", "plan_run_sizes", "shape_from_config", "with_layers",

@@ -30,11 +30,11 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from infsamp.planner.kv_budget import VLLM_BLOCK_SIZE, kv_tokens_needed
 from infsamp.planner.parallel import per_device_parts, shard_fraction
 from infsamp.planner.precisions import PRECISIONS, PrecisionMode, base_dtype
 from infsamp.planner.presets import (LORA_TARGETS_ALL_LINEAR, ModelShape, count_lora_parameters,
                                      count_parameters, embedding_parameters, linear_shapes)
-from infsamp.sampling.types import VLLM_BLOCK_SIZE, kv_tokens_needed
 
 PARTS = ("weights", "reference", "gradients", "optimizer", "compute_copies", "activations",
          "logits", "kv_cache", "overhead", "vllm_weights", "vllm_graphs")  # vLLM's copy and graphs

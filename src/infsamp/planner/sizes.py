@@ -25,20 +25,21 @@ import importlib.util
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from infsamp.choices import ENGINES
 from infsamp.config import Config, ConfigError, parse_size, size_is_bytes
 from infsamp.planner.estimate import kv_bytes_per_token
-from infsamp.planner.plan import MemoryPlan, plan_memory
-from infsamp.planner.presets import ModelShape
-from infsamp.sampling.types import (
+from infsamp.planner.kv_budget import (
     VLLM_BLOCK_SIZE,
     concurrency_for_budget,
     kv_tokens_needed,
     usable_kv_tokens,
 )
+from infsamp.planner.plan import MemoryPlan, plan_memory
+from infsamp.planner.presets import ModelShape
 
 OOM_PARTS = ("sampling", "training")  # what an out-of-memory retry halves: g, or the micro-batch
 MIN_TRAIN_MICRO_BATCH_TOKENS = 64
-ENGINE_CHOICES = ("auto", "slots", "vllm")
+ENGINE_CHOICES = ("auto", *ENGINES)
 
 
 @dataclass
