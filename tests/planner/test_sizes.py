@@ -42,7 +42,7 @@ def test_the_printed_g_is_the_g_the_sampler_runs(longest, one_thread):
     """Issue 23's bug: with the defaults (G 8, 4 prompts, g 16, max prompt 256) the line said g=16
     and the sampler ran fewer once a step's longest prompt passed 64 tokens (the budget held one
     open prompt, the sampler allows 4). Short completions make the shortfall large (g=1)."""
-    cfg = config(sampling=dict(max_new_tokens=4, temperature=0.0))
+    cfg = config(sampling={"max_new_tokens": 4, "temperature": 0.0})
     model = tiny_model()
     plan, sizes = plan_run_sizes(cfg, shape_from_config(model.config), 24 * GIB, device="cpu",
                                  engine="slots", dtype_bytes=4)
@@ -65,9 +65,9 @@ def test_budget_holds_g_for_every_prompt_the_run_allows():
 def test_run_micro_batch_is_the_plans():
     """(was: auto_train_micro_batch_tokens matches the plan) the run's micro-batch is the one
     plan_memory chooses for the same settings."""
-    cfg = config(sampling=dict(num_generations=64, max_new_tokens=786, micro_group=0),
-                 training=dict(prompts_per_step=1, optimizer="adamw8bit"),
-                 model=dict(gradient_checkpointing=True))
+    cfg = config(sampling={"num_generations": 64, "max_new_tokens": 786, "micro_group": 0},
+                 training={"prompts_per_step": 1, "optimizer": "adamw8bit"},
+                 model={"gradient_checkpointing": True})
     plan, sizes = plan_run_sizes(cfg, LLAMA_1B, 16 * GIB, device="cuda", engine="slots")
     alone = plan_memory(LLAMA_1B, gpu_memory_bytes=16 * GIB, num_generations=64, max_prompt=256,
                         max_completion=786, optimizer="adamw8bit", gradient_checkpointing=True)
@@ -79,8 +79,8 @@ def test_auto_kv_budget_follows_memory():
     """(was: auto_kv_budget_tokens) with `micro_group: 0` the budget is what the largest g that
     fits needs: none fits in too little memory, the KV never exceeds the memory, more memory holds
     more."""
-    cfg = config(sampling=dict(num_generations=64, micro_group=0, max_new_tokens=786),
-                 training=dict(prompts_per_step=2, optimizer="adamw8bit"))
+    cfg = config(sampling={"num_generations": 64, "micro_group": 0, "max_new_tokens": 786},
+                 training={"prompts_per_step": 2, "optimizer": "adamw8bit"})
     starved, _ = plan_run_sizes(cfg, LLAMA_1B, 4 * GIB, device="cuda", engine="slots")
     assert starved.micro_group == 0 and not starved.fits
     plans = {gib: plan_run_sizes(cfg, LLAMA_1B, gib * GIB, device="cuda", engine="slots")

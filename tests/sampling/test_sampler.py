@@ -8,8 +8,12 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from infsamp.config import SamplingConfig
 from infsamp.errors import SamplingError
-from infsamp.sampling.sampler import (GroupSampler, model_kv_bytes_per_token, resolve_budget,
-                                      sampler_sizes)
+from infsamp.sampling.sampler import (
+    GroupSampler,
+    model_kv_bytes_per_token,
+    resolve_budget,
+    sampler_sizes,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 EOS = 1

@@ -30,11 +30,11 @@ INT_FLAGS = {  # flag -> (default, minimum, help): the defaults of `infsamp trai
     "max-prompt": (DEFAULTS.data.max_prompt_length, 1, "longest prompt in tokens"),
     "max-completion": (DEFAULTS.sampling.max_new_tokens, 1, "longest completion in tokens"),
     "lora-rank": (DEFAULTS.model.lora_rank, 0, "LoRA rank (0: full fine-tuning)"),
-    "micro-group": (DEFAULTS.sampling.micro_group, 0, "g: samples decoded at once (0: the "
-                    "largest that fits)"),
+    "micro-group": (DEFAULTS.sampling.micro_group, 0,
+                    "g: samples decoded at once (0: the largest that fits)"),
     "train-micro-batch-tokens": (DEFAULTS.training.train_micro_batch_tokens, 0,
-                                 "training micro-batch to check, in tokens (0: the largest that "
-                                 "fits)"),
+                                 "training micro-batch to check, in tokens (0: the largest "
+                                 + "that fits)"),
 }
 OLD_NAMES = {"group-size": "num-generations"}  # old flag -> the flag it now is
 
