@@ -43,7 +43,7 @@ for entry in (ROOT / "src", BENCHMARKS):
     if str(entry) not in sys.path:
         sys.path.insert(0, str(entry))
 
-from gpu_suite_common import PROFILES, Part
+from gpu_suite_common import PROFILES, Part, with_settings
 
 GRACE_S = 15  # past its cap a part gets this long to finish its cell before it is killed
 INSTALL_TIMEOUT_S = 90
@@ -80,10 +80,10 @@ PARTS: dict[int, tuple[str, str, tuple[str, ...]]] = {
 # ---------------------------------------------------------------- one part (child process)
 
 
-def run_part(number: int, target: str, profile: str, cap_s: float, result: Path) -> int:
+def run_part(number: int, target: str, profile, cap_s: float, result: Path) -> int:
     """Run `target` ("module:function", importable from benchmarks/) on a Part."""
     module, function = target.split(":")
-    part = Part(number, target, PROFILES[profile], cap_s, result)
+    part = Part(number, target, profile, cap_s, result)
     part.save()
     getattr(importlib.import_module(module), function)(part)
     part.save()
@@ -120,7 +120,8 @@ def run_child(number: int, args, cap_s: float, scratch: Path, log) -> dict:
     """One part in its own process group; its JSON plus status ok / failed / killed."""
     result = scratch / f"part{number}.json"
     command = [sys.executable, __file__, "--run-part", str(number), "--target", PARTS[number][1],
-               "--profile", args.profile, "--cap-s", f"{cap_s:.1f}", "--result", str(result)]
+               "--profile", args.profile, "--cap-s", f"{cap_s:.1f}", "--result", str(result),
+               *[f"--set={item}" for item in args.set]]
     log.write(f"\n===== part {number}: {PARTS[number][0]} (cap {cap_s:.0f} s)\n")
     log.flush()
     offset = log.tell()
@@ -210,11 +211,11 @@ def run_plan(args) -> dict:
     out = Path(args.out)
     check_out_dir(out)
     out.mkdir(parents=True, exist_ok=True)
-    began, profile = time.monotonic(), PROFILES[args.profile]
+    began, profile = time.monotonic(), args.profile_sizes
     caps = part_caps(profile.caps_s, args.parts, args.caps)
     budget = args.budget_s or profile.budget_s
     report = {"command": " ".join(["benchmarks/gpu_suite.py", *sys.argv[1:]]),
-              "budget_s": budget, "parts": []}
+              "budget_s": budget, "settings": args.set, "parts": []}
     with open(out / "suite.log", "a") as log, tempfile.TemporaryDirectory() as scratch:
         report["install"] = install_wheels(Path(args.wheels), log) if args.wheels else None
         report["environment"] = environment(args.profile)
@@ -331,6 +332,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="a part's time cap instead of the profile's (repeatable)")
     p.add_argument("--budget-s", type=float, default=0.0,
                    help="the whole run's time (0: the profile's: h200 465 s, cpu-smoke 285 s)")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="a size of the profile (gpu_suite_common.Profile), e.g. plan_gib=12 or "
+                        "memory_groups=32,64 (repeatable)")
     p.add_argument("--wheels", default="", help="install these carried wheels first (.whl)")
     p.add_argument("--run-part", type=int, help=argparse.SUPPRESS)
     p.add_argument("--target", help=argparse.SUPPRESS)
@@ -345,6 +349,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     if unknown:
         p.error(f"--parts: no part {unknown[0]} (parts are {', '.join(map(str, PARTS))})")
     args.caps = parse_caps(args.cap)
+    args.profile_sizes = with_settings(PROFILES[args.profile], args.set)  # checked before any work
     if args.run_part is None and not args.out:
         p.error("--out is required")
     return args
@@ -353,7 +358,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.run_part is not None:
-        return run_part(args.run_part, args.target, args.profile, args.cap_s, Path(args.result))
+        return run_part(args.run_part, args.target, args.profile_sizes, args.cap_s,
+                        Path(args.result))
     report = run_plan(args)
     print(f"wrote {Path(args.out) / 'results.json'} and results.md ({report['total_s']} s)")
     return 0 if all(p["status"] == "ok" for p in report["parts"]) else 1

@@ -103,6 +103,31 @@ CPU_SMOKE = Profile(
     step_time_rollout=(2, 16, 8), step_time_steps=1,
     speed_slots=(4, 16, 2), speed_prompt=16, speed_completion=8, lm_head_tokens=256)
 PROFILES = {p.name: p for p in (H200, CPU_SMOKE)}
+SETTABLE = {f.name: f for f in dataclasses.fields(Profile)
+            if f.name not in ("name", "device", "toy", "caps_s", "extra")}
+
+
+def with_settings(profile: Profile, settings: list[str]) -> Profile:
+    """The profile with FIELD=VALUE settings (`--set plan_gib=12 --set memory_groups=32,64`),
+    each value parsed as its field's type; one clear error line for an unknown field or value."""
+    changes = {}
+    for item in settings:
+        name, _, text = item.partition("=")
+        if name not in SETTABLE:
+            raise SystemExit(f"gpu_suite: --set {item!r}: no such setting (settable: "
+                             f"{', '.join(SETTABLE)})")
+        current = getattr(profile, name)
+        try:
+            if isinstance(current, tuple):
+                kind = type(current[0]) if current and not isinstance(current[0], tuple) else None
+                if kind is None:
+                    raise ValueError("set it in gpu_suite_common.py")
+                changes[name] = tuple(kind(v) for v in text.split(",") if v)
+            else:
+                changes[name] = type(current)(text)
+        except ValueError as err:
+            raise SystemExit(f"gpu_suite: --set {item!r}: {err}") from None
+    return dataclasses.replace(profile, **changes)
 
 
 def toy(shape: ModelShape) -> ModelShape:
@@ -244,6 +269,22 @@ def sampler_for(model, policy: str, g: int, kv_budget_tokens: int, max_new_token
 
     cfg = cell_config(policy, g, kv_budget_tokens, max_new_tokens)
     return GroupSampler(model, None, cfg, engine=engine)
+
+
+def plan(shape: ModelShape, group_size: int, **settings):
+    """`plan_memory` for one prompt x G (issue 23 renames its G argument `num_generations`)."""
+    import inspect
+
+    from infsamp.planner import plan_memory
+
+    name = ("num_generations" if "num_generations" in inspect.signature(plan_memory).parameters
+            else "group_size")
+    return plan_memory(shape, **{name: group_size}, **settings)
+
+
+def slots_used(stats) -> int:
+    """g of a sampler call (`SamplerStats.num_slots`; issue 23 names it `micro_group`)."""
+    return getattr(stats, "micro_group", 0) or getattr(stats, "num_slots", 0)
 
 
 def kv_tokens(g: int, max_new_tokens: int, prompt_tokens: int) -> int:

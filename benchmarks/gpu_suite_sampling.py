@@ -32,11 +32,13 @@ from gpu_suite_common import (
     Peak,
     free_device_memory,
     kv_tokens,
+    plan,
     random_model,
     random_prompt,
     sample_until,
     sampler_for,
     shape_of,
+    slots_used,
     synchronize,
 )
 
@@ -46,19 +48,18 @@ POLICIES_AT_G = ("continuous", "rounds")
 # ---------------------------------------------------------------- part 1
 
 
-def planned_generation(shape, profile, group_size: int):
-    """The planner's g and generation tensor bytes (no optimizer: this part samples only)."""
-    from infsamp.planner import plan_memory
-
-    plan = plan_memory(shape, gpu_memory_bytes=int(profile.plan_gib * GIB), group_size=group_size,
-                       max_prompt=profile.memory_prompt, max_completion=profile.memory_completion,
-                       precision=profile.precision, device=profile.device)
-    parts = plan.generation
+def planned_generation(shape, profile, group_size: int, micro_group: int = 0):
+    """The planner's g (0: its choice) and generation tensor bytes at that g (no optimizer:
+    this part samples only)."""
+    result = plan(shape, group_size, gpu_memory_bytes=int(profile.plan_gib * GIB),
+                  max_prompt=profile.memory_prompt, max_completion=profile.memory_completion,
+                  precision=profile.precision, device=profile.device, micro_group=micro_group)
+    parts = result.generation
     context = parts["overhead"] if profile.device == "cuda" else 0
-    return plan.micro_group, parts["peak"] - parts["optimizer"] - context
+    return result.micro_group, parts["peak"] - parts["optimizer"] - context
 
 
-def memory_cells(groups: list[int], planned_g: dict[int, int]) -> list[tuple[int, str]]:
+def memory_cells(groups: list[int]) -> list[tuple[int, str]]:
     """(G, policy) in order of value: the largest G continuous and full, full at the other G
     (smallest first), then the remaining continuous and rounds cells."""
     largest = max(groups)
@@ -74,9 +75,10 @@ def memory_row(stats, complete: bool, group_size: int, policy: str, peak: Peak, 
     from infsamp.sampling.grouping import lower_bound
 
     absolute = peak.absolute()
-    return {"G": group_size, "policy": policy, "g": stats.num_slots, "complete": complete,
+    g = slots_used(stats)
+    return {"G": group_size, "policy": policy, "g": g, "complete": complete,
             "decode_steps": stats.decode_steps,
-            "expected_steps": lower_bound([completion] * group_size, stats.num_slots),
+            "expected_steps": lower_bound([completion] * group_size, g),
             "generated_tokens": stats.generated_tokens, "wall_s": round(stats.wall_time_s, 2),
             "tokens_per_s": stats.generated_tokens / max(stats.wall_time_s, 1e-9),
             "peak_allocated_gib": absolute.get("allocated", peak.above_start()) / GIB,
@@ -104,14 +106,15 @@ def part_memory_table(part: Part) -> None:
                 return {"G": G, "policy": policy, "g": G, "same_as": "full (planner's g >= G)"}
             if g < 1:
                 return {"G": G, "policy": policy, "error": "the planner fits no sample"}
+            planned = planned_generation(shape, profile, G, g)[1]
             sampler = sampler_for(model, policy, g, kv_tokens(g, C, P), C)
             peak.reset()
             stats, complete = sample_until(sampler, prompt, G, part.cell_deadline())
-            return memory_row(stats, complete, G, policy, peak, plans[G][1], C)
+            return memory_row(stats, complete, G, policy, peak, planned, C)
         return run
 
     part.run_cells([(f"G={G} {policy}", cell(G, policy))
-                    for G, policy in memory_cells(list(profile.memory_groups), plans)])
+                    for G, policy in memory_cells(list(profile.memory_groups))])
     full = {r["G"]: r for r in part.rows if r.get("policy") == "full" and "error" not in r}
     micro = [r for r in part.rows if r.get("policy") == "continuous" and "peak_allocated_gib" in r]
     for row in micro:
@@ -163,7 +166,7 @@ def slots_row(model, prompt: list[int], batch: int, new_tokens: int, deadline: f
     sampler = sampler_for(model, "full", batch, kv_tokens(batch, new_tokens, len(prompt)),
                           new_tokens)
     stats, complete = sample_until(sampler, prompt, batch, deadline)
-    return {"engine": "slots", "g": stats.num_slots, "complete": complete,
+    return {"engine": "slots", "g": slots_used(stats), "complete": complete,
             "tokens": stats.generated_tokens, "wall_s": round(stats.wall_time_s, 2),
             "tokens_per_s": stats.tokens_per_second, "decode_steps": stats.decode_steps}
 

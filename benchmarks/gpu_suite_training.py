@@ -29,15 +29,15 @@ from gpu_suite_common import (
     Part,
     Peak,
     free_device_memory,
+    plan,
     random_model,
     random_prompt,
     sample_until,
     sampler_for,
     shape_of,
+    slots_used,
     synchronize,
 )
-
-LORA_RANK = 16
 
 
 def random_rollout(vocab: int, num: int, prompt: int, completion: int, seed: int = 0):
@@ -61,12 +61,9 @@ def constant_schedule(optimizer):
 
 
 def plan_case(shape, profile, lora_rank: int):
-    from infsamp.planner import plan_memory
-
-    return plan_memory(shape, gpu_memory_bytes=int(profile.planner_gib * GIB),
-                       group_size=profile.planner_group, max_prompt=profile.planner_prompt,
-                       max_completion=profile.planner_completion, lora_rank=lora_rank,
-                       precision=profile.precision, device=profile.device)
+    return plan(shape, profile.planner_group, gpu_memory_bytes=int(profile.planner_gib * GIB),
+                max_prompt=profile.planner_prompt, max_completion=profile.planner_completion,
+                lora_rank=lora_rank, precision=profile.precision, device=profile.device)
 
 
 def planned_tensors(parts: dict, device: str) -> int:
@@ -98,7 +95,7 @@ def whole_step(model, plan, profile, prompt: list[int], deadline: float) -> dict
     metrics = step.optimize(rollout, optimizer, scheduler)
     synchronize(profile.device)
     training = peak.absolute().get("allocated", peak.above_start())
-    return {"sampling_complete": complete, "slots_used": stats.num_slots,
+    return {"sampling_complete": complete, "slots_used": slots_used(stats),
             "decode_steps": stats.decode_steps,
             "measured_generation_gib": generation / GIB, "measured_training_gib": training / GIB,
             "train_step_s": round(time.perf_counter() - started, 2),

@@ -95,6 +95,11 @@ def test_the_run_refuses_a_folder_with_files_and_bad_arguments(tmp_path):
         gpu_suite.parse_caps(["1:30"])
     with pytest.raises(SystemExit):
         gpu_suite.parse_args(["--out", str(tmp_path / "x"), "--parts", "1,9"])
+    with pytest.raises(SystemExit, match="no such setting"):
+        gpu_suite.parse_args(["--out", str(tmp_path / "x"), "--set", "plan_gb=12"])
+    args = gpu_suite.parse_args(["--out", str(tmp_path / "x"), "--set", "plan_gib=12",
+                                 "--set", "memory_groups=32,64"])
+    assert args.profile_sizes.plan_gib == 12.0 and args.profile_sizes.memory_groups == (32, 64)
 
 
 def test_a_part_gets_at_most_its_share_of_the_time_left(monkeypatch):
@@ -112,7 +117,7 @@ def test_a_part_gets_at_most_its_share_of_the_time_left(monkeypatch):
 def test_memory_table_cells_put_the_largest_group_first():
     from gpu_suite_sampling import memory_cells
 
-    order = memory_cells([8, 64, 512], {})
+    order = memory_cells([8, 64, 512])
     assert order[:3] == [(512, "continuous"), (512, "full"), (8, "full")]
     assert set(order) == {(G, p) for G in (8, 64, 512) for p in ("full", "rounds", "continuous")}
 
