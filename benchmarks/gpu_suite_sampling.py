@@ -177,7 +177,7 @@ def chunked_head_switch():
     from infsamp.config import TrainingConfig
 
     for spec in dataclasses.fields(TrainingConfig):
-        if any(key in spec.name for key in ("lm_head", "logits_chunk", "chunked")):
+        if "chunk" in spec.name or "lm_head" in spec.name:
             if isinstance(spec.default, bool):
                 return spec.name, True, False
             if isinstance(spec.default, int) and spec.default > 0:

@@ -175,3 +175,29 @@ def test_cpu_smoke_runs_the_whole_plan(tmp_path):
     assert report["total_s"] <= report["budget_s"] + 30
     assert sorted(p.name for p in out.iterdir()) == ["results.json", "results.md", "suite.log"]
     assert "## Part 5" in (out / "results.md").read_text()
+
+
+def test_the_chunked_lm_head_is_found_by_its_config_switch(monkeypatch):
+    import dataclasses
+
+    from gpu_suite_sampling import chunked_head_switch
+
+    import infsamp.config
+
+    @dataclasses.dataclass
+    class WithBool:
+        learning_rate: float = 1e-5
+        chunked_lm_head: bool = True
+
+    @dataclasses.dataclass
+    class WithRows:
+        logits_chunk_rows: int = 1024
+
+    @dataclasses.dataclass
+    class Without:
+        learning_rate: float = 1e-5
+
+    for config, found in ((WithBool, ("chunked_lm_head", True, False)),
+                          (WithRows, ("logits_chunk_rows", 1024, 0)), (Without, None)):
+        monkeypatch.setattr(infsamp.config, "TrainingConfig", config)
+        assert chunked_head_switch() == found
