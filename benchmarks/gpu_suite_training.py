@@ -107,12 +107,14 @@ def planner_row(plan, measured: dict, device: str) -> dict:
     planned_train = planned_tensors(plan.training, device)
     measured_peak = max(measured["measured_generation_gib"], measured["measured_training_gib"])
     planned_peak = max(planned_gen, planned_train) / GIB
-    error = 100 * (planned_peak - measured_peak) / measured_peak
+    # the CPU's resident-set meter can see no growth at toy sizes: no error then
+    error = 100 * (planned_peak - measured_peak) / measured_peak if measured_peak > 0 else None
     return {"g": plan.micro_group, "micro_batch_tokens": plan.train_micro_batch_tokens,
             "fits": plan.fits, "planned_generation_gib": planned_gen / GIB,
             "planned_training_gib": planned_train / GIB, **measured,
             "measured_peak_gib": measured_peak, "planned_peak_gib": planned_peak,
-            "error_pct": round(error, 1), "within_15pct": abs(error) <= 15}
+            "error_pct": None if error is None else round(error, 1),
+            "within_15pct": None if error is None else abs(error) <= 15}
 
 
 def part_planner(part: Part) -> None:
