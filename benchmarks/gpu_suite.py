@@ -1,4 +1,4 @@
-"""The GPU suite's driver: the plan's five parts in order of value, each in its own process and time cap.
+"""The GPU suite's driver: the plan's five parts in order of value, each in its own process and cap.
 
     bash benchmarks/gpu_suite.sh OUT                 # the H200 run (installs .whl/ first)
     bash benchmarks/gpu_suite.sh --cpu-smoke OUT     # the same plan at toy sizes on the CPU
@@ -126,8 +126,8 @@ def run_child(number: int, args, cap_s: float, scratch: Path, log) -> dict:
     log.flush()
     offset = log.tell()
     began, cpu_before = time.monotonic(), children_cpu_s()
-    child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=child_env(args.profile),
-                             cwd=ROOT, start_new_session=True)
+    child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                             env=child_env(args.profile), cwd=ROOT, start_new_session=True)
     try:
         code = child.wait(timeout=cap_s + GRACE_S)
         status = "ok" if code == 0 else "failed"
@@ -189,8 +189,8 @@ def environment(profile: str) -> dict:
              "d = {n: v(n) for n in ('torch','transformers','trl','torchao','peft','datasets')}\n"
              "d['cuda'] = torch.cuda.get_device_name() if torch.cuda.is_available() else None\n"
              "d['python'] = platform.python_version()\nprint(json.dumps(d))")
-    done = subprocess.run([sys.executable, "-c", probe], check=False, capture_output=True, text=True,
-                          env=child_env(profile), timeout=120)
+    done = subprocess.run([sys.executable, "-c", probe], check=False, capture_output=True,
+                          text=True, env=child_env(profile), timeout=120)
     versions = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else {
         "probe_error": (done.stderr.strip().splitlines() or ["failed"])[-1]}
     return {"date": datetime.datetime.now().isoformat(timespec="seconds"), "profile": profile,

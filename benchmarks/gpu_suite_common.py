@@ -5,8 +5,8 @@
 cells in order of value; `Part.run_cells` runs them until the part's time cap, records a failing
 cell as one line and goes on, and writes every row to the part's JSON file as soon as it exists (so
 a part killed at its hard cap still returns what it measured). `sample_until` runs infsamp's own
-sampler and stops a call at its cell cap from the sampler's progress callback, keeping the statistics
-so far (`complete: false`).
+sampler and stops a call at its cell cap from the sampler's progress callback, keeping the
+statistics so far (`complete: false`).
 
 Models: the public shapes of `infsamp.planner.presets` with random weights (memory and speed do not
 depend on the weights' values), built on the device in the precision mode's dtype as the trainer
@@ -96,7 +96,8 @@ CPU_SMOKE = Profile(
     "cpu-smoke", "cpu", toy=True, budget_s=285, cell_cap_s=15,
     caps_s={1: 30, 2: 25, 3: 60, 4: 60, 5: 45},
     memory_prompt=16, memory_completion=16, memory_groups=(2, 4, 8, 16, 64), plan_gib=1.5 / 1024,
-    planner_gib=3 / 1024, planner_group=4, planner_prompt=16, planner_completion=8, precision="fp32",
+    planner_gib=3 / 1024, planner_group=4, planner_prompt=16, planner_completion=8,
+    precision="fp32",
     trl_groups=(4,), trl_completion=8, trl_micro_group=2,
     precision_steps=(2, 4), precision_modes=("fp32", "bf16", "mixed"),
     step_time_modes=("fp32", "mixed"),  # bf16 compiles torchao's step per shape: slow on a CPU
@@ -148,7 +149,8 @@ def shape_of(profile: Profile, preset: str) -> ModelShape:
 
 def random_model(shape: ModelShape, device: str, precision: str = "bf16", lora_rank: int = 0,
                  seed: int = 0):
-    """Random weights of `shape` on `device`, in the mode's dtype, LoRA and compute as the trainer."""
+    """Random weights of `shape` on `device`, in the mode's dtype, with LoRA and the compute
+    context as the trainer loads them."""
     import torch
     from memory import hf_config  # benchmarks/memory.py: a config of the shape's family
     from transformers import AutoModelForCausalLM

@@ -170,7 +170,8 @@ def step_time(profile, mode: str) -> dict:
     scheduler = constant_schedule(optimizer)
     num, prompt, completion = profile.step_time_rollout
     step = GRPOStep(model, cfg.training, pad_token_id=0, temperature=1.0,
-                    max_completion_length=completion, micro_batch_tokens=num * (prompt + completion))
+                    max_completion_length=completion,
+                    micro_batch_tokens=num * (prompt + completion))
     rollout = random_rollout(shape.vocab_size, num, prompt, completion)
     started = time.perf_counter()
     step.optimize(rollout, optimizer, scheduler)

@@ -6,7 +6,8 @@
 # lacks what the suite's code paths import:
 #   trl          part 3 (GRPOTrainer)                        needs datasets
 #   datasets     TRL imports it; vs_trl.py builds its Dataset   needs dill, multiprocess
-#   torchao      bf16 precision mode (stochastic-rounding AdamW; 0.18 loads its kernels on torch >= 2.11)
+#   torchao      bf16 precision mode (stochastic-rounding AdamW; 0.18 loads its kernels on
+#                torch >= 2.11)
 #   torch-optimi part 4's bf16_kahan candidate (benchmarks/precision.py)
 # vLLM's CUDA wheel (hundreds of MB with its CUDA kernels) cannot travel in the 64 MiB the device
 # call carries, so the suite leaves vLLM out (benchmarks/gpu_vllm.py measures it where installed).
@@ -29,5 +30,10 @@ wheels=$(du -cb .whl/*.whl | tail -1 | cut -f1)
 tree=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
 untracked=$(git ls-files -z --others --exclude-standard | xargs -0 -r du -cb | tail -1 | cut -f1)
 total=$((wheels + tree + ${untracked:-0}))
-echo "wheels $((wheels / 1048576)) MiB + working tree $(((tree + ${untracked:-0}) / 1048576)) MiB = $((total / 1048576)) MiB (the device call carries at most 64 MiB)"
-[ "$total" -lt $((64 * 1048576)) ] || { echo "over 64 MiB: drop a wheel or shrink the tree" >&2; exit 1; }
+mib=1048576
+echo "wheels $((wheels / mib)) MiB + working tree $(((tree + ${untracked:-0}) / mib)) MiB" \
+     "= $((total / mib)) MiB (a device call carries at most 64 MiB)"
+if [ "$total" -ge $((64 * mib)) ]; then
+  echo "over 64 MiB: drop a wheel or shrink the tree" >&2
+  exit 1
+fi
