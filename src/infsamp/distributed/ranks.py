@@ -32,6 +32,7 @@ from typing import Any
 
 from infsamp.config import Config, ConfigError
 from infsamp.errors import InfsampError, NonFiniteError, RunStopped, first_line
+from infsamp.distributed.one_config import check_one_config
 from infsamp.distributed.rank_watch import PEER_FAILED_EXIT
 
 AGREED_ERRORS = (NonFiniteError, RunStopped)  # raised on every rank after a collective decision
@@ -232,7 +233,7 @@ class ProcessRanks(Ranks):
 
 @contextlib.contextmanager
 def _signals_held() -> Iterator[None]:
-    """SIGTERM / SIGINT ignored for a moment (main thread): a launcher that saw a rank die sends
+    """SIGTERM / SIGINT / SIGHUP ignored for a moment (main thread): a launcher that saw a rank die sends
     SIGTERM to the others at once, while this rank is finding out which peer failed."""
     import signal
     import threading
@@ -240,7 +241,7 @@ def _signals_held() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    numbers = (signal.SIGTERM, signal.SIGINT)
+    numbers = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
     previous = {n: signal.signal(n, signal.SIG_IGN) for n in numbers}
     try:
         yield
@@ -307,6 +308,7 @@ def init_ranks(cfg: Config) -> Ranks:
                           f"give at least {world_size} prompts per step")
     _init_process_group()
     ranks = ProcessRanks(strategy, cfg.distributed.failure_timeout_s, cfg.logging.output_dir)
+    check_one_config(ranks, cfg)  # every rank the same settings, before anything loads
     if not ranks.is_main:
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - rank 0 speaks for the run
     import torch.distributed as dist

@@ -109,15 +109,15 @@ def rank_state(trainer) -> dict[str, Any]:
 
 def restore_rank_state(trainer, found: ckpt.Checkpoint) -> None:
     """The per-rank parts of a multi-rank checkpoint (rank r takes entry r mod their number)."""
+    from infsamp.run.identity import restore_predictor, restored_counters
     from infsamp.run.train_state import set_sampler_counters
 
     parts = found.state.get("ranks")
     if not parts:
         return
     own = from_data(parts[trainer.ranks.rank % len(parts)], {})
-    set_sampler_counters(trainer, own["counters"])
-    if trainer.sampler.predictor is not None and own["predictor"] is not None:
-        trainer.sampler.predictor.load_state_dict(own["predictor"])
+    set_sampler_counters(trainer, restored_counters(trainer.cfg, found, own["counters"]))
+    restore_predictor(trainer.sampler.predictor, own["predictor"], found)
     trainer.rank_steps.load_state_dict(found.state.get("rank_costs"))
 
 
