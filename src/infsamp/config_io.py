@@ -156,7 +156,7 @@ CONFIG_HEADER = ("# The settings of this run, written by infsamp. A resume does 
                  "to resume\n# with edited settings pass the file: infsamp train THIS_FILE "
                  "--resume\n")
 _SHA_LINE = "# sha256 of the settings below: "
-NOT_SETTINGS = ("checkpointing.resume",)  # how a run was started, not what it is
+NOT_SETTINGS = ("checkpointing.resume", "logging.output_dir")  # how and where, not what
 
 
 def save_config(cfg: Config, path: str | Path) -> None:

@@ -101,16 +101,18 @@ def release_run_folder(folder: str | Path) -> None:
 
 
 def released_on_failure(init):
-    """For a run's `__init__(self, cfg, ...)`: when it fails, the folder it claimed is let go
-    (a notebook can start the run again at once)."""
+    """For a run's `__init__(self, cfg, ...)`: when it fails (a resume refused once the data is
+    read, a model that does not load), the claim is undone: the lock file as it was (or gone
+    with the folder the claim created, when still empty), and a notebook can start again."""
     @functools.wraps(init)
     def wrapper(self, cfg, *args, **kwargs):
         held_before = holds(cfg.logging.output_dir)
         try:
             init(self, cfg, *args, **kwargs)
         except BaseException:
-            if not held_before:
-                release_run_folder(cfg.logging.output_dir)
+            lock = None if held_before else _held.get(_key(Path(cfg.logging.output_dir)))
+            if lock is not None:
+                lock.release(undo=True)
             raise
     return wrapper
 
