@@ -9,7 +9,6 @@ combines several cases: `tests/distributed/launching.py` starts it, `rank_child.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -22,7 +21,7 @@ from fault_harness import rows
 from test_run_folder import last_line
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
-from launching import launch_command, settings, train_argv  # noqa: E402
+from launching import launch_command, settings, train_argv
 
 
 def start(folder: Path, runs: list[dict], kill: str | None = None):

@@ -8,6 +8,7 @@ predictor resumes into every other, with another micro group, KV budget, engine 
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 
@@ -28,21 +29,21 @@ def stopped_at_4(reference, tmp_path):
 
 REFUSED = [
     (["--sampling.num_generations", "8", "--training.seed", "1"],
-     ["checkpoint-4 was trained with sampling.num_generations 4 (this run: 8), training.seed 0 "
-      "(this run: 1); a resume continues the same run: resume with its settings, or start a new "
-      "run from "]),
+     [("checkpoint-4 was trained with sampling.num_generations 4 (this run: 8), training.seed 0 "
+       "(this run: 1); a resume continues the same run: resume with its settings, or start a new "
+       "run from ")]),
     (["--training.loss_type", "grpo", "--training.beta", "0.04",
       "--rewards.functions", "format", "--sampling.temperature", "1.0"],
      ["training.loss_type dapo (this run: grpo)", "training.beta 0.0 (this run: 0.04)",
       f"rewards.functions format,{HARNESS}:length_reward (this run: format)",
       "rewards.weights 1.0,1.0 (this run: 1.0)", "sampling.temperature 0.7 (this run: 1.0)"]),
     (["--data.seed", "7"],  # the embedded task generated with another seed: other rows
-     ["checkpoint-4 was trained on other training rows (40 then, 40 now) and evaluation rows "
-      "(4 then, 4 now): data.seed 1234 (this run: 7); a resume continues the same run on the "
-      "same rows"]),
+     [("checkpoint-4 was trained on other training rows (40 then, 40 now) and evaluation rows "
+       "(4 then, 4 now): data.seed 1234 (this run: 7); a resume continues the same run on the "
+       "same rows")]),
     (["--eval.num_problems", "2"],
-     ["checkpoint-4 was trained on other evaluation rows (4 then, 2 now): eval.num_problems 4 "
-      "(this run: 2)"]),
+     [("checkpoint-4 was trained on other evaluation rows (4 then, 2 now): eval.num_problems 4 "
+       "(this run: 2)")]),
 ]
 
 
@@ -117,7 +118,7 @@ def test_every_policy_and_predictor_resumes_into_every_other(runner, tiny_model_
     """21 runs of one step each, resuming 20 times: every (from, to) pair of policies and
     predictors once, with the micro group, KV budget, engine and logging changing too."""
     out, circuit = tmp_path / "run", policy_circuit()
-    assert len({(a, b) for a, b in zip(circuit, circuit[1:])}) == 20
+    assert len(set(itertools.pairwise(circuit))) == 20
     for step, policy in enumerate(circuit, start=1):
         free = ["--sampling.micro_group", str(4 >> step % 2), "--sampling.kv_budget",
                 str(4096 >> step % 2), "--sampling.engine", ("slots", "auto")[step % 2],

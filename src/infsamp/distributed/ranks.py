@@ -3,7 +3,8 @@
     torchrun --nproc-per-node N -m infsamp train CONFIG             # or, with a config file:
     accelerate launch --config_file examples/accelerate/ddp.yaml -m infsamp train CONFIG
 
-`init_ranks(cfg)` reads the launcher's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+`init_ranks(cfg)` (which also checks that every rank was given the same settings: `one_config.py`)
+reads the launcher's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
 MASTER_PORT; accelerate's ACCELERATE_USE_FSDP, FSDP_* and ACCELERATE_MIXED_PRECISION) and returns
 `Ranks`: one process (every collective is the identity) or `ProcessRanks` over a torch.distributed
 process group (gloo on CPU; NCCL for CUDA tensors plus gloo for the small CPU messages on GPU). The

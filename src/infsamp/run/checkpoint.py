@@ -14,7 +14,9 @@ Writing goes to `checkpoint-N.tmp/`, every file is fsynced, and the folder is re
 earlier checkpoints as they were. Loading checks the manifest (a truncated, deleted or altered file
 is caught), reads tensors with safetensors and the rest as JSON (nothing is unpickled), and refuses
 NaN or inf in any tensor.
-`find_resume_point` walks back from the newest checkpoint to the newest one that verifies.
+`find_resume_point` walks back from the newest checkpoint to the newest one that verifies. A run
+replaces or prunes only checkpoints it wrote (`is_own_checkpoint`: a manifest of the folder's own
+step); a folder the user made under a checkpoint's name is renamed `checkpoint-N.foreign`.
 
 Deliberately simple: one process writes (with several ranks, the others add their shard files
 through `write_extra` before the manifest); sha256 re-reads every file once at save and once at

@@ -19,6 +19,9 @@ The lock file holds the holder's PID, host, start time and rank (JSON), so a ref
 it. Its bytes are written only once the lock is held; a refused claim restores them (or removes
 the file and folder it created).
 
+The descriptor is not inheritable (PEP 446): a child that execs never holds the lock; a child
+forked without exec holds it until it exits.
+
 Deliberately simple: `flock` locks are advisory and per machine (on NFS they are emulated and work
 between machines on recent Linux kernels); a filesystem that refuses locks gets one warning line
 and the run goes on unlocked.

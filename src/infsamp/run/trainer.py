@@ -10,9 +10,11 @@ One step, laid out in time:
 Everything configurable comes from `infsamp.config.Config`; loss types, advantage scaling and
 sampling policies are registries in their own modules. The trainer only wires them together, logs,
 evaluates and checkpoints. Start-up order: validate the config, load the reward functions and
-prepare the run folder (`run_folder.py`: a new run, or the verified checkpoint to resume) before
-anything loads; then the tokenizer, the data (encoded once by `tasks.prompts`, the same ids for
-sampling and evaluation, and checked against the settings), then the weights. While it runs,
+prepare the run folder (`run/folder.py`: claimed for the whole run, a new run, or the verified
+checkpoint to resume, whose settings must be this run's: `run/identity.py`) before anything loads;
+then the tokenizer, the data (encoded once by `tasks.prompts`, the same ids for sampling and
+evaluation, checked against the settings and against the resumed checkpoint's rows), then the
+weights. While it runs,
 SIGTERM/SIGINT end the step and save (`signals.py`), and a non-finite loss, gradient norm or
 reward stops the run before it is applied (or skips it: `training.nonfinite`).
 
