@@ -31,7 +31,8 @@ import json
 import sys
 from typing import Any
 
-from infsamp.algorithm.optim import LR_SCHEDULERS, schedule_horizon
+from infsamp.algorithm.optim import schedule_horizon
+from infsamp.choices import LR_SCHEDULERS
 from infsamp.config import Config
 from infsamp.config_io import flatten
 from infsamp.errors import CheckpointError
