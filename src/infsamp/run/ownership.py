@@ -166,7 +166,10 @@ def _lock(folder: Path, created_folder: bool, command: str) -> RunFolderLock | N
         try:
             fd, created = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644), True
         except FileExistsError:
-            fd, created = os.open(path, os.O_RDWR), False
+            try:
+                fd, created = os.open(path, os.O_RDWR), False
+            except FileNotFoundError:  # removed meanwhile by a refused claim: create it
+                continue
         if not _try_lock(fd, path):
             os.close(fd)
             return None
