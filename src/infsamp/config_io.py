@@ -152,9 +152,9 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
     return cfg.validate()
 
 
-CONFIG_HEADER = ("# The settings of this run, written by infsamp. A resume does not read this file: "
-                 "to resume\n# with edited settings pass the file: infsamp train THIS_FILE "
-                 "--resume\n")
+CONFIG_HEADER = ("# The settings of this run, written by infsamp. A resume does not read this "
+                 "file: to resume\n# with edited settings pass the file: infsamp train "
+                 "THIS_FILE --resume\n")
 _SHA_LINE = "# sha256 of the settings below: "
 NOT_SETTINGS = ("checkpointing.resume", "logging.output_dir")  # how and where, not what
 

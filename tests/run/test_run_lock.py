@@ -23,7 +23,8 @@ CLAIM = ("import sys; from pathlib import Path; from infsamp.run.ownership impor
 
 def claim_in_another_process(folder: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", CLAIM, str(folder)], capture_output=True,
-                          check=False, text=True, env={**os.environ, "PYTHONPATH": str(SRC)}, timeout=60)
+                          check=False, text=True, env={**os.environ, "PYTHONPATH": str(SRC)},
+                          timeout=60)
 
 
 def test_one_holder_at_a_time_named_and_released(tmp_path):

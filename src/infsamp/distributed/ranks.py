@@ -234,8 +234,8 @@ class ProcessRanks(Ranks):
 
 @contextlib.contextmanager
 def _signals_held() -> Iterator[None]:
-    """SIGTERM / SIGINT / SIGHUP ignored for a moment (main thread): a launcher that saw a rank die sends
-    SIGTERM to the others at once, while this rank is finding out which peer failed."""
+    """SIGTERM / SIGINT / SIGHUP ignored for a moment (main thread): a launcher that saw a rank die
+    sends SIGTERM to the others at once, while this rank is finding out which peer failed."""
     import signal
     import threading
 

@@ -1,8 +1,9 @@
 """One run folder and one checkpoint for all the ranks of a launch.
 
 Run folder: rank 0 applies the rules of `run/folder.py` (new run, resume, damaged checkpoints),
-holds the folder's lock for the run, and tells the others which checkpoint to resume, or its error; they then verify and read it themselves
-(the run folder must be on a filesystem every rank sees: one machine, or a shared one).
+holds the folder's lock for the run, and tells the others which checkpoint to resume, or its
+error; they then verify and read it themselves (the run folder must be on a filesystem every rank
+sees: one machine, or a shared one).
 
 Checkpoint (`save_on_ranks`), still one folder written atomically by rank 0:
 
