@@ -9,7 +9,8 @@ tokenizer: `AutoModelForCausalLM.from_pretrained(DIR)` and `vllm.LLM(DIR)` load 
 checkpoint is merged into its base model (the run's `model.name_or_path`) unless
 `--adapters-only`, which writes a peft adapter folder whose `base_model_name_or_path` is that base.
 
-Checks before any work, each one line: the target exists and is not empty; the checkpoint is
+Checks before any work, each one line: the target exists and is not empty, or is (or is inside)
+the folder of a run that is still going (its lock: `run/ownership.py`); the checkpoint is
 incomplete or damaged (`run/checkpoint.py`'s `verify_checkpoint`: its manifest, every file's size
 and sha256); the run has no checkpoint that verifies (newer damaged ones are named and skipped);
 `--adapters-only` on full weights; LoRA trained over a 4-bit (QLoRA) base without
@@ -71,6 +72,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def check_target(out: Path) -> None:
+    """`out` is new or empty, and not inside a run folder that a live run holds (its lock)."""
+    from infsamp.run.ownership import describe, live_holder
+
+    for folder in (p for p in [out, *out.absolute().parents] if p.is_dir()):
+        holder = live_holder(folder)
+        if holder is not None:
+            where = "is" if folder == out else f"is inside {folder}, which is"
+            raise ExportError(f"--out {out}: {where} the run folder of a live run: "
+                              f"{describe(holder)} (nothing was written); export to a folder "
+                              "outside it")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ExportError(f"--out {out}: exists and is not empty (nothing was written)")
 

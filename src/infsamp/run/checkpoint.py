@@ -14,7 +14,9 @@ Writing goes to `checkpoint-N.tmp/`, every file is fsynced, and the folder is re
 earlier checkpoints as they were. Loading checks the manifest (a truncated, deleted or altered file
 is caught), reads tensors with safetensors and the rest as JSON (nothing is unpickled), and refuses
 NaN or inf in any tensor.
-`find_resume_point` walks back from the newest checkpoint to the newest one that verifies.
+`find_resume_point` walks back from the newest checkpoint to the newest one that verifies. A run
+replaces or prunes only checkpoints it wrote (`is_own_checkpoint`: a manifest of the folder's own
+step); a folder the user made under a checkpoint's name is renamed `checkpoint-N.foreign`.
 
 Deliberately simple: one process writes (with several ranks, the others add their shard files
 through `write_extra` before the manifest); sha256 re-reads every file once at save and once at
@@ -28,6 +30,7 @@ import json
 import os
 import re
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -104,8 +107,14 @@ def _write_folder(tmp: Path, model, tokenizer, tree: dict[str, Any],
 
 
 def _replace_folder(tmp: Path, final: Path) -> None:
-    """Rename tmp -> final; an existing final (the same step saved again) is set aside first."""
+    """Rename tmp -> final; an existing final (the same step saved again) is set aside first.
+    A `checkpoint-N` this run did not write (no manifest of step N: a folder the user made) is
+    renamed `checkpoint-N.foreign` instead, with one line: a run deletes only what it wrote."""
     old = final.with_name(final.name + ".old")
+    if final.exists() and not is_own_checkpoint(final):
+        kept = set_aside(final, ".foreign")
+        print(f"{final} was not written by this run (no manifest of step "
+              f"{final.name.rsplit('-', 1)[-1]}): renamed to {kept.name} (kept)", file=sys.stderr)
     if final.exists():
         shutil.rmtree(old, ignore_errors=True)
         os.replace(final, old)
@@ -169,8 +178,17 @@ def list_checkpoints(output_dir: Path) -> list[Path]:
     return [p for p in reversed(candidates(output_dir)) if (p / MANIFEST).is_file()]
 
 
+def is_own_checkpoint(path: Path) -> bool:
+    """A checkpoint folder infsamp wrote: its manifest is readable and names its own step (a
+    folder the user made or copied under another step's name is not)."""
+    try:
+        return _read_manifest(path)["step"] == checkpoint_step(path)
+    except (CheckpointError, KeyError, TypeError):
+        return False
+
+
 def prune(output_dir: Path, keep_last: int) -> None:
-    for old in list_checkpoints(output_dir)[:-keep_last]:
+    for old in [p for p in list_checkpoints(output_dir) if is_own_checkpoint(p)][:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
 
 
@@ -184,11 +202,11 @@ def find_resume_point(output_dir: Path, on_skip: Callable[[Path, str], None]) ->
     return None
 
 
-def set_aside(path: Path) -> Path:
+def set_aside(path: Path, suffix: str = ".damaged") -> Path:
     """Rename a damaged checkpoint to checkpoint-N.damaged[-k]: kept to inspect, never loaded."""
-    target, k = path.with_name(path.name + ".damaged"), 1
+    target, k = path.with_name(path.name + suffix), 1
     while target.exists():
-        target, k = path.with_name(f"{path.name}.damaged-{k}"), k + 1
+        target, k = path.with_name(f"{path.name}{suffix}-{k}"), k + 1
     os.replace(path, target)
     return target
 

@@ -19,14 +19,14 @@ from typing import Any
 
 from infsamp.errors import CheckpointError
 from infsamp.run.checkpoint import Checkpoint
-from infsamp.run.folder import run_identity
+from infsamp.run.identity import restore_predictor, restored_counters, run_identity
 from infsamp.run.state_data import rng_state, set_rng_state
 
 
 def training_state(trainer, optimizer: bool = True) -> dict[str, Any]:
     """`optimizer=False`: its state is sharded and saved per rank (FSDP: rank_checkpoint.py)."""
     predictor = trainer.sampler.predictor
-    return {"run": run_identity(trainer.cfg), "schedule": trainer.horizon,
+    return {"run": run_identity(trainer.cfg, trainer.data_fingerprint), "schedule": trainer.horizon,
             "optimizer": trainer.optimizer.state_dict() if optimizer else None,
             "scheduler": trainer.scheduler.state_dict(),
             "rng": rng_state(), "generator": trainer.generator.get_state(),
@@ -52,9 +52,8 @@ def restore_training_state(trainer, found: Checkpoint) -> None:
     trainer.stream.load_state_dict(state["data"])
     trainer.step, trainer.eval_before = found.step, state["eval_before"]
     trainer._last_eval, trainer._last_eval_step = state["last_eval"]
-    set_sampler_counters(trainer, state["counters"])
-    if trainer.sampler.predictor is not None:
-        trainer.sampler.predictor.load_state_dict(state["predictor"])
+    set_sampler_counters(trainer, restored_counters(trainer.cfg, found, state["counters"]))
+    restore_predictor(trainer.sampler.predictor, state["predictor"], found)
     if "ranks" in state:  # written by several ranks: each takes its own sampler state
         from infsamp.run.rank_checkpoint import restore_rank_state
 

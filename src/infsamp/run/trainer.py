@@ -10,9 +10,11 @@ One step, laid out in time:
 Everything configurable comes from `infsamp.config.Config`; loss types, advantage scaling and
 sampling policies are registries in their own modules. The trainer only wires them together, logs,
 evaluates and checkpoints. Start-up order: validate the config, load the reward functions and
-prepare the run folder (`run_folder.py`: a new run, or the verified checkpoint to resume) before
-anything loads; then the tokenizer, the data (encoded once by `tasks.prompts`, the same ids for
-sampling and evaluation, and checked against the settings), then the weights. While it runs,
+prepare the run folder (`run/folder.py`: claimed for the whole run, a new run, or the verified
+checkpoint to resume, whose settings must be this run's: `run/identity.py`) before anything loads;
+then the tokenizer, the data (encoded once by `tasks.prompts`, the same ids for sampling and
+evaluation, checked against the settings and against the resumed checkpoint's rows), then the
+weights. While it runs,
 SIGTERM/SIGINT end the step and save (`signals.py`), and a non-finite loss, gradient norm or
 reward stops the run before it is applied (or skips it: `training.nonfinite`).
 
@@ -43,9 +45,12 @@ from infsamp.models.loading import (load_model_and_tokenizer, load_tokenizer, qu
 from infsamp.rewards.calling import check_async_allowed
 from infsamp.rewards.compute import compute_rewards
 from infsamp.run import checkpoint as ckpt
+from infsamp.run import ownership
 from infsamp.algorithm.advantages import compute_advantages
 from infsamp.distributed.ranks import Ranks, init_ranks, reshard_after_forward
 from infsamp.run.evaluation import evaluate_accuracy
+from infsamp.run.folder import rewind_run_logs
+from infsamp.run.identity import check_data, data_fingerprint
 from infsamp.run.sizes import plan_run
 from infsamp.algorithm.grpo_step import GRPOStep, Rollout, is_out_of_memory
 from infsamp.algorithm.optim import build_optimizer, build_scheduler, schedule_horizon
@@ -79,6 +84,7 @@ class TrainResult:
 class GRPOTrainer:
     """`GRPOTrainer(cfg).train()`; pass `reward_funcs` to use Python callables instead of names."""
 
+    @ownership.released_on_failure
     def __init__(self, cfg: Config, reward_funcs: list[tuple[str, Callable]] | None = None,
                  step_callback: Callable[[int, dict[str, Any]], None] | None = None,
                  ranks: Ranks | None = None):
@@ -96,6 +102,8 @@ class GRPOTrainer:
         self.tokenizer = load_tokenizer(cfg.model.name_or_path)
         with self.ranks.main_first():  # rank 0 fills the datasets cache
             self.train_prompts, self.eval_prompts = self._load_prompts()
+        self.data_fingerprint = data_fingerprint(self.train_prompts, self.eval_prompts)
+        check_data(self.resume_from, cfg, self.data_fingerprint)  # the checkpoint's rows
         self.model, _ = load_model_and_tokenizer(cfg.model, self.device, tokenizer=self.tokenizer,
                                                  precision=self.precision)
         self.stop_token_ids = stop_token_ids(self.model, self.tokenizer)
@@ -180,6 +188,8 @@ class GRPOTrainer:
         found, self.resume_from = self.resume_from, None
         self.resumed = found is not None
         if found is not None:
+            if self.ranks.is_main:
+                rewind_run_logs(self.output_dir, found.step)  # this run's rows after it go
             restore_training_state(self, found)
             self._saved_step = self.step
             self._push_weights()  # the engine samples from the restored policy
@@ -308,8 +318,10 @@ class GRPOTrainer:
             self.engine.load_weights(model)
 
     def close(self) -> None:
-        """Free the sampling engine (vLLM's pool and weights); no sampling afterwards."""
+        """Free the sampling engine (vLLM's pool and weights) and the run folder; no sampling
+        afterwards."""
         self.engine.close()
+        ownership.release_run_folder(self.output_dir)
 
     # ------------------------------------------------------------------ one step
 
