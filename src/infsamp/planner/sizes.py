@@ -66,9 +66,10 @@ class RunSizes:
         return self.train_micro_batch_tokens
 
     def sampling_policy(self, configured: str) -> str:
-        """`full` runs every sample at once until an out-of-memory retry halved g: then
-        `continuous` with that g."""
-        return "continuous" if configured == "full" and self.oom_retries["sampling"] else configured
+        """`full` runs every sample at once until an out-of-memory retry halved g below them:
+        then `continuous` with that g."""
+        halved = self.micro_group < self.max_micro_group
+        return "continuous" if configured == "full" and halved else configured
 
     def describe(self) -> str:
         """The sizes as the start-up line prints them."""
@@ -81,9 +82,11 @@ class RunSizes:
         return asdict(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """What the run changed since its start: g (at most what the engine runs), the
-        micro-batch and the retry counts; the KV budget and the engine stay as started."""
-        self.micro_group = min(state["micro_group"], self.max_micro_group or state["micro_group"])
+        """What the run changed since its start: g (at most what the engine runs; 0: the one
+        planned now), the micro-batch and the retry counts; the KV budget and the engine stay
+        as started."""
+        saved = state["micro_group"] or self.micro_group
+        self.micro_group = min(saved, self.max_micro_group or saved)
         self.train_micro_batch_tokens = state["train_micro_batch_tokens"]
         self.oom_retries = {part: int(state["oom_retries"].get(part, 0)) for part in OOM_PARTS}
 

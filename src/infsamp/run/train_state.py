@@ -79,7 +79,11 @@ def load_weights(model, found: Checkpoint, lora: bool) -> None:
 
 
 def sampler_counters(trainer) -> dict[str, Any]:
-    return {"sizes": trainer.sizes.state_dict(),
+    """The run's sizes, the settings they were planned from (a resume that changes one plans
+    afresh: `identity.restored_counters`) and the skipped updates."""
+    sampling = trainer.cfg.sampling
+    return {"sizes": trainer.sizes.state_dict(), "policy": sampling.policy,
+            "micro_group": sampling.micro_group,
             "skipped_updates": trainer.grpo.num_skipped_updates}
 
 
