@@ -38,10 +38,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def check_sources(cfg) -> None:
     """Model and dataset names decided before torch is imported: a missing path, or a hub id while
     the hub cannot be asked, is one line within a second of starting."""
-    from infsamp.models.source import resolve_model_source
+    from infsamp.models.source import check_model_source
     from infsamp.tasks.loading import check_dataset_source
 
-    resolve_model_source(cfg.model.name_or_path)
+    check_model_source(cfg.model.name_or_path)
     check_dataset_source(cfg.data)
 
 
