@@ -61,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
         result = GRPOTrainer(cfg, ranks=ranks).train()
     before, after = result.eval_before, result.eval_after
     if before is not None and after is not None:
-        print(f"held-out accuracy: {before:.3f} -> {after:.3f} ({100 * (after - before):+.1f} points)")
+        print(f"held-out accuracy: {before:.3f} -> {after:.3f} ({100 * (after - before):+.1f} "
+              f"points; scored by {result.eval_reward})")
     print(f"run folder: {result.output_dir} (metrics.jsonl, eval.jsonl, lengths.jsonl, plots/training.png)")
     return 0

@@ -63,9 +63,10 @@ def checkpoint_dirs(output_dir: Path, step: int) -> tuple[Path, Path]:
 
 
 def save_checkpoint(output_dir: Path, step: int, *, model, tokenizer, state: dict[str, Any],
-                    keep_last: int | None = None,
+                    keep_last: int | None = None, keep_step: int | None = None,
                     write_extra: Callable[[Path], None] | None = None) -> Path:
-    """Write checkpoint-`step` atomically (see module docstring); returns its path.
+    """Write checkpoint-`step` atomically (see module docstring); returns its path. Then prune to
+    the `keep_last` newest, and checkpoint-`keep_step` (the best evaluation's) whatever its age.
     `write_extra(tmp)` adds files before the manifest (other ranks' shards: rank_checkpoint.py)."""
     final, tmp = checkpoint_dirs(output_dir, step)
     tree, tensors = to_data({"format": FORMAT, "step": step, **state})
@@ -80,7 +81,7 @@ def save_checkpoint(output_dir: Path, step: int, *, model, tokenizer, state: dic
             raise CheckpointError(_write_failure(output_dir, final.name, err)) from None
         raise
     if keep_last:
-        prune(output_dir, keep_last)
+        prune(output_dir, keep_last, keep_step)
     return final
 
 
@@ -169,9 +170,11 @@ def list_checkpoints(output_dir: Path) -> list[Path]:
     return [p for p in reversed(candidates(output_dir)) if (p / MANIFEST).is_file()]
 
 
-def prune(output_dir: Path, keep_last: int) -> None:
+def prune(output_dir: Path, keep_last: int, keep_step: int | None = None) -> None:
+    """Remove complete checkpoints older than the `keep_last` newest, except checkpoint-`keep_step`."""
     for old in list_checkpoints(output_dir)[:-keep_last]:
-        shutil.rmtree(old, ignore_errors=True)
+        if checkpoint_step(old) != keep_step:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def find_resume_point(output_dir: Path, on_skip: Callable[[Path, str], None]) -> Checkpoint | None:
