@@ -132,7 +132,8 @@ class GRPOTrainer:
                              importance_sampling_cap=cfg.sampling.vllm_importance_sampling_cap,
                              parallel=self.strategy)
         self.rank_steps = RankSteps(self.ranks, cfg.sampling.num_generations,
-                                    cfg.sampling.max_new_tokens, cfg.distributed.assignment)
+                                    cfg.sampling.max_new_tokens, cfg.distributed.assignment,
+                                    cfg.sampling.predictor_prefix_tokens)
         self.optimizer = build_optimizer(self.model, cfg.training, self.precision)
         self.horizon = self.resume_from.state["schedule"] if self.resume_from else \
             schedule_horizon(cfg.training)  # a resumed run keeps the schedule it started with
