@@ -34,7 +34,8 @@ def _timed(fn, repeats: int) -> dict:
         fn()
         walls.append(time.perf_counter() - wall)
         cpus.append(time.process_time() - cpu)
-    return {"wall_s": round(statistics.median(walls), 3), "cpu_s": round(statistics.median(cpus), 3)}
+    return {"wall_s": round(statistics.median(walls), 3),
+            "cpu_s": round(statistics.median(cpus), 3)}
 
 
 def measure(model, threads: int, repeats: int) -> dict:

@@ -12,7 +12,7 @@ their filters). Installed once per process by `import infsamp` (`quiet_library_n
                        no tokenizer in the engine (we pass token ids), dummy weights replaced by
                        ours (rotary and tied lm_head "failed to load"), set_num_threads after
                        binding; and its CPU build's packaging notes (no Triton CPU backend, no
-                       tcmalloc/iomp preloaded: docs/vllm.md says how to preload them)
+                       tcmalloc/iomp preloaded: the README's vLLM lines say how)
 
 Deliberately simple: exact loggers and patterns for the pinned versions (requirements-dev.txt);
 C++ warnings printed by torch itself (vLLM's NUMA binding note) are not Python logging and stay.
@@ -26,7 +26,7 @@ import warnings
 
 LIBRARY_NOISE: dict[str, tuple[str, ...]] = {
     "torchao": (r"^Failed to load .*torchao/_C\w*\.\S*so",),
-    "torch.utils._pytree": (r"is an Enum subclass and is now natively supported by torch\.compile",),
+    "torch.utils._pytree": (r"is an Enum subclass and is now natively supported by torch",),
     "vllm.triton_utils.importing": (r"^Triton is installed, but doesn't include CPU backend",),
     "vllm.platforms.cpu": (r"^Triton is not installed\. triton-cpu is expected",),
     "vllm.engine.arg_utils": (r"^The global random seed is set to",),

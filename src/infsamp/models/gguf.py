@@ -5,7 +5,7 @@ tensor (SmolLM2-135M's 272 tensors: ~15 s on 2 cores). Doing that at every start
 the loaded model refuses `save_pretrained` (it is marked GGUF-quantised), so a checkpoint could not
 be written. Instead the file is converted once per machine into a plain transformers folder:
 
-    <cache>/gguf/<file stem>-<key>/   config.json (no quantization_config), model.safetensors (fp32),
+    <cache>/gguf/<file stem>-<key>/   config.json (no quantization_config), model.safetensors,
                                       generation_config.json, the tokenizer with the file's chat
                                       template and special tokens, gguf_source.json (written last)
 
@@ -177,7 +177,8 @@ def _no_dequantising_bar():
 
 
 def _publish(tmp: Path, target: Path) -> None:
-    """Rename the finished folder into place; a complete one already there (another process) wins."""
+    """Rename the finished folder into place; a complete one already there (another process's)
+    wins."""
     target.parent.mkdir(parents=True, exist_ok=True)
     if is_converted(target):
         return

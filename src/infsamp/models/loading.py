@@ -2,13 +2,14 @@
 
 Resolves `model.name_or_path` through `models.source` (a folder, a peft adapter folder, a GGUF
 file or a named model such as 'smollm2-135m', or a hub id decided at once; a GGUF file is loaded
-from its converted folder, `models.gguf.ensure_converted`, converted on first use); a LoRA checkpoint folder (e.g. `run/checkpoint-4/model`) loads its base and
-the adapters are trained further with `model.lora_rank` > 0, or merged into the base with 0. Picks
-device and dtype (from the training precision when one is given, see `infsamp.models.precision`),
-loads the base in 4-bit NF4 for QLoRA, applies LoRA through peft (adapters fp32 whatever the
-base), gradient checkpointing when asked, and the precision's compute context (autocast for
-`mixed`). Every failure becomes one `ModelError` line naming the path. `stop_token_ids` is the one
-list of tokens that end a completion (sampler and evaluation both use it).
+from its converted folder, `models.gguf.ensure_converted`, converted on first use); a LoRA
+checkpoint folder (e.g. `run/checkpoint-4/model`) loads its base and the adapters are trained
+further with `model.lora_rank` > 0, or merged into the base with 0. Picks device and dtype (from
+the training precision when one is given, see `infsamp.models.precision`), loads the base in 4-bit
+NF4 for QLoRA, applies LoRA through peft (adapters fp32 whatever the base), gradient checkpointing
+when asked, and the precision's compute context (autocast for `mixed`). Every failure becomes one
+`ModelError` line naming the path. `stop_token_ids` is the one list of tokens that end a completion
+(sampler and evaluation both use it).
 
 Deliberately simple: one device, no sharding; 4-bit is bitsandbytes NF4 with double quantisation,
 non-linear modules (embeddings, norms, lm_head) stay in the base dtype.

@@ -171,7 +171,7 @@ def list_checkpoints(output_dir: Path) -> list[Path]:
 
 
 def prune(output_dir: Path, keep_last: int, keep_step: int | None = None) -> None:
-    """Remove complete checkpoints older than the `keep_last` newest, except checkpoint-`keep_step`."""
+    """Remove complete checkpoints older than the `keep_last` newest, but checkpoint-`keep_step`."""
     for old in list_checkpoints(output_dir)[:-keep_last]:
         if checkpoint_step(old) != keep_step:
             shutil.rmtree(old, ignore_errors=True)
