@@ -162,8 +162,7 @@ class RewardsConfig:
     answer_extraction: str = opt("answer_tag", "how the reasoning_gym reward reads the answer out "
                                  "of a completion: answer_tag (inside the last <answer></answer>), "
                                  "boxed (the last \\boxed{}), last_number, last_line, whole",
-                                 choices=("answer_tag", "boxed", "last_number", "last_line",
-                                          "whole"))
+                                 choices=choices.ANSWER_EXTRACTIONS)
 
     def validate(self) -> None:
         _require(len(self.functions) > 0, "rewards.functions", self.functions, "needs at least one function")

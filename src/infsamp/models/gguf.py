@@ -35,6 +35,7 @@ import shutil
 from pathlib import Path
 
 from infsamp.errors import ModelError, first_line
+from infsamp.files import fsync
 
 GGUF_SUFFIX = ".gguf"
 SOURCE_FILE = "gguf_source.json"  # written last: a folder without it is not a complete conversion
@@ -159,7 +160,7 @@ def _convert(path: Path, out: Path) -> None:
               "key": file_key(path)}
     (out / SOURCE_FILE).write_text(json.dumps(source, indent=1))
     for file in [*out.iterdir(), out]:
-        _fsync(file)
+        fsync(file)
 
 
 @contextlib.contextmanager
@@ -188,11 +189,3 @@ def _publish(tmp: Path, target: Path) -> None:
     except OSError:
         if not is_converted(target):
             raise
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

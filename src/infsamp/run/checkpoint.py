@@ -35,6 +35,7 @@ from typing import Any, Callable
 import torch
 
 from infsamp.errors import CheckpointError, NonFiniteError
+from infsamp.files import fsync
 from infsamp.run.state_data import from_data, non_finite_tensor, to_data
 
 MANIFEST = "manifest.json"
@@ -130,15 +131,6 @@ def _write_failure(output_dir: Path, name: str, err: BaseException) -> str:
     previous = list_checkpoints(output_dir)
     kept = f"{previous[-1].name} is intact" if previous else "no earlier checkpoint"
     return f"cannot write {name} in {output_dir}: {why} (removed the partial {name}.tmp; {kept})"
-
-
-def fsync(path: Path) -> None:
-    """Flush a file (or a folder's entries) to disk."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _sha256(path: Path) -> str:

@@ -35,10 +35,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from infsamp.config import REASONING_GYM_PREFIX as PREFIX
 from infsamp.config import DataConfig
 from infsamp.errors import DataError
 
-PREFIX = "reasoning_gym:"
 INSTALL = "pip install reasoning-gym==0.1.25, or pip install 'infsamp[real]'"
 SPLIT_KEYS = ("seed", "size")  # decided here per split, from data.* when not given
 
