@@ -3,10 +3,11 @@
     .venv/bin/python benchmarks/threads.py [--model smollm2-135m] [--repeats 3] [--out FILE]
 
 For each thread count it times, on `--model` (fp32, CPU), a training pass (forward + backward of
-8 sequences x 128 tokens) and a decode (greedy `generate` of 8 sequences, 32 new tokens after a
+4 sequences x 128 tokens) and a decode (greedy `generate` of 4 sequences, 16 new tokens after a
 32-token prompt), `--repeats` times; then the same again while a second process of this script
 spins one core (a stand-in for another job on the machine). Reports the median wall time and the
-process CPU time of each, with the load average before each part. Prints one JSON object.
+process CPU time of each, with the load average before each. Prints one JSON line per measurement
+as it is made (a run cut short keeps what it measured), then the whole as one JSON object.
 
 Deliberately simple: one process; the busy neighbour is a pure-Python loop (one core, no memory
 traffic), gentler than a real training job next door.
@@ -42,8 +43,8 @@ def measure(model, threads: int, repeats: int) -> dict:
     import torch
 
     torch.set_num_threads(threads)
-    tokens = torch.randint(100, 1000, (8, 128))
-    prompt = torch.randint(100, 1000, (8, 32))
+    tokens = torch.randint(100, 1000, (4, 128))
+    prompt = torch.randint(100, 1000, (4, 32))
 
     def train_pass():
         model.zero_grad(set_to_none=True)
@@ -52,11 +53,11 @@ def measure(model, threads: int, repeats: int) -> dict:
     @torch.no_grad()
     def decode():
         model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt),
-                       max_new_tokens=32, min_new_tokens=32, do_sample=False,
+                       max_new_tokens=16, min_new_tokens=16, do_sample=False,
                        pad_token_id=0)
 
     train_pass()  # warm-up
-    return {"train_pass": _timed(train_pass, repeats), "decode_32": _timed(decode, repeats)}
+    return {"train_pass": _timed(train_pass, repeats), "decode_16": _timed(decode, repeats)}
 
 
 def main() -> None:
@@ -77,9 +78,13 @@ def main() -> None:
         if part != "idle":
             spinner.start()
             time.sleep(1)
-        result[part] = {"load_before": os.getloadavg()[0]}
-        for threads in (1, 2):
-            result[part][f"{threads}_threads"] = measure(model, threads, args.repeats)
+        result[part] = {}
+        for threads in (1, 2, 1, 2):  # twice, interleaved: the machine's load drifts
+            load = round(os.getloadavg()[0], 2)
+            row = {"part": part, "threads": threads, "load_before": load,
+                   **measure(model, threads, args.repeats)}
+            print(json.dumps(row), flush=True)
+            result[part].setdefault(f"{threads}_threads", []).append(row)
         stop.set()
         if spinner.is_alive():
             spinner.join()
