@@ -22,11 +22,13 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/infsamp train --logging.output_dir runs/demo-$$(date +%Y%m%d-%H%M%S)
 
+# two workers (CI has 2 cores); slow tests (the real model, the GPU suite's smoke run, launcher
+# faults, precision evidence) run in `make test-all`
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not gpu"
+	$(BIN)/python -m pytest -q -m "not gpu and not slow" -n 2
 
 test-all: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -q -n 2
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info

@@ -19,10 +19,11 @@ from infsamp.models.tiny import build_tokenizer
 
 os.environ["TRACKIO_DIR"] = tempfile.mkdtemp(prefix="infsamp-tests-trackio-")
 # GGUF conversions of test files go to a session folder; the real model's tests (marked slow) use
-# the machine's cache, converted once (USER_CACHE_DIR)
+# the machine's cache, converted once (INFSAMP_TESTS_USER_CACHE_DIR)
 from infsamp.models.gguf import cache_root  # noqa: E402
 
-USER_CACHE_DIR = str(cache_root())
+# kept in the environment: test modules cannot import this conftest by name (others share it)
+os.environ["INFSAMP_TESTS_USER_CACHE_DIR"] = str(cache_root())
 os.environ["INFSAMP_CACHE_DIR"] = tempfile.mkdtemp(prefix="infsamp-tests-cache-")
 os.environ.update({"WANDB_MODE": "offline", "WANDB_SILENT": "true", "HF_HUB_OFFLINE": "1"})
 for _name in ("WANDB_API_KEY", "TRACKIO_SPACE_ID", "TRACKIO_SERVER_URL", "MLFLOW_TRACKING_URI"):

