@@ -33,6 +33,9 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
         return [_coerce(v, item_type, key) for v in value]
     if origin is dict:
         return _coerce_mapping(value, key)
+    if origin in (types.UnionType, typing.Union):  # str | dict: a name, or a mapping ('{a: 1}')
+        mapping = isinstance(value, dict) or (isinstance(value, str) and value.lstrip()[:1] == "{")
+        return _coerce_mapping(value, key) if mapping else _coerce(value, str, key)
     if annotation is bool:
         if isinstance(value, bool):
             return value
@@ -210,6 +213,8 @@ def type_name(annotation: Any) -> str:
         return f"list[{type_name(typing.get_args(annotation)[0])}]"
     if typing.get_origin(annotation) is dict:
         return "mapping"
+    if typing.get_origin(annotation) in (types.UnionType, typing.Union):
+        return " or ".join(type_name(a) for a in typing.get_args(annotation))
     if isinstance(annotation, types.GenericAlias):
         return str(annotation)
     return getattr(annotation, "__name__", str(annotation))

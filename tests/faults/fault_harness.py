@@ -159,14 +159,14 @@ def _arm_eval(step: int) -> None:
     from infsamp.run import trainer
 
     _remember_trainer()
-    original = trainer.evaluate_accuracy
+    original = trainer.held_out_completions
 
     def evaluate(*args, **kwargs):
         if "trainer" in _state and _current_step() == step:
             _die()
         return original(*args, **kwargs)
 
-    trainer.evaluate_accuracy = evaluate
+    trainer.held_out_completions = evaluate
 
 
 def _arm_model(step: int) -> None:

@@ -39,7 +39,8 @@ from infsamp.distributed.ranks import Ranks
 from infsamp.distributed.rank_assignment import assign, imbalance, rank_loads
 from infsamp.sampling.types import COMBINE, COMBINED, Completion
 
-LINE_KEYS = ("prompt_id", "prompt_tokens", "lengths")  # a lengths.jsonl line (`infsamp simulate`)
+LINE_KEYS = ("prompt_id", "prompt_tokens", "lengths",  # a lengths.jsonl line (`infsamp simulate`)
+             "first_tokens")  # each completion's first sampling.predictor_prefix_tokens ids
 
 
 @dataclass
@@ -67,9 +68,11 @@ class RankSteps:
     """The trainer's multi-rank step; with one process `share` is every prompt and `combine` keeps
     the rank's own values."""
 
-    def __init__(self, ranks: Ranks, num_generations: int, max_new_tokens: int, method: str):
+    def __init__(self, ranks: Ranks, num_generations: int, max_new_tokens: int, method: str,
+                 trace_prefix_tokens: int = 0):
         self.ranks, self.G, self.method = ranks, num_generations, method
         self.max_new = max_new_tokens
+        self.trace_prefix_tokens = trace_prefix_tokens  # first tokens kept in lengths.jsonl
         self.costs = _make_cost_predictor() if ranks.distributed and ranks.is_main else None
         self.wait_s = 0.0
         self._predicted = 1.0
@@ -99,7 +102,7 @@ class RankSteps:
     def combine(self, batch, share: list[int], groups, rewards: RewardResult,
                 sampler_metrics: dict[str, float]) -> StepData:
         """The whole step's data on every rank (see the module docstring)."""
-        mine = _records(batch, share, groups, rewards, sampler_metrics)
+        mine = _records(batch, share, groups, rewards, sampler_metrics, self.trace_prefix_tokens)
         if not self.ranks.distributed:
             completions = [c for group in groups for c in group]
             return StepData(rewards, completions, list(range(len(completions))),
@@ -193,14 +196,16 @@ def _make_cost_predictor():
 
 
 def _records(batch, share: list[int], groups, rewards: RewardResult,
-             sampler_metrics: dict[str, float]) -> dict[str, Any]:
+             sampler_metrics: dict[str, float], prefix_tokens: int = 0) -> dict[str, Any]:
     """This rank's groups as JSON-able records (a lengths.jsonl line + what the metrics need)."""
     records = []
     for k, (position, group) in enumerate(zip(share, groups)):
         _, prompt = batch[position]
         rows = slice(k * len(group), (k + 1) * len(group))
+        first = {"first_tokens": [list(c.token_ids[:prefix_tokens]) for c in group]} \
+            if prefix_tokens else {}
         records.append({"prompt_id": str(prompt.index), "prompt_tokens": len(prompt.token_ids),
-                        "lengths": [c.length for c in group],
+                        "lengths": [c.length for c in group], **first,
                         "finish": [c.finish_reason for c in group],
                         "total": rewards.total[rows],
                         "per_function": {n: v[rows] for n, v in rewards.per_function.items()}})
@@ -209,4 +214,4 @@ def _records(batch, share: list[int], groups, rewards: RewardResult,
 
 
 def _line(record: dict[str, Any]) -> dict[str, Any]:
-    return {key: record[key] for key in LINE_KEYS}
+    return {key: record[key] for key in LINE_KEYS if key in record}

@@ -38,6 +38,7 @@ from typing import Any, Callable
 import torch
 
 from infsamp.errors import CheckpointError, NonFiniteError
+from infsamp.files import fsync
 from infsamp.run.state_data import from_data, non_finite_tensor, to_data
 
 MANIFEST = "manifest.json"
@@ -66,9 +67,10 @@ def checkpoint_dirs(output_dir: Path, step: int) -> tuple[Path, Path]:
 
 
 def save_checkpoint(output_dir: Path, step: int, *, model, tokenizer, state: dict[str, Any],
-                    keep_last: int | None = None,
+                    keep_last: int | None = None, keep_step: int | None = None,
                     write_extra: Callable[[Path], None] | None = None) -> Path:
-    """Write checkpoint-`step` atomically (see module docstring); returns its path.
+    """Write checkpoint-`step` atomically (see module docstring); returns its path. Then prune to
+    the `keep_last` newest, and checkpoint-`keep_step` (the best evaluation's) whatever its age.
     `write_extra(tmp)` adds files before the manifest (other ranks' shards: rank_checkpoint.py)."""
     final, tmp = checkpoint_dirs(output_dir, step)
     tree, tensors = to_data({"format": FORMAT, "step": step, **state})
@@ -83,7 +85,7 @@ def save_checkpoint(output_dir: Path, step: int, *, model, tokenizer, state: dic
             raise CheckpointError(_write_failure(output_dir, final.name, err)) from None
         raise
     if keep_last:
-        prune(output_dir, keep_last)
+        prune(output_dir, keep_last, keep_step)
     return final
 
 
@@ -140,15 +142,6 @@ def _write_failure(output_dir: Path, name: str, err: BaseException) -> str:
     return f"cannot write {name} in {output_dir}: {why} (removed the partial {name}.tmp; {kept})"
 
 
-def fsync(path: Path) -> None:
-    """Flush a file (or a folder's entries) to disk."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as fh:
@@ -187,9 +180,13 @@ def is_own_checkpoint(path: Path) -> bool:
         return False
 
 
-def prune(output_dir: Path, keep_last: int) -> None:
-    for old in [p for p in list_checkpoints(output_dir) if is_own_checkpoint(p)][:-keep_last]:
-        shutil.rmtree(old, ignore_errors=True)
+def prune(output_dir: Path, keep_last: int, keep_step: int | None = None) -> None:
+    """Remove the run's own complete checkpoints older than the `keep_last` newest, but
+    checkpoint-`keep_step` (the best evaluation's, `checkpointing.keep_best`)."""
+    own = [p for p in list_checkpoints(output_dir) if is_own_checkpoint(p)]
+    for old in own[:-keep_last]:
+        if checkpoint_step(old) != keep_step:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def find_resume_point(output_dir: Path, on_skip: Callable[[Path, str], None]) -> Checkpoint | None:

@@ -41,6 +41,7 @@ from infsamp.run import checkpoint as ckpt
 RUN_SETTINGS = (
     "model.name_or_path", "model.lora_rank", "model.load_in_4bit",
     "rewards.functions", "rewards.weights", "rewards.format_think_block",
+    "rewards.answer_extraction",
     "sampling.num_generations", "sampling.temperature", "sampling.top_p", "sampling.top_k",
     "sampling.max_new_tokens",
     "training.prompts_per_step", "training.seed", "training.loss_type", "training.epsilon",
@@ -56,7 +57,8 @@ DATA_SETTINGS = ("data.dataset", "data.dataset_config", "data.train_split", "dat
                  "data.prompt_column", "data.answer_column", "data.answer_parser",
                  "data.system_prompt", "data.use_chat_template", "data.chat_template_kwargs",
                  "data.num_train_examples", "data.num_eval_examples", "data.max_prompt_length",
-                 "data.seed", "data.eval_fraction", "eval.num_problems", "model.name_or_path")
+                 "data.seed", "data.eval_fraction", "data.answer_instruction", "eval.num_problems",
+                 "model.name_or_path")
 SAMPLER_SETTINGS = ("sampling.policy", "sampling.predictor", "sampling.micro_group")
 
 

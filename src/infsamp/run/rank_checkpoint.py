@@ -209,6 +209,7 @@ def save_on_ranks(trainer) -> Path:
             path = ckpt.save_checkpoint(
                 trainer.output_dir, trainer.step, model=whole, tokenizer=trainer.tokenizer,
                 state=state, keep_last=trainer.cfg.checkpointing.keep_last,
+                keep_step=trainer.best.kept_step,
                 write_extra=lambda tmp: _write_together(tmp, steps, shards, ranks))
         except InfsampError as err:
             steps.finish(str(err))

@@ -1,7 +1,8 @@
 """What a checkpoint holds besides the weights, gathered from the trainer and put back on resume.
 
     training_state(trainer) -> {"run", "schedule", "optimizer", "scheduler", "rng", "generator",
-                                "data", "eval_before", "last_eval", "counters", "predictor"}
+                                "data", "eval_before", "last_eval", "counters", "best",
+                                "predictor"}
     restore_training_state(trainer, checkpoint)   the inverse, weights included
 
 Everything here is data (tensors, numbers, strings: `state_data.py` writes it); the counters are
@@ -32,7 +33,7 @@ def training_state(trainer, optimizer: bool = True) -> dict[str, Any]:
             "rng": rng_state(), "generator": trainer.generator.get_state(),
             "data": trainer.stream.state_dict(), "eval_before": trainer.eval_before,
             "last_eval": [trainer._last_eval, trainer._last_eval_step],
-            "counters": sampler_counters(trainer),
+            "counters": sampler_counters(trainer), "best": trainer.best.state_dict(),
             "predictor": predictor.state_dict() if predictor is not None else None}
 
 
@@ -54,6 +55,7 @@ def restore_training_state(trainer, found: Checkpoint) -> None:
     trainer._last_eval, trainer._last_eval_step = state["last_eval"]
     set_sampler_counters(trainer, restored_counters(trainer.cfg, found, state["counters"]))
     restore_predictor(trainer.sampler.predictor, state["predictor"], found)
+    trainer.best.load_state_dict(state.get("best"))
     if "ranks" in state:  # written by several ranks: each takes its own sampler state
         from infsamp.run.rank_checkpoint import restore_rank_state
 

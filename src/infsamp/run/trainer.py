@@ -48,7 +48,8 @@ from infsamp.run import checkpoint as ckpt
 from infsamp.run import ownership
 from infsamp.algorithm.advantages import compute_advantages
 from infsamp.distributed.ranks import Ranks, init_ranks, reshard_after_forward
-from infsamp.run.evaluation import evaluate_accuracy
+from infsamp.run.evaluation import (BestEvaluation, check_best_metric, eval_metrics,
+                                    eval_reward_name, held_out_completions, tally)
 from infsamp.run.folder import rewind_run_logs
 from infsamp.run.identity import check_data, data_fingerprint
 from infsamp.run.sizes import plan_run
@@ -79,6 +80,7 @@ class TrainResult:
     final_step: int
     eval_before: float | None
     eval_after: float | None
+    eval_reward: str = ""  # the reward function eval/accuracy counts with (eval.reward)
 
 
 class GRPOTrainer:
@@ -95,6 +97,10 @@ class GRPOTrainer:
         self.output_dir = Path(cfg.logging.output_dir)
         self.reward_funcs = reward_funcs or load_rewards(cfg)
         check_async_allowed(self.reward_funcs, cfg.rewards.allow_async)
+        self.reward_names = [name for name, _ in self.reward_funcs]
+        self.eval_reward = eval_reward_name(cfg.eval.reward, self.reward_names)
+        check_best_metric(cfg.checkpointing.keep_best, self.reward_names)
+        self.best = BestEvaluation(cfg.checkpointing.keep_best)
         self.resume_from = prepare_run_folder_on_ranks(cfg, self.ranks)  # before anything loads
         warn_about_settings(cfg)
         seed_everything(cfg.training.seed)
@@ -131,7 +137,8 @@ class GRPOTrainer:
                              importance_sampling_cap=cfg.sampling.vllm_importance_sampling_cap,
                              parallel=self.strategy)
         self.rank_steps = RankSteps(self.ranks, cfg.sampling.num_generations,
-                                    cfg.sampling.max_new_tokens, cfg.distributed.assignment)
+                                    cfg.sampling.max_new_tokens, cfg.distributed.assignment,
+                                    cfg.sampling.predictor_prefix_tokens)
         self.optimizer = build_optimizer(self.model, cfg.training, self.precision)
         self.horizon = self.resume_from.state["schedule"] if self.resume_from else \
             schedule_horizon(cfg.training)  # a resumed run keeps the schedule it started with
@@ -204,7 +211,7 @@ class GRPOTrainer:
             self.ranks.finish()
             self.close()
             return TrainResult(self.output_dir, self.step, self.eval_before,
-                               self._eval_at(self.step))
+                               self._eval_at(self.step), self.eval_reward)
         logger = RunLogger(self.output_dir, cfg.training.max_steps, self.step,
                            cfg.logging.log_every,
                            cfg.logging.progress_bar) if self.ranks.is_main else NullLogger()
@@ -231,7 +238,8 @@ class GRPOTrainer:
         finally:
             logger.close(ok)
             self.close()
-        return TrainResult(self.output_dir, self.step, self.eval_before, eval_after)
+        return TrainResult(self.output_dir, self.step, self.eval_before, eval_after,
+                           self.eval_reward)
 
     def _stop_if_asked(self, stop: StopSignals) -> None:
         """After a signal: save (checkpointing.save_on_signal) and stop, exit code 128 + signal.
@@ -251,11 +259,13 @@ class GRPOTrainer:
         raise RunStopped(f"stopped by {stop.name} {done}: {what}", 128 + stop.received)
 
     def _after_step(self, logger: RunLogger, metrics: dict[str, Any]) -> None:
-        every = self.cfg.eval.every_steps
-        if every and self.step % every == 0 and self.step < self.cfg.training.max_steps:
+        every, last = self.cfg.eval.every_steps, self.cfg.training.max_steps
+        new_best = False
+        if every and self.step % every == 0 and self.step < last:
             self._evaluate(logger)
+            new_best = self.best.step == self.step  # checkpointing.keep_best: keep it
         save_every = self.cfg.checkpointing.save_every
-        if save_every and self.step % save_every == 0 and self.step < self.cfg.training.max_steps:
+        if new_best or (save_every and self.step % save_every == 0 and self.step < last):
             self._save()
         if self.step_callback:
             self.step_callback(self.step, metrics)
@@ -275,21 +285,24 @@ class GRPOTrainer:
             return None
         start = time.perf_counter()
         logger.progress.phase("evaluating", len(prompts), "problems")
-        max_new = self.cfg.eval.max_new_tokens or self.cfg.sampling.max_new_tokens
+        cfg = self.cfg.eval
         mine = prompts[self.ranks.rank::self.ranks.world_size]  # each rank a share, then summed
         with self.strategy.inference_model() as model:
-            share = evaluate_accuracy(model, self.tokenizer, [p.token_ids for p in mine],
-                                      [p.example["answer"] for p in mine],
-                                      stop_token_ids=self.stop_token_ids, max_new_tokens=max_new,
-                                      temperature=self.cfg.eval.temperature) if mine else 0.0
-        solved, total = self.ranks.sum([round(share * len(mine)), len(mine)])
-        accuracy = solved / total
+            ids, texts = held_out_completions(
+                model, self.tokenizer, [p.token_ids for p in mine],
+                stop_token_ids=self.stop_token_ids, temperature=cfg.temperature,
+                max_new_tokens=cfg.max_new_tokens or self.cfg.sampling.max_new_tokens)
+        scores = self._score([p.example for p in mine], texts, ids) if mine else None
+        sums = self.ranks.sum(tally(scores, self.reward_names, self.eval_reward,
+                                    cfg.accuracy_threshold))
+        metrics = eval_metrics(sums, self.reward_names, self.eval_reward)
         logger.progress.advance(len(prompts))
-        logger.log_eval(self.step, {"eval/accuracy": accuracy, "eval/num_problems": len(prompts),
+        logger.log_eval(self.step, {**metrics, "eval/num_problems": len(prompts),
                                     "eval/dropped_prompts": self.eval_prompts.num_dropped,
                                     "eval/time_s": round(time.perf_counter() - start, 2)})
-        self._last_eval, self._last_eval_step = accuracy, self.step
-        return accuracy
+        self.best.offer(self.step, metrics)
+        self._last_eval, self._last_eval_step = metrics["eval/accuracy"], self.step
+        return self._last_eval
 
     def _save(self) -> Path:
         """checkpoint-<step>, once per step (a signal right after a periodic save adds nothing)."""
@@ -303,7 +316,8 @@ class GRPOTrainer:
             return path
         path = ckpt.save_checkpoint(self.output_dir, self.step, model=self.model,
                                     tokenizer=self.tokenizer, state=training_state(self),
-                                    keep_last=self.cfg.checkpointing.keep_last)
+                                    keep_last=self.cfg.checkpointing.keep_last,
+                                    keep_step=self.best.kept_step)
         self._saved_step = self.step
         return path
 
@@ -363,7 +377,8 @@ class GRPOTrainer:
         completions = [c for group in result.groups for c in group]  # group-major, N = b*G
         examples = [p.example for p in mine for _ in range(G)]
         progress.phase("scoring", len(completions), "completions")
-        rewards = self._score(examples, completions)
+        rewards = self._score(examples, [c.text for c in completions],
+                              [c.token_ids for c in completions])
         progress.advance(len(completions))
         step = self.rank_steps.combine(batch, share, result.groups, rewards,
                                        result.stats.to_metrics())  # the whole step's values
@@ -419,14 +434,16 @@ class GRPOTrainer:
                 g = self.sizes.halve("sampling")
                 print(f"out of memory while sampling: retrying with micro_group={g}")
 
-    def _score(self, examples: list[dict[str, Any]], completions):
+    def _score(self, examples: list[dict[str, Any]], texts: list[str],
+               completion_ids: list[list[int]]):
+        """Every reward function on these completions (one per example), as TRL calls them."""
         chat = uses_chat_template(self.tokenizer, self.cfg.data)
         prompts = [prompt_for_rewards(ex, self.tokenizer, self.cfg.data) for ex in examples]
-        texts = [completion_for_rewards(c.text, chat) for c in completions]
+        completions = [completion_for_rewards(text, chat) for text in texts]
         columns = {k: [ex[k] for ex in examples] for k in examples[0] if k != "prompt"}
-        return compute_rewards(self.reward_funcs, self.reward_weights, prompts, texts, columns,
-                               timeout_s=self.cfg.rewards.timeout_s,
-                               completion_ids=[c.token_ids for c in completions])
+        return compute_rewards(self.reward_funcs, self.reward_weights, prompts, completions,
+                               columns, timeout_s=self.cfg.rewards.timeout_s,
+                               completion_ids=completion_ids)
 
     def _sample_metrics(self, rewards, adv, completions,
                         sampler_metrics: dict[str, Any]) -> dict[str, Any]:
