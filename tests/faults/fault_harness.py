@@ -43,6 +43,14 @@ def huge_reward(prompts, completions, **kwargs):
     return [3e38] * len(completions)
 
 
+def vandal_reward(prompts, completions, answer, **kwargs):
+    """Edits every list it is given, in place (each function must score its own copy)."""
+    completions[:] = ["<answer>\n72\n</answer>"] * len(completions)
+    answer[:] = ["72"] * len(answer)
+    prompts.clear()
+    return [0.0] * len(completions)
+
+
 # ---------------------------------------------------------------- the child
 
 

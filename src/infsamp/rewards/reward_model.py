@@ -38,6 +38,8 @@ def _plain(turn: Any) -> str:
 class RewardModel:
     """Callable with the reward-function signature: `rm(prompts, completions, **kw) -> [float]`."""
 
+    runs_in_process = True  # on the run's device, never in a reward worker process
+
     def __init__(self, model, tokenizer, *, device: torch.device | str = "cpu",
                  max_tokens: int = DEFAULT_MAX_TOKENS):
         self.model = model.to(device).eval().requires_grad_(False)

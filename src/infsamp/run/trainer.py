@@ -37,11 +37,12 @@ import torch
 
 from infsamp.config import Config, ConfigError
 from infsamp.config_io import save_config
-from infsamp.errors import NonFiniteError, RunFolderError, RunStopped
+from infsamp.errors import NonFiniteError, RewardError, RunFolderError, RunStopped
 from infsamp.models.loading import (load_model_and_tokenizer, load_tokenizer, quiet_transformers,
                                     stop_token_ids)
 from infsamp.rewards.calling import check_async_allowed
 from infsamp.rewards.compute import compute_rewards
+from infsamp.rewards.workers import reward_runner
 from infsamp.run import checkpoint as ckpt
 from infsamp.algorithm.advantages import compute_advantages
 from infsamp.distributed.ranks import Ranks, init_ranks, reshard_after_forward
@@ -88,6 +89,7 @@ class GRPOTrainer:
         self.output_dir = Path(cfg.logging.output_dir)
         self.reward_funcs = reward_funcs or load_rewards(cfg)
         check_async_allowed(self.reward_funcs, cfg.rewards.allow_async)
+        self.reward_runner = reward_runner(self.reward_funcs, cfg.rewards.timeout_s)  # lazy
         self.resume_from = prepare_run_folder_on_ranks(cfg, self.ranks)  # before anything loads
         warn_about_settings(cfg)
         seed_everything(cfg.training.seed)
@@ -312,8 +314,9 @@ class GRPOTrainer:
             self.engine.load_weights(model)
 
     def close(self) -> None:
-        """Free the sampling engine (vLLM's pool and weights); no sampling afterwards."""
+        """Free the sampling engine (vLLM's pool and weights) and the reward workers."""
         self.engine.close()
+        self.reward_runner.close()
 
     # ------------------------------------------------------------------ one step
 
@@ -415,9 +418,13 @@ class GRPOTrainer:
         prompts = [prompt_for_rewards(ex, self.tokenizer, self.cfg.data) for ex in examples]
         texts = [completion_for_rewards(c.text, chat) for c in completions]
         columns = {k: [ex[k] for ex in examples] for k in examples[0] if k != "prompt"}
-        return compute_rewards(self.reward_funcs, self.reward_weights, prompts, texts, columns,
-                               timeout_s=self.cfg.rewards.timeout_s,
-                               completion_ids=[c.token_ids for c in completions])
+        try:
+            return compute_rewards(self.reward_funcs, self.reward_weights, prompts, texts, columns,
+                                   runner=self.reward_runner,
+                                   completion_ids=[c.token_ids for c in completions])
+        except RewardError as err:  # nothing of this step is applied
+            raise RewardError(f"step {self.step + 1}: {err}; the step was not applied (the "
+                              "checkpoints are as they were)") from None
 
     def _sample_metrics(self, rewards, adv, completions,
                         sampler_metrics: dict[str, Any]) -> dict[str, Any]:
