@@ -54,6 +54,11 @@ class ModelConfig:
     device: str = opt("auto", "auto, cpu or cuda[:N]")
     load_in_4bit: bool = opt(False, "QLoRA: base weights in 4-bit NF4 (bitsandbytes, CUDA only), "
                              "fp32 LoRA adapters on top; needs model.lora_rank > 0")
+    trust_remote_code: bool = opt(False, "run Python code that a model folder ships (custom "
+                                  "classes named by auto_map in its config.json) when loading the "
+                                  "policy, its tokenizer and reward-model folders: that code runs "
+                                  "with your permissions; only for folders whose code you have "
+                                  "read (false: such a folder is refused in one line)")
 
     def validate(self) -> None:
         _require(self.lora_rank >= 0, "model.lora_rank", self.lora_rank, "must be >= 0")
@@ -132,9 +137,10 @@ class RewardsConfig:
                                             "block: forbid (the completion opens with <reasoning>, "
                                             "as the seed), allow (skipped when present), require",
                                   choices=("forbid", "allow", "require"))
-    timeout_s: float = opt(0.0, "seconds one reward function may take per step; past it its rows "
-                                "get None, counted in rewards/<name>/timeouts, and the step goes "
-                                "on (0: no limit)")
+    timeout_s: float = opt(0.0, "seconds one reward function may take per step; past it the call "
+                                "is stopped (each function then runs in a worker process of its "
+                                "own), its rows get None, counted in rewards/<name>/timeouts, and "
+                                "the step goes on (0: no limit, functions run in the trainer)")
     allow_async: bool = opt(True, "run 'async def' reward functions concurrently; false refuses "
                                   "them at start-up (rewards strictly one after another)")
 
@@ -444,7 +450,7 @@ def _check_lora_targets(cfg: "ModelConfig") -> None:
     """Each LoRA target names a layer LoRA can adapt (built on the meta device: no weights)."""
     from infsamp.models.loading import adaptable_module_names
 
-    names = adaptable_module_names(cfg.name_or_path)
+    names = adaptable_module_names(cfg.name_or_path, cfg.trust_remote_code)
     if names is None:  # its config cannot be read here (a hub id offline): loading will say
         return
     for target in cfg.lora_target_modules:

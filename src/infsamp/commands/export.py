@@ -35,7 +35,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from infsamp.errors import InfsampError, ModelError, first_line
+from infsamp.errors import InfsampError, ModelError
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 DTYPE_CHOICES = ("auto", "fp32", "bf16")
@@ -54,6 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="LoRA runs: write the peft adapters instead of merging them")
     parser.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
                         help="weights dtype (auto: the dtype the model was trained in)")
+    parser.add_argument("--trust-remote-code", action="store_true",
+                        help="load a model whose folder ships its own Python code (runs it with "
+                             "your permissions; as model.trust_remote_code)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -63,7 +66,8 @@ def run(args: argparse.Namespace) -> int:
     from infsamp.models.loading import quiet_transformers
 
     quiet_transformers()
-    print(export_checkpoint(checkpoint, out, adapters_only=args.adapters_only, dtype=args.dtype))
+    print(export_checkpoint(checkpoint, out, adapters_only=args.adapters_only, dtype=args.dtype,
+                            trust_remote_code=args.trust_remote_code))
     return 0
 
 
@@ -105,7 +109,7 @@ def resolve_checkpoint(source: Path) -> Path:
 
 
 def export_checkpoint(checkpoint: Path, out: Path, *, adapters_only: bool = False,
-                      dtype: str = "auto") -> str:
+                      dtype: str = "auto", trust_remote_code: bool = False) -> str:
     """Write `checkpoint` as a standalone model folder at `out`; returns a one-line summary."""
     check_target(out)
     model_dir = checkpoint / "model"
@@ -124,8 +128,8 @@ def export_checkpoint(checkpoint: Path, out: Path, *, adapters_only: bool = Fals
         if adapters_only:
             what = write_adapters(model_dir, base, tmp)
         else:
-            what = write_model(model_dir, base, tmp, dtype)
-        write_tokenizer_and_generation_config(model_dir, base, tmp)
+            what = write_model(model_dir, base, tmp, dtype, trust_remote_code)
+        write_tokenizer_and_generation_config(model_dir, base, tmp, trust_remote_code)
         if out.exists():
             out.rmdir()  # empty, checked above
         os.replace(tmp, out)
@@ -171,37 +175,41 @@ def _torch_dtype(dtype: str, config):
     return getattr(torch, trained) if isinstance(trained, str) else trained
 
 
-def _load(path: str | Path, **kwargs):
+def _load(path: str | Path, trust_remote_code: bool, **kwargs):
     from transformers import AutoModelForCausalLM
 
+    from infsamp.models.source import load_error
+
     try:
-        return AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
+        return AutoModelForCausalLM.from_pretrained(str(path), trust_remote_code=trust_remote_code,
+                                                    **kwargs)
     except Exception as err:  # transformers raises many types for a bad folder
-        raise ModelError(f"{path}: cannot load the model ({first_line(err)})") from None
+        raise load_error(str(path), "model", err) from None
 
 
-def write_model(model_dir: Path, base: str | None, out: Path, dtype: str) -> str:
+def write_model(model_dir: Path, base: str | None, out: Path, dtype: str,
+                trust_remote_code: bool = False) -> str:
     """Full weights (or the base with the LoRA merged in) as safetensors + config in `out`."""
     import torch
 
     if base is None:
-        model = _load(model_dir, dtype="auto")
+        model = _load(model_dir, trust_remote_code, dtype="auto")
         what = "full weights"
     else:
         from peft import PeftModel
 
-        merged = PeftModel.from_pretrained(_load(base, dtype=torch.float32), str(model_dir))
-        model = merged.merge_and_unload()  # merged in fp32, then cast
-        what = f"LoRA merged into {base}"
-    target = _torch_dtype(dtype, _load_config(base or model_dir))
+        base_model = _load(base, trust_remote_code, dtype=torch.float32)
+        model = PeftModel.from_pretrained(base_model, str(model_dir)).merge_and_unload()
+        what = f"LoRA merged into {base}"  # merged in fp32, then cast
+    target = _torch_dtype(dtype, _load_config(base or model_dir, trust_remote_code))
     model.to(target).save_pretrained(out, safe_serialization=True)
     return f"{what}, {str(target).removeprefix('torch.')}"
 
 
-def _load_config(path: str | Path):
+def _load_config(path: str | Path, trust_remote_code: bool):
     from transformers import AutoConfig
 
-    return AutoConfig.from_pretrained(str(path))
+    return AutoConfig.from_pretrained(str(path), trust_remote_code=trust_remote_code)
 
 
 def write_adapters(model_dir: Path, base: str, out: Path) -> str:
@@ -214,7 +222,8 @@ def write_adapters(model_dir: Path, base: str, out: Path) -> str:
     return f"LoRA adapters for {config['base_model_name_or_path']}"
 
 
-def write_tokenizer_and_generation_config(model_dir: Path, base: str | None, out: Path) -> None:
+def write_tokenizer_and_generation_config(model_dir: Path, base: str | None, out: Path,
+                                          trust_remote_code: bool = False) -> None:
     """The tokenizer saved with the checkpoint, and a generation config whose `eos_token_id` lists
     every stop token the run sampled with (`models.loading.stop_token_ids`)."""
     from types import SimpleNamespace
@@ -227,9 +236,10 @@ def write_tokenizer_and_generation_config(model_dir: Path, base: str | None, out
     tokenizer_dir = next((p for p in sources if (p / "tokenizer_config.json").exists()), None)
     if tokenizer_dir is None:
         raise ModelError(f"{model_dir}: no tokenizer saved with the checkpoint or its base")
-    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir),
+                                              trust_remote_code=trust_remote_code)
     tokenizer.save_pretrained(out)
-    config = _load_config(base or model_dir)
+    config = _load_config(base or model_dir, trust_remote_code)
     generation_dir = next((p for p in sources if (p / "generation_config.json").exists()), None)
     if generation_dir is not None:
         generation = GenerationConfig.from_pretrained(str(generation_dir))

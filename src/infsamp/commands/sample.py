@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     from infsamp.sampling.length_predictor import make_predictor
     from infsamp.sampling.sampler import GroupSampler
 
-    tokenizer = load_tokenizer(cfg.model.name_or_path)
+    tokenizer = load_tokenizer(cfg.model.name_or_path, cfg.model.trust_remote_code)
     split = args.split or cfg.data.train_split
     encoded = read_prompts(cfg.data, split, tokenizer, args.num_prompts)
     if encoded.num_dropped:

@@ -96,7 +96,7 @@ class GRPOTrainer:
         quiet_transformers()
         self.device = self.ranks.device(cfg.model.device)
         self.precision = resolve_precision(cfg, self.device)  # its checks run before loading
-        self.tokenizer = load_tokenizer(cfg.model.name_or_path)
+        self.tokenizer = load_tokenizer(cfg.model.name_or_path, cfg.model.trust_remote_code)
         with self.ranks.main_first():  # rank 0 fills the datasets cache
             self.train_prompts, self.eval_prompts = self._load_prompts()
         self.model, _ = load_model_and_tokenizer(cfg.model, self.device, tokenizer=self.tokenizer,
