@@ -95,6 +95,6 @@ REMOTE_CODE_ADVICE = ("infsamp runs a model folder's own code only with model.tr
 def load_error(where: str, what: str, err: BaseException) -> ModelError:
     """One line for a failed `from_pretrained`; a folder that needs its own code says so."""
     if "trust_remote_code" in str(err):
-        return ModelError(f"{where}: its {what} is Python code shipped in the folder (auto_map in "
-                          f"its config), not loaded: {REMOTE_CODE_ADVICE}")
+        return ModelError(f"{where}: cannot load {what} without running Python code shipped in "
+                          f"the folder (auto_map in its config): {REMOTE_CODE_ADVICE}")
     return ModelError(f"{where}: cannot load {what} ({first_line(err)})")

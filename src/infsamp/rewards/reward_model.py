@@ -94,7 +94,7 @@ def load_reward_model(path: str, *, device: torch.device | str = "cpu",
         model = AutoModelForSequenceClassification.from_pretrained(
             path, num_labels=1, dtype=dtype, trust_remote_code=trust_remote_code)
     except Exception as err:  # noqa: BLE001 - transformers raises many types for a bad directory
-        raise RewardError(str(load_error(where, "sequence-classification reward model",
+        raise RewardError(str(load_error(where, "a sequence-classification reward model",
                                          err))) from None
     if tokenizer.pad_token_id is None:
         if tokenizer.eos_token is None:
