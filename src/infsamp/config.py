@@ -189,6 +189,10 @@ class SamplingConfig:
         _require(self.micro_group >= 0, "sampling.micro_group", self.micro_group, "must be >= 0")
         _require(self.max_new_tokens > 0, "sampling.max_new_tokens", self.max_new_tokens, "must be > 0")
         _require(self.temperature >= 0, "sampling.temperature", self.temperature, "must be >= 0")
+        _require(self.engine != "vllm" or self.temperature <= VLLM_MAX_TEMPERATURE,
+                 "sampling.temperature", self.temperature,
+                 f"must be <= {VLLM_MAX_TEMPERATURE:g} with sampling.engine vllm (vLLM's limit); "
+                 "sampling.engine slots samples at any temperature")
         _require(0 < self.top_p <= 1, "sampling.top_p", self.top_p, "must be in (0, 1]")
         _require(self.top_k >= 0, "sampling.top_k", self.top_k, "must be >= 0")
         _require(self.predictor_prefix_tokens >= 0, "sampling.predictor_prefix_tokens",
@@ -422,6 +426,8 @@ def _require_finite(section_name: str, section: Any) -> None:
                          "must be a finite number")
 
 
+VLLM_MAX_TEMPERATURE = 2.0  # vLLM's SamplingParams refuses more (checked with the config)
+
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3",
                         "flex_attention")
 
@@ -464,6 +470,10 @@ def _check_output_dir(output_dir: str) -> None:
     """The run folder is a folder (or can become one) that we may write."""
     _require(output_dir.strip() != "", "logging.output_dir", output_dir, "must name a folder")
     path = Path(output_dir)
+    for link in (p for p in [*reversed(path.parents), path] if p.is_symlink() and not p.exists()):
+        raise ConfigError(f"logging.output_dir: {link} is a symbolic link to "
+                          f"{os.readlink(link)}, which does not exist (create that folder, or "
+                          f"remove the link) (got {output_dir!r})")
     existing = next(p for p in [path, *path.parents] if p.exists())
     _require(existing.is_dir(), "logging.output_dir", output_dir,
              "is a file, not a folder" if existing == path else f"{existing} is a file")

@@ -12,7 +12,8 @@ checkpoint is merged into its base model (the run's `model.name_or_path`) unless
 Checks before any work, each one line: the target exists and is not empty; the checkpoint is
 incomplete or damaged (`run/checkpoint.py`'s `verify_checkpoint`: its manifest, every file's size
 and sha256); the run has no checkpoint that verifies (newer damaged ones are named and skipped);
-`--adapters-only` on full weights; LoRA trained over a 4-bit (QLoRA) base without
+`--adapters-only` on full weights; a checkpoint that vanishes during the export (a live run
+pruned it) is named as such; LoRA trained over a 4-bit (QLoRA) base without
 `--adapters-only`: the trained policy is the adapters on the *quantised* base, so merging them into
 the full-precision base would serve another model (dequantising needs bitsandbytes on CUDA; not
 done). The export is written under a temporary name beside DIR and renamed when complete, so
@@ -133,10 +134,22 @@ def export_checkpoint(checkpoint: Path, out: Path, *, adapters_only: bool = Fals
         if out.exists():
             out.rmdir()  # empty, checked above
         os.replace(tmp, out)
+    except Exception:
+        if not _still_there(checkpoint):
+            raise ExportError(f"{checkpoint}: the checkpoint vanished while it was being exported "
+                              "(a live run's checkpointing.keep_last pruned it); nothing was "
+                              f"written to {out}: export again, or once the run has ended") from None
+        raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return (f"exported {checkpoint} ({what}) to {out}: load it with "
             f"AutoModelForCausalLM.from_pretrained({str(out)!r}) or vllm.LLM({str(out)!r})")
+
+
+def _still_there(checkpoint: Path) -> bool:
+    from infsamp.run.checkpoint import MANIFEST, MODEL_DIR
+
+    return (checkpoint / MANIFEST).is_file() and (checkpoint / MODEL_DIR).is_dir()
 
 
 def run_model_config(checkpoint: Path) -> dict:

@@ -60,7 +60,8 @@ def plan_run(cfg: Config, model: torch.nn.Module, device: torch.device,
         precision=cfg.training.precision,  # 'auto' resolved by the planner for `device`
         load_in_4bit=cfg.model.load_in_4bit, device="cuda" if device.type == "cuda" else "cpu",
         micro_group=cfg.sampling.micro_group,
-        engine=resolve_engine_name(cfg.sampling.engine, device, cfg.model.load_in_4bit),
+        engine=resolve_engine_name(cfg.sampling.engine, device, cfg.model.load_in_4bit,
+                                   cfg.sampling.temperature),
         engine_sleep=cfg.sampling.vllm_sleep != "off" and device.type == "cuda",
         num_devices=num_ranks, strategy=strategy)
     kv = plan.kv_budget_tokens if cfg.sampling.kv_budget == "auto" and plan.micro_group > 0 else None

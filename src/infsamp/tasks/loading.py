@@ -3,6 +3,7 @@
 `load_examples(data_cfg, split)` reads one of four sources (`data.dataset`):
 - `embedded:<task>`: a generator in `infsamp.tasks` (the default, `embedded:arithmetic`);
 - a local `.jsonl` / `.json` / `.txt` file (one prompt per line; every split reads the same file),
+  or `.csv` / `.tsv` / `.parquet` (read by `datasets`; every split reads the file),
   or a folder with `<split>.jsonl` / `<split>.json` (else any folder `datasets.load_dataset` reads,
   such as a downloaded hub snapshot with parquet files);
 - anything else: a `datasets` hub id, `datasets.load_dataset(name, data.dataset_config, split)`,
@@ -53,9 +54,23 @@ def _read_embedded(data_cfg: DataConfig, split: str) -> list[Row]:
     return [(f"{data_cfg.dataset} {split} row {i}", row) for i, row in enumerate(problems)]
 
 
+def read_text(path: Path) -> str:
+    """A local dataset file's text; bytes that are not UTF-8 are one line naming file and line."""
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise DataError(f"data.dataset: cannot read {path} ({err.strerror or err})") from None
+    try:
+        return data.decode("utf-8-sig")  # a byte-order mark is not text
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise DataError(f"{path} line {line}: not UTF-8 text (byte 0x{data[err.start]:02x}); "
+                        "save the file as UTF-8") from None
+
+
 def _read_jsonl(path: Path) -> list[Row]:
     rows: list[Row] = []
-    for line_number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for line_number, line in enumerate(read_text(path).splitlines(), start=1):
         if not line.strip():
             continue
         where = f"{path} line {line_number}"
@@ -69,7 +84,7 @@ def _read_jsonl(path: Path) -> list[Row]:
 
 def _read_json(path: Path, split: str) -> list[Row]:
     try:
-        tree = json.loads(path.read_text(encoding="utf-8"))
+        tree = json.loads(read_text(path))
     except json.JSONDecodeError as err:
         raise DataError(f"{path} line {err.lineno}: not valid JSON ({err.msg})") from None
     if isinstance(tree, dict):  # {"train": [...], "test": [...]}
@@ -83,9 +98,32 @@ def _read_json(path: Path, split: str) -> list[Row]:
 
 def _read_txt(path: Path, column: str) -> list[Row]:
     """One prompt per non-empty line; a literal \\n in a line is a newline."""
-    lines = path.read_text(encoding="utf-8").splitlines()
+    lines = read_text(path).splitlines()
     return [(f"{path} line {number}", {column: line.replace("\\n", "\n")})
             for number, line in enumerate(lines, start=1) if line.strip()]
+
+
+DATASETS_FORMATS = {".csv": ("csv", {}), ".tsv": ("csv", {"delimiter": "\t"}),
+                    ".parquet": ("parquet", {})}  # suffix -> `datasets` builder and its options
+LOCAL_SUFFIXES = (".jsonl", ".json", ".txt", *DATASETS_FORMATS)
+
+
+def _read_table_file(path: Path) -> list[Row]:
+    """A .csv / .tsv / .parquet file, read by `datasets` (one split: every split reads it)."""
+    builder, options = DATASETS_FORMATS[path.suffix]
+    if builder == "csv":
+        read_text(path)  # a byte that is not UTF-8 is named with its line
+    try:
+        import datasets
+
+        datasets.disable_progress_bars()
+        table = datasets.load_dataset(builder, data_files=str(path), split="train", **options)
+    except Exception as err:  # noqa: BLE001 - pandas / pyarrow raise many types
+        why = f"{type(err).__name__}: {err}".splitlines()[0]
+        raise DataError(f"data.dataset: cannot read {path} ({why})") from None
+    first = 2 if builder == "csv" else 0  # a csv's line 1 is its header
+    where = "line" if builder == "csv" else "row"
+    return [(f"{path} {where} {i + first}", row) for i, row in enumerate(table.to_list())]
 
 
 def _split_file(data_cfg: DataConfig, split: str) -> Path | None:
@@ -103,6 +141,11 @@ def _read_local(data_cfg: DataConfig, split: str) -> list[Row]:
         return _read_with_datasets(data_cfg, split)
     if not path.exists():
         raise DataError(f"data.dataset: {path} does not exist")
+    if path.suffix not in LOCAL_SUFFIXES:
+        raise DataError(f"data.dataset: {path}: cannot read {path.suffix or 'extension-less'} "
+                        f"files (give {', '.join(LOCAL_SUFFIXES)}, or a folder)")
+    if path.suffix in DATASETS_FORMATS:
+        return _read_table_file(path)
     if path.suffix == ".txt":
         return _read_txt(path, data_cfg.prompt_column)
     return _read_jsonl(path) if path.suffix == ".jsonl" else _read_json(path, split)
@@ -139,7 +182,8 @@ def _read_hub(data_cfg: DataConfig, split: str) -> list[Row]:
 def _source_reader(dataset: str) -> Callable[[DataConfig, str], list[Row]]:
     if dataset.startswith(EMBEDDED_PREFIX):
         return _read_embedded
-    if dataset.endswith((".jsonl", ".json", ".txt")) or Path(dataset).expanduser().is_dir():
+    local = Path(dataset).expanduser()
+    if dataset.endswith(LOCAL_SUFFIXES) or local.is_dir() or local.is_file():
         return _read_local
     return _read_hub
 
@@ -235,8 +279,8 @@ def _same_rows(data_cfg: DataConfig) -> bool:
         return False  # a hub id, a folder read by `datasets`, or one file per split
     if path.suffix == ".json":  # {"train": [...], "test": [...]} holds both splits
         try:
-            return not isinstance(json.loads(path.read_text(encoding="utf-8")), dict)
-        except ValueError:
+            return not isinstance(json.loads(read_text(path)), dict)
+        except (ValueError, DataError):
             return False  # reading the split reports it
     return True
 

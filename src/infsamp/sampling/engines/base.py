@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
+from infsamp.config import VLLM_MAX_TEMPERATURE
 from infsamp.errors import SamplingError
 from infsamp.models.device import base_model
 from infsamp.sampling.types import Sample, SamplerStats, kv_bytes_per_token
@@ -124,14 +125,17 @@ def vllm_installed() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def resolve_engine_name(name: str, device: torch.device, quantized: bool = False) -> str:
+def resolve_engine_name(name: str, device: torch.device, quantized: bool = False,
+                        temperature: float = 0.0) -> str:
     """`auto`: vLLM where it is installed and the model is on a CUDA GPU, else the slot engine;
-    a 4-bit (bitsandbytes) base always decodes on the slot engine (vLLM cannot load it)."""
+    a 4-bit (bitsandbytes) base, or a temperature past vLLM's limit, always decodes on the slot
+    engine (vLLM cannot serve them)."""
     if name not in ENGINE_NAMES:
         raise SamplingError(f"sampling.engine: unknown engine {name!r}; choose one of "
                             f"{', '.join(ENGINE_NAMES)}")
     if name == "auto":
-        use_vllm = device.type == "cuda" and vllm_installed() and not quantized
+        use_vllm = device.type == "cuda" and vllm_installed() and not quantized and \
+            temperature <= VLLM_MAX_TEMPERATURE
         return "vllm" if use_vllm else "slots"
     return name
 
@@ -143,6 +147,7 @@ def is_4bit(model) -> bool:
 
 def make_engine(name: str, model, cfg: "SamplingConfig", limits: EngineLimits) -> Engine:
     """The engine `sampling.engine` names, for `model` (a transformers causal LM, peft or not)."""
-    name = resolve_engine_name(name, next(model.parameters()).device, quantized=is_4bit(model))
+    name = resolve_engine_name(name, next(model.parameters()).device, quantized=is_4bit(model),
+                               temperature=cfg.temperature)
     module, _, cls = ENGINES[name].partition(":")
     return getattr(importlib.import_module(module), cls)(model, cfg, limits)
