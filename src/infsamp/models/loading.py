@@ -54,6 +54,18 @@ def stop_token_ids(model, tokenizer) -> tuple[int, ...]:
     return tuple(found)
 
 
+def require_stop_tokens(model, tokenizer, name_or_path: str) -> tuple[int, ...]:
+    """`stop_token_ids`, or one line before training when there is none: no completion could
+    end, every one would run to sampling.max_new_tokens (and evaluation would fail them all)."""
+    stops = stop_token_ids(model, tokenizer)
+    if not stops:
+        raise ModelError(f"model.name_or_path {name_or_path!r}: neither the tokenizer nor the "
+                         "model's config names an end-of-sequence token, so no completion could "
+                         "end before sampling.max_new_tokens; set eos_token in its "
+                         "tokenizer_config.json (or eos_token_id in generation_config.json)")
+    return stops
+
+
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     if dtype == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32

@@ -39,7 +39,7 @@ from infsamp.config import Config, ConfigError
 from infsamp.config_io import save_config
 from infsamp.errors import NonFiniteError, RewardError, RunFolderError, RunStopped
 from infsamp.models.loading import (load_model_and_tokenizer, load_tokenizer, quiet_transformers,
-                                    stop_token_ids)
+                                    require_stop_tokens)
 from infsamp.rewards.calling import check_async_allowed
 from infsamp.rewards.compute import compute_rewards
 from infsamp.rewards.workers import reward_runner
@@ -101,7 +101,8 @@ class GRPOTrainer:
             self.train_prompts, self.eval_prompts = self._load_prompts()
         self.model, _ = load_model_and_tokenizer(cfg.model, self.device, tokenizer=self.tokenizer,
                                                  precision=self.precision)
-        self.stop_token_ids = stop_token_ids(self.model, self.tokenizer)
+        self.stop_token_ids = require_stop_tokens(self.model, self.tokenizer,
+                                                  cfg.model.name_or_path)
         set_num_threads(cfg.training.num_threads, self.model, self.device)
         self.reward_weights = cfg.rewards.weights or [1.0] * len(self.reward_funcs)
         self.stream = PromptStream(self.train_prompts.prompts, cfg.training.prompts_per_step,
@@ -162,7 +163,8 @@ class GRPOTrainer:
             raise ConfigError(f"training.prompts_per_step: {wanted} is more than the "
                               f"{len(train.prompts)} training prompts; one step would repeat a "
                               "prompt")
-        notes = [splits.eval_note, train.note("training", cfg.data.max_prompt_length),
+        notes = [*splits.data_notes, splits.eval_note,
+                 train.note("training", cfg.data.max_prompt_length),
                  held_out.note("evaluation", cfg.data.max_prompt_length)]
         print("\n".join(note for note in notes if note))
         return train, held_out
