@@ -11,13 +11,12 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from conftest import run_args
+from test_config_property import run_train
+
 from infsamp import cli
 from infsamp.config import DataConfig
-from infsamp.errors import DataError
 from infsamp.tasks.loading import load_splits
-from test_config_property import run_train
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
@@ -91,9 +90,9 @@ def test_evaluation_rows_that_are_training_rows_are_skipped_and_counted(tmp_path
         handle.write(json.dumps(extra[0]) + "\n")
     splits = load_splits(gsm8k(folder), num_eval=4)
     assert [e["prompt"] for e in splits.eval] == ["A new question?"]
-    assert splits.data_notes == [f"evaluation: skipped 3 of the 4 rows of split 'test' of "
-                                 f"{folder} whose prompt is also a training prompt: line 1, "
-                                 "line 2, line 3"]
+    note = (f"evaluation: skipped 3 of the 4 rows of split 'test' of {folder} whose prompt is "
+            "also a training prompt: line 1, line 2, line 3")
+    assert splits.data_notes == [note]
 
 
 # ---- a model and tokenizer without an end-of-sequence token
