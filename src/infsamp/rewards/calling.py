@@ -4,7 +4,7 @@ How TRL runs them (trl 1.16, `GRPOTrainer._calculate_rewards`): in the trainer's
 functions one after another, the async ones together (`asyncio.gather`) on an event loop in a
 daemon thread; every function is handed the same lists; there is no timeout, and an exception
 (`SystemExit` and `KeyboardInterrupt` included) propagates as it is. infsamp keeps that model
-when `rewards.timeout_s` is 0, the default: no process to start, nothing pickled, the cheapest
+when `rewards.timeout_s` is 0, the default: no process to start, nothing encoded, the cheapest
 path. On top of it:
 
 - every exception a function raises, `BaseException` included (`sys.exit(0)`, `KeyboardInterrupt`,
@@ -31,7 +31,6 @@ import concurrent.futures
 import copy
 import functools
 import inspect
-import pickle
 import threading
 from typing import Any, NamedTuple
 
@@ -82,13 +81,23 @@ def is_stop_request(err: BaseException) -> bool:
     return isinstance(err, KeyboardInterrupt) and hasattr(err, "exit_code")
 
 
-def own_copy(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """A copy of the call's arguments that shares nothing with the caller's (a pickle round trip:
-    fast for lists of text and token ids; values that do not pickle are deep-copied)."""
-    try:
-        return pickle.loads(pickle.dumps(kwargs, protocol=pickle.HIGHEST_PROTOCOL))
-    except Exception:  # noqa: BLE001 - e.g. a column holding an object that does not pickle
-        return {key: copy.deepcopy(value) for key, value in kwargs.items()}
+_SCALARS = frozenset({str, int, float, bool, type(None), bytes})  # immutable: shared as is
+
+
+def own_copy(value: Any) -> Any:
+    """A copy of a call's arguments that shares nothing mutable with the caller's: lists, dicts
+    and tuples rebuilt, immutable scalars shared (fast for lists of text and token ids), anything
+    else deep-copied."""
+    kind = type(value)
+    if kind in _SCALARS:
+        return value
+    if kind is list:
+        return [v if type(v) in _SCALARS else own_copy(v) for v in value]
+    if kind is dict:
+        return {k: v if type(v) in _SCALARS else own_copy(v) for k, v in value.items()}
+    if kind is tuple:
+        return tuple(own_copy(v) for v in value)
+    return copy.deepcopy(value)
 
 
 def call_sync(func: RewardFunction, kwargs: dict[str, Any]) -> Outcome:

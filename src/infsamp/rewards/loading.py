@@ -4,7 +4,7 @@ Naming a module, a file or a reward-model folder runs that code or loads that mo
 functions are user code. Repeated names get a suffix so their metrics stay distinct.
 
 A `file.py` is loaded as a module registered under `file_module_name(path)`, so its functions
-pickle by reference (the worker processes of `rewards.timeout_s` load it again under that name).
+are found by name (the worker processes of `rewards.timeout_s` load it again under that name).
 An exception at import, `SystemExit` included (`sys.exit(3)`), is one line naming the spec.
 
 Deliberately simple: a function is loaded once per run, in the trainer's process (and again in
@@ -35,8 +35,8 @@ def file_module_name(path: str) -> str:
 
 
 def load_file_module(path: str, name: str) -> Any:
-    """Execute `path` as module `name`, registered in sys.modules (so that its functions pickle by
-    reference); a file already loaded under that name is not run again."""
+    """Execute `path` as module `name`, registered in sys.modules (so that its functions are found
+    by module and name); a file already loaded under that name is not run again."""
     if name in sys.modules:
         return sys.modules[name]
     module_spec = importlib.util.spec_from_file_location(name, path)

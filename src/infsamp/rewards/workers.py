@@ -13,30 +13,21 @@ trainer's threads, CUDA context or open files, and, unlike multiprocessing's `sp
 re-runs the user's script) that imports the function once and then only forks workers (as
 multiprocessing's forkserver does): a replacement is a fork of an interpreter that has the
 function loaded already, milliseconds whatever the function imports. A function that always
-overruns costs `timeout_s` per step and never more (`tests/faults`).
-
-What crosses between processes: the function, pickled by reference (a built-in, a
-`module:function`, or a `file.py:function`, whose file the loader executes again under the same
-module name first; a lambda or a closure does not pickle, and that is one line at start-up); the
-step's arguments (text, numbers, token ids: each worker unpickles its own copy); the values
-returned (arrays and tensors as lists); an exception as its one-line description. Workers and
-loaders ignore SIGINT, SIGTERM and SIGHUP (the trainer decides how a run stops) and die with
-their parent (Linux `PR_SET_PDEATHSIG`).
+overruns costs `timeout_s` per step and never more (`tests/faults`). The processes' side, and
+what crosses between them (JSON only), is `worker_process.py`. Workers and loaders ignore
+SIGINT, SIGTERM and SIGHUP (the trainer decides how a run stops) and die with their parent
+(Linux `PR_SET_PDEATHSIG`).
 
 Deliberately simple: one loader and one worker per function, even for cheap built-ins (a
 reward-model folder, our own code over a model on the run's device, stays in the trainer's
 process, without a timeout); the loader's start-up does not count against `timeout_s` (up to
-START_TIMEOUT_S); a worker that died between calls is replaced without a word; a function whose
-import starts threads is forked all the same (the worker keeps only the forking thread).
+START_TIMEOUT_S); a worker that died between calls is replaced without a word.
 """
 
 from __future__ import annotations
 
-import asyncio
-import ctypes
 import multiprocessing.connection
 import os
-import pickle
 import signal
 import socket
 import subprocess
@@ -48,19 +39,10 @@ from typing import Any
 
 from infsamp.errors import RewardError, first_line
 from infsamp.rewards.builtin import RewardFunction
-from infsamp.rewards.calling import (
-    CallError,
-    InProcess,
-    Outcome,
-    call_async,
-    call_sync,
-    describe_error,
-    is_async_callable,
-)
-from infsamp.rewards.loading import FILE_MODULE_PREFIX, load_file_module
+from infsamp.rewards.calling import CallError, InProcess, Outcome
+from infsamp.rewards.worker_process import encode, function_reference, receive, send
 
 START_TIMEOUT_S = 120.0  # a loader's start: its interpreter and the function's imports
-PR_SET_PDEATHSIG = 1
 
 
 def reward_runner(funcs: list[tuple[str, RewardFunction]], timeout_s: float):
@@ -80,8 +62,8 @@ class RewardWorkers:
     def __init__(self, funcs: list[tuple[str, RewardFunction]], timeout_s: float):
         self.timeout_s = timeout_s
         self.local = InProcess()
-        self.workers = {name: _Worker(name, _pickled(name, func)) for name, func in funcs
-                        if not runs_in_process(func)}
+        self.workers = {name: _Worker(name, function_reference(name, func))
+                        for name, func in funcs if not runs_in_process(func)}
 
     def call(self, name: str, func: RewardFunction, kwargs: dict[str, Any]) -> Outcome:
         return self.call_all([(name, func)], kwargs)[name]
@@ -92,7 +74,7 @@ class RewardWorkers:
         remote = [self.workers[name] for name, _ in funcs if name in self.workers]
         for worker in remote:
             worker.wait_ready()
-        payload = _pickled_arguments(kwargs) if remote else b""  # once for all
+        payload = _encoded_arguments(kwargs) if remote else b""  # once for all
         for worker in remote:
             worker.send(payload)
         local = self.local.call_all([(n, f) for n, f in funcs if n not in self.workers], kwargs)
@@ -122,23 +104,14 @@ class RewardWorkers:
             worker.stop()
 
 
-def _pickled(name: str, func: RewardFunction) -> bytes:
-    try:
-        return pickle.dumps(func, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as err:  # noqa: BLE001 - pickle raises several types
-        raise RewardError(f"rewards.timeout_s: reward function {name!r} cannot run in a worker "
-                          f"process ({first_line(err)}): define it at the top level of a module "
-                          "or a .py file, or set rewards.timeout_s 0") from None
-
-
 class WorkerDied(CallError):
     """The function's process ended during the call (os._exit, a crash, out of memory)."""
 
 
-def _pickled_arguments(kwargs: dict[str, Any]) -> bytes:
+def _encoded_arguments(kwargs: dict[str, Any]) -> bytes:
     try:
-        return pickle.dumps(kwargs, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as err:  # noqa: BLE001
+        return encode(kwargs)
+    except (TypeError, ValueError) as err:
         raise RewardError(f"rewards.timeout_s: the step's reward arguments cannot be sent to the "
                           f"worker processes ({first_line(err)}); set rewards.timeout_s 0") from None
 
@@ -146,17 +119,15 @@ def _pickled_arguments(kwargs: dict[str, Any]) -> bytes:
 class _Loader:
     """The process that has imported one function and forks its workers."""
 
-    def __init__(self, func_bytes: bytes):
+    def __init__(self, reference: dict[str, Any]):
         ours, theirs = socket.socketpair()
-        code = f"from infsamp.rewards.workers import load_and_fork; " \
+        code = f"from infsamp.rewards.worker_process import load_and_fork; " \
                f"load_and_fork({theirs.fileno()}, {os.getpid()})"
         self.popen = subprocess.Popen([sys.executable, "-c", code], pass_fds=(theirs.fileno(),),
                                       stdin=subprocess.DEVNULL, env=_worker_environment())
         theirs.close()
         self.conn, self.loaded = Connection(ours.detach()), False
-        files = {module: sys.modules[module].__file__ for module in list(sys.modules)
-                 if module.startswith(FILE_MODULE_PREFIX)}
-        self.conn.send((files, func_bytes))
+        send(self.conn, reference)
 
     def wait_loaded(self, name: str) -> None:
         if self.loaded:
@@ -172,20 +143,20 @@ class _Loader:
 
     def fork(self) -> tuple[int, Connection]:
         """A new worker: its process id and the connection to it."""
-        _, pid = self._ask(("fork",))
+        _, pid = self._ask(["fork"])
         return pid, Connection(reduction.recv_handle(self.conn))
 
     def exit_code(self, pid: int) -> int:
         """Wait for worker `pid` to end (it was killed, or it died): its exit code."""
-        return self._ask(("exit_code", pid))[1]
+        return self._ask(["exit_code", pid])[1]
 
     def _ask(self, message) -> tuple:
         try:
             if message is not None:
-                self.conn.send(message)
-            return self.conn.recv()
+                send(self.conn, message)
+            return receive(self.conn)
         except (EOFError, OSError):
-            return ("died", f"exit code {self.popen.wait(5)}")
+            return ["died", f"exit code {self.popen.wait(5)}"]
 
     def stop(self) -> None:
         if self.popen.poll() is None:
@@ -198,14 +169,14 @@ class _Worker:
     """One function: its loader, and the worker that answers its calls (replaced after a
     timeout or a crash by a new fork of the loader)."""
 
-    def __init__(self, name: str, func_bytes: bytes):
-        self.name, self.func_bytes = name, func_bytes
+    def __init__(self, name: str, reference: dict[str, Any]):
+        self.name, self.reference = name, reference
         self.loader: _Loader | None = None
         self.pid, self.conn, self.sent_at = 0, None, 0.0
 
     def wait_ready(self) -> None:
         if self.loader is None:
-            self.loader = _Loader(self.func_bytes)
+            self.loader = _Loader(self.reference)
         try:
             self.loader.wait_loaded(self.name)
         except RewardError:
@@ -222,7 +193,7 @@ class _Worker:
 
     def receive(self) -> Outcome:
         try:
-            message = self.conn.recv()
+            message = receive(self.conn)
         except (EOFError, OSError):
             code = self._forget()
             return Outcome(error=WorkerDied(f"its worker process ended (exit code {code})"))
@@ -252,94 +223,3 @@ def _worker_environment() -> dict[str, str]:
     """This process's environment, with its import path (a script's folder, a test's rootdir)."""
     paths = [os.getcwd() if p == "" else p for p in sys.path]
     return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
-
-
-# ---------------------------------------------------------------- the worker process
-
-
-def load_and_fork(fd: int, parent_pid: int) -> None:
-    """The loader: import the function, then fork a worker for each request until EOF."""
-    _detach(parent_pid)
-    conn = Connection(fd)
-    try:
-        files, func_bytes = conn.recv()
-        for module, path in files.items():
-            load_file_module(path, module)
-        func = pickle.loads(func_bytes)
-    except BaseException as err:  # noqa: BLE001 - user code at import
-        conn.send(("error", describe_error(err)))
-        return
-    conn.send(("loaded",))
-    while True:
-        try:
-            message = conn.recv()
-        except (EOFError, OSError):
-            return
-        if message[0] == "fork":
-            _fork_worker(conn, func)
-        else:
-            conn.send(("exit_code", os.waitstatus_to_exitcode(os.waitpid(message[1], 0)[1])))
-
-
-def _fork_worker(conn: Connection, func: RewardFunction) -> None:
-    ours, theirs = socket.socketpair()
-    pid = os.fork()
-    if pid == 0:  # the worker
-        conn.close()
-        ours.close()
-        try:
-            _detach(os.getppid())
-            serve(Connection(theirs.detach()), func)
-        finally:
-            os._exit(0)
-    theirs.close()
-    conn.send(("forked", pid))
-    reduction.send_handle(conn, ours.fileno(), pid)
-    ours.close()
-
-
-def serve(conn: Connection, func: RewardFunction) -> None:
-    """A worker's loop: one call per message until EOF."""
-    loop = asyncio.new_event_loop() if is_async_callable(func) else None
-    while True:
-        try:
-            payload = conn.recv_bytes()
-        except (EOFError, OSError):
-            return
-        _reply(conn, _call(func, payload, loop))
-
-
-def _call(func: RewardFunction, payload: bytes, loop) -> Outcome:
-    try:
-        kwargs = pickle.loads(payload)
-        if loop is None:
-            return call_sync(func, kwargs)
-        return loop.run_until_complete(call_async(func, kwargs))
-    except BaseException as err:  # noqa: BLE001 - escaped the loop (a task the function started)
-        return Outcome(error=err)
-
-
-def _reply(conn, outcome: Outcome) -> None:
-    if outcome.error is not None:
-        conn.send(("error", describe_error(outcome.error)))
-        return
-    value = outcome.value.tolist() if hasattr(outcome.value, "tolist") else outcome.value
-    try:
-        conn.send(("ok", value))
-    except Exception as err:  # noqa: BLE001 - a value that does not pickle
-        why = f"returned {type(value).__name__}, which cannot be sent back from its worker " \
-              f"process ({first_line(err)})"
-        conn.send(("error", why))
-
-
-def _detach(parent_pid: int) -> None:
-    """Stops are the trainer's to decide; die with it."""
-    for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(number, signal.SIG_IGN)
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        except (OSError, AttributeError):
-            pass
-    if os.getppid() != parent_pid:  # the trainer died before the line above
-        os._exit(1)
