@@ -8,16 +8,24 @@ step time stays flat over 20 steps with functions that always overrun.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import statistics
+import sys
+import time
 from pathlib import Path
 
 import pytest
-from conftest import run_args
-from fault_harness import rows, vandal_reward
+from conftest import SIGKILLED, run_args
+from fault_harness import length_reward, rows, vandal_reward
 
 from infsamp.rewards.builtin import accuracy_reward
 from infsamp.rewards.compute import compute_rewards
+from infsamp.rewards.workers import RewardWorkers
 from infsamp.run.checkpoint import list_checkpoints, verify_checkpoint
+from infsamp.run.ownership import LOCK_NAME, claim_run_folder, live_holder
+
+LINUX_ONLY = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
 REWARDS = '''
 import asyncio, os, sys, time
@@ -58,6 +66,16 @@ def busy(prompts, completions, **kwargs):
 
 async def blocks_its_loop(prompts, completions, **kwargs):
     time.sleep(3600)
+
+
+def hangs_once(prompts, completions, **kwargs):  # at step 3, the first run only
+    marker = os.path.join(os.path.dirname(RUN), "worker.pid")
+    if _late() and not os.path.exists(marker):
+        with open(marker + ".tmp", "w") as f:
+            f.write(str(os.getpid()))
+        os.replace(marker + ".tmp", marker)
+        time.sleep(3600)
+    return length(prompts, completions)
 '''
 
 
@@ -135,3 +153,62 @@ def test_timeouts_stop_the_call_and_step_time_stays_flat(runner, tiny_model_dir,
     times = [m["step_time"] for m in metrics]
     early, late = statistics.median(times[1:6]), statistics.median(times[-5:])
     assert late < 1.5 * early + 0.1, times  # threads left spinning would slow every later step
+
+
+def _open_files(pid: int) -> set[str]:
+    folder = Path(f"/proc/{pid}/fd")
+    return {os.readlink(fd) for fd in folder.iterdir() if fd.is_symlink()}
+
+
+@LINUX_ONLY
+def test_reward_processes_never_hold_the_run_folder_lock(tmp_path):
+    """The trainer holds its folder's flock; a process forked without exec would hold it too, and
+    keep the folder locked after a killed trainer. The loaders are fresh interpreters started
+    without the trainer's descriptors, and the workers are forked from them."""
+    lock = claim_run_folder(tmp_path / "run")
+    lock_file = str((tmp_path / "run" / LOCK_NAME).resolve())
+    assert lock_file in _open_files(os.getpid())  # what the probe below looks for
+    funcs = [("length", length_reward)]
+    workers = RewardWorkers(funcs, timeout_s=60)
+    try:
+        workers.call_all(funcs, {"prompts": ["p"], "completions": ["abc"]})
+        worker = workers.workers["length"]
+        for pid in (worker.loader.popen.pid, worker.pid):
+            assert lock_file not in _open_files(pid), pid
+    finally:
+        workers.close()
+        lock.release()
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split()[0] in "ZX"
+    except (FileNotFoundError, IndexError):
+        return True
+
+
+@LINUX_ONLY
+def test_a_killed_trainer_leaves_no_reward_process_and_no_lock(runner, tiny_model_dir,
+                                                               tmp_path):
+    """`kill -9` of a trainer whose reward worker is in the middle of a call: the worker dies
+    with it, the folder is free at once, and a resume continues from the last checkpoint."""
+    out = tmp_path / "run"
+    args = short_run(tiny_model_dir, out, f"format,{reward_file(tmp_path, out)}:hangs_once",
+                     "--rewards.timeout_s", "600")
+    child = runner.start(args)
+    marker = tmp_path / "worker.pid"
+    deadline = time.monotonic() + 120
+    while not marker.exists():
+        assert child.process.is_alive() and time.monotonic() < deadline, child.output
+        time.sleep(0.05)
+    worker_pid = int(marker.read_text())
+    child.signal(signal.SIGKILL)
+    assert child.wait() == SIGKILLED
+    deadline = time.monotonic() + 5
+    while not _gone(worker_pid):
+        assert time.monotonic() < deadline, f"reward worker {worker_pid} outlived its trainer"
+        time.sleep(0.05)
+    assert live_holder(out) is None
+    code, output = runner.run([*args, "--resume"])
+    assert code == 0, output
+    assert [r["step"] for r in rows(out / "metrics.jsonl")] == [1, 2, 3, 4]
