@@ -9,14 +9,14 @@ run concurrently (an async function on its worker's event loop). A call that has
 
 Replacing must be cheap, or a function that always overruns would add its start-up to every
 step. So each function has a loader process (a fresh interpreter, `python -c`: none of the
-trainer's threads, CUDA context or open files, and, unlike multiprocessing's `spawn`, it never
-re-runs the user's script) that imports the function once and then only forks workers (as
-multiprocessing's forkserver does): a replacement is a fork of an interpreter that has the
-function loaded already, milliseconds whatever the function imports. A function that always
-overruns costs `timeout_s` per step and never more (`tests/faults`). The processes' side, and
-what crosses between them (JSON only), is `worker_process.py`. Workers and loaders ignore
-SIGINT, SIGTERM and SIGHUP (the trainer decides how a run stops) and die with their parent
-(Linux `PR_SET_PDEATHSIG`).
+trainer's threads, CUDA context or open files, so never the run folder's lock of
+`run/ownership.py`; and, unlike multiprocessing's `spawn`, it never re-runs the user's script)
+that imports the function once and then only forks workers (as multiprocessing's forkserver
+does): a replacement is a fork of an interpreter that has the function loaded already,
+milliseconds whatever the function imports. A function that always overruns costs `timeout_s`
+per step and never more (`tests/faults`). The processes' side, and what crosses between them
+(JSON only), is `worker_process.py`. Workers and loaders ignore SIGINT, SIGTERM and SIGHUP (the
+trainer decides how a run stops) and die with their parent (Linux `PR_SET_PDEATHSIG`).
 
 Deliberately simple: one loader and one worker per function, even for cheap built-ins (a
 reward-model folder, our own code over a model on the run's device, stays in the trainer's
