@@ -68,6 +68,12 @@ async def blocks_its_loop(prompts, completions, **kwargs):
     time.sleep(3600)
 
 
+def fails_in_evaluation(prompts, completions, **kwargs):  # training scores 8 rows a step
+    if _late() and len(completions) != 8:
+        raise ValueError("cannot judge")
+    return length(prompts, completions)
+
+
 def hangs_once(prompts, completions, **kwargs):  # at step 3, the first run only
     marker = os.path.join(os.path.dirname(RUN), "worker.pid")
     if _late() and not os.path.exists(marker):
@@ -109,6 +115,22 @@ def test_whatever_a_reward_raises_is_one_line_and_the_step_is_not_applied(
     assert [r["step"] for r in rows(out / "metrics.jsonl")] == [1, 2]
     assert [p.name for p in list_checkpoints(out)] == ["checkpoint-2"]
     verify_checkpoint(out / "checkpoint-2")
+
+
+def test_a_reward_that_fails_in_evaluation_names_the_evaluation(runner, tiny_model_dir,
+                                                                 tmp_path):
+    out = tmp_path / "run"
+    functions = f"format,{reward_file(tmp_path, out)}:fails_in_evaluation"
+    code, output = runner.run(run_args(tiny_model_dir, out, "--rewards.functions", functions,
+                                       "--training.max_steps", "4"))
+    assert code == 2 and "Traceback" not in output, output
+    assert output.strip().splitlines()[-1].startswith(
+        "infsamp train: error: evaluation at step 3: reward function 'fails_in_evaluation', row 0 "
+        "(prompt "), output
+    assert output.strip().endswith("raised ValueError: cannot judge (the checkpoints are as they "
+                                   "were)")
+    assert [r["step"] for r in rows(out / "metrics.jsonl")] == [1, 2, 3]
+    assert [p.name for p in list_checkpoints(out)] == ["checkpoint-2"]
 
 
 @pytest.mark.parametrize("exit_code", [3, 0])

@@ -454,7 +454,7 @@ class GRPOTrainer:
                                    completion_ids=completion_ids)
         except RewardError as err:  # nothing of this step is applied
             when = (f"step {self.step + 1}: {err}; the step was not applied" if training else
-                    f"evaluation after step {self.step}: {err}")
+                    f"evaluation at step {self.step}: {err}")
             raise RewardError(f"{when} (the checkpoints are as they were)") from None
 
     def _sample_metrics(self, rewards, adv, completions,
