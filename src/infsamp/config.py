@@ -58,6 +58,11 @@ class ModelConfig:
     device: str = opt("auto", "auto, cpu or cuda[:N]")
     load_in_4bit: bool = opt(False, "QLoRA: base weights in 4-bit NF4 (bitsandbytes, CUDA only), "
                              "fp32 LoRA adapters on top; needs model.lora_rank > 0")
+    trust_remote_code: bool = opt(False, "run Python code that a model folder ships (custom "
+                                  "classes named by auto_map in its config.json) when loading the "
+                                  "policy, its tokenizer and reward-model folders: that code runs "
+                                  "with your permissions; only for folders whose code you have "
+                                  "read (false: such a folder is refused in one line)")
 
     def validate(self) -> None:
         _require(self.lora_rank >= 0, "model.lora_rank", self.lora_rank, "must be >= 0")
@@ -154,9 +159,10 @@ class RewardsConfig:
                                             "block: forbid (the completion opens with <reasoning>, "
                                             "as the seed), allow (skipped when present), require",
                                   choices=("forbid", "allow", "require"))
-    timeout_s: float = opt(0.0, "seconds one reward function may take per step; past it its rows "
-                                "get None, counted in rewards/<name>/timeouts, and the step goes "
-                                "on (0: no limit)")
+    timeout_s: float = opt(0.0, "seconds one reward function may take per step; past it the call "
+                                "is stopped (each function then runs in a worker process of its "
+                                "own), its rows get None, counted in rewards/<name>/timeouts, and "
+                                "the step goes on (0: no limit, functions run in the trainer)")
     allow_async: bool = opt(True, "run 'async def' reward functions concurrently; false refuses "
                                   "them at start-up (rewards strictly one after another)")
     answer_extraction: str = opt("answer_tag", "how the reasoning_gym reward reads the answer out "
@@ -209,6 +215,10 @@ class SamplingConfig:
         _require(self.micro_group >= 0, "sampling.micro_group", self.micro_group, "must be >= 0")
         _require(self.max_new_tokens > 0, "sampling.max_new_tokens", self.max_new_tokens, "must be > 0")
         _require(self.temperature >= 0, "sampling.temperature", self.temperature, "must be >= 0")
+        _require(self.engine != "vllm" or self.temperature <= VLLM_MAX_TEMPERATURE,
+                 "sampling.temperature", self.temperature,
+                 f"must be <= {VLLM_MAX_TEMPERATURE:g} with sampling.engine vllm (vLLM's limit); "
+                 "sampling.engine slots samples at any temperature")
         _require(0 < self.top_p <= 1, "sampling.top_p", self.top_p, "must be in (0, 1]")
         _require(self.top_k >= 0, "sampling.top_k", self.top_k, "must be >= 0")
         _require(self.predictor_prefix_tokens >= 0, "sampling.predictor_prefix_tokens",
@@ -448,6 +458,8 @@ def _require_finite(section_name: str, section: Any) -> None:
                          "must be a finite number")
 
 
+VLLM_MAX_TEMPERATURE = 2.0  # vLLM's SamplingParams refuses more (checked with the config)
+
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3",
                         "flex_attention")
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(?::\d+)?")
@@ -457,6 +469,10 @@ def _check_output_dir(output_dir: str) -> None:
     """The run folder is a folder (or can become one) that we may write."""
     _require(output_dir.strip() != "", "logging.output_dir", output_dir, "must name a folder")
     path = Path(output_dir)
+    for link in (p for p in [*reversed(path.parents), path] if p.is_symlink() and not p.exists()):
+        raise ConfigError(f"logging.output_dir: {link} is a symbolic link to "
+                          f"{os.readlink(link)}, which does not exist (create that folder, or "
+                          f"remove the link) (got {output_dir!r})")
     existing = next(p for p in [path, *path.parents] if p.exists())
     _require(existing.is_dir(), "logging.output_dir", output_dir,
              "is a file, not a folder" if existing == path else f"{existing} is a file")

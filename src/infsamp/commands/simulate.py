@@ -15,6 +15,7 @@ import argparse
 import json
 from pathlib import Path
 
+from infsamp.commands.output_files import check_output_files
 from infsamp.errors import SamplingError
 from infsamp.choices import REFILL_ORDERS
 from infsamp.sampling.policies import POLICIES
@@ -53,7 +54,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--epsilon", type=float, default=0.1, help="FPTAS epsilon of the global grouping")
     parser.add_argument("--length-sorted", action="store_true", help="rounds: fill from the longest predicted")
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    parser.add_argument("--plot", metavar="FILE", help="PNG of decode steps against predictor quality")
+    parser.add_argument("--plot", metavar="FILE", help="PNG of decode steps against predictor quality "
+                        "(another image format by its extension: .svg, .pdf, ...; none: .png)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an existing --plot / --write-trace file (never the --trace)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -72,10 +76,23 @@ def _check_arguments(args) -> None:
     """Options that would fail after the simulation, or make it meaningless, fail first."""
     if not args.epsilon > 0:
         raise SamplingError(f"--epsilon must be > 0, got {args.epsilon}")
-    for flag, value in (("--plot", args.plot), ("--write-trace", args.write_trace)):
-        folder = Path(value).parent if value else None
-        if folder is not None and not folder.is_dir():
-            raise SamplingError(f"{flag} {value}: folder {folder} does not exist")
+    if args.plot and not Path(args.plot).suffix:
+        args.plot += ".png"  # what matplotlib writes: said as written
+    check_output_files({"--plot": args.plot, "--write-trace": args.write_trace}, [args.trace],
+                       args.overwrite)
+    if args.plot:
+        _check_plot_format(args.plot)
+
+
+def _check_plot_format(name: str) -> None:
+    """An extension matplotlib cannot write is one line, before the simulation."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    formats = FigureCanvasBase.get_supported_filetypes()
+    suffix = Path(name).suffix[1:]
+    if suffix.lower() not in formats:
+        raise SamplingError(f"--plot {name}: matplotlib cannot write .{suffix} files (give one "
+                            f"of {', '.join('.' + f for f in sorted(formats))})")
 
 
 def _load(args):

@@ -159,7 +159,8 @@ class InfsampRollout:
 
         if self.engine is None:  # built from the model's current weights, sized once
             device = next(model.parameters()).device
-            engine = resolve_engine_name(self.cfg.engine, device, is_4bit(model))
+            engine = resolve_engine_name(self.cfg.engine, device, is_4bit(model),
+                                         self.cfg.temperature)
             self.sizes = sampler_sizes(self.cfg, model, self.max_prompt_tokens, num_prompts,
                                        engine)
             self.engine = make_engine(self.cfg.engine, model, self.cfg, self.sizes)

@@ -114,10 +114,11 @@ ENGINES = {  # name -> "module:class"; imported only when chosen (importing vLLM
 ENGINE_NAMES = ENGINE_CHOICES
 
 
-def resolve_engine_name(name: str, device: torch.device, quantized: bool = False) -> str:
+def resolve_engine_name(name: str, device: torch.device, quantized: bool = False,
+                        temperature: float = 0.0) -> str:
     """`planner.sizes.resolve_engine` for a torch device (the one rule `infsamp plan` uses too)."""
     try:
-        return resolve_engine(name, device.type, quantized)
+        return resolve_engine(name, device.type, quantized, temperature)
     except ConfigError as err:
         raise SamplingError(str(err)) from None
 
@@ -130,6 +131,7 @@ def is_4bit(model) -> bool:
 def make_engine(name: str, model, cfg: "SamplingConfig", sizes: RunSizes) -> Engine:
     """The engine `sampling.engine` names, for `model` (a transformers causal LM, peft or not),
     started for the run's `sizes` (its prompts, completions, concurrency and KV budget)."""
-    name = resolve_engine_name(name, next(model.parameters()).device, quantized=is_4bit(model))
+    name = resolve_engine_name(name, next(model.parameters()).device, quantized=is_4bit(model),
+                               temperature=cfg.temperature)
     module, _, cls = ENGINES[name].partition(":")
     return getattr(importlib.import_module(module), cls)(model, cfg, sizes)

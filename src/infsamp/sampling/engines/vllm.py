@@ -169,6 +169,7 @@ class VLLMEngine:
         prefill = min(MAX_BATCHED_TOKENS, self.max_micro_group * (sizes.max_prompt_tokens + 1))
         args = EngineArgs(
             model=self._config_dir, load_format="dummy", skip_tokenizer_init=True,
+            trust_remote_code=False,  # it reads only the config written above, with our weights
             generation_config="vllm", dtype=DTYPE_NAMES.get(dtype, "auto"), seed=0,
             max_model_len=self.max_context, block_size=self.kv_block_size,
             kv_cache_memory_bytes=num_blocks * self.kv_block_size * self.kv_bytes_per_token,
