@@ -156,8 +156,14 @@ class SamplingConfig:
     temperature: float = opt(0.7, "sampling temperature (0 = greedy)")
     top_p: float = opt(1.0, "nucleus sampling threshold")
     top_k: int = opt(0, "top-k sampling (0 = off)")
-    predictor: str = opt("online", "length predictor for length_aware: online or none")
-    predictor_prefix_tokens: int = opt(16, "k: tokens decoded before a sample's length is re-predicted")
+    predictor: str = opt("online", "length predictor for length_aware: online (prompt features "
+                                   "and the first tokens), hidden (a probe on the policy's own "
+                                   "hidden states; slot engine) or none")
+    predictor_prefix_tokens: int = opt(8, "k: a running sample's remaining length is re-predicted "
+                                          "every k generated tokens")
+    preempt: bool = opt(True, "length_aware: after a sample's first k tokens, park it (tokens "
+                              "kept, KV kept or recomputed) when it is predicted much shorter "
+                              "than a waiting one, which takes its slot")
     refill: str = opt("auto", "runtime refill order for length_aware: auto (= ljf, measured best), sjf, ljf")
     grouping_epsilon: float = opt(0.1, "FPTAS epsilon of the global grouping (smaller: closer to optimal)")
     engine: str = opt(
@@ -188,9 +194,9 @@ class SamplingConfig:
         _require(self.predictor_prefix_tokens >= 0, "sampling.predictor_prefix_tokens",
                  self.predictor_prefix_tokens, "must be >= 0")
         _check_choice("sampling.policy", self.policy, "infsamp.sampling.policies", "POLICIES")
-        _require(self.predictor in ("online", "none"), "sampling.predictor", self.predictor,
-                 "must be online or none (oracle and noisy know the true lengths: bench and "
-                 "simulate only)")
+        _require(self.predictor in ("online", "hidden", "none"), "sampling.predictor",
+                 self.predictor, "must be online, hidden or none (oracle and noisy know the true "
+                 "lengths: bench and simulate only)")
         _require(self.refill in ("auto", "sjf", "ljf"), "sampling.refill", self.refill, "must be auto, sjf or ljf")
         _require(self.grouping_epsilon > 0, "sampling.grouping_epsilon", self.grouping_epsilon, "must be > 0")
         for name in ("engine", "vllm_sleep", "vllm_importance_sampling"):

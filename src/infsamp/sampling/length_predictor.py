@@ -160,6 +160,7 @@ class OnlinePredictor(LengthPredictor):
         self._siblings: dict[int, list[float]] = defaultdict(lambda: [0.0, 0])  # group -> same, this call
         self._call_logs: list[tuple[str, float]] = []
         self._prefixes: dict[int, tuple[np.ndarray, int, Counter]] = {}  # sample -> (features, k, token counts)
+        self._totals: dict[int, float] = {}  # sample -> total predicted at its first point
         self._memory = PrefixMemory()
         self._run_mean: float | None = None
         self._cache: dict[tuple[int, str], float] = {}  # (group, key) -> prediction; cleared on news
@@ -174,18 +175,29 @@ class OnlinePredictor(LengthPredictor):
         return self._cache[cache_key]
 
     def predict_remaining(self, spec, prefix_token_ids):
-        num_prefix = len(prefix_token_ids)
+        """At the first prediction point: from the first k tokens (the prefix memory, else the
+        prefix ridge). Later: that prediction's remainder, or, once the sample has outlived it,
+        what its prompt's longer remembered samples ran past this point."""
+        num_tokens = len(prefix_token_ids)
+        if spec.sample_id in self._prefixes:
+            total = self._totals[spec.sample_id]
+            if total > num_tokens:
+                return total - num_tokens
+            return self._memory.remaining_after(_memory_key(spec), num_tokens)
         x, counts = self._prefix_features(spec, prefix_token_ids), Counter(prefix_token_ids)
-        self._prefixes[spec.sample_id] = (x, num_prefix, counts)
+        self._prefixes[spec.sample_id] = (x, num_tokens, counts)
         remembered = self._memory.predict(_memory_key(spec), counts)
         log_total = remembered if remembered is not None else self._prefix_model.predict(x)
-        return max(1.0, self._from_log(log_total, spec) - num_prefix)
+        remaining = max(1.0, self._from_log(log_total, spec) - num_tokens)
+        self._totals[spec.sample_id] = num_tokens + remaining
+        return remaining
 
     def observe_finished(self, spec, length):
         self._cache.clear()
         log_length = math.log(max(1, length))
         self._model.add(self._features(spec), log_length)
         x, num_prefix, counts = self._prefixes.pop(spec.sample_id, (None, 0, None))
+        self._totals.pop(spec.sample_id, None)
         if x is not None and length > num_prefix:
             self._prefix_model.add(x, log_length)
             self._memory.add(_memory_key(spec), counts, log_length)
@@ -215,6 +227,7 @@ class OnlinePredictor(LengthPredictor):
         self._memory.load_state_dict(state["memory"])
         self._cache.clear()
         self._prefixes.clear()
+        self._totals.clear()
 
     def end_call(self):
         for key, log_length in self._call_logs:
@@ -225,6 +238,7 @@ class OnlinePredictor(LengthPredictor):
         self._cache.clear()
         self._siblings.clear()
         self._prefixes.clear()
+        self._totals.clear()
         self._model.fit()
         self._prefix_model.fit()
 
@@ -299,6 +313,12 @@ class PrefixMemory:
         for key, entries in state.items():
             self._entries[key].extend((Counter(dict(counts)), norm, log_length)
                                       for counts, norm, log_length in entries)
+
+    def remaining_after(self, key: str, num_tokens: int) -> float:
+        """Tokens still to come for a sample of this prompt that has run `num_tokens`: the mean
+        of its remembered samples that ran longer, minus `num_tokens` (none: as long again)."""
+        longer = [math.exp(y) for _, _, y in self._entries.get(key, ()) if math.exp(y) > num_tokens]
+        return sum(longer) / len(longer) - num_tokens if longer else float(max(1, num_tokens))
 
     def predict(self, key: str, counts: Counter) -> float | None:
         entries = self._entries.get(key) if key and len(counts) > 1 else None

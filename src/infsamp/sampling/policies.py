@@ -17,7 +17,16 @@ A policy only orders pending samples; `SlotScheduler` owns the slots and the KV 
   With exact predictions the plan is followed to the end. `refill: auto` is `ljf` (measured: sjf is
   worse than plain arrival order whenever predictions are imperfect; see docs/scheduling.md).
 
-Simplification: a policy never preempts; the scheduler's conservative reservation makes that safe.
+  Decisions after the first tokens (`preempt`, on with a token-conditioned predictor and `ljf`):
+  every k generated tokens a running sample's remaining length is re-predicted; a sample whose
+  predicted remaining work is less than 1/PARK_RATIO of what the best waiting sample is expected to
+  take (a pending sample's predicted length, a parked one's predicted remainder) is parked, and that
+  sample takes the slot. So samples are probed k tokens at a time, the likely long ones keep their
+  slots and the short ones wait for the end, where they fill the gaps (longest remaining predicted
+  first, with hysteresis: a sample is reconsidered only at its own prediction points).
+
+Simplification: a policy parks only at a sample's prediction points, and never for a sample that
+could not start in the freed slot; the scheduler's conservative reservation keeps that safe.
 """
 
 from __future__ import annotations
@@ -33,9 +42,11 @@ from infsamp.sampling.types import Sample
 CanAllocate = Callable[[Sample], bool]
 
 # options any policy accepts (so callers may pass the config uniformly); unknown names are an error
-KNOWN_OPTIONS = {"refill", "epsilon", "prefix_tokens", "length_sorted", "max_states"}
+KNOWN_OPTIONS = {"refill", "epsilon", "prefix_tokens", "length_sorted", "max_states", "preempt"}
 REFILL_ORDERS = ("sjf", "ljf")
 DEFAULT_REFILL = "ljf"  # what `refill: auto` means; measured in docs/scheduling.md
+PARK_AT_ANY_POINT = False
+PARK_RATIO = 2.0  # park a running sample when the best waiting one is predicted this many times longer
 
 
 class AdmissionPolicy:
@@ -64,9 +75,18 @@ class AdmissionPolicy:
     def on_finished(self, sample: Sample, length: int) -> None:
         pass
 
-    def on_prefix(self, sample: Sample, token_ids: Sequence[int]) -> float | None:
-        """The sample's first tokens were seen; returns its re-predicted total length, if any."""
+    def on_tokens(self, sample: Sample) -> float | None:
+        """A running sample reached a prediction point (k, 2k, ... tokens, on it); returns its
+        re-predicted total length, if any."""
         return None
+
+    def to_park(self, running: dict[int, Sample], num_free: int,
+                can_allocate: Callable[..., bool]) -> list[Sample]:
+        """Running samples to take out of their slots before this admission (none by default)."""
+        return []
+
+    def on_parked(self, sample: Sample) -> None:
+        pass
 
 
 class ContinuousPolicy(AdmissionPolicy):
@@ -117,7 +137,8 @@ class LengthAwarePolicy(AdmissionPolicy):
     name = "length_aware"
 
     def __init__(self, samples, num_slots, predictor, refill: str = "auto", epsilon: float = 0.1,
-                 prefix_tokens: int = 16, max_states: int = DEFAULT_MAX_STATES, **options):
+                 prefix_tokens: int = 16, max_states: int = DEFAULT_MAX_STATES,
+                 preempt: bool = True, **options):
         super().__init__(samples, num_slots, predictor, **options)
         if predictor is None:
             self.predictor = ConstantPredictor()
@@ -126,9 +147,12 @@ class LengthAwarePolicy(AdmissionPolicy):
             raise SamplingError(f"policy length_aware: refill must be auto, sjf or ljf, got {refill!r}")
         self.epsilon, self.max_states = epsilon, max_states
         self.prefix_tokens_wanted = prefix_tokens if self.predictor.uses_prefix else 0
+        self.preempt = bool(preempt) and self.prefix_tokens_wanted > 0 and self.refill == "ljf"
         self._running: dict[int, int] = {}          # slot -> sample_id
         self._prefix_total: dict[int, float] = {}   # sample_id -> re-predicted total length
         self._pending = {s.sample_id for s in samples}
+        self._parked: set[int] = set()
+        self._at_point: set[int] = set()  # running samples re-predicted since the last admission
         self._events_since_plan = 0
         self.tolerance = 0.02  # a sample ending this far off its prediction puts the call off plan
         self._off_plan = False
@@ -138,8 +162,8 @@ class LengthAwarePolicy(AdmissionPolicy):
     def pick(self, slot, can_allocate):
         if self.predictor.adaptive and self._events_since_plan >= self.num_slots and self._pending:
             self._queues = self._plan(0)
-        if self._off_plan:  # list scheduling: the next pending sample in refill order, any slot
-            return self._take(self._order, can_allocate)
+        if self._off_plan:  # list scheduling: the waiting sample first in refill order, any slot
+            return self._take_best(can_allocate)
         sample = self._take(self._queues[slot], can_allocate)
         if sample is None:
             for victim in self._by_remaining_work():
@@ -150,20 +174,53 @@ class LengthAwarePolicy(AdmissionPolicy):
 
     def on_started(self, slot, sample):
         self._running[slot] = sample.sample_id
+        self._parked.discard(sample.sample_id)
 
     def on_finished(self, sample, length):
-        self._running = {s: i for s, i in self._running.items() if i != sample.sample_id}
+        self._drop_running(sample.sample_id)
+        self._at_point.discard(sample.sample_id)
         self._events_since_plan += 1
         planned = (self._prefix_total.get(sample.sample_id)
                    or self._weight.get(sample.sample_id, length))
         if abs(length - planned) > self.tolerance * planned:
             self._off_plan = True
 
-    def on_prefix(self, sample, token_ids):
-        remaining = self.predictor.predict_remaining(sample, token_ids)
-        self._prefix_total[sample.sample_id] = len(token_ids) + max(1.0, float(remaining))
-        self._events_since_plan += 1
+    def on_tokens(self, sample):
+        remaining = self.predictor.predict_remaining(sample, sample.token_ids)
+        self._prefix_total[sample.sample_id] = sample.num_tokens + max(1.0, float(remaining))
+        if sample.num_tokens == self.prefix_tokens_wanted:
+            self._events_since_plan += 1
+        self._at_point.add(sample.sample_id)
         return self._prefix_total[sample.sample_id]
+
+    def to_park(self, running, num_free, can_allocate):
+        """Samples just re-predicted whose remaining work is well below the best waiting
+        sample's; each is matched with a waiting sample that can start in its slot (the first
+        `num_free` waiting samples go to the slots already free)."""
+        fresh, self._at_point = self._at_point, set()
+        if not self.preempt or not fresh:
+            return []
+        waiting = sorted(self._waiting(), key=lambda i: -self._priority(i))[num_free:]
+        if not waiting:
+            return []
+        candidates = sorted((s for s in running.values() if s.sample_id in fresh
+                             and (PARK_AT_ANY_POINT or s.num_tokens == self.prefix_tokens_wanted)),
+                            key=lambda s: self._priority(s.sample_id))
+        parks = []
+        for sample in candidates:
+            if not waiting or self._priority(waiting[0]) < PARK_RATIO * self._priority(sample.sample_id):
+                break
+            choice = next((i for i in waiting if can_allocate(self.samples[i], sample)), None)
+            if choice is None:
+                break
+            waiting.remove(choice)
+            parks.append(sample)
+        return parks
+
+    def on_parked(self, sample):
+        self._drop_running(sample.sample_id)
+        self._parked.add(sample.sample_id)
+        self._off_plan = True  # the plan assumed samples keep their slots
 
     # ---- planning -------------------------------------------------------------------------------
     def _plan(self, max_states: int) -> list[list[int]]:
@@ -189,6 +246,49 @@ class LengthAwarePolicy(AdmissionPolicy):
         sample = self.samples[sample_id]
         total = self._prefix_total.get(sample_id) or float(self.predictor.predict(sample))
         return max(1.0, total - sample.num_tokens)
+
+    def _priority(self, sample_id: int) -> float:
+        """Predicted work left: a pending sample's planned length, else its predicted remainder."""
+        if sample_id in self._pending:
+            return self._weight[sample_id]
+        return self._remaining(sample_id)
+
+    def _waiting(self) -> list[int]:
+        return [*self._pending, *self._parked]
+
+    def _drop_running(self, sample_id: int) -> None:
+        self._running = {s: i for s, i in self._running.items() if i != sample_id}
+
+    def _take_best(self, can_allocate: CanAllocate) -> Sample | None:
+        """List scheduling: the next pending sample in refill order, or a parked one predicted to
+        take longer (ljf; with sjf, shorter), whichever fits first."""
+        parked = sorted(self._parked, key=lambda i: (-self._priority(i), i))
+        if self.refill == "sjf":
+            parked.reverse()
+        position = 0
+        while position < len(self._order) or parked:
+            head = self._order[position] if position < len(self._order) else None
+            if head is not None and head not in self._pending:
+                del self._order[position]
+                continue
+            take_parked = parked and (head is None or self._before(parked[0], head))
+            sample_id = parked[0] if take_parked else head
+            if can_allocate(self.samples[sample_id]):
+                if take_parked:
+                    self._parked.discard(sample_id)
+                else:
+                    del self._order[position]
+                    self._pending.discard(sample_id)
+                return self.samples[sample_id]
+            if take_parked:
+                parked.pop(0)
+            else:
+                position += 1
+        return None
+
+    def _before(self, parked_id: int, pending_id: int) -> bool:
+        longer = self._priority(parked_id) > self._priority(pending_id)
+        return longer if self.refill == "ljf" else not longer
 
     def _take(self, queue: list[int], can_allocate: CanAllocate) -> Sample | None:
         """The first sample of `queue` that is still pending and fits; stale entries are dropped."""

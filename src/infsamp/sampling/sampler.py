@@ -79,6 +79,14 @@ def engine_limits(cfg: SamplingConfig, model, max_prompt_tokens: int,
                         kv_budget_tokens=resolve_budget(cfg.kv_budget, model))
 
 
+def policy_options(cfg: SamplingConfig, policy: str) -> dict:
+    """The `sampling.*` settings a policy takes (length_aware: refill, epsilon, k, preemption)."""
+    if policy != "length_aware":
+        return {}
+    return {"refill": cfg.refill, "epsilon": cfg.grouping_epsilon,
+            "prefix_tokens": cfg.predictor_prefix_tokens, "preempt": cfg.preempt}
+
+
 # ---------------------------------------------------------------- the sampler
 
 
@@ -124,10 +132,12 @@ class GroupSampler:
         if global_group_ids is not None:
             options.sample_keys = tuple(global_group_ids[s.group_id] * num_generations
                                         + s.index_in_group for s in samples)
+        options.hidden_states = getattr(self.predictor, "uses_hidden", False) and \
+            self.engine.hands_hidden_states
         sched = SlotScheduler(samples, policy, num_slots, max_kv_tokens=budget,
                               predictor=self.predictor, kv_block_size=self.engine.kv_block_size,
-                              refill=self.cfg.refill, epsilon=self.cfg.grouping_epsilon,
-                              prefix_tokens=self.cfg.predictor_prefix_tokens)
+                              keep_parked_kv=self.engine.keeps_parked_kv,
+                              **policy_options(self.cfg, policy))
         processor = logits_processor_factory(samples) if logits_processor_factory else None
         stats = sched.stats
         stats.kv_budget_tokens, stats.engine = budget, self.engine.name

@@ -33,6 +33,9 @@ class TraceGroup:
     prompt_tokens: int
     lengths: list[int]
     prompt_text: str = ""  # optional in a trace; gives the online predictor its prompt features
+    # optional: the first token ids of each completion (aligned with lengths), which the replay
+    # emits so that a token-conditioned predictor sees what the engine's saw
+    first_tokens: list[list[int]] | None = None
 
 
 # ---- traces -------------------------------------------------------------------------------------
@@ -82,7 +85,25 @@ def _parse_line(path: Path, number: int, line: str) -> TraceGroup:
     text = row.get("prompt_text", "")
     if not isinstance(text, str):
         raise DataError(f"{where}: prompt_text must be a string, got {type(text).__name__}")
-    return TraceGroup(str(row["prompt_id"]), row["prompt_tokens"], list(lengths), text)
+    first = _first_tokens(where, row.get("first_tokens"), lengths)
+    return TraceGroup(str(row["prompt_id"]), row["prompt_tokens"], list(lengths), text, first)
+
+
+def _first_tokens(where: str, first, lengths: list[int]) -> list[list[int]] | None:
+    """`first_tokens`: absent or null (an older trace), else one list of token ids per length,
+    none longer than its completion."""
+    if first is None:
+        return None
+    if not isinstance(first, list) or len(first) != len(lengths):
+        raise DataError(f"{where}: first_tokens must be a list of {len(lengths)} token-id lists, "
+                        "one per length")
+    for position, (ids, length) in enumerate(zip(first, lengths)):
+        if not isinstance(ids, list) or not all(_is_int(t) and t >= 0 for t in ids):
+            raise DataError(f"{where}: first_tokens[{position}] must be a list of token ids >= 0")
+        if len(ids) > length:
+            raise DataError(f"{where}: first_tokens[{position}] has {len(ids)} tokens, more than "
+                            f"its length {length}")
+    return [list(ids) for ids in first]
 
 
 def _is_int(value) -> bool:
@@ -95,6 +116,8 @@ def write_trace(groups: Iterable[TraceGroup], path: str | Path) -> None:
             row = {"prompt_id": group.prompt_id, "prompt_tokens": group.prompt_tokens, "lengths": group.lengths}
             if group.prompt_text:
                 row["prompt_text"] = group.prompt_text
+            if group.first_tokens is not None:
+                row["first_tokens"] = group.first_tokens
             handle.write(json.dumps(row) + "\n")
 
 
@@ -149,19 +172,22 @@ def _token_length(solution: str) -> int:
 # ---- replay -------------------------------------------------------------------------------------
 class TraceEngine:
     """Stands in for the model: a sample ends after exactly its traced length of decode steps.
-    Its tokens are placeholders (id 0): a token-conditioned predictor learns only that it
-    survived k tokens."""
+    Its tokens are the trace's first tokens of that completion, then placeholders (id 0): a
+    token-conditioned predictor sees the engine's prefixes as far as the trace kept them, and
+    only that the sample survived beyond. A parked sample keeps its tokens, as on an engine."""
 
-    def __init__(self, lengths: Sequence[int]):
+    def __init__(self, lengths: Sequence[int], first_tokens: Sequence[Sequence[int]] | None = None):
         self.lengths = lengths
+        self.first_tokens = first_tokens
 
     def start(self, slot: int, sample: Sample) -> None:
-        sample.restart()
+        pass
 
     def decode_step(self, active: dict[int, Sample]) -> list[Sample]:
         finished = []
         for sample in active.values():
-            sample.token_ids.append(0)
+            known = self.first_tokens[sample.sample_id] if self.first_tokens else ()
+            sample.token_ids.append(known[sample.num_tokens] if sample.num_tokens < len(known) else 0)
             if sample.num_tokens >= self.lengths[sample.sample_id]:
                 sample.finish_reason = "length"
                 finished.append(sample)
@@ -170,13 +196,15 @@ class TraceEngine:
 
 def run_call(samples: Sequence[Sample], lengths: Sequence[int], policy: str, num_slots: int,
              max_kv_tokens: int | None = None, predictor: LengthPredictor | None = None,
-             kv_block_size: int = 1, **policy_options) -> SamplerStats:
-    """One sampler call through the engine loop; returns the scheduler's statistics."""
+             kv_block_size: int = 1, first_tokens: Sequence[Sequence[int]] | None = None,
+             **policy_options) -> SamplerStats:
+    """One sampler call through the engine loop; returns the scheduler's statistics.
+    `first_tokens` (per sample, optional): the completions' first token ids, replayed."""
     if isinstance(predictor, OraclePredictor):
         predictor.set_lengths(dict(enumerate(lengths)))
     scheduler = SlotScheduler(samples, policy, num_slots, max_kv_tokens, predictor, kv_block_size,
                               **policy_options)
-    engine = TraceEngine(lengths)
+    engine = TraceEngine(lengths, first_tokens)
     while not scheduler.done:
         for slot, sample in scheduler.admit():
             engine.start(slot, sample)
@@ -212,10 +240,19 @@ def simulate(groups: Sequence[TraceGroup], policy: str, num_slots: int | None = 
     length_predictor = make_predictor(predictor) if policy == "length_aware" or predictor != "none" else None
     calls = []
     for start in range(0, len(groups), prompts_per_step):
-        samples, lengths = _call_samples(groups[start:start + prompts_per_step], max_new)
+        step_groups = groups[start:start + prompts_per_step]
+        samples, lengths = _call_samples(step_groups, max_new)
         calls.append(run_call(samples, lengths, policy, slots, kv_budget, length_predictor,
-                              **policy_options))
+                              first_tokens=_step_first_tokens(step_groups), **policy_options))
     return SamplerStats.merge(calls)
+
+
+def _step_first_tokens(step_groups: Sequence[TraceGroup]) -> list[list[int]] | None:
+    """Per sample of the step, the trace's first tokens (None when no group kept any)."""
+    if all(group.first_tokens is None for group in step_groups):
+        return None
+    return [ids for group in step_groups
+            for ids in (group.first_tokens or [[] for _ in group.lengths])]
 
 
 def _num_slots(num_slots, kv_budget, groups, max_new, prompts_per_step) -> int:

@@ -3,8 +3,9 @@ budget arithmetic. Pure Python (no torch), imported by every other module of `sa
 
 `Sample` is the one per-sample state type (as nano-vllm's `Sequence`): what a sample is (its
 group, prompt length, limit) and where it stands (status, slot, generated tokens, the engine's
-log-probs). The scheduler moves it through pending -> running -> finished; an engine only appends
-tokens. `SamplerStats` is the one statistics type: the scheduler, the engine and the sampler each
+log-probs). The scheduler moves it through pending -> running -> finished, and may park a running
+sample (running -> parked -> running: its tokens are kept, its KV recomputed when it resumes); an
+engine only appends tokens (and, when asked, the hidden state of the latest one). `SamplerStats` is the one statistics type: the scheduler, the engine and the sampler each
 fill their own fields, and `merge` sums calls (the simulator, the benchmarks).
 
 Budget arithmetic (`shared_prompt_tokens`, `reserved_tokens`, `kv_tokens_needed`,
@@ -20,11 +21,11 @@ Deliberately simple: the reservation is the worst case (`max_new_tokens` per run
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Literal
+from typing import Any, Literal
 
 VLLM_BLOCK_SIZE = {"cpu": 32, "cuda": 16}  # tokens per vLLM KV block (CPU kernels want 32s)
 FinishReason = Literal["eos", "length"]
-SampleStatus = Literal["pending", "running", "finished"]
+SampleStatus = Literal["pending", "running", "parked", "finished"]
 
 
 @dataclass(eq=False)
@@ -42,6 +43,10 @@ class Sample:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] | None = None  # the engine's log-prob of each token (None: not reported)
     finish_reason: FinishReason | None = None
+    # the engine's last-layer hidden state at the latest token (a numpy vector), when the
+    # predictor asks for it (`DecodeOptions.hidden_states`); else None
+    hidden_state: Any = None
+    parked_kv: bool = False  # parked with its KV kept by the engine (else recomputed on resume)
 
     @property
     def num_tokens(self) -> int:

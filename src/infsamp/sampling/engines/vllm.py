@@ -101,6 +101,8 @@ def sample_seed(seed: int, sample_id: int) -> int:
 class VLLMEngine:
     name = "vllm"
     copies_weights = True  # its own weights, pushed after every optimizer step
+    keeps_parked_kv = False  # a parked request's blocks go back to the pool (prefix-cached)
+    hands_hidden_states = False  # vLLM's generate path hands out no hidden states
 
     def __init__(self, model, cfg: SamplingConfig, limits: EngineLimits):
         global _live
