@@ -16,7 +16,10 @@ per-prompt memory of finished samples' first k tokens (`PrefixMemory`: the same 
 same way runs about as long; it learns from this call's siblings and from earlier epochs).
 O(features^2) per observation, a d x d solve every few dozen observations (d < 50).
 
-Simplification: features are fixed and hand-picked; no hidden states of the policy model.
+`hidden` (in `hidden_predictor.py`) adds a probe on the policy's own hidden states.
+
+Simplification: features are fixed and hand-picked; after the first prediction point the online
+predictor only counts down its prediction (or, once outlived, asks the prompt's memory).
 """
 
 from __future__ import annotations
@@ -37,7 +40,8 @@ NUMBER = re.compile(r"\d+")
 
 class LengthPredictor:
     name = ""
-    uses_prefix = False  # wants predict_remaining with the first k generated tokens
+    uses_prefix = False  # wants predict_remaining every k generated tokens (k, 2k, ...)
+    uses_hidden = False  # wants the engine's last hidden state on each sample (Sample.hidden_state)
     adaptive = False     # predictions of pending samples change as samples finish
 
     def predict(self, spec: Sample) -> float:
@@ -254,6 +258,10 @@ class OnlinePredictor(LengthPredictor):
                 return total / count
         return self._run_mean if self._run_mean is not None else math.log(spec.max_new_tokens / 2)
 
+    def prompt_features(self, spec) -> np.ndarray:
+        """What is known of a sample before it starts (its prompt, history, siblings, the run)."""
+        return self._features(spec)
+
     def _features(self, spec) -> np.ndarray:
         prompt = self._prompt_features.get(spec.prompt_text)
         if prompt is None:
@@ -354,14 +362,23 @@ PREDICTORS: dict[str, Callable[[str | None], LengthPredictor]] = {
     "oracle": lambda arg: OraclePredictor(),
     "online": lambda arg: OnlinePredictor(),
     "noisy": lambda arg: NoisyOraclePredictor(_parse_sigma(arg)),
+    "hidden": lambda arg: _hidden_predictor(),
 }
 
 
+def _hidden_predictor() -> LengthPredictor:
+    from infsamp.sampling.hidden_predictor import HiddenPredictor
+
+    return HiddenPredictor()
+
+
 def make_predictor(name: str) -> LengthPredictor:
-    """`none`, `oracle`, `online` or `noisy:SIGMA` (oracle/noisy need `set_lengths` before each call)."""
+    """`none`, `oracle`, `online`, `hidden` or `noisy:SIGMA` (oracle/noisy need `set_lengths`
+    before each call)."""
     base, _, arg = name.partition(":")
     if base not in PREDICTORS:
-        raise SamplingError(f"unknown length predictor {name!r}; choose none, oracle, online or noisy:SIGMA")
+        raise SamplingError(f"unknown length predictor {name!r}; choose none, oracle, online, "
+                            "hidden or noisy:SIGMA")
     return PREDICTORS[base](arg or None)
 
 

@@ -46,7 +46,7 @@ KNOWN_OPTIONS = {"refill", "epsilon", "prefix_tokens", "length_sorted", "max_sta
 REFILL_ORDERS = ("sjf", "ljf")
 DEFAULT_REFILL = "ljf"  # what `refill: auto` means; measured in docs/scheduling.md
 PARK_AT_ANY_POINT = False
-PARK_RATIO = 2.0  # park a running sample when the best waiting one is predicted this many times longer
+PARK_RATIO = 1.0  # park a running sample predicted to need less than the best waiting one (measured)
 
 
 class AdmissionPolicy:
@@ -158,6 +158,7 @@ class LengthAwarePolicy(AdmissionPolicy):
         self._off_plan = False
         self.plan_method = ""
         self._queues = self._plan(max_states)
+        self._first_weight = dict(self._weight)
 
     def pick(self, slot, can_allocate):
         if self.predictor.adaptive and self._events_since_plan >= self.num_slots and self._pending:
@@ -248,9 +249,11 @@ class LengthAwarePolicy(AdmissionPolicy):
         return max(1.0, total - sample.num_tokens)
 
     def _priority(self, sample_id: int) -> float:
-        """Predicted work left: a pending sample's planned length, else its predicted remainder."""
+        """Predicted work left: a pending sample's planned length (never below its prediction at
+        the call's start: siblings that finish early are the short ones, so a re-plan's
+        prediction for the rest of a group is biased low), else its predicted remainder."""
         if sample_id in self._pending:
-            return self._weight[sample_id]
+            return max(self._weight[sample_id], self._first_weight[sample_id])
         return self._remaining(sample_id)
 
     def _waiting(self) -> list[int]:

@@ -52,13 +52,6 @@ class Sample:
     def num_tokens(self) -> int:
         return len(self.token_ids)
 
-    def restart(self) -> int:
-        """Forget the generated tokens (a preempted sample starts again); returns how many."""
-        lost = len(self.token_ids)
-        self.token_ids = []
-        self.logprobs = None if self.logprobs is None else []
-        self.finish_reason = None
-        return lost
 
 
 def make_samples(prompt_tokens: list[int], group_size: int, max_new_tokens: int,
