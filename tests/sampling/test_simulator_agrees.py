@@ -6,7 +6,7 @@ import torch
 
 from infsamp.config import SamplingConfig
 from infsamp.models.tiny import build_model, build_tokenizer
-from infsamp.sampling.length_predictor import OraclePredictor
+from infsamp.sampling.length_predictor import OraclePredictor, make_predictor
 from infsamp.sampling.sampler import GroupSampler
 from infsamp.sampling.types import make_samples
 from infsamp.sampling.simulator import run_call
@@ -33,9 +33,9 @@ class EosBoost:
         return scores
 
 
-def sample(model, policy, kv_budget, predictor=None):
+def sample(model, policy, kv_budget, predictor=None, prefix_tokens=8):
     cfg = SamplingConfig(policy=policy, micro_group=3, kv_budget=kv_budget, max_new_tokens=MAX_NEW,
-                         temperature=1.0, predictor="none")
+                         temperature=1.0, predictor="none", predictor_prefix_tokens=prefix_tokens)
     generator = torch.Generator().manual_seed(7)
     return GroupSampler(model, None, cfg, predictor).sample(PROMPTS, GROUP_SIZE, generator=generator,
                                                            logits_processor_factory=EosBoost)
@@ -69,3 +69,28 @@ def test_replay_matches_the_real_engine(model, policy, predictor, kv_budget):
     assert replay.decode_steps == real.stats.decode_steps
     assert replay.lower_bound == real.stats.lower_bound
     assert replay.peak_kv_tokens_used == real.stats.peak_kv_tokens_used
+
+
+@pytest.mark.parametrize("kv_budget", ["40"])  # g=2; some parked KV fits beside the slots
+def test_replay_of_token_conditioned_parking_matches_the_real_engine(model, kv_budget):
+    """length_aware + online, k=2: samples are parked after their first tokens; the replay, fed
+    the completions' first tokens, takes the same decisions (steps, parks, recomputed tokens,
+    peak KV, prediction quality), and the completions equal continuous's."""
+    torch.set_num_threads(1)
+    lengths = reference_lengths(model, kv_budget)
+    real_predictor, replay_predictor = make_predictor("online"), make_predictor("online")
+    samples = make_samples([len(p) for p in PROMPTS], GROUP_SIZE, MAX_NEW)
+    for call in range(2):  # the second call predicts from what the first taught
+        real = sample(model, "length_aware", kv_budget, real_predictor, prefix_tokens=2)
+        assert [c.length for c in real.completions] == lengths
+        first = [c.token_ids[:2] for c in real.completions]
+        samples = make_samples([len(p) for p in PROMPTS], GROUP_SIZE, MAX_NEW)
+        replay = run_call(samples, lengths, "length_aware", real.stats.num_slots,
+                          real.stats.kv_budget_tokens, replay_predictor, first_tokens=first,
+                          prefix_tokens=2)
+        for key in ("decode_steps", "num_preemptions", "recomputed_tokens",
+                    "peak_kv_tokens_used", "predictor_kendall_tau", "predictor_mae"):
+            assert getattr(replay, key) == getattr(real.stats, key), key
+    parked_tokens = 2 * real.stats.num_preemptions  # every park happens at k = 2 tokens
+    assert parked_tokens > 0
+    assert 0 < real.stats.recomputed_tokens < parked_tokens  # some parked KV kept, some not

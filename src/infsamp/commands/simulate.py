@@ -44,10 +44,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-budget", type=int, help="KV-cache budget in tokens (g follows unless --slots)")
     parser.add_argument("--max-new-tokens", type=int, help="completion limit (default: longest in trace)")
     parser.add_argument("--policy", choices=sorted(POLICIES), default="continuous")
-    parser.add_argument("--predictor", default="none", help="none, oracle, online or noisy:SIGMA")
+    parser.add_argument("--predictor", default="none", help="none, oracle, online or noisy:SIGMA "
+                        "(hidden needs the model's hidden states: bench scheduling runs it)")
     parser.add_argument("--refill", choices=("auto",) + REFILL_ORDERS, default="auto",
                         help="length_aware runtime refill order")
     parser.add_argument("--epsilon", type=float, default=0.1, help="FPTAS epsilon of the global grouping")
+    parser.add_argument("--prefix-tokens", type=int, default=8,
+                        help="length_aware: k, re-predict every k tokens (the trace's first_tokens "
+                             "give the token-conditioned predictor what the run's engine saw)")
+    parser.add_argument("--no-preempt", action="store_true",
+                        help="length_aware: never park a running sample (admission-time decisions)")
     parser.add_argument("--length-sorted", action="store_true", help="rounds: fill from the longest predicted")
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     parser.add_argument("--plot", metavar="FILE", help="PNG of decode steps against predictor quality")
@@ -69,6 +75,11 @@ def _check_arguments(args) -> None:
     """Options that would fail after the simulation, or make it meaningless, fail first."""
     if not args.epsilon > 0:
         raise SamplingError(f"--epsilon must be > 0, got {args.epsilon}")
+    if args.prefix_tokens < 1:
+        raise SamplingError(f"--prefix-tokens must be >= 1, got {args.prefix_tokens}")
+    if args.predictor.partition(":")[0] == "hidden":
+        raise SamplingError("--predictor hidden needs the model's hidden states, which a trace does "
+                            "not keep; replay online, or run infsamp bench scheduling")
     for flag, value in (("--plot", args.plot), ("--write-trace", args.write_trace)):
         folder = Path(value).parent if value else None
         if folder is not None and not folder.is_dir():
@@ -92,7 +103,8 @@ def _load(args):
 
 def _policy_options(args) -> dict:
     if args.policy == "length_aware":
-        return {"refill": args.refill, "epsilon": args.epsilon}
+        return {"refill": args.refill, "epsilon": args.epsilon,
+                "prefix_tokens": args.prefix_tokens, "preempt": not args.no_preempt}
     if args.policy == "rounds" and args.length_sorted:
         return {"length_sorted": True}
     return {}
@@ -100,7 +112,7 @@ def _policy_options(args) -> dict:
 
 SCHEDULE_KEYS = ("decode_steps", "lower_bound", "opt_lower_bound", "peak_kv_tokens_used",
                  "num_samples", "generated_tokens", "num_calls", "num_slots",
-                 "predictor_kendall_tau", "predictor_mae")
+                 "num_preemptions", "recomputed_tokens", "predictor_kendall_tau", "predictor_mae")
 
 
 def _print(result: SamplerStats, args) -> None:
@@ -115,6 +127,9 @@ def _print(result: SamplerStats, args) -> None:
           f"pigeonhole bound {result.opt_lower_bound}), "
           f"peak KV {result.peak_kv_tokens_used} tokens, generated {result.generated_tokens} "
           "tokens")
+    if result.num_preemptions:
+        print(f"parked {result.num_preemptions} times, {result.recomputed_tokens} tokens "
+              "recomputed")
     if result.predictor_kendall_tau is not None:
         print(f"predictor: Kendall tau {result.predictor_kendall_tau:.3f}, "
               f"MAE {result.predictor_mae:.1f} tokens")
@@ -127,7 +142,7 @@ def _plot(groups, args) -> None:
     import matplotlib.pyplot as plt
 
     def run_one(policy, predictor, refill="auto"):
-        options = {"refill": refill, "epsilon": args.epsilon} if policy == "length_aware" else {}
+        options = {**_policy_options(args), "refill": refill} if policy == "length_aware" else {}
         return simulate(groups, policy, args.slots, args.kv_budget, predictor, args.prompts_per_step,
                         args.max_new_tokens, **options)
 

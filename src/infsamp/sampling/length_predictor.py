@@ -183,7 +183,8 @@ class OnlinePredictor(LengthPredictor):
         prefix ridge). Later: that prediction's remainder, or, once the sample has outlived it,
         what its prompt's longer remembered samples ran past this point."""
         num_tokens = len(prefix_token_ids)
-        if spec.sample_id in self._prefixes:
+        first = self._prefixes.get(spec.sample_id)
+        if first is not None and num_tokens > first[1]:  # a later point of the same sample
             total = self._totals[spec.sample_id]
             if total > num_tokens:
                 return total - num_tokens
