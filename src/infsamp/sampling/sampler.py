@@ -87,6 +87,15 @@ def policy_options(cfg: SamplingConfig, policy: str) -> dict:
             "prefix_tokens": cfg.predictor_prefix_tokens, "preempt": cfg.preempt}
 
 
+def _timed(sched: SlotScheduler, call, *args):
+    """A scheduler call (which runs the policy and the predictor), its time in the call's stats."""
+    start = time.perf_counter()
+    try:
+        return call(*args)
+    finally:
+        sched.stats.schedule_time_s += time.perf_counter() - start
+
+
 # ---------------------------------------------------------------- the sampler
 
 
@@ -219,10 +228,11 @@ class GroupSampler:
         start = time.perf_counter()
         try:
             while not sched.done:
-                for slot, sample in sched.admit():
+                for slot, sample in _timed(sched, sched.admit):
                     self.engine.start(slot, sample)
                 running = sched.active()
-                sched.step(self.engine.decode_step(running))
+                finished = self.engine.decode_step(running)
+                _timed(sched, sched.step, finished)
                 if progress is not None:
                     sched.stats.wall_time_s = time.perf_counter() - start  # so far
                     progress(sched.stats, sched.num_finished, len(running))

@@ -4,9 +4,10 @@ budget arithmetic. Pure Python (no torch), imported by every other module of `sa
 `Sample` is the one per-sample state type (as nano-vllm's `Sequence`): what a sample is (its
 group, prompt length, limit) and where it stands (status, slot, generated tokens, the engine's
 log-probs). The scheduler moves it through pending -> running -> finished, and may park a running
-sample (running -> parked -> running: its tokens are kept, its KV recomputed when it resumes); an
-engine only appends tokens (and, when asked, the hidden state of the latest one). `SamplerStats` is the one statistics type: the scheduler, the engine and the sampler each
-fill their own fields, and `merge` sums calls (the simulator, the benchmarks).
+sample (running -> parked -> running: its tokens are kept, its KV kept or recomputed); an
+engine only appends tokens (and, when asked, the hidden state of the latest one).
+`SamplerStats` is the one statistics type: the scheduler, the engine and the sampler each fill
+their own fields, and `merge` sums calls (the simulator, the benchmarks).
 
 Budget arithmetic (`shared_prompt_tokens`, `reserved_tokens`, `kv_tokens_needed`,
 `concurrency_for_budget`) is the one place that turns a KV budget into concurrency, for the
@@ -81,7 +82,7 @@ class Completion:
 
 _SUMMED = ("decode_steps", "lower_bound", "opt_lower_bound", "num_samples", "generated_tokens",
            "num_rounds", "prefill_tokens", "num_preemptions", "recomputed_tokens", "model_time_s",
-           "wall_time_s", "num_calls")
+           "schedule_time_s", "wall_time_s", "num_calls")
 _PEAKS = ("peak_kv_tokens_used", "peak_kv_tokens", "peak_kv_blocks", "peak_kv_bytes", "num_slots",
           "kv_budget_tokens", "kv_block_size")
 
@@ -107,10 +108,11 @@ class SamplerStats:
     peak_kv_blocks: int = 0  # the same in the engine's allocation unit (slot engine: tokens)
     peak_kv_bytes: int = 0
     kv_block_size: int = 1
-    num_preemptions: int = 0
-    recomputed_tokens: int = 0  # generated tokens computed again after a preemption
+    num_preemptions: int = 0  # samples taken out of their slot unfinished (parked, or by vLLM)
+    recomputed_tokens: int = 0  # generated tokens whose KV is computed again after that
     model_time_s: float = 0.0  # forward passes and token selection (the rest is overhead)
     # the call (sampler)
+    schedule_time_s: float = 0.0  # in the scheduler, its policy and predictor (admit and step)
     wall_time_s: float = 0.0
     kv_budget_tokens: int = 0
     policy: str = ""
