@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 
 from infsamp.errors import SamplingError
 from infsamp.sampling.grouping import lower_bound
-from infsamp.sampling.length_predictor import LengthPredictor, OraclePredictor, make_predictor
+from infsamp.sampling.length_predictor import LengthPredictor, OraclePredictor
+from infsamp.sampling.predictors import make_predictor
 from infsamp.sampling.scheduler import SlotScheduler
 from infsamp.sampling.simulator import run_call
 from infsamp.sampling.types import Sample, make_samples

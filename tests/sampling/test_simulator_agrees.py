@@ -6,7 +6,8 @@ import torch
 
 from infsamp.config import SamplingConfig
 from infsamp.models.tiny import build_model, build_tokenizer
-from infsamp.sampling.length_predictor import OraclePredictor, make_predictor
+from infsamp.sampling.length_predictor import OraclePredictor
+from infsamp.sampling.predictors import make_predictor
 from infsamp.sampling.sampler import GroupSampler
 from infsamp.sampling.types import make_samples
 from infsamp.sampling.simulator import run_call

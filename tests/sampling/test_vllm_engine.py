@@ -16,7 +16,8 @@ from infsamp.errors import SamplingError
 from infsamp.models.loading import load_model_and_tokenizer
 from infsamp.algorithm.logprobs import sequence_logprobs
 from infsamp.sampling.engines.base import EngineLimits, make_engine, vllm_installed
-from infsamp.sampling.length_predictor import OraclePredictor, make_predictor
+from infsamp.sampling.length_predictor import OraclePredictor
+from infsamp.sampling.predictors import make_predictor
 from infsamp.sampling.sampler import GroupSampler
 from infsamp.sampling.simulator import run_call
 from infsamp.sampling.types import make_samples

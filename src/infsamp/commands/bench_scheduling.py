@@ -204,7 +204,7 @@ class Runner:
         self._predictors: dict = {}
 
     def predictor(self, variant: Variant):
-        from infsamp.sampling.length_predictor import make_predictor
+        from infsamp.sampling.predictors import make_predictor
 
         if variant.predictor and variant.name not in self._predictors:
             self._predictors[variant.name] = make_predictor(variant.predictor)

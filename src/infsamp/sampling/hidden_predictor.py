@@ -20,7 +20,7 @@ a linear probe on a fixed scaling (each vector to unit RMS), refit every 32 exam
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -1,13 +1,14 @@
 """Length predictors for the length-aware scheduler, and their quality measure. No torch.
 
 Interface (`LengthPredictor`): `predict(spec)` expected total length; `predict_remaining(spec, prefix)`
-remaining length after the first generated tokens; `observe_finished(spec, length)` a sample of the
+remaining length after the generated tokens so far (every k of them); `observe_finished(spec, length)` a sample of the
 current call ended (its siblings can use it); `end_call()` the call (training step) is over, learn from
 it. `SlotScheduler` makes these calls itself; the engine only hands the predictor in.
 
-Registry (`make_predictor`): `none` (a constant: no information), `oracle` (the true lengths, for
-measurement only), `noisy:SIGMA` (the true length times a log-normal error of that sigma, to show what
-a predictor of a given quality buys) and `online`: a ridge regression on log length, learned inside the
+Predictors (registered in `predictors.py`, `make_predictor`): `none` (a constant: no
+information), `oracle` (the true lengths, for measurement only), `noisy:SIGMA` (the true length
+times a log-normal error of that sigma, to show what a predictor of a given quality buys) and
+`online`: a ridge regression on log length, learned inside the
 run from its own completions (exponentially forgotten, so it follows the policy as it changes), over
 cheap features: prompt length and digit counts, the same prompt's mean length in earlier calls, the mean
 of siblings already finished in this call, the run's recent mean; and, token-conditioned, a second
@@ -32,7 +33,6 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from infsamp.errors import SamplingError
 from infsamp.sampling.types import Sample
 
 NUMBER = re.compile(r"\d+")
@@ -356,41 +356,6 @@ def _text_features(text: str) -> list[float]:
 
 def _probe_spec():
     return Sample(0, 0, 0, 1, 1)
-
-
-PREDICTORS: dict[str, Callable[[str | None], LengthPredictor]] = {
-    "none": lambda arg: ConstantPredictor(),
-    "oracle": lambda arg: OraclePredictor(),
-    "online": lambda arg: OnlinePredictor(),
-    "noisy": lambda arg: NoisyOraclePredictor(_parse_sigma(arg)),
-    "hidden": lambda arg: _hidden_predictor(),
-}
-
-
-def _hidden_predictor() -> LengthPredictor:
-    from infsamp.sampling.hidden_predictor import HiddenPredictor
-
-    return HiddenPredictor()
-
-
-def make_predictor(name: str) -> LengthPredictor:
-    """`none`, `oracle`, `online`, `hidden` or `noisy:SIGMA` (oracle/noisy need `set_lengths`
-    before each call)."""
-    base, _, arg = name.partition(":")
-    if base not in PREDICTORS:
-        raise SamplingError(f"unknown length predictor {name!r}; choose none, oracle, online, "
-                            "hidden or noisy:SIGMA")
-    return PREDICTORS[base](arg or None)
-
-
-def _parse_sigma(arg: str | None) -> float:
-    try:
-        sigma = float(arg)
-    except (TypeError, ValueError):
-        raise SamplingError(f"noisy predictor needs a sigma, as noisy:0.5; got {arg!r}") from None
-    if not sigma >= 0:
-        raise SamplingError(f"noisy predictor sigma must be >= 0, got {sigma}")
-    return sigma
 
 
 def kendall_tau(predicted: Sequence[float], real: Sequence[float]) -> float:

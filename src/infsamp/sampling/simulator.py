@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from infsamp.errors import DataError, SamplingError
-from infsamp.sampling.length_predictor import LengthPredictor, OraclePredictor, make_predictor
+from infsamp.sampling.length_predictor import LengthPredictor, OraclePredictor
+from infsamp.sampling.predictors import make_predictor
 from infsamp.sampling.scheduler import SlotScheduler
 from infsamp.sampling.types import Sample, SamplerStats, concurrency_for_budget
 
