@@ -73,6 +73,18 @@ def test_seeds_each_measured_with_their_own_predictors(tiny_model_dir, tmp_path)
     totals = report["totals"]["slots"]
     assert all(t["identical_lengths"] for t in totals.values())
     assert totals["length_aware:hidden"]["num_preemptions"] > 0  # it parks, losslessly
+    # the bench's trace replays its online variant's decisions (both epochs, the last measured)
+    from infsamp.sampling.simulator import read_trace, simulate
+    for seed in (3, 4):
+        groups = read_trace(tmp_path / f"trace_slots_seed{seed}.jsonl")
+        assert len(groups) == 2 and groups[0].first_tokens is not None
+        replay = simulate(groups, "length_aware", 2, predictor="online", warmup_steps=1,
+                          kv_budget=report["rows"][0]["kv_budget_tokens"], max_new_tokens=10,
+                          prefix_tokens=2)
+        measured = [r for r in report["rows"] if r["measured"] and r["seed"] == seed
+                    and r["variant"] == "length_aware:online"]
+        assert replay.decode_steps == measured[0]["decode_steps"]
+        assert replay.num_preemptions == measured[0]["num_preemptions"]
 
 
 def test_variant_names_round_trip():

@@ -116,6 +116,8 @@ def run(args: argparse.Namespace) -> int:
     report["engine_startup_s"] = startup
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    for name, path in write_traces(rows, out).items():
+        report.setdefault("traces", {})[name] = str(path)
     (out / "scheduling.json").write_text(json.dumps({**report, "rows": rows}, indent=1))
     print_report(report)
     print(f"wrote {out / 'scheduling.json'}")
@@ -234,14 +236,19 @@ class Runner:
         cpu = time.process_time() - cpu_start
         s = result.stats
         return {"engine": s.engine, "variant": variant.name, "prompt": ",".join(keys),
+                "prompt_texts": [p[0] for p in prompts],
                 "decode_steps": s.decode_steps, "recomputed_tokens": s.recomputed_tokens,
                 "schedule_time_s": s.schedule_time_s,
                 "lower_bound": s.lower_bound, "opt_lower_bound": s.opt_lower_bound, "generated_tokens": s.generated_tokens,
                 "wall_time_s": s.wall_time_s, "cpu_time_s": cpu, "num_slots": s.num_slots,
+                "kv_budget_tokens": s.kv_budget_tokens,
                 "peak_kv_tokens": s.peak_kv_tokens, "peak_kv_blocks": s.peak_kv_blocks,
                 "num_preemptions": s.num_preemptions, "prefill_tokens": s.prefill_tokens,
                 "kendall_tau": s.predictor_kendall_tau, "mae": s.predictor_mae,
-                "lengths": [[c.length for c in g] for g in result.groups]}
+                "lengths": [[c.length for c in g] for g in result.groups],
+                "first_tokens": [[c.token_ids[:self.args.prefix_tokens] for c in g]
+                                 for g in result.groups],
+                "prompt_tokens": [len(p[1]) for p in prompts]}
 
 
 def run_epochs(model, tokenizer, prompts, variants: list[Variant], args,
@@ -283,6 +290,28 @@ def run_variants(runner: Runner, variants: list[Variant], chunk, keys, seed: int
         rows.append(row)
         print(format_call(row), flush=True)
     return rows
+
+
+def write_traces(rows: list[dict], out: Path) -> dict[str, Path]:
+    """Each engine's and seed's calls (one row per call: every variant draws the same
+    completions) as a lengths trace with each completion's first k tokens:
+    `infsamp simulate --trace ... --warmup-steps N` replays the bench's decisions from it."""
+    from infsamp.sampling.simulator import TraceGroup, write_trace
+
+    paths = {}
+    for engine, seed in dict.fromkeys((r["engine"], r.get("seed", 0)) for r in rows):
+        calls = {}  # (epoch, prompts) -> the first row of that call
+        for r in rows:
+            if (r["engine"], r.get("seed", 0)) == (engine, seed):
+                calls.setdefault((r["epoch"], r["prompt"]), r)
+        groups = [TraceGroup(key, tokens, lengths, text, first)
+                  for r in calls.values() for key, tokens, lengths, text, first in zip(
+                      r["prompt"].split(","), r["prompt_tokens"], r["lengths"],
+                      r["prompt_texts"], r["first_tokens"])]
+        name = f"{engine}, seed {seed}"
+        paths[name] = out / f"trace_{engine}_seed{seed}.jsonl"
+        write_trace(groups, paths[name])
+    return paths
 
 
 # ---------------------------------------------------------------- report

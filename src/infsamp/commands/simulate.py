@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 
 from infsamp.errors import SamplingError
-from infsamp.sampling.policies import POLICIES, REFILL_ORDERS
+from infsamp.sampling.policies import PARK_RATIO, POLICIES, REFILL_ORDERS
 from infsamp.sampling.simulator import (arithmetic_trace, read_trace, simulate, synthetic_trace,
                                         write_trace)
 from infsamp.sampling.types import SamplerStats
@@ -54,6 +54,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "give the token-conditioned predictor what the run's engine saw)")
     parser.add_argument("--no-preempt", action="store_true",
                         help="length_aware: never park a running sample (admission-time decisions)")
+    parser.add_argument("--park-ratio", type=float, default=PARK_RATIO,
+                        help="length_aware: park a sample at its first point when the best waiting "
+                             "one is predicted this many times its remaining length")
+    parser.add_argument("--warmup-steps", type=int, default=0,
+                        help="replay the first N training steps (the predictor learns) but leave "
+                             "them out of the figures, as bench scheduling measures its last epoch")
     parser.add_argument("--length-sorted", action="store_true", help="rounds: fill from the longest predicted")
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     parser.add_argument("--plot", metavar="FILE", help="PNG of decode steps against predictor quality")
@@ -63,7 +69,8 @@ def run(args: argparse.Namespace) -> int:
     _check_arguments(args)
     groups = _load(args)
     result = simulate(groups, args.policy, args.slots, args.kv_budget, args.predictor,
-                      args.prompts_per_step, args.max_new_tokens, **_policy_options(args))
+                      args.prompts_per_step, args.max_new_tokens, warmup_steps=args.warmup_steps,
+                      **_policy_options(args))
     _print(result, args)
     if args.plot:
         _plot(groups, args)
@@ -77,6 +84,9 @@ def _check_arguments(args) -> None:
         raise SamplingError(f"--epsilon must be > 0, got {args.epsilon}")
     if args.prefix_tokens < 1:
         raise SamplingError(f"--prefix-tokens must be >= 1, got {args.prefix_tokens}")
+    if args.warmup_steps < 0 or not args.park_ratio > 0:
+        raise SamplingError(f"--warmup-steps must be >= 0 and --park-ratio > 0, got "
+                            f"{args.warmup_steps}, {args.park_ratio}")
     if args.predictor.partition(":")[0] == "hidden":
         raise SamplingError("--predictor hidden needs the model's hidden states, which a trace does "
                             "not keep; replay online, or run infsamp bench scheduling")
@@ -103,8 +113,8 @@ def _load(args):
 
 def _policy_options(args) -> dict:
     if args.policy == "length_aware":
-        return {"refill": args.refill, "epsilon": args.epsilon,
-                "prefix_tokens": args.prefix_tokens, "preempt": not args.no_preempt}
+        return {"refill": args.refill, "epsilon": args.epsilon, "prefix_tokens": args.prefix_tokens,
+                "preempt": not args.no_preempt, "park_ratio": args.park_ratio}
     if args.policy == "rounds" and args.length_sorted:
         return {"length_sorted": True}
     return {}
@@ -144,7 +154,7 @@ def _plot(groups, args) -> None:
     def run_one(policy, predictor, refill="auto"):
         options = {**_policy_options(args), "refill": refill} if policy == "length_aware" else {}
         return simulate(groups, policy, args.slots, args.kv_budget, predictor, args.prompts_per_step,
-                        args.max_new_tokens, **options)
+                        args.max_new_tokens, warmup_steps=args.warmup_steps, **options)
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for refill, marker in (("sjf", "o"), ("ljf", "s")):

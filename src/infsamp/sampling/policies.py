@@ -42,10 +42,10 @@ from infsamp.sampling.types import Sample
 CanAllocate = Callable[[Sample], bool]
 
 # options any policy accepts (so callers may pass the config uniformly); unknown names are an error
-KNOWN_OPTIONS = {"refill", "epsilon", "prefix_tokens", "length_sorted", "max_states", "preempt"}
+KNOWN_OPTIONS = {"refill", "epsilon", "prefix_tokens", "length_sorted", "max_states", "preempt",
+                 "park_ratio"}
 REFILL_ORDERS = ("sjf", "ljf")
 DEFAULT_REFILL = "ljf"  # what `refill: auto` means; measured in docs/scheduling.md
-PARK_AT_ANY_POINT = False
 PARK_RATIO = 1.0  # park a running sample predicted to need less than the best waiting one (measured)
 
 
@@ -137,8 +137,8 @@ class LengthAwarePolicy(AdmissionPolicy):
     name = "length_aware"
 
     def __init__(self, samples, num_slots, predictor, refill: str = "auto", epsilon: float = 0.1,
-                 prefix_tokens: int = 16, max_states: int = DEFAULT_MAX_STATES,
-                 preempt: bool = True, **options):
+                 prefix_tokens: int = 8, max_states: int = DEFAULT_MAX_STATES,
+                 preempt: bool = True, park_ratio: float = PARK_RATIO, **options):
         super().__init__(samples, num_slots, predictor, **options)
         if predictor is None:
             self.predictor = ConstantPredictor()
@@ -148,6 +148,7 @@ class LengthAwarePolicy(AdmissionPolicy):
         self.epsilon, self.max_states = epsilon, max_states
         self.prefix_tokens_wanted = prefix_tokens if self.predictor.uses_prefix else 0
         self.preempt = bool(preempt) and self.prefix_tokens_wanted > 0 and self.refill == "ljf"
+        self.park_ratio = park_ratio
         self._running: dict[int, int] = {}          # slot -> sample_id
         self._prefix_total: dict[int, float] = {}   # sample_id -> re-predicted total length
         self._pending = {s.sample_id for s in samples}
@@ -205,11 +206,12 @@ class LengthAwarePolicy(AdmissionPolicy):
         if not waiting:
             return []
         candidates = sorted((s for s in running.values() if s.sample_id in fresh
-                             and (PARK_AT_ANY_POINT or s.num_tokens == self.prefix_tokens_wanted)),
+                             and s.num_tokens == self.prefix_tokens_wanted),
                             key=lambda s: self._priority(s.sample_id))
         parks = []
         for sample in candidates:
-            if not waiting or self._priority(waiting[0]) < PARK_RATIO * self._priority(sample.sample_id):
+            mine = self._priority(sample.sample_id)
+            if not waiting or self._priority(waiting[0]) < self.park_ratio * mine:
                 break
             choice = next((i for i in waiting if can_allocate(self.samples[i], sample)), None)
             if choice is None:

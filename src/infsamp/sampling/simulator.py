@@ -227,8 +227,10 @@ def slots_for_budget(kv_budget: int, groups: Sequence[TraceGroup], max_new_token
 
 def simulate(groups: Sequence[TraceGroup], policy: str, num_slots: int | None = None,
              kv_budget: int | None = None, predictor: str = "none", prompts_per_step: int = 1,
-             max_new_tokens: int | None = None, **policy_options) -> SamplerStats:
-    """Replay a whole trace, `prompts_per_step` groups per training step; statistics summed."""
+             max_new_tokens: int | None = None, warmup_steps: int = 0,
+             **policy_options) -> SamplerStats:
+    """Replay a whole trace, `prompts_per_step` groups per training step; statistics summed
+    over the steps after the first `warmup_steps` (those only teach the predictor)."""
     if prompts_per_step < 1:
         raise SamplingError(f"--prompts-per-step must be >= 1, got {prompts_per_step}")
     max_new = max_new_tokens or max(max(g.lengths) for g in groups)
@@ -244,7 +246,10 @@ def simulate(groups: Sequence[TraceGroup], policy: str, num_slots: int | None = 
         samples, lengths = _call_samples(step_groups, max_new)
         calls.append(run_call(samples, lengths, policy, slots, kv_budget, length_predictor,
                               first_tokens=_call_first_tokens(step_groups), **policy_options))
-    return SamplerStats.merge(calls)
+    if warmup_steps >= len(calls):
+        raise SamplingError(f"--warmup-steps {warmup_steps} leaves none of the trace's "
+                            f"{len(calls)} steps to measure")
+    return SamplerStats.merge(calls[warmup_steps:])
 
 
 def _num_slots(num_slots, kv_budget, groups, max_new, prompts_per_step) -> int:
