@@ -18,10 +18,10 @@ A policy only orders pending samples; `SlotScheduler` owns the slots and the KV 
   worse than plain arrival order whenever predictions are imperfect; see docs/scheduling.md).
 
   Decisions after the first tokens (`preempt`, on with a token-conditioned predictor and `ljf`):
-  every k generated tokens a running sample's remaining length is re-predicted; a sample whose
-  predicted remaining work is less than 1/PARK_RATIO of what the best waiting sample is expected to
-  take (a pending sample's predicted length, a parked one's predicted remainder) is parked, and that
-  sample takes the slot. So samples are probed k tokens at a time, the likely long ones keep their
+  every k generated tokens a running sample's remaining length is re-predicted; at its first point
+  (k tokens) a sample whose predicted remaining work is less than 1/`park_ratio` of what the best
+  waiting sample is expected to take (a pending sample's predicted length, a parked one's predicted
+  remainder) is parked, and that sample takes the slot. So samples are probed k tokens at a time, the likely long ones keep their
   slots and the short ones wait for the end, where they fill the gaps (longest remaining predicted
   first, with hysteresis: a sample is reconsidered only at its own prediction points).
 
@@ -196,9 +196,9 @@ class LengthAwarePolicy(AdmissionPolicy):
         return self._prefix_total[sample.sample_id]
 
     def to_park(self, running, num_free, can_allocate):
-        """Samples just re-predicted whose remaining work is well below the best waiting
-        sample's; each is matched with a waiting sample that can start in its slot (the first
-        `num_free` waiting samples go to the slots already free)."""
+        """Samples at their first point whose predicted remaining work, times `park_ratio`, is
+        below the best waiting sample's; each is matched with a waiting sample that can start in
+        its slot (the first `num_free` waiting samples go to the slots already free)."""
         fresh, self._at_point = self._at_point, set()
         if not self.preempt or not fresh:
             return []
