@@ -119,7 +119,9 @@ class SlotScheduler:
         self.stats.peak_kv_tokens_used = max(self.stats.peak_kv_tokens_used, kv_tokens)
         if self.prefix_tokens_wanted:
             self._observe_progress(finished)
-        for sample in finished:
+        # in slot order, whatever order the engine reports them in (the predictor learns from
+        # them in this order, so the simulator and every engine must agree on it)
+        for sample in sorted(finished, key=lambda s: s.slot):
             self._release(sample)
         if self.done:
             self._finish_call()
