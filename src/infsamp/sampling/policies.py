@@ -34,6 +34,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Callable, Sequence
 
+from infsamp.choices import REFILL_ORDERS
 from infsamp.errors import SamplingError
 from infsamp.sampling.grouping import DEFAULT_MAX_STATES, balance, lpt
 from infsamp.sampling.length_predictor import ConstantPredictor, LengthPredictor
@@ -44,7 +45,6 @@ CanAllocate = Callable[[Sample], bool]
 # options any policy accepts (so callers may pass the config uniformly); unknown names are an error
 KNOWN_OPTIONS = {"refill", "epsilon", "prefix_tokens", "length_sorted", "max_states", "preempt",
                  "park_ratio"}
-REFILL_ORDERS = ("sjf", "ljf")
 DEFAULT_REFILL = "ljf"  # what `refill: auto` means; measured in docs/scheduling.md
 PARK_RATIO = 1.0  # park a running sample predicted to need less than the best waiting one (measured)
 
