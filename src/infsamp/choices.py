@@ -35,7 +35,8 @@ PRECISION_CHOICES = ("auto", *PRECISIONS)
 
 POLICIES = ("full", "rounds", "continuous", "length_aware")  # sampling/policies.py
 PREDICTORS = ("none", "oracle", "online", "hidden", "noisy")  # sampling/predictors.py
-TRAINING_PREDICTORS = ("online", "hidden", "none")  # oracle, noisy know the true lengths: bench, simulate
+# oracle and noisy know the true lengths: bench and simulate only
+TRAINING_PREDICTORS = ("online", "hidden", "none")
 REFILL_ORDERS = ("sjf", "ljf")  # sampling/policies.py; `auto` means the measured best
 ENGINES = ("slots", "vllm")  # sampling/engines/base.py
 STRATEGIES = ("single", "ddp", "fsdp")  # distributed/strategies.py and planner/parallel.py

@@ -149,7 +149,8 @@ def parse_seeds(args) -> list[int]:
     try:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()] if args.seeds else [args.seed]
     except ValueError:
-        raise SamplingError(f"--seeds must be comma-separated integers, got {args.seeds!r}") from None
+        raise SamplingError(f"--seeds must be comma-separated integers, got "
+                            f"{args.seeds!r}") from None
     if len(set(seeds)) != len(seeds):
         raise SamplingError(f"--seeds repeats a seed: {args.seeds!r}")
     return seeds

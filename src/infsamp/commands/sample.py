@@ -31,7 +31,8 @@ SHORT_FLAGS = {  # short flag -> (config key, help)
     "micro-group": ("sampling.micro_group", "g (0: from the budget)"),
     "max-new-tokens": ("sampling.max_new_tokens", "completion limit"),
     "temperature": ("sampling.temperature", "0: greedy"),
-    "predictor": ("sampling.predictor", "length predictor for length_aware: online, hidden or none"),
+    "predictor": ("sampling.predictor",
+                  "length predictor for length_aware: online, hidden or none"),
     "engine": ("sampling.engine", "slots, vllm or auto"),
     "seed": ("training.seed", "sampling seed"),
 }

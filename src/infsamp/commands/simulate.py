@@ -89,8 +89,8 @@ def _check_arguments(args) -> None:
         raise SamplingError(f"--warmup-steps must be >= 0 and --park-ratio > 0, got "
                             f"{args.warmup_steps}, {args.park_ratio}")
     if args.predictor.partition(":")[0] == "hidden":
-        raise SamplingError("--predictor hidden needs the model's hidden states, which a trace does "
-                            "not keep; replay online, or run infsamp bench scheduling")
+        raise SamplingError("--predictor hidden needs the model's hidden states, which a trace "
+                            "does not keep; replay online, or run infsamp bench scheduling")
     for flag, value in (("--plot", args.plot), ("--write-trace", args.write_trace)):
         folder = Path(value).parent if value else None
         if folder is not None and not folder.is_dir():

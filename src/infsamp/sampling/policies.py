@@ -21,12 +21,12 @@ A policy only orders pending samples; `SlotScheduler` owns the slots and the KV 
   every k generated tokens a running sample's remaining length is re-predicted; at its first point
   (k tokens) a sample whose predicted remaining work is less than 1/`park_ratio` of what the best
   waiting sample is expected to take (a pending sample's predicted length, a parked one's predicted
-  remainder) is parked, and that sample takes the slot. So samples are probed k tokens at a time, the likely long ones keep their
-  slots and the short ones wait for the end, where they fill the gaps (longest remaining predicted
-  first, with hysteresis: a sample is reconsidered only at its own prediction points).
+  remainder) is parked, and that sample takes the slot. So samples are probed k tokens at a time,
+  the likely long ones keep their slots and the short ones wait for the end, where they fill the
+  gaps (longest remaining predicted first). Later points only re-rank the waiting samples.
 
-Simplification: a policy parks only at a sample's prediction points, and never for a sample that
-could not start in the freed slot; the scheduler's conservative reservation keeps that safe.
+Simplification: a policy parks only at a sample's first prediction point, and never for a sample
+that could not start in the freed slot; the scheduler's conservative reservation keeps that safe.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ CanAllocate = Callable[[Sample], bool]
 KNOWN_OPTIONS = {"refill", "epsilon", "prefix_tokens", "length_sorted", "max_states", "preempt",
                  "park_ratio"}
 DEFAULT_REFILL = "ljf"  # what `refill: auto` means; measured in docs/scheduling.md
-PARK_RATIO = 1.0  # park a running sample predicted to need less than the best waiting one (measured)
+PARK_RATIO = 1.0  # park a sample predicted to need less than the best waiting one (measured)
 
 
 class AdmissionPolicy:

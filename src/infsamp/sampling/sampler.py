@@ -105,8 +105,9 @@ class GroupSampler:
         self.model, self.tokenizer, self.cfg, self.predictor = model, tokenizer, cfg, predictor
         self.engine = engine if engine is not None else SlotEngine(model)
         if getattr(predictor, "uses_hidden", False) and not self.engine.hands_hidden_states:
-            warnings.warn(f"sampling.predictor {predictor.name}: the {self.engine.name} engine hands "
-                          "out no hidden states; its token-level part (as online) predicts instead")
+            warnings.warn(f"sampling.predictor {predictor.name}: the {self.engine.name} engine "
+                          "hands out no hidden states; its token-level part (as online) predicts "
+                          "instead")
         self.last_num_slots = 0  # g of the latest call (the trainer halves it after an out-of-memory error)
 
     @property

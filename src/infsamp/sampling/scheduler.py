@@ -22,10 +22,11 @@ Parking (decisions after the first tokens). A policy may take running samples ou
 the start of `admit()` (`policy.to_park`): a parked sample keeps its tokens and its group's prompt
 open, and resumes later through the same `admit()` as any pending sample. Its KV is kept by the
 engine (`Sample.parked_kv`, counted in the books like any held token) when the engine can keep it
-(`keep_parked_kv`) and the budget still holds it beside a reservation for every slot; else the engine
-drops it and recomputes it when the sample resumes (`recomputed_tokens`). The engine sees a parked
-sample as one missing from `active()`; `start` on a sample that has tokens resumes it. Every `prefix_tokens_wanted` generated tokens (k, 2k, ...) a running sample is shown to
-the policy (`on_tokens`), which re-predicts its remaining length.
+(`keep_parked_kv`) and the budget still holds it beside a reservation for every slot; else the
+engine drops it and recomputes it when the sample resumes (`recomputed_tokens`). The engine sees a
+parked sample as one missing from `active()`; `start` on a sample that has tokens resumes it.
+Every `prefix_tokens_wanted` generated tokens (k, 2k, ...) a running sample is shown to the policy
+(`on_tokens`), which re-predicts its remaining length.
 
 Simplifications: one call = one training step (every sample of the call finishes before `done`); slots
 are identical; the reservation is the worst case (`max_new_tokens`), not the predicted length.
@@ -171,7 +172,8 @@ class SlotScheduler:
         self._policy.on_started(slot, sample)
 
     def _park(self, sample: Sample) -> None:
-        """Take a running sample out of its slot; it keeps its tokens, not its KV."""
+        """Take a running sample out of its slot: it keeps its tokens, and its KV if the books
+        can hold it beside every slot's reservation."""
         if sample.status != "running" or self._active.get(sample.slot) is not sample:
             raise ValueError(f"park: sample {sample.sample_id} is not running")
         del self._active[sample.slot]

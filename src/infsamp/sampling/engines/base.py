@@ -52,7 +52,7 @@ class DecodeOptions:
     sample_keys: tuple[int, ...] = ()  # random-stream key of each sample id (empty: the id itself)
     eos_token_ids: tuple[int, ...] = ()
     target_lengths: tuple[int, ...] | None = None  # per sample id: end after exactly this many
-    hidden_states: bool = False  # hand each running sample its last hidden state (Sample.hidden_state)
+    hidden_states: bool = False  # hand each running sample its last hidden state (Sample's)
 
     def stream_key(self, sample_id: int) -> int:
         """The key of a sample's random stream: its place in the whole step (`sample_keys`)."""

@@ -21,8 +21,9 @@ prefix-cached) and held out of vLLM's waiting queue until the scheduler resumes 
 priority scheduling is not used, because it preempts only when the pool runs out of blocks,
 which infsamp's admission rules out, and a request's priority is fixed when it is added, before
 its first tokens say anything. vLLM hands out no hidden states (its generate path has no
-output for them), so the `hidden` predictor falls back to its token-level part here. Each sample carries its own seed
-(keyed by its place in the whole step, `DecodeOptions.stream_key`), so completions depend neither
+output for them), so the `hidden` predictor falls back to its token-level part here. Each sample
+carries its own seed (keyed by its place in the whole step, `DecodeOptions.stream_key`), so
+completions depend neither
 on the schedule nor on how many ranks share the step; vLLM returns the log-prob of every sampled
 token (after temperature: `logprobs_mode="processed_logprobs"`), which the trainer compares with
 its own.
