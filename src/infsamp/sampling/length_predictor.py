@@ -3,7 +3,8 @@
 Interface (`LengthPredictor`): `predict(spec)` expected total length; `predict_remaining(spec,
 prefix)` remaining length after the generated tokens so far (every k of them);
 `observe_finished(spec, length)` a sample of the current call ended (its siblings can use it);
-`end_call()` the call (training step) is over, learn from it. `SlotScheduler` makes these calls itself; the engine only hands the predictor in.
+`end_call()` the call (training step) is over, learn from it. `SlotScheduler` makes these calls
+itself; the engine only hands the predictor in.
 
 Predictors (registered in `predictors.py`, `make_predictor`): `none` (a constant: no
 information), `oracle` (the true lengths, for measurement only), `noisy:SIGMA` (the true length
