@@ -269,6 +269,23 @@ def test_parked_kv_is_dropped_when_the_budget_cannot_hold_it():
     assert kept.peak_kv_tokens_used > dropped.peak_kv_tokens_used
 
 
+@settings(max_examples=60, deadline=None)
+@given(groups=lengths_st, num_slots=st.integers(1, 6), prompt_tokens=st.integers(1, 20),
+       extra_budget=st.integers(0, 60), prefix_tokens=st.integers(1, 4))
+def test_kept_parked_kv_never_changes_the_schedule(groups, num_slots, prompt_tokens, extra_budget,
+                                                   prefix_tokens):
+    """Parked KV is kept only where it can never cost a slot or a group's start: the decode
+    steps and parks are those of recomputing it (several groups, tight budgets)."""
+    specs, lengths = specs_for(groups, prompt_tokens=prompt_tokens, max_new=40)
+    budget = prompt_tokens * len(groups) + 40 * num_slots + extra_budget
+    runs = [checked_run(specs, lengths, "length_aware", num_slots, budget,
+                        PrefixOracle(lengths, 12.0), keep_parked_kv=keep,
+                        prefix_tokens=prefix_tokens) for keep in (True, False)]
+    assert (runs[0].decode_steps, runs[0].num_preemptions) == (runs[1].decode_steps,
+                                                               runs[1].num_preemptions)
+    assert runs[0].recomputed_tokens <= runs[1].recomputed_tokens
+
+
 def test_no_parking_without_preempt_or_with_sjf():
     specs, lengths = specs_for([[3, 3, 3, 12, 12]])
     for options in ({"preempt": False}, {"refill": "sjf"}):

@@ -70,6 +70,8 @@ class SlotScheduler:
         for sample in self._samples:
             self._group_unfinished[sample.group_id] += 1
         self._held_prompt_tokens = 0
+        self._unopened_prompt_tokens = sum({s.group_id: self._shared[s.sample_id]
+                                            for s in self._samples}.values())
         self.keep_parked_kv = keep_parked_kv
         self._parked_kv_tokens = 0  # KV the engine keeps for parked samples
         self._reserved_tokens = 0  # reservations of running samples
@@ -160,6 +162,7 @@ class SlotScheduler:
         if not self._group_open[sample.group_id]:
             self._group_open[sample.group_id] = 1
             self._held_prompt_tokens += self._shared[sample.sample_id]
+            self._unopened_prompt_tokens -= self._shared[sample.sample_id]
         if sample.status == "parked":
             self._resume(sample)
         sample.status, sample.slot = "running", slot
@@ -188,11 +191,12 @@ class SlotScheduler:
         self._policy.on_parked(sample)
 
     def _can_keep(self, num_tokens: int) -> bool:
-        """Whether `num_tokens` more held KV still leave room for every slot's reservation (kept
-        KV must never cost a slot)."""
+        """Whether `num_tokens` more held KV still leave room for every slot's reservation and
+        every prompt still to open (kept KV must never cost a slot, nor a group its start)."""
         if self.max_kv_tokens is None:
             return True
-        held = self._held_prompt_tokens + self._parked_kv_tokens + num_tokens
+        held = (self._held_prompt_tokens + self._unopened_prompt_tokens + self._parked_kv_tokens
+                + num_tokens)
         return held + self.num_slots * self._max_reserve <= self.max_kv_tokens
 
     def _resume(self, sample: Sample) -> None:
