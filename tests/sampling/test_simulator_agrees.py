@@ -1,5 +1,9 @@
 """Issue 4 item 4: replaying a real sampling run's lengths through the simulator gives the decode steps
-the real engine reported, for every policy (a random tiny Llama, sampled lengths, a KV budget)."""
+the real engine reported, for every policy (a random tiny Llama, sampled lengths, a KV budget), and
+the B = 1 bench's committed traces replay to its figures (issue 22)."""
+
+import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -9,8 +13,8 @@ from infsamp.models.tiny import build_model, build_tokenizer
 from infsamp.sampling.length_predictor import OraclePredictor
 from infsamp.sampling.predictors import make_predictor
 from infsamp.sampling.sampler import GroupSampler
+from infsamp.sampling.simulator import read_trace, run_call, simulate
 from infsamp.sampling.types import make_samples
-from infsamp.sampling.simulator import run_call
 
 EOS = build_tokenizer().eos_token_id
 
@@ -95,3 +99,38 @@ def test_replay_of_token_conditioned_parking_matches_the_real_engine(model, kv_b
     parked_tokens = 2 * real.stats.num_preemptions  # every park happens at k = 2 tokens
     assert parked_tokens > 0
     assert 0 < real.stats.recomputed_tokens < parked_tokens  # some parked KV kept, some not
+
+
+BENCH_B1 = Path(__file__).parents[2] / "docs/img/bench_scheduling_issue22_b1"
+
+
+def _bench_steps(report, seed, variant):
+    return sum(r["decode_steps"] for r in report["rows"]
+               if r["measured"] and r["seed"] == seed and r["variant"] == variant)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_b1_bench_trace_replays_and_length_aware_beats_arrival_order(seed):
+    """One prompt per step (G=32, g=8, the embedded model's completions with their first tokens):
+    the replay of the bench's trace takes the engine's decode steps and parks for continuous,
+    length_aware + online and the oracle, and length_aware + online, which parks samples after
+    their first tokens, takes at least 60% of the oracle's decode-step gain over arrival order
+    (docs/benchmarks.md, "Decisions after the first tokens")."""
+    report = json.loads((BENCH_B1 / "scheduling.json").read_text())
+    groups = read_trace(BENCH_B1 / f"trace_slots_seed{seed}.jsonl")
+    budget = 8 * 256 + max(g.prompt_tokens for g in groups)  # B=1: g full samples + one prompt
+    warmup = len(groups) // report["epochs"]  # the bench measures its last epoch
+    steps = {}
+    for variant, policy, predictor in (("continuous", "continuous", "none"),
+                                       ("length_aware:online", "length_aware", "online"),
+                                       ("length_aware:oracle", "length_aware", "oracle")):
+        replay = simulate(groups, policy, 8, kv_budget=budget, predictor=predictor,
+                          warmup_steps=warmup, max_new_tokens=256)
+        assert replay.decode_steps == _bench_steps(report, seed, variant), variant
+        steps[variant] = replay.decode_steps
+        if variant == "length_aware:online":
+            parks = [r["num_preemptions"] for r in report["rows"]
+                     if r["measured"] and r["seed"] == seed and r["variant"] == variant]
+            assert replay.num_preemptions == sum(parks) > 0
+    gain = steps["continuous"] - steps["length_aware:oracle"]
+    assert steps["continuous"] - steps["length_aware:online"] >= 0.6 * gain > 0
