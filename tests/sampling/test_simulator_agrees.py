@@ -134,3 +134,23 @@ def test_b1_bench_trace_replays_and_length_aware_beats_arrival_order(seed):
             assert replay.num_preemptions == sum(parks) > 0
     gain = steps["continuous"] - steps["length_aware:oracle"]
     assert steps["continuous"] - steps["length_aware:online"] >= 0.6 * gain > 0
+
+
+def test_b4_trace_replays_the_earlier_bench_and_parking_does_better():
+    """Four prompts per step: the trace's completions are those of the B=4 bench of 2026-11-29
+    (its continuous and its admission-time length_aware steps replay exactly); parking after
+    the first tokens takes fewer steps than either (issue 22: no worse at B = 4)."""
+    root = Path(__file__).parents[2] / "docs/img"
+    earlier = json.loads((root / "bench_scheduling_b4/scheduling.json").read_text())["totals"]
+    groups = read_trace(root / "bench_scheduling_issue22_b4/trace_slots_seed0.jsonl")
+    budget = 8 * 256 + 4 * max(g.prompt_tokens for g in groups)
+
+    def replay(policy, predictor="none", **options):
+        return simulate(groups, policy, 8, kv_budget=budget, predictor=predictor, warmup_steps=6,
+                        max_new_tokens=256, prompts_per_step=4, **options).decode_steps
+
+    continuous = replay("continuous")
+    assert continuous == earlier["continuous"]["decode_steps"]
+    admission_only = replay("length_aware", "online", preempt=False)
+    assert admission_only == earlier["length_aware:online"]["decode_steps"]
+    assert replay("length_aware", "online") < admission_only < continuous
