@@ -31,8 +31,9 @@ that could not start in the freed slot; the scheduler's conservative reservation
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from infsamp.choices import REFILL_ORDERS
 from infsamp.errors import SamplingError
@@ -58,7 +59,7 @@ class AdmissionPolicy:
                  predictor: LengthPredictor | None, **options):
         unknown = set(options) - KNOWN_OPTIONS
         if unknown:
-            raise SamplingError(f"policy {self.name}: unknown option {sorted(unknown)[0]!r}")
+            raise SamplingError(f"policy {self.name}: unknown option {min(unknown)!r}")
         self.samples = samples
         self.num_slots = num_slots
         self.predictor = predictor
@@ -202,12 +203,12 @@ class LengthAwarePolicy(AdmissionPolicy):
         fresh, self._at_point = self._at_point, set()
         if not self.preempt or not fresh:
             return []
-        waiting = sorted(self._waiting(), key=lambda i: -self._priority(i))[num_free:]
-        if not waiting:
-            return []
         candidates = sorted((s for s in running.values() if s.sample_id in fresh
                              and s.num_tokens == self.prefix_tokens_wanted),
                             key=lambda s: self._priority(s.sample_id))
+        if not candidates:  # most steps: no sample at its first point (sorting G waiting costs)
+            return []
+        waiting = sorted(self._waiting(), key=lambda i: -self._priority(i))[num_free:]
         parks = []
         for sample in candidates:
             mine = self._priority(sample.sample_id)
@@ -267,17 +268,17 @@ class LengthAwarePolicy(AdmissionPolicy):
     def _take_best(self, can_allocate: CanAllocate) -> Sample | None:
         """List scheduling: the next pending sample in refill order, or a parked one predicted to
         take longer (ljf; with sjf, shorter), whichever fits first."""
-        parked = sorted(self._parked, key=lambda i: (-self._priority(i), i))
-        if self.refill == "sjf":
-            parked.reverse()
+        sign = 1 if self.refill == "ljf" else -1  # ljf: longest first, ties by id; sjf: reversed
+        parked = [(-sign * self._priority(i), sign * i, i) for i in self._parked]
+        heapq.heapify(parked)  # popped in order as far as needed: no sort of every parked sample
         position = 0
         while position < len(self._order) or parked:
             head = self._order[position] if position < len(self._order) else None
             if head is not None and head not in self._pending:
                 del self._order[position]
                 continue
-            take_parked = parked and (head is None or self._before(parked[0], head))
-            sample_id = parked[0] if take_parked else head
+            take_parked = parked and (head is None or self._before(parked[0][2], head))
+            sample_id = parked[0][2] if take_parked else head
             if can_allocate(self.samples[sample_id]):
                 if take_parked:
                     self._parked.discard(sample_id)
@@ -286,7 +287,7 @@ class LengthAwarePolicy(AdmissionPolicy):
                     self._pending.discard(sample_id)
                 return self.samples[sample_id]
             if take_parked:
-                parked.pop(0)
+                heapq.heappop(parked)
             else:
                 position += 1
         return None
