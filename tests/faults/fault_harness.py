@@ -236,12 +236,12 @@ def _arm_prune(step: int) -> None:
 
     original = checkpoint.prune
 
-    def prune(output_dir, keep_last):
+    def prune(output_dir, keep_last, *keep):  # keep: checkpointing.keep_best's step (issue 21)
         doomed = checkpoint.list_checkpoints(output_dir)[:-keep_last]
         if doomed and (output_dir / f"checkpoint-{step}").exists():
             (doomed[0] / checkpoint.STATE_TENSORS).unlink()  # rmtree got this far
             _die()
-        return original(output_dir, keep_last)
+        return original(output_dir, keep_last, *keep)
 
     checkpoint.prune = prune
 
