@@ -35,7 +35,7 @@ are identical; the reservation is the worst case (`max_new_tokens`), not the pre
 from __future__ import annotations
 
 import heapq
-from typing import Sequence
+from collections.abc import Sequence
 
 from infsamp.errors import SamplingError
 from infsamp.sampling.grouping import lower_bound, pigeonhole_bound
