@@ -188,8 +188,14 @@ class SamplingConfig:
     temperature: float = opt(0.7, "sampling temperature (0 = greedy)")
     top_p: float = opt(1.0, "nucleus sampling threshold")
     top_k: int = opt(0, "top-k sampling (0 = off)")
-    predictor: str = opt("online", "length predictor for length_aware: online or none")
-    predictor_prefix_tokens: int = opt(16, "k: tokens decoded before a sample's length is re-predicted")
+    predictor: str = opt("online", "length predictor for length_aware: online (prompt features "
+                                   "and the first tokens), hidden (a probe on the policy's own "
+                                   "hidden states; slot engine) or none")
+    predictor_prefix_tokens: int = opt(8, "k: a running sample's remaining length is re-predicted "
+                                          "every k generated tokens")
+    preempt: bool = opt(True, "length_aware: after a sample's first k tokens, park it (tokens "
+                              "kept, KV kept or recomputed) when it is predicted much shorter "
+                              "than a waiting one, which takes its slot")
     refill: str = opt("auto", "runtime refill order for length_aware: auto (= ljf, measured best), sjf, ljf")
     grouping_epsilon: float = opt(0.1, "FPTAS epsilon of the global grouping (smaller: closer to optimal)")
     engine: str = opt(

@@ -77,7 +77,7 @@ def test_bench_cells_and_targets(checkpoint):
 
 @pytest.mark.parametrize("flags, message", [
     (["--policy", "length_aware", "--predictor", "oracle"],
-     "sampling.predictor: must be online or none"),
+     "sampling.predictor: must be online or hidden or none"),
     (["--num-prompts", "-1"], "--num-prompts: must be >= 0"),
     (["--out", "no/such/folder/out.jsonl"], "--out: folder no/such/folder does not exist"),
     (["--trace", "missing_dir/trace.jsonl"], "--trace: folder missing_dir does not exist"),

@@ -32,7 +32,8 @@ SHORT_FLAGS = {  # short flag -> (config key, help)
     "micro-group": ("sampling.micro_group", "g (0: from the budget)"),
     "max-new-tokens": ("sampling.max_new_tokens", "completion limit"),
     "temperature": ("sampling.temperature", "0: greedy"),
-    "predictor": ("sampling.predictor", "length predictor for length_aware: online or none"),
+    "predictor": ("sampling.predictor",
+                  "length predictor for length_aware: online, hidden or none"),
     "engine": ("sampling.engine", "slots, vllm or auto"),
     "seed": ("training.seed", "sampling seed"),
 }
@@ -72,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
 
     from infsamp.models.device import check_device
     from infsamp.models.loading import load_model_and_tokenizer, load_tokenizer
-    from infsamp.sampling.length_predictor import make_predictor
+    from infsamp.sampling.predictors import make_predictor
     from infsamp.sampling.sampler import GroupSampler
 
     check_device(cfg.model)

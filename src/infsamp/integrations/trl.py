@@ -119,7 +119,7 @@ class InfsampRollout:
         self.cfg = replace(SamplingConfig(), **{**from_trl, **self.sampling})
         self.cfg.validate()
         if self.cfg.policy == "length_aware":  # validate() allowed online or none only
-            from infsamp.sampling.length_predictor import make_predictor
+            from infsamp.sampling.predictors import make_predictor
 
             self.predictor = make_predictor(self.cfg.predictor)
         seed = trainer.args.seed + trainer.accelerator.process_index

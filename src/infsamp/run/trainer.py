@@ -68,7 +68,7 @@ from infsamp.run.step_metrics import check_finite, rollout_metrics
 from infsamp.distributed.strategies import make_strategy
 from infsamp.run.train_state import restore_training_state, training_state
 from infsamp.sampling.engines.base import make_engine
-from infsamp.sampling.length_predictor import make_predictor
+from infsamp.sampling.predictors import make_predictor
 from infsamp.sampling.sampler import GroupSampler
 from infsamp.tasks.loading import load_splits
 from infsamp.tasks.prompts import (EncodedPrompt, EncodedSplit, completion_for_rewards,
