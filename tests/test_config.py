@@ -7,7 +7,6 @@ import pytest
 from infsamp.config import Config, ConfigError, parse_size
 from infsamp.config_io import load_config, save_config
 
-
 EXAMPLES = Path(__file__).parent.parent / "examples"
 
 
