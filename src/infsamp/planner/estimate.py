@@ -241,6 +241,19 @@ def activation_bytes_per_token(p: PlanInputs) -> int:
     return p.shape.num_hidden_layers * layer + final_norm
 
 
+LOGITS_CHUNK_BYTES = 32 * 2**20  # fp32 logits of one chunk of the training LM head (algorithm/lm_head.py)
+
+
+def logits_chunk_rows(vocab_size: int) -> int:
+    """Rows of one forward chunk of the training LM head: LOGITS_CHUNK_BYTES of fp32 logits."""
+    return max(1, LOGITS_CHUNK_BYTES // (4 * vocab_size))
+
+
+def logits_chunk_columns(num_rows: int) -> int:
+    """Vocabulary columns of one backward chunk over `num_rows` rows: as many fp32 bytes."""
+    return max(1, LOGITS_CHUNK_BYTES // (4 * max(num_rows, 1)))
+
+
 def train_logits_bytes_per_row(p: PlanInputs) -> int:
     """One completion position's logits in training: fp32 chunk kept by logsumexp + grad buffer + temp."""
     return p.shape.vocab_size * (4 + 2 * p.compute_bytes)
