@@ -3,7 +3,11 @@
 YAML files and command-line flags (`--training.learning_rate 1e-5`) are both derived from this tree;
 each option's help text lives in its field's metadata and nowhere else. `Config.validate` checks
 values and raises `ConfigError` with one line that names the offending key; reading YAML files and
-flags into the tree is `config_io.py`.
+flags into the tree is `config_io.py`. Validation looks at the settings alone: a choice is checked
+against the names in `infsamp.choices` (the registries' code is never imported here), and what
+needs this machine (a CUDA device, an installed library, the model's layer names, the precision a
+device computes) is checked by the code that uses it, before anything loads
+(`infsamp.run.setup.check_environment`).
 
 Deliberately simple: no interpolation, no includes; lists are given in YAML or as comma-separated
 strings on the command line.
@@ -19,13 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from infsamp import choices
+from infsamp.errors import InfsampError
+from infsamp.hub import looks_like_path
 
 EMBEDDED_MODEL = "embedded"
 EMBEDDED_TASK = "embedded:arithmetic"
-
-
-from infsamp.errors import InfsampError
-from infsamp.hub import looks_like_path
 
 
 class ConfigError(InfsampError, ValueError):
@@ -69,12 +72,11 @@ class ModelConfig:
         _require(attn in ATTN_IMPLEMENTATIONS or ("/" in attn and not looks_like_path(attn)),
                  "model.attn_implementation", attn,
                  f"must be one of {', '.join(ATTN_IMPLEMENTATIONS)} (or a kernels hub id)")
-        _check_device(self.device, self.attn_implementation)
+        _require(DEVICE_PATTERN.fullmatch(self.device) is not None, "model.device", self.device,
+                 "must be auto, cpu or cuda[:N]")
         if self.name_or_path != EMBEDDED_MODEL and looks_like_path(self.name_or_path):
             _require(Path(self.name_or_path).expanduser().exists(), "model.name_or_path",
                      self.name_or_path, "path does not exist")
-        if self.lora_rank > 0 and self.lora_target_modules != ["all-linear"]:
-            _check_lora_targets(self)
 
 
 @dataclass
@@ -163,7 +165,7 @@ class SamplingConfig:
     engine: str = opt(
         "auto", "decoding engine: slots (infsamp's slot engine over the transformers model), vllm "
         "(vLLM in the trainer's process), auto (vllm where it is installed and the model is on a "
-        "CUDA GPU, else slots)", choices=("auto", "slots", "vllm"))
+        "CUDA GPU, else slots)", choices=("auto", *choices.ENGINES))
     vllm_sleep: str = opt(
         "auto", "vllm engine: free GPU memory while training (vLLM sleep mode): off, offload "
         "(weights to CPU, KV pool freed), discard (weights and KV pool freed; the weights are "
@@ -187,16 +189,16 @@ class SamplingConfig:
         _require(self.top_k >= 0, "sampling.top_k", self.top_k, "must be >= 0")
         _require(self.predictor_prefix_tokens >= 0, "sampling.predictor_prefix_tokens",
                  self.predictor_prefix_tokens, "must be >= 0")
-        _check_choice("sampling.policy", self.policy, "infsamp.sampling.policies", "POLICIES")
-        _require(self.predictor in ("online", "none"), "sampling.predictor", self.predictor,
-                 "must be online or none (oracle and noisy know the true lengths: bench and "
-                 "simulate only)")
-        _require(self.refill in ("auto", "sjf", "ljf"), "sampling.refill", self.refill, "must be auto, sjf or ljf")
+        _check_choice("sampling.policy", self.policy, choices.POLICIES)
+        _require(self.predictor in choices.TRAINING_PREDICTORS, "sampling.predictor",
+                 self.predictor, f"must be {' or '.join(choices.TRAINING_PREDICTORS)} (oracle "
+                 "and noisy know the true lengths: bench and simulate only)")
+        _check_choice("sampling.refill", self.refill, ("auto", *choices.REFILL_ORDERS))
         _require(self.grouping_epsilon > 0, "sampling.grouping_epsilon", self.grouping_epsilon, "must be > 0")
         for name in ("engine", "vllm_sleep", "vllm_importance_sampling"):
-            choices = _field(SamplingConfig, name).metadata["choices"]
-            _require(getattr(self, name) in choices, f"sampling.{name}", getattr(self, name),
-                     f"must be one of {', '.join(choices)}")
+            allowed = _field(SamplingConfig, name).metadata["choices"]
+            _require(getattr(self, name) in allowed, f"sampling.{name}", getattr(self, name),
+                     f"must be one of {', '.join(allowed)}")
         _require(self.vllm_importance_sampling_cap >= 1, "sampling.vllm_importance_sampling_cap",
                  self.vllm_importance_sampling_cap, "must be >= 1 (a weight of 1: no correction)")
         if self.kv_budget != "auto":
@@ -262,30 +264,22 @@ class TrainingConfig:
         _require(self.max_grad_norm >= 0, "training.max_grad_norm", self.max_grad_norm, "must be >= 0")
         _require(self.train_micro_batch_tokens >= 0, "training.train_micro_batch_tokens",
                  self.train_micro_batch_tokens, "must be >= 0")
-        _check_choice("training.loss_type", self.loss_type, "infsamp.algorithm.losses", "LOSS_TYPES")
+        _check_choice("training.loss_type", self.loss_type, choices.LOSS_TYPES)
         _require(0 < self.top_entropy_quantile <= 1, "training.top_entropy_quantile",
                  self.top_entropy_quantile, "must be in (0, 1] (1.0: every token)")
-        self._resolve_clip_range()
-        _check_choice("training.scale_rewards", self.scale_rewards, "infsamp.algorithm.advantages", "REWARD_SCALERS")
-        _require(self.optimizer in ("adamw", "adamw8bit", "sgd"), "training.optimizer", self.optimizer,
-                 "must be one of adamw, adamw8bit, sgd")
+        # epsilon / epsilon_high 0 -> the loss type's defaults, written back (config.yaml)
+        self.epsilon, self.epsilon_high = choices.clip_range(self.loss_type, self.epsilon,
+                                                             self.epsilon_high)
+        _check_choice("training.scale_rewards", self.scale_rewards, choices.REWARD_SCALERS)
+        _check_choice("training.optimizer", self.optimizer, choices.OPTIMIZERS)
         for name in ("adam_beta1", "adam_beta2"):
             value = getattr(self, name)
             _require(0 <= value < 1, f"training.{name}", value, "must be in [0, 1)")
         _require(self.weight_decay >= 0, "training.weight_decay", self.weight_decay,
                  "must be >= 0")
         _require(0 <= self.seed < 2**32, "training.seed", self.seed, "must be in [0, 2**32)")
-        _check_choice("training.lr_scheduler", self.lr_scheduler, "infsamp.algorithm.optim",
-                      "LR_SCHEDULERS")
-        _check_choice("training.precision", self.precision, "infsamp.planner.precisions",
-                      "PRECISION_CHOICES")
-
-    def _resolve_clip_range(self) -> None:
-        """epsilon / epsilon_high 0 -> the loss type's defaults, written back (config.yaml)."""
-        from infsamp.algorithm.losses import clip_range
-
-        self.epsilon, self.epsilon_high = clip_range(self.loss_type, self.epsilon,
-                                                     self.epsilon_high)
+        _check_choice("training.lr_scheduler", self.lr_scheduler, tuple(choices.LR_SCHEDULERS))
+        _check_choice("training.precision", self.precision, choices.PRECISION_CHOICES)
 
 
 @dataclass
@@ -323,9 +317,7 @@ class LoggingConfig:
                  "must be >= 0 (0: never)")
         _require(bool(self.project.strip()), "logging.project", self.project,
                  "must name a tracker project")
-        from infsamp.run.trackers import tracker_problem
-
-        problem = tracker_problem(self.report_to)
+        problem = choices.tracker_problem(self.report_to)
         _require(problem is None, "logging.report_to", self.report_to, problem or "")
 
 
@@ -389,9 +381,6 @@ class Config:
         _require(not (self.distributed.strategy == "fsdp" and self.model.lora_rank > 0),
                  "distributed.strategy", self.distributed.strategy,
                  "fsdp shards full fine-tuning; with LoRA (model.lora_rank > 0) use ddp")
-        from infsamp.models.precision import resolve_precision  # across sections, and needs the device
-
-        resolve_precision(self)
         return self
 
     def to_dict(self) -> dict[str, Any]:
@@ -418,40 +407,7 @@ def _require_finite(section_name: str, section: Any) -> None:
 
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3",
                         "flex_attention")
-
-
-def _check_device(device: str, attn_implementation: str) -> None:
-    """auto, cpu or cuda[:N], and a CUDA device only where one is present."""
-    match = re.fullmatch(r"(auto|cpu|cuda)(?::(\d+))?", device)
-    _require(match is not None and not (match.group(2) and match.group(1) != "cuda"),
-             "model.device", device, "must be auto, cpu or cuda[:N]")
-    wants_cuda = match.group(1) == "cuda" or attn_implementation.startswith("flash_attention")
-    if not wants_cuda:
-        return
-    import torch
-
-    what = f"model.device {device!r}" if match.group(1) == "cuda" else \
-        f"model.attn_implementation {attn_implementation!r}"
-    if not torch.cuda.is_available():
-        raise ConfigError(f"{what}: needs a CUDA GPU, and torch sees none "
-                          "(use cpu, sdpa or eager)")
-    index = int(match.group(2) or 0)
-    _require(index < torch.cuda.device_count(), "model.device", device,
-             f"this machine has {torch.cuda.device_count()} CUDA device(s)")
-
-
-def _check_lora_targets(cfg: "ModelConfig") -> None:
-    """Each LoRA target names a layer LoRA can adapt (built on the meta device: no weights)."""
-    from infsamp.models.loading import adaptable_module_names
-
-    names = adaptable_module_names(cfg.name_or_path)
-    if names is None:  # its config cannot be read here (a hub id offline): loading will say
-        return
-    for target in cfg.lora_target_modules:
-        if not any(name == target or name.endswith("." + target) for name in names):
-            known = sorted({n.rsplit(".", 1)[-1] for n in names})[:10]
-            raise ConfigError(f"model.lora_target_modules: {target!r} names no layer LoRA can "
-                              f"adapt in this model (it has {', '.join(known)}; or all-linear)")
+DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(?::\d+)?")
 
 
 def _check_output_dir(output_dir: str) -> None:
@@ -465,10 +421,7 @@ def _check_output_dir(output_dir: str) -> None:
              f"{existing} is not writable")
 
 
-def _check_choice(key: str, value: str, module: str, registry: str) -> None:
-    import importlib
-
-    names = getattr(importlib.import_module(module), registry)
+def _check_choice(key: str, value: str, names: tuple[str, ...]) -> None:
     _require(value in names, key, value, f"must be one of {', '.join(sorted(names))}")
 
 

@@ -75,7 +75,7 @@ NAMED = {  # free-text options with a closed set of valid names
     "sampling.policy": lambda: outside(_names("infsamp.sampling.policies", "POLICIES")),
     "training.loss_type": lambda: outside(_names("infsamp.algorithm.losses", "LOSS_TYPES")),
     "training.scale_rewards": lambda: outside(_names("infsamp.algorithm.advantages", "REWARD_SCALERS")),
-    "training.lr_scheduler": lambda: outside(_names("infsamp.algorithm.optim", "LR_SCHEDULERS")),
+    "training.lr_scheduler": lambda: outside(_names("infsamp.choices", "LR_SCHEDULERS")),
     "training.optimizer": lambda: outside({"adamw", "adamw8bit", "sgd"}),
     "sampling.predictor": lambda: outside({"online", "none", "oracle"}).filter(
         lambda w: not w.startswith("noisy")),

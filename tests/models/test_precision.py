@@ -26,7 +26,10 @@ def load(tiny_model_dir, mode: str, lora_rank: int = 0):
 
 
 def config(**overrides):
-    return load_config(overrides={"model.device": "cpu", **overrides})
+    """The config, checked against this machine as a run's start-up checks it."""
+    cfg = load_config(overrides={"model.device": "cpu", **overrides})
+    resolve_precision(cfg, CPU)
+    return cfg
 
 
 def test_auto_is_fp32_on_cpu_and_bf16_on_gpu():

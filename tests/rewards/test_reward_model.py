@@ -3,29 +3,15 @@ batched scores equal one-by-one scores, and one-line errors for a directory that
 
 import pytest
 import torch
-from transformers import AutoTokenizer, LlamaConfig, LlamaForSequenceClassification
+from transformers import AutoTokenizer, LlamaForSequenceClassification
 
 from infsamp.errors import RewardError
-from infsamp.models.tiny import build_tokenizer
 from infsamp.rewards.reward_model import RewardModel
 from infsamp.rewards.compute import compute_rewards
 from infsamp.rewards.loading import load_reward_functions
+from reward_models import save_reward_model
 
 CHAT_TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}")
-
-
-def save_reward_model(path, chat_template=None):
-    tokenizer = build_tokenizer()
-    if chat_template:
-        tokenizer.chat_template = chat_template
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
-                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-                         head_dim=16, max_position_embeddings=512, num_labels=1,
-                         pad_token_id=tokenizer.pad_token_id)
-    LlamaForSequenceClassification(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
 
 
 @pytest.fixture(scope="module")

@@ -275,7 +275,7 @@ async def hangs(prompts, completions, **kwargs):
 
 
 def test_logged_completions_with_async_rewards_a_timeout_and_a_reward_model(tiny_config, tmp_path):
-    from test_reward_model import save_reward_model
+    from reward_models import save_reward_model
 
     (tmp_path / "my_rewards.py").write_text(REWARD_FILE)
     rm_dir = save_reward_model(tmp_path / "rm")

@@ -40,6 +40,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 import torch
 from torch import Tensor
 
+from infsamp.choices import clip_range
 from infsamp.config import TrainingConfig
 from infsamp.errors import NonFiniteError
 from infsamp.distributed.ranks import Ranks
@@ -47,7 +48,7 @@ from infsamp.algorithm.importance import MismatchStats, engine_importance_weight
 from infsamp.algorithm.logprobs import (make_micro_batch, micro_batch_logprobs,
                                  micro_batch_logprobs_and_entropy, plan_sequence_batches,
                                  sequence_logprobs, sequence_logprobs_and_entropy)
-from infsamp.algorithm.losses import (LOSS_TYPES, BatchTotals, LossStats, clip_range, high_entropy_masks,
+from infsamp.algorithm.losses import (LOSS_TYPES, BatchTotals, LossStats, high_entropy_masks,
                                per_token_loss)
 from infsamp.distributed.strategies import Strategy
 

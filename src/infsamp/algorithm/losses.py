@@ -182,8 +182,6 @@ class LossType:
     objective: Objective  # per-token loss
     aggregate: Aggregator  # tokens -> scalar, normalised by the step's totals
     when: str  # one line: when to use it (README table)
-    epsilon: float = 0.2  # default lower clip range (training.epsilon: 0)
-    epsilon_high: float | None = None  # default upper range (epsilon_high: 0); None: epsilon
 
 
 LOSS_TYPES: dict[str, LossType] = {
@@ -199,20 +197,11 @@ LOSS_TYPES: dict[str, LossType] = {
                      "TRL's bnpo name for a token mean over the batch; identical to dapo here"),
     "gspo": LossType(sequence_clipped_surrogate, aggregate_grpo,
                      "sequence-level ratio: steadier off-policy updates (num_iterations > 1, "
-                     "MoE models)",
-                     epsilon=3e-4, epsilon_high=4e-4),
+                     "MoE models)"),
     "cispo": LossType(cispo_surrogate, aggregate_dapo,
                       "clipped weights instead of clipped tokens: rare, high-ratio tokens keep "
-                      "a gradient",
-                      epsilon_high=5.0),
+                      "a gradient"),
 }
-
-
-def clip_range(loss_type: str, epsilon: float, epsilon_high: float) -> tuple[float, float]:
-    """(epsilon_low, epsilon_high) with 0 meaning the loss type's default (see LossType)."""
-    spec = LOSS_TYPES[loss_type]
-    low = epsilon or spec.epsilon
-    return low, epsilon_high or spec.epsilon_high or low
 
 
 # --- masks ---------------------------------------------------------------------------------------

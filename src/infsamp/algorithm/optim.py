@@ -86,13 +86,6 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainingConfig,
     return OPTIMIZERS[cfg.optimizer](params, cfg, keep_updates, device)
 
 
-# transformers schedules that need only warmup and total steps -> whether the rate depends on the
-# total (a run extended past it would restart or end such a schedule: see `schedule_horizon`)
-LR_SCHEDULERS: dict[str, bool] = {
-    "linear": True, "cosine": True, "cosine_with_restarts": True, "polynomial": True,
-    "constant": False, "constant_with_warmup": False, "inverse_sqrt": False}
-
-
 def schedule_horizon(cfg: TrainingConfig) -> dict[str, int | str]:
     """What the learning-rate schedule is built from (a checkpoint records it; resumes reuse it)."""
     return {"lr_scheduler": cfg.lr_scheduler, "learning_rate": cfg.learning_rate,
@@ -103,7 +96,7 @@ def schedule_horizon(cfg: TrainingConfig) -> dict[str, int | str]:
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainingConfig,
                     horizon: dict[str, int | str] | None = None):
     """transformers' schedule over `horizon` (default: this config's max_steps and warmup)."""
-    from transformers import get_scheduler  # here: config validation reads LR_SCHEDULERS early
+    from transformers import get_scheduler  # imported when a run builds its schedule
 
     horizon = horizon or schedule_horizon(cfg)
     try:

@@ -12,9 +12,9 @@ from __future__ import annotations
 import argparse
 
 from infsamp.config import ConfigError, parse_size, size_is_bytes
-from infsamp.planner import OPTIMIZERS, PRECISION_CHOICES, PRESETS, load_shape, plan_memory
+from infsamp.choices import OPTIMIZERS, PRECISION_CHOICES, STRATEGIES
+from infsamp.planner import PRESETS, load_shape, plan_memory
 from infsamp.planner.estimate import DEVICES
-from infsamp.planner.parallel import STRATEGIES
 from infsamp.planner.report import format_plan
 
 INT_FLAGS = {  # flag -> (default, minimum, help)

@@ -71,10 +71,12 @@ def run(args: argparse.Namespace) -> int:
     check_sources(cfg)
     import torch
 
+    from infsamp.models.device import check_device
     from infsamp.models.loading import load_model_and_tokenizer, load_tokenizer
     from infsamp.sampling.length_predictor import make_predictor
     from infsamp.sampling.sampler import GroupSampler
 
+    check_device(cfg.model)
     tokenizer = load_tokenizer(cfg.model.name_or_path)
     split = args.split or cfg.data.train_split
     encoded = read_prompts(cfg.data, split, tokenizer, args.num_prompts)

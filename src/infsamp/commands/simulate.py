@@ -16,7 +16,8 @@ import json
 from pathlib import Path
 
 from infsamp.errors import SamplingError
-from infsamp.sampling.policies import POLICIES, REFILL_ORDERS
+from infsamp.choices import REFILL_ORDERS
+from infsamp.sampling.policies import POLICIES
 from infsamp.sampling.simulator import (arithmetic_trace, read_trace, simulate, synthetic_trace,
                                         write_trace)
 from infsamp.sampling.types import SamplerStats

@@ -1,12 +1,16 @@
-"""`model.device` as a torch device, the dtypes a setting names, and the model under a peft
-wrapper: importable without transformers (config validation and the engines use them).
+"""`model.device` as a torch device (and the check that this machine has it), the dtypes a setting
+names, and the model under a peft wrapper: importable without transformers (the engines use them).
 
 Deliberately simple: one device per run; 'auto' is the first CUDA GPU when there is one.
 """
 
 from __future__ import annotations
 
+import re
+
 import torch
+
+from infsamp.config import ConfigError, ModelConfig
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -15,6 +19,22 @@ def resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(device)
+
+
+def check_device(cfg: ModelConfig) -> None:
+    """A CUDA device (or a flash-attention kernel, which needs one) only where one is present."""
+    kind, index = re.fullmatch(r"(auto|cpu|cuda)(?::(\d+))?", cfg.device).groups()
+    attn = cfg.attn_implementation
+    if kind != "cuda" and not attn.startswith("flash_attention"):
+        return
+    what = f"model.device {cfg.device!r}" if kind == "cuda" else \
+        f"model.attn_implementation {attn!r}"
+    if not torch.cuda.is_available():
+        raise ConfigError(f"{what}: needs a CUDA GPU, and torch sees none "
+                          "(use cpu, sdpa or eager)")
+    if int(index or 0) >= torch.cuda.device_count():
+        raise ConfigError(f"model.device: this machine has {torch.cuda.device_count()} CUDA "
+                          f"device(s) (got {cfg.device!r})")
 
 
 def base_model(model):

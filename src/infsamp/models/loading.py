@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from infsamp.config import ModelConfig
+from infsamp.config import ConfigError, ModelConfig
 from infsamp.errors import ModelError, first_line
 from infsamp.models.device import DTYPES, resolve_device  # noqa: F401  (callers import them here)
 from infsamp.models.source import (ADAPTER_CONFIG, EMBEDDED_DIR, resolve_model_source,  # noqa: F401
@@ -174,6 +174,20 @@ def adaptable_module_names(name_or_path: str) -> set[str] | None:
     except Exception:  # noqa: BLE001 - any failure here is reported by the real load
         return None
     return {name for name, module in model.named_modules() if isinstance(module, kinds)}
+
+
+def check_lora_targets(cfg: ModelConfig) -> None:
+    """Each LoRA target names a layer LoRA can adapt (built on the meta device: no weights)."""
+    if cfg.lora_rank == 0 or cfg.lora_target_modules == ["all-linear"]:
+        return
+    names = adaptable_module_names(cfg.name_or_path)
+    if names is None:  # its config cannot be read here (a hub id offline): loading will say
+        return
+    for target in cfg.lora_target_modules:
+        if not any(name == target or name.endswith("." + target) for name in names):
+            known = sorted({n.rsplit(".", 1)[-1] for n in names})[:10]
+            raise ConfigError(f"model.lora_target_modules: {target!r} names no layer LoRA can "
+                              f"adapt in this model (it has {', '.join(known)}; or all-linear)")
 
 
 def context_length(model) -> int:

@@ -31,7 +31,8 @@ import torch
 
 from infsamp.config import Config, ConfigError
 from infsamp.models.device import DTYPES, base_model, resolve_device
-from infsamp.planner.precisions import PRECISION_CHOICES, PRECISIONS, PrecisionMode, base_dtype
+from infsamp.choices import PRECISION_CHOICES
+from infsamp.planner.precisions import PRECISIONS, PrecisionMode, base_dtype
 from infsamp.planner.precisions import resolve_precision_name
 
 COMPUTE_DTYPE = torch.bfloat16

@@ -7,14 +7,14 @@ time. See docs/planner.md.
 """
 
 from infsamp.planner.estimate import DTYPE_BYTES, OPTIMIZERS, PARTS, PlanInputs, kv_bytes_per_token
-from infsamp.planner.precisions import PRECISION_CHOICES, PRECISIONS, PrecisionMode
+from infsamp.planner.precisions import PRECISIONS, PrecisionMode
 from infsamp.planner.plan import (MemoryPlan, auto_kv_budget_tokens, auto_train_micro_batch_tokens,
                                   plan_memory)
 from infsamp.planner.presets import (PRESETS, ModelShape, count_lora_parameters, count_parameters, load_shape,
                                      shape_from_config, with_layers)
 
 __all__ = [
-    "DTYPE_BYTES", "OPTIMIZERS", "PARTS", "PRECISIONS", "PRECISION_CHOICES", "PRESETS",
+    "DTYPE_BYTES", "OPTIMIZERS", "PARTS", "PRECISIONS", "PRESETS",
     "MemoryPlan", "ModelShape", "PlanInputs", "PrecisionMode",
     "auto_kv_budget_tokens", "auto_train_micro_batch_tokens", "count_lora_parameters", "count_parameters",
     "kv_bytes_per_token", "load_shape", "plan_memory", "shape_from_config", "with_layers",

@@ -31,7 +31,6 @@ from infsamp.planner.presets import embedding_parameters, layer_parameters
 if TYPE_CHECKING:
     from infsamp.planner.estimate import PlanInputs
 
-STRATEGIES = ("single", "ddp", "fsdp")
 
 
 def shard_fraction(p: "PlanInputs") -> float:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from infsamp.choices import PRECISION_CHOICES, STRATEGIES
 from infsamp.config import ConfigError
 from infsamp.planner.estimate import (DEVICES, GIB, OPTIMIZERS, PlanInputs,
                                       activation_bytes_per_token, bytes_per_parameter,
@@ -27,8 +28,7 @@ from infsamp.planner.estimate import (DEVICES, GIB, OPTIMIZERS, PlanInputs,
                                       kv_bytes_per_token, largest_micro_batch_sequences, largest_micro_group,
                                       peak_training_moment, plan_kv_tokens,
                                       train_logits_bytes_per_row, training_breakdown)
-from infsamp.planner.parallel import STRATEGIES
-from infsamp.planner.precisions import PRECISION_CHOICES, PRECISIONS, resolve_precision_name
+from infsamp.planner.precisions import PRECISIONS, resolve_precision_name
 from infsamp.planner.presets import LORA_TARGETS_ALL_LINEAR, ModelShape
 
 DEFAULT_LORA_RANK = 16

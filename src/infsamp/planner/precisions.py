@@ -47,7 +47,6 @@ PRECISIONS: dict[str, PrecisionMode] = {mode.name: mode for mode in (
                           "updates away at GRPO learning rates; use bf16 or mixed"),
 )}
 DEFAULT_PRECISION = {"cuda": "bf16", "cpu": "fp32"}  # what `auto` means on each device
-PRECISION_CHOICES = ("auto", *PRECISIONS)
 
 
 def resolve_precision_name(name: str, device_type: str) -> str:

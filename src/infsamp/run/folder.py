@@ -25,7 +25,8 @@ from pathlib import Path
 from infsamp.config import Config
 from infsamp.errors import CheckpointError, RunFolderError
 from infsamp.run import checkpoint as ckpt
-from infsamp.algorithm.optim import LR_SCHEDULERS, schedule_horizon
+from infsamp.algorithm.optim import schedule_horizon
+from infsamp.choices import LR_SCHEDULERS
 from infsamp.run.logs import RUN_LOGS, rewind
 
 

@@ -1,5 +1,6 @@
-"""What the trainer does once before a run: load the reward functions first, warn about settings
-that are valid but almost certainly not meant, choose the CPU thread count, seed every RNG.
+"""What the trainer does once before a run: check what the config needs of this machine, load the
+reward functions first, warn about settings that are valid but almost certainly not meant, choose
+the CPU thread count, seed every RNG.
 
 Deliberately simple: plain functions of the config; nothing here holds state.
 """
@@ -14,9 +15,23 @@ import torch
 
 from infsamp.config import Config
 from infsamp.errors import RewardError
-from infsamp.models.loading import resolve_device, resolve_dtype
-from infsamp.rewards.loading import load_reward_functions
 from infsamp.algorithm.grpo_step import DEFAULT_MICRO_BATCH_TOKENS
+from infsamp.models.device import check_device
+from infsamp.models.loading import check_lora_targets, resolve_device, resolve_dtype
+from infsamp.models.precision import resolve_precision
+from infsamp.planner.precisions import PrecisionMode
+from infsamp.rewards.loading import load_reward_functions
+from infsamp.run.trackers import check_trackers_installed
+
+
+def check_environment(cfg: Config, device: torch.device) -> PrecisionMode:
+    """What the config asks of this machine, before anything loads: the CUDA device, the trackers'
+    clients, the LoRA targets among the model's layers; and the precision mode, resolved here once
+    for the run (`auto` -> the device's default, then its own checks)."""
+    check_device(cfg.model)
+    check_trackers_installed(cfg.logging.report_to)
+    check_lora_targets(cfg.model)
+    return resolve_precision(cfg, device)
 
 
 def load_rewards(cfg: Config):
@@ -38,8 +53,6 @@ def warn_about_settings(cfg: Config) -> None:
     if cfg.sampling.temperature == 0:
         print("warning: sampling.temperature 0 decodes greedily: every completion of a group is "
               "the same, rewards have no spread and GRPO learns nothing", file=sys.stderr)
-
-
 
 
 SMALL_MODEL_PARAMETERS = 50_000_000

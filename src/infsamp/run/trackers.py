@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from infsamp.config import ConfigError
+
 TRACKING_EXTRA = "pip install 'infsamp[tracking]'"
 STATE_FILE = "trackers.json"
 PLOT_NAME = "plots/training"
@@ -231,17 +233,13 @@ def chosen(names: list[str]) -> list[str]:
     return list(dict.fromkeys(n for n in names if n != "none"))
 
 
-def tracker_problem(names: list[str]) -> str | None:
-    """Why `logging.report_to` is unusable (unknown, not installed), or None; imports nothing."""
-    for name in names:
-        if name != "none" and name not in TRACKERS:
-            return f"unknown tracker {name!r} (choose from {', '.join(TRACKERS)}, none)"
-    if "none" in names and len(set(names)) > 1:
-        return "'none' cannot be combined with a tracker"
+def check_trackers_installed(names: list[str]) -> None:
+    """One line when a chosen tracker's client is not installed; imports nothing (the names
+    themselves were checked with the config)."""
     for name in chosen(names):
         if importlib.util.find_spec(TRACKERS[name].package) is None:
-            return f"{name} is not installed: {TRACKING_EXTRA}"
-    return None
+            raise ConfigError(f"logging.report_to: {name} is not installed: {TRACKING_EXTRA} "
+                              f"(got {names!r})")
 
 
 # ---------------------------------------------------------------- the fan-out

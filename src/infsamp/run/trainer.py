@@ -49,13 +49,12 @@ from infsamp.run.evaluation import evaluate_accuracy
 from infsamp.run.sizes import plan_run
 from infsamp.algorithm.grpo_step import GRPOStep, Rollout, is_out_of_memory
 from infsamp.algorithm.optim import build_optimizer, build_scheduler, schedule_horizon
-from infsamp.models.precision import resolve_precision
 from infsamp.run.prompt_stream import PromptStream
 from infsamp.run.progress import RunProgress
 from infsamp.run.rank_checkpoint import NullLogger, prepare_run_folder_on_ranks, save_on_ranks
 from infsamp.distributed.rank_step import RankSteps
 from infsamp.run.logs import RunLogger, completion_records
-from infsamp.run.setup import (load_rewards, seed_everything, set_num_threads,
+from infsamp.run.setup import (check_environment, load_rewards, seed_everything, set_num_threads,
                                   warn_about_settings)
 from infsamp.run.signals import StopSignals
 from infsamp.run.step_metrics import check_finite, rollout_metrics
@@ -85,6 +84,8 @@ class GRPOTrainer:
                  ranks: Ranks | None = None):
         self.cfg = cfg.validate()
         self.ranks = ranks or init_ranks(cfg)  # one process, or this rank of a launch
+        self.device = self.ranks.device(cfg.model.device)
+        self.precision = check_environment(cfg, self.device)  # before anything loads or is written
         self.output_dir = Path(cfg.logging.output_dir)
         self.reward_funcs = reward_funcs or load_rewards(cfg)
         check_async_allowed(self.reward_funcs, cfg.rewards.allow_async)
@@ -92,8 +93,6 @@ class GRPOTrainer:
         warn_about_settings(cfg)
         seed_everything(cfg.training.seed)
         quiet_transformers()
-        self.device = self.ranks.device(cfg.model.device)
-        self.precision = resolve_precision(cfg, self.device)  # its checks run before loading
         self.tokenizer = load_tokenizer(cfg.model.name_or_path)
         with self.ranks.main_first():  # rank 0 fills the datasets cache
             self.train_prompts, self.eval_prompts = self._load_prompts()

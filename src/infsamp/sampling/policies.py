@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Callable, Sequence
 
+from infsamp.choices import REFILL_ORDERS
 from infsamp.errors import SamplingError
 from infsamp.sampling.grouping import DEFAULT_MAX_STATES, balance, lpt
 from infsamp.sampling.length_predictor import ConstantPredictor, LengthPredictor
@@ -34,7 +35,6 @@ CanAllocate = Callable[[Sample], bool]
 
 # options any policy accepts (so callers may pass the config uniformly); unknown names are an error
 KNOWN_OPTIONS = {"refill", "epsilon", "prefix_tokens", "length_sorted", "max_states"}
-REFILL_ORDERS = ("sjf", "ljf")
 DEFAULT_REFILL = "ljf"  # what `refill: auto` means; measured in docs/scheduling.md
 
 
