@@ -27,15 +27,22 @@ output head gets its full logits, log-softmaxed in row chunks (correct, but no m
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from infsamp.algorithm.lm_head import (HeadCall, HeadSpec, head_hook, head_log_probs,
-                                       logit_transform, logits_log_softmax, unwrapped)
-
+from infsamp.algorithm.lm_head import (
+    HeadCall,
+    HeadSpec,
+    head_hook,
+    head_log_probs,
+    logit_transform,
+    logits_log_softmax,
+    unwrapped,
+)
 
 # --- planning: which sequences share a micro-batch ------------------------------------------------
 
@@ -161,8 +168,8 @@ def build_micro_batches(prompt_ids: Sequence[Sequence[int]], completion_ids: Seq
 
 def _forward(model: torch.nn.Module, mb: MicroBatch, keep: int):
     """The model's forward on the micro-batch, asking for the last `keep` positions only."""
-    inputs = dict(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=mb.position_ids,
-                  use_cache=False)
+    inputs = {"input_ids": mb.input_ids, "attention_mask": mb.attention_mask,
+              "position_ids": mb.position_ids, "use_cache": False}
     try:
         return model(**inputs, logits_to_keep=keep)
     except TypeError:  # a model without logits_to_keep: every position, sliced afterwards
@@ -170,12 +177,15 @@ def _forward(model: torch.nn.Module, mb: MicroBatch, keep: int):
 
 
 def completion_logprobs(model: torch.nn.Module, mb: MicroBatch, temperature: float = 1.0,
-                        with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+                        with_entropy: bool = False,
+                        chunked: bool = True) -> tuple[Tensor, Tensor | None]:
     """Per-token log-probs [b, T_c] (fp32; grad follows torch's mode) of the micro-batch's
     completions and, when asked, each position's token entropy [b, T_c] (no grad).
 
-    The LM head runs per chunk on the final hidden states of the real completion tokens
-    (`algorithm/lm_head.py`); padded completion positions get 0 (multiply by `mb.completion_mask`).
+    `chunked`: the LM head runs per chunk on the final hidden states of the real completion
+    tokens (`algorithm/lm_head.py`), padded completion positions get 0; else (or for a model
+    without a hookable head) the model's full logits, log-softmaxed in row chunks. Either way
+    multiply by `mb.completion_mask`.
     """
     keep = mb.num_completion_positions + 1
     rows = mb.completion_mask.reshape(-1).nonzero().squeeze(-1)  # [n] real completion tokens
@@ -188,7 +198,7 @@ def completion_logprobs(model: torch.nn.Module, mb: MicroBatch, temperature: flo
         return head_log_probs(head, states[rows], targets, spec)  # [n] each
 
     call = HeadCall(compute)
-    with head_hook(model, call):
+    with head_hook(model, call) if chunked else contextlib.nullcontext():
         out = _forward(model, mb, keep)
     if call.result is None:  # no head to hook: the model's full logits
         logits = HeadSpec(temperature).scale(out.logits[:, -keep:-1])  # [b, T_c, V]
@@ -207,45 +217,49 @@ def _at(values: Tensor, rows: Tensor, shape: torch.Size) -> Tensor:
     return out.index_copy(0, rows, values).view(shape)
 
 
-def micro_batch_logprobs(model: torch.nn.Module, mb: MicroBatch, temperature: float = 1.0) -> Tensor:
+def micro_batch_logprobs(model: torch.nn.Module, mb: MicroBatch, temperature: float = 1.0,
+                         chunked: bool = True) -> Tensor:
     """Per-token log-probs [b, T_c] (fp32) of the micro-batch's completions; grad follows torch's mode.
 
-    Padded completion positions hold 0: multiply by `mb.completion_mask`.
+    Padded completion positions hold no log-prob: multiply by `mb.completion_mask`.
     """
-    return completion_logprobs(model, mb, temperature)[0]
+    return completion_logprobs(model, mb, temperature, chunked=chunked)[0]
 
 
 def micro_batch_logprobs_and_entropy(model: torch.nn.Module, mb: MicroBatch,
-                                     temperature: float = 1.0) -> tuple[Tensor, Tensor]:
+                                     temperature: float = 1.0,
+                                     chunked: bool = True) -> tuple[Tensor, Tensor]:
     """As micro_batch_logprobs, plus each completion position's token entropy [b, T_c], no grad."""
-    logps, entropy = completion_logprobs(model, mb, temperature, with_entropy=True)
+    logps, entropy = completion_logprobs(model, mb, temperature, True, chunked)
     return logps, entropy  # type: ignore[return-value]
 
 
 def sequence_logprobs(model: torch.nn.Module, prompt_ids: Sequence[Sequence[int]],
                       completion_ids: Sequence[Sequence[int]], *, max_tokens: int, pad_token_id: int,
-                      temperature: float = 1.0, grad: bool = False) -> list[Tensor]:
+                      temperature: float = 1.0, grad: bool = False,
+                      chunked: bool = True) -> list[Tensor]:
     """Log-probs of every completion token, one 1-D fp32 tensor per sequence, in the input order.
 
     For old / reference log-probs (grad=False). With grad=True every micro-batch's graph stays alive; for
     training use the build_micro_batches loop in the module docstring instead.
     """
     return _sequence_pass(model, prompt_ids, completion_ids, max_tokens, pad_token_id, temperature,
-                          grad=grad, with_entropy=False)[0]
+                          grad=grad, with_entropy=False, chunked=chunked)[0]
 
 
 def sequence_logprobs_and_entropy(model: torch.nn.Module, prompt_ids: Sequence[Sequence[int]],
                                   completion_ids: Sequence[Sequence[int]], *, max_tokens: int,
                                   pad_token_id: int,
-                                  temperature: float = 1.0) -> tuple[list[Tensor], list[Tensor]]:
+                                  temperature: float = 1.0,
+                                  chunked: bool = True) -> tuple[list[Tensor], list[Tensor]]:
     """(log-probs, token entropies) of every completion, 1-D fp32 tensors per sequence; no grad."""
     logps, entropies = _sequence_pass(model, prompt_ids, completion_ids, max_tokens, pad_token_id,
-                                      temperature, grad=False, with_entropy=True)
+                                      temperature, grad=False, with_entropy=True, chunked=chunked)
     return logps, entropies  # type: ignore[return-value]
 
 
 def _sequence_pass(model, prompt_ids, completion_ids, max_tokens: int, pad_token_id: int,
-                   temperature: float, *, grad: bool, with_entropy: bool):
+                   temperature: float, *, grad: bool, with_entropy: bool, chunked: bool):
     """Per-sequence log-probs (and entropies) over token-budget micro-batches, in input order."""
     device = next(model.parameters()).device
     logps_out: list[Tensor] = [torch.empty(0)] * len(completion_ids)
@@ -253,7 +267,8 @@ def _sequence_pass(model, prompt_ids, completion_ids, max_tokens: int, pad_token
     with torch.set_grad_enabled(grad):
         for mb in build_micro_batches(prompt_ids, completion_ids, max_tokens=max_tokens,
                                       pad_token_id=pad_token_id, device=device):
-            logps, entropy = completion_logprobs(model, mb, temperature, with_entropy)  # [b, T_c]
+            logps, entropy = completion_logprobs(model, mb, temperature, with_entropy,
+                                                 chunked)  # [b, T_c] each
             for row, index in enumerate(mb.indices):
                 length = len(completion_ids[index])
                 logps_out[index] = logps[row, :length]

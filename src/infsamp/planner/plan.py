@@ -27,7 +27,8 @@ from infsamp.planner.estimate import (DEVICES, GIB, OPTIMIZERS, PlanInputs,
                                       inference_workspace_bytes,
                                       kv_bytes_per_token, largest_micro_batch_sequences, largest_micro_group,
                                       peak_training_moment, plan_kv_tokens,
-                                      train_logits_bytes_per_row, training_breakdown)
+                                      train_logits_bytes_per_row, train_logits_fixed_bytes,
+                                      training_breakdown)
 from infsamp.planner.precisions import PRECISIONS, resolve_precision_name
 from infsamp.planner.presets import LORA_TARGETS_ALL_LINEAR, ModelShape
 
@@ -257,7 +258,8 @@ def auto_kv_budget_tokens(shape: ModelShape, free_bytes: int, *, dtype: str = "b
 
 
 def train_bytes_per_token(p: PlanInputs) -> float:
-    """Activations + logits of one padded training token (logits only on the completion share)."""
+    """Activations + the head's per-row tensors of one padded training token (rows only on the
+    completion share); the head's logits chunks are a constant (train_logits_fixed_bytes)."""
     return activation_bytes_per_token(p) + train_logits_bytes_per_row(p) * p.max_completion / p.seq_len
 
 
@@ -271,7 +273,7 @@ def auto_train_micro_batch_tokens(shape: ModelShape, free_bytes: int, *, max_pro
     p = PlanInputs(shape, 1, 1, max_prompt, max_completion, lora_rank=lora_rank,
                    precision=resolve_precision_name(precision, device), device=device,
                    gradient_checkpointing=gradient_checkpointing)
-    dynamic_fixed = embedding_grad_bytes(p) + compute_copy_bytes(p)
+    dynamic_fixed = embedding_grad_bytes(p) + compute_copy_bytes(p) + train_logits_fixed_bytes(p)
     usable = free_bytes / (1 + DEVICES[device].fragmentation) - dynamic_fixed
     sequences = math.floor(usable / (train_bytes_per_token(p) * p.seq_len))
     return max(sequences, 1) * p.seq_len
