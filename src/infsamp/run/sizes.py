@@ -60,6 +60,7 @@ def plan_run(cfg: Config, model: torch.nn.Module, device: torch.device,
         precision=cfg.training.precision,  # 'auto' resolved by the planner for `device`
         load_in_4bit=cfg.model.load_in_4bit, device="cuda" if device.type == "cuda" else "cpu",
         micro_group=cfg.sampling.micro_group,
+        train_micro_batch_tokens=cfg.training.train_micro_batch_tokens,  # 0: the plan picks it
         engine=resolve_engine_name(cfg.sampling.engine, device, cfg.model.load_in_4bit),
         engine_sleep=cfg.sampling.vllm_sleep != "off" and device.type == "cuda",
         num_devices=num_ranks, strategy=strategy)
