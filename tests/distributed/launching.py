@@ -29,7 +29,8 @@ def settings(model_dir: Path, out: Path, **overrides) -> dict[str, object]:
     base = {
         "model.name_or_path": model_dir, "model.attn_implementation": "eager",
         "model.dtype": "fp32", "data.num_train_examples": 40, "data.num_eval_examples": 6,
-        "eval.num_problems": 6, "eval.every_steps": 0, "eval.max_new_tokens": 8,
+        # no evaluation: it scores with the run's rewards, and the recording reward counts steps
+        "eval.num_problems": 0,
         "rewards.functions": REWARD, "sampling.num_generations": 8, "sampling.max_new_tokens": 12,
         "sampling.micro_group": 4, "sampling.kv_budget": 4096, "sampling.temperature": 1.0,
         "training.max_steps": 3, "training.prompts_per_step": 4, "training.learning_rate": 1e-3,
@@ -71,16 +72,25 @@ def launch(folder: Path, runs: list[tuple[list[str], Path]], nproc: int = 2,
            kill: str | None = None, timeout: float = 170,
            accelerate_config: str | None = None) -> Launch:
     """Each (argv, record folder) run in turn by the same `nproc` processes."""
+    command, env = launch_command(folder, [{"argv": argv, "record": str(record)}
+                                           for argv, record in runs], nproc, kill,
+                                  accelerate_config)
+    start = time.monotonic()
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+    return Launch(done.returncode, done.stdout + done.stderr, time.monotonic() - start)
+
+
+def launch_command(folder: Path, runs: list[dict], nproc: int = 2, kill: str | None = None,
+                   accelerate_config: str | None = None) -> tuple[list[str], dict[str, str]]:
+    """The launcher's command line and environment for `runs` (rank_child.py's RUNS.json
+    entries, written to folder/runs-*.json)."""
     folder.mkdir(parents=True, exist_ok=True)
     spec = folder / f"runs-{time.monotonic_ns()}.json"
-    spec.write_text(json.dumps([{"argv": argv, "record": str(record)} for argv, record in runs]))
+    spec.write_text(json.dumps(runs))
     env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
            "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     command = launcher(nproc, accelerate_config) + [str(HERE / "rank_child.py"), str(spec)]
-    start = time.monotonic()
-    done = subprocess.run(command + ([kill] if kill else []), env=env, capture_output=True,
-                          text=True, timeout=timeout)
-    return Launch(done.returncode, done.stdout + done.stderr, time.monotonic() - start)
+    return command + ([kill] if kill else []), env
 
 
 def one_process(values: dict[str, object], record: Path, monkeypatch) -> Path:

@@ -8,7 +8,8 @@ It reads the trainer's configuration: an optional recipe YAML, every `--section.
 `infsamp train`, and a few short flags for the sampler (`--prompts` is `--data.dataset`, `-G` is
 `--sampling.num_generations`, ...). So the prompts (any `data.dataset` source, or a .txt file with
 one prompt per line) go through the same columns, chat template, system prompt and token ids as in
-training, and the sampler settings are the recipe's. `--split` defaults to the training split.
+training, and the sampler settings are the recipe's (`training.num_threads` too: CPU threads as
+the trainer chooses them). `--split` defaults to the training split.
 `--trace` writes the `infsamp simulate` trace of the run, so the same lengths can be replayed.
 """
 
@@ -84,12 +85,16 @@ def run(args: argparse.Namespace) -> int:
         print(encoded.note("sample", cfg.data.max_prompt_length))
     prompts = encoded.prompts
     model, _ = load_model_and_tokenizer(cfg.model, tokenizer=tokenizer)
+    from infsamp.run.setup import set_num_threads
+
+    set_num_threads(cfg.training.num_threads, model, next(model.parameters()).device)
     length_aware = cfg.sampling.policy == "length_aware"
     predictor = make_predictor(cfg.sampling.predictor) if length_aware else None
     prompt_ids, texts = [p.token_ids for p in prompts], [p.text for p in prompts]
-    engine = _engine(cfg.sampling, model, prompt_ids)
+    sizes, engine = _engine(cfg.sampling, model, prompt_ids)
     try:
-        result = GroupSampler(model, tokenizer, cfg.sampling, predictor, engine=engine).sample(
+        result = GroupSampler(model, tokenizer, cfg.sampling, predictor, engine=engine,
+                              sizes=sizes).sample(
             prompt_ids, cfg.sampling.num_generations, prompt_keys=[str(p.index) for p in prompts],
             prompt_texts=texts, generator=torch.Generator().manual_seed(cfg.training.seed))
     finally:
@@ -100,7 +105,8 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         write_completions(args.out, texts, result)
     if args.trace:
-        write_lengths_trace(args.trace, texts, prompt_ids, result)
+        write_lengths_trace(args.trace, texts, prompt_ids, result,
+                            cfg.sampling.predictor_prefix_tokens)
     return 0
 
 
@@ -116,13 +122,15 @@ def read_prompts(data_cfg: DataConfig, split: str, tokenizer, num_prompts: int =
 
 
 def _engine(cfg, model, prompt_ids: list[list[int]]):
-    """The `sampling.engine` (`--engine`) engine, sized for these prompts."""
-    from infsamp.sampling.engines.base import make_engine
-    from infsamp.sampling.sampler import engine_limits
+    """(sizes, engine): the sizes for these prompts (`sampler_sizes`) and the `sampling.engine`
+    (`--engine`) engine started for them."""
+    from infsamp.sampling.engines.base import is_4bit, make_engine, resolve_engine_name
+    from infsamp.sampling.sampler import sampler_sizes
 
     longest = max((len(p) for p in prompt_ids), default=1)
-    limits = engine_limits(cfg, model, longest, len(prompt_ids))
-    return make_engine(cfg.engine, model, cfg, limits)
+    name = resolve_engine_name(cfg.engine, next(model.parameters()).device, is_4bit(model))
+    sizes = sampler_sizes(cfg, model, longest, len(prompt_ids), name)
+    return sizes, make_engine(cfg.engine, model, cfg, sizes)
 
 
 def print_completions(texts: list[str], result) -> None:
@@ -133,7 +141,7 @@ def print_completions(texts: list[str], result) -> None:
 
 
 def format_stats(stats) -> str:
-    rows = [("policy", stats.policy), ("slots (g)", stats.num_slots), ("kv budget (tokens)", stats.kv_budget_tokens),
+    rows = [("policy", stats.policy), ("micro-group (g)", stats.micro_group), ("kv budget (tokens)", stats.kv_budget_tokens),
             ("decode steps", stats.decode_steps), ("lower bound", stats.lower_bound),
             ("prefill tokens", stats.prefill_tokens), ("generated tokens", stats.generated_tokens),
             ("peak kv tokens", stats.peak_kv_tokens), ("peak kv bytes", stats.peak_kv_bytes),
@@ -154,9 +162,13 @@ def write_completions(path: str, texts: list[str], result) -> None:
     print(f"wrote {path}")
 
 
-def write_lengths_trace(path: str, texts: list[str], prompt_ids: list[list[int]], result) -> None:
+def write_lengths_trace(path: str, texts: list[str], prompt_ids: list[list[int]], result,
+                        prefix_tokens: int = 16) -> None:
+    """The `infsamp simulate` trace: lengths and each completion's first `prefix_tokens` ids."""
     from infsamp.sampling.simulator import TraceGroup, write_trace
 
-    write_trace([TraceGroup(text, len(ids), [c.length for c in group])
+    write_trace([TraceGroup(text, len(ids), [c.length for c in group],
+                            first_tokens=[list(c.token_ids[:prefix_tokens]) for c in group]
+                            if prefix_tokens else None)
                  for text, ids, group in zip(texts, prompt_ids, result.groups)], path)
     print(f"wrote {path}")

@@ -24,37 +24,29 @@ slowest; the wait inside DDP's gradient all-reduce is not in it), `distributed/w
 over the step time.
 
 Deliberately simple: one process keeps the same code path with a share of every prompt; the
-sampler's statistics are combined by a fixed table (sums, maxima, else means).
+sampler's statistics are combined by their one table (`sampling.types.COMBINED`: sums, maxima,
+else means).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 from infsamp.rewards.compute import RewardResult
 from infsamp.distributed.ranks import Ranks
 from infsamp.distributed.rank_assignment import assign, imbalance, rank_loads
+from infsamp.sampling.types import COMBINE, COMBINED, Completion
 
-SUMMED = ("generated_tokens", "prefill_tokens", "recomputed_tokens", "num_preemptions",
-          "tokens_per_second")
-LINE_KEYS = ("prompt_id", "prompt_tokens", "lengths")  # a lengths.jsonl line (`infsamp simulate`)
-MAXED = ("decode_steps", "lower_bound", "opt_lower_bound", "peak_kv_tokens", "peak_kv_bytes",
-         "peak_kv_tokens_used", "wall_time_s", "model_time_s", "num_slots", "kv_budget_tokens")
-
-
-class Finished(NamedTuple):
-    """What the step's statistics read of a completion (one process has the Completion itself)."""
-
-    length: int
-    finish_reason: str
+LINE_KEYS = ("prompt_id", "prompt_tokens", "lengths",  # a lengths.jsonl line (`infsamp simulate`)
+             "first_tokens")  # each completion's first sampling.predictor_prefix_tokens ids
 
 
 @dataclass
 class StepData:
     rewards: RewardResult  # the whole step's, prompts in step order
-    completions: list[Any]  # the whole step's (Completion or Finished), group-major
+    completions: list[Completion]  # the whole step's, group-major (other ranks': no tokens)
     local_rows: list[int]  # rows of this rank's completions in the step
     sampler_metrics: dict[str, float]
     groups: list[dict[str, Any]]  # lengths.jsonl lines, step order
@@ -62,13 +54,13 @@ class StepData:
 
 def combine_metrics(per_rank: list[dict[str, float]],
                     prefix: str = "sampling/") -> dict[str, float]:
-    """One dict from every rank's: SUMMED keys add, MAXED keys take the maximum, others average."""
+    """One dict from every rank's, by the statistics' one table (`COMBINED`, its ranks column):
+    sums, maxima, else means."""
     out: dict[str, float] = {}
     for key in per_rank[0]:
         values = [m[key] for m in per_rank if key in m]
         name = key[len(prefix):] if key.startswith(prefix) else key
-        out[key] = sum(values) if name in SUMMED else max(values) if name in MAXED else \
-            sum(values) / len(values)
+        out[key] = COMBINE[COMBINED.get(name, ("", "mean"))[1]](values)
     return out
 
 
@@ -76,9 +68,11 @@ class RankSteps:
     """The trainer's multi-rank step; with one process `share` is every prompt and `combine` keeps
     the rank's own values."""
 
-    def __init__(self, ranks: Ranks, num_generations: int, max_new_tokens: int, method: str):
+    def __init__(self, ranks: Ranks, num_generations: int, max_new_tokens: int, method: str,
+                 trace_prefix_tokens: int = 0):
         self.ranks, self.G, self.method = ranks, num_generations, method
         self.max_new = max_new_tokens
+        self.trace_prefix_tokens = trace_prefix_tokens  # first tokens kept in lengths.jsonl
         self.costs = _make_cost_predictor() if ranks.distributed and ranks.is_main else None
         self.wait_s = 0.0
         self._predicted = 1.0
@@ -108,7 +102,7 @@ class RankSteps:
     def combine(self, batch, share: list[int], groups, rewards: RewardResult,
                 sampler_metrics: dict[str, float]) -> StepData:
         """The whole step's data on every rank (see the module docstring)."""
-        mine = _records(batch, share, groups, rewards, sampler_metrics)
+        mine = _records(batch, share, groups, rewards, sampler_metrics, self.trace_prefix_tokens)
         if not self.ranks.distributed:
             completions = [c for group in groups for c in group]
             return StepData(rewards, completions, list(range(len(completions))),
@@ -127,8 +121,8 @@ class RankSteps:
             for position, group in zip(record["share"], record["groups"]):
                 by_prompt[position] = group
         groups = [by_prompt[i] for i in range(num_prompts)]
-        completions = [Finished(n, why) for g in groups
-                       for n, why in zip(g["lengths"], g["finish"])]
+        completions = [Completion([], "", n, why, i, j) for i, g in enumerate(groups)
+                       for j, (n, why) in enumerate(zip(g["lengths"], g["finish"]))]
         total = [r for g in groups for r in g["total"]]
         per_function = {name: [v for g in groups for v in g["per_function"][name]]
                         for name in everyone[0]["functions"]}
@@ -202,14 +196,16 @@ def _make_cost_predictor():
 
 
 def _records(batch, share: list[int], groups, rewards: RewardResult,
-             sampler_metrics: dict[str, float]) -> dict[str, Any]:
+             sampler_metrics: dict[str, float], prefix_tokens: int = 0) -> dict[str, Any]:
     """This rank's groups as JSON-able records (a lengths.jsonl line + what the metrics need)."""
     records = []
     for k, (position, group) in enumerate(zip(share, groups)):
         _, prompt = batch[position]
         rows = slice(k * len(group), (k + 1) * len(group))
+        first = {"first_tokens": [list(c.token_ids[:prefix_tokens]) for c in group]} \
+            if prefix_tokens else {}
         records.append({"prompt_id": str(prompt.index), "prompt_tokens": len(prompt.token_ids),
-                        "lengths": [c.length for c in group],
+                        "lengths": [c.length for c in group], **first,
                         "finish": [c.finish_reason for c in group],
                         "total": rewards.total[rows],
                         "per_function": {n: v[rows] for n, v in rewards.per_function.items()}})
@@ -218,4 +214,4 @@ def _records(batch, share: list[int], groups, rewards: RewardResult,
 
 
 def _line(record: dict[str, Any]) -> dict[str, Any]:
-    return {key: record[key] for key in LINE_KEYS}
+    return {key: record[key] for key in LINE_KEYS if key in record}

@@ -10,9 +10,11 @@ One step, laid out in time:
 Everything configurable comes from `infsamp.config.Config`; loss types, advantage scaling and
 sampling policies are registries in their own modules. The trainer only wires them together, logs,
 evaluates and checkpoints. Start-up order: validate the config, load the reward functions and
-prepare the run folder (`run_folder.py`: a new run, or the verified checkpoint to resume) before
-anything loads; then the tokenizer, the data (encoded once by `tasks.prompts`, the same ids for
-sampling and evaluation, and checked against the settings), then the weights. While it runs,
+prepare the run folder (`run/folder.py`: claimed for the whole run, a new run, or the verified
+checkpoint to resume, whose settings must be this run's: `run/identity.py`) before anything loads;
+then the tokenizer, the data (encoded once by `tasks.prompts`, the same ids for sampling and
+evaluation, checked against the settings and against the resumed checkpoint's rows), then the
+weights. While it runs,
 SIGTERM/SIGINT end the step and save (`signals.py`), and a non-finite loss, gradient norm or
 reward stops the run before it is applied (or skips it: `training.nonfinite`).
 
@@ -29,7 +31,7 @@ from __future__ import annotations
 import sys
 import time
 from copy import deepcopy
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -43,9 +45,13 @@ from infsamp.models.loading import (load_model_and_tokenizer, load_tokenizer, qu
 from infsamp.rewards.calling import check_async_allowed
 from infsamp.rewards.compute import compute_rewards
 from infsamp.run import checkpoint as ckpt
+from infsamp.run import ownership
 from infsamp.algorithm.advantages import compute_advantages
 from infsamp.distributed.ranks import Ranks, init_ranks, reshard_after_forward
-from infsamp.run.evaluation import evaluate_accuracy
+from infsamp.run.evaluation import (BestEvaluation, check_best_metric, eval_metrics,
+                                    eval_reward_name, held_out_completions, tally)
+from infsamp.run.folder import rewind_run_logs
+from infsamp.run.identity import check_data, data_fingerprint
 from infsamp.run.sizes import plan_run
 from infsamp.algorithm.grpo_step import GRPOStep, Rollout, is_out_of_memory
 from infsamp.algorithm.optim import build_optimizer, build_scheduler, schedule_horizon
@@ -62,7 +68,7 @@ from infsamp.distributed.strategies import make_strategy
 from infsamp.run.train_state import restore_training_state, training_state
 from infsamp.sampling.engines.base import make_engine
 from infsamp.sampling.length_predictor import make_predictor
-from infsamp.sampling.sampler import GroupSampler, engine_limits
+from infsamp.sampling.sampler import GroupSampler
 from infsamp.tasks.loading import load_splits
 from infsamp.tasks.prompts import (EncodedPrompt, EncodedSplit, completion_for_rewards,
                                    encode_examples, prompt_for_rewards, uses_chat_template)
@@ -74,11 +80,13 @@ class TrainResult:
     final_step: int
     eval_before: float | None
     eval_after: float | None
+    eval_reward: str = ""  # the reward function eval/accuracy counts with (eval.reward)
 
 
 class GRPOTrainer:
     """`GRPOTrainer(cfg).train()`; pass `reward_funcs` to use Python callables instead of names."""
 
+    @ownership.released_on_failure
     def __init__(self, cfg: Config, reward_funcs: list[tuple[str, Callable]] | None = None,
                  step_callback: Callable[[int, dict[str, Any]], None] | None = None,
                  ranks: Ranks | None = None):
@@ -89,6 +97,10 @@ class GRPOTrainer:
         self.output_dir = Path(cfg.logging.output_dir)
         self.reward_funcs = reward_funcs or load_rewards(cfg)
         check_async_allowed(self.reward_funcs, cfg.rewards.allow_async)
+        self.reward_names = [name for name, _ in self.reward_funcs]
+        self.eval_reward = eval_reward_name(cfg.eval.reward, self.reward_names)
+        check_best_metric(cfg.checkpointing.keep_best, self.reward_names)
+        self.best = BestEvaluation(cfg.checkpointing.keep_best)
         self.resume_from = prepare_run_folder_on_ranks(cfg, self.ranks)  # before anything loads
         warn_about_settings(cfg)
         seed_everything(cfg.training.seed)
@@ -96,6 +108,8 @@ class GRPOTrainer:
         self.tokenizer = load_tokenizer(cfg.model.name_or_path)
         with self.ranks.main_first():  # rank 0 fills the datasets cache
             self.train_prompts, self.eval_prompts = self._load_prompts()
+        self.data_fingerprint = data_fingerprint(self.train_prompts, self.eval_prompts)
+        check_data(self.resume_from, cfg, self.data_fingerprint)  # the checkpoint's rows
         self.model, _ = load_model_and_tokenizer(cfg.model, self.device, tokenizer=self.tokenizer,
                                                  precision=self.precision)
         self.stop_token_ids = stop_token_ids(self.model, self.tokenizer)
@@ -103,35 +117,33 @@ class GRPOTrainer:
         self.reward_weights = cfg.rewards.weights or [1.0] * len(self.reward_funcs)
         self.stream = PromptStream(self.train_prompts.prompts, cfg.training.prompts_per_step,
                                    cfg.training.seed)
-        self.sizes = plan_run(cfg, self.model, self.device, self.ranks.world_size,
-                              self.ranks.strategy)
-        sampling_cfg = replace(cfg.sampling, kv_budget=str(self.sizes.kv_budget_tokens)) \
-            if self.sizes.kv_budget_tokens else replace(cfg.sampling)
-        limits = engine_limits(sampling_cfg, self.model, cfg.data.max_prompt_length,
-                               cfg.training.prompts_per_step)
+        planned = plan_run(cfg, self.model, self.device, self.ranks.world_size,
+                           self.ranks.strategy)
+        self.sizes = planned.sizes  # decided once; read by the engine, the sampler, the GRPO step
         self.ref_model = self._reference_model()
         self.strategy = make_strategy(self.ranks, reshard_after_forward(cfg))
         train_model = self.strategy.wrap(self.model)  # DDP wrapper, or the model sharded in place
         with self.strategy.inference_model() as model:  # FSDP: whole weights to start from
-            self.engine = make_engine(cfg.sampling.engine, model, sampling_cfg, limits)  # kept
-        self.sampler = GroupSampler(self.strategy.sampling_model(), self.tokenizer, sampling_cfg,
-                                    predictor=self._length_predictor(), engine=self.engine)
+            self.engine = make_engine(cfg.sampling.engine, model, cfg.sampling, self.sizes)  # kept
+        self.sampler = GroupSampler(self.strategy.sampling_model(), self.tokenizer, cfg.sampling,
+                                    predictor=self._length_predictor(), engine=self.engine,
+                                    sizes=self.sizes)
         self.generator = torch.Generator(device="cpu").manual_seed(cfg.training.seed)
         self.grpo = GRPOStep(train_model, cfg.training, pad_token_id=self.tokenizer.pad_token_id,
                              temperature=cfg.sampling.temperature or 1.0, ref_model=self.ref_model,
                              max_completion_length=cfg.sampling.max_new_tokens,
-                             micro_batch_tokens=self.sizes.train_micro_batch_tokens,
+                             sizes=self.sizes,
                              importance_sampling=cfg.sampling.vllm_importance_sampling,
                              importance_sampling_cap=cfg.sampling.vllm_importance_sampling_cap,
                              parallel=self.strategy)
         self.rank_steps = RankSteps(self.ranks, cfg.sampling.num_generations,
-                                    cfg.sampling.max_new_tokens, cfg.distributed.assignment)
+                                    cfg.sampling.max_new_tokens, cfg.distributed.assignment,
+                                    cfg.sampling.predictor_prefix_tokens)
         self.optimizer = build_optimizer(self.model, cfg.training, self.precision)
         self.horizon = self.resume_from.state["schedule"] if self.resume_from else \
             schedule_horizon(cfg.training)  # a resumed run keeps the schedule it started with
         self.scheduler = build_scheduler(self.optimizer, cfg.training, self.horizon)
         self.step_callback = step_callback
-        self.num_sampling_oom_retries = 0
         self.step = 0
         self.eval_before: float | None = None
         self._saved_step = -1
@@ -142,7 +154,7 @@ class GRPOTrainer:
         except OSError as err:
             raise RunFolderError(f"cannot write {self.output_dir / 'config.yaml'}: "
                                  f"{err.strerror or err}") from None
-        print(self.sizes.note)
+        print(planned.note)
 
     # ------------------------------------------------------------------ setup
 
@@ -183,6 +195,8 @@ class GRPOTrainer:
         found, self.resume_from = self.resume_from, None
         self.resumed = found is not None
         if found is not None:
+            if self.ranks.is_main:
+                rewind_run_logs(self.output_dir, found.step)  # this run's rows after it go
             restore_training_state(self, found)
             self._saved_step = self.step
             self._push_weights()  # the engine samples from the restored policy
@@ -197,7 +211,7 @@ class GRPOTrainer:
             self.ranks.finish()
             self.close()
             return TrainResult(self.output_dir, self.step, self.eval_before,
-                               self._eval_at(self.step))
+                               self._eval_at(self.step), self.eval_reward)
         logger = RunLogger(self.output_dir, cfg.training.max_steps, self.step,
                            cfg.logging.log_every,
                            cfg.logging.progress_bar) if self.ranks.is_main else NullLogger()
@@ -224,7 +238,8 @@ class GRPOTrainer:
         finally:
             logger.close(ok)
             self.close()
-        return TrainResult(self.output_dir, self.step, self.eval_before, eval_after)
+        return TrainResult(self.output_dir, self.step, self.eval_before, eval_after,
+                           self.eval_reward)
 
     def _stop_if_asked(self, stop: StopSignals) -> None:
         """After a signal: save (checkpointing.save_on_signal) and stop, exit code 128 + signal.
@@ -244,11 +259,13 @@ class GRPOTrainer:
         raise RunStopped(f"stopped by {stop.name} {done}: {what}", 128 + stop.received)
 
     def _after_step(self, logger: RunLogger, metrics: dict[str, Any]) -> None:
-        every = self.cfg.eval.every_steps
-        if every and self.step % every == 0 and self.step < self.cfg.training.max_steps:
+        every, last = self.cfg.eval.every_steps, self.cfg.training.max_steps
+        new_best = False
+        if every and self.step % every == 0 and self.step < last:
             self._evaluate(logger)
+            new_best = self.best.step == self.step  # checkpointing.keep_best: keep it
         save_every = self.cfg.checkpointing.save_every
-        if save_every and self.step % save_every == 0 and self.step < self.cfg.training.max_steps:
+        if new_best or (save_every and self.step % save_every == 0 and self.step < last):
             self._save()
         if self.step_callback:
             self.step_callback(self.step, metrics)
@@ -268,21 +285,24 @@ class GRPOTrainer:
             return None
         start = time.perf_counter()
         logger.progress.phase("evaluating", len(prompts), "problems")
-        max_new = self.cfg.eval.max_new_tokens or self.cfg.sampling.max_new_tokens
+        cfg = self.cfg.eval
         mine = prompts[self.ranks.rank::self.ranks.world_size]  # each rank a share, then summed
         with self.strategy.inference_model() as model:
-            share = evaluate_accuracy(model, self.tokenizer, [p.token_ids for p in mine],
-                                      [p.example["answer"] for p in mine],
-                                      stop_token_ids=self.stop_token_ids, max_new_tokens=max_new,
-                                      temperature=self.cfg.eval.temperature) if mine else 0.0
-        solved, total = self.ranks.sum([round(share * len(mine)), len(mine)])
-        accuracy = solved / total
+            ids, texts = held_out_completions(
+                model, self.tokenizer, [p.token_ids for p in mine],
+                stop_token_ids=self.stop_token_ids, temperature=cfg.temperature,
+                max_new_tokens=cfg.max_new_tokens or self.cfg.sampling.max_new_tokens)
+        scores = self._score([p.example for p in mine], texts, ids) if mine else None
+        sums = self.ranks.sum(tally(scores, self.reward_names, self.eval_reward,
+                                    cfg.accuracy_threshold))
+        metrics = eval_metrics(sums, self.reward_names, self.eval_reward)
         logger.progress.advance(len(prompts))
-        logger.log_eval(self.step, {"eval/accuracy": accuracy, "eval/num_problems": len(prompts),
+        logger.log_eval(self.step, {**metrics, "eval/num_problems": len(prompts),
                                     "eval/dropped_prompts": self.eval_prompts.num_dropped,
                                     "eval/time_s": round(time.perf_counter() - start, 2)})
-        self._last_eval, self._last_eval_step = accuracy, self.step
-        return accuracy
+        self.best.offer(self.step, metrics)
+        self._last_eval, self._last_eval_step = metrics["eval/accuracy"], self.step
+        return self._last_eval
 
     def _save(self) -> Path:
         """checkpoint-<step>, once per step (a signal right after a periodic save adds nothing)."""
@@ -296,7 +316,8 @@ class GRPOTrainer:
             return path
         path = ckpt.save_checkpoint(self.output_dir, self.step, model=self.model,
                                     tokenizer=self.tokenizer, state=training_state(self),
-                                    keep_last=self.cfg.checkpointing.keep_last)
+                                    keep_last=self.cfg.checkpointing.keep_last,
+                                    keep_step=self.best.kept_step)
         self._saved_step = self.step
         return path
 
@@ -311,8 +332,10 @@ class GRPOTrainer:
             self.engine.load_weights(model)
 
     def close(self) -> None:
-        """Free the sampling engine (vLLM's pool and weights); no sampling afterwards."""
+        """Free the sampling engine (vLLM's pool and weights) and the run folder; no sampling
+        afterwards."""
         self.engine.close()
+        ownership.release_run_folder(self.output_dir)
 
     # ------------------------------------------------------------------ one step
 
@@ -354,7 +377,8 @@ class GRPOTrainer:
         completions = [c for group in result.groups for c in group]  # group-major, N = b*G
         examples = [p.example for p in mine for _ in range(G)]
         progress.phase("scoring", len(completions), "completions")
-        rewards = self._score(examples, completions)
+        rewards = self._score(examples, [c.text for c in completions],
+                              [c.token_ids for c in completions])
         progress.advance(len(completions))
         step = self.rank_steps.combine(batch, share, result.groups, rewards,
                                        result.stats.to_metrics())  # the whole step's values
@@ -388,10 +412,14 @@ class GRPOTrainer:
         print(f"{where}: update skipped ({self.grpo.num_skipped_updates} so far)", file=sys.stderr)
         return {"train/skipped_updates": self.grpo.num_skipped_updates}
 
+    @property
+    def num_sampling_oom_retries(self) -> int:
+        return self.sizes.oom_retries["sampling"]
+
     def _sample_with_retry(self, prompt_ids, G: int, keys: list[str], texts: list[str],
                            share: list[int], progress: RunProgress):
-        """On out-of-memory, halve g (`full` becomes `continuous`) and sample the step again."""
-        sampling = self.sampler.cfg
+        """On out-of-memory, halve g (`RunSizes.halve`; `full` becomes `continuous`) and sample
+        the step again."""
         while True:
             state = self.generator.get_state()
             try:
@@ -400,23 +428,22 @@ class GRPOTrainer:
                                                generator=self.generator, global_group_ids=share,
                                                progress=progress.sampling)
             except (torch.OutOfMemoryError, RuntimeError) as err:
-                g = sampling.micro_group or self.sampler.last_num_slots or G * len(prompt_ids)
-                if not is_out_of_memory(err) or g <= 1:
+                if not is_out_of_memory(err) or self.sizes.micro_group <= 1:
                     raise
                 self.generator.set_state(state)
-                sampling.micro_group = g // 2
-                sampling.policy = "continuous" if sampling.policy == "full" else sampling.policy
-                self.num_sampling_oom_retries += 1
-                print(f"out of memory while sampling: retrying with micro_group={g // 2}")
+                g = self.sizes.halve("sampling")
+                print(f"out of memory while sampling: retrying with micro_group={g}")
 
-    def _score(self, examples: list[dict[str, Any]], completions):
+    def _score(self, examples: list[dict[str, Any]], texts: list[str],
+               completion_ids: list[list[int]]):
+        """Every reward function on these completions (one per example), as TRL calls them."""
         chat = uses_chat_template(self.tokenizer, self.cfg.data)
         prompts = [prompt_for_rewards(ex, self.tokenizer, self.cfg.data) for ex in examples]
-        texts = [completion_for_rewards(c.text, chat) for c in completions]
+        completions = [completion_for_rewards(text, chat) for text in texts]
         columns = {k: [ex[k] for ex in examples] for k in examples[0] if k != "prompt"}
-        return compute_rewards(self.reward_funcs, self.reward_weights, prompts, texts, columns,
-                               timeout_s=self.cfg.rewards.timeout_s,
-                               completion_ids=[c.token_ids for c in completions])
+        return compute_rewards(self.reward_funcs, self.reward_weights, prompts, completions,
+                               columns, timeout_s=self.cfg.rewards.timeout_s,
+                               completion_ids=completion_ids)
 
     def _sample_metrics(self, rewards, adv, completions,
                         sampler_metrics: dict[str, Any]) -> dict[str, Any]:
