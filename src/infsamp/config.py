@@ -276,6 +276,10 @@ class TrainingConfig:
                                            "80/20 Rule'; 1.0: all)")
     num_iterations: int = opt(1, "optimisation passes over each sampled batch (mu)")
     train_micro_batch_tokens: int = opt(0, "tokens per training micro-batch; 0 = auto from the planner")
+    chunked_lm_head: bool = opt(True, "log-probs from the final hidden states with the LM head "
+                                "applied per chunk (no [tokens x vocabulary] logits); false: the "
+                                "model's full logits, as before (more memory; the planner "
+                                "assumes true)")
     seed: int = opt(0, "seed for sampling, shuffling and initialisation")
     num_threads: int = opt(0, "torch CPU threads (0: auto, 1 on CPU for models under 50M parameters)")
     nonfinite: str = opt("stop", "a NaN/inf loss, gradient norm or reward: stop (one line naming "

@@ -185,6 +185,7 @@ def plan_run_sizes(cfg: Config, shape: ModelShape, memory_bytes: int, *, device:
         beta=training.beta, precision=training.precision, load_in_4bit=model.load_in_4bit,
         device=device, engine=engine,
         micro_group=sampling.num_generations * num_prompts if full else sampling.micro_group,
+        train_micro_batch_tokens=training.train_micro_batch_tokens,  # 0: the plan picks it
         engine_sleep=sampling.vllm_sleep != "off" and device == "cuda",
         num_devices=num_ranks, strategy=strategy)
     per_token = kv_bytes_per_token(shape, dtype_bytes or plan.inputs.dtype)
