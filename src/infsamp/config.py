@@ -434,7 +434,7 @@ class Config:
     checkpointing: CheckpointConfig = field(default_factory=CheckpointConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
-    def validate(self) -> "Config":
+    def validate(self) -> Config:
         for section in dataclasses.fields(self):
             _require_finite(section.name, getattr(self, section.name))
             getattr(self, section.name).validate()

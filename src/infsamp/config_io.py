@@ -24,7 +24,7 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
     if value is None:  # YAML `key:` with nothing after it
         raise ConfigError(f"{key}: expected {type_name(annotation)}, got an empty value")
     origin = typing.get_origin(annotation)
-    if origin in (list, typing.List):
+    if origin in (list, list):
         (item_type,) = typing.get_args(annotation)
         if isinstance(value, str):
             value = [v.strip() for v in value.split(",") if v.strip()]
@@ -209,7 +209,7 @@ def iter_options() -> typing.Iterator[tuple[str, Any, Any, str]]:
 
 
 def type_name(annotation: Any) -> str:
-    if typing.get_origin(annotation) in (list, typing.List):
+    if typing.get_origin(annotation) in (list, list):
         return f"list[{type_name(typing.get_args(annotation)[0])}]"
     if typing.get_origin(annotation) is dict:
         return "mapping"

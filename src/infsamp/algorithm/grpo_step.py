@@ -33,23 +33,34 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
+from infsamp.algorithm.importance import MismatchStats, engine_importance_weights
+from infsamp.algorithm.logprobs import (
+    make_micro_batch,
+    micro_batch_logprobs,
+    micro_batch_logprobs_and_entropy,
+    plan_sequence_batches,
+    sequence_logprobs,
+    sequence_logprobs_and_entropy,
+)
+from infsamp.algorithm.losses import (
+    LOSS_TYPES,
+    BatchTotals,
+    LossStats,
+    high_entropy_masks,
+    per_token_loss,
+)
 from infsamp.choices import clip_range
 from infsamp.config import TrainingConfig
-from infsamp.errors import NonFiniteError, first_non_finite
 from infsamp.distributed.ranks import Ranks
-from infsamp.algorithm.importance import MismatchStats, engine_importance_weights
-from infsamp.algorithm.logprobs import (make_micro_batch, micro_batch_logprobs,
-                                 micro_batch_logprobs_and_entropy, plan_sequence_batches,
-                                 sequence_logprobs, sequence_logprobs_and_entropy)
-from infsamp.algorithm.losses import (LOSS_TYPES, BatchTotals, LossStats, high_entropy_masks,
-                               per_token_loss)
 from infsamp.distributed.strategies import Strategy
+from infsamp.errors import NonFiniteError, first_non_finite
 from infsamp.planner.sizes import MIN_TRAIN_MICRO_BATCH_TOKENS, RunSizes
 
 DEFAULT_MICRO_BATCH_TOKENS = 8192

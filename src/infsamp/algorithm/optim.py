@@ -21,7 +21,7 @@ Deliberately simple: one parameter group (no per-layer learning rates).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

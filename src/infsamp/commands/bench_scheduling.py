@@ -48,7 +48,7 @@ class Variant:
     refill: str = "auto"
 
     @classmethod
-    def parse(cls, text: str) -> "Variant":
+    def parse(cls, text: str) -> Variant:
         """`policy[:predictor][/refill]`, e.g. `length_aware:noisy:0.5/sjf`."""
         head, _, refill = text.partition("/")
         policy, _, predictor = head.partition(":")

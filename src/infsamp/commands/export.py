@@ -137,8 +137,8 @@ def best_checkpoint(run_dir: Path) -> Path:
     metric = _run_section(run_dir, "checkpointing").get("keep_best") or "eval/accuracy"
     scores = {row["step"]: row[metric] for row in read_jsonl(run_dir / "eval.jsonl")
               if isinstance(row.get(metric), (int, float))}
-    ranked = sorted(((-scores[step], step, path) for path in list_checkpoints(run_dir)
-                     if (step := checkpoint_step(path)) in scores))
+    ranked = sorted((-scores[step], step, path) for path in list_checkpoints(run_dir)
+                     if (step := checkpoint_step(path)) in scores)
     for _, step, path in ranked:
         try:
             verify_checkpoint(path)

@@ -15,12 +15,17 @@ import argparse
 import json
 from pathlib import Path
 
+from infsamp.choices import REFILL_ORDERS
 from infsamp.commands.output_files import check_output_files
 from infsamp.errors import SamplingError
-from infsamp.choices import REFILL_ORDERS
 from infsamp.sampling.policies import PARK_RATIO, POLICIES
-from infsamp.sampling.simulator import (arithmetic_trace, read_trace, simulate, synthetic_trace,
-                                        write_trace)
+from infsamp.sampling.simulator import (
+    arithmetic_trace,
+    read_trace,
+    simulate,
+    synthetic_trace,
+    write_trace,
+)
 from infsamp.sampling.types import SamplerStats
 
 SYNTHETIC = {"lognormal": synthetic_trace, "arithmetic": arithmetic_trace}

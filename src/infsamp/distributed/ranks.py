@@ -32,9 +32,9 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from infsamp.config import Config, ConfigError
-from infsamp.errors import InfsampError, NonFiniteError, RunStopped, first_line
 from infsamp.distributed.one_config import check_one_config
 from infsamp.distributed.rank_watch import PEER_FAILED_EXIT
+from infsamp.errors import InfsampError, NonFiniteError, RunStopped, first_line
 
 AGREED_ERRORS = (NonFiniteError, RunStopped)  # raised on every rank after a collective decision
 

@@ -29,11 +29,10 @@ import warnings
 
 import torch
 
+from infsamp.choices import PRECISION_CHOICES
 from infsamp.config import Config, ConfigError
 from infsamp.models.device import DTYPES, base_model, resolve_device
-from infsamp.choices import PRECISION_CHOICES
-from infsamp.planner.precisions import PRECISIONS, PrecisionMode, base_dtype
-from infsamp.planner.precisions import resolve_precision_name
+from infsamp.planner.precisions import PRECISIONS, PrecisionMode, base_dtype, resolve_precision_name
 
 COMPUTE_DTYPE = torch.bfloat16
 

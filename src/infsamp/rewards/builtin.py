@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable, Sequence
 from decimal import Decimal, InvalidOperation
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from infsamp.errors import RewardError
 from infsamp.tasks.answers import ANSWER_EXTRACTORS

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from infsamp.errors import RewardError
 from infsamp.rewards.builtin import RewardFunction, completion_text

@@ -22,8 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from infsamp.errors import RewardError
-from infsamp.rewards.builtin import (BUILTIN_REWARDS, RewardFunction, format_reward,
-                                     reasoning_gym_reward)
+from infsamp.rewards.builtin import (
+    BUILTIN_REWARDS,
+    RewardFunction,
+    format_reward,
+    reasoning_gym_reward,
+)
 
 FILE_MODULE_PREFIX = "infsamp_user_rewards_"
 

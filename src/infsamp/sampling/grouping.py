@@ -19,8 +19,8 @@ already running), but a running sample is never moved.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 DEFAULT_MAX_STATES = 2_000  # visited DP states before the search settles for its best plan
 MAX_SEARCH_JOBS = 400       # beyond this LPT is within a fraction of a percent anyway (and recursion)

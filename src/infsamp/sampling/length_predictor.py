@@ -30,7 +30,7 @@ import math
 import random
 import re
 from collections import Counter, defaultdict, deque
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 

@@ -34,12 +34,23 @@ from infsamp.models.device import base_model, memory_bytes
 from infsamp.models.loading import stop_token_ids
 from infsamp.planner import plan_memory, shape_from_config
 from infsamp.planner.sizes import RunSizes, kv_block_size, parse_kv_budget, sampling_sizes
-from infsamp.sampling.engines.base import (DecodeOptions, Engine, LogitsProcessorFactory,
-                                           model_kv_bytes_per_token)
+from infsamp.sampling.engines.base import (
+    DecodeOptions,
+    Engine,
+    LogitsProcessorFactory,
+    model_kv_bytes_per_token,
+)
 from infsamp.sampling.engines.slots import SlotEngine
 from infsamp.sampling.scheduler import SlotScheduler
-from infsamp.sampling.types import (Completion, Sample, SampleResult, SamplerStats,
-                                    concurrency_for_budget, make_samples, max_new_tokens_within)
+from infsamp.sampling.types import (
+    Completion,
+    Sample,
+    SampleResult,
+    SamplerStats,
+    concurrency_for_budget,
+    make_samples,
+    max_new_tokens_within,
+)
 
 # told after each decode step: the call's statistics so far, samples finished, samples running
 ProgressCallback = Callable[[SamplerStats, int, int], None]

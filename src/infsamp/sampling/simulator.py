@@ -20,9 +20,9 @@ from __future__ import annotations
 import json
 import math
 import random
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
 
 from infsamp.errors import DataError, SamplingError
 from infsamp.sampling.length_predictor import LengthPredictor, OraclePredictor

@@ -165,7 +165,7 @@ class SamplerStats:
         return {f"{prefix}{k}": float(v) for k, v in values.items()}
 
     @classmethod
-    def merge(cls, calls: list["SamplerStats"]) -> "SamplerStats":
+    def merge(cls, calls: list[SamplerStats]) -> SamplerStats:
         """Totals over calls: counters summed, peaks maxed, tau averaged over calls, MAE over
         samples."""
         first = calls[0] if calls else cls()

@@ -29,9 +29,10 @@ from __future__ import annotations
 import importlib
 import json
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from infsamp.config import DataConfig
 from infsamp.errors import DataError

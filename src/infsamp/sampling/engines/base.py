@@ -134,7 +134,7 @@ def is_4bit(model) -> bool:
     return bool(getattr(base, "is_loaded_in_4bit", False))
 
 
-def make_engine(name: str, model, cfg: "SamplingConfig", sizes: RunSizes) -> Engine:
+def make_engine(name: str, model, cfg: SamplingConfig, sizes: RunSizes) -> Engine:
     """The engine `sampling.engine` names, for `model` (a transformers causal LM, peft or not),
     started for the run's `sizes` (its prompts, completions, concurrency and KV budget)."""
     name = resolve_engine_name(name, next(model.parameters()).device, quantized=is_4bit(model),
