@@ -143,8 +143,9 @@ def test_part_cells_stop_at_the_cap(tmp_path):
 
 
 def test_trl_side_continuous_batching_config_and_ratios():
-    from gpu_suite_trl import add_ratios, continuous_batching_config
     from transformers.generation import ContinuousBatchingConfig
+
+    from gpu_suite_trl import add_ratios, continuous_batching_config
 
     config = continuous_batching_config(100)
     assert config["num_blocks"] == math.ceil(100 / 16) and config["max_batch_tokens"] == 100
@@ -180,9 +181,9 @@ def test_cpu_smoke_runs_the_whole_plan(tmp_path):
 def test_the_chunked_lm_head_is_found_by_its_config_switch(monkeypatch):
     import dataclasses
 
-    from gpu_suite_sampling import chunked_head_switch
-
     import infsamp.config
+
+    from gpu_suite_sampling import chunked_head_switch
 
     @dataclasses.dataclass
     class WithBool:

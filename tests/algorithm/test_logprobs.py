@@ -10,9 +10,15 @@ from hypothesis import strategies as st
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from infsamp.algorithm.lm_head import logits_log_softmax
-from infsamp.algorithm.logprobs import (build_micro_batches, make_micro_batch, micro_batch_logprobs,
-                                        plan_micro_batches, plan_prompt_completion_batches,
-                                        sequence_logprobs, sequence_logprobs_and_entropy)
+from infsamp.algorithm.logprobs import (
+    build_micro_batches,
+    make_micro_batch,
+    micro_batch_logprobs,
+    plan_micro_batches,
+    plan_prompt_completion_batches,
+    sequence_logprobs,
+    sequence_logprobs_and_entropy,
+)
 from infsamp.algorithm.losses import LOSS_TYPES, BatchTotals, per_token_loss
 
 PAD = 0

@@ -6,9 +6,17 @@ import math
 import pytest
 import torch
 
+from infsamp.algorithm.losses import (
+    LOSS_TYPES,
+    BatchTotals,
+    LossStats,
+    clipped_surrogate,
+    high_entropy_masks,
+    kl_penalty,
+    per_token_loss,
+    quantile,
+)
 from infsamp.choices import clip_range
-from infsamp.algorithm.losses import (LOSS_TYPES, BatchTotals, LossStats, clipped_surrogate,
-                               high_entropy_masks, kl_penalty, per_token_loss, quantile)
 
 # ratios 1.5, 0.5, 1.0 per row; row 0 has A = +1, row 1 has A = -2; eps_low 0.2, eps_high 0.28
 RATIOS = torch.tensor([[1.5, 0.5, 1.0], [1.5, 0.5, 1.0]])

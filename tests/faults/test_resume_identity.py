@@ -12,10 +12,11 @@ import itertools
 import json
 import shutil
 
-from fault_runs import HARNESS, POLICIES, run_args
-from fault_harness import rows
 from test_checkpoint_files import rehash
 from test_run_folder import last_line, snapshot
+
+from fault_harness import rows
+from fault_runs import HARNESS, POLICIES, run_args
 
 
 def stopped_at_4(reference, tmp_path):

@@ -16,14 +16,15 @@ import time
 from pathlib import Path
 
 import pytest
-from fault_runs import SIGKILLED, run_args
-from fault_harness import length_reward, rows, vandal_reward
 
 from infsamp.rewards.builtin import accuracy_reward
 from infsamp.rewards.compute import compute_rewards
 from infsamp.rewards.workers import RewardWorkers
 from infsamp.run.checkpoint import list_checkpoints, verify_checkpoint
 from infsamp.run.ownership import LOCK_NAME, claim_run_folder, live_holder
+
+from fault_harness import length_reward, rows, vandal_reward
+from fault_runs import SIGKILLED, run_args
 
 LINUX_ONLY = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 

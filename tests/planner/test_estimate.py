@@ -5,10 +5,15 @@ import dataclasses
 import pytest
 
 from infsamp.planner import PRESETS, count_lora_parameters, kv_bytes_per_token, plan_memory
-from infsamp.planner.estimate import (LOGITS_CHUNK_BUFFERS, activation_bytes_per_token,
-                                      embedding_parameters, generation_breakdown,
-                                      logits_chunk_rows, train_logits_bytes,
-                                      training_breakdown)
+from infsamp.planner.estimate import (
+    LOGITS_CHUNK_BUFFERS,
+    activation_bytes_per_token,
+    embedding_parameters,
+    generation_breakdown,
+    logits_chunk_rows,
+    train_logits_bytes,
+    training_breakdown,
+)
 from infsamp.planner.presets import linear_shapes
 
 LLAMA_1B = PRESETS["llama-3.2-1b"]

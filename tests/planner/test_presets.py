@@ -8,7 +8,13 @@ import sys
 import pytest
 
 from infsamp.errors import ModelError
-from infsamp.planner import PRESETS, count_lora_parameters, count_parameters, load_shape, shape_from_config
+from infsamp.planner import (
+    PRESETS,
+    count_lora_parameters,
+    count_parameters,
+    load_shape,
+    shape_from_config,
+)
 
 # Totals published with the checkpoints (safetensors metadata / model cards).
 EXACT_TOTALS = {

@@ -11,7 +11,13 @@ import numpy as np
 import pytest
 
 from infsamp.errors import RewardError
-from infsamp.rewards.builtin import BUILTIN_REWARDS, accuracy_reward, completion_text, format_reward, normalize_answer
+from infsamp.rewards.builtin import (
+    BUILTIN_REWARDS,
+    accuracy_reward,
+    completion_text,
+    format_reward,
+    normalize_answer,
+)
 from infsamp.rewards.calling import check_async_allowed, is_async_callable
 from infsamp.rewards.compute import compute_rewards
 from infsamp.rewards.loading import load_reward_functions

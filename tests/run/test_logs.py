@@ -5,8 +5,15 @@ import json
 import math
 from types import SimpleNamespace
 
-from infsamp.run.logs import (RUN_LOGS, RunLogger, completion_records, moving_average, plot_run,
-                                read_jsonl, rewind)
+from infsamp.run.logs import (
+    RUN_LOGS,
+    RunLogger,
+    completion_records,
+    moving_average,
+    plot_run,
+    read_jsonl,
+    rewind,
+)
 
 
 def test_moving_average_uses_the_last_window_values_and_skips_gaps():

@@ -7,10 +7,10 @@ import json
 import pytest
 import torch
 
-from infsamp.errors import RewardError
 from infsamp.algorithm import grpo_step
-from infsamp.run.checkpoint import list_checkpoints
 from infsamp.algorithm.losses import LOSS_TYPES
+from infsamp.errors import RewardError
+from infsamp.run.checkpoint import list_checkpoints
 from infsamp.run.logs import read_jsonl
 from infsamp.run.trainer import GRPOTrainer
 

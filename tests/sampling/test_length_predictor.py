@@ -10,8 +10,13 @@ import pytest
 
 from infsamp.errors import SamplingError
 from infsamp.sampling.length_predictor import (
-    ConstantPredictor, NoisyOraclePredictor, OnlinePredictor, OraclePredictor, kendall_tau,
-    prediction_quality)
+    ConstantPredictor,
+    NoisyOraclePredictor,
+    OnlinePredictor,
+    OraclePredictor,
+    kendall_tau,
+    prediction_quality,
+)
 from infsamp.sampling.predictors import make_predictor
 from infsamp.sampling.types import Sample
 

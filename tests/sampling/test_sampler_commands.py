@@ -13,7 +13,6 @@ from infsamp.config import SamplingConfig
 from infsamp.sampling.engines.base import vllm_installed
 from infsamp.sampling.sampler import GroupSampler
 
-
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
@@ -44,8 +43,8 @@ def test_sample_command_reports_bad_budget(checkpoint, tmp_path, capsys):
 
 
 def test_forced_lengths_are_exact(checkpoint):
-    from infsamp.models.loading import load_model_and_tokenizer
     from infsamp.config import ModelConfig
+    from infsamp.models.loading import load_model_and_tokenizer
 
     model, tokenizer = load_model_and_tokenizer(ModelConfig(name_or_path=str(checkpoint)))
     workload = bench.Workload("controlled", (8,), 40, median=12, min_length=2, controlled=True)
@@ -57,8 +56,8 @@ def test_forced_lengths_are_exact(checkpoint):
 
 
 def test_bench_cells_and_targets(checkpoint):
-    from infsamp.models.loading import load_model_and_tokenizer
     from infsamp.config import ModelConfig
+    from infsamp.models.loading import load_model_and_tokenizer
 
     model, tokenizer = load_model_and_tokenizer(ModelConfig(name_or_path=str(checkpoint)))
     workload = bench.Workload("controlled", (4, 8), 24, {4: 1, 8: 1}, median=8, min_length=2, controlled=True)

@@ -6,7 +6,13 @@ import pytest
 
 from infsamp.cli import main
 from infsamp.errors import DataError, SamplingError
-from infsamp.sampling.simulator import TraceGroup, read_trace, simulate, synthetic_trace, write_trace
+from infsamp.sampling.simulator import (
+    TraceGroup,
+    read_trace,
+    simulate,
+    synthetic_trace,
+    write_trace,
+)
 
 
 def write_lines(tmp_path, lines):

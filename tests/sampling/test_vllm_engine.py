@@ -11,10 +11,10 @@ import copy
 import pytest
 import torch
 
+from infsamp.algorithm.logprobs import sequence_logprobs
 from infsamp.config import ModelConfig, SamplingConfig
 from infsamp.errors import SamplingError
 from infsamp.models.loading import load_model_and_tokenizer
-from infsamp.algorithm.logprobs import sequence_logprobs
 from infsamp.planner.sizes import RunSizes
 from infsamp.sampling.engines.base import make_engine, vllm_installed
 from infsamp.sampling.length_predictor import OraclePredictor

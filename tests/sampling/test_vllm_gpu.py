@@ -8,11 +8,10 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from infsamp.algorithm.logprobs import sequence_logprobs
 from infsamp.config import SamplingConfig
 from infsamp.planner.sizes import RunSizes
-from infsamp.algorithm.logprobs import sequence_logprobs
-from infsamp.sampling.engines.base import (make_engine, resolve_engine_name,
-                                           vllm_installed)
+from infsamp.sampling.engines.base import make_engine, resolve_engine_name, vllm_installed
 from infsamp.sampling.sampler import GroupSampler
 
 pytestmark = [pytest.mark.gpu,

@@ -8,7 +8,12 @@ from infsamp.config import ConfigError
 from infsamp.config_io import load_config
 from infsamp.rewards.compute import compute_rewards
 from infsamp.rewards.loading import load_reward_functions
-from infsamp.tasks.gsm8k import SYSTEM_PROMPT, extract_hash_answer, extract_xml_answer, has_xml_format
+from infsamp.tasks.gsm8k import (
+    SYSTEM_PROMPT,
+    extract_hash_answer,
+    extract_xml_answer,
+    has_xml_format,
+)
 from infsamp.tasks.loading import load_examples
 from infsamp.tasks.prompts import completion_for_rewards, prompt_for_rewards, render_prompt
 

@@ -10,6 +10,7 @@ from infsamp.config import DataConfig
 from infsamp.errors import DataError
 from infsamp.tasks.loading import load_examples, load_splits
 
+
 def write_jsonl(path, rows):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return str(path)
