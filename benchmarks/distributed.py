@@ -68,8 +68,8 @@ def oracle(out: Path, num_steps: int, prompts: int,
     import torch
 
     from infsamp.config_io import load_config
-    from infsamp.run.trainer import GRPOTrainer
     from infsamp.distributed.rank_assignment import assign, imbalance
+    from infsamp.run.trainer import GRPOTrainer
 
     shutil.rmtree(out, ignore_errors=True)
     torch.set_num_threads(1)

@@ -39,8 +39,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from infsamp.planner import load_shape, plan_memory, with_layers  # noqa: E402
-from proc_memory import peak_resident_bytes, reset_peak, resident_bytes  # noqa: E402  (benchmarks/)
 from infsamp.planner.presets import ModelShape, shape_from_config  # noqa: E402
+
+from proc_memory import peak_resident_bytes, reset_peak, resident_bytes  # noqa: E402  (benchmarks/)
 
 MIB = 2**20
 NO_LIMIT = 2**50
@@ -143,8 +144,8 @@ def build_model(case: Case, precision: str):
 
     from infsamp.config import ModelConfig
     from infsamp.models.loading import apply_lora, weight_kwargs
-    from infsamp.planner import PRECISIONS
     from infsamp.models.precision import apply_compute
+    from infsamp.planner import PRECISIONS
 
     mode = PRECISIONS[precision]
     model_cfg = ModelConfig(lora_rank=case.lora_rank, load_in_4bit=case.load_in_4bit)
@@ -250,9 +251,10 @@ def run_child(name: str, phase: str, precision: str) -> dict:
     import torch
 
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+    import transformers  # noqa: F401
+
     import infsamp.algorithm.logprobs  # noqa: F401  (imports before the baseline)
     import infsamp.sampling.sampler  # noqa: F401
-    import transformers  # noqa: F401
 
     micro = dataclasses.replace(MICRO_CASE, device=case.device)
     run_phase(micro, phase, PeakMeter(case.device), precision)  # lazy imports before the baseline
@@ -275,9 +277,9 @@ def run_phase(case: Case, phase: str, meter: PeakMeter, precision: str) -> None:
 def train_phase(model, case: Case, meter: PeakMeter, precision: str) -> None:
     """A warm-up step on one short sequence creates the optimizer states (and compiles torchao's
     step); then the measured step."""
+    from infsamp.algorithm.optim import build_optimizer
     from infsamp.config import TrainingConfig
     from infsamp.planner import PRECISIONS
-    from infsamp.algorithm.optim import build_optimizer
 
     model.train()
     optimizer = build_optimizer(model, TrainingConfig(learning_rate=1e-5), PRECISIONS[precision])

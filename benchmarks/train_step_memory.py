@@ -4,11 +4,15 @@
 
 Prints the peak RSS growth of forward + loss + backward over N completions (one process per row).
 """
-import resource, sys, time
+import resource
+import sys
+import time
+
 import torch
-from infsamp.models.tiny import build_model, build_tokenizer
+
 from infsamp.algorithm.logprobs import build_micro_batches, micro_batch_logprobs
 from infsamp.algorithm.losses import LOSS_TYPES, BatchTotals, per_token_loss
+from infsamp.models.tiny import build_model, build_tokenizer
 
 n, budget = int(sys.argv[1]), int(sys.argv[2])
 torch.manual_seed(0); torch.set_num_threads(2)
