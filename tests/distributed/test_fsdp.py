@@ -14,9 +14,9 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from test_equal_to_one_process import assert_cases_equal_one_process, case_settings
 
 from launching import final_weights, launch, max_difference, train_argv
+from test_equal_to_one_process import assert_cases_equal_one_process, case_settings
 
 # dapo-batch also takes the KL term (a whole reference model on each rank) and two passes over
 # each rollout (old log-probs from the gathered whole weights)

@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 
 import pytest
-from test_run_folder import last_line
 
 from fault_harness import rows
+from test_run_folder import last_line
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
 from launching import launch_command, settings, train_argv

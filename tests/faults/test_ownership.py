@@ -11,10 +11,9 @@ from __future__ import annotations
 import shutil
 import signal
 
-from test_run_folder import last_line, snapshot
-
 from fault_harness import rows
 from fault_runs import run_args
+from test_run_folder import last_line, snapshot
 
 
 def test_a_live_run_owns_its_folder_and_keeps_what_it_did_not_write(runner, tiny_model_dir,

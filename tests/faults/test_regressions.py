@@ -9,8 +9,6 @@ import os
 
 import pytest
 import torch
-from test_config_property import assert_one_line_naming, run_train
-from test_kill_resume import assert_same_run
 
 from infsamp import cli
 from infsamp.errors import RewardError
@@ -18,6 +16,8 @@ from infsamp.rewards.compute import compute_rewards
 from infsamp.run import logs as run_log
 
 from fault_runs import run_args
+from test_config_property import assert_one_line_naming, run_train
+from test_kill_resume import assert_same_run
 
 
 def main(argv: list[str]) -> tuple[int, str]:

@@ -12,11 +12,10 @@ import itertools
 import json
 import shutil
 
-from test_checkpoint_files import rehash
-from test_run_folder import last_line, snapshot
-
 from fault_harness import rows
 from fault_runs import HARNESS, POLICIES, run_args
+from test_checkpoint_files import rehash
+from test_run_folder import last_line, snapshot
 
 
 def stopped_at_4(reference, tmp_path):

@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 
 import pytest
-from test_kill_resume import assert_same_run
 
 from fault_runs import run_args
+from test_kill_resume import assert_same_run
 
 
 @pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
