@@ -71,9 +71,11 @@ def group_ties(grouped: Tensor) -> Tensor:
 def compute_advantages(rewards: Tensor, num_generations: int, scale: str) -> AdvantageResult:
     """Group-mean-centred rewards divided by the scale named `scale` (a key of REWARD_SCALERS)."""
     if scale not in REWARD_SCALERS:
-        raise ValueError(f"scale_rewards: unknown {scale!r}; expected one of {sorted(REWARD_SCALERS)}")
+        raise ValueError(f"scale_rewards: unknown {scale!r}; expected one of "
+                         f"{sorted(REWARD_SCALERS)}")
     if num_generations < 1 or rewards.numel() % num_generations:
-        raise ValueError(f"num_generations: {num_generations} does not divide {rewards.numel()} rewards")
+        raise ValueError(f"num_generations: {num_generations} does not divide {rewards.numel()} "
+                         f"rewards")
     grouped = rewards.float().reshape(-1, num_generations)  # [P, G]
     group_std = nanstd(grouped, dim=1)  # [P]
     centred = grouped - torch.nanmean(grouped, dim=1, keepdim=True)  # [P, G]

@@ -124,7 +124,8 @@ class GRPOStep:
                                                          cfg.epsilon_high)
         self.on_micro_batch: Callable[[int], None] | None = None  # told each micro-batch's size
         self.num_skipped_updates = 0
-        self.importance_sampling = importance_sampling  # algorithm/importance.py: for vLLM's samples
+        # algorithm/importance.py: for vLLM's samples
+        self.importance_sampling = importance_sampling
         self.importance_sampling_cap = importance_sampling_cap
         self.mismatch = MismatchStats()
         self._first_pass = True

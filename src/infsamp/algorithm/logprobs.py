@@ -47,7 +47,8 @@ from infsamp.algorithm.lm_head import (
 # --- planning: which sequences share a micro-batch ------------------------------------------------
 
 
-def _pack(order: Sequence[int], padded_size: Callable[[list[int]], int], max_tokens: int) -> list[list[int]]:
+def _pack(order: Sequence[int], padded_size: Callable[[list[int]], int],
+          max_tokens: int) -> list[list[int]]:
     """Greedy packing of `order` into consecutive groups whose padded size stays <= max_tokens."""
     if max_tokens < 1:
         raise ValueError(f"max_tokens: must be >= 1, got {max_tokens}")
@@ -70,7 +71,8 @@ def plan_prompt_completion_batches(prompt_lengths: Sequence[int], completion_len
                                    max_tokens: int) -> list[list[int]]:
     """As plan_micro_batches, for the left/right-padded layout: count * (max prompt + max completion)."""
     def padded_size(batch: list[int]) -> int:
-        return len(batch) * (max(prompt_lengths[i] for i in batch) + max(completion_lengths[i] for i in batch))
+        return len(batch) * (max(prompt_lengths[i] for i in batch)
+                             + max(completion_lengths[i] for i in batch))
 
     totals = [p + c for p, c in zip(prompt_lengths, completion_lengths)]
     order = sorted(range(len(totals)), key=lambda i: (-totals[i], -completion_lengths[i]))
@@ -101,7 +103,8 @@ class MicroBatch:
         """Right-pad this micro-batch's entries of a per-sequence list (e.g. old log-probs) to [b, T_c]."""
         if per_sequence is None:
             return None
-        out = torch.zeros(self.completion_mask.shape, dtype=torch.float32, device=self.completion_mask.device)
+        out = torch.zeros(self.completion_mask.shape, dtype=torch.float32,
+                          device=self.completion_mask.device)
         for row, index in enumerate(self.indices):
             values = per_sequence[index]
             out[row, : values.shape[0]] = values.to(out.device, torch.float32)
@@ -123,20 +126,24 @@ def _lengths_mask(lengths: list[int], width: int, left: bool) -> Tensor:
 
 
 def make_micro_batch(prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]],
-                     indices: list[int], pad_token_id: int, device: torch.device | str = "cpu") -> MicroBatch:
+                     indices: list[int], pad_token_id: int,
+                     device: torch.device | str = "cpu") -> MicroBatch:
     """Left-pad the prompts and right-pad the completions of `indices` into one micro-batch."""
     prompts = [prompt_ids[i] for i in indices]
     completions = [completion_ids[i] for i in indices]
     if any(len(p) == 0 for p in prompts):
-        raise ValueError("make_micro_batch: an empty prompt has no token to predict the completion from")
+        raise ValueError("make_micro_batch: an empty prompt has no token to predict the completion "
+                         "from")
     width_p, width_c = max(map(len, prompts)), max(1, max(map(len, completions)))
     prompt_mask = _lengths_mask([len(p) for p in prompts], width_p, left=True)  # [b, T_p]
     completion_mask = _lengths_mask([len(c) for c in completions], width_c, left=False)  # [b, T_c]
     attention_mask = torch.cat([prompt_mask, completion_mask], dim=1).long()  # [b, T_p + T_c]
     completion_tensor = _pad_rows(completions, width_c, pad_token_id, left=False)  # [b, T_c]
-    input_ids = torch.cat([_pad_rows(prompts, width_p, pad_token_id, left=True), completion_tensor], dim=1)
+    input_ids = torch.cat([_pad_rows(prompts, width_p, pad_token_id, left=True), completion_tensor],
+                          dim=1)
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # [b, T_p + T_c]
-    return MicroBatch(indices, input_ids.to(device), attention_mask.to(device), position_ids.to(device),
+    return MicroBatch(indices, input_ids.to(device), attention_mask.to(device),
+                      position_ids.to(device),
                       completion_tensor.to(device), completion_mask.float().to(device))
 
 
@@ -151,7 +158,8 @@ def plan_sequence_batches(prompt_ids: Sequence[Sequence[int]],
     return [[chosen[j] for j in batch] for batch in plan]
 
 
-def build_micro_batches(prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]], *,
+def build_micro_batches(prompt_ids: Sequence[Sequence[int]],
+                        completion_ids: Sequence[Sequence[int]], *,
                         max_tokens: int, pad_token_id: int, device: torch.device | str = "cpu",
                         indices: Sequence[int] | None = None):
     """Yield MicroBatch objects covering `indices` (default: all) within the padded token budget.
@@ -163,7 +171,7 @@ def build_micro_batches(prompt_ids: Sequence[Sequence[int]], completion_ids: Seq
         yield make_micro_batch(prompt_ids, completion_ids, batch, pad_token_id, device)
 
 
-# --- log-probs --------------------------------------------------------------------------------------
+# --- log-probs ------------------------------------------------------------------------------------
 
 
 def _forward(model: torch.nn.Module, mb: MicroBatch, keep: int):
@@ -235,8 +243,8 @@ def micro_batch_logprobs_and_entropy(model: torch.nn.Module, mb: MicroBatch,
 
 
 def sequence_logprobs(model: torch.nn.Module, prompt_ids: Sequence[Sequence[int]],
-                      completion_ids: Sequence[Sequence[int]], *, max_tokens: int, pad_token_id: int,
-                      temperature: float = 1.0, grad: bool = False,
+                      completion_ids: Sequence[Sequence[int]], *, max_tokens: int,
+                      pad_token_id: int, temperature: float = 1.0, grad: bool = False,
                       chunked: bool = True) -> list[Tensor]:
     """Log-probs of every completion token, one 1-D fp32 tensor per sequence, in the input order.
 

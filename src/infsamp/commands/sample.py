@@ -46,7 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(*names, dest=f"short:{key}", default=None,
                             metavar=key.partition(".")[2].upper(), help=f"{help_text} (= --{key})")
     parser.add_argument("--split", help="split of a dataset source (default: data.train_split)")
-    parser.add_argument("--num-prompts", type=int, default=0, help="use only the first N prompts (0: all)")
+    parser.add_argument("--num-prompts", type=int, default=0,
+                        help="use only the first N prompts (0: all)")
     parser.add_argument("--out", help="write completions here (JSON lines)")
     parser.add_argument("--trace", help="write the lengths trace for `infsamp simulate` here")
     parser.add_argument("--overwrite", action="store_true",
@@ -141,7 +142,8 @@ def print_completions(texts: list[str], result) -> None:
 
 
 def format_stats(stats) -> str:
-    rows = [("policy", stats.policy), ("micro-group (g)", stats.micro_group), ("kv budget (tokens)", stats.kv_budget_tokens),
+    rows = [("policy", stats.policy), ("micro-group (g)", stats.micro_group),
+            ("kv budget (tokens)", stats.kv_budget_tokens),
             ("decode steps", stats.decode_steps), ("lower bound", stats.lower_bound),
             ("prefill tokens", stats.prefill_tokens), ("generated tokens", stats.generated_tokens),
             ("peak kv tokens", stats.peak_kv_tokens), ("peak kv bytes", stats.peak_kv_bytes),

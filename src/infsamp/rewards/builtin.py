@@ -68,13 +68,15 @@ def format_reward(completions: Sequence[Any], think_block: str = "forbid",
             for c in completions]
 
 
-def accuracy_reward(completions: Sequence[Any], answer: Sequence[Any], **kwargs: Any) -> list[float]:
+def accuracy_reward(completions: Sequence[Any], answer: Sequence[Any],
+                    **kwargs: Any) -> list[float]:
     """2.0 when the text inside <answer>...</answer> equals the reference `answer` column, else 0.0.
 
     Improvement over the seed's exact string comparison: both sides go through `normalize_answer`,
     so '1,000' matches '1000' and '5.0' matches '5'.
     """
-    return [ACCURACY_REWARD if normalize_answer(extract_xml_answer(completion_text(c))) == normalize_answer(str(a))
+    return [ACCURACY_REWARD
+            if normalize_answer(extract_xml_answer(completion_text(c))) == normalize_answer(str(a))
             else 0.0 for c, a in zip(completions, answer)]
 
 

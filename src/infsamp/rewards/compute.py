@@ -44,7 +44,8 @@ class RewardResult:
             mean = sum(scored) / len(scored) if scored else float("nan")
             squares = sum((v - mean) ** 2 for v in scored)
             logged[f"rewards/{name}/mean"] = mean
-            logged[f"rewards/{name}/std"] = math.sqrt(squares / (len(scored) - 1)) if len(scored) > 1 else 0.0
+            logged[f"rewards/{name}/std"] = math.sqrt(squares / (len(scored)
+                                                                 - 1)) if len(scored) > 1 else 0.0
         for name, count in self.timeouts.items():
             logged[f"rewards/{name}/timeouts"] = count
         return logged
@@ -127,10 +128,12 @@ def _check_inputs(funcs: list, weights: Sequence[float] | None, completions: Seq
                   columns: dict[str, list]) -> list[float]:
     weights = list(weights) if weights else [1.0] * len(funcs)
     if len(weights) != len(funcs):
-        raise RewardError(f"rewards.weights: {len(weights)} weights for {len(funcs)} reward functions")
+        raise RewardError(f"rewards.weights: {len(weights)} weights for {len(funcs)} reward "
+                          f"functions")
     for key, values in columns.items():
         if len(values) != len(completions):
-            raise ValueError(f"column {key!r} has {len(values)} values for {len(completions)} completions")
+            raise ValueError(f"column {key!r} has {len(values)} values for {len(completions)} "
+                             f"completions")
     return weights
 
 

@@ -23,7 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 DEFAULT_MAX_STATES = 2_000  # visited DP states before the search settles for its best plan
-MAX_SEARCH_JOBS = 400       # beyond this LPT is within a fraction of a percent anyway (and recursion)
+# beyond this LPT is within a fraction of a percent anyway (and recursion)
+MAX_SEARCH_JOBS = 400
 
 
 @dataclass
@@ -53,7 +54,8 @@ def pigeonhole_bound(lengths: Sequence[int], num_slots: int) -> int:
 def makespan(slots: Sequence[Sequence[int]], weights: Sequence[float],
              initial_loads: Sequence[float] | None = None) -> float:
     loads = list(initial_loads) if initial_loads else [0.0] * len(slots)
-    return max((loads[s] + sum(weights[j] for j in jobs) for s, jobs in enumerate(slots)), default=0.0)
+    return max((loads[s] + sum(weights[j] for j in jobs) for s, jobs in enumerate(slots)),
+               default=0.0)
 
 
 def lpt(weights: Sequence[float], num_slots: int,
@@ -95,11 +97,13 @@ def search(weights: Sequence[float], num_slots: int, epsilon: float,
         return [[] for _ in range(num_slots)], True
     jobs = sorted(range(n), key=lambda j: -weights[j])
     delta = epsilon * max((sum(weights) + sum(initial)) / num_slots, max(weights)) / n
-    state = _Search([int(weights[j] // delta) for j in jobs], [int(x // delta) for x in initial], max_states)
+    state = _Search([int(weights[j] // delta) for j in jobs], [int(x // delta) for x in initial],
+                    max_states)
     greedy = lpt(weights, num_slots, initial_loads)
     slot_of = {j: s for s, slot_jobs in enumerate(greedy) for j in slot_jobs}
     state.best_assign = [slot_of[j] for j in jobs]
-    state.best = max(state.loads[s] + sum(state.units[i] for i, j in enumerate(jobs) if slot_of[j] == s)
+    state.best = max(state.loads[s]
+                     + sum(state.units[i] for i, j in enumerate(jobs) if slot_of[j] == s)
                      for s in range(num_slots))
     complete = state.run()
     slots: list[list[int]] = [[] for _ in range(num_slots)]
@@ -168,4 +172,5 @@ def balance(weights: Sequence[float], num_slots: int, epsilon: float = 0.1,
         slots = lpt(weights, num_slots, initial_loads)
         return Grouping(slots, makespan(slots, weights, initial_loads), "lpt")
     slots, complete = search(weights, num_slots, epsilon, initial_loads, max_states)
-    return Grouping(slots, makespan(slots, weights, initial_loads), "fptas" if complete else "fptas_cut")
+    return Grouping(slots, makespan(slots, weights, initial_loads), "fptas" if complete
+                    else "fptas_cut")

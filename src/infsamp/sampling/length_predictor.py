@@ -116,7 +116,8 @@ class _Ridge:
     """Ridge regression with exponential forgetting, refit lazily; silent until MIN_SEEN samples."""
     MIN_SEEN = 16
 
-    def __init__(self, num_features: int, l2: float = 1.0, decay: float = 0.999, refit_every: int = 32):
+    def __init__(self, num_features: int, l2: float = 1.0, decay: float = 0.999,
+                 refit_every: int = 32):
         self.a = np.eye(num_features) * l2
         self.b = np.zeros(num_features)
         self.weights: np.ndarray | None = None
@@ -161,14 +162,18 @@ class OnlinePredictor(LengthPredictor):
 
     def __init__(self, l2: float = 1.0, decay: float = 0.999):
         self._prompt_features: dict[str, list[float]] = {}
-        self._history: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])  # key -> [sum log L, n]
-        self._siblings: dict[int, list[float]] = defaultdict(lambda: [0.0, 0])  # group -> same, this call
+        # key -> [sum log L, n]
+        self._history: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+        # group -> same, this call
+        self._siblings: dict[int, list[float]] = defaultdict(lambda: [0.0, 0])
         self._call_logs: list[tuple[str, float]] = []
-        self._prefixes: dict[int, tuple[np.ndarray, int, Counter]] = {}  # sample -> (features, k, token counts)
+        # sample -> (features, k, token counts)
+        self._prefixes: dict[int, tuple[np.ndarray, int, Counter]] = {}
         self._totals: dict[int, float] = {}  # sample -> total predicted at its first point
         self._memory = PrefixMemory()
         self._run_mean: float | None = None
-        self._cache: dict[tuple[int, str], float] = {}  # (group, key) -> prediction; cleared on news
+        # (group, key) -> prediction; cleared on news
+        self._cache: dict[tuple[int, str], float] = {}
         self._model = _Ridge(len(self._features(_probe_spec())), l2, decay)
         num_prefix = len(self._prefix_features(_probe_spec(), []))
         self._prefix_model = _Ridge(num_prefix, l2, decay)
@@ -269,7 +274,8 @@ class OnlinePredictor(LengthPredictor):
         if prompt is None:
             prompt = self._prompt_features[spec.prompt_text] = _text_features(spec.prompt_text)
         sib_total, sib_count = self._siblings.get(spec.group_id, (0.0, 0))
-        hist_total, hist_count = self._history.get(spec.prompt_key, (0.0, 0)) if spec.prompt_key else (0.0, 0)
+        hist_total, hist_count = self._history.get(spec.prompt_key,
+                                                   (0.0, 0)) if spec.prompt_key else (0.0, 0)
         run = self._run_mean if self._run_mean is not None else 0.0
         return np.array([1.0, math.log1p(spec.prompt_tokens), *prompt, run,
                          float(sib_count > 0), sib_total / sib_count if sib_count else 0.0,
@@ -351,8 +357,8 @@ def _norm(counts: Counter) -> float:
 def _text_features(text: str) -> list[float]:
     numbers = NUMBER.findall(text)
     longest = max((len(n) for n in numbers), default=0)
-    return [math.log1p(len(text)), math.log1p(sum(len(n) for n in numbers)), math.log1p(len(numbers)),
-            float(longest), float(longest) ** 2 / 10]
+    return [math.log1p(len(text)), math.log1p(sum(len(n) for n in numbers)),
+            math.log1p(len(numbers)), float(longest), float(longest) ** 2 / 10]
 
 
 def _probe_spec():

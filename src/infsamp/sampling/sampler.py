@@ -145,9 +145,11 @@ class GroupSampler:
     def max_context(self) -> int:
         return self.engine.max_context
 
-    def sample(self, prompt_ids: list[list[int]], num_generations: int, prompt_keys: list[str] | None = None,
+    def sample(self, prompt_ids: list[list[int]], num_generations: int,
+               prompt_keys: list[str] | None = None,
                prompt_texts: list[str] | None = None, max_new_tokens: int | None = None,
-               temperature: float | None = None, logits_processor_factory: LogitsProcessorFactory | None = None,
+               temperature: float | None = None,
+               logits_processor_factory: LogitsProcessorFactory | None = None,
                generator: torch.Generator | None = None, policy: str | None = None,
                target_lengths: Sequence[int] | None = None,
                global_group_ids: Sequence[int] | None = None,
@@ -230,7 +232,8 @@ class GroupSampler:
             if len(prompt) == 0:
                 raise SamplingError(f"prompt {index} is empty (0 tokens)")
             if len(prompt) > self.max_context - 1:
-                raise SamplingError(f"prompt {index} has {len(prompt)} tokens; the model context is "
+                raise SamplingError(f"prompt {index} has {len(prompt)} tokens; the model context "
+                                    f"is "
                                     f"{self.max_context}, so at most {self.max_context - 1} fit")
 
     def _fit_budget(self, prompt_ids: list[list[int]], max_new: int, budget: int) -> int:
@@ -239,10 +242,12 @@ class GroupSampler:
         longest, block = max(len(p) for p in prompt_ids), self.engine.kv_block_size
         fits = max_new_tokens_within(budget, longest, max_new, block)
         if fits < 1:
-            raise SamplingError(f"sampling.kv_budget={self.cfg.kv_budget!r} ({budget} tokens) cannot hold "
+            raise SamplingError(f"sampling.kv_budget={self.cfg.kv_budget!r} ({budget} tokens) "
+                                f"cannot hold "
                                 f"the longest prompt ({longest} tokens) plus one token")
         if fits < max_new:
-            warnings.warn(f"sampling.kv_budget={self.cfg.kv_budget!r} ({budget} tokens) holds at most "
+            warnings.warn(f"sampling.kv_budget={self.cfg.kv_budget!r} ({budget} tokens) holds at "
+                          f"most "
                           f"{fits} new tokens per sample; max_new_tokens lowered from {max_new}")
         return fits
 
@@ -255,11 +260,12 @@ class GroupSampler:
                                         self.max_context - sample.prompt_tokens)
         return samples
 
-    def _decode_options(self, temperature: float | None, generator: torch.Generator | None) -> DecodeOptions:
+    def _decode_options(self, temperature: float | None,
+                        generator: torch.Generator | None) -> DecodeOptions:
         seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator).item())
         temp = self.cfg.temperature if temperature is None else temperature
-        return DecodeOptions(temperature=temp, top_p=self.cfg.top_p, top_k=self.cfg.top_k, seed=seed,
-                             eos_token_ids=stop_token_ids(self.model, self.tokenizer))
+        return DecodeOptions(temperature=temp, top_p=self.cfg.top_p, top_k=self.cfg.top_k,
+                             seed=seed, eos_token_ids=stop_token_ids(self.model, self.tokenizer))
 
     # ---- the loop
     def _run(self, sched: SlotScheduler, progress: ProgressCallback | None = None) -> float:
@@ -286,7 +292,8 @@ class GroupSampler:
         for sample in samples:
             ids = sample.token_ids
             text_ids = ids[:-1] if sample.finish_reason == "eos" else ids
-            text = self.tokenizer.decode(text_ids, skip_special_tokens=True) if self.tokenizer else ""
+            text = self.tokenizer.decode(text_ids,
+                                         skip_special_tokens=True) if self.tokenizer else ""
             groups[sample.group_id].append(Completion(
                 list(ids), text, len(ids), sample.finish_reason, sample.group_id,
                 sample.index_in_group, sample.logprobs))

@@ -53,7 +53,8 @@ def read_trace(path: str | Path) -> list[TraceGroup]:
         raise DataError(f"{path}: cannot read trace ({err.strerror})") from None
     except UnicodeDecodeError:
         raise DataError(f"{path}: not a text file (a trace is JSON lines)") from None
-    groups = [_parse_line(path, number, line) for number, line in enumerate(lines, 1) if line.strip()]
+    groups = [_parse_line(path, number, line) for number, line in enumerate(lines, 1)
+              if line.strip()]
     if not groups:
         raise DataError(f"{path}: trace is empty")
     return groups
@@ -114,7 +115,8 @@ def _is_int(value) -> bool:
 def write_trace(groups: Iterable[TraceGroup], path: str | Path) -> None:
     with open(path, "w") as handle:
         for group in groups:
-            row = {"prompt_id": group.prompt_id, "prompt_tokens": group.prompt_tokens, "lengths": group.lengths}
+            row = {"prompt_id": group.prompt_id, "prompt_tokens": group.prompt_tokens,
+                   "lengths": group.lengths}
             if group.prompt_text:
                 row["prompt_text"] = group.prompt_text
             if group.first_tokens is not None:
@@ -132,7 +134,8 @@ def synthetic_trace(num_groups: int, group_size: int, epochs: int = 1, seed: int
     groups = []
     for _ in range(epochs):
         for prompt_id, prompt_tokens, prompt_median in prompts:
-            lengths = [min(max_length, max(min_length, round(rng.lognormvariate(math.log(prompt_median),
+            lengths = [min(max_length,
+                           max(min_length, round(rng.lognormvariate(math.log(prompt_median),
                                                                                  sigma_sample))))
                        for _ in range(group_size)]
             groups.append(TraceGroup(prompt_id, prompt_tokens, lengths))
@@ -155,10 +158,13 @@ def arithmetic_trace(num_groups: int, group_size: int, epochs: int = 1, seed: in
     for _ in range(epochs):
         for number, problem in enumerate(problems):
             worked, direct = _token_length(problem["solution"]), _token_length(problem["direct_solution"])
-            lengths = [min(max_length, max(1, round((direct if direct_share and rng.random() < direct_share
-                                                     else worked) * rng.lognormvariate(0.0, sigma_sample))))
+            lengths = [min(max_length,
+                           max(1, round((direct if direct_share and rng.random() < direct_share
+                                                     else worked)
+                                                     * rng.lognormvariate(0.0, sigma_sample))))
                        for _ in range(group_size)]
-            groups.append(TraceGroup(f"a{number}", len(problem["prompt"]), lengths, problem["prompt"]))
+            groups.append(TraceGroup(f"a{number}", len(problem["prompt"]), lengths,
+                                     problem["prompt"]))
     return groups
 
 
@@ -220,7 +226,8 @@ def slots_for_budget(kv_budget: int, groups: Sequence[TraceGroup], max_new_token
     num_slots = concurrency_for_budget(kv_budget, max_new_tokens, largest_prompt, prompts_per_step,
                                        most_samples)
     if num_slots < 1:
-        raise SamplingError(f"--kv-budget {kv_budget} is too small for one prompt ({largest_prompt} tokens) "
+        raise SamplingError(f"--kv-budget {kv_budget} is too small for one prompt "
+                            f"({largest_prompt} tokens) "
                             f"plus max_new_tokens {max_new_tokens}")
     return num_slots
 

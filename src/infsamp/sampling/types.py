@@ -121,7 +121,8 @@ class SamplerStats:
     # the schedule (scheduler)
     decode_steps: int = 0  # loop iterations = engine forward steps
     lower_bound: int = 0  # per call max(ceil(sum L / g), max L): no g-slot schedule does better
-    opt_lower_bound: int = 0  # per call pigeonhole bound: tighter for lumpy lengths, still <= the optimum
+    # per call pigeonhole bound: tighter for lumpy lengths, still <= the optimum
+    opt_lower_bound: int = 0
     num_samples: int = 0
     generated_tokens: int = 0
     num_rounds: int = 0  # admissions that started from an empty engine (rounds policy: its rounds)

@@ -80,10 +80,12 @@ def direct_solution(operands: list[int]) -> str:
     return "<reasoning>\nin my head\n</reasoning>\n<answer>\n" + str(sum(operands)) + "\n</answer>\n"
 
 
-def sft_completions(problems: list[dict[str, Any]], seed: int = 0, direct_share: float = DIRECT_SHARE) -> list[str]:
+def sft_completions(problems: list[dict[str, Any]], seed: int = 0,
+                    direct_share: float = DIRECT_SHARE) -> list[str]:
     """The SFT target of each problem: the direct answer for `direct_share` of them, else the worked one."""
     rng = random.Random(seed)
-    return [p["direct_solution"] if rng.random() < direct_share else p["solution"] for p in problems]
+    return [p["direct_solution"] if rng.random() < direct_share else p["solution"]
+            for p in problems]
 
 
 def make_problem(operands: list[int]) -> dict[str, Any]:

@@ -27,7 +27,8 @@ SYSTEM_PROMPT = """Respond in the following format:
 </answer>
 """
 
-XML_FORMAT_PATTERN = re.compile(r"^<reasoning>\n.*?\n</reasoning>\n<answer>\n.*?\n</answer>\n?$", re.DOTALL)
+XML_FORMAT_PATTERN = re.compile(r"^<reasoning>\n.*?\n</reasoning>\n<answer>\n.*?\n</answer>\n?$",
+                                re.DOTALL)
 THINK_BLOCK = re.compile(r"^\s*<think>.*?</think>\s*", re.DOTALL)
 THINK_BLOCK_RULES = ("forbid", "allow", "require")  # must not / may / must open with a think block
 

@@ -51,7 +51,8 @@ Row = tuple[str, dict[str, Any]]  # (where the row comes from, for error message
 def _read_embedded(data_cfg: DataConfig, split: str) -> list[Row]:
     task = data_cfg.dataset[len(EMBEDDED_PREFIX):]
     if task not in EMBEDDED_TASKS:
-        raise DataError(f"data.dataset: unknown embedded task {task!r} (known: {', '.join(EMBEDDED_TASKS)})")
+        raise DataError(f"data.dataset: unknown embedded task {task!r} (known: "
+                        f"{', '.join(EMBEDDED_TASKS)})")
     generate = importlib.import_module(EMBEDDED_TASKS[task]).generate_problems
     num = data_cfg.num_eval_examples if split == data_cfg.eval_split else data_cfg.num_train_examples
     try:
@@ -215,7 +216,8 @@ class UnreadableAnswer(DataError):
 
 def _column(row: dict[str, Any], key: str, option: str, where: str) -> Any:
     if key not in row:
-        raise DataError(f"{where}: no column {key!r} ({option}); available: {', '.join(map(str, row)) or 'none'}")
+        raise DataError(f"{where}: no column {key!r} ({option}); available: "
+                        f"{', '.join(map(str, row)) or 'none'}")
     return row[key]
 
 

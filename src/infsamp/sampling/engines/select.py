@@ -30,7 +30,8 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def uniform_noise(seed: int, sample_ids: torch.Tensor, num_generated: torch.Tensor, vocab_size: int) -> torch.Tensor:
+def uniform_noise(seed: int, sample_ids: torch.Tensor, num_generated: torch.Tensor,
+                  vocab_size: int) -> torch.Tensor:
     """U(0,1) noise [S, V] that depends only on (seed, sample id, token index, vocab index)."""
     per_sample = _mix32((sample_ids * 0x9E3779B1 + (seed & _MASK32)) & _MASK32)  # [S]
     per_token = _mix32((per_sample + num_generated * 0x85EBCA77) & _MASK32)  # [S]
