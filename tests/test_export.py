@@ -259,7 +259,8 @@ def test_generation_config_lists_the_runs_stop_tokens(tmp_path):
     write_tokenizer_and_generation_config(model_dir, None, out)
     generation = GenerationConfig.from_pretrained(out)
     tokenizer = AutoTokenizer.from_pretrained(out)
-    assert generation.eos_token_id[:2] == [2, 5] and tokenizer.eos_token_id in generation.eos_token_id
+    assert generation.eos_token_id[:2] == [2,
+                                           5] and tokenizer.eos_token_id in generation.eos_token_id
 
 
 @pytest.mark.slow

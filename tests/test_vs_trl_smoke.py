@@ -40,7 +40,8 @@ def test_quick_sets_one_group_and_one_step(load_script):
 @pytest.mark.slow
 def test_infsamp_side_one_step_tiny(tmp_path, load_script):
     out = tmp_path / "vs_trl.json"
-    assert load_script().main(["--frameworks", "infsamp", "--groups", "4", "--steps", "1", "--hidden", "32",
+    assert load_script().main(["--frameworks", "infsamp", "--groups", "4", "--steps", "1",
+                               "--hidden", "32",
                                "--layers", "2", "--max-completion", "8", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
     assert result["trl_version"] and result["num_parameters"] > 0

@@ -76,7 +76,8 @@ def arithmetic_like_call(rng, prompts):
     """Length grows with the digits of the prompt, like the embedded task."""
     specs, lengths = [], []
     for group_id, digits in enumerate(prompts):
-        text = "+".join(str(rng.randint(10 ** (digits - 1), 10 ** digits - 1)) for _ in range(2)) + "=?"
+        text = "+".join(str(rng.randint(10 ** (digits - 1), 10 ** digits - 1))
+                        for _ in range(2)) + "=?"
         for _ in range(8):
             specs.append(spec(len(specs), group_id, f"k{digits}", text))
             lengths.append(max(1, round(12 * digits ** 2 * rng.lognormvariate(0, 0.15))))
@@ -99,7 +100,8 @@ def test_online_uses_finished_siblings_and_history():
     predictor = OnlinePredictor()
     assert predictor.predict(spec(0, max_new=100)) == pytest.approx(50)  # no data: half the limit
     predictor.observe_finished(spec(0, group_id=0, key="a"), 40)
-    assert predictor.predict(spec(1, group_id=0, key="a")) == pytest.approx(40)  # a finished sibling
+    # a finished sibling
+    assert predictor.predict(spec(1, group_id=0, key="a")) == pytest.approx(40)
     predictor.end_call()
     assert predictor.predict(spec(0, group_id=3, key="a")) == pytest.approx(40)  # an earlier epoch
 
@@ -113,7 +115,8 @@ def test_online_prefix_model_learns_token_signal():
         predictor.predict_remaining(spec(0), prefix)
         predictor.observe_finished(spec(0), 400 if long else 40)
         predictor.end_call()
-    assert predictor.predict_remaining(spec(0), [7] * 4) > 5 * predictor.predict_remaining(spec(0), [3] * 4)
+    assert predictor.predict_remaining(spec(0),
+                                       [7] * 4) > 5 * predictor.predict_remaining(spec(0), [3] * 4)
 
 
 def test_online_is_cheap():
@@ -142,7 +145,8 @@ def test_prefix_memory_tells_short_answers_from_long_derivations():
             predictor.observe_finished(spec, 30 if spec.index_in_group % 2 else 300)
         predictor.end_call()
     spec_short, spec_long = (Sample(i, 0, i, 10, 400, "p1", "12+34=?") for i in (1, 2))
-    assert predictor.predict_remaining(spec_short, short) + len(short) == pytest.approx(30, rel=0.01)
+    assert predictor.predict_remaining(spec_short,
+                                       short) + len(short) == pytest.approx(30, rel=0.01)
     assert predictor.predict_remaining(spec_long, long) + len(long) == pytest.approx(300, rel=0.01)
 
 
