@@ -138,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--before", default=BEFORE, help="git revision of the 'before' code")
     parser.add_argument("--variants", default="before,after")
     parser.add_argument("--repeat", type=int, default=1, help="measurements per variant")
-    parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "logits_memory")
+    parser.add_argument("--workdir", type=Path,
+                        default=Path(tempfile.gettempdir()) / "logits_memory")
     parser.add_argument("--child-step", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child_step:

@@ -86,20 +86,22 @@ CASES: dict[str, Case] = {
     # Qwen3's vocabulary on a 9.8M-parameter Llama: the LM head dominates (issue 20)
     "qwen3-vocab-h64": Case("qwen3-vocab-h64", group_size=32, micro_group=16, max_prompt=48,
                             max_completion=256, train_sequences=13, quick=True),
-    "gpu-qwen3-0.6b": Case("qwen3-0.6b", group_size=32, micro_group=32, max_prompt=256, max_completion=1024,
-                           train_sequences=8, device="cuda"),
-    "gpu-qwen3-1.7b": Case("qwen3-1.7b", group_size=32, micro_group=32, max_prompt=256, max_completion=1024,
-                           train_sequences=4, device="cuda"),
+    "gpu-qwen3-0.6b": Case("qwen3-0.6b", group_size=32, micro_group=32, max_prompt=256,
+                           max_completion=1024, train_sequences=8, device="cuda"),
+    "gpu-qwen3-1.7b": Case("qwen3-1.7b", group_size=32, micro_group=32, max_prompt=256,
+                           max_completion=1024, train_sequences=4, device="cuda"),
     "gpu-qwen3-1.7b-qlora": Case("qwen3-1.7b", group_size=32, micro_group=32, max_prompt=256,
                                  max_completion=1024, train_sequences=4, device="cuda",
                                  lora_rank=16, load_in_4bit=True),
 }
 PRECISION_MODES = ("fp32", "mixed", "bf16")  # --precision all (bf16_lossy has bf16's bytes)
 PHASES = ("sample", "train")
-MICRO_CASE = Case("micro", group_size=2, micro_group=2, max_prompt=4, max_completion=4, train_sequences=1)
+MICRO_CASE = Case("micro", group_size=2, micro_group=2, max_prompt=4, max_completion=4,
+                  train_sequences=1)
 MICRO_SHAPE = ModelShape("micro", 64, 128, 1, 2, 1, 32, 256, True, 2048)
 SHAPES = {"micro": MICRO_SHAPE,  # shapes that are no preset: a random model of each is built
-          "qwen3-vocab-h64": ModelShape("qwen3-vocab-h64", 64, 192, 2, 4, 2, 16, 151936, True, 2048)}
+          "qwen3-vocab-h64": ModelShape("qwen3-vocab-h64", 64, 192, 2, 4, 2, 16, 151936, True,
+                                        2048)}
 
 
 # --- models (child process only: torch is imported lazily) ----------------------------------------
@@ -130,11 +132,13 @@ def hf_config(shape: ModelShape):
     family = Qwen3Config if shape.qk_norm else Qwen2Config if shape.attention_bias else LlamaConfig
     extra = {} if family is Qwen2Config else {"head_dim": shape.head_dim}
     return family(vocab_size=shape.vocab_size, hidden_size=shape.hidden_size,
-                  intermediate_size=shape.intermediate_size, num_hidden_layers=shape.num_hidden_layers,
-                  num_attention_heads=shape.num_attention_heads, num_key_value_heads=shape.num_key_value_heads,
+                  intermediate_size=shape.intermediate_size,
+                  num_hidden_layers=shape.num_hidden_layers,
+                  num_attention_heads=shape.num_attention_heads,
+                  num_key_value_heads=shape.num_key_value_heads,
                   max_position_embeddings=shape.max_position_embeddings,
-                  tie_word_embeddings=shape.tie_word_embeddings, eos_token_id=None, bos_token_id=None,
-                  pad_token_id=0, **extra)
+                  tie_word_embeddings=shape.tie_word_embeddings, eos_token_id=None,
+                  bos_token_id=None, pad_token_id=0, **extra)
 
 
 def build_model(case: Case, precision: str):
@@ -167,7 +171,7 @@ def build_model(case: Case, precision: str):
     return apply_compute(model, mode)
 
 
-# --- the two measured phases -----------------------------------------------------------------------
+# --- the two measured phases ----------------------------------------------------------------------
 
 
 def measure_sampling(model, case: Case) -> None:
@@ -178,7 +182,8 @@ def measure_sampling(model, case: Case) -> None:
     from infsamp.sampling.sampler import GroupSampler
 
     prompt = torch.randint(1, model.config.vocab_size, (case.max_prompt,)).tolist()
-    cfg = SamplingConfig(num_generations=case.group_size, policy="continuous", micro_group=case.micro_group,
+    cfg = SamplingConfig(num_generations=case.group_size, policy="continuous",
+                         micro_group=case.micro_group,
                          kv_budget=str(10**9), max_new_tokens=case.max_completion)
     GroupSampler(model, None, cfg).sample([prompt], case.group_size)
 
@@ -202,17 +207,18 @@ def measure_training_step(model, optimizer, prompts, completions, *, max_tokens:
     device = next(model.parameters()).device
     advantages = torch.randn(len(completions), device=device)  # [N]
     totals = BatchTotals.from_lengths([len(c) for c in completions], max_completion)
-    for mb in build_micro_batches(prompts, completions, max_tokens=max_tokens, pad_token_id=0, device=device):
+    for mb in build_micro_batches(prompts, completions, max_tokens=max_tokens, pad_token_id=0,
+                                  device=device):
         logps = micro_batch_logprobs(model, mb)  # [b, T_c]
-        loss, _ = per_token_loss(logps, None, None, mb.rows(advantages), epsilon_low=0.2, epsilon_high=0.2,
-                                 beta=0.0, mask=mb.completion_mask)
+        loss, _ = per_token_loss(logps, None, None, mb.rows(advantages), epsilon_low=0.2,
+                                 epsilon_high=0.2, beta=0.0, mask=mb.completion_mask)
         LOSS_TYPES["dapo"].aggregate(loss, mb.completion_mask, totals).backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 
 
-# --- peak memory -----------------------------------------------------------------------------------
+# --- peak memory ----------------------------------------------------------------------------------
 
 
 class PeakMeter:
@@ -267,7 +273,8 @@ def run_child(name: str, phase: str, precision: str) -> dict:
 
 def run_phase(case: Case, phase: str, meter: PeakMeter, precision: str) -> None:
     model = build_model(case, precision)
-    meter.reset()  # random init briefly holds a second copy of some weights: not part of either phase
+    # random init briefly holds a second copy of some weights: not part of either phase
+    meter.reset()
     if phase == "sample":
         measure_sampling(model, case)
     else:
@@ -284,21 +291,25 @@ def train_phase(model, case: Case, meter: PeakMeter, precision: str) -> None:
     model.train()
     optimizer = build_optimizer(model, TrainingConfig(learning_rate=1e-5), PRECISIONS[precision])
     vocab = model.config.vocab_size
-    measure_training_step(model, optimizer, *random_sequences(vocab, 1, 4, 4), max_tokens=8, max_completion=4)
+    measure_training_step(model, optimizer, *random_sequences(vocab, 1, 4, 4), max_tokens=8,
+                          max_completion=4)
     meter.reset()
-    prompts, completions = random_sequences(vocab, case.group_size, case.max_prompt, case.max_completion)
-    measure_training_step(model, optimizer, prompts, completions, max_tokens=case.train_micro_batch_tokens,
+    prompts, completions = random_sequences(vocab, case.group_size, case.max_prompt,
+                                            case.max_completion)
+    measure_training_step(model, optimizer, prompts, completions,
+                          max_tokens=case.train_micro_batch_tokens,
                           max_completion=case.max_completion)
 
 
-# --- planner side and the table --------------------------------------------------------------------
+# --- planner side and the table -------------------------------------------------------------------
 
 
 def planned_bytes(case: Case, phase: str, precision: str) -> int:
     """The planner's peak for what the child runs (no optimizer state while sampling alone)."""
     plan = plan_memory(case_shape(case), gpu_memory_bytes=NO_LIMIT, num_generations=case.group_size,
                        max_prompt=case.max_prompt, max_completion=case.max_completion,
-                       micro_group=case.micro_group, train_micro_batch_tokens=case.train_micro_batch_tokens,
+                       micro_group=case.micro_group,
+                       train_micro_batch_tokens=case.train_micro_batch_tokens,
                        optimizer="adamw", precision=precision, device=case.device,
                        lora_rank=case.lora_rank, load_in_4bit=case.load_in_4bit)
     parts = plan.generation if phase == "sample" else plan.training
@@ -324,7 +335,8 @@ def measure(name: str, phase: str, precision: str, default_malloc: bool = False)
 
 def describe(case: Case, phase: str) -> str:
     if phase == "sample":
-        return f"G={case.group_size}, g={case.micro_group}, P={case.max_prompt}, C={case.max_completion}"
+        return (f"G={case.group_size}, g={case.micro_group}, P={case.max_prompt}, "
+                f"C={case.max_completion}")
     return (f"{case.group_size} seqs of {case.max_prompt}+{case.max_completion}, "
             f"micro-batch {case.train_micro_batch_tokens} tok")
 
@@ -363,14 +375,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="comma-separated modes (fp32, mixed, bf16, bf16_lossy) or all; "
                              "default: the device's default (cpu fp32, cuda bf16)")
     parser.add_argument("--default-malloc", action="store_true",
-                        help="keep glibc's adaptive mmap threshold (resident set then includes freed heap)")
+                        help="keep glibc's adaptive mmap threshold (resident set then includes "
+                             "freed heap)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(run_child(args.case, args.phase, args.precision)))
         return 0
     names = [args.case] if args.case else [n for n, c in CASES.items()
-                                           if c.device == args.device and (c.quick or not args.quick)]
+                                           if c.device == args.device
+                                           and (c.quick or not args.quick)]
     print("| case | params | precision | phase | setting | measured MiB | planned MiB | error "
           "| s |")
     print("|---|---|---|---|---|---|---|---|---|")

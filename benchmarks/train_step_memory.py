@@ -27,8 +27,9 @@ base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 t = time.time(); k = 0
 for mb in build_micro_batches(prompts, completions, max_tokens=budget, pad_token_id=0):
     logps = micro_batch_logprobs(model, mb)
-    loss, _ = per_token_loss(logps, None, None, mb.rows(adv), epsilon_low=0.2, epsilon_high=0.2, beta=0.0,
-                             mask=mb.completion_mask)
+    loss, _ = per_token_loss(logps, None, None, mb.rows(adv), epsilon_low=0.2, epsilon_high=0.2,
+                             beta=0.0, mask=mb.completion_mask)
     LOSS_TYPES["dapo"].aggregate(loss, mb.completion_mask, totals).backward(); k += 1
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-print(f"N={n} budget={budget} micro_batches={k} peak_rss_growth_MiB={(peak - base) / 1024:.0f} seconds={time.time() - t:.1f}")
+print(f"N={n} budget={budget} micro_batches={k} peak_rss_growth_MiB={(peak - base) / 1024:.0f} "
+      f"seconds={time.time() - t:.1f}")
