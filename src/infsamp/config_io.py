@@ -111,7 +111,8 @@ def apply_overrides(cfg: Config, overrides: dict[str, Any]) -> Config:
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{'a': {'b': 1}} -> {'a.b': 1}; a non-dict section value is kept as is for the error message."""
+    """{'a': {'b': 1}} -> {'a.b': 1}; a non-dict section value is kept as is for the error
+    message."""
     flat: dict[str, Any] = {}
     for key, value in tree.items():
         dotted = f"{prefix}{key}"

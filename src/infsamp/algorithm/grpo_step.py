@@ -15,11 +15,11 @@ Because each micro-batch's loss is normalised by totals of the whole batch and e
 per step, the accumulated gradient equals the full-batch gradient (tested). Over several ranks
 `totals` is the whole step's (every rank's: sequences and loss tokens after the truncation mask),
 the high-entropy threshold is a quantile over every rank's tokens (so the masks are those of one
-process), and `parallel` (distributed/strategies.py) reduces the gradients: each rank's last backward only
-(DDP), or every backward with the ranks running equally many micro-batches (FSDP); the logged
-loss, token and importance-weight statistics are reduced over ranks. An out-of-memory error in a
-micro-batch splits that micro-batch in two and retries it; gradients of the micro-batches already
-done are kept.
+process), and `parallel` (distributed/strategies.py) reduces the gradients: each rank's last
+backward only (DDP), or every backward with the ranks running equally many micro-batches (FSDP); the
+logged loss, token and importance-weight statistics are reduced over ranks. An out-of-memory error
+in a micro-batch splits that micro-batch in two and retries it; gradients of the micro-batches
+already done are kept.
 A NaN or inf loss or gradient norm is never applied: the gradients are dropped and
 `NonFiniteError` raised (`training.nonfinite: stop`), or the update is skipped and counted
 (`skip`).

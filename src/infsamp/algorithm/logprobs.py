@@ -1,7 +1,7 @@
 """Memory-bounded per-token log-probs of completions, in micro-batches sized by a token budget.
 
-Layout of a micro-batch: prompts LEFT-padded to the micro-batch's longest prompt, completions RIGHT-padded to
-its longest completion, so every completion occupies the last `T_c` positions:
+Layout of a micro-batch: prompts LEFT-padded to the micro-batch's longest prompt, completions
+RIGHT-padded to its longest completion, so every completion occupies the last `T_c` positions:
 
     [pad pad p p p | c c c pad]   attention_mask 0 0 1 1 1 | 1 1 1 0,  position_ids from the mask's cumsum
 
@@ -69,7 +69,8 @@ def plan_micro_batches(seq_lengths: Sequence[int], max_tokens: int) -> list[list
 
 def plan_prompt_completion_batches(prompt_lengths: Sequence[int], completion_lengths: Sequence[int],
                                    max_tokens: int) -> list[list[int]]:
-    """As plan_micro_batches, for the left/right-padded layout: count * (max prompt + max completion)."""
+    """As plan_micro_batches, for the left/right-padded layout: count * (max prompt + max
+    completion)."""
     def padded_size(batch: list[int]) -> int:
         return len(batch) * (max(prompt_lengths[i] for i in batch)
                              + max(completion_lengths[i] for i in batch))
@@ -96,11 +97,13 @@ class MicroBatch:
         return self.completion_ids.shape[1]
 
     def rows(self, values: Tensor) -> Tensor:
-        """Pick this micro-batch's rows from a per-sequence tensor of the whole step ([N, ...] -> [b, ...])."""
+        """Pick this micro-batch's rows from a per-sequence tensor of the whole step ([N, ...] ->
+        [b, ...])."""
         return values[torch.as_tensor(self.indices, device=values.device)]
 
     def gather(self, per_sequence: Sequence[Tensor] | None) -> Tensor | None:
-        """Right-pad this micro-batch's entries of a per-sequence list (e.g. old log-probs) to [b, T_c]."""
+        """Right-pad this micro-batch's entries of a per-sequence list (e.g. old log-probs) to [b,
+        T_c]."""
         if per_sequence is None:
             return None
         out = torch.zeros(self.completion_mask.shape, dtype=torch.float32,
@@ -164,8 +167,9 @@ def build_micro_batches(prompt_ids: Sequence[Sequence[int]],
                         indices: Sequence[int] | None = None):
     """Yield MicroBatch objects covering `indices` (default: all) within the padded token budget.
 
-    A generator: each micro-batch's tensors are built only when the loop reaches it. Re-calling it with the
-    indices of a failed micro-batch and a smaller budget splits just that part (out-of-memory retry).
+    A generator: each micro-batch's tensors are built only when the loop reaches it. Re-calling it
+    with the indices of a failed micro-batch and a smaller budget splits just that part
+    (out-of-memory retry).
     """
     for batch in plan_sequence_batches(prompt_ids, completion_ids, max_tokens, indices):
         yield make_micro_batch(prompt_ids, completion_ids, batch, pad_token_id, device)
@@ -227,7 +231,8 @@ def _at(values: Tensor, rows: Tensor, shape: torch.Size) -> Tensor:
 
 def micro_batch_logprobs(model: torch.nn.Module, mb: MicroBatch, temperature: float = 1.0,
                          chunked: bool = True) -> Tensor:
-    """Per-token log-probs [b, T_c] (fp32) of the micro-batch's completions; grad follows torch's mode.
+    """Per-token log-probs [b, T_c] (fp32) of the micro-batch's completions; grad follows torch's
+    mode.
 
     Padded completion positions hold no log-prob: multiply by `mb.completion_mask`.
     """
@@ -248,8 +253,8 @@ def sequence_logprobs(model: torch.nn.Module, prompt_ids: Sequence[Sequence[int]
                       chunked: bool = True) -> list[Tensor]:
     """Log-probs of every completion token, one 1-D fp32 tensor per sequence, in the input order.
 
-    For old / reference log-probs (grad=False). With grad=True every micro-batch's graph stays alive; for
-    training use the build_micro_batches loop in the module docstring instead.
+    For old / reference log-probs (grad=False). With grad=True every micro-batch's graph stays
+    alive; for training use the build_micro_batches loop in the module docstring instead.
     """
     return _sequence_pass(model, prompt_ids, completion_ids, max_tokens, pad_token_id, temperature,
                           grad=grad, with_entropy=False, chunked=chunked)[0]

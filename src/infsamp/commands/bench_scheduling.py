@@ -1,4 +1,5 @@
-"""`infsamp bench scheduling`: the length-aware scheduler against rounds and continuous, real engine.
+"""`infsamp bench scheduling`: the length-aware scheduler against rounds and continuous, real
+engine.
 
     infsamp bench scheduling --quick                 # about a minute on a 2-core CPU
     infsamp bench scheduling --out runs/bench_sched  # G=32, g=8, 12 prompts, 2 epochs
@@ -226,7 +227,8 @@ class Runner:
         return self._predictors.get(variant.name)
 
     def set_true_lengths(self, lengths: list[list[int]]) -> None:
-        """Oracle-type predictors get the lengths of the call about to run ([group][index in group])."""
+        """Oracle-type predictors get the lengths of the call about to run ([group][index in
+        group])."""
         from infsamp.sampling.length_predictor import OraclePredictor
 
         for predictor in self._predictors.values():

@@ -4,8 +4,8 @@
     infsamp simulate --synthetic lognormal --groups 20 --group-size 32 --micro-group 8 --policy rounds --json
     infsamp simulate --synthetic lognormal --groups 20 --group-size 32 --micro-group 8 --plot quality.png
 
-`--plot` sweeps predictor quality (the true length times a log-normal error, sigma 0 .. 1.5, plus the
-`none` and `online` predictors) under `length_aware` and draws decode steps against the measured
+`--plot` sweeps predictor quality (the true length times a log-normal error, sigma 0 .. 1.5, plus
+the `none` and `online` predictors) under `length_aware` and draws decode steps against the measured
 Kendall tau, with `continuous` and the lower bound as lines and `rounds` as a number.
 """
 

@@ -1,9 +1,10 @@
 """The embedded default model: a tiny Llama with a character-level tokenizer.
 
-`build_tokenizer()` makes a `tokenizers` WordLevel model over printable ASCII characters (one token per
-character) plus the four XML tags of the answer format as single tokens, wrapped as a transformers
-`PreTrainedTokenizerFast`. `build_model()` makes a standard `LlamaForCausalLM` from a config with a
-2048-token context. `scripts/train_embedded_model.py` warms it up by supervised fine-tuning.
+`build_tokenizer()` makes a `tokenizers` WordLevel model over printable ASCII characters (one token
+per character) plus the four XML tags of the answer format as single tokens, wrapped as a
+transformers `PreTrainedTokenizerFast`. `build_model()` makes a standard `LlamaForCausalLM` from a
+config with a 2048-token context. `scripts/train_embedded_model.py` warms it up by supervised
+fine-tuning.
 
 Deliberately simple: no merges, no byte fallback (characters outside printable ASCII map to <unk>).
 """

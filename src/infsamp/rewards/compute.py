@@ -57,7 +57,8 @@ def _prompt_preview(prompt: Any) -> str:
 
 
 def _row_error(who: str, row: int, prompts: Sequence[Any], why: str) -> RewardError:
-    """`who` is e.g. "reward function 'accuracy'"; the message names the row and the prompt's start."""
+    """`who` is e.g. "reward function 'accuracy'"; the message names the row and the prompt's
+    start."""
     preview = f" (prompt {_prompt_preview(prompts[row])})" if row < len(prompts) else ""
     return RewardError(f"{who}, row {row}{preview}: {why}")
 

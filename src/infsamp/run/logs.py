@@ -176,7 +176,8 @@ SMOOTHING_STEPS = 10  # few prompts per step make per-step rewards noisy
 
 
 def moving_average(values: list[float | None], window: int) -> list[float]:
-    """Mean of the last `window` values at each position (fewer at the start); None/NaN are skipped."""
+    """Mean of the last `window` values at each position (fewer at the start); None/NaN are
+    skipped."""
     out, recent = [], []
     for value in values:
         recent = (recent + [value])[-window:]

@@ -35,11 +35,11 @@ from typing import Any
 import torch
 
 from infsamp.config import Config
-from infsamp.distributed.ranks import Ranks, agreed
 from infsamp.errors import CheckpointError, InfsampError
 from infsamp.run import checkpoint as ckpt
-from infsamp.run.folder import prepare_run_folder
+from infsamp.distributed.ranks import Ranks, agreed
 from infsamp.run.progress import RunProgress
+from infsamp.run.folder import prepare_run_folder
 from infsamp.run.state_data import from_data, to_data
 
 SHARDS_DIR = "ranks"

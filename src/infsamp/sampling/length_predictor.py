@@ -11,11 +11,11 @@ information), `oracle` (the true lengths, for measurement only), `noisy:SIGMA` (
 times a log-normal error of that sigma, to show what a predictor of a given quality buys) and
 `online`: a ridge regression on log length, learned inside the
 run from its own completions (exponentially forgotten, so it follows the policy as it changes), over
-cheap features: prompt length and digit counts, the same prompt's mean length in earlier calls, the mean
-of siblings already finished in this call, the run's recent mean; and, token-conditioned, a second
-ridge over the same features plus a hashed bag of the first k generated token ids, overruled by a
-per-prompt memory of finished samples' first k tokens (`PrefixMemory`: the same prompt started the
-same way runs about as long; it learns from this call's siblings and from earlier epochs).
+cheap features: prompt length and digit counts, the same prompt's mean length in earlier calls, the
+mean of siblings already finished in this call, the run's recent mean; and, token-conditioned, a
+second ridge over the same features plus a hashed bag of the first k generated token ids, overruled
+by a per-prompt memory of finished samples' first k tokens (`PrefixMemory`: the same prompt started
+the same way runs about as long; it learns from this call's siblings and from earlier epochs).
 O(features^2) per observation, a d x d solve every few dozen observations (d < 50).
 
 `hidden` (in `hidden_predictor.py`) adds a probe on the policy's own hidden states.
@@ -80,7 +80,8 @@ class ConstantPredictor(LengthPredictor):
 
 
 class OraclePredictor(LengthPredictor):
-    """`oracle`: the true length, from a sample_id -> length mapping or a spec -> length function."""
+    """`oracle`: the true length, from a sample_id -> length mapping or a spec -> length
+    function."""
     name = "oracle"
 
     def __init__(self, lengths: Mapping[int, int] | Callable[[Sample], int] | None = None):
@@ -304,10 +305,10 @@ class PrefixMemory:
     """Per prompt, the first-k-token counts of its finished samples and their log lengths.
 
     A new sample of that prompt is predicted as the mean log length of its most similar remembered
-    prefixes (cosine similarity of token counts): the same prompt answered the same way (a short guess,
-    a long derivation) runs about as long. Latest MAX_ENTRIES per prompt, so it follows the policy.
-    Silent when nothing similar is remembered, and for a prefix of one repeated token (the simulator's
-    placeholder carries no information)."""
+    prefixes (cosine similarity of token counts): the same prompt answered the same way (a short
+    guess, a long derivation) runs about as long. Latest MAX_ENTRIES per prompt, so it follows the
+    policy. Silent when nothing similar is remembered, and for a prefix of one repeated token (the
+    simulator's placeholder carries no information)."""
     MAX_ENTRIES = 64
     NEIGHBOURS = 4
     MIN_SIMILARITY = 0.7

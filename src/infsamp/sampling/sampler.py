@@ -237,8 +237,8 @@ class GroupSampler:
                                     f"{self.max_context}, so at most {self.max_context - 1} fit")
 
     def _fit_budget(self, prompt_ids: list[list[int]], max_new: int, budget: int) -> int:
-        """Budget must hold the longest prompt plus one token; a smaller max_new_tokens than asked is
-        used (with a warning) when it cannot hold a whole completion."""
+        """Budget must hold the longest prompt plus one token; a smaller max_new_tokens than asked
+        is used (with a warning) when it cannot hold a whole completion."""
         longest, block = max(len(p) for p in prompt_ids), self.engine.kv_block_size
         fits = max_new_tokens_within(budget, longest, max_new, block)
         if fits < 1:

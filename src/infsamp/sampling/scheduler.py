@@ -28,8 +28,8 @@ parked sample as one missing from `active()`; `start` on a sample that has token
 Every `prefix_tokens_wanted` generated tokens (k, 2k, ...) a running sample is shown to the policy
 (`on_tokens`), which re-predicts its remaining length.
 
-Simplifications: one call = one training step (every sample of the call finishes before `done`); slots
-are identical; the reservation is the worst case (`max_new_tokens`), not the predicted length.
+Simplifications: one call = one training step (every sample of the call finishes before `done`);
+slots are identical; the reservation is the worst case (`max_new_tokens`), not the predicted length.
 """
 
 from __future__ import annotations

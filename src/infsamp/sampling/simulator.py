@@ -2,10 +2,10 @@
 
 A trace is JSON lines, one per group sampled, in the order the run met them:
 `{"prompt_id": "...", "prompt_tokens": 57, "lengths": [312, 288, ...]}`; a prompt_id seen again is a
-later epoch of the same prompt. Each `prompts_per_step` consecutive lines form one training step (one
-sampler call): every sample of a step finishes before the next step starts. The replay runs the very
-loop the real engine runs (`SlotScheduler.admit / active / step`) with `TraceEngine` standing in for
-the model, so decode steps agree with the real engine by construction.
+later epoch of the same prompt. Each `prompts_per_step` consecutive lines form one training step
+(one sampler call): every sample of a step finishes before the next step starts. The replay runs the
+very loop the real engine runs (`SlotScheduler.admit / active / step`) with `TraceEngine` standing
+in for the model, so decode steps agree with the real engine by construction.
 
 A line may also hold `"first_tokens": [[ids], ...]`, each completion's first token ids (a run's
 lengths.jsonl keeps `sampling.predictor_prefix_tokens` of them): the replay decodes those ids, so a
@@ -172,7 +172,8 @@ _TAGS = ("<reasoning>", "</reasoning>", "<answer>", "</answer>")
 
 
 def _token_length(solution: str) -> int:
-    """Tokens of a solution under the embedded char-level tokenizer: tags are one token, plus EOS."""
+    """Tokens of a solution under the embedded char-level tokenizer: tags are one token, plus
+    EOS."""
     return len(solution) - sum(solution.count(t) * (len(t) - 1) for t in _TAGS) + 1
 
 

@@ -1,4 +1,5 @@
-"""The GSM8K recipe of the second seed (willccbb's GRPO demo, as in TRL's examples): its XML answer format.
+"""The GSM8K recipe of the second seed (willccbb's GRPO demo, as in TRL's examples): its XML answer
+format.
 
 One place for the format shared by the recipe and the built-in rewards (`infsamp.rewards` imports
 from here): the system prompt, the strict format pattern, and the two answer extractors

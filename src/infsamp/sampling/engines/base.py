@@ -41,7 +41,8 @@ if TYPE_CHECKING:
 
 
 class SlotLogitsProcessor(Protocol):
-    """Batched, per-sample logits rule (e.g. forced lengths). Rows are slots; inactive rows are ignored."""
+    """Batched, per-sample logits rule (e.g. forced lengths). Rows are slots; inactive rows are
+    ignored."""
 
     def __call__(self, sample_ids: torch.Tensor, num_generated: torch.Tensor,
                  scores: torch.Tensor) -> torch.Tensor:  # [S], [S], [S, V] -> [S, V]

@@ -1,14 +1,16 @@
 """Next-token selection whose randomness belongs to the sample, not to the batch.
 
 Greedy (temperature 0) is an argmax. Otherwise tokens are drawn by the Gumbel-max trick:
-argmax(logits / T + Gumbel noise), which samples exactly from softmax(logits / T). The noise of sample s
-at its n-th token is a counter-based hash of (seed, s, n, vocab index), so a sample draws the same random
-numbers whichever slot, round or batch it lands in: the policies differ only in schedule, not in outcome
-(up to floating-point differences of the logits). `DecodeOptions.sample_keys` renames s: a rank
-that samples part of a step keys each sample by its place in the whole step, so every process count
-draws the same completions. top-k / top-p use transformers' logits warpers.
+argmax(logits / T + Gumbel noise), which samples exactly from softmax(logits / T). The noise of
+sample s at its n-th token is a counter-based hash of (seed, s, n, vocab index), so a sample draws
+the same random numbers whichever slot, round or batch it lands in: the policies differ only in
+schedule, not in outcome (up to floating-point differences of the logits).
+`DecodeOptions.sample_keys` renames s: a rank that samples part of a step keys each sample by its
+place in the whole step, so every process count draws the same completions. top-k / top-p use
+transformers' logits warpers.
 
-Deliberately simple: a 32-bit integer hash (lowbias32), 24-bit uniforms; ample for sampling, not crypto.
+Deliberately simple: a 32-bit integer hash (lowbias32), 24-bit uniforms; ample for sampling, not
+crypto.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ _MASK32 = 0xFFFFFFFF
 
 
 def _mix32(x: torch.Tensor) -> torch.Tensor:
-    """lowbias32 finaliser on int64 tensors holding 32-bit values (products wrap, the mask keeps 32 bits)."""
+    """lowbias32 finaliser on int64 tensors holding 32-bit values (products wrap, the mask keeps 32
+    bits)."""
     x = x ^ (x >> 16)
     x = (x * 0x7FEB352D) & _MASK32
     x = x ^ (x >> 15)
