@@ -59,7 +59,8 @@ def load_benchmark():
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
-    """A random 2-layer Llama (hidden 32) with the embedded char tokenizer, saved once per session."""
+    """A random 2-layer Llama (hidden 32) with the embedded char tokenizer, saved once per
+    session."""
     path = tmp_path_factory.mktemp("tiny_model")
     tokenizer = build_tokenizer()
     torch.manual_seed(0)

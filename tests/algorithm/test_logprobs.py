@@ -161,7 +161,8 @@ def test_only_completion_logits_are_requested():
 
 
 def accumulated_gradients(model, prompts, completions, budget, loss_type, old, ref, advantages):
-    """The trainer's loop: forward -> per-token loss -> aggregate with the step's totals -> backward."""
+    """The trainer's loop: forward -> per-token loss -> aggregate with the step's totals ->
+    backward."""
     model.zero_grad()
     totals = BatchTotals.from_lengths([len(c) for c in completions], max_completion_length=12)
     num_micro_batches = 0

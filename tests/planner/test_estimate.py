@@ -1,4 +1,5 @@
-"""The estimate's arithmetic, checked by hand against the rule of thumb and its stated refinements."""
+"""The estimate's arithmetic, checked by hand against the rule of thumb and its stated
+refinements."""
 
 import dataclasses
 

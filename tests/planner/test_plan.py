@@ -1,4 +1,5 @@
-"""plan_memory's choices (g, micro-batch), the fits verdict, advice that re-runs the estimate, JSON."""
+"""plan_memory's choices (g, micro-batch), the fits verdict, advice that re-runs the estimate,
+JSON."""
 
 import json
 

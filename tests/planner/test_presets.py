@@ -1,4 +1,5 @@
-"""Model shapes: presets' exact parameter counts, reading config.json, and agreement with transformers."""
+"""Model shapes: presets' exact parameter counts, reading config.json, and agreement with
+transformers."""
 
 import dataclasses
 import json

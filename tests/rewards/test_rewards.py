@@ -1,4 +1,5 @@
-"""Built-in rewards, loading by spec, and the checks of compute_rewards (one-line errors naming function + row)."""
+"""Built-in rewards, loading by spec, and the checks of compute_rewards (one-line errors naming
+function + row)."""
 
 import asyncio
 import functools

@@ -1,4 +1,5 @@
-"""`infsamp bench scheduling` on a tiny random checkpoint: every variant runs, lengths agree, targets add up."""
+"""`infsamp bench scheduling` on a tiny random checkpoint: every variant runs, lengths agree,
+targets add up."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Length predictors: registry, oracle/noisy, the online ridge learning across calls, quality measure."""
+"""Length predictors: registry, oracle/noisy, the online ridge learning across calls, quality
+measure."""
 
 import itertools
 import json

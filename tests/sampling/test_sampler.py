@@ -1,4 +1,5 @@
-"""GroupSampler end to end on a random tiny Llama: policies agree, budgets hold, bad requests fail early."""
+"""GroupSampler end to end on a random tiny Llama: policies agree, budgets hold, bad requests fail
+early."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Issue 4 item 4: replaying a real sampling run's lengths through the simulator gives the decode steps
-the real engine reported, for every policy (a random tiny Llama, sampled lengths, a KV budget), and
-the B = 1 bench's committed traces replay to its figures (issue 22)."""
+"""Issue 4 item 4: replaying a real sampling run's lengths through the simulator gives the decode
+steps the real engine reported, for every policy (a random tiny Llama, sampled lengths, a KV
+budget), and the B = 1 bench's committed traces replay to its figures (issue 22)."""
 
 import json
 from pathlib import Path

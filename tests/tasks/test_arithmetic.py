@@ -1,4 +1,5 @@
-"""The embedded arithmetic task: deterministic, correct worked and direct solutions, disjoint splits, long tail."""
+"""The embedded arithmetic task: deterministic, correct worked and direct solutions, disjoint
+splits, long tail."""
 
 import re
 

@@ -1,4 +1,5 @@
-"""The GSM8K recipe: seed helpers, examples/gsm8k.yaml, and loading + rewards on GSM8K-format rows."""
+"""The GSM8K recipe: seed helpers, examples/gsm8k.yaml, and loading + rewards on GSM8K-format
+rows."""
 
 from pathlib import Path
 
