@@ -1,4 +1,5 @@
-"""Training memory and time on a real vocabulary, before and after the chunked LM head, side by side.
+"""Training memory and time on a real vocabulary, before and after the chunked LM head, side by
+side.
 
 The model: a random Llama with Qwen3's 151,936-token vocabulary (hidden 64, 2 layers, tied
 embeddings, 9.8M parameters) and the embedded character tokenizer, written to `--workdir`. Each

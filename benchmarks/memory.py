@@ -1,9 +1,10 @@
 """Measure the real peak memory of sampling and of one training step, and compare it to the planner.
 
-Each (case, phase) runs in a fresh subprocess. On the CPU the peak is the process's peak resident set
-(VmHWM, reset through /proc/self/clear_refs after imports) minus the resident set after imports; on a GPU
-it is torch.cuda.max_memory_allocated minus what was allocated before. Models are built from configs
-with random weights (no download): the embedded tiny Llama and real shapes (some with fewer layers).
+Each (case, phase) runs in a fresh subprocess. On the CPU the peak is the process's peak resident
+set (VmHWM, reset through /proc/self/clear_refs after imports) minus the resident set after imports;
+on a GPU it is torch.cuda.max_memory_allocated minus what was allocated before. Models are built
+from configs with random weights (no download): the embedded tiny Llama and real shapes (some with
+fewer layers).
 
     python benchmarks/memory.py                 # all CPU cases, markdown table on stdout
     python benchmarks/memory.py --quick         # the small CPU cases only (~1 minute)
@@ -12,14 +13,15 @@ with random weights (no download): the embedded tiny Llama and real shapes (some
     python benchmarks/memory.py --quick --precision fp32,mixed,bf16   # each precision mode
     python benchmarks/memory.py --device cuda --precision all         # GPU, with the QLoRA case
 
-Sampling goes through the project's GroupSampler (continuous policy, g slots, shared prompt KV, every
-completion forced to max length by disabling EOS). The training step lives in `measure_training_step`:
-token-budget micro-batches of infsamp.algorithm.logprobs, the GRPO loss of infsamp.algorithm.losses, backward,
-and the optimizer the trainer builds for the precision mode (`build_optimizer`); the model is built
-in the mode's dtype with its compute context (`apply_compute`), as `load_model_and_tokenizer` does.
+Sampling goes through the project's GroupSampler (continuous policy, g slots, shared prompt KV,
+every completion forced to max length by disabling EOS). The training step lives in
+`measure_training_step`: token-budget micro-batches of infsamp.algorithm.logprobs, the GRPO loss of
+infsamp.algorithm.losses, backward, and the optimizer the trainer builds for the precision mode
+(`build_optimizer`); the model is built in the mode's dtype with its compute context
+(`apply_compute`), as `load_model_and_tokenizer` does.
 
-Deliberately simple: one prompt per step; completions all of maximum length (the worst case the planner
-sizes for); random token ids.
+Deliberately simple: one prompt per step; completions all of maximum length (the worst case the
+planner sizes for); random token ids.
 """
 
 from __future__ import annotations
@@ -126,7 +128,8 @@ def embedded_shape() -> ModelShape:
 
 
 def hf_config(shape: ModelShape):
-    """A transformers config of the shape's family (Qwen3: qk-norm, Qwen2: q/k/v bias, else Llama)."""
+    """A transformers config of the shape's family (Qwen3: qk-norm, Qwen2: q/k/v bias, else
+    Llama)."""
     from transformers import LlamaConfig, Qwen2Config, Qwen3Config
 
     family = Qwen3Config if shape.qk_norm else Qwen2Config if shape.attention_bias else LlamaConfig
@@ -198,7 +201,8 @@ def random_sequences(vocab_size: int, num: int, prompt_len: int, completion_len:
 
 def measure_training_step(model, optimizer, prompts, completions, *, max_tokens: int,
                           max_completion: int) -> None:
-    """One GRPO optimizer step over token-budget micro-batches (the lead may swap in the trainer's step)."""
+    """One GRPO optimizer step over token-budget micro-batches (the lead may swap in the trainer's
+    step)."""
     import torch
 
     from infsamp.algorithm.logprobs import build_micro_batches, micro_batch_logprobs
