@@ -207,8 +207,8 @@ def iter_options() -> typing.Iterator[tuple[str, Any, Any, str]]:
         hints = _section_types(cls)
         defaults = cls()
         for f in dataclasses.fields(cls):
-            yield f"{section.name}.{f.name}", hints[f.name], getattr(defaults,
-                                                                     f.name), f.metadata.get("help", "")
+            yield (f"{section.name}.{f.name}", hints[f.name], getattr(defaults, f.name),
+                   f.metadata.get("help", ""))
 
 
 def type_name(annotation: Any) -> str:

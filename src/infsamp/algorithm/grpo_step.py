@@ -115,7 +115,8 @@ class GRPOStep:
         self.max_completion_length = max_completion_length
         self.ref_model = ref_model
         if sizes is None:
-            tokens = micro_batch_tokens or cfg.train_micro_batch_tokens or DEFAULT_MICRO_BATCH_TOKENS
+            tokens = (micro_batch_tokens or cfg.train_micro_batch_tokens
+                      or DEFAULT_MICRO_BATCH_TOKENS)
             sizes = RunSizes(kv_budget_tokens=0, micro_group=0, max_micro_group=0,
                              max_prompt_tokens=0, max_new_tokens=max_completion_length,
                              train_micro_batch_tokens=tokens)

@@ -3,7 +3,8 @@
 Layout of a micro-batch: prompts LEFT-padded to the micro-batch's longest prompt, completions
 RIGHT-padded to its longest completion, so every completion occupies the last `T_c` positions:
 
-    [pad pad p p p | c c c pad]   attention_mask 0 0 1 1 1 | 1 1 1 0,  position_ids from the mask's cumsum
+    [pad pad p p p | c c c pad]   attention_mask 0 0 1 1 1 | 1 1 1 0
+                                  (position_ids from the mask's cumsum)
 
 The forward asks the model for only `T_c + 1` positions (`logits_to_keep`) and drops the last one;
 the LM head then runs per chunk on the final hidden states of the real completion tokens

@@ -305,9 +305,10 @@ def policy_targets(rows: list[dict]) -> dict:
             targets[f"{workload}: peak KV full / continuous at G={size}"] = ratio
     for r in rows:
         if r["policy"] == "continuous" and r["workload"] == "embedded":
-            targets[f"embedded G={r['G']}: sampler overhead share of wall time"] = r["overhead_fraction"]
-    rounds, cont = _cell(rows, "controlled", 32, "rounds"), _cell(rows, "controlled", 32,
-                                                                  "continuous")
+            name = f"embedded G={r['G']}: sampler overhead share of wall time"
+            targets[name] = r["overhead_fraction"]
+    rounds = _cell(rows, "controlled", 32, "rounds")
+    cont = _cell(rows, "controlled", 32, "continuous")
     if rounds and cont:
         steps_saved = 1 - cont["decode_steps"] / rounds["decode_steps"]
         targets["controlled G=32: continuous decode steps saved vs rounds"] = steps_saved

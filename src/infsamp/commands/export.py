@@ -184,7 +184,8 @@ def export_checkpoint(checkpoint: Path, out: Path, *, adapters_only: bool = Fals
         if not _still_there(checkpoint):
             raise ExportError(f"{checkpoint}: the checkpoint vanished while it was being exported "
                               "(a live run's checkpointing.keep_last pruned it); nothing was "
-                              f"written to {out}: export again, or once the run has ended") from None
+                              f"written to {out}: export again, or once the run has "
+                              "ended") from None
         raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -1,6 +1,7 @@
 """`infsamp plan`: the memory planner on the command line (no torch imported).
 
-    infsamp plan --model llama-3.2-1b --gpu-memory 16GiB --num-generations 16 --max-completion 786 --beta 0.04
+    infsamp plan --model llama-3.2-1b --gpu-memory 16GiB --num-generations 16 \
+        --max-completion 786 --beta 0.04
     infsamp plan --model qwen3-8b --gpu-memory 24GiB --lora-rank 16 --load-in-4bit --precision bf16
     infsamp plan --model qwen3-8b --gpu-memory 24GiB --num-gpus 8 --strategy fsdp   # per device
 

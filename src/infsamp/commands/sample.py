@@ -2,7 +2,8 @@
 
     infsamp sample --prompts prompts.txt --num-generations 8 --policy continuous --kv-budget 4096
     infsamp sample examples/gsm8k.yaml --model.name_or_path DIR --data.dataset DATA --num-prompts 2
-    infsamp sample --prompts embedded:arithmetic --num-prompts 4 --out completions.jsonl --trace lengths.jsonl
+    infsamp sample --prompts embedded:arithmetic --num-prompts 4 --out completions.jsonl \
+        --trace lengths.jsonl
 
 It reads the trainer's configuration: an optional recipe YAML, every `--section.key` flag of
 `infsamp train`, and a few short flags for the sampler (`--prompts` is `--data.dataset`, `-G` is

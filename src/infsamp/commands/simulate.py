@@ -1,8 +1,11 @@
 """`infsamp simulate`: replay completion lengths through a scheduling policy, without a model.
 
-    infsamp simulate --trace runs/demo/lengths.jsonl --micro-group 8 --policy length_aware --predictor online
-    infsamp simulate --synthetic lognormal --groups 20 --group-size 32 --micro-group 8 --policy rounds --json
-    infsamp simulate --synthetic lognormal --groups 20 --group-size 32 --micro-group 8 --plot quality.png
+    infsamp simulate --trace runs/demo/lengths.jsonl --micro-group 8 --policy length_aware \
+        --predictor online
+    infsamp simulate --synthetic lognormal --groups 20 --group-size 32 --micro-group 8 \
+        --policy rounds --json
+    infsamp simulate --synthetic lognormal --groups 20 --group-size 32 --micro-group 8 \
+        --plot quality.png
 
 `--plot` sweeps predictor quality (the true length times a log-normal error, sigma 0 .. 1.5, plus
 the `none` and `online` predictors) under `length_aware` and draws decode steps against the measured

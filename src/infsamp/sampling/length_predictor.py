@@ -131,7 +131,8 @@ class _Ridge:
         self.b += y * x
         self.num_unfit += 1
         self.num_seen += 1
-        if self.num_unfit >= self.refit_every or self.weights is None and self.num_seen >= self.MIN_SEEN:
+        if (self.num_unfit >= self.refit_every
+                or self.weights is None and self.num_seen >= self.MIN_SEEN):
             self.fit()
 
     def fit(self) -> None:
@@ -217,7 +218,8 @@ class OnlinePredictor(LengthPredictor):
         sibling[0] += log_length
         sibling[1] += 1
         self._call_logs.append((spec.prompt_key, log_length))
-        self._run_mean = log_length if self._run_mean is None else 0.98 * self._run_mean + 0.02 * log_length
+        self._run_mean = (log_length if self._run_mean is None
+                          else 0.98 * self._run_mean + 0.02 * log_length)
 
     def state_dict(self) -> dict:
         """Between calls (what a checkpoint sees) the per-call parts are empty; kept anyway."""
@@ -384,7 +386,8 @@ def kendall_tau(predicted: Sequence[float], real: Sequence[float]) -> float:
 def prediction_quality(predicted: Sequence[float], real: Sequence[float]) -> tuple[float, float]:
     """(Kendall tau-b, mean absolute error) of predicted vs real lengths over one call's samples."""
     if len(predicted) != len(real):
-        raise ValueError(f"prediction_quality: {len(predicted)} predictions for {len(real)} lengths")
+        raise ValueError(f"prediction_quality: {len(predicted)} predictions for {len(real)} "
+                         "lengths")
     if not real:
         return 0.0, 0.0
     mae = float(np.mean(np.abs(np.asarray(predicted, dtype=float) - np.asarray(real, dtype=float))))

@@ -329,5 +329,6 @@ POLICIES: dict[str, type[AdmissionPolicy]] = {
 def make_policy(name: str, samples: Sequence[Sample], num_slots: int,
                 predictor: LengthPredictor | None, **options) -> AdmissionPolicy:
     if name not in POLICIES:
-        raise SamplingError(f"unknown sampling policy {name!r}; choose one of {', '.join(POLICIES)}")
+        raise SamplingError(f"unknown sampling policy {name!r}; choose one of "
+                            f"{', '.join(POLICIES)}")
     return POLICIES[name](samples, num_slots, predictor, **options)

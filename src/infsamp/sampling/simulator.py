@@ -157,7 +157,8 @@ def arithmetic_trace(num_groups: int, group_size: int, epochs: int = 1, seed: in
     groups = []
     for _ in range(epochs):
         for number, problem in enumerate(problems):
-            worked, direct = _token_length(problem["solution"]), _token_length(problem["direct_solution"])
+            worked = _token_length(problem["solution"])
+            direct = _token_length(problem["direct_solution"])
             lengths = [min(max_length,
                            max(1, round((direct if direct_share and rng.random() < direct_share
                                                      else worked)
@@ -247,7 +248,8 @@ def simulate(groups: Sequence[TraceGroup], policy: str, num_slots: int | None = 
         raise SamplingError(f"prompt {too_long.prompt_id} has a length {max(too_long.lengths)} "
                             f"> --max-new-tokens {max_new}")
     slots = _num_slots(num_slots, kv_budget, groups, max_new, prompts_per_step)
-    length_predictor = make_predictor(predictor) if policy == "length_aware" or predictor != "none" else None
+    wants_predictor = policy == "length_aware" or predictor != "none"
+    length_predictor = make_predictor(predictor) if wants_predictor else None
     calls = []
     for start in range(0, len(groups), prompts_per_step):
         step_groups = groups[start:start + prompts_per_step]

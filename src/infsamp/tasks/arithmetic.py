@@ -72,13 +72,15 @@ def worked_solution(operands: list[int]) -> str:
         lines.append(f"carry {carry} -> {partial}")
     answer = str(sum(operands))
     assert partial.lstrip("0") == answer.lstrip("0") or answer == "0"
-    return "<reasoning>\n" + "\n".join(lines) + "\n</reasoning>\n<answer>\n" + answer + "\n</answer>\n"
+    return ("<reasoning>\n" + "\n".join(lines) + "\n</reasoning>\n<answer>\n" + answer
+            + "\n</answer>\n")
 
 
 def direct_solution(operands: list[int]) -> str:
     """The answer with no working: short, and wrong more often than not once numbers have 3+
     digits."""
-    return "<reasoning>\nin my head\n</reasoning>\n<answer>\n" + str(sum(operands)) + "\n</answer>\n"
+    return ("<reasoning>\nin my head\n</reasoning>\n<answer>\n" + str(sum(operands))
+            + "\n</answer>\n")
 
 
 def sft_completions(problems: list[dict[str, Any]], seed: int = 0,

@@ -54,7 +54,8 @@ def _read_embedded(data_cfg: DataConfig, split: str) -> list[Row]:
         raise DataError(f"data.dataset: unknown embedded task {task!r} (known: "
                         f"{', '.join(EMBEDDED_TASKS)})")
     generate = importlib.import_module(EMBEDDED_TASKS[task]).generate_problems
-    num = data_cfg.num_eval_examples if split == data_cfg.eval_split else data_cfg.num_train_examples
+    num = (data_cfg.num_eval_examples if split == data_cfg.eval_split
+           else data_cfg.num_train_examples)
     try:
         problems = generate(num, data_cfg.seed, split)
     except ValueError as err:
