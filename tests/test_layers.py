@@ -2,8 +2,8 @@
 itself back through others. Every import counts, including those inside functions (they run
 later, but they are still a dependency).
 
-    errors, hub, files, console < choices < config < config_io, planner, tasks, models < sampling, rewards
-      < distributed < algorithm < run < commands, integrations, cli
+    errors, hub, files, console < choices < config < config_io, planner, tasks, models
+      < sampling, rewards < distributed < algorithm < run < commands, integrations, cli
 
 A module of a lower layer importing one of a higher layer, or any import cycle, fails here with
 the offending import named.

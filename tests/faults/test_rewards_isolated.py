@@ -137,7 +137,8 @@ def test_a_reward_that_fails_in_evaluation_names_the_evaluation(runner, tiny_mod
 @pytest.mark.parametrize("exit_code", [3, 0])
 def test_sys_exit_at_import_is_one_line(runner, tiny_model_dir, tmp_path, exit_code):
     path = tmp_path / "exits_at_import.py"
-    path.write_text(f"import sys\nsys.exit({exit_code})\ndef f(completions, **kw):\n    return []\n")
+    path.write_text(f"import sys\nsys.exit({exit_code})\n"
+                    "def f(completions, **kw):\n    return []\n")
     code, output = runner.run(short_run(tiny_model_dir, tmp_path / "run", f"{path}:f"))
     assert code == 2 and "Traceback" not in output, output
     assert output.strip().splitlines()[-1] == (

@@ -25,7 +25,8 @@ def test_text_report_names_parts_verdict_and_advice(capsys):
 def test_json_output(capsys):
     assert main(SEED + ["--group-size", "64", "--optimizer", "adamw8bit", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["fits"] is True and data["micro_group"] == 64 and data["train_micro_batch_tokens"] == 2084
+    assert (data["fits"] is True and data["micro_group"] == 64
+            and data["train_micro_batch_tokens"] == 2084)
     assert data["advice"] == [] and data["peak_bytes"] > 0
 
 
@@ -35,7 +36,8 @@ def test_config_json_path(tmp_path, capsys):
               "num_attention_heads": 4, "vocab_size": 100, "max_position_embeddings": 256}
     (tmp_path / "config.json").write_text(json.dumps(config))
     assert main(["plan", "--model", str(tmp_path), "--gpu-memory", "1GiB", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["num_parameters"] == 2 * 100 * 64 + 2 * (4 * 64 * 64 + 3 * 64 * 128 + 128) + 64
+    assert (json.loads(capsys.readouterr().out)["num_parameters"]
+            == 2 * 100 * 64 + 2 * (4 * 64 * 64 + 3 * 64 * 128 + 128) + 64)
 
 
 @pytest.mark.parametrize("args, message", [

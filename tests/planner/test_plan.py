@@ -34,11 +34,11 @@ def test_chosen_g_and_micro_batch_are_the_largest_that_fit():
                          max_completion=1024, optimizer="adamw8bit", gradient_checkpointing=True)
     p, g, tokens = result.inputs, result.micro_group, result.train_micro_batch_tokens
     assert 0 < g < 64 and tokens > 0 and tokens % p.seq_len == 0
-    assert generation_breakdown(p,
-                                g)["peak"] <= p.gpu_memory_bytes < generation_breakdown(p, g + 1)["peak"]
+    assert (generation_breakdown(p, g)["peak"] <= p.gpu_memory_bytes
+            < generation_breakdown(p, g + 1)["peak"])
     limit = p.gpu_memory_bytes
-    assert training_breakdown(p,
-                              tokens)["peak"] <= limit < training_breakdown(p, tokens + p.seq_len)["peak"]
+    assert (training_breakdown(p, tokens)["peak"] <= limit
+            < training_breakdown(p, tokens + p.seq_len)["peak"])
     assert result.kv_budget_tokens == 256 + g * 1024
 
 
@@ -60,8 +60,7 @@ def test_nothing_fits_says_how_much_is_needed():
 
 def test_large_gpu_fits_whole_group_without_advice():
     result = plan_memory(LLAMA_1B, gpu_memory_bytes=80 * GIB, num_generations=64,
-                         **{k: v for k, v in SEED.items()
-                                                                                  if k != "gpu_memory_bytes"})
+                         **{k: v for k, v in SEED.items() if k != "gpu_memory_bytes"})
     assert result.fits and result.micro_group == 64 and result.advice == []
     assert result.train_micro_batch_tokens == 64 * 1042 or result.train_micro_batch_sequences < 64
 

@@ -46,8 +46,8 @@ def test_every_policy_sees_the_same_completions(tiny_model_dir):
     assert totals["rounds"]["generated_tokens"] == totals["continuous"]["generated_tokens"]
     name = "length_aware:online decode steps saved vs rounds (>= 0.40)"
     saved = report["targets"]["slots"][name]
-    assert saved == pytest.approx(1
-                                  - totals["length_aware:online"]["decode_steps"] / totals["rounds"]["decode_steps"])
+    assert saved == pytest.approx(
+        1 - totals["length_aware:online"]["decode_steps"] / totals["rounds"]["decode_steps"])
 
 
 def test_cli_writes_json(tiny_model_dir, tmp_path, capsys):

@@ -101,7 +101,8 @@ def test_statistics(model):
     assert stats.decode_steps >= stats.lower_bound > 0
     assert stats.micro_group == 3 and stats.num_preemptions == 0
     metrics = stats.to_metrics()
-    assert metrics["sampling/decode_steps"] == stats.decode_steps and "sampling/peak_kv_bytes" in metrics
+    assert (metrics["sampling/decode_steps"] == stats.decode_steps
+            and "sampling/peak_kv_bytes" in metrics)
     for c in result.completions:
         assert c.finish_reason == ("eos" if c.token_ids[-1] == EOS else "length")
         assert c.length == len(c.token_ids) <= 12
