@@ -8,7 +8,7 @@ fewer layers).
 
     python benchmarks/memory.py                 # all CPU cases, markdown table on stdout
     python benchmarks/memory.py --quick         # the small CPU cases only (~1 minute)
-    python benchmarks/memory.py --device cuda   # GPU cases: qwen3-0.6b and qwen3-1.7b shapes in bf16
+    python benchmarks/memory.py --device cuda   # GPU: qwen3-0.6b and qwen3-1.7b shapes in bf16
     python benchmarks/memory.py --case embedded --phase train   # one measurement
     python benchmarks/memory.py --quick --precision fp32,mixed,bf16   # each precision mode
     python benchmarks/memory.py --device cuda --precision all         # GPU, with the QLoRA case
