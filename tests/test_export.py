@@ -33,7 +33,7 @@ for path in sys.argv[2:]:
     results[path] = [list(o.outputs[0].token_ids) for o in outs]
     del llm
 print("VLLM_RESULT " + json.dumps(results))
-""" % MAX_NEW
+""" % MAX_NEW  # noqa: UP031  (the script has literal braces)
 
 
 def length_reward(prompts, completions, **kwargs):

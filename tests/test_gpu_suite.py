@@ -18,8 +18,8 @@ BENCHMARKS = ROOT / "benchmarks"
 if str(BENCHMARKS) not in sys.path:
     sys.path.insert(0, str(BENCHMARKS))
 
-import gpu_suite
-from gpu_suite_common import CPU_SMOKE, Part, random_model, sample_until, sampler_for, toy
+import gpu_suite  # noqa: E402  (benchmarks/, just put on sys.path)
+from gpu_suite_common import CPU_SMOKE, Part, random_model, sample_until, sampler_for, toy  # noqa: E402
 
 FAKE_PARTS = textwrap.dedent('''
     import time

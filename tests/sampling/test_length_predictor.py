@@ -24,7 +24,9 @@ from infsamp.sampling.types import Sample
 
 def brute_tau_b(x, y):
     pairs = list(itertools.combinations(range(len(x)), 2))
-    sign = lambda v: (v > 0) - (v < 0)
+    def sign(v):
+        return (v > 0) - (v < 0)
+
     s = sum(sign(x[i] - x[j]) * sign(y[i] - y[j]) for i, j in pairs)
     ux = sum(abs(sign(x[i] - x[j])) for i, j in pairs)
     uy = sum(abs(sign(y[i] - y[j])) for i, j in pairs)
@@ -137,7 +139,7 @@ def test_prefix_memory_tells_short_answers_from_long_derivations():
 
     predictor = OnlinePredictor()
     short, long = [5, 6, 7, 8, 9, 5], [20, 21, 22, 23, 21, 20]  # two ways to start an answer
-    for call in range(3):
+    for _call in range(3):
         specs = [Sample(i, 0, i, 10, 400, "p1", "12+34=?") for i in range(8)]
         for spec in specs:
             prefix = short if spec.index_in_group % 2 else long

@@ -62,7 +62,7 @@ def checked_run(specs, lengths, policy, num_slots, budget=None, predictor=None,
     peak, running = 0, {}
     while not sched.done:
         parked_before = {s.sample_id: s.num_tokens for s in specs if s.status == "parked"}
-        for slot, spec in sched.admit():
+        for _slot, spec in sched.admit():
             if spec.sample_id in started:
                 assert parked_before.get(spec.sample_id) == spec.num_tokens > 0, "started twice"
             started.add(spec.sample_id)

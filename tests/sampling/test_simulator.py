@@ -187,5 +187,4 @@ def test_direct_share_out_of_range_is_one_line(capsys):
     code = main(["simulate", "--synthetic", "arithmetic", "--direct-share", "1.5", "--slots", "2"])
     assert code == 2
     assert capsys.readouterr().err.strip() == ("infsamp simulate: error: --direct-share must be "
-                                               "between 0 and 1, "
-                                               "got 1.5")
+                                               "between 0 and 1, got 1.5")

@@ -88,7 +88,7 @@ def test_replay_of_token_conditioned_parking_matches_the_real_engine(model, kv_b
     lengths = reference_lengths(model, kv_budget)
     real_predictor, replay_predictor = make_predictor("online"), make_predictor("online")
     samples = make_samples([len(p) for p in PROMPTS], GROUP_SIZE, MAX_NEW)
-    for call in range(2):  # the second call predicts from what the first taught
+    for _call in range(2):  # the second call predicts from what the first taught
         real = sample(model, "length_aware", kv_budget, real_predictor, prefix_tokens=2)
         assert [c.length for c in real.completions] == lengths
         first = [c.token_ids[:2] for c in real.completions]

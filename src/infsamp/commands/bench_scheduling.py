@@ -142,8 +142,7 @@ def check_arguments(args: argparse.Namespace) -> list[Variant]:
                                 f"{getattr(args, name)}")
     if args.temperature < 0 or args.prefix_tokens < 0:
         raise SamplingError(f"--temperature and --prefix-tokens must be >= 0, got "
-                            f"{args.temperature}, "
-                            f"{args.prefix_tokens}")
+                            f"{args.temperature}, {args.prefix_tokens}")
     if args.kv_slack < 0:
         raise SamplingError(f"--kv-slack must be >= 0, got {args.kv_slack}")
     parse_seeds(args)

@@ -191,7 +191,7 @@ class ProcessRanks(Ranks):
             except InfsampError as err:
                 outcome = {"error": str(err)}
                 self.broadcast_json(outcome)
-                raise agreed(err)
+                raise agreed(err)  # noqa: B904  (err itself, marked: a re-raise)
         outcome = self.broadcast_json(outcome)
         if "error" in outcome:
             raise agreed(InfsampError(outcome["error"]))
@@ -206,7 +206,7 @@ class ProcessRanks(Ranks):
         except BaseException as err:
             if is_agreed(err):  # every rank stops here: their exits are not failures
                 self.watch.finished()
-                raise agreed(err)
+                raise agreed(err)  # noqa: B904  (err itself, marked: a re-raise)
             if isinstance(err, PeerFailed):
                 raise
             # a collective that failed: most likely a peer died; give the watcher time to see it

@@ -136,7 +136,7 @@ class GroupSampler:
         if getattr(predictor, "uses_hidden", False) and not self.engine.hands_hidden_states:
             warnings.warn(f"sampling.predictor {predictor.name}: the {self.engine.name} engine "
                           "hands out no hidden states; its token-level part (as online) predicts "
-                          "instead")
+                          "instead", stacklevel=1)
         self.sizes = sizes
         # a sampler used alone reads `sampling.kv_budget` once (a bad one fails here)
         self._kv_budget = resolve_budget(cfg.kv_budget, model) if sizes is None else None
@@ -233,8 +233,7 @@ class GroupSampler:
                 raise SamplingError(f"prompt {index} is empty (0 tokens)")
             if len(prompt) > self.max_context - 1:
                 raise SamplingError(f"prompt {index} has {len(prompt)} tokens; the model context "
-                                    f"is "
-                                    f"{self.max_context}, so at most {self.max_context - 1} fit")
+                                    f"is {self.max_context}, so at most {self.max_context - 1} fit")
 
     def _fit_budget(self, prompt_ids: list[list[int]], max_new: int, budget: int) -> int:
         """Budget must hold the longest prompt plus one token; a smaller max_new_tokens than asked
@@ -243,12 +242,11 @@ class GroupSampler:
         fits = max_new_tokens_within(budget, longest, max_new, block)
         if fits < 1:
             raise SamplingError(f"sampling.kv_budget={self.cfg.kv_budget!r} ({budget} tokens) "
-                                f"cannot hold "
-                                f"the longest prompt ({longest} tokens) plus one token")
+                                f"cannot hold the longest prompt ({longest} tokens) plus one token")
         if fits < max_new:
             warnings.warn(f"sampling.kv_budget={self.cfg.kv_budget!r} ({budget} tokens) holds at "
-                          f"most "
-                          f"{fits} new tokens per sample; max_new_tokens lowered from {max_new}")
+                          f"most {fits} new tokens per sample; max_new_tokens lowered from "
+                          f"{max_new}", stacklevel=1)
         return fits
 
     def _samples(self, prompt_ids, num_generations, max_new, prompt_keys,
