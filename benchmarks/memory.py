@@ -379,8 +379,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="comma-separated modes (fp32, mixed, bf16, bf16_lossy) or all; "
                              "default: the device's default (cpu fp32, cuda bf16)")
     parser.add_argument("--default-malloc", action="store_true",
-                        help="keep glibc's adaptive mmap threshold (resident set then includes "
-                             "freed heap)")
+                        help="keep glibc's adaptive mmap threshold (resident "
+                             "set then includes freed heap)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:

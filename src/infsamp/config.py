@@ -205,11 +205,11 @@ class SamplingConfig:
                               "kept, KV kept or recomputed) when it is predicted much shorter "
                               "than a waiting one, which takes its slot")
     refill: str = opt("auto",
-                      "runtime refill order for length_aware: auto (= ljf, measured best), "
-                      "sjf, ljf")
+                      "runtime refill order for length_aware: auto (= "
+                      "ljf, measured best), sjf, ljf")
     grouping_epsilon: float = opt(0.1,
-                                  "FPTAS epsilon of the global grouping (smaller: closer to "
-                                  "optimal)")
+                                  "FPTAS epsilon of the global grouping "
+                                  "(smaller: closer to optimal)")
     engine: str = opt(
         "auto", "decoding engine: slots (infsamp's slot engine over the transformers model), vllm "
         "(vLLM in the trainer's process), auto (vllm where it is installed and the model is on a "
@@ -291,8 +291,8 @@ class TrainingConfig:
                                            "80/20 Rule'; 1.0: all)")
     num_iterations: int = opt(1, "optimisation passes over each sampled batch (mu)")
     train_micro_batch_tokens: int = opt(0,
-                                        "tokens per training micro-batch; 0 = auto from the "
-                                        "planner")
+                                        "tokens per training "
+                                        "micro-batch; 0 = auto from the planner")
     chunked_lm_head: bool = opt(True, "log-probs from the final hidden states with the LM head "
                                 "applied per chunk (no [tokens x vocabulary] logits); false: the "
                                 "model's full logits, as before (more memory; the planner "

@@ -223,8 +223,8 @@ def test_scheduler_is_fast_per_decode_step():
         start = time.perf_counter()
         stats = run_call(specs, lengths, policy, 64, predictor=OraclePredictor())
         per_step = (time.perf_counter() - start) / stats.decode_steps
-        assert per_step < 2e-3, (f"{policy}: {per_step * 1e3:.2f} ms per decode step (engine loop "
-                                 f"included)")
+        assert per_step < 2e-3, (f"{policy}: {per_step * 1e3:.2f} ms per decode "
+                                 f"step (engine loop included)")
 
 
 lengths_st = st.lists(st.lists(st.integers(1, 40), min_size=1, max_size=12), min_size=1, max_size=4)

@@ -136,8 +136,8 @@ def make_micro_batch(prompt_ids: Sequence[Sequence[int]], completion_ids: Sequen
     prompts = [prompt_ids[i] for i in indices]
     completions = [completion_ids[i] for i in indices]
     if any(len(p) == 0 for p in prompts):
-        raise ValueError("make_micro_batch: an empty prompt has no token to predict the completion "
-                         "from")
+        raise ValueError("make_micro_batch: an empty prompt has no token to "
+                         "predict the completion from")
     width_p, width_c = max(map(len, prompts)), max(1, max(map(len, completions)))
     prompt_mask = _lengths_mask([len(p) for p in prompts], width_p, left=True)  # [b, T_p]
     completion_mask = _lengths_mask([len(c) for c in completions], width_c, left=False)  # [b, T_c]

@@ -13,8 +13,8 @@ import importlib
 
 BENCHMARKS = {
     "sampling": "all sampling policies side by side: memory, decode steps and tokens/s against G",
-    "scheduling": "length_aware (online and oracle predictor) against rounds and continuous, real "
-                  "engine",
+    "scheduling": "length_aware (online and oracle predictor) against rounds "
+                  "and continuous, real engine",
 }
 
 

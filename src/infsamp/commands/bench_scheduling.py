@@ -69,8 +69,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompts", type=int, default=12,
                         help="prompts (= sampler calls) per epoch")
     parser.add_argument("--prompts-per-step", "-B", type=int, default=1,
-                        help="prompts per sampler call (= per training step; the demo trains with "
-                             "4)")
+                        help="prompts per sampler call (= per training "
+                             "step; the demo trains with 4)")
     parser.add_argument("--epochs", type=int, default=2,
                         help="epochs; all but the last warm the predictor up")
     parser.add_argument("--group-size", "-G", type=int, default=32, help="samples per prompt")
@@ -87,8 +87,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="prompts from this data.dataset instead of the embedded task")
     parser.add_argument("--prompt-column", default="prompt", help="--dataset: the prompt column")
     parser.add_argument("--variants", default=",".join(VARIANTS),
-                        help="comma-separated policy[:predictor][/refill]; continuous must come "
-                             "first")
+                        help="comma-separated policy[:predictor][/refill]; continuous "
+                             "must come first")
     parser.add_argument("--engine", default="slots", help=ENGINE_HELP)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--seed", type=int, default=0)

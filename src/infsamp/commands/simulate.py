@@ -41,8 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--synthetic", choices=sorted(SYNTHETIC),
                         help="generate a workload instead: lognormal (the paper's "
                              "length-controlled one) or "
-                             "arithmetic (worked-solution lengths of the embedded task, with "
-                             "prompt text)")
+                             "arithmetic (worked-solution lengths of the "
+                             "embedded task, with prompt text)")
     parser.add_argument("--groups", type=int, default=20, help="synthetic: prompts per epoch")
     parser.add_argument("--group-size", type=int, default=32,
                         help="synthetic: G, samples per prompt")
@@ -50,8 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="synthetic: passes over the same prompts")
     parser.add_argument("--seed", type=int, default=0, help="synthetic: random seed")
     parser.add_argument("--direct-share", type=float, default=0.0,
-                        help="synthetic arithmetic: share of samples that are direct guesses (the "
-                             "shipped "
+                        help="synthetic arithmetic: share of samples that are "
+                             "direct guesses (the shipped "
                              "model guesses on about half of its samples at the start of a run)")
     parser.add_argument("--write-trace", metavar="FILE",
                         help="also write the (synthetic) trace here")

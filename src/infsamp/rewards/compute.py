@@ -129,8 +129,8 @@ def _check_inputs(funcs: list, weights: Sequence[float] | None, completions: Seq
                   columns: dict[str, list]) -> list[float]:
     weights = list(weights) if weights else [1.0] * len(funcs)
     if len(weights) != len(funcs):
-        raise RewardError(f"rewards.weights: {len(weights)} weights for {len(funcs)} reward "
-                          f"functions")
+        raise RewardError(f"rewards.weights: {len(weights)} weights for {len(funcs)} "
+                          f"reward functions")
     for key, values in columns.items():
         if len(values) != len(completions):
             raise ValueError(f"column {key!r} has {len(values)} values for {len(completions)} "

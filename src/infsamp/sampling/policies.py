@@ -147,8 +147,8 @@ class LengthAwarePolicy(AdmissionPolicy):
             self.predictor = ConstantPredictor()
         self.refill = DEFAULT_REFILL if refill == "auto" else refill
         if self.refill not in REFILL_ORDERS:
-            raise SamplingError(f"policy length_aware: refill must be auto, sjf or ljf, got "
-                                f"{refill!r}")
+            raise SamplingError(f"policy length_aware: refill must be auto, "
+                                f"sjf or ljf, got {refill!r}")
         self.epsilon, self.max_states = epsilon, max_states
         self.prefix_tokens_wanted = prefix_tokens if self.predictor.uses_prefix else 0
         self.preempt = bool(preempt) and self.prefix_tokens_wanted > 0 and self.refill == "ljf"

@@ -245,8 +245,8 @@ class GroupSampler:
                                 f"cannot hold the longest prompt ({longest} tokens) plus one token")
         if fits < max_new:
             warnings.warn(f"sampling.kv_budget={self.cfg.kv_budget!r} ({budget} tokens) holds at "
-                          f"most {fits} new tokens per sample; max_new_tokens lowered from "
-                          f"{max_new}", stacklevel=1)
+                          f"most {fits} new tokens per sample; "
+                          f"max_new_tokens lowered from {max_new}", stacklevel=1)
         return fits
 
     def _samples(self, prompt_ids, num_generations, max_new, prompt_keys,

@@ -279,5 +279,5 @@ def _check_samples(samples: list[Sample], num_slots: int) -> None:
             raise ValueError(f"samples must be numbered 0..N-1 in order; got id "
                              f"{sample.sample_id} at {position}")
         if sample.max_new_tokens < 1 or sample.prompt_tokens < 0:
-            raise SamplingError(f"sample {position}: max_new_tokens must be >= 1 and prompt_tokens "
-                                f">= 0")
+            raise SamplingError(f"sample {position}: max_new_tokens must be "
+                                f">= 1 and prompt_tokens >= 0")
