@@ -101,9 +101,10 @@ PHASES = ("sample", "train")
 MICRO_CASE = Case("micro", group_size=2, micro_group=2, max_prompt=4, max_completion=4,
                   train_sequences=1)
 MICRO_SHAPE = ModelShape("micro", 64, 128, 1, 2, 1, 32, 256, True, 2048)
-SHAPES = {"micro": MICRO_SHAPE,  # shapes that are no preset: a random model of each is built
-          "qwen3-vocab-h64": ModelShape("qwen3-vocab-h64", 64, 192, 2, 4, 2, 16, 151936, True,
-                                        2048)}
+SHAPES = {  # shapes that are no preset: a random model of each is built
+    "micro": MICRO_SHAPE,
+    "qwen3-vocab-h64": ModelShape("qwen3-vocab-h64", 64, 192, 2, 4, 2, 16, 151936, True, 2048),
+}
 
 
 # --- models (child process only: torch is imported lazily) ----------------------------------------

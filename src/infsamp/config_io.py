@@ -94,8 +94,8 @@ def apply_overrides(cfg: Config, overrides: dict[str, Any]) -> Config:
     """Set dotted keys ('training.learning_rate') on `cfg`, converting and checking types."""
     for key, value in overrides.items():
         section_name, _, name = key.partition(".")
-        if not hasattr(cfg,
-                       section_name) or not dataclasses.is_dataclass(getattr(cfg, section_name)):
+        if (not hasattr(cfg, section_name)
+                or not dataclasses.is_dataclass(getattr(cfg, section_name))):
             raise ConfigError(f"{key}: unknown section {section_name!r} "
                               f"(known: {', '.join(f.name for f in dataclasses.fields(Config))})")
         section = getattr(cfg, section_name)

@@ -141,8 +141,8 @@ def test_sequence_logprobs_match_unpadded_forward(budget):
             continue
         with torch.no_grad():
             logits = model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1: -1] / 0.7
-        expected = logits.log_softmax(-1).gather(-1,
-                                                 torch.tensor(completion).unsqueeze(-1)).squeeze(-1)
+        index = torch.tensor(completion).unsqueeze(-1)
+        expected = logits.log_softmax(-1).gather(-1, index).squeeze(-1)
         torch.testing.assert_close(logps, expected, atol=1e-5, rtol=1e-5)
 
 

@@ -81,8 +81,8 @@ def test_training_peak_does_not_grow_with_group_size():
 
 def test_activations_scale_with_micro_batch_and_checkpointing_cuts_them():
     p = plan().inputs
-    one, two = training_breakdown(p,
-                                  1042)["activations"], training_breakdown(p, 2084)["activations"]
+    one = training_breakdown(p, 1042)["activations"]
+    two = training_breakdown(p, 2084)["activations"]
     assert two == 2 * one
     with_ckpt = plan(gradient_checkpointing=True).inputs
     assert activation_bytes_per_token(with_ckpt) < activation_bytes_per_token(p) / 5

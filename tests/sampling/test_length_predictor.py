@@ -148,8 +148,8 @@ def test_prefix_memory_tells_short_answers_from_long_derivations():
             predictor.observe_finished(spec, 30 if spec.index_in_group % 2 else 300)
         predictor.end_call()
     spec_short, spec_long = (Sample(i, 0, i, 10, 400, "p1", "12+34=?") for i in (1, 2))
-    assert predictor.predict_remaining(spec_short,
-                                       short) + len(short) == pytest.approx(30, rel=0.01)
+    assert (predictor.predict_remaining(spec_short, short) + len(short)
+            == pytest.approx(30, rel=0.01))
     assert predictor.predict_remaining(spec_long, long) + len(long) == pytest.approx(300, rel=0.01)
 
 

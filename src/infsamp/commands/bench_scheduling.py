@@ -232,8 +232,8 @@ class Runner:
 
         for predictor in self._predictors.values():
             if isinstance(predictor, OraclePredictor):
-                predictor.set_lengths(lambda spec,
-                                      lengths=lengths: lengths[spec.group_id][spec.index_in_group])
+                predictor.set_lengths(
+                    lambda spec, lengths=lengths: lengths[spec.group_id][spec.index_in_group])
 
     def call(self, variant: Variant, prompts: list[tuple[str, list[int]]], keys: list[str],
              seed: int) -> dict:

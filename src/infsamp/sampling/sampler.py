@@ -290,8 +290,8 @@ class GroupSampler:
         for sample in samples:
             ids = sample.token_ids
             text_ids = ids[:-1] if sample.finish_reason == "eos" else ids
-            text = self.tokenizer.decode(text_ids,
-                                         skip_special_tokens=True) if self.tokenizer else ""
+            text = (self.tokenizer.decode(text_ids, skip_special_tokens=True)
+                    if self.tokenizer else "")
             groups[sample.group_id].append(Completion(
                 list(ids), text, len(ids), sample.finish_reason, sample.group_id,
                 sample.index_in_group, sample.logprobs))
