@@ -89,8 +89,8 @@ def search(weights: Sequence[float], num_slots: int, epsilon: float,
     Lengths are rounded down to multiples of `delta = epsilon * LB / n`, so any assignment's rounded
     makespan is within epsilon * OPT of its real one. Visited states (job, sorted loads) are
     memoised exactly as the DP table would hold them; branches whose load bound cannot beat the best
-    plan so far are cut. Returns (best plan found, whether the search completed: only then is it (1
-    + eps)-optimal). The search compares plans in rounded units, so its winner can lose to LPT on
+    plan so far are cut. Returns (best plan found, whether the search completed: only then is it
+    (1 + eps)-optimal). The search compares plans in rounded units, so its winner can lose to LPT on
     the real lengths by up to the rounding error; the LPT plan is returned then (never worse than
     LPT, as `balance` promises).
     """
