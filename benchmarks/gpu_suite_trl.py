@@ -86,10 +86,11 @@ def make_meter(device: str):
 def save_model(profile, folder: Path) -> Path:
     """The shape with random weights and the embedded tokenizer, as an HF checkpoint."""
     import torch
-    from memory import hf_config
     from transformers import AutoModelForCausalLM
 
     from infsamp.models.tiny import build_tokenizer
+
+    from memory import hf_config
 
     tokenizer = build_tokenizer()
     shape = shape_of(profile, profile.trl_model)
@@ -147,9 +148,10 @@ def run_trl(profile, G: int, model_dir: Path, tmp: Path, framework: str) -> dict
     from datasets import Dataset
     from transformers import AutoModelForCausalLM
     from trl import GRPOTrainer
-    from vs_trl import NUM_PROMPTS, make_step_callback, reward_functions, train_problems
 
     from infsamp.models.loading import load_tokenizer
+
+    from vs_trl import NUM_PROMPTS, make_step_callback, reward_functions, train_problems
 
     dtype = torch.bfloat16 if profile.precision.startswith("bf16") else torch.float32
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
@@ -166,9 +168,9 @@ def run_trl(profile, G: int, model_dir: Path, tmp: Path, framework: str) -> dict
 
 
 def infsamp_config(profile, G: int, model_dir: Path, out_dir: Path):
-    from vs_trl import MAX_PROMPT_TOKENS, NUM_PROMPTS
-
     from infsamp.config_io import load_config
+
+    from vs_trl import MAX_PROMPT_TOKENS, NUM_PROMPTS
 
     g = min(profile.trl_micro_group, G)
     return load_config(overrides={
@@ -188,9 +190,9 @@ def infsamp_config(profile, G: int, model_dir: Path, out_dir: Path):
 
 
 def run_infsamp(profile, G: int, model_dir: Path, tmp: Path) -> dict:
-    from vs_trl import reward_functions, timed_step
-
     from infsamp.run.trainer import GRPOTrainer
+
+    from vs_trl import reward_functions, timed_step
 
     trainer = GRPOTrainer(infsamp_config(profile, G, model_dir, tmp / "infsamp"),
                           reward_funcs=[(f.__name__, f) for f in reward_functions()])

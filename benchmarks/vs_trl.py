@@ -1,4 +1,5 @@
-"""infsamp vs TRL's GRPOTrainer: peak memory and seconds per optimizer step at G = 8, 32, 64, on the CPU.
+"""infsamp vs TRL's GRPOTrainer: peak memory and seconds per optimizer step at G = 8, 32, 64, on the
+CPU.
 
     .venv/bin/python benchmarks/vs_trl.py --groups 8,32,64 --steps 2 --hidden 256 --layers 4 \
         --max-completion 128 --out /tmp/vs_trl.json
@@ -12,23 +13,25 @@ KV budget of g x (prompt + completion) tokens) and `infsamp` (infsamp's own trai
 still one optimizer step per prompt), so what still grows with G in TRL is its generation; 0
 keeps TRL's default of all G at once.
 
-Both frameworks train the SAME random-init Llama (built once and saved to a temp dir, or `--model PATH`)
-on the same prompts (the embedded arithmetic task), with the same rewards (`format_reward`,
+Both frameworks train the SAME random-init Llama (built once and saved to a temp dir, or `--model
+PATH`) on the same prompts (the embedded arithmetic task), with the same rewards (`format_reward`,
 `accuracy_reward`), G, max completion length, temperature 1.0, learning rate, one prompt per step,
 beta 0, fp32 on CPU, gradient checkpointing on in both (TRL 1.16's GRPOConfig default; `off` for
 neither). TRL runs its default layout: one generation batch of G completions, one forward/
 backward over all of them (per_device_train_batch_size=G, steps_per_generation=1). infsamp runs the
 continuous policy with a fixed micro group g and token-budget training micro-batches.
 
-Each (framework, G) case runs in a fresh subprocess. After model load and one warm-up step (optimizer
-state allocated, lazy imports done) the process's resident set is the baseline and VmHWM is reset
-through /proc/self/clear_refs; "peak MiB" is VmHWM at the end minus that baseline. "generation peak
-MiB" is the largest VmHWM growth during one step's generation (TRL's `_generate`, which calls the
-rollout_func when one is given; infsamp's sampler call) above the resident set at its start.
-glibc's malloc is told to give large blocks back (MALLOC_MMAP_THRESHOLD_) in both, so a freed
-warm-up peak is not counted as baseline. Seconds per step: median over `--steps` measured steps.
+Each (framework, G) case runs in a fresh subprocess. After model load and one warm-up step
+(optimizer state allocated, lazy imports done) the process's resident set is the baseline and VmHWM
+is reset through /proc/self/clear_refs; "peak MiB" is VmHWM at the end minus that baseline.
+"generation peak MiB" is the largest VmHWM growth during one step's generation (TRL's `_generate`,
+which calls the rollout_func when one is given; infsamp's sampler call) above the resident set at
+its start. glibc's malloc is told to give large blocks back (MALLOC_MMAP_THRESHOLD_) in both, so a
+freed warm-up peak is not counted as baseline. Seconds per step: median over `--steps` measured
+steps.
 
-Deliberately simple: CPU only, one prompt per step, no KL (beta 0, so no reference model on either side).
+Deliberately simple: CPU only, one prompt per step, no KL (beta 0, so no reference model on either
+side).
 """
 
 from __future__ import annotations
@@ -47,7 +50,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/ (also when loaded by file path)
+# benchmarks/ (also when loaded by file path)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from proc_memory import peak_resident_bytes, reset_peak, resident_bytes  # noqa: E402
 
 RESULT_PREFIX = "VS_TRL_RESULT "
@@ -106,7 +110,8 @@ class PeakRss:
 
 
 def build_random_llama(out_dir: Path, hidden: int, layers: int, seed: int = 0) -> Path:
-    """A random Llama with the embedded character tokenizer, saved as an HF checkpoint; returns its dir."""
+    """A random Llama with the embedded character tokenizer, saved as an HF checkpoint; returns its
+    dir."""
     import torch
     from transformers import LlamaForCausalLM
 
@@ -116,7 +121,8 @@ def build_random_llama(out_dir: Path, hidden: int, layers: int, seed: int = 0) -
     config = model_config(tokenizer)
     head_dim = 32 if hidden <= 128 else 64
     num_heads = max(1, hidden // head_dim)
-    config.update({"hidden_size": hidden, "intermediate_size": 3 * hidden, "num_hidden_layers": layers,
+    config.update({"hidden_size": hidden, "intermediate_size": 3 * hidden,
+                   "num_hidden_layers": layers,
                    "num_attention_heads": num_heads, "num_key_value_heads": max(1, num_heads // 2),
                    "head_dim": head_dim})
     torch.manual_seed(seed)
@@ -150,7 +156,8 @@ def reward_functions():
 def train_problems(num: int) -> list[dict]:
     from infsamp.tasks.arithmetic import generate_problems
 
-    return [{"prompt": p["prompt"], "answer": p["answer"]} for p in generate_problems(num, 1234, "train")]
+    return [{"prompt": p["prompt"], "answer": p["answer"]}
+            for p in generate_problems(num, 1234, "train")]
 
 
 # ---------------------------------------------------------------- TRL worker
@@ -166,7 +173,8 @@ def trl_config(args, G: int, out_dir: Path):
         output_dir=str(out_dir), num_generations=G, per_device_train_batch_size=batch,
         gradient_accumulation_steps=G // batch, steps_per_generation=G // batch,
         max_completion_length=args.max_completion, learning_rate=args.learning_rate,
-        temperature=1.0, beta=0.0, use_vllm=False, bf16=False, fp16=False, use_cpu=True, report_to=[],
+        temperature=1.0, beta=0.0, use_vllm=False, bf16=False, fp16=False, use_cpu=True,
+        report_to=[],
         logging_steps=1, save_strategy="no", max_steps=1 + args.steps, lr_scheduler_type="constant",
         disable_tqdm=True, dataloader_num_workers=0, seed=0, loss_type="dapo",
         gradient_checkpointing=args.gradient_checkpointing == "on")
@@ -176,7 +184,8 @@ def make_step_callback(meter: PeakRss, times: list[float], lengths: list[float])
     from transformers import TrainerCallback
 
     class StepTimer(TrainerCallback):
-        """Times each optimizer step (generation + loss + backward + update); baseline after step 1."""
+        """Times each optimizer step (generation + loss + backward + update); baseline after step
+        1."""
 
         def on_step_begin(self, args, state, control, **kw):
             self.start = time.perf_counter()
@@ -203,7 +212,8 @@ def run_trl(args, G: int, model_dir: Path, tmp: Path, rollout_func=None) -> dict
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     meter, times, lengths = PeakRss(), [], []
-    trainer = GRPOTrainer(model=model, reward_funcs=reward_functions(), args=trl_config(args, G, tmp / "trl"),
+    trainer = GRPOTrainer(model=model, reward_funcs=reward_functions(),
+                          args=trl_config(args, G, tmp / "trl"),
                           train_dataset=Dataset.from_list(train_problems(NUM_PROMPTS)),
                           processing_class=load_tokenizer(str(model_dir)),
                           callbacks=[make_step_callback(meter, times, lengths)],
@@ -242,8 +252,10 @@ def infsamp_trainer(args, G: int, model_dir: Path, tmp: Path):
         "sampling.max_new_tokens": args.max_completion, "sampling.temperature": 1.0,
         "training.prompts_per_step": 1, "training.learning_rate": args.learning_rate,
         "training.lr_scheduler": "constant", "training.warmup_ratio": 0.0, "training.beta": 0.0,
-        "training.loss_type": "dapo", "training.train_micro_batch_tokens": args.train_micro_batch_tokens,
-        "training.max_steps": 1 + args.steps, "eval.num_problems": 0, "logging.output_dir": str(tmp / "infsamp"),
+        "training.loss_type": "dapo",
+        "training.train_micro_batch_tokens": args.train_micro_batch_tokens,
+        "training.max_steps": 1 + args.steps, "eval.num_problems": 0,
+        "logging.output_dir": str(tmp / "infsamp"),
         "logging.plot": False, "logging.progress_bar": False,
     })
     return GRPOTrainer(cfg, reward_funcs=[(f.__name__, f) for f in reward_functions()])
@@ -300,20 +312,23 @@ def run_worker(args) -> None:
 
 
 def run_case(args, worker: str, model_dir: Path) -> dict:
-    """Runs one case in a fresh interpreter; returns its result dict (raises with the child's tail)."""
-    argv = [sys.executable, __file__, "--worker", worker, "--model-dir", str(model_dir)] + shared_argv(args)
+    """Runs one case in a fresh interpreter; returns its result dict (raises with the child's
+    tail)."""
+    argv = [sys.executable, __file__, "--worker", worker, "--model-dir",
+            str(model_dir)] + shared_argv(args)
     proc = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, **MALLOC_ENV})
     for line in proc.stdout.splitlines():
         if line.startswith(RESULT_PREFIX):
             return json.loads(line[len(RESULT_PREFIX):])
-    raise RuntimeError(f"case {worker} failed (exit {proc.returncode}):\n{(proc.stdout + proc.stderr)[-3000:]}")
+    raise RuntimeError(f"case {worker} failed (exit "
+                       f"{proc.returncode}):\n{(proc.stdout + proc.stderr)[-3000:]}")
 
 
 def shared_argv(args) -> list[str]:
     return ["--steps", str(args.steps), "--max-completion", str(args.max_completion),
             "--learning-rate", str(args.learning_rate), "--micro-group", str(args.micro_group),
-            "--train-micro-batch-tokens", str(args.train_micro_batch_tokens), "--threads", str(args.threads),
-            "--gradient-checkpointing", args.gradient_checkpointing,
+            "--train-micro-batch-tokens", str(args.train_micro_batch_tokens), "--threads",
+            str(args.threads), "--gradient-checkpointing", args.gradient_checkpointing,
             "--trl-batch", str(args.trl_batch)]
 
 
@@ -364,8 +379,10 @@ def run_benchmark(args) -> dict:
         num_params = count_parameters(model_dir)
     return {"date": datetime.date.today().isoformat(), "trl_version": version("trl"),
             "command": " ".join(sys.argv), "rows": rows,
-            "num_parameters": num_params, "model": args.model or f"random llama hidden={args.hidden} "
-            f"layers={args.layers}", "settings": vars(args) | {"groups": args.groups}, "infsamp_profile": profile}
+            "num_parameters": num_params, "model": args.model
+            or f"random llama hidden={args.hidden} "
+            f"layers={args.layers}", "settings": vars(args) | {"groups": args.groups},
+            "infsamp_profile": profile}
 
 
 def parse_args(argv=None):
@@ -373,8 +390,10 @@ def parse_args(argv=None):
     p.add_argument("--groups", default="8,32,64", help="comma-separated G values")
     p.add_argument("--frameworks", default="trl,infsamp",
                    help="comma-separated: trl, trl_infsamp, infsamp")
-    p.add_argument("--steps", type=int, default=2, help="measured optimizer steps (after 1 warm-up)")
-    p.add_argument("--model", default="", help="HF checkpoint dir or 'embedded' (default: build a random Llama)")
+    p.add_argument("--steps", type=int, default=2,
+                   help="measured optimizer steps (after 1 warm-up)")
+    p.add_argument("--model", default="",
+                   help="HF checkpoint dir or 'embedded' (default: build a random Llama)")
     p.add_argument("--hidden", type=int, default=128, help="hidden size of the random Llama")
     p.add_argument("--layers", type=int, default=4, help="layers of the random Llama")
     p.add_argument("--max-completion", type=int, default=128, help="max completion length (tokens)")
@@ -383,12 +402,15 @@ def parse_args(argv=None):
                    help="infsamp, trl_infsamp: samples decoded at once (g)")
     p.add_argument("--trl-batch", type=int, default=0,
                    help="trl, trl_infsamp: completions per forward/backward (0: all G, as TRL)")
-    p.add_argument("--train-micro-batch-tokens", type=int, default=4096, help="infsamp: tokens per micro-batch")
+    p.add_argument("--train-micro-batch-tokens", type=int, default=4096,
+                   help="infsamp: tokens per micro-batch")
     p.add_argument("--threads", type=int, default=1,
-                   help="torch threads in each case (1: on a shared CPU, 2 threads spin-wait and run ~10x slower)")
+                   help="torch threads in each case (1: on a shared CPU, 2 threads spin-wait and "
+                        "run ~10x slower)")
     p.add_argument("--gradient-checkpointing", choices=("on", "off"), default="on",
                    help="both frameworks (on: TRL 1.16's GRPOConfig default)")
-    p.add_argument("--profile", type=int, default=0, help="also cProfile one infsamp step at this G")
+    p.add_argument("--profile", type=int, default=0,
+                   help="also cProfile one infsamp step at this G")
     p.add_argument("--quick", action="store_true", help="smoke check: G=8, 1 measured step")
     p.add_argument("--out", default="", help="write the results as JSON here")
     p.add_argument("--worker", default="", help=argparse.SUPPRESS)
@@ -407,7 +429,8 @@ def main(argv=None) -> int:
         run_worker(args)
         return 0
     result = run_benchmark(args)
-    print(f"TRL {result['trl_version']}, model: {result['model']} ({result['num_parameters'] / 1e6:.1f}M params)")
+    print(f"TRL {result['trl_version']}, model: {result['model']} "
+          f"({result['num_parameters'] / 1e6:.1f}M params)")
     print(markdown_table(result["rows"]))
     if result["infsamp_profile"]:
         print("infsamp step profile (cumulative s):", json.dumps(result["infsamp_profile"]))

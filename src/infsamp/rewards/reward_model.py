@@ -16,14 +16,15 @@ conversational prompts, here it is applied whenever the reward tokenizer has one
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
+from infsamp.algorithm.logprobs import plan_micro_batches
 from infsamp.errors import RewardError
 from infsamp.models.source import load_error
-from infsamp.algorithm.logprobs import plan_micro_batches
 
 DEFAULT_MAX_TOKENS = 8192
 
