@@ -53,7 +53,7 @@ def fake_plan(tmp_path, monkeypatch):
     """gpu_suite.PARTS pointed at four fake parts (ok, fails, hangs, cells) with short caps."""
     (tmp_path / "fake_parts.py").write_text(FAKE_PARTS)
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
-    monkeypatch.setattr(gpu_suite, "GRACE_S", 2)
+    monkeypatch.setattr(gpu_suite, "GRACE_S", 10)  # a part process starting under load: seconds
     monkeypatch.setattr(gpu_suite, "environment", lambda profile: {"profile": profile})
     parts = {n: (f"fake {name}", f"fake_parts:{name}", ("value",))
              for n, name in enumerate(("ok", "fails", "hangs", "cells"), start=1)}
