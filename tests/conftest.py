@@ -18,6 +18,13 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from infsamp.models.tiny import build_tokenizer
 
 os.environ["TRACKIO_DIR"] = tempfile.mkdtemp(prefix="infsamp-tests-trackio-")
+# GGUF conversions of test files go to a session folder; the real model's tests (marked slow) use
+# the machine's cache, converted once (INFSAMP_TESTS_USER_CACHE_DIR)
+from infsamp.models.gguf import cache_root  # noqa: E402
+
+# kept in the environment: test modules cannot import this conftest by name (others share it)
+os.environ["INFSAMP_TESTS_USER_CACHE_DIR"] = str(cache_root())
+os.environ["INFSAMP_CACHE_DIR"] = tempfile.mkdtemp(prefix="infsamp-tests-cache-")
 os.environ.update({"WANDB_MODE": "offline", "WANDB_SILENT": "true", "HF_HUB_OFFLINE": "1"})
 for _name in ("WANDB_API_KEY", "TRACKIO_SPACE_ID", "TRACKIO_SERVER_URL", "MLFLOW_TRACKING_URI"):
     os.environ.pop(_name, None)
@@ -63,6 +70,15 @@ def tiny_model_dir(tmp_path_factory):
     LlamaForCausalLM(config).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf_file(tmp_path_factory):
+    """(path of a tiny Llama written as GGUF with Q8_0 weights, the model it was written from)."""
+    from gguf_files import write_tiny_gguf
+
+    path = tmp_path_factory.mktemp("tiny_gguf") / "tiny-llama.gguf"
+    return path, write_tiny_gguf(path)
 
 
 @pytest.fixture

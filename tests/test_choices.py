@@ -22,6 +22,7 @@ def registry(module: str, name: str):
     (choices.ENGINES, "infsamp.sampling.engines.base", "ENGINES"),
     (choices.STRATEGIES, "infsamp.distributed.strategies", "STRATEGIES"),
     (choices.TRACKERS, "infsamp.run.trackers", "TRACKERS"),
+    (choices.ANSWER_EXTRACTIONS, "infsamp.tasks.answers", "ANSWER_EXTRACTORS"),
 ])
 def test_every_registry_holds_exactly_its_names(names, module, table):
     assert set(registry(module, table)) == set(names)

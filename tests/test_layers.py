@@ -2,7 +2,7 @@
 itself back through others. Every import counts, including those inside functions (they run
 later, but they are still a dependency).
 
-    errors, hub < choices < config < config_io, planner, tasks, models < sampling, rewards
+    errors, hub, files, console < choices < config < config_io, planner, tasks, models < sampling, rewards
       < distributed < algorithm < run < commands, integrations, cli
 
 A module of a lower layer importing one of a higher layer, or any import cycle, fails here with
@@ -17,7 +17,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "infsamp"
 
 LAYERS = [
-    {"errors", "hub", "__init__"},
+    {"errors", "hub", "files", "console", "__init__"},
     {"choices"},
     {"config"},
     {"config_io", "planner", "tasks", "models"},

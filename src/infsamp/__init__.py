@@ -1,11 +1,10 @@
 """infsamp: GRPO training whose group size is decoupled from memory (Infinite Sampling)."""
 
-import logging as _logging
+from infsamp.console import quiet_library_noise as _quiet_library_noise
 
 __version__ = "0.1.0"
 
-# Known-harmless start-up warnings of two libraries that every command would print: torchao's
-# CUDA-only kernels that do not load on a CPU build, and torch's deprecation note about torchao's
-# enum registration. Silenced here, once, so the user's terminal shows only infsamp's own lines.
-for _name in ("torchao", "torch.utils._pytree"):
-    _logging.getLogger(_name).setLevel(_logging.ERROR)
+# Known-harmless lines other libraries print at start-up or in the vLLM engine (torchao's CUDA-only
+# kernels on a CPU build, torch's deprecation note about torchao's enums, ...): filtered here,
+# once, by message, so the terminal shows infsamp's lines and every real warning (console.py).
+_quiet_library_noise()

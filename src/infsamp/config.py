@@ -29,6 +29,7 @@ from infsamp.hub import looks_like_path
 
 EMBEDDED_MODEL = "embedded"
 EMBEDDED_TASK = "embedded:arithmetic"
+REASONING_GYM_PREFIX = "reasoning_gym:"
 
 
 class ConfigError(InfsampError, ValueError):
@@ -81,8 +82,11 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    dataset: str = opt(EMBEDDED_TASK, "embedded:arithmetic, a local .jsonl/.json path, or a datasets hub id")
-    dataset_config: str = opt("", "datasets config name (e.g. 'main' for openai/gsm8k)")
+    dataset: str = opt(EMBEDDED_TASK, "embedded:arithmetic, reasoning_gym:NAME (a reasoning-gym "
+                       "task), a local .jsonl/.json path, or a datasets hub id")
+    dataset_config: str | dict[str, Any] = opt(
+        "", "datasets config name (e.g. 'main' for openai/gsm8k); for reasoning_gym:NAME a "
+        "mapping of the task's options, e.g. {min_terms: 2, max_terms: 2, seed: 7, size: 2000}")
     train_split: str = opt("train", "split used for training")
     eval_split: str = opt("test", "split used for held-out evaluation")
     prompt_column: str = opt("prompt", "column with the question / prompt text")
@@ -90,13 +94,20 @@ class DataConfig:
     answer_parser: str = opt("none", "how to read the reference: none, or gsm8k ('#### 42')",
                              choices=("none", "gsm8k"))
     system_prompt: str = opt("", "system prompt for chat models (empty: none)")
+    answer_instruction: str = opt("", "text appended to every question (after a blank line): the "
+                                      "answer format the model is asked for, e.g. 'Give the final "
+                                      "answer as <answer>N</answer>.' (rewards.answer_extraction "
+                                      "reads it back)")
     use_chat_template: str = opt("auto", "auto (if the tokenizer has one), always, never",
                                  choices=("auto", "always", "never"))
-    num_train_examples: int = opt(4000, "embedded task: number of generated training problems")
-    num_eval_examples: int = opt(200, "embedded task: number of held-out problems")
+    num_train_examples: int = opt(4000, "embedded and reasoning_gym tasks: number of generated "
+                                        "training problems (reasoning_gym: unless its 'size')")
+    num_eval_examples: int = opt(200, "embedded and reasoning_gym tasks: number of held-out "
+                                      "problems (reasoning_gym: seeds disjoint from training's)")
     max_prompt_length: int = opt(256, "prompts over this many tokens (chat template included) are "
                                       "skipped, never cut, and counted: data/dropped_prompts")
-    seed: int = opt(1234, "seed of the embedded task generator")
+    seed: int = opt(1234, "seed of the embedded and reasoning_gym task generators "
+                          "(reasoning_gym: unless its 'seed')")
     chat_template_kwargs: dict[str, Any] = opt({}, "extra chat template variables, e.g. "
                                                    "{enable_thinking: false} for Qwen3 (as TRL's)")
     eval_fraction: float = opt(0.0, "hold out this fraction of the training split (shuffled "
@@ -113,9 +124,18 @@ class DataConfig:
         _require(self.num_eval_examples >= 0, "data.num_eval_examples", self.num_eval_examples, "must be >= 0")
         _require(self.num_train_examples > 0, "data.num_train_examples", self.num_train_examples, "must be > 0")
         _require(0 <= self.seed < 2**32, "data.seed", self.seed, "must be in [0, 2**32)")
-        if not self.dataset.startswith("embedded:") and looks_like_path(self.dataset):
+        task_source = self.dataset.startswith(("embedded:", REASONING_GYM_PREFIX))
+        if not task_source and looks_like_path(self.dataset):
             _require(Path(self.dataset).expanduser().exists(), "data.dataset", self.dataset,
                      "path does not exist")
+        if self.dataset.startswith(REASONING_GYM_PREFIX):
+            _require(isinstance(self.dataset_config, dict) or not self.dataset_config,
+                     "data.dataset_config", self.dataset_config, "reasoning_gym tasks take a "
+                     "mapping of the task's options, e.g. {min_terms: 2, max_terms: 2}")
+        else:
+            _require(not isinstance(self.dataset_config, dict), "data.dataset_config",
+                     self.dataset_config, "a mapping is for reasoning_gym:NAME tasks; a datasets "
+                     "source takes a config name")
 
 
 TEMPLATE_ARGUMENTS = {"messages", "conversation", "add_generation_prompt", "tokenize",
@@ -126,8 +146,8 @@ TEMPLATE_ARGUMENTS = {"messages", "conversation", "add_generation_prompt", "toke
 @dataclass
 class RewardsConfig:
     functions: list[str] = opt(["format", "accuracy"],
-                               "reward functions: built-in names (format, accuracy), "
-                               "'module:function', 'file.py:function', or a local "
+                               "reward functions: built-in names (format, accuracy, math_verify, "
+                               "reasoning_gym), 'module:function', 'file.py:function', or a local "
                                "sequence-classification model directory")
     weights: list[float] = opt([], "one weight per function (default: all 1.0)")
     format_think_block: str = opt("forbid", "the format reward and a leading <think>...</think> "
@@ -139,6 +159,10 @@ class RewardsConfig:
                                 "on (0: no limit)")
     allow_async: bool = opt(True, "run 'async def' reward functions concurrently; false refuses "
                                   "them at start-up (rewards strictly one after another)")
+    answer_extraction: str = opt("answer_tag", "how the reasoning_gym reward reads the answer out "
+                                 "of a completion: answer_tag (inside the last <answer></answer>), "
+                                 "boxed (the last \\boxed{}), last_number, last_line, whole",
+                                 choices=choices.ANSWER_EXTRACTIONS)
 
     def validate(self) -> None:
         _require(len(self.functions) > 0, "rewards.functions", self.functions, "needs at least one function")
@@ -288,6 +312,13 @@ class EvalConfig:
     num_problems: int = opt(200, "held-out problems evaluated (0 disables evaluation)")
     temperature: float = opt(0.0, "decoding temperature for evaluation (0 = greedy)")
     max_new_tokens: int = opt(0, "completion limit for evaluation (0: same as sampling)")
+    reward: str = opt("auto", "the run's reward function that scores held-out answers "
+                              "(eval/accuracy, 'held-out accuracy'); auto: the first of accuracy, "
+                              "math_verify, reasoning_gym in rewards.functions, else the first "
+                              "function. Every function's mean is logged (eval/rewards/NAME/mean)")
+    accuracy_threshold: float = opt(1.0, "a held-out problem counts as solved when eval.reward "
+                                         "scores it at least this (1.0: math_verify's and "
+                                         "reasoning_gym's full score; accuracy gives 2.0)")
 
     def validate(self) -> None:
         _require(self.every_steps >= 0, "eval.every_steps", self.every_steps, "must be >= 0")
@@ -330,10 +361,19 @@ class CheckpointConfig:
                       "run when there is none)")
     save_on_signal: bool = opt(True, "on SIGTERM/SIGINT finish the step, save a checkpoint and "
                                "exit non-zero")
+    keep_best: str = opt("", "an eval.jsonl metric (eval/accuracy, eval/reward or "
+                         "eval/rewards/NAME/mean; higher is better): every evaluation that sets a "
+                         "new best saves a checkpoint, which pruning keeps beside the keep_last "
+                         "newest, and `infsamp export RUN --best` exports (TRL's "
+                         "metric_for_best_model); empty: off")
 
     def validate(self) -> None:
         _require(self.save_every >= 0, "checkpointing.save_every", self.save_every, "must be >= 0")
         _require(self.keep_last >= 1, "checkpointing.keep_last", self.keep_last, "must be >= 1")
+        _require(not self.keep_best or self.keep_best.startswith("eval/"),
+                 "checkpointing.keep_best", self.keep_best,
+                 "must name an eval.jsonl metric: eval/accuracy, eval/reward or "
+                 "eval/rewards/NAME/mean")
         if self.resume not in ("", "latest", "auto"):
             _require(Path(self.resume).is_dir(), "checkpointing.resume", self.resume,
                      "must be latest, auto or a checkpoint folder that exists")
@@ -378,6 +418,9 @@ class Config:
         for section in dataclasses.fields(self):
             _require_finite(section.name, getattr(self, section.name))
             getattr(self, section.name).validate()
+        _require(not self.checkpointing.keep_best or self.eval.num_problems > 0,
+                 "checkpointing.keep_best", self.checkpointing.keep_best,
+                 "needs evaluations (eval.num_problems > 0)")
         _require(not (self.distributed.strategy == "fsdp" and self.model.lora_rank > 0),
                  "distributed.strategy", self.distributed.strategy,
                  "fsdp shards full fine-tuning; with LoRA (model.lora_rank > 0) use ddp")

@@ -33,6 +33,9 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
         return [_coerce(v, item_type, key) for v in value]
     if origin is dict:
         return _coerce_mapping(value, key)
+    if origin in (types.UnionType, typing.Union):  # str | dict: a name, or a mapping ('{a: 1}')
+        mapping = isinstance(value, dict) or (isinstance(value, str) and value.lstrip()[:1] == "{")
+        return _coerce_mapping(value, key) if mapping else _coerce(value, str, key)
     if annotation is bool:
         if isinstance(value, bool):
             return value
@@ -152,12 +155,47 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
     return cfg.validate()
 
 
+CONFIG_HEADER = ("# The settings of this run, written by infsamp. A resume does not read this "
+                 "file: to resume\n# with edited settings pass the file: infsamp train "
+                 "THIS_FILE --resume\n")
+_SHA_LINE = "# sha256 of the settings below: "
+NOT_SETTINGS = ("checkpointing.resume", "logging.output_dir")  # how and where, not what
+
+
 def save_config(cfg: Config, path: str | Path) -> None:
-    """Written to a temporary file and renamed, so a kill never leaves half a config."""
+    """Written to a temporary file and renamed, so a kill never leaves half a config. A header
+    records the sha256 of the settings, so that an edit by hand is recognised (`config_edits`)."""
     path = Path(path)
+    body = yaml.safe_dump(cfg.to_dict(), sort_keys=False)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    tmp.write_text(f"{CONFIG_HEADER}{_SHA_LINE}{_sha256(body)}\n{body}")
     os.replace(tmp, path)
+
+
+def config_edits(path: Path, cfg: Config) -> list[tuple[str, Any, Any]] | None:
+    """None when `path` is as `save_config` wrote it (or was written before the header existed);
+    else (key, value in the file, value in `cfg`) for every setting the edit made differ from
+    `cfg` ([] when the edited file says what `cfg` says). Raises ConfigError for an edit that is
+    not a readable config."""
+    text = path.read_text(errors="replace")
+    _, found, rest = text.partition(_SHA_LINE)
+    digest, _, body = rest.partition("\n")
+    if not found or _sha256(body) == digest.strip():
+        return None
+    try:
+        edited = load_config(path)
+    except ConfigError as err:
+        raise ConfigError(f"{path} was edited by hand and cannot be read ({err}); undo the edit "
+                          "(a resume does not read it)") from None
+    mine, theirs = flatten(cfg.to_dict()), flatten(edited.to_dict())
+    return [(key, theirs[key], mine[key]) for key in mine
+            if key not in NOT_SETTINGS and theirs[key] != mine[key]]
+
+
+def _sha256(text: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def iter_options() -> typing.Iterator[tuple[str, Any, Any, str]]:
@@ -175,6 +213,8 @@ def type_name(annotation: Any) -> str:
         return f"list[{type_name(typing.get_args(annotation)[0])}]"
     if typing.get_origin(annotation) is dict:
         return "mapping"
+    if typing.get_origin(annotation) in (types.UnionType, typing.Union):
+        return " or ".join(type_name(a) for a in typing.get_args(annotation))
     if isinstance(annotation, types.GenericAlias):
         return str(annotation)
     return getattr(annotation, "__name__", str(annotation))

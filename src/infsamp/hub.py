@@ -27,7 +27,8 @@ def looks_like_path(name: str) -> bool:
     """True when `name` can only mean a local file or folder (never a hub id)."""
     if name.startswith(("/", ".", "~")) or "\\" in name or name.endswith("/"):
         return True
-    if name.endswith((".jsonl", ".json", ".txt", ".yaml", ".parquet", ".csv", ".safetensors")):
+    if name.endswith((".jsonl", ".json", ".txt", ".yaml", ".parquet", ".csv", ".safetensors",
+                      ".gguf")):
         return True
     parts = name.split("/")
     return len(parts) > 2 or (len(parts) == 2 and Path(parts[0]).is_dir())

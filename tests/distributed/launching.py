@@ -71,16 +71,25 @@ def launch(folder: Path, runs: list[tuple[list[str], Path]], nproc: int = 2,
            kill: str | None = None, timeout: float = 170,
            accelerate_config: str | None = None) -> Launch:
     """Each (argv, record folder) run in turn by the same `nproc` processes."""
+    command, env = launch_command(folder, [{"argv": argv, "record": str(record)}
+                                           for argv, record in runs], nproc, kill,
+                                  accelerate_config)
+    start = time.monotonic()
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+    return Launch(done.returncode, done.stdout + done.stderr, time.monotonic() - start)
+
+
+def launch_command(folder: Path, runs: list[dict], nproc: int = 2, kill: str | None = None,
+                   accelerate_config: str | None = None) -> tuple[list[str], dict[str, str]]:
+    """The launcher's command line and environment for `runs` (rank_child.py's RUNS.json
+    entries, written to folder/runs-*.json)."""
     folder.mkdir(parents=True, exist_ok=True)
     spec = folder / f"runs-{time.monotonic_ns()}.json"
-    spec.write_text(json.dumps([{"argv": argv, "record": str(record)} for argv, record in runs]))
+    spec.write_text(json.dumps(runs))
     env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
            "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     command = launcher(nproc, accelerate_config) + [str(HERE / "rank_child.py"), str(spec)]
-    start = time.monotonic()
-    done = subprocess.run(command + ([kill] if kill else []), env=env, capture_output=True,
-                          text=True, timeout=timeout)
-    return Launch(done.returncode, done.stdout + done.stderr, time.monotonic() - start)
+    return command + ([kill] if kill else []), env
 
 
 def one_process(values: dict[str, object], record: Path, monkeypatch) -> Path:

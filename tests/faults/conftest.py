@@ -75,9 +75,10 @@ class Runner:
     def __init__(self, context, log_dir: Path):
         self.context, self.log_dir, self.count = context, log_dir, 0
 
-    def start(self, argv: list[str], kill_at: str | None = None) -> Child:
+    def start(self, argv: list[str], kill_at: str | None = None, log: Path | None = None) -> Child:
+        """`log`: where the child's output goes (default: a new file; a terminal with `tty:`)."""
         self.count += 1
-        log = self.log_dir / f"child-{self.count}.log"
+        log = log or self.log_dir / f"child-{self.count}.log"
         process = self.context.Process(target=fault_harness.child_main,
                                        args=(argv, str(log), kill_at))
         process.start()

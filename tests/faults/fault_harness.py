@@ -17,6 +17,11 @@ CLI (`infsamp.cli.main`) with stdout and stderr in a log file; `kill_at` arms a 
     lowmem@0       no fault: the machine reports 1 MiB of free memory (SC_AVPHYS_PAGES)
     wait@N         after step N's metrics row: wait (up to 30 s) until a signal arrives, then go on
     wait2@N        the same, until a second signal arrives (its handler stops the run there)
+    pause@N        after step N's metrics row: print 'paused after step N' and wait (up to 60 s)
+                   for SIGUSR1, then go on (the run stays live, holding its folder)
+
+`tty:` before a fault runs the child in a session of its own whose controlling terminal is the
+pseudo-terminal named as its log: closing the master end hangs it up (SIGHUP, then EIO on write).
 
 Also here: the spread reward the runs train on, and readers for final weights and log rows.
 """
@@ -47,7 +52,16 @@ def huge_reward(prompts, completions, **kwargs):
 
 
 def child_main(argv: list[str], log_path: str, kill_at: str | None) -> None:
+    terminal = bool(kill_at and kill_at.startswith("tty:"))
+    if terminal:
+        os.setsid()  # a session of its own, whose controlling terminal is set below
+        kill_at = kill_at.removeprefix("tty:")
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    if terminal:
+        import fcntl
+        import termios
+
+        fcntl.ioctl(fd, termios.TIOCSCTTY, 0)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     if kill_at:
@@ -145,14 +159,14 @@ def _arm_eval(step: int) -> None:
     from infsamp.run import trainer
 
     _remember_trainer()
-    original = trainer.evaluate_accuracy
+    original = trainer.held_out_completions
 
     def evaluate(*args, **kwargs):
         if "trainer" in _state and _current_step() == step:
             _die()
         return original(*args, **kwargs)
 
-    trainer.evaluate_accuracy = evaluate
+    trainer.held_out_completions = evaluate
 
 
 def _arm_model(step: int) -> None:
@@ -253,10 +267,27 @@ def _arm_wait(step: int, num_signals: int = 1) -> None:
     StopSignals._handle, RunLogger.log_step = handle, log_step
 
 
+def _arm_pause(step: int) -> None:
+    from infsamp.run.logs import RunLogger
+
+    original, resumed = RunLogger.log_step, []
+    signal.signal(signal.SIGUSR1, lambda *_: resumed.append(True))
+
+    def log_step(self, at, metrics):
+        original(self, at, metrics)
+        if at == step:
+            print(f"paused after step {at}", flush=True)
+            deadline = time.monotonic() + 60
+            while not resumed and time.monotonic() < deadline:
+                time.sleep(0.05)
+
+    RunLogger.log_step = log_step
+
+
 ARM = {"sampling": _arm_sampling, "update": _arm_update, "metrics": _arm_metrics,
        "torn": _arm_torn, "eval": _arm_eval, "model": _arm_model, "state": _arm_state,
        "rename": _arm_rename, "prune": _arm_prune, "enospc": _arm_enospc, "lowmem": _arm_lowmem,
-       "wait": _arm_wait, "wait2": lambda step: _arm_wait(step, 2)}
+       "wait": _arm_wait, "wait2": lambda step: _arm_wait(step, 2), "pause": _arm_pause}
 
 
 # ---------------------------------------------------------------- reading runs

@@ -58,11 +58,10 @@ def test_resume_with_another_lora_rank_is_one_line(runner, tiny_model_dir, tmp_p
     code, output = runner.run(run_args(tiny_model_dir, out, *lora, "--model.lora_rank", "8",
                                        "--resume"))
     assert code == 2 and "Traceback" not in output
-    assert ("checkpoint-2 holds LoRA adapters of rank 4; this run asks for LoRA adapters of "
-            "rank 8") in last_line(output)
+    assert "checkpoint-2 was trained with model.lora_rank 4 (this run: 8)" in last_line(output)
     code, output = runner.run(run_args(tiny_model_dir, out, *lora, "--model.lora_rank", "0",
                                        "--resume"))
-    assert code == 2 and "this run asks for full weights" in last_line(output)
+    assert code == 2 and "model.lora_rank 4 (this run: 0)" in last_line(output)
 
 
 def test_extending_a_finished_run(runner, reference, tiny_model_dir, tmp_path):
@@ -91,5 +90,5 @@ def test_resume_with_another_learning_rate_is_one_line(runner, reference, tiny_m
     code, output = runner.run(run_args(tiny_model_dir, out, "--training.learning_rate", "0.5",
                                        "--training.max_steps", "8", "--resume"))
     assert code == 2
-    assert "checkpoint-6 was trained with training.learning_rate 0.01; this run asks for 0.5" \
+    assert "checkpoint-6 was trained with training.learning_rate 0.01 (this run: 0.5)" \
         in last_line(output)

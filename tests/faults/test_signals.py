@@ -1,8 +1,12 @@
-"""SIGTERM and SIGINT: the step ends, a checkpoint is saved and named, exit code 128 + signal."""
+"""SIGTERM, SIGINT and SIGHUP: the step ends, a checkpoint is saved and named, exit 128 + signal."""
 
 from __future__ import annotations
 
+import os
+import select
 import signal
+import time
+from pathlib import Path
 
 import pytest
 
@@ -10,7 +14,7 @@ from conftest import run_args
 from test_kill_resume import assert_same_run
 
 
-@pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_signal_saves_names_the_checkpoint_and_resumes_exactly(runner, reference, tiny_model_dir,
                                                               tmp_path, number):
     out = tmp_path / "run"
@@ -54,3 +58,21 @@ def test_signal_without_save_on_signal_says_so(runner, tiny_model_dir, tmp_path)
     assert ("nothing saved (checkpointing.save_on_signal false; newest checkpoint: "
             "checkpoint-2)") in child.output
     assert not (out / "checkpoint-3").exists()
+
+
+def test_a_closed_terminal_saves(runner, tiny_model_dir, tmp_path):
+    """The run's terminal goes away (a closed window, a dropped ssh session): SIGHUP, and every
+    later write to the terminal fails. The run still saves, and exits 129."""
+    master, slave = os.openpty()
+    terminal = Path(os.ttyname(slave))  # kept open here until the hang-up (reads need one)
+    out = tmp_path / "run"
+    child = runner.start(run_args(tiny_model_dir, out, "--checkpointing.save_every", "0"),
+                         kill_at="tty:wait@3", log=terminal)
+    seen, deadline = b"", time.monotonic() + 60
+    while b"waiting for a signal" not in seen and time.monotonic() < deadline:
+        if select.select([master], [], [], 0.5)[0]:
+            seen += os.read(master, 1 << 16)
+    os.close(master)  # hang up: the kernel sends SIGHUP to the run's session
+    os.close(slave)
+    assert child.wait() == 128 + signal.SIGHUP, seen.decode(errors="replace")
+    assert (out / "checkpoint-3" / "manifest.json").is_file()

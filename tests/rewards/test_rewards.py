@@ -345,3 +345,20 @@ def test_an_async_call_that_fails_before_awaiting_names_the_function():
 
     with pytest.raises(RewardError, match=r"^reward function 'judge'.*raised TypeError"):
         compute_rewards([("judge", needs_column)], None, PROMPTS, ["a", "b", "c"], COLUMNS)
+
+
+@pytest.mark.parametrize("completion, reference, expected", [
+    ("so \\boxed{\\frac{1}{3}}", "\\frac13", 1.0),  # bare LaTeX reference
+    ("\\boxed{\\frac{1}{2}}", "$0.5$", 1.0),
+    ("\\boxed{2}", "\\frac{1}{2}", 0.0),
+    ("The answer is 42.", "42", 1.0),  # a GSM8K-style completion: a plain expression
+    ("23 + 45 = 68", "68", 1.0),
+    ("1,000 apples", "1000", 1.0),
+    ("no idea", "3", 0.0),
+    ("3", "no maths in this reference", None),  # skipped, as TRL
+])
+def test_math_verify_accepts_boxed_fractions_and_latex(completion, reference, expected):
+    from infsamp.rewards.builtin import math_verify_reward
+
+    chat = [{"role": "assistant", "content": completion}]
+    assert math_verify_reward([completion, chat], answer=[reference, reference]) == [expected] * 2

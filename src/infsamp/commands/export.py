@@ -3,13 +3,19 @@
     infsamp export runs/demo --out models/demo               # the run's newest complete checkpoint
     infsamp export runs/lora/checkpoint-90 --out models/lora  # LoRA merged into its base model
     infsamp export runs/lora --out adapters/lora --adapters-only
+    infsamp export runs/real --best --out models/best         # the best evaluation's checkpoint
 
 The folder holds the weights (safetensors), `config.json`, `generation_config.json` and the
 tokenizer: `AutoModelForCausalLM.from_pretrained(DIR)` and `vllm.LLM(DIR)` load it as is. A LoRA
 checkpoint is merged into its base model (the run's `model.name_or_path`) unless
 `--adapters-only`, which writes a peft adapter folder whose `base_model_name_or_path` is that base.
 
-Checks before any work, each one line: the target exists and is not empty; the checkpoint is
+`--best` takes, of the run's checkpoints that verify, the one whose evaluation (eval.jsonl) scored
+highest on the run's `checkpointing.keep_best` metric (else eval/accuracy); the earliest wins a
+tie. With keep_best set, the run saved a checkpoint at every new best and pruning kept it.
+
+Checks before any work, each one line: the target exists and is not empty, or is (or is inside)
+the folder of a run that is still going (its lock: `run/ownership.py`); the checkpoint is
 incomplete or damaged (`run/checkpoint.py`'s `verify_checkpoint`: its manifest, every file's size
 and sha256); the run has no checkpoint that verifies (newer damaged ones are named and skipped);
 `--adapters-only` on full weights; LoRA trained over a 4-bit (QLoRA) base without
@@ -54,12 +60,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="LoRA runs: write the peft adapters instead of merging them")
     parser.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
                         help="weights dtype (auto: the dtype the model was trained in)")
+    parser.add_argument("--best", action="store_true",
+                        help="the run's checkpoint with the best evaluation (its "
+                             "checkpointing.keep_best metric, else eval/accuracy)")
 
 
 def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     check_target(out)
-    checkpoint = resolve_checkpoint(Path(args.source))
+    checkpoint = best_checkpoint(Path(args.source)) if args.best else \
+        resolve_checkpoint(Path(args.source))
     from infsamp.models.loading import quiet_transformers
 
     quiet_transformers()
@@ -71,6 +81,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def check_target(out: Path) -> None:
+    """`out` is new or empty, and not inside a run folder that a live run holds (its lock)."""
+    from infsamp.run.ownership import describe, live_holder
+
+    for folder in (p for p in [out, *out.absolute().parents] if p.is_dir()):
+        holder = live_holder(folder)
+        if holder is not None:
+            where = "is" if folder == out else f"is inside {folder}, which is"
+            raise ExportError(f"--out {out}: {where} the run folder of a live run: "
+                              f"{describe(holder)} (nothing was written); export to a folder "
+                              "outside it")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ExportError(f"--out {out}: exists and is not empty (nothing was written)")
 
@@ -99,6 +119,32 @@ def resolve_checkpoint(source: Path) -> Path:
     for why in skipped:
         print(f"skipping {why}", file=sys.stderr)
     return found
+
+
+def best_checkpoint(run_dir: Path) -> Path:
+    """The run's verified checkpoint whose evaluation scored highest (see module docstring)."""
+    from infsamp.errors import CheckpointError
+    from infsamp.run.checkpoint import checkpoint_step, list_checkpoints, verify_checkpoint
+    from infsamp.run.logs import read_jsonl
+
+    if not (run_dir / "eval.jsonl").is_file():
+        raise ExportError(f"--best: {run_dir} is not a run folder with evaluations (no eval.jsonl)")
+    metric = _run_section(run_dir, "checkpointing").get("keep_best") or "eval/accuracy"
+    scores = {row["step"]: row[metric] for row in read_jsonl(run_dir / "eval.jsonl")
+              if isinstance(row.get(metric), (int, float))}
+    ranked = sorted(((-scores[step], step, path) for path in list_checkpoints(run_dir)
+                     if (step := checkpoint_step(path)) in scores))
+    for _, step, path in ranked:
+        try:
+            verify_checkpoint(path)
+        except CheckpointError as err:
+            print(f"skipping {err}", file=sys.stderr)
+            continue
+        print(f"--best: {path.name}, {metric} {scores[step]:.4g} (the best of "
+              f"{len(ranked)} evaluated checkpoint(s))")
+        return path
+    raise ExportError(f"--best: no checkpoint of {run_dir} that verifies was evaluated ({metric} "
+                      "in eval.jsonl); set checkpointing.keep_best to keep the best one")
 
 
 # ---------------------------------------------------------------- the export
@@ -137,12 +183,17 @@ def export_checkpoint(checkpoint: Path, out: Path, *, adapters_only: bool = Fals
 
 def run_model_config(checkpoint: Path) -> dict:
     """The `model` section of the run's config.yaml ({} without one)."""
+    return _run_section(checkpoint.parent, "model")
+
+
+def _run_section(run_dir: Path, section: str) -> dict:
+    """A section of the run folder's config.yaml ({} without one)."""
     import yaml
 
-    config_file = checkpoint.parent / "config.yaml"
+    config_file = run_dir / "config.yaml"
     if not config_file.exists():
         return {}
-    return (yaml.safe_load(config_file.read_text()) or {}).get("model", {}) or {}
+    return (yaml.safe_load(config_file.read_text()) or {}).get(section, {}) or {}
 
 
 def base_model_path(checkpoint: Path) -> str:

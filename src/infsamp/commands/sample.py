@@ -8,7 +8,8 @@ It reads the trainer's configuration: an optional recipe YAML, every `--section.
 `infsamp train`, and a few short flags for the sampler (`--prompts` is `--data.dataset`, `-G` is
 `--sampling.num_generations`, ...). So the prompts (any `data.dataset` source, or a .txt file with
 one prompt per line) go through the same columns, chat template, system prompt and token ids as in
-training, and the sampler settings are the recipe's. `--split` defaults to the training split.
+training, and the sampler settings are the recipe's (`training.num_threads` too: CPU threads as
+the trainer chooses them). `--split` defaults to the training split.
 `--trace` writes the `infsamp simulate` trace of the run, so the same lengths can be replayed.
 """
 
@@ -84,6 +85,9 @@ def run(args: argparse.Namespace) -> int:
         print(encoded.note("sample", cfg.data.max_prompt_length))
     prompts = encoded.prompts
     model, _ = load_model_and_tokenizer(cfg.model, tokenizer=tokenizer)
+    from infsamp.run.setup import set_num_threads
+
+    set_num_threads(cfg.training.num_threads, model, next(model.parameters()).device)
     length_aware = cfg.sampling.policy == "length_aware"
     predictor = make_predictor(cfg.sampling.predictor) if length_aware else None
     prompt_ids, texts = [p.token_ids for p in prompts], [p.text for p in prompts]
@@ -100,7 +104,8 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         write_completions(args.out, texts, result)
     if args.trace:
-        write_lengths_trace(args.trace, texts, prompt_ids, result)
+        write_lengths_trace(args.trace, texts, prompt_ids, result,
+                            cfg.sampling.predictor_prefix_tokens)
     return 0
 
 
@@ -154,9 +159,13 @@ def write_completions(path: str, texts: list[str], result) -> None:
     print(f"wrote {path}")
 
 
-def write_lengths_trace(path: str, texts: list[str], prompt_ids: list[list[int]], result) -> None:
+def write_lengths_trace(path: str, texts: list[str], prompt_ids: list[list[int]], result,
+                        prefix_tokens: int = 16) -> None:
+    """The `infsamp simulate` trace: lengths and each completion's first `prefix_tokens` ids."""
     from infsamp.sampling.simulator import TraceGroup, write_trace
 
-    write_trace([TraceGroup(text, len(ids), [c.length for c in group])
+    write_trace([TraceGroup(text, len(ids), [c.length for c in group],
+                            first_tokens=[list(c.token_ids[:prefix_tokens]) for c in group]
+                            if prefix_tokens else None)
                  for text, ids, group in zip(texts, prompt_ids, result.groups)], path)
     print(f"wrote {path}")

@@ -38,10 +38,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def check_sources(cfg) -> None:
     """Model and dataset names decided before torch is imported: a missing path, or a hub id while
     the hub cannot be asked, is one line within a second of starting."""
-    from infsamp.models.source import resolve_model_source
+    from infsamp.models.source import check_model_source
     from infsamp.tasks.loading import check_dataset_source
 
-    resolve_model_source(cfg.model.name_or_path)
+    check_model_source(cfg.model.name_or_path)
     check_dataset_source(cfg.data)
 
 
@@ -61,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
         result = GRPOTrainer(cfg, ranks=ranks).train()
     before, after = result.eval_before, result.eval_after
     if before is not None and after is not None:
-        print(f"held-out accuracy: {before:.3f} -> {after:.3f} ({100 * (after - before):+.1f} points)")
+        print(f"held-out accuracy: {before:.3f} -> {after:.3f} ({100 * (after - before):+.1f} "
+              f"points; scored by {result.eval_reward})")
     print(f"run folder: {result.output_dir} (metrics.jsonl, eval.jsonl, lengths.jsonl, plots/training.png)")
     return 0

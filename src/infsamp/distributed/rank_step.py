@@ -39,7 +39,8 @@ from infsamp.distributed.rank_assignment import assign, imbalance, rank_loads
 
 SUMMED = ("generated_tokens", "prefill_tokens", "recomputed_tokens", "num_preemptions",
           "tokens_per_second")
-LINE_KEYS = ("prompt_id", "prompt_tokens", "lengths")  # a lengths.jsonl line (`infsamp simulate`)
+LINE_KEYS = ("prompt_id", "prompt_tokens", "lengths",  # a lengths.jsonl line (`infsamp simulate`)
+             "first_tokens")  # each completion's first sampling.predictor_prefix_tokens ids
 MAXED = ("decode_steps", "lower_bound", "opt_lower_bound", "peak_kv_tokens", "peak_kv_bytes",
          "peak_kv_tokens_used", "wall_time_s", "model_time_s", "num_slots", "kv_budget_tokens")
 
@@ -76,9 +77,11 @@ class RankSteps:
     """The trainer's multi-rank step; with one process `share` is every prompt and `combine` keeps
     the rank's own values."""
 
-    def __init__(self, ranks: Ranks, num_generations: int, max_new_tokens: int, method: str):
+    def __init__(self, ranks: Ranks, num_generations: int, max_new_tokens: int, method: str,
+                 trace_prefix_tokens: int = 0):
         self.ranks, self.G, self.method = ranks, num_generations, method
         self.max_new = max_new_tokens
+        self.trace_prefix_tokens = trace_prefix_tokens  # first tokens kept in lengths.jsonl
         self.costs = _make_cost_predictor() if ranks.distributed and ranks.is_main else None
         self.wait_s = 0.0
         self._predicted = 1.0
@@ -108,7 +111,7 @@ class RankSteps:
     def combine(self, batch, share: list[int], groups, rewards: RewardResult,
                 sampler_metrics: dict[str, float]) -> StepData:
         """The whole step's data on every rank (see the module docstring)."""
-        mine = _records(batch, share, groups, rewards, sampler_metrics)
+        mine = _records(batch, share, groups, rewards, sampler_metrics, self.trace_prefix_tokens)
         if not self.ranks.distributed:
             completions = [c for group in groups for c in group]
             return StepData(rewards, completions, list(range(len(completions))),
@@ -202,14 +205,16 @@ def _make_cost_predictor():
 
 
 def _records(batch, share: list[int], groups, rewards: RewardResult,
-             sampler_metrics: dict[str, float]) -> dict[str, Any]:
+             sampler_metrics: dict[str, float], prefix_tokens: int = 0) -> dict[str, Any]:
     """This rank's groups as JSON-able records (a lengths.jsonl line + what the metrics need)."""
     records = []
     for k, (position, group) in enumerate(zip(share, groups)):
         _, prompt = batch[position]
         rows = slice(k * len(group), (k + 1) * len(group))
+        first = {"first_tokens": [list(c.token_ids[:prefix_tokens]) for c in group]} \
+            if prefix_tokens else {}
         records.append({"prompt_id": str(prompt.index), "prompt_tokens": len(prompt.token_ids),
-                        "lengths": [c.length for c in group],
+                        "lengths": [c.length for c in group], **first,
                         "finish": [c.finish_reason for c in group],
                         "total": rewards.total[rows],
                         "per_function": {n: v[rows] for n, v in rewards.per_function.items()}})
@@ -218,4 +223,4 @@ def _records(batch, share: list[int], groups, rewards: RewardResult,
 
 
 def _line(record: dict[str, Any]) -> dict[str, Any]:
-    return {key: record[key] for key in LINE_KEYS}
+    return {key: record[key] for key in LINE_KEYS if key in record}

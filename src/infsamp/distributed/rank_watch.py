@@ -10,13 +10,19 @@ client of the TCPStore torchrun or rank 0 serves) every `POLL_S` seconds:
                   for `timeout_s` counts as failed
     done/<r>      the rank finished normally (its exit is not a failure)
 
+It also watches its own launcher: torchrun (or accelerate launch) is this process's parent, and
+the ranks run in sessions of their own, so a `kill -9` of the launcher leaves them running. A
+parent that is gone (this process was re-parented) stops the rank within a second; a lost store
+is named as such, never as rank 0's failure.
+
 When a peer failed, died or went silent, the watcher prints one line naming it and the newest
 complete checkpoint, and ends this process with exit code 3 (`os._exit`: the main thread may be
 inside a collective that would never return). Checkpoints are written atomically, so the newest
 complete one is intact; `--resume` under the same launch continues from it.
 
-Deliberately simple: polling (0.5 s), not callbacks; a lost store (it lived in rank 0's process,
-or the launcher's) counts as rank 0 failing.
+Deliberately simple: polling (0.5 s), not callbacks (nor prctl's parent-death signal, which would
+kill the rank without a word); the parent is watched only under torchrun's agent
+(TORCHELASTIC_RUN_ID), not for processes started some other way.
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ from pathlib import Path
 
 POLL_S = 0.5
 PEER_FAILED_EXIT = 3
+STORE_LOST = ("the launch's rendezvous store stopped answering (the launcher or the machine "
+              "serving it is gone)")
 
 
 def process_alive(pid: int) -> bool:
@@ -49,10 +57,12 @@ class RankWatch:
         self.output_dir = Path(output_dir)
         self.store = _connect(f"infsamp/{token}")
         self.host = socket.gethostname()
+        # torchrun's agent (accelerate launch runs it too) is the parent: it sets this variable
+        self.parent = os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else None
         self._stop = threading.Event()
         self._peers: dict[int, tuple[str, int]] = {}
         self._beats: dict[int, tuple[int, float]] = {}
-        self._failure: tuple[int, str] | None = None
+        self._failure: tuple[int | None, str] | None = None
 
     # ---- this rank
     def start(self) -> "RankWatch":
@@ -76,38 +86,45 @@ class RankWatch:
             pass
 
     # ---- the others
-    def peer_failure(self, wait_s: float = 0.0) -> tuple[int, str] | None:
+    def peer_failure(self, wait_s: float = 0.0) -> tuple[int | None, str] | None:
         """(rank, reason) of a failed peer, waiting up to `wait_s` for the watcher to see one."""
         deadline = time.monotonic() + wait_s
         while self._failure is None and time.monotonic() < deadline:
             time.sleep(POLL_S / 5)
         return self._failure
 
-    def describe(self, peer: int, reason: str) -> str:
+    def describe(self, peer: int | None, reason: str) -> str:
+        """One line: which peer failed and why (`peer` None: the launch itself is gone)."""
         from infsamp.run.checkpoint import list_checkpoints
 
         found = list_checkpoints(self.output_dir)  # [] while the folder does not exist
         newest = f"the newest complete checkpoint is {found[-1]}; continue with --resume " \
                  "under the same launch" if found else "no checkpoint was written yet"
+        if peer is None:
+            return f"{reason}; rank {self.rank} stopped without saving: {newest}"
         return f"rank {peer} failed ({reason}); rank {self.rank} stopped too: {newest}"
 
     def _run(self) -> None:
         lost_since: float | None = None
         while not self._stop.wait(POLL_S):
             try:
-                failure = self._check()
+                failure = self._launcher_gone() or self._check()
                 lost_since = None
             except Exception:  # noqa: BLE001 - the store's client raises several types
                 lost_since = lost_since or time.monotonic()
                 lost = time.monotonic() - lost_since
-                failure = (0, "the rendezvous store it served is gone") \
-                    if lost > min(self.timeout_s, 10.0) else None
+                failure = (None, STORE_LOST) if lost > min(self.timeout_s, 10.0) else None
             if failure is not None and not self._stop.is_set():
                 self._failure = failure
                 time.sleep(POLL_S)  # let the main thread name the peer itself if it can
                 print(f"infsamp train: error: {self.describe(*failure)}", file=sys.stderr,
                       flush=True)
                 os._exit(PEER_FAILED_EXIT)
+
+    def _launcher_gone(self) -> tuple[None, str] | None:
+        if self.parent is None or os.getppid() == self.parent:
+            return None
+        return None, f"the launcher (PID {self.parent}) is gone: killed, or it crashed"
 
     def _check(self) -> tuple[int, str] | None:
         self.store.add(f"beat/{self.rank}", 1)

@@ -3,7 +3,8 @@
     torchrun --nproc-per-node N -m infsamp train CONFIG             # or, with a config file:
     accelerate launch --config_file examples/accelerate/ddp.yaml -m infsamp train CONFIG
 
-`init_ranks(cfg)` reads the launcher's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+`init_ranks(cfg)` (which also checks that every rank was given the same settings: `one_config.py`)
+reads the launcher's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
 MASTER_PORT; accelerate's ACCELERATE_USE_FSDP, FSDP_* and ACCELERATE_MIXED_PRECISION) and returns
 `Ranks`: one process (every collective is the identity) or `ProcessRanks` over a torch.distributed
 process group (gloo on CPU; NCCL for CUDA tensors plus gloo for the small CPU messages on GPU). The
@@ -32,6 +33,7 @@ from typing import Any
 
 from infsamp.config import Config, ConfigError
 from infsamp.errors import InfsampError, NonFiniteError, RunStopped, first_line
+from infsamp.distributed.one_config import check_one_config
 from infsamp.distributed.rank_watch import PEER_FAILED_EXIT
 
 AGREED_ERRORS = (NonFiniteError, RunStopped)  # raised on every rank after a collective decision
@@ -232,15 +234,15 @@ class ProcessRanks(Ranks):
 
 @contextlib.contextmanager
 def _signals_held() -> Iterator[None]:
-    """SIGTERM / SIGINT ignored for a moment (main thread): a launcher that saw a rank die sends
-    SIGTERM to the others at once, while this rank is finding out which peer failed."""
+    """SIGTERM / SIGINT / SIGHUP ignored for a moment (main thread): a launcher that saw a rank die
+    sends SIGTERM to the others at once, while this rank is finding out which peer failed."""
     import signal
     import threading
 
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    numbers = (signal.SIGTERM, signal.SIGINT)
+    numbers = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
     previous = {n: signal.signal(n, signal.SIG_IGN) for n in numbers}
     try:
         yield
@@ -307,6 +309,7 @@ def init_ranks(cfg: Config) -> Ranks:
                           f"give at least {world_size} prompts per step")
     _init_process_group()
     ranks = ProcessRanks(strategy, cfg.distributed.failure_timeout_s, cfg.logging.output_dir)
+    check_one_config(ranks, cfg)  # every rank the same settings, before anything loads
     if not ranks.is_main:
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - rank 0 speaks for the run
     import torch.distributed as dist

@@ -1,13 +1,15 @@
 """Load a policy model and its tokenizer from a local HF checkpoint directory (or the embedded one).
 
-Resolves `model.name_or_path` through `models.source` (a folder, a peft adapter folder, or a hub
-id decided at once); a LoRA checkpoint folder (e.g. `run/checkpoint-4/model`) loads its base and
-the adapters are trained further with `model.lora_rank` > 0, or merged into the base with 0. Picks
-device and dtype (from the training precision when one is given, see `infsamp.models.precision`),
-loads the base in 4-bit NF4 for QLoRA, applies LoRA through peft (adapters fp32 whatever the
-base), gradient checkpointing when asked, and the precision's compute context (autocast for
-`mixed`). Every failure becomes one `ModelError` line naming the path. `stop_token_ids` is the one
-list of tokens that end a completion (sampler and evaluation both use it).
+Resolves `model.name_or_path` through `models.source` (a folder, a peft adapter folder, a GGUF
+file or a named model such as 'smollm2-135m', or a hub id decided at once; a GGUF file is loaded
+from its converted folder, `models.gguf.ensure_converted`, converted on first use); a LoRA
+checkpoint folder (e.g. `run/checkpoint-4/model`) loads its base and the adapters are trained
+further with `model.lora_rank` > 0, or merged into the base with 0. Picks device and dtype (from
+the training precision when one is given, see `infsamp.models.precision`), loads the base in 4-bit
+NF4 for QLoRA, applies LoRA through peft (adapters fp32 whatever the base), gradient checkpointing
+when asked, and the precision's compute context (autocast for `mixed`). Every failure becomes one
+`ModelError` line naming the path. `stop_token_ids` is the one list of tokens that end a completion
+(sampler and evaluation both use it).
 
 Deliberately simple: one device, no sharding; 4-bit is bitsandbytes NF4 with double quantisation,
 non-linear modules (embeddings, norms, lm_head) stay in the base dtype.
@@ -24,9 +26,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from infsamp.config import ConfigError, ModelConfig
 from infsamp.errors import ModelError, first_line
 from infsamp.models.device import DTYPES, resolve_device  # noqa: F401  (callers import them here)
-from infsamp.models.source import (ADAPTER_CONFIG, EMBEDDED_DIR, resolve_model_source,  # noqa: F401
-                                   resolve_path)
-
+from infsamp.models.gguf import ensure_converted
+from infsamp.models.source import (ADAPTER_CONFIG, EMBEDDED_DIR, ModelSource,  # noqa: F401
+                                   resolve_model_source)
 
 
 def quiet_transformers() -> None:
@@ -58,9 +60,18 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return DTYPES[dtype]
 
 
+def local_source(name_or_path: str) -> ModelSource:
+    """`resolve_model_source`, with a GGUF file converted into its cache folder if not yet done."""
+    source = resolve_model_source(name_or_path)
+    if source.gguf_file is not None:
+        quiet_transformers()
+        ensure_converted(source.gguf_file)
+    return source
+
+
 def load_tokenizer(name_or_path: str):
     quiet_transformers()
-    path = resolve_model_source(name_or_path).tokenizer_path
+    path = local_source(name_or_path).tokenizer_path
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except Exception as err:  # transformers raises many types for a bad path
@@ -97,7 +108,7 @@ def load_model_and_tokenizer(cfg: ModelConfig, device: torch.device | None = Non
     checkpointing applied; pass the `tokenizer` when it was loaded already (the trainer encodes its
     data before loading weights)."""
     device = device or resolve_device(cfg.device)
-    source = resolve_model_source(cfg.name_or_path)
+    source = local_source(cfg.name_or_path)
     path = source.path
     tokenizer = tokenizer or load_tokenizer(cfg.name_or_path)
     weights = weight_kwargs(cfg, device, precision)
@@ -168,7 +179,7 @@ def adaptable_module_names(name_or_path: str) -> set[str] | None:
     nn = torch.nn
     kinds = (nn.Linear, nn.Embedding, nn.Conv1d, nn.Conv2d, nn.Conv3d, Conv1D)
     try:
-        config = AutoConfig.from_pretrained(resolve_path(name_or_path), local_files_only=True)
+        config = AutoConfig.from_pretrained(local_source(name_or_path).path, local_files_only=True)
         with init_empty_weights():
             model = AutoModelForCausalLM.from_config(config)
     except Exception:  # noqa: BLE001 - any failure here is reported by the real load

@@ -3,14 +3,27 @@
 `f(prompts, completions, **dataset_columns) -> list[float | None]`: completions are strings, or, when
 the prompt went through a chat template, lists of messages `[{"role": "assistant", "content": ...}]`.
 
-Deliberately simple: the XML format and the exact (normalised) answer of the GSM8K recipe.
+    format         0.5 for the XML format of the GSM8K recipe
+    accuracy       2.0 when the <answer> equals the reference (normalised numbers)
+    math_verify    1.0 when math-verify finds the completion's answer equal to the reference
+                   (\\boxed{}, fractions, LaTeX; TRL's and open-r1's accuracy reward)
+    reasoning_gym  the reasoning-gym task's own `score_answer` (in [0, 1]) of the answer that
+                   `rewards.answer_extraction` reads out of the completion
+
+`ACCURACY_LIKE` names those that score correctness (evaluation's default, `eval.reward`).
+
+Deliberately simple: math-verify and reasoning-gym are imported on first call.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 from decimal import Decimal, InvalidOperation
 from typing import Any, Callable, Sequence
 
+from infsamp.errors import RewardError
+from infsamp.tasks.answers import ANSWER_EXTRACTORS
 from infsamp.tasks.gsm8k import extract_xml_answer, has_xml_format
 
 RewardFunction = Callable[..., list]
@@ -64,7 +77,69 @@ def accuracy_reward(completions: Sequence[Any], answer: Sequence[Any], **kwargs:
             else 0.0 for c, a in zip(completions, answer)]
 
 
-BUILTIN_REWARDS: dict[str, RewardFunction] = {"format": format_reward, "accuracy": accuracy_reward}
+MATH_VERIFY_INSTALL = "pip install math-verify==0.9.0, or pip install 'infsamp[real]'"
+
+
+def math_verify_reward(completions: Sequence[Any], answer: Sequence[Any],
+                       **kwargs: Any) -> list[float | None]:
+    """1.0 when math-verify's `verify` finds the completion's answer equal to the reference, else
+    0.0; None (the row is skipped) when the reference itself does not parse. As TRL's
+    `accuracy_reward`: the reference parsed with math-verify's defaults, the completion as LaTeX
+    with \\boxed{} tried first and units normalised. Beyond TRL: a reference of bare LaTeX
+    ('\\frac{1}{3}', as MATH-style answer columns hold) is read as math, and a completion without
+    LaTeX as a plain expression ('so the answer is 42'), as GSM8K-style completions are written.
+    Timeouts (signal.alarm) only in the main thread, as TRL."""
+    try:
+        from latex2sympy2_extended import NormalizationConfig
+        from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+    except ImportError:
+        raise RewardError(f"reward function 'math_verify' needs math-verify "
+                          f"({MATH_VERIFY_INSTALL})") from None
+    main = threading.current_thread() is threading.main_thread()
+    parse_timeout, verify_timeout = (10, 5) if main else (None, None)
+    if not main:  # its 'timeout is disabled' warnings: we disabled them on purpose
+        for name in ("math_verify.parser", "math_verify.grader"):
+            logging.getLogger(name).setLevel(logging.ERROR)
+    latex = LatexExtractionConfig(normalization_config=NormalizationConfig(units=True),
+                                  boxed_match_priority=0, try_extract_without_anchor=False)
+    rewards: list[float | None] = []
+    for completion, reference in zip(completions, answer):
+        gold = parse(str(reference), parsing_timeout=parse_timeout)
+        if not gold and "\\" in str(reference):  # bare LaTeX: '\\frac{1}{3}'
+            gold = parse(f"${reference}$", parsing_timeout=parse_timeout)
+        if not gold:
+            rewards.append(None)
+            continue
+        text = completion_text(completion)
+        found = parse(text, extraction_config=[latex], extraction_mode="first_match",
+                      parsing_timeout=parse_timeout) or \
+            parse(text, extraction_config=[ExprExtractionConfig()], extraction_mode="first_match",
+                  parsing_timeout=parse_timeout)
+        rewards.append(float(verify(gold, found, timeout_seconds=verify_timeout)))
+    return rewards
+
+
+def reasoning_gym_reward(completions: Sequence[Any], answer: Sequence[Any],
+                         question: Sequence[str] = (), metadata: Sequence[Any] = (),
+                         task: Sequence[str] = (), answer_extraction: str = "answer_tag",
+                         **kwargs: Any) -> list[float]:
+    """The reasoning-gym task's `score_answer` (in [0, 1]; reasoning-gym gives partial credit
+    on some tasks) of the answer `answer_extraction` reads (`infsamp.tasks.answers`), with the
+    row's own entry; needs rows of a `reasoning_gym:NAME` dataset."""
+    from infsamp.tasks.reasoning_gym import score
+
+    if not task:
+        raise RewardError("reward function 'reasoning_gym' scores rows of a reasoning_gym:NAME "
+                          "dataset (data.dataset); these rows have no 'task' column")
+    extract = ANSWER_EXTRACTORS[answer_extraction]
+    return [score(extract(completion_text(c)), t, q, str(a), m)
+            for c, a, q, m, t in zip(completions, answer, question, metadata, task)]
+
+
+BUILTIN_REWARDS: dict[str, RewardFunction] = {
+    "format": format_reward, "accuracy": accuracy_reward, "math_verify": math_verify_reward,
+    "reasoning_gym": reasoning_gym_reward}
+ACCURACY_LIKE = ("accuracy", "math_verify", "reasoning_gym")
 
 
 # ---------------------------------------------------------------- loading

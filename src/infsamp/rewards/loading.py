@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from infsamp.errors import RewardError
-from infsamp.rewards.builtin import BUILTIN_REWARDS, RewardFunction, format_reward
+from infsamp.rewards.builtin import (BUILTIN_REWARDS, RewardFunction, format_reward,
+                                     reasoning_gym_reward)
 
 def _load_from_file(path: str, spec: str) -> Any:
     if not Path(path).exists():
@@ -61,16 +62,19 @@ def load_reward_function(spec: str, **model_options: Any) -> tuple[str, RewardFu
 
 
 def load_reward_functions(names: list[str],
-                          format_think_block: str = "forbid",
+                          format_think_block: str = "forbid", answer_extraction: str = "answer_tag",
                           **model_options: Any) -> list[tuple[str, RewardFunction]]:
     """Load each spec; repeated names get a suffix (accuracy, accuracy_2) so metrics stay distinct.
-    The built-in format reward gets `format_think_block` (`rewards.format_think_block`)."""
+    The built-in format reward gets `format_think_block` (`rewards.format_think_block`), the
+    reasoning_gym reward `answer_extraction` (`rewards.answer_extraction`)."""
     loaded: list[tuple[str, RewardFunction]] = []
     seen: set[str] = set()
     for spec in names:
         name, func = load_reward_function(spec, **model_options)
         if func is format_reward and format_think_block != "forbid":
             func = functools.partial(format_reward, think_block=format_think_block)
+        if func is reasoning_gym_reward:
+            func = functools.partial(reasoning_gym_reward, answer_extraction=answer_extraction)
         unique, index = name, 2
         while unique in seen:
             unique, index = f"{name}_{index}", index + 1

@@ -14,7 +14,9 @@ Writing goes to `checkpoint-N.tmp/`, every file is fsynced, and the folder is re
 earlier checkpoints as they were. Loading checks the manifest (a truncated, deleted or altered file
 is caught), reads tensors with safetensors and the rest as JSON (nothing is unpickled), and refuses
 NaN or inf in any tensor.
-`find_resume_point` walks back from the newest checkpoint to the newest one that verifies.
+`find_resume_point` walks back from the newest checkpoint to the newest one that verifies. A run
+replaces or prunes only checkpoints it wrote (`is_own_checkpoint`: a manifest of the folder's own
+step); a folder the user made under a checkpoint's name is renamed `checkpoint-N.foreign`.
 
 Deliberately simple: one process writes (with several ranks, the others add their shard files
 through `write_extra` before the manifest); sha256 re-reads every file once at save and once at
@@ -28,6 +30,7 @@ import json
 import os
 import re
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -35,6 +38,7 @@ from typing import Any, Callable
 import torch
 
 from infsamp.errors import CheckpointError, NonFiniteError
+from infsamp.files import fsync
 from infsamp.run.state_data import from_data, non_finite_tensor, to_data
 
 MANIFEST = "manifest.json"
@@ -63,9 +67,10 @@ def checkpoint_dirs(output_dir: Path, step: int) -> tuple[Path, Path]:
 
 
 def save_checkpoint(output_dir: Path, step: int, *, model, tokenizer, state: dict[str, Any],
-                    keep_last: int | None = None,
+                    keep_last: int | None = None, keep_step: int | None = None,
                     write_extra: Callable[[Path], None] | None = None) -> Path:
-    """Write checkpoint-`step` atomically (see module docstring); returns its path.
+    """Write checkpoint-`step` atomically (see module docstring); returns its path. Then prune to
+    the `keep_last` newest, and checkpoint-`keep_step` (the best evaluation's) whatever its age.
     `write_extra(tmp)` adds files before the manifest (other ranks' shards: rank_checkpoint.py)."""
     final, tmp = checkpoint_dirs(output_dir, step)
     tree, tensors = to_data({"format": FORMAT, "step": step, **state})
@@ -80,7 +85,7 @@ def save_checkpoint(output_dir: Path, step: int, *, model, tokenizer, state: dic
             raise CheckpointError(_write_failure(output_dir, final.name, err)) from None
         raise
     if keep_last:
-        prune(output_dir, keep_last)
+        prune(output_dir, keep_last, keep_step)
     return final
 
 
@@ -104,8 +109,14 @@ def _write_folder(tmp: Path, model, tokenizer, tree: dict[str, Any],
 
 
 def _replace_folder(tmp: Path, final: Path) -> None:
-    """Rename tmp -> final; an existing final (the same step saved again) is set aside first."""
+    """Rename tmp -> final; an existing final (the same step saved again) is set aside first.
+    A `checkpoint-N` this run did not write (no manifest of step N: a folder the user made) is
+    renamed `checkpoint-N.foreign` instead, with one line: a run deletes only what it wrote."""
     old = final.with_name(final.name + ".old")
+    if final.exists() and not is_own_checkpoint(final):
+        kept = set_aside(final, ".foreign")
+        print(f"{final} was not written by this run (no manifest of step "
+              f"{final.name.rsplit('-', 1)[-1]}): renamed to {kept.name} (kept)", file=sys.stderr)
     if final.exists():
         shutil.rmtree(old, ignore_errors=True)
         os.replace(final, old)
@@ -129,15 +140,6 @@ def _write_failure(output_dir: Path, name: str, err: BaseException) -> str:
     previous = list_checkpoints(output_dir)
     kept = f"{previous[-1].name} is intact" if previous else "no earlier checkpoint"
     return f"cannot write {name} in {output_dir}: {why} (removed the partial {name}.tmp; {kept})"
-
-
-def fsync(path: Path) -> None:
-    """Flush a file (or a folder's entries) to disk."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _sha256(path: Path) -> str:
@@ -169,9 +171,22 @@ def list_checkpoints(output_dir: Path) -> list[Path]:
     return [p for p in reversed(candidates(output_dir)) if (p / MANIFEST).is_file()]
 
 
-def prune(output_dir: Path, keep_last: int) -> None:
-    for old in list_checkpoints(output_dir)[:-keep_last]:
-        shutil.rmtree(old, ignore_errors=True)
+def is_own_checkpoint(path: Path) -> bool:
+    """A checkpoint folder infsamp wrote: its manifest is readable and names its own step (a
+    folder the user made or copied under another step's name is not)."""
+    try:
+        return _read_manifest(path)["step"] == checkpoint_step(path)
+    except (CheckpointError, KeyError, TypeError):
+        return False
+
+
+def prune(output_dir: Path, keep_last: int, keep_step: int | None = None) -> None:
+    """Remove the run's own complete checkpoints older than the `keep_last` newest, but
+    checkpoint-`keep_step` (the best evaluation's, `checkpointing.keep_best`)."""
+    own = [p for p in list_checkpoints(output_dir) if is_own_checkpoint(p)]
+    for old in own[:-keep_last]:
+        if checkpoint_step(old) != keep_step:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def find_resume_point(output_dir: Path, on_skip: Callable[[Path, str], None]) -> Checkpoint | None:
@@ -184,11 +199,11 @@ def find_resume_point(output_dir: Path, on_skip: Callable[[Path, str], None]) ->
     return None
 
 
-def set_aside(path: Path) -> Path:
+def set_aside(path: Path, suffix: str = ".damaged") -> Path:
     """Rename a damaged checkpoint to checkpoint-N.damaged[-k]: kept to inspect, never loaded."""
-    target, k = path.with_name(path.name + ".damaged"), 1
+    target, k = path.with_name(path.name + suffix), 1
     while target.exists():
-        target, k = path.with_name(f"{path.name}.damaged-{k}"), k + 1
+        target, k = path.with_name(f"{path.name}{suffix}-{k}"), k + 1
     os.replace(path, target)
     return target
 

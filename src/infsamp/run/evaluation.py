@@ -1,22 +1,39 @@
-"""Held-out evaluation: decode each problem once (greedy by default) and score its accuracy.
+"""Held-out evaluation: decode each problem once (greedy by default) and score it with the run's
+reward functions.
 
 Takes the prompts as token ids, the same ids the sampler gets for the same example
 (`infsamp.tasks.prompts.encode_prompt`), and stops on the same tokens (`stop_token_ids`). Runs
 transformers `generate` in batches left-padded with the pad token (never re-tokenising text); each
-completion is cut at its first stop token. A problem counts as solved when the built-in accuracy
-reward (`infsamp.rewards.accuracy_reward`) scores it, so training and evaluation agree on what
-"correct" means. Reported as a fraction in [0, 1].
+completion is cut at its first stop token (`held_out_completions`). The trainer scores them with
+the run's own reward functions, as in training (`eval.reward` picks the one that says "solved":
+`eval_reward_name`), and logs to eval.jsonl (`eval_metrics`):
 
-Deliberately simple: one completion per problem (pass@1), no self-consistency.
+    eval/accuracy             share of problems eval.reward scores >= eval.accuracy_threshold
+    eval/reward               eval.reward's mean over the problems it scored
+    eval/rewards/NAME/mean    each reward function's mean (TRL's names, with eval/)
+
+`tally` gives the sums behind them as one list of numbers, so several ranks add theirs up
+(`Ranks.sum`). `BestEvaluation` follows `checkpointing.keep_best`'s metric over the evaluations
+after training began (each of those has a checkpoint; the base model's does not).
+`evaluate_accuracy` scores with the built-in accuracy alone (the SFT script).
+
+Deliberately simple: one completion per problem (pass@1), no self-consistency; a problem the chosen
+function returns None for counts as unsolved.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
-from infsamp.rewards.builtin import accuracy_reward
+from infsamp.config import ConfigError
+from infsamp.rewards.builtin import ACCURACY_LIKE, accuracy_reward
+from infsamp.rewards.compute import RewardResult
+
+EVAL_METRICS = ("eval/accuracy", "eval/reward")
 
 
 def left_padded(prompt_ids: Sequence[Sequence[int]],
@@ -55,12 +72,12 @@ def generate_completions(model, prompt_ids: Sequence[Sequence[int]], *, pad_toke
     return completions
 
 
-def evaluate_accuracy(model, tokenizer, prompt_ids: Sequence[Sequence[int]],
-                      answers: Sequence[str], *, stop_token_ids: Sequence[int],
-                      max_new_tokens: int = 256, temperature: float = 0.0) -> float:
-    """Fraction of prompts whose completion the accuracy reward scores as correct (NaN for none)."""
+def held_out_completions(model, tokenizer, prompt_ids: Sequence[Sequence[int]], *,
+                         stop_token_ids: Sequence[int], max_new_tokens: int = 256,
+                         temperature: float = 0.0) -> tuple[list[list[int]], list[str]]:
+    """(completion ids, their texts) of each prompt, decoded in eval mode (restored after)."""
     if not prompt_ids:
-        return float("nan")
+        return [], []
     was_training = model.training
     model.eval()
     try:
@@ -69,6 +86,92 @@ def evaluate_accuracy(model, tokenizer, prompt_ids: Sequence[Sequence[int]],
                                            max_new_tokens=max_new_tokens, temperature=temperature)
     finally:
         model.train(was_training)
-    texts = tokenizer.batch_decode(completions, skip_special_tokens=True)
+    return completions, tokenizer.batch_decode(completions, skip_special_tokens=True)
+
+
+def evaluate_accuracy(model, tokenizer, prompt_ids: Sequence[Sequence[int]],
+                      answers: Sequence[str], *, stop_token_ids: Sequence[int],
+                      max_new_tokens: int = 256, temperature: float = 0.0) -> float:
+    """Fraction of prompts whose completion the built-in accuracy reward scores as correct (NaN
+    for none)."""
+    if not prompt_ids:
+        return float("nan")
+    _, texts = held_out_completions(model, tokenizer, prompt_ids, stop_token_ids=stop_token_ids,
+                                    max_new_tokens=max_new_tokens, temperature=temperature)
     scores = accuracy_reward(texts, answer=list(answers))
     return sum(score > 0 for score in scores) / len(prompt_ids)
+
+
+# ---------------------------------------------------------------- scoring with the run's rewards
+
+
+def eval_reward_name(setting: str, names: Sequence[str]) -> str:
+    """`eval.reward` resolved against the run's reward function names (ConfigError if absent)."""
+    if setting == "auto":
+        return next((name for name in names if name in ACCURACY_LIKE), names[0])
+    if setting not in names:
+        raise ConfigError(f"eval.reward: {setting!r} is not one of the run's reward functions "
+                          f"({', '.join(names)})")
+    return setting
+
+
+def check_best_metric(metric: str, names: Sequence[str]) -> None:
+    """`checkpointing.keep_best` names a metric evaluation logs (ConfigError if not)."""
+    known = [*EVAL_METRICS, *(f"eval/rewards/{name}/mean" for name in names)]
+    if metric and metric not in known:
+        raise ConfigError(f"checkpointing.keep_best: {metric!r} is not logged by evaluation "
+                          f"(it logs {', '.join(known)})")
+
+
+def tally(result: RewardResult | None, names: Sequence[str], chosen: str,
+          threshold: float) -> list[float]:
+    """[solved, problems, then per function: sum of its scores, rows it scored] (zeros for none)."""
+    if result is None:
+        return [0.0] * (2 + 2 * len(names))
+    values = [result.per_function[name] for name in names]
+    chosen_values = result.per_function[chosen]
+    sums = [float(sum(v >= threshold for v in chosen_values if not math.isnan(v))),
+            float(len(chosen_values))]
+    for scores in values:
+        scored = [v for v in scores if not math.isnan(v)]
+        sums += [float(sum(scored)), float(len(scored))]
+    return sums
+
+
+def eval_metrics(sums: Sequence[float], names: Sequence[str], chosen: str) -> dict[str, float]:
+    """eval.jsonl's scores from the `tally` of every rank added up."""
+    means = {name: sums[2 + 2 * i] / sums[3 + 2 * i] if sums[3 + 2 * i] else math.nan
+             for i, name in enumerate(names)}
+    return {"eval/accuracy": sums[0] / sums[1] if sums[1] else math.nan,
+            "eval/reward": means[chosen],
+            **{f"eval/rewards/{name}/mean": mean for name, mean in means.items()}}
+
+
+@dataclass
+class BestEvaluation:
+    """The best value of `checkpointing.keep_best`'s metric so far, and its step (higher is
+    better; the earliest step wins a tie, as TRL's metric_for_best_model)."""
+
+    metric: str  # '' when keep_best is off
+    value: float | None = None
+    step: int = -1
+
+    def offer(self, step: int, metrics: dict[str, float]) -> bool:
+        """True when the evaluation at `step` (> 0) sets a new best: it is to be checkpointed."""
+        value = metrics.get(self.metric, math.nan) if self.metric else math.nan
+        if step <= 0 or math.isnan(value) or (self.value is not None and value <= self.value):
+            return False
+        self.value, self.step = value, step
+        return True
+
+    @property
+    def kept_step(self) -> int | None:
+        """The checkpoint pruning keeps: the best evaluation's, once there is one."""
+        return self.step if self.step > 0 else None
+
+    def state_dict(self) -> dict:
+        return {"metric": self.metric, "value": self.value, "step": self.step}
+
+    def load_state_dict(self, state: dict | None) -> None:
+        if state and state.get("metric") == self.metric:  # none in older checkpoints
+            self.value, self.step = state["value"], state["step"]

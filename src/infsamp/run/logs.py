@@ -1,10 +1,12 @@
 """Run outputs: per-step JSONL metrics, progress and summary lines, trackers, lengths trace, plots.
 
 Files in the run folder: `metrics.jsonl` (one object per step, TRL metric names where they exist),
-`eval.jsonl` (held-out accuracy by step), `lengths.jsonl` (one line per sampled group, the trace that
-`infsamp simulate` replays), `completions.jsonl` (with `logging.completions_every`: one line per
-completion of the logged steps: prompt, completion, per-function rewards, advantage; TRL's
-`log_completions`), `plots/training.png`. Every JSONL file is written by
+`eval.jsonl` (held-out accuracy and each reward function's mean by step), `lengths.jsonl` (one line
+per sampled group, the trace that `infsamp simulate` replays: lengths, and each completion's first
+`sampling.predictor_prefix_tokens` token ids for token-conditioned predictors),
+`completions.jsonl` (with `logging.completions_every`: one line per completion of the logged
+steps: prompt, completion, per-function rewards, advantage; TRL's `log_completions`),
+`plots/training.png`. Every JSONL file is written by
 `append_jsonl`: whole lines in one `write` on an append-only descriptor, so a killed process leaves
 at most a torn last line. Readers skip a torn last line; a resumed run `rewind`s each file to its
 checkpoint's step (the torn line and the rows after the checkpoint go; the run writes them again),

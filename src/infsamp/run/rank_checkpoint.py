@@ -1,8 +1,9 @@
 """One run folder and one checkpoint for all the ranks of a launch.
 
-Run folder: rank 0 applies the rules of `run_folder.py` (new run, resume, damaged checkpoints) and
-tells the others which checkpoint to resume, or its error; they then verify and read it themselves
-(the run folder must be on a filesystem every rank sees: one machine, or a shared one).
+Run folder: rank 0 applies the rules of `run/folder.py` (new run, resume, damaged checkpoints),
+holds the folder's lock for the run, and tells the others which checkpoint to resume, or its
+error; they then verify and read it themselves (the run folder must be on a filesystem every rank
+sees: one machine, or a shared one).
 
 Checkpoint (`save_on_ranks`), still one folder written atomically by rank 0:
 
@@ -109,15 +110,15 @@ def rank_state(trainer) -> dict[str, Any]:
 
 def restore_rank_state(trainer, found: ckpt.Checkpoint) -> None:
     """The per-rank parts of a multi-rank checkpoint (rank r takes entry r mod their number)."""
+    from infsamp.run.identity import restore_predictor, restored_counters
     from infsamp.run.train_state import set_sampler_counters
 
     parts = found.state.get("ranks")
     if not parts:
         return
     own = from_data(parts[trainer.ranks.rank % len(parts)], {})
-    set_sampler_counters(trainer, own["counters"])
-    if trainer.sampler.predictor is not None and own["predictor"] is not None:
-        trainer.sampler.predictor.load_state_dict(own["predictor"])
+    set_sampler_counters(trainer, restored_counters(trainer.cfg, found, own["counters"]))
+    restore_predictor(trainer.sampler.predictor, own["predictor"], found)
     trainer.rank_steps.load_state_dict(found.state.get("rank_costs"))
 
 
@@ -208,6 +209,7 @@ def save_on_ranks(trainer) -> Path:
             path = ckpt.save_checkpoint(
                 trainer.output_dir, trainer.step, model=whole, tokenizer=trainer.tokenizer,
                 state=state, keep_last=trainer.cfg.checkpointing.keep_last,
+                keep_step=trainer.best.kept_step,
                 write_extra=lambda tmp: _write_together(tmp, steps, shards, ranks))
         except InfsampError as err:
             steps.finish(str(err))

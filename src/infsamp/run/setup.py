@@ -39,7 +39,8 @@ def load_rewards(cfg: Config):
     device = resolve_device(cfg.model.device)
     try:
         funcs = load_reward_functions(
-            cfg.rewards.functions, cfg.rewards.format_think_block, device=device,
+            cfg.rewards.functions, cfg.rewards.format_think_block, cfg.rewards.answer_extraction,
+            device=device,
             dtype=resolve_dtype(cfg.model.dtype, device),
             max_tokens=cfg.training.train_micro_batch_tokens or DEFAULT_MICRO_BATCH_TOKENS)
     except RewardError as err:

@@ -1,11 +1,17 @@
-"""SIGTERM and SIGINT during training: finish the step, save, stop; a second signal stops at once.
+"""SIGTERM, SIGINT and SIGHUP during training: finish the step, save, stop; a second signal stops
+at once.
 
-Schedulers send SIGTERM some seconds before they kill a job, and Ctrl-C sends SIGINT. Inside
-`StopSignals` the first of either only records the request and says so; the training loop checks
+Schedulers send SIGTERM some seconds before they kill a job, Ctrl-C sends SIGINT, and a closed
+terminal (or an ssh session that drops) sends SIGHUP. torchrun and accelerate launch pass each of
+them on to every rank (SIGTERM / SIGINT / SIGHUP to the launcher: the ranks save once, together).
+Inside `StopSignals` the first of any only records the request and says so; the training loop checks
 `requested` between steps, saves a checkpoint (`checkpointing.save_on_signal`) and raises
 `RunStopped` (exit code 128 + the signal number). A second signal raises `StopNow` where the
 program is: the step in flight is abandoned and nothing more is saved (a checkpoint being written
 is removed, earlier ones stay).
+
+A SIGHUP also makes stdout and stderr ignore write errors (the terminal may be gone) and is never
+a "second signal" (a closed terminal can send it twice).
 
 Deliberately simple: only the main thread can install handlers; elsewhere signals keep their
 defaults.
@@ -18,7 +24,8 @@ import sys
 import threading
 from typing import Any
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP")
+                     if hasattr(signal, name))  # no SIGHUP on Windows
 
 
 class StopNow(KeyboardInterrupt):
@@ -54,9 +61,43 @@ class StopSignals:
 
     def _handle(self, number: int, _frame: Any) -> None:
         name = signal.Signals(number).name
-        if self.received is not None:
+        if number == getattr(signal, "SIGHUP", None):
+            _survive_closed_terminal()
+        if self.received is not None and number != getattr(signal, "SIGHUP", None):
             raise StopNow(f"{name} again: stopped at once, the step in flight is lost "
                           "(nothing more saved)", 128 + number)
+        if self.received is not None:
+            return  # a closed terminal sends SIGHUP more than once (the shell, then the kernel)
         self.received = number
         print(f"\n{name} received: finishing this step, then stopping "
               "(send it again to stop at once)", file=sys.stderr, flush=True)
+
+
+class _Unbroken:
+    """A stream whose writes never raise: after SIGHUP the terminal may be gone, and a write to
+    it fails (EIO); the run must still save and say so wherever it can."""
+
+    def __init__(self, stream: Any):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except (OSError, ValueError):
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except (OSError, ValueError):
+            pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _survive_closed_terminal() -> None:
+    if not isinstance(sys.stdout, _Unbroken):
+        sys.stdout = _Unbroken(sys.stdout)
+    if not isinstance(sys.stderr, _Unbroken):
+        sys.stderr = _Unbroken(sys.stderr)

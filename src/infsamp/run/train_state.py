@@ -1,7 +1,8 @@
 """What a checkpoint holds besides the weights, gathered from the trainer and put back on resume.
 
     training_state(trainer) -> {"run", "schedule", "optimizer", "scheduler", "rng", "generator",
-                                "data", "eval_before", "last_eval", "counters", "predictor"}
+                                "data", "eval_before", "last_eval", "counters", "best",
+                                "predictor"}
     restore_training_state(trainer, checkpoint)   the inverse, weights included
 
 Everything here is data (tensors, numbers, strings: `state_data.py` writes it); the counters are
@@ -17,20 +18,20 @@ from typing import Any
 
 from infsamp.errors import CheckpointError
 from infsamp.run.checkpoint import Checkpoint
-from infsamp.run.folder import run_identity
+from infsamp.run.identity import restore_predictor, restored_counters, run_identity
 from infsamp.run.state_data import rng_state, set_rng_state
 
 
 def training_state(trainer, optimizer: bool = True) -> dict[str, Any]:
     """`optimizer=False`: its state is sharded and saved per rank (FSDP: rank_checkpoint.py)."""
     predictor = trainer.sampler.predictor
-    return {"run": run_identity(trainer.cfg), "schedule": trainer.horizon,
+    return {"run": run_identity(trainer.cfg, trainer.data_fingerprint), "schedule": trainer.horizon,
             "optimizer": trainer.optimizer.state_dict() if optimizer else None,
             "scheduler": trainer.scheduler.state_dict(),
             "rng": rng_state(), "generator": trainer.generator.get_state(),
             "data": trainer.stream.state_dict(), "eval_before": trainer.eval_before,
             "last_eval": [trainer._last_eval, trainer._last_eval_step],
-            "counters": sampler_counters(trainer),
+            "counters": sampler_counters(trainer), "best": trainer.best.state_dict(),
             "predictor": predictor.state_dict() if predictor is not None else None}
 
 
@@ -50,9 +51,9 @@ def restore_training_state(trainer, found: Checkpoint) -> None:
     trainer.stream.load_state_dict(state["data"])
     trainer.step, trainer.eval_before = found.step, state["eval_before"]
     trainer._last_eval, trainer._last_eval_step = state["last_eval"]
-    set_sampler_counters(trainer, state["counters"])
-    if trainer.sampler.predictor is not None:
-        trainer.sampler.predictor.load_state_dict(state["predictor"])
+    set_sampler_counters(trainer, restored_counters(trainer.cfg, found, state["counters"]))
+    restore_predictor(trainer.sampler.predictor, state["predictor"], found)
+    trainer.best.load_state_dict(state.get("best"))
     if "ranks" in state:  # written by several ranks: each takes its own sampler state
         from infsamp.run.rank_checkpoint import restore_rank_state
 

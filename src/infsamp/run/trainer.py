@@ -10,9 +10,11 @@ One step, laid out in time:
 Everything configurable comes from `infsamp.config.Config`; loss types, advantage scaling and
 sampling policies are registries in their own modules. The trainer only wires them together, logs,
 evaluates and checkpoints. Start-up order: validate the config, load the reward functions and
-prepare the run folder (`run_folder.py`: a new run, or the verified checkpoint to resume) before
-anything loads; then the tokenizer, the data (encoded once by `tasks.prompts`, the same ids for
-sampling and evaluation, and checked against the settings), then the weights. While it runs,
+prepare the run folder (`run/folder.py`: claimed for the whole run, a new run, or the verified
+checkpoint to resume, whose settings must be this run's: `run/identity.py`) before anything loads;
+then the tokenizer, the data (encoded once by `tasks.prompts`, the same ids for sampling and
+evaluation, checked against the settings and against the resumed checkpoint's rows), then the
+weights. While it runs,
 SIGTERM/SIGINT end the step and save (`signals.py`), and a non-finite loss, gradient norm or
 reward stops the run before it is applied (or skips it: `training.nonfinite`).
 
@@ -43,9 +45,13 @@ from infsamp.models.loading import (load_model_and_tokenizer, load_tokenizer, qu
 from infsamp.rewards.calling import check_async_allowed
 from infsamp.rewards.compute import compute_rewards
 from infsamp.run import checkpoint as ckpt
+from infsamp.run import ownership
 from infsamp.algorithm.advantages import compute_advantages
 from infsamp.distributed.ranks import Ranks, init_ranks, reshard_after_forward
-from infsamp.run.evaluation import evaluate_accuracy
+from infsamp.run.evaluation import (BestEvaluation, check_best_metric, eval_metrics,
+                                    eval_reward_name, held_out_completions, tally)
+from infsamp.run.folder import rewind_run_logs
+from infsamp.run.identity import check_data, data_fingerprint
 from infsamp.run.sizes import plan_run
 from infsamp.algorithm.grpo_step import GRPOStep, Rollout, is_out_of_memory
 from infsamp.algorithm.optim import build_optimizer, build_scheduler, schedule_horizon
@@ -74,11 +80,13 @@ class TrainResult:
     final_step: int
     eval_before: float | None
     eval_after: float | None
+    eval_reward: str = ""  # the reward function eval/accuracy counts with (eval.reward)
 
 
 class GRPOTrainer:
     """`GRPOTrainer(cfg).train()`; pass `reward_funcs` to use Python callables instead of names."""
 
+    @ownership.released_on_failure
     def __init__(self, cfg: Config, reward_funcs: list[tuple[str, Callable]] | None = None,
                  step_callback: Callable[[int, dict[str, Any]], None] | None = None,
                  ranks: Ranks | None = None):
@@ -89,6 +97,10 @@ class GRPOTrainer:
         self.output_dir = Path(cfg.logging.output_dir)
         self.reward_funcs = reward_funcs or load_rewards(cfg)
         check_async_allowed(self.reward_funcs, cfg.rewards.allow_async)
+        self.reward_names = [name for name, _ in self.reward_funcs]
+        self.eval_reward = eval_reward_name(cfg.eval.reward, self.reward_names)
+        check_best_metric(cfg.checkpointing.keep_best, self.reward_names)
+        self.best = BestEvaluation(cfg.checkpointing.keep_best)
         self.resume_from = prepare_run_folder_on_ranks(cfg, self.ranks)  # before anything loads
         warn_about_settings(cfg)
         seed_everything(cfg.training.seed)
@@ -96,6 +108,8 @@ class GRPOTrainer:
         self.tokenizer = load_tokenizer(cfg.model.name_or_path)
         with self.ranks.main_first():  # rank 0 fills the datasets cache
             self.train_prompts, self.eval_prompts = self._load_prompts()
+        self.data_fingerprint = data_fingerprint(self.train_prompts, self.eval_prompts)
+        check_data(self.resume_from, cfg, self.data_fingerprint)  # the checkpoint's rows
         self.model, _ = load_model_and_tokenizer(cfg.model, self.device, tokenizer=self.tokenizer,
                                                  precision=self.precision)
         self.stop_token_ids = stop_token_ids(self.model, self.tokenizer)
@@ -125,7 +139,8 @@ class GRPOTrainer:
                              importance_sampling_cap=cfg.sampling.vllm_importance_sampling_cap,
                              parallel=self.strategy)
         self.rank_steps = RankSteps(self.ranks, cfg.sampling.num_generations,
-                                    cfg.sampling.max_new_tokens, cfg.distributed.assignment)
+                                    cfg.sampling.max_new_tokens, cfg.distributed.assignment,
+                                    cfg.sampling.predictor_prefix_tokens)
         self.optimizer = build_optimizer(self.model, cfg.training, self.precision)
         self.horizon = self.resume_from.state["schedule"] if self.resume_from else \
             schedule_horizon(cfg.training)  # a resumed run keeps the schedule it started with
@@ -183,6 +198,8 @@ class GRPOTrainer:
         found, self.resume_from = self.resume_from, None
         self.resumed = found is not None
         if found is not None:
+            if self.ranks.is_main:
+                rewind_run_logs(self.output_dir, found.step)  # this run's rows after it go
             restore_training_state(self, found)
             self._saved_step = self.step
             self._push_weights()  # the engine samples from the restored policy
@@ -197,7 +214,7 @@ class GRPOTrainer:
             self.ranks.finish()
             self.close()
             return TrainResult(self.output_dir, self.step, self.eval_before,
-                               self._eval_at(self.step))
+                               self._eval_at(self.step), self.eval_reward)
         logger = RunLogger(self.output_dir, cfg.training.max_steps, self.step,
                            cfg.logging.log_every,
                            cfg.logging.progress_bar) if self.ranks.is_main else NullLogger()
@@ -224,7 +241,8 @@ class GRPOTrainer:
         finally:
             logger.close(ok)
             self.close()
-        return TrainResult(self.output_dir, self.step, self.eval_before, eval_after)
+        return TrainResult(self.output_dir, self.step, self.eval_before, eval_after,
+                           self.eval_reward)
 
     def _stop_if_asked(self, stop: StopSignals) -> None:
         """After a signal: save (checkpointing.save_on_signal) and stop, exit code 128 + signal.
@@ -244,11 +262,13 @@ class GRPOTrainer:
         raise RunStopped(f"stopped by {stop.name} {done}: {what}", 128 + stop.received)
 
     def _after_step(self, logger: RunLogger, metrics: dict[str, Any]) -> None:
-        every = self.cfg.eval.every_steps
-        if every and self.step % every == 0 and self.step < self.cfg.training.max_steps:
+        every, last = self.cfg.eval.every_steps, self.cfg.training.max_steps
+        new_best = False
+        if every and self.step % every == 0 and self.step < last:
             self._evaluate(logger)
+            new_best = self.best.step == self.step  # checkpointing.keep_best: keep it
         save_every = self.cfg.checkpointing.save_every
-        if save_every and self.step % save_every == 0 and self.step < self.cfg.training.max_steps:
+        if new_best or (save_every and self.step % save_every == 0 and self.step < last):
             self._save()
         if self.step_callback:
             self.step_callback(self.step, metrics)
@@ -268,21 +288,24 @@ class GRPOTrainer:
             return None
         start = time.perf_counter()
         logger.progress.phase("evaluating", len(prompts), "problems")
-        max_new = self.cfg.eval.max_new_tokens or self.cfg.sampling.max_new_tokens
+        cfg = self.cfg.eval
         mine = prompts[self.ranks.rank::self.ranks.world_size]  # each rank a share, then summed
         with self.strategy.inference_model() as model:
-            share = evaluate_accuracy(model, self.tokenizer, [p.token_ids for p in mine],
-                                      [p.example["answer"] for p in mine],
-                                      stop_token_ids=self.stop_token_ids, max_new_tokens=max_new,
-                                      temperature=self.cfg.eval.temperature) if mine else 0.0
-        solved, total = self.ranks.sum([round(share * len(mine)), len(mine)])
-        accuracy = solved / total
+            ids, texts = held_out_completions(
+                model, self.tokenizer, [p.token_ids for p in mine],
+                stop_token_ids=self.stop_token_ids, temperature=cfg.temperature,
+                max_new_tokens=cfg.max_new_tokens or self.cfg.sampling.max_new_tokens)
+        scores = self._score([p.example for p in mine], texts, ids) if mine else None
+        sums = self.ranks.sum(tally(scores, self.reward_names, self.eval_reward,
+                                    cfg.accuracy_threshold))
+        metrics = eval_metrics(sums, self.reward_names, self.eval_reward)
         logger.progress.advance(len(prompts))
-        logger.log_eval(self.step, {"eval/accuracy": accuracy, "eval/num_problems": len(prompts),
+        logger.log_eval(self.step, {**metrics, "eval/num_problems": len(prompts),
                                     "eval/dropped_prompts": self.eval_prompts.num_dropped,
                                     "eval/time_s": round(time.perf_counter() - start, 2)})
-        self._last_eval, self._last_eval_step = accuracy, self.step
-        return accuracy
+        self.best.offer(self.step, metrics)
+        self._last_eval, self._last_eval_step = metrics["eval/accuracy"], self.step
+        return self._last_eval
 
     def _save(self) -> Path:
         """checkpoint-<step>, once per step (a signal right after a periodic save adds nothing)."""
@@ -296,7 +319,8 @@ class GRPOTrainer:
             return path
         path = ckpt.save_checkpoint(self.output_dir, self.step, model=self.model,
                                     tokenizer=self.tokenizer, state=training_state(self),
-                                    keep_last=self.cfg.checkpointing.keep_last)
+                                    keep_last=self.cfg.checkpointing.keep_last,
+                                    keep_step=self.best.kept_step)
         self._saved_step = self.step
         return path
 
@@ -311,8 +335,10 @@ class GRPOTrainer:
             self.engine.load_weights(model)
 
     def close(self) -> None:
-        """Free the sampling engine (vLLM's pool and weights); no sampling afterwards."""
+        """Free the sampling engine (vLLM's pool and weights) and the run folder; no sampling
+        afterwards."""
         self.engine.close()
+        ownership.release_run_folder(self.output_dir)
 
     # ------------------------------------------------------------------ one step
 
@@ -354,7 +380,8 @@ class GRPOTrainer:
         completions = [c for group in result.groups for c in group]  # group-major, N = b*G
         examples = [p.example for p in mine for _ in range(G)]
         progress.phase("scoring", len(completions), "completions")
-        rewards = self._score(examples, completions)
+        rewards = self._score(examples, [c.text for c in completions],
+                              [c.token_ids for c in completions])
         progress.advance(len(completions))
         step = self.rank_steps.combine(batch, share, result.groups, rewards,
                                        result.stats.to_metrics())  # the whole step's values
@@ -409,14 +436,16 @@ class GRPOTrainer:
                 self.num_sampling_oom_retries += 1
                 print(f"out of memory while sampling: retrying with micro_group={g // 2}")
 
-    def _score(self, examples: list[dict[str, Any]], completions):
+    def _score(self, examples: list[dict[str, Any]], texts: list[str],
+               completion_ids: list[list[int]]):
+        """Every reward function on these completions (one per example), as TRL calls them."""
         chat = uses_chat_template(self.tokenizer, self.cfg.data)
         prompts = [prompt_for_rewards(ex, self.tokenizer, self.cfg.data) for ex in examples]
-        texts = [completion_for_rewards(c.text, chat) for c in completions]
+        completions = [completion_for_rewards(text, chat) for text in texts]
         columns = {k: [ex[k] for ex in examples] for k in examples[0] if k != "prompt"}
-        return compute_rewards(self.reward_funcs, self.reward_weights, prompts, texts, columns,
-                               timeout_s=self.cfg.rewards.timeout_s,
-                               completion_ids=[c.token_ids for c in completions])
+        return compute_rewards(self.reward_funcs, self.reward_weights, prompts, completions,
+                               columns, timeout_s=self.cfg.rewards.timeout_s,
+                               completion_ids=completion_ids)
 
     def _sample_metrics(self, rewards, adv, completions,
                         sampler_metrics: dict[str, Any]) -> dict[str, Any]:

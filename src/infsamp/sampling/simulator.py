@@ -7,8 +7,11 @@ sampler call): every sample of a step finishes before the next step starts. The 
 loop the real engine runs (`SlotScheduler.admit / active / step`) with `TraceEngine` standing in for
 the model, so decode steps agree with the real engine by construction.
 
-Simplifications: a trace holds no token ids, so the prefix a token-conditioned predictor sees is k
-placeholder ids (it learns only that the sample survived k tokens); `synthetic_trace` draws the paper's
+A line may also hold `"first_tokens": [[ids], ...]`, each completion's first token ids (a run's
+lengths.jsonl keeps `sampling.predictor_prefix_tokens` of them): the replay decodes those ids, so a
+token-conditioned predictor sees the prefixes the model wrote. Past them, or in a trace without
+them, a sample's tokens are placeholder ids (0): the predictor learns only that it survived k
+tokens. Readers take lines with or without the field. `synthetic_trace` draws the paper's
 length-controlled workload (log-normal medians per prompt, log-normal lengths around them).
 """
 
@@ -33,6 +36,7 @@ class TraceGroup:
     prompt_tokens: int
     lengths: list[int]
     prompt_text: str = ""  # optional in a trace; gives the online predictor its prompt features
+    first_tokens: list[list[int]] | None = None  # optional: each completion's first token ids
 
 
 # ---- traces -------------------------------------------------------------------------------------
@@ -82,7 +86,24 @@ def _parse_line(path: Path, number: int, line: str) -> TraceGroup:
     text = row.get("prompt_text", "")
     if not isinstance(text, str):
         raise DataError(f"{where}: prompt_text must be a string, got {type(text).__name__}")
-    return TraceGroup(str(row["prompt_id"]), row["prompt_tokens"], list(lengths), text)
+    first = row.get("first_tokens")
+    if first is not None:
+        _check_first_tokens(where, first, lengths)
+    return TraceGroup(str(row["prompt_id"]), row["prompt_tokens"], list(lengths), text,
+                      [list(ids) for ids in first] if first is not None else None)
+
+
+def _check_first_tokens(where: str, first, lengths: list[int]) -> None:
+    """One list of token ids per completion, none longer than its completion."""
+    if not isinstance(first, list) or len(first) != len(lengths):
+        raise DataError(f"{where}: first_tokens must hold one list of token ids per length "
+                        f"({len(lengths)})")
+    for position, (ids, length) in enumerate(zip(first, lengths)):
+        if not isinstance(ids, list) or not all(_is_int(i) and i >= 0 for i in ids):
+            raise DataError(f"{where}: first_tokens[{position}] must be a list of token ids")
+        if len(ids) > length:
+            raise DataError(f"{where}: first_tokens[{position}] has {len(ids)} ids, more than "
+                            f"its length {length}")
 
 
 def _is_int(value) -> bool:
@@ -95,6 +116,8 @@ def write_trace(groups: Iterable[TraceGroup], path: str | Path) -> None:
             row = {"prompt_id": group.prompt_id, "prompt_tokens": group.prompt_tokens, "lengths": group.lengths}
             if group.prompt_text:
                 row["prompt_text"] = group.prompt_text
+            if group.first_tokens is not None:
+                row["first_tokens"] = group.first_tokens
             handle.write(json.dumps(row) + "\n")
 
 
@@ -149,11 +172,11 @@ def _token_length(solution: str) -> int:
 # ---- replay -------------------------------------------------------------------------------------
 class TraceEngine:
     """Stands in for the model: a sample ends after exactly its traced length of decode steps.
-    Its tokens are placeholders (id 0): a token-conditioned predictor learns only that it
-    survived k tokens."""
+    Its tokens are the traced first tokens, then placeholders (id 0)."""
 
-    def __init__(self, lengths: Sequence[int]):
+    def __init__(self, lengths: Sequence[int], first_tokens: Sequence[Sequence[int]] = ()):
         self.lengths = lengths
+        self.first_tokens = first_tokens  # per sample id; () when the trace has none
 
     def start(self, slot: int, sample: Sample) -> None:
         sample.restart()
@@ -161,7 +184,9 @@ class TraceEngine:
     def decode_step(self, active: dict[int, Sample]) -> list[Sample]:
         finished = []
         for sample in active.values():
-            sample.token_ids.append(0)
+            traced = self.first_tokens[sample.sample_id] if self.first_tokens else ()
+            position = sample.num_tokens
+            sample.token_ids.append(traced[position] if position < len(traced) else 0)
             if sample.num_tokens >= self.lengths[sample.sample_id]:
                 sample.finish_reason = "length"
                 finished.append(sample)
@@ -170,13 +195,14 @@ class TraceEngine:
 
 def run_call(samples: Sequence[Sample], lengths: Sequence[int], policy: str, num_slots: int,
              max_kv_tokens: int | None = None, predictor: LengthPredictor | None = None,
-             kv_block_size: int = 1, **policy_options) -> SamplerStats:
+             kv_block_size: int = 1, first_tokens: Sequence[Sequence[int]] = (),
+             **policy_options) -> SamplerStats:
     """One sampler call through the engine loop; returns the scheduler's statistics."""
     if isinstance(predictor, OraclePredictor):
         predictor.set_lengths(dict(enumerate(lengths)))
     scheduler = SlotScheduler(samples, policy, num_slots, max_kv_tokens, predictor, kv_block_size,
                               **policy_options)
-    engine = TraceEngine(lengths)
+    engine = TraceEngine(lengths, first_tokens)
     while not scheduler.done:
         for slot, sample in scheduler.admit():
             engine.start(slot, sample)
@@ -212,9 +238,10 @@ def simulate(groups: Sequence[TraceGroup], policy: str, num_slots: int | None = 
     length_predictor = make_predictor(predictor) if policy == "length_aware" or predictor != "none" else None
     calls = []
     for start in range(0, len(groups), prompts_per_step):
-        samples, lengths = _call_samples(groups[start:start + prompts_per_step], max_new)
+        step_groups = groups[start:start + prompts_per_step]
+        samples, lengths = _call_samples(step_groups, max_new)
         calls.append(run_call(samples, lengths, policy, slots, kv_budget, length_predictor,
-                              **policy_options))
+                              first_tokens=_call_first_tokens(step_groups), **policy_options))
     return SamplerStats.merge(calls)
 
 
@@ -237,3 +264,11 @@ def _call_samples(step_groups: Sequence[TraceGroup],
                                   group.prompt_id, group.prompt_text))
             lengths.append(length)
     return samples, lengths
+
+
+def _call_first_tokens(step_groups: Sequence[TraceGroup]) -> list[list[int]]:
+    """The traced first tokens of a call's samples in sample order ([] per sample without)."""
+    if all(group.first_tokens is None for group in step_groups):
+        return []
+    return [ids for group in step_groups
+            for ids in (group.first_tokens or [[] for _ in group.lengths])]

@@ -1,7 +1,9 @@
 """Dataset loading: from `data.*` settings to examples (`tasks.prompts` turns them into token ids).
 
-`load_examples(data_cfg, split)` reads one of four sources (`data.dataset`):
+`load_examples(data_cfg, split)` reads one of five sources (`data.dataset`):
 - `embedded:<task>`: a generator in `infsamp.tasks` (the default, `embedded:arithmetic`);
+- `reasoning_gym:<task>`: a reasoning-gym task, its splits from disjoint seeds
+  (`infsamp.tasks.reasoning_gym`);
 - a local `.jsonl` / `.json` / `.txt` file (one prompt per line; every split reads the same file),
   or a folder with `<split>.jsonl` / `<split>.json` (else any folder `datasets.load_dataset` reads,
   such as a downloaded hub snapshot with parquet files);
@@ -30,6 +32,7 @@ from typing import Any, Callable
 from infsamp.config import DataConfig
 from infsamp.errors import DataError
 from infsamp.hub import hub_offline, hub_unavailable
+from infsamp.tasks import reasoning_gym
 from infsamp.tasks.gsm8k import extract_hash_answer
 
 EMBEDDED_PREFIX = "embedded:"
@@ -122,7 +125,10 @@ def _read_with_datasets(data_cfg: DataConfig, split: str) -> list[Row]:
 
 
 def check_dataset_source(data_cfg: DataConfig) -> None:
-    """A hub id while the hub cannot be asked is one DataError at once (not ~50 s of retries)."""
+    """A hub id while the hub cannot be asked is one DataError at once (not ~50 s of retries);
+    an unknown reasoning-gym task or option too."""
+    if data_cfg.dataset.startswith(reasoning_gym.PREFIX):
+        reasoning_gym.check_task(data_cfg)
     if _source_reader(data_cfg.dataset) is not _read_hub:
         return
     why = hub_unavailable()
@@ -139,6 +145,8 @@ def _read_hub(data_cfg: DataConfig, split: str) -> list[Row]:
 def _source_reader(dataset: str) -> Callable[[DataConfig, str], list[Row]]:
     if dataset.startswith(EMBEDDED_PREFIX):
         return _read_embedded
+    if dataset.startswith(reasoning_gym.PREFIX):
+        return reasoning_gym.read_split
     if dataset.endswith((".jsonl", ".json", ".txt")) or Path(dataset).expanduser().is_dir():
         return _read_local
     return _read_hub
@@ -228,7 +236,7 @@ def _same_rows(data_cfg: DataConfig) -> bool:
     """True when the train and eval splits would read the same rows (one file or one split name)."""
     if data_cfg.train_split == data_cfg.eval_split:
         return True
-    if data_cfg.dataset.startswith(EMBEDDED_PREFIX):
+    if data_cfg.dataset.startswith((EMBEDDED_PREFIX, reasoning_gym.PREFIX)):
         return False
     path = _split_file(data_cfg, data_cfg.train_split)
     if path is None or not path.is_file() or path != _split_file(data_cfg, data_cfg.eval_split):
@@ -281,6 +289,8 @@ def load_splits(data_cfg: DataConfig, num_eval: int) -> Splits:
         eval_rows = _load_rows(data_cfg, data_cfg.eval_split)[:num_eval]
         note = (f"evaluation: the first {len(eval_rows)} row(s) of split {data_cfg.eval_split!r} "
                 f"of {data_cfg.dataset}: {_row_names(eval_rows, 3)}")
+        if data_cfg.dataset.startswith(reasoning_gym.PREFIX):
+            note = reasoning_gym.split_note(data_cfg, num_eval)
     train, held_out = ([to_example(row, data_cfg, where) for where, row in part]
                        for part in (rows, eval_rows))
     return Splits(train, held_out, note)

@@ -63,10 +63,25 @@ def _messages_text(messages: list[dict[str, Any]]) -> str:
     return "\n".join(str(m.get("content") or "") for m in messages)
 
 
+def _with_instruction(prompt: str | list[dict[str, Any]],
+                      instruction: str) -> str | list[dict[str, Any]]:
+    """`data.answer_instruction` after the question (a conversation: after its last user turn)."""
+    if not instruction:
+        return prompt
+    if isinstance(prompt, str):
+        return f"{prompt.rstrip()}\n\n{instruction}"
+    last = max((i for i, m in enumerate(prompt) if m.get("role") == "user"), default=None)
+    if last is None:
+        return prompt
+    turn = dict(prompt[last], content=f"{str(prompt[last]['content']).rstrip()}\n\n{instruction}")
+    return [*prompt[:last], turn, *prompt[last + 1:]]
+
+
 def build_prompt(example: dict[str, Any], data_cfg: DataConfig,
                  chat: bool) -> str | list[dict[str, str]]:
-    """The prompt as rewards see it: chat messages (system + user) when `chat`, else plain text."""
-    prompt = example["prompt"]
+    """The prompt as rewards see it: chat messages (system + user) when `chat`, else plain text;
+    the question ends with `data.answer_instruction` when one is set."""
+    prompt = _with_instruction(example["prompt"], data_cfg.answer_instruction)
     system = data_cfg.system_prompt
     if not chat:
         text = prompt if isinstance(prompt, str) else _messages_text(prompt)

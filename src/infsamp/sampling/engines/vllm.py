@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import copy
 import gc
-import logging
 import os
 import shutil
 import tempfile
@@ -62,10 +61,7 @@ def import_vllm():
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     import vllm
 
-    # every weight push names the modules without weights of their own (rotary, a tied lm_head)
-    logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
-
-    return vllm
+    return vllm  # its lines caused by our settings are filtered (infsamp.console)
 
 
 def engine_config(model):
@@ -105,6 +101,9 @@ class VLLMEngine:
     def __init__(self, model, cfg: SamplingConfig, limits: EngineLimits):
         global _live
         vllm = import_vllm()
+        from vllm.inputs import tokens_input
+
+        self._tokens_input = tokens_input  # prompts as token ids (no renderer: no tokenizer)
         config = engine_config(model)
         check_architecture(vllm, config)
         param = next(model.parameters())
@@ -190,9 +189,10 @@ class VLLMEngine:
         """One token through the engine now, so that a kernel vLLM lacks for this model (e.g. an
         unsupported head size on CPU) fails here, before any training step."""
         from vllm import SamplingParams
+        from vllm.inputs import tokens_input
 
         try:
-            self.engine.add_request("probe", {"prompt_token_ids": [0, 0]},
+            self.engine.add_request("probe", tokens_input([0, 0]),
                                     SamplingParams(max_tokens=1))
             while self.engine.has_unfinished_requests():
                 self.engine.step()
@@ -237,7 +237,7 @@ class VLLMEngine:
             output_kind=RequestOutputKind.DELTA)
         self.stats.recomputed_tokens += sample.restart()
         sample.logprobs = []
-        prompt = {"prompt_token_ids": list(self.prompts[sample.group_id])}
+        prompt = self._tokens_input(list(self.prompts[sample.group_id]))
         self.internal_ids[request_id] = self.engine.add_request(request_id, prompt, params)
         self.running[request_id] = sample
 

@@ -1,0 +1,242 @@
+"""One owner per run folder: an exclusive OS lock held by the process that writes it.
+
+    claim_run_folder(folder)      create the folder if needed, lock `.infsamp.lock` inside it
+                                  (`fcntl.flock`, exclusive, not blocking), record who holds it
+    RunFolderLock.release(undo)   unlock; `undo` also removes what the claim created (a refused
+                                  run leaves the folder as it found it)
+    live_holder(folder)           who holds a folder's lock now, or None (for commands that
+                                  write next to a run: `infsamp export`)
+
+The lock is taken before the run folder's rules are applied (`run/folder.py`: empty for a new
+run, a checkpoint to resume), so two runs started together cannot both find the folder empty, and
+a `--resume` of a run that is still going cannot rewind its logs. The OS releases the lock when
+the process ends, however it ends (`kill -9` included): a stale lock file never blocks anyone.
+Under torchrun or accelerate launch rank 0 claims the folder (it alone decides and writes the
+run's shared files); the other ranks follow its decision, and a launch that loses the claim stops
+on every rank with rank 0's line.
+
+The lock file holds the holder's PID, host, start time and rank (JSON), so a refused run names
+it. Its bytes are written only once the lock is held; a refused claim restores them (or removes
+the file and folder it created).
+
+The descriptor is not inheritable (PEP 446): a child that execs never holds the lock; a child
+forked without exec holds it until it exits.
+
+Deliberately simple: `flock` locks are advisory and per machine (on NFS they are emulated and work
+between machines on recent Linux kernels); a filesystem that refuses locks gets one warning line
+and the run goes on unlocked.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import functools
+import json
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from infsamp.errors import RunFolderError
+
+LOCK_NAME = ".infsamp.lock"
+_LOCK_RETRY_S = 0.3  # a short-lived probe (live_holder) may hold the lock for a moment
+
+
+@dataclass
+class RunFolderLock:
+    folder: Path
+    fd: int | None
+    created_file: bool
+    created_folder: bool
+    previous: bytes  # the lock file's bytes before this claim wrote its own
+
+    def release(self, undo: bool = False) -> None:
+        """Unlock. `undo`: the claim is refused, so restore the lock file's bytes (or remove the
+        lock file and the folder the claim created)."""
+        _held.pop(_key(self.folder), None)
+        if self.fd is None:
+            return
+        path = self.folder / LOCK_NAME
+        if undo and self.created_file:
+            _quietly(path.unlink)  # still locked: nobody can have taken it meanwhile
+        elif undo:
+            _write(self.fd, self.previous)
+        os.close(self.fd)
+        self.fd = None
+        if undo and self.created_folder:
+            _quietly(self.folder.rmdir)  # only if still empty
+
+
+_held: dict[str, RunFolderLock] = {}  # this process's claims, by resolved folder
+
+
+def claim_run_folder(folder: Path, what: str = "logging.output_dir",
+                     command: str = "infsamp train") -> RunFolderLock:
+    """Create `folder` if needed and hold its lock for this process; a folder that another
+    process holds is one line naming that process (RunFolderError: exit 2, nothing changed)."""
+    if _key(folder) in _held:
+        raise RunFolderError(f"{what} {folder}: in use by this process (an earlier run on it "
+                             "has not ended: call its close())")
+    created_folder = not folder.exists()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        lock = _lock(folder, created_folder, command)
+    except OSError as err:
+        raise RunFolderError(f"{what} {folder}: cannot create or lock it: "
+                             f"{err.strerror or err}") from None
+    if lock is None:
+        holder = _read_holder(folder / LOCK_NAME, wait_s=1.0)
+        raise RunFolderError(f"{what} {folder}: in use by {describe(holder)}; wait for it to "
+                             f"end, or choose another {what} (nothing was changed)")
+    _held[_key(folder)] = lock
+    return lock
+
+
+def release_run_folder(folder: str | Path) -> None:
+    """The run in this process ended: let the folder go (no-op when this process holds none)."""
+    lock = _held.get(_key(Path(folder)))
+    if lock is not None:
+        lock.release()
+
+
+def released_on_failure(init):
+    """For a run's `__init__(self, cfg, ...)`: when it fails (a resume refused once the data is
+    read, a model that does not load), the claim is undone: the lock file as it was (or gone
+    with the folder the claim created, when still empty), and a notebook can start again."""
+    @functools.wraps(init)
+    def wrapper(self, cfg, *args, **kwargs):
+        held_before = holds(cfg.logging.output_dir)
+        try:
+            init(self, cfg, *args, **kwargs)
+        except BaseException:
+            lock = None if held_before else _held.get(_key(Path(cfg.logging.output_dir)))
+            if lock is not None:
+                lock.release(undo=True)
+            raise
+    return wrapper
+
+
+def holds(folder: str | Path) -> bool:
+    """True while this process holds `folder`'s lock."""
+    return _key(Path(folder)) in _held
+
+
+def live_holder(folder: Path) -> dict | None:
+    """The holder's record when a process holds `folder`'s lock now; None otherwise (no lock
+    file, or nobody holds it). Never creates or writes anything."""
+    path = folder / LOCK_NAME
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return _read_holder(path, wait_s=1.0)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)  # also releases the probe's shared lock at once
+    return None
+
+
+def describe(holder: dict | None) -> str:
+    """'infsamp train (PID 1234, rank 0 of 2, on host gpu1, started 2026-12-01 10:00:03)'."""
+    if not holder:
+        return "another process (it has not written its PID yet)"
+    parts = [f"PID {holder.get('pid')}"]
+    if holder.get("world_size", 1) > 1:
+        parts.append(f"rank {holder.get('rank')} of {holder.get('world_size')}")
+    parts += [f"on host {holder.get('host')}", f"started {holder.get('started')}"]
+    return f"{holder.get('command', 'infsamp')} ({', '.join(parts)})"
+
+
+# ---------------------------------------------------------------- the lock file
+
+
+def _lock(folder: Path, created_folder: bool, command: str) -> RunFolderLock | None:
+    """Lock folder/LOCK_NAME (None: another process holds it). Retries when the file was
+    replaced between opening and locking (a refused claim removed the one it created)."""
+    path = folder / LOCK_NAME
+    while True:
+        try:
+            fd, created = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644), True
+        except FileExistsError:
+            try:
+                fd, created = os.open(path, os.O_RDWR), False
+            except FileNotFoundError:  # removed meanwhile by a refused claim: create it
+                continue
+        if not _try_lock(fd, path):
+            os.close(fd)
+            return None
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    previous = b"" if created else os.pread(fd, 1 << 16, 0)
+    _write(fd, json.dumps(_holder_record(command)).encode())
+    return RunFolderLock(folder, fd, created, created_folder, previous)
+
+
+def _try_lock(fd: int, path: Path) -> bool:
+    deadline = time.monotonic() + _LOCK_RETRY_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)
+        except OSError as err:
+            if err.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                raise
+            print(f"warning: {path}: this filesystem does not support file locks "
+                  f"({err.strerror}); another run started into this folder would not be "
+                  "noticed", file=sys.stderr)
+            return True
+
+
+def _holder_record(command: str) -> dict:
+    return {"command": command, "pid": os.getpid(), "host": socket.gethostname(),
+            "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            "rank": int(os.environ.get("RANK", "0")),
+            "world_size": int(os.environ.get("WORLD_SIZE", "1"))}
+
+
+def _read_holder(path: Path, wait_s: float) -> dict | None:
+    """The holder's record; it writes it right after locking, so wait a moment for it."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            record = json.loads(path.read_bytes() or b"null")
+            if isinstance(record, dict) and "pid" in record:
+                return record
+        except (OSError, ValueError):
+            pass
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.05)
+
+
+def _write(fd: int, data: bytes) -> None:
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, data, 0)
+
+
+def _key(folder: Path) -> str:
+    return str(folder.expanduser().resolve())
+
+
+def _quietly(action) -> None:
+    try:
+        action()
+    except OSError:
+        pass
