@@ -11,7 +11,6 @@ from infsamp.sampling.engines.select import build_warpers, select_tokens, unifor
 from infsamp.sampling.engines.slots import SlotEngine, SlotKVCache
 from infsamp.sampling.types import Sample, SamplerStats
 
-
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
