@@ -274,19 +274,15 @@ def sampler_for(model, policy: str, g: int, kv_budget_tokens: int, max_new_token
 
 
 def plan(shape: ModelShape, group_size: int, **settings):
-    """`plan_memory` for one prompt x G (issue 23 renames its G argument `num_generations`)."""
-    import inspect
-
+    """`plan_memory` for one prompt x G."""
     from infsamp.planner import plan_memory
 
-    name = ("num_generations" if "num_generations" in inspect.signature(plan_memory).parameters
-            else "group_size")
-    return plan_memory(shape, **{name: group_size}, **settings)
+    return plan_memory(shape, num_generations=group_size, **settings)
 
 
 def slots_used(stats) -> int:
-    """g of a sampler call (`SamplerStats.num_slots`; issue 23 names it `micro_group`)."""
-    return getattr(stats, "micro_group", 0) or getattr(stats, "num_slots", 0)
+    """g of a sampler call (`SamplerStats.micro_group`)."""
+    return stats.micro_group
 
 
 def kv_tokens(g: int, max_new_tokens: int, prompt_tokens: int) -> int:

@@ -74,7 +74,7 @@ def cell(model, engine, prompt: list[int], group_size: int, budget: int, max_new
     before = torch.cuda.memory_allocated()
     stats = sampler.sample([prompt], group_size, generator=torch.Generator().manual_seed(1)).stats
     free, total = torch.cuda.mem_get_info()
-    return {"engine": stats.engine, "G": group_size, "g": stats.num_slots,
+    return {"engine": stats.engine, "G": group_size, "g": stats.micro_group,
             "decode_steps": stats.decode_steps,
             "generated_tokens": stats.generated_tokens, "wall_time_s": stats.wall_time_s,
             "tokens_per_second": stats.tokens_per_second, "peak_kv_bytes": stats.peak_kv_bytes,
@@ -127,7 +127,8 @@ def grpo_step_with_sleep(model, engine, prompt: list[int], group_size: int, max_
 def main(argv=None) -> int:
     import torch
 
-    from infsamp.sampling.engines.base import EngineLimits, make_engine
+    from infsamp.planner.sizes import RunSizes
+    from infsamp.sampling.engines.base import make_engine
     from infsamp.sampling.engines.slots import SlotEngine
     from infsamp.sampling.types import kv_tokens_needed
 
@@ -144,7 +145,8 @@ def main(argv=None) -> int:
     budget = {G: kv_tokens_needed(G, args.max_new_tokens, args.prompt_tokens, 1, block_size=16)
               for G in sizes}
     pool = max(budget.values()) + 16  # one block more: vLLM's null block
-    limits = EngineLimits(args.prompt_tokens, args.max_new_tokens, max(sizes), pool)
+    limits = RunSizes(kv_budget_tokens=pool, micro_group=max(sizes), max_micro_group=max(sizes),
+                      max_prompt_tokens=args.prompt_tokens, max_new_tokens=args.max_new_tokens)
     from infsamp.config import SamplingConfig
 
     started = time.perf_counter()

@@ -289,7 +289,7 @@ def train_phase(model, case: Case, meter: PeakMeter, precision: str) -> None:
 
 def planned_bytes(case: Case, phase: str, precision: str) -> int:
     """The planner's peak for what the child runs (no optimizer state while sampling alone)."""
-    plan = plan_memory(case_shape(case), gpu_memory_bytes=NO_LIMIT, group_size=case.group_size,
+    plan = plan_memory(case_shape(case), gpu_memory_bytes=NO_LIMIT, num_generations=case.group_size,
                        max_prompt=case.max_prompt, max_completion=case.max_completion,
                        micro_group=case.micro_group, train_micro_batch_tokens=case.train_micro_batch_tokens,
                        optimizer="adamw", precision=precision, device=case.device,

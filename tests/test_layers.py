@@ -32,7 +32,6 @@ LEVEL = {room: level for level, rooms in enumerate(LAYERS) for room in rooms}
 # imports being removed by work in flight (issue 23); this set must be empty when it lands
 PENDING = {
     "infsamp.distributed.rank_watch imports infsamp.run.checkpoint",
-    "infsamp.planner.estimate imports infsamp.sampling.types",
     "infsamp.rewards.reward_model imports infsamp.algorithm.logprobs",
     "infsamp.run.rank_checkpoint -> infsamp.run.train_state -> infsamp.run.rank_checkpoint",
     "infsamp.planner.estimate -> infsamp.planner.parallel -> infsamp.planner.estimate",

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
+from typing import Any
+
 
 class InfsampError(Exception):
     """Base of every user-facing error: bad config, dataset row, reward function, model path, trace."""
@@ -48,3 +52,17 @@ def first_line(err: BaseException, limit: int = 200) -> str:
     what a one-line error quotes of a library's failure."""
     lines = str(err).strip().splitlines()
     return lines[0][:limit] if lines else type(err).__name__
+
+
+def first_non_finite(values: Mapping[str, Any]) -> str | None:
+    """The name of the first value that is NaN or inf (a number, or a floating tensor with any
+    such element), else None: the one non-finite check (the step's rewards, advantages, loss and
+    gradient norm; a checkpoint's tensors). Tensors are read through their own methods, so this
+    module needs no torch."""
+    for name, value in values.items():
+        if hasattr(value, "isfinite"):
+            if value.is_floating_point() and not bool(value.isfinite().all()):
+                return name
+        elif isinstance(value, (int, float)) and not math.isfinite(value):
+            return name
+    return None

@@ -29,7 +29,8 @@ def settings(model_dir: Path, out: Path, **overrides) -> dict[str, object]:
     base = {
         "model.name_or_path": model_dir, "model.attn_implementation": "eager",
         "model.dtype": "fp32", "data.num_train_examples": 40, "data.num_eval_examples": 6,
-        "eval.num_problems": 6, "eval.every_steps": 0, "eval.max_new_tokens": 8,
+        # no evaluation: it scores with the run's rewards, and the recording reward counts steps
+        "eval.num_problems": 0,
         "rewards.functions": REWARD, "sampling.num_generations": 8, "sampling.max_new_tokens": 12,
         "sampling.micro_group": 4, "sampling.kv_budget": 4096, "sampling.temperature": 1.0,
         "training.max_steps": 3, "training.prompts_per_step": 4, "training.learning_rate": 1e-3,

@@ -123,11 +123,11 @@ def test_trl_grpo_trainer_trains_with_the_infsamp_rollout(tmp_path, monkeypatch)
         assert len({tuple(out["prompt_ids"][i]) for i in range(G)}) == 1  # one prompt per group
         assert all(1 <= len(c) <= MAX_COMPLETION for c in out["completion_ids"])
         assert [len(lp) for lp in out["logprobs"]] == [len(c) for c in out["completion_ids"]]
-        assert stats.num_slots == MICRO_GROUP < G and stats.peak_kv_tokens <= KV_BUDGET
+        assert stats.micro_group == MICRO_GROUP < G and stats.peak_kv_tokens <= KV_BUDGET
         assert stats.policy == "length_aware" and stats.predictor_kendall_tau is not None
         assert stats.engine == "slots"
     logged = [row for row in trainer.state.log_history if "loss" in row]
-    assert [row["infsamp/num_slots"] for row in logged] == [MICRO_GROUP, MICRO_GROUP]
+    assert [row["infsamp/micro_group"] for row in logged] == [MICRO_GROUP, MICRO_GROUP]
     assert weights_moved(trainer, before)
 
 
@@ -144,7 +144,7 @@ def test_trl_trains_with_the_continuous_policy_and_no_logprobs(tmp_path, monkeyp
     trainer, before = train_with_trl(recorded, tmp_path, num_steps=1)
     assert trainer.state.global_step == 1 and outputs[0]["logprobs"] is None
     stats = rollout.last_stats
-    assert stats.policy == "continuous" and stats.num_slots == MICRO_GROUP
+    assert stats.policy == "continuous" and stats.micro_group == MICRO_GROUP
     assert weights_moved(trainer, before)
 
 

@@ -8,7 +8,8 @@ import pytest
 from infsamp.cli import main
 
 SEED = ["plan", "--model", "llama-3.2-1b", "--gpu-memory", "16GiB", "--max-prompt", "256",
-        "--max-completion", "786", "--beta", "0.04"]
+        "--max-completion", "786", "--beta", "0.04", "--prompts-per-step", "1", "--micro-group", "0",
+        "--engine", "slots"]  # the second seed's case: one prompt, the largest g, the slot engine
 
 
 def test_text_report_names_parts_verdict_and_advice(capsys):
@@ -43,7 +44,8 @@ def test_config_json_path(tmp_path, capsys):
     (["--model", "qwen3-0.6b", "--group-size", "many"], "--group-size: expected an integer"),
     (["--model", "qwen3-0.6b", "--optimizer", "adam"], "--optimizer: must be one of"),
     (["--model", "qwen3-0.6b", "--beta", "-1"], "--beta: must be >= 0"),
-    (["--model", "qwen3-0.6b", "--group-size", "4", "--micro-group", "8"], "--micro-group: must be <="),
+    (["--model", "qwen3-0.6b", "--group-size", "4", "--prompts-per-step", "1", "--micro-group", "8"],
+     "--micro-group: must be <="),
 ])
 def test_errors_are_one_line(args, message, capsys):
     assert main(["plan", *args]) == 2

@@ -16,7 +16,7 @@ HUGE = 2**50
 
 
 def plan(**kw):
-    settings = dict(gpu_memory_bytes=HUGE, group_size=4, max_prompt=256, max_completion=786)
+    settings = dict(gpu_memory_bytes=HUGE, num_generations=4, max_prompt=256, max_completion=786)
     return plan_memory(LLAMA_1B, **{**settings, **kw})
 
 
@@ -64,7 +64,7 @@ def test_kv_cache_shared_prompt_once():
 
 
 def test_training_peak_does_not_grow_with_group_size():
-    peaks = {G: plan(group_size=G, train_micro_batch_tokens=2084).training["peak"] for G in (4, 16, 64)}
+    peaks = {G: plan(num_generations=G, train_micro_batch_tokens=2084).training["peak"] for G in (4, 16, 64)}
     assert len(set(peaks.values())) == 1
 
 
@@ -85,7 +85,7 @@ def test_overhead_is_context_plus_fragmentation_on_cuda_and_zero_on_cpu():
 
 
 def test_optimizer_step_can_be_the_peak():
-    result = plan_memory(PRESETS["qwen3-8b"], gpu_memory_bytes=HUGE, group_size=2, max_prompt=16,
+    result = plan_memory(PRESETS["qwen3-8b"], gpu_memory_bytes=HUGE, num_generations=2, max_prompt=16,
                          max_completion=16, train_micro_batch_tokens=32)
     assert result.training_peak_moment == "optimizer step"
     assert result.training["optimizer"] == (4 + 2) * result.num_parameters  # 2 bf16 moments + a sqrt(v) temp
@@ -99,7 +99,7 @@ def test_embedding_grad_helper():
 def test_invalid_inputs_raise_config_error():
     from infsamp.config import ConfigError
 
-    for bad in (dict(max_completion=0), dict(group_size=-1), dict(optimizer="adam"),
+    for bad in (dict(max_completion=0), dict(num_generations=-1), dict(optimizer="adam"),
                 dict(precision="fp16"), dict(beta=-1.0), dict(micro_group=-1),
                 dict(load_in_4bit=True), dict(load_in_4bit=True, lora_rank=8, device="cpu")):
         with pytest.raises(ConfigError):
@@ -176,4 +176,4 @@ def test_auto_precision_is_the_trainers_default_per_device():
     assert plan(device="cuda").inputs.precision == "bf16"
     assert plan(device="cpu").inputs.precision == "fp32"
 def test_micro_group_above_the_step_samples_means_all_of_them():
-    assert plan(micro_group=10_000).micro_group == plan(micro_group=0).inputs.group_size
+    assert plan(micro_group=10_000).micro_group == plan(micro_group=0).inputs.num_samples

@@ -7,7 +7,7 @@ from infsamp.planner import PRESETS, plan_memory
 from infsamp.planner.estimate import GIB, gradients_bytes, weights_bytes
 
 QWEN3_8B = PRESETS["qwen3-8b"]
-RUN = dict(gpu_memory_bytes=24 * GIB, group_size=8, max_prompt=256, max_completion=1024)
+RUN = dict(gpu_memory_bytes=24 * GIB, num_generations=8, max_prompt=256, max_completion=1024)
 
 
 def test_one_device_plans_as_before():
@@ -46,7 +46,8 @@ def test_ddp_advice_names_fsdp():
 
 
 def test_cli_flags(capsys):
-    base = ["plan", "--model", "qwen3-8b", "--gpu-memory", "24GiB", "--gradient-checkpointing"]
+    base = ["plan", "--model", "qwen3-8b", "--gpu-memory", "24GiB", "--gradient-checkpointing",
+            "--engine", "slots"]
     assert main(base + ["--num-gpus", "8", "--strategy", "fsdp"]) == 0
     out = capsys.readouterr().out
     assert "per device: 8 GPU(s), fsdp" in out and "FITS" in out

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from infsamp.planner import PARTS, PRESETS, auto_kv_budget_tokens, auto_train_micro_batch_tokens, plan_memory
+from infsamp.planner import PARTS, PRESETS, plan_memory
 from infsamp.planner.estimate import GIB, generation_breakdown, training_breakdown
 
 LLAMA_1B = PRESETS["llama-3.2-1b"]
@@ -12,7 +12,7 @@ SEED = dict(gpu_memory_bytes=16 * GIB, max_prompt=256, max_completion=786)  # th
 
 
 def test_seed_case_full_fine_tuning_with_reference_does_not_fit_and_each_advice_does():
-    result = plan_memory(LLAMA_1B, group_size=4, beta=0.04, **SEED)
+    result = plan_memory(LLAMA_1B, num_generations=4, beta=0.04, **SEED)
     assert not result.fits and result.micro_group == 4 and result.train_micro_batch_tokens == 0
     assert result.advice and all(line.startswith("fits with --") for line in result.advice)
     switches = {"--lora-rank 16": dict(lora_rank=16), "--optimizer adamw8bit": dict(optimizer="adamw8bit"),
@@ -20,12 +20,12 @@ def test_seed_case_full_fine_tuning_with_reference_does_not_fit_and_each_advice_
                 "--beta 0 (no reference model)": dict(beta=0.0)}
     for line in result.advice:
         name = line.removeprefix("fits with ").split(":")[0]
-        settings = {**dict(group_size=4, beta=0.04), **switches[name]}
+        settings = {**dict(num_generations=4, beta=0.04), **switches[name]}
         assert plan_memory(LLAMA_1B, **settings, **SEED).fits, line
 
 
 def test_chosen_g_and_micro_batch_are_the_largest_that_fit():
-    result = plan_memory(PRESETS["qwen3-1.7b"], gpu_memory_bytes=14 * GIB, group_size=64, max_prompt=256,
+    result = plan_memory(PRESETS["qwen3-1.7b"], gpu_memory_bytes=14 * GIB, num_generations=64, max_prompt=256,
                          max_completion=1024, optimizer="adamw8bit", gradient_checkpointing=True)
     p, g, tokens = result.inputs, result.micro_group, result.train_micro_batch_tokens
     assert 0 < g < 64 and tokens > 0 and tokens % p.seq_len == 0
@@ -36,30 +36,30 @@ def test_chosen_g_and_micro_batch_are_the_largest_that_fit():
 
 
 def test_user_fixed_g_too_large_gets_smaller_g_advice():
-    free_g = plan_memory(PRESETS["qwen3-1.7b"], gpu_memory_bytes=12 * GIB, group_size=64, max_prompt=256,
+    free_g = plan_memory(PRESETS["qwen3-1.7b"], gpu_memory_bytes=12 * GIB, num_generations=64, max_prompt=256,
                          max_completion=1024, lora_rank=16).micro_group
-    result = plan_memory(PRESETS["qwen3-1.7b"], gpu_memory_bytes=12 * GIB, group_size=64, max_prompt=256,
+    result = plan_memory(PRESETS["qwen3-1.7b"], gpu_memory_bytes=12 * GIB, num_generations=64, max_prompt=256,
                          max_completion=1024, lora_rank=16, micro_group=64)
     assert not result.fits and result.micro_group == 0
     assert result.advice == [f"fits with a smaller g: --micro-group {free_g} (or 0 for auto)"]
 
 
 def test_nothing_fits_says_how_much_is_needed():
-    result = plan_memory(PRESETS["qwen3-14b"], gpu_memory_bytes=4 * GIB, group_size=8, max_prompt=256,
+    result = plan_memory(PRESETS["qwen3-14b"], gpu_memory_bytes=4 * GIB, num_generations=8, max_prompt=256,
                          max_completion=1024)
     assert not result.fits and len(result.advice) == 1
     assert result.advice[0].startswith("does not fit even with every switch")
 
 
 def test_large_gpu_fits_whole_group_without_advice():
-    result = plan_memory(LLAMA_1B, gpu_memory_bytes=80 * GIB, group_size=64, **{k: v for k, v in SEED.items()
+    result = plan_memory(LLAMA_1B, gpu_memory_bytes=80 * GIB, num_generations=64, **{k: v for k, v in SEED.items()
                                                                                   if k != "gpu_memory_bytes"})
     assert result.fits and result.micro_group == 64 and result.advice == []
     assert result.train_micro_batch_tokens == 64 * 1042 or result.train_micro_batch_sequences < 64
 
 
 def test_json_has_the_promised_keys():
-    data = json.loads(plan_memory(LLAMA_1B, group_size=8, **SEED).to_json())
+    data = json.loads(plan_memory(LLAMA_1B, num_generations=8, **SEED).to_json())
     for key in ("fits", "micro_group", "train_micro_batch_tokens", "generation", "training", "peak_bytes",
                 "advice"):
         assert key in data
@@ -70,25 +70,7 @@ def test_json_has_the_promised_keys():
     assert isinstance(data["advice"], list)
 
 
-def test_auto_train_micro_batch_matches_the_plan():
-    result = plan_memory(LLAMA_1B, group_size=64, optimizer="adamw8bit", gradient_checkpointing=True, **SEED)
-    training = result.training
-    static = sum(training[k] for k in ("weights", "reference", "optimizer")) + result.num_parameters * 2
-    free = SEED["gpu_memory_bytes"] - 512 * 2**20 - 1.10 * static
-    tokens = auto_train_micro_batch_tokens(LLAMA_1B, int(free), max_prompt=256, max_completion=786,
-                                           gradient_checkpointing=True)
-    assert tokens == result.train_micro_batch_tokens
-
-
-def test_auto_kv_budget_tokens():
-    per_token = 32_768
-    assert auto_kv_budget_tokens(LLAMA_1B, 0) == 0
-    budget = auto_kv_budget_tokens(LLAMA_1B, 2 * GIB, max_micro_group=8)
-    assert (2 * GIB / 1.1 - 8 * 128256 * 14) / per_token - 40 < budget <= 2 * GIB / 1.1 / per_token
-    assert auto_kv_budget_tokens(LLAMA_1B, 4 * GIB, max_micro_group=8) > 2 * budget - 50
-
-
 @pytest.mark.parametrize("G", [4, 8, 16, 32, 64])
 def test_seed_group_sizes_generation_fits_with_all_g(G):
-    result = plan_memory(LLAMA_1B, group_size=G, optimizer="adamw8bit", beta=0.04, **SEED)
+    result = plan_memory(LLAMA_1B, num_generations=G, optimizer="adamw8bit", beta=0.04, **SEED)
     assert result.fits and result.micro_group == G

@@ -9,7 +9,7 @@ from infsamp.planner.estimate import VLLM_GRAPH_BYTES
 from infsamp.sampling.types import kv_tokens_needed
 
 GIB = 2**30
-SETTINGS = dict(gpu_memory_bytes=80 * GIB, group_size=128, max_prompt=256, max_completion=1024,
+SETTINGS = dict(gpu_memory_bytes=80 * GIB, num_generations=128, max_prompt=256, max_completion=1024,
                 micro_group=32)
 
 

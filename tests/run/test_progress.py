@@ -15,7 +15,7 @@ class FakeTerminal(io.StringIO):
 
 def _stats(generated_tokens: int) -> SamplerStats:
     """A call of 8 samples on 4 slots, 0.5 s in."""
-    return SamplerStats(num_samples=8, num_slots=4, generated_tokens=generated_tokens,
+    return SamplerStats(num_samples=8, micro_group=4, generated_tokens=generated_tokens,
                         wall_time_s=0.5)
 
 

@@ -8,7 +8,12 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from infsamp.config import SamplingConfig
 from infsamp.errors import SamplingError
-from infsamp.sampling.sampler import GroupSampler, model_kv_bytes_per_token, resolve_budget
+from infsamp.sampling.sampler import (
+    GroupSampler,
+    model_kv_bytes_per_token,
+    resolve_budget,
+    sampler_sizes,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 EOS = 1
@@ -91,7 +96,7 @@ def test_statistics(model):
     assert stats.prefill_tokens == sum(len(p) - 1 for p in PROMPTS)  # once per group
     assert stats.generated_tokens == sum(c.length for c in result.completions)
     assert stats.decode_steps >= stats.lower_bound > 0
-    assert stats.num_slots == 3 and stats.num_preemptions == 0
+    assert stats.micro_group == 3 and stats.num_preemptions == 0
     metrics = stats.to_metrics()
     assert metrics["sampling/decode_steps"] == stats.decode_steps and "sampling/peak_kv_bytes" in metrics
     for c in result.completions:
@@ -110,7 +115,7 @@ def test_peak_kv_flat_in_group_size_and_within_budget(model):
                 [PROMPTS[0]], group_size).stats
             peaks[policy, group_size] = stats.peak_kv_bytes
             if policy != "full":
-                assert stats.num_slots == 3 and stats.peak_kv_tokens <= budget
+                assert stats.micro_group == 3 and stats.peak_kv_tokens <= budget
     assert peaks["rounds", 16] == peaks["rounds", 4] == peaks["continuous", 16]
     assert peaks["full", 16] > 3.5 * peaks["full", 4]  # 16 vs 4 slots, one shared prompt
 
@@ -119,7 +124,7 @@ def test_budget_in_bytes(model):
     per_token = model_kv_bytes_per_token(model)
     assert resolve_budget("8192", model) == 8192
     assert resolve_budget("1MiB", model) == 2**20 // per_token
-    assert resolve_budget("auto", model) > 0
+    assert sampler_sizes(SamplingConfig(), model, 16, 1).kv_budget_tokens > 0  # "auto": for g
 
 
 class ExplodingModel(torch.nn.Module):
@@ -150,7 +155,7 @@ def test_small_budget_lowers_max_new_tokens(model):
     with pytest.warns(UserWarning, match="max_new_tokens lowered"):
         result = sampler(model, kv_budget="8", max_new_tokens=12).sample([[5, 6, 7, 8, 9]], 2)
     assert all(c.length <= 3 for c in result.completions)
-    assert result.stats.num_slots == 1
+    assert result.stats.micro_group == 1
 
 
 @pytest.mark.parametrize("policy", ["continuous", "length_aware"])

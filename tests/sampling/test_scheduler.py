@@ -77,7 +77,7 @@ def checked_run(specs, lengths, policy, num_slots, budget=None, predictor=None, 
 def test_full_takes_the_longest_sample():
     specs, lengths = specs_for([[5, 1, 3, 2]])
     stats = checked_run(specs, lengths, "full", num_slots=2, budget=1)  # full ignores slots and budget
-    assert stats.decode_steps == 5 and stats.num_slots == 4 and stats.num_rounds == 1
+    assert stats.decode_steps == 5 and stats.micro_group == 4 and stats.num_rounds == 1
     assert stats.peak_kv_tokens_used == 10 + 2 + 2 + 2  # prompt once + 2 tokens each of 3 left
 
 

@@ -71,7 +71,7 @@ def test_steps_group_consecutive_lines():
 def test_kv_budget_sets_the_slots():
     groups = synthetic_trace(2, 16, seed=0)
     result = simulate(groups, "continuous", kv_budget=160 + 4 * 1024, max_new_tokens=1024)
-    assert result.num_slots == 4 and result.peak_kv_tokens_used <= 160 + 4 * 1024
+    assert result.micro_group == 4 and result.peak_kv_tokens_used <= 160 + 4 * 1024
     with pytest.raises(SamplingError, match="too small"):
         simulate(groups, "continuous", kv_budget=500, max_new_tokens=1024)
     with pytest.raises(SamplingError, match="--max-new-tokens"):

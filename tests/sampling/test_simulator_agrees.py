@@ -63,9 +63,9 @@ def test_replay_matches_the_real_engine(model, policy, predictor, kv_budget):
     assert [c.length for group in real.groups for c in group] == lengths  # schedule-independent sampling
     samples = make_samples([len(p) for p in PROMPTS], GROUP_SIZE, MAX_NEW)
     replay_predictor = OraclePredictor() if predictor == "oracle" else None
-    replay = run_call(samples, lengths, policy, real.stats.num_slots, real.stats.kv_budget_tokens,
+    replay = run_call(samples, lengths, policy, real.stats.micro_group, real.stats.kv_budget_tokens,
                       replay_predictor)
-    assert real.stats.num_slots == (len(lengths) if policy == "full" else 2)
+    assert real.stats.micro_group == (len(lengths) if policy == "full" else 2)
     assert replay.decode_steps == real.stats.decode_steps
     assert replay.lower_bound == real.stats.lower_bound
     assert replay.peak_kv_tokens_used == real.stats.peak_kv_tokens_used

@@ -15,7 +15,8 @@ from infsamp.config import ModelConfig, SamplingConfig
 from infsamp.errors import SamplingError
 from infsamp.models.loading import load_model_and_tokenizer
 from infsamp.algorithm.logprobs import sequence_logprobs
-from infsamp.sampling.engines.base import EngineLimits, make_engine, vllm_installed
+from infsamp.planner.sizes import RunSizes
+from infsamp.sampling.engines.base import make_engine, vllm_installed
 from infsamp.sampling.length_predictor import OraclePredictor, make_predictor
 from infsamp.sampling.sampler import GroupSampler
 from infsamp.sampling.simulator import run_call
@@ -25,7 +26,16 @@ pytestmark = [pytest.mark.skipif(not vllm_installed(), reason="vLLM is not insta
               pytest.mark.usefixtures("one_thread")]
 
 BUDGET, MAX_NEW = 4096, 48
-LIMITS = EngineLimits(max_prompt_tokens=128, max_new_tokens=MAX_NEW, max_num_seqs=16,
+
+
+def EngineLimits(max_prompt_tokens, max_new_tokens, max_micro_group, kv_budget_tokens):
+    """The sizes an engine starts for (what the tests used to pass as EngineLimits)."""
+    return RunSizes(kv_budget_tokens=kv_budget_tokens, micro_group=max_micro_group,
+                    max_micro_group=max_micro_group, max_prompt_tokens=max_prompt_tokens,
+                    max_new_tokens=max_new_tokens)
+
+
+LIMITS = EngineLimits(max_prompt_tokens=128, max_new_tokens=MAX_NEW, max_micro_group=16,
                       kv_budget_tokens=BUDGET)
 
 
@@ -38,7 +48,7 @@ def embedded():
 _SHARED: dict = {}  # vLLM runs one engine per process: tests share it, swap it for other limits
 
 
-def shared_engine(model, limits: EngineLimits, **overrides):
+def shared_engine(model, limits: RunSizes, **overrides):
     if _SHARED.get("limits") != limits:
         close_shared()
         engine = make_engine("vllm", model, config(**overrides), limits)
@@ -103,7 +113,7 @@ def test_every_policy_returns_the_same_completions(embedded, engine, prompts):
         assert stats.decode_steps >= stats.lower_bound > 0
         assert stats.generated_tokens == sum(c.length for c in result.completions)
         assert stats.peak_kv_tokens <= BUDGET
-        assert stats.num_slots == (18 if policy == "full" else 4)
+        assert stats.micro_group == (18 if policy == "full" else 4)
     reference = runs["continuous", None].completions
     assert len({c.length for c in reference}) > 3  # lengths vary, so the schedules differ
     for key, result in runs.items():
@@ -163,7 +173,7 @@ def test_budget_sets_concurrency_and_the_pool_never_exceeds_it(embedded, engine,
     budget = 64 + 3 * 96  # shared prompt blocks + 3 samples of (85 + 48 -> 5 blocks, 3 their own)
     stats = sample(embedded, engine, [long_prompt], 8, "continuous", micro_group=0,
                    kv_budget=str(budget)).stats
-    assert stats.num_slots == 3 and stats.kv_budget_tokens == budget
+    assert stats.micro_group == 3 and stats.kv_budget_tokens == budget
     assert stats.peak_kv_tokens <= budget and stats.num_preemptions == 0
 
 
@@ -217,7 +227,7 @@ def test_preemptions_are_counted_and_change_nothing(embedded, prompts):
     gentle = sample(embedded, small, [prompts[1]], 16, "continuous", kv_budget="352",
                     max_new_tokens=40)
     crowded = sample(embedded, small, [prompts[1]], 16, "full", kv_budget="352", max_new_tokens=40)
-    assert gentle.stats.num_preemptions == 0 and gentle.stats.num_slots == 2
+    assert gentle.stats.num_preemptions == 0 and gentle.stats.micro_group == 2
     assert crowded.stats.num_preemptions > 0 and crowded.stats.recomputed_tokens > 0
     assert crowded.stats.peak_kv_tokens <= 352
     assert [c.token_ids for c in crowded.completions] == [c.token_ids for c in gentle.completions]

@@ -32,7 +32,6 @@ each iteration from the current policy).
 from __future__ import annotations
 
 import contextlib
-import math
 import warnings
 from dataclasses import dataclass, fields
 from typing import Any, Callable, NamedTuple, Sequence
@@ -42,7 +41,7 @@ from torch import Tensor
 
 from infsamp.choices import clip_range
 from infsamp.config import TrainingConfig
-from infsamp.errors import NonFiniteError
+from infsamp.errors import NonFiniteError, first_non_finite
 from infsamp.distributed.ranks import Ranks
 from infsamp.algorithm.importance import MismatchStats, engine_importance_weights
 from infsamp.algorithm.logprobs import (make_micro_batch, micro_batch_logprobs,
@@ -51,9 +50,10 @@ from infsamp.algorithm.logprobs import (make_micro_batch, micro_batch_logprobs,
 from infsamp.algorithm.losses import (LOSS_TYPES, BatchTotals, LossStats, high_entropy_masks,
                                per_token_loss)
 from infsamp.distributed.strategies import Strategy
+from infsamp.planner.sizes import MIN_TRAIN_MICRO_BATCH_TOKENS, RunSizes
 
 DEFAULT_MICRO_BATCH_TOKENS = 8192
-MIN_MICRO_BATCH_TOKENS = 64
+MIN_MICRO_BATCH_TOKENS = MIN_TRAIN_MICRO_BATCH_TOKENS
 
 
 @dataclass
@@ -84,10 +84,15 @@ def is_out_of_memory(err: BaseException) -> bool:
 
 
 class GRPOStep:
+    """`sizes`: the run's (`train_micro_batch_tokens`, halved by an out-of-memory retry and
+    counted there); without them, a step of its own with `micro_batch_tokens`
+    (else `training.train_micro_batch_tokens`, else 8192)."""
+
     def __init__(self, model, cfg: TrainingConfig, *, pad_token_id: int, temperature: float,
                  max_completion_length: int, ref_model=None, micro_batch_tokens: int = 0,
                  importance_sampling: str = "token_truncate",
-                 importance_sampling_cap: float = 3.0, parallel: Strategy | None = None):
+                 importance_sampling_cap: float = 3.0, parallel: Strategy | None = None,
+                 sizes: RunSizes | None = None):
         self.model = model  # what the training forward runs through (a DDP/FSDP module or not)
         if parallel is None:  # one process
             parallel = Strategy(Ranks())
@@ -98,17 +103,28 @@ class GRPOStep:
         self.temperature = temperature
         self.max_completion_length = max_completion_length
         self.ref_model = ref_model
-        self.micro_batch_tokens = (micro_batch_tokens or cfg.train_micro_batch_tokens
-                                   or DEFAULT_MICRO_BATCH_TOKENS)
+        if sizes is None:
+            tokens = micro_batch_tokens or cfg.train_micro_batch_tokens or DEFAULT_MICRO_BATCH_TOKENS
+            sizes = RunSizes(kv_budget_tokens=0, micro_group=0, max_micro_group=0,
+                             max_prompt_tokens=0, max_new_tokens=max_completion_length,
+                             train_micro_batch_tokens=tokens)
+        self.sizes = sizes
         self.epsilon_low, self.epsilon_high = clip_range(cfg.loss_type, cfg.epsilon,
                                                          cfg.epsilon_high)
-        self.num_oom_retries = 0
         self.on_micro_batch: Callable[[int], None] | None = None  # told each micro-batch's size
         self.num_skipped_updates = 0
         self.importance_sampling = importance_sampling  # algorithm/importance.py: for vLLM's samples
         self.importance_sampling_cap = importance_sampling_cap
         self.mismatch = MismatchStats()
         self._first_pass = True
+
+    @property
+    def micro_batch_tokens(self) -> int:
+        return self.sizes.train_micro_batch_tokens
+
+    @property
+    def num_oom_retries(self) -> int:
+        return self.sizes.oom_retries["training"]
 
     # ------------------------------------------------------------------ no-grad passes
 
@@ -173,13 +189,12 @@ class GRPOStep:
             loss, stats = self._summed(*self.accumulate_gradients(rollout, inputs))
             grad_norm = self._clip()
             metrics = {"loss": loss, "grad_norm": grad_norm, **stats.metrics()}
-            checked = (("loss", loss), ("gradient norm", grad_norm))
-            bad = next((f"{name} is {value}" for name, value in checked
-                        if not math.isfinite(value)), None)
+            checked = {"loss": loss, "gradient norm": grad_norm}
+            bad = first_non_finite(checked)
             if bad is not None:
                 optimizer.zero_grad(set_to_none=True)
                 if self.cfg.nonfinite == "stop":
-                    raise NonFiniteError(bad)
+                    raise NonFiniteError(f"{bad} is {checked[bad]}")
                 self.skip_update(optimizer, scheduler, num_updates=1)
                 continue
             optimizer.step()
@@ -260,12 +275,12 @@ class GRPOStep:
 
     def _retry_smaller(self, mb, rollout: Rollout, inputs: StepInputs,
                        sync_last: bool = True) -> tuple[float, LossStats]:
-        """Split the failed micro-batch in two (halving the token budget for the rest of the run)."""
-        self.num_oom_retries += 1
+        """Split the failed micro-batch in two (halving the token budget for the rest of the run:
+        `RunSizes.halve`, which counts the retry)."""
+        self.sizes.halve("training")
         with contextlib.suppress(Exception):
             torch.cuda.empty_cache()
         padded = mb.input_ids.numel()
-        self.micro_batch_tokens = max(MIN_MICRO_BATCH_TOKENS, self.micro_batch_tokens // 2)
         return self.accumulate_gradients(rollout, inputs, indices=mb.indices,
                                          max_tokens=max(MIN_MICRO_BATCH_TOKENS, padded // 2),
                                          sync_last=sync_last)

@@ -101,10 +101,10 @@ def run(args: argparse.Namespace) -> int:
     selected = [customise(w, args) for w in workloads(args.quick) if not args.workload or w.name in args.workload]
     prompts = {w.name: bench_prompts(tokenizer, max(w.prompts_per_size.values()), args.seed)
                for w in selected}
-    limits = engine_limits_for(selected, prompts, micro_groups)
-    cfg = cell_config("continuous", micro_groups[0], limits.kv_budget_tokens,
-                      limits.max_new_tokens)
-    engines, startup = start_engines(names, model, cfg, limits, prompts[selected[0].name][0])
+    sizes = engine_sizes_for(selected, prompts, micro_groups)
+    cfg = cell_config("continuous", micro_groups[0], sizes.kv_budget_tokens,
+                      sizes.max_new_tokens)
+    engines, startup = start_engines(names, model, cfg, sizes, prompts[selected[0].name][0])
     try:
         rows = run_cells(model, tokenizer, selected, prompts, micro_groups, engines, args, out)
     finally:
@@ -165,18 +165,20 @@ def cell_config(policy: str, g: int, budget: int, max_new_tokens: int):
                           max_new_tokens=max_new_tokens, temperature=1.0)
 
 
-def engine_limits_for(selected, prompts, micro_groups):
+def engine_sizes_for(selected, prompts, micro_groups):
     """One engine serves every cell: longest prompt and completion, all G of `full` admitted at
     once, the largest g budget (whole vLLM blocks)."""
-    from infsamp.sampling.engines.base import EngineLimits
+    from infsamp.planner.sizes import RunSizes
     from infsamp.sampling.types import VLLM_BLOCK_SIZE
 
     blocks = (1, *VLLM_BLOCK_SIZE.values())
     budget = max(cell_budget(w.max_new_tokens, prompts[w.name], g, block)
                  for w in selected for g in micro_groups for block in blocks)
     longest = max(len(p) for ps in prompts.values() for p in ps)
-    return EngineLimits(longest, max(w.max_new_tokens for w in selected),
-                        max(max(w.group_sizes) for w in selected), budget)
+    most = max(max(w.group_sizes) for w in selected)
+    return RunSizes(kv_budget_tokens=budget, micro_group=most, max_micro_group=most,
+                    max_prompt_tokens=longest,
+                    max_new_tokens=max(w.max_new_tokens for w in selected))
 
 
 # ---------------------------------------------------------------- workloads
@@ -237,7 +239,7 @@ def run_cell(model, tokenizer, workload: Workload, prompts, group_size: int, pol
             total[key] += getattr(stats, key)
         peaks = {k: max(v, getattr(stats, k)) for k, v in peaks.items()}
     return {"engine": stats.engine, "workload": workload.name, "G": group_size, "policy": policy,
-            "micro_group": g, "g": stats.num_slots, "kv_budget_tokens": budget,
+            "micro_group": g, "g": stats.micro_group, "kv_budget_tokens": budget,
             "num_prompts": num_prompts,
             **total, **peaks,
             "tokens_per_second": total["generated_tokens"] / max(total["wall_time_s"], 1e-9),

@@ -85,9 +85,9 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     model, tokenizer = load_model_and_tokenizer(ModelConfig(name_or_path=args.model))
     prompts = bench_prompts(tokenizer, args.prompts, args.seed)
-    limits = engine_limits_for(prompts, args)
-    cfg = sampling_config(Variant("continuous"), args, limits.kv_budget_tokens)
-    engines, startup = start_engines(names, model, cfg, limits, prompts[0][1])
+    sizes = engine_sizes_for(prompts, args)
+    cfg = sampling_config(Variant("continuous"), args, sizes.kv_budget_tokens)
+    engines, startup = start_engines(names, model, cfg, sizes, prompts[0][1])
     try:
         rows = run_epochs(model, tokenizer, prompts, variants, args, engines)
     finally:
@@ -147,14 +147,16 @@ def call_budget(args, max_prompt_tokens: int, block_size: int = 1) -> int:
                             args.prompts_per_step, block_size)
 
 
-def engine_limits_for(prompts, args):
+def engine_sizes_for(prompts, args):
     """Enough for every call: the longest prompt, g at once, the largest budget (vLLM blocks)."""
-    from infsamp.sampling.engines.base import EngineLimits
+    from infsamp.planner.sizes import RunSizes
     from infsamp.sampling.types import VLLM_BLOCK_SIZE
 
     longest = max(len(p[1]) for p in prompts)
     budget = max(call_budget(args, longest, block) for block in (1, *VLLM_BLOCK_SIZE.values()))
-    return EngineLimits(longest, args.max_new_tokens, args.micro_group, budget)
+    return RunSizes(kv_budget_tokens=budget, micro_group=args.micro_group,
+                    max_micro_group=args.micro_group, max_prompt_tokens=longest,
+                    max_new_tokens=args.max_new_tokens)
 
 
 class Runner:
@@ -198,7 +200,7 @@ class Runner:
         return {"engine": s.engine, "variant": variant.name, "prompt": ",".join(keys),
                 "decode_steps": s.decode_steps,
                 "lower_bound": s.lower_bound, "opt_lower_bound": s.opt_lower_bound, "generated_tokens": s.generated_tokens,
-                "wall_time_s": s.wall_time_s, "cpu_time_s": cpu, "num_slots": s.num_slots,
+                "wall_time_s": s.wall_time_s, "cpu_time_s": cpu, "num_slots": s.micro_group,
                 "peak_kv_tokens": s.peak_kv_tokens, "peak_kv_blocks": s.peak_kv_blocks,
                 "num_preemptions": s.num_preemptions, "prefill_tokens": s.prefill_tokens,
                 "kendall_tau": s.predictor_kendall_tau, "mae": s.predictor_mae,

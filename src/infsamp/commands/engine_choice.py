@@ -2,7 +2,7 @@
 timed apart from the measurements) and close them at the end.
 
 Deliberately simple: vLLM keeps one engine per process, so a benchmark runs at most one vLLM
-engine, sized (`EngineLimits`) for every cell it will serve.
+engine, sized (`RunSizes`) for every cell it will serve.
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ def parse_engines(text: str, single: bool = False) -> list[str]:
     return names
 
 
-def start_engines(names: list[str], model, cfg, limits,
+def start_engines(names: list[str], model, cfg, sizes,
                   warmup_prompt: list[int]) -> tuple[dict, dict[str, float]]:
     """{name: engine} started and warmed up now (one call of g samples, not measured), and
-    {name: start-up seconds}. Each pool gets one block more than `limits` asks: vLLM keeps one
+    {name: start-up seconds}. Each pool gets one block more than `sizes` asks: vLLM keeps one
     (its null block)."""
     import dataclasses
 
@@ -43,15 +43,15 @@ def start_engines(names: list[str], model, cfg, limits,
     from infsamp.sampling.types import VLLM_BLOCK_SIZE
 
     null_block = max(VLLM_BLOCK_SIZE.values())
-    limits = dataclasses.replace(limits, kv_budget_tokens=limits.kv_budget_tokens + null_block)
+    sizes = dataclasses.replace(sizes, kv_budget_tokens=sizes.kv_budget_tokens + null_block)
     engines, startup = {}, {}
     for name in names:
         began = time.perf_counter()
-        engines[name] = make_engine(name, model, cfg, limits)
+        engines[name] = make_engine(name, model, cfg, sizes)
         startup[name] = time.perf_counter() - began
-        warm_up = min(limits.max_num_seqs, 64)  # every batch size up to g meets its kernels once
+        warm_up = min(sizes.max_micro_group, 64)  # every batch size up to g meets its kernels once
         GroupSampler(model, None, cfg, engine=engines[name]).sample(
-            [warmup_prompt], warm_up, max_new_tokens=min(32, limits.max_new_tokens),
+            [warmup_prompt], warm_up, max_new_tokens=min(32, sizes.max_new_tokens),
             generator=torch.Generator().manual_seed(0))
     return engines, startup
 

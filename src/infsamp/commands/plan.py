@@ -1,30 +1,42 @@
 """`infsamp plan`: the memory planner on the command line (no torch imported).
 
-    infsamp plan --model llama-3.2-1b --gpu-memory 16GiB --group-size 16 --max-completion 786 --beta 0.04
+    infsamp plan --model llama-3.2-1b --gpu-memory 16GiB --num-generations 16 --max-completion 786 --beta 0.04
     infsamp plan --model qwen3-8b --gpu-memory 24GiB --lora-rank 16 --load-in-4bit --precision bf16
     infsamp plan --model qwen3-8b --gpu-memory 24GiB --num-gpus 8 --strategy fsdp   # per device
 
+The run's sizes come from `planner.sizes.plan_run_sizes`, the function `infsamp train` calls,
+on a config built from these flags; every flag's default is the config's (`infsamp train`'s), so
+the plan of a command without flags is the plan of `infsamp train` without flags on that GPU.
 Flags are read as text and checked here so that every mistake is one error line naming the flag.
 """
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
-from infsamp.config import ConfigError, parse_size, size_is_bytes
 from infsamp.choices import OPTIMIZERS, PRECISION_CHOICES, STRATEGIES
-from infsamp.planner import PRESETS, load_shape, plan_memory
+from infsamp.config import Config, ConfigError, parse_size, size_is_bytes
+from infsamp.planner import PRESETS, load_shape
 from infsamp.planner.estimate import DEVICES
 from infsamp.planner.report import format_plan
+from infsamp.planner.sizes import ENGINE_CHOICES, plan_run_sizes, resolve_engine
 
-INT_FLAGS = {  # flag -> (default, minimum, help)
-    "group-size": ("8", 1, "G: completions per prompt"),
-    "max-prompt": ("256", 1, "longest prompt in tokens"),
-    "max-completion": ("1024", 1, "longest completion in tokens"),
-    "lora-rank": ("0", 0, "LoRA rank (0: full fine-tuning)"),
-    "micro-group": ("0", 0, "g to check (0: the largest that fits)"),
-    "train-micro-batch-tokens": ("0", 0, "training micro-batch to check, in tokens (0: the largest that fits)"),
+DEFAULTS = Config()
+INT_FLAGS = {  # flag -> (default, minimum, help): the defaults of `infsamp train`
+    "num-generations": (DEFAULTS.sampling.num_generations, 1, "G: completions per prompt"),
+    "prompts-per-step": (DEFAULTS.training.prompts_per_step, 1,
+                         "B: prompts per step (split between the GPUs)"),
+    "max-prompt": (DEFAULTS.data.max_prompt_length, 1, "longest prompt in tokens"),
+    "max-completion": (DEFAULTS.sampling.max_new_tokens, 1, "longest completion in tokens"),
+    "lora-rank": (DEFAULTS.model.lora_rank, 0, "LoRA rank (0: full fine-tuning)"),
+    "micro-group": (DEFAULTS.sampling.micro_group, 0,
+                    "g: samples decoded at once (0: the largest that fits)"),
+    "train-micro-batch-tokens": (DEFAULTS.training.train_micro_batch_tokens, 0,
+                                 "training micro-batch to check, in tokens (0: the largest "
+                                 + "that fits)"),
 }
+OLD_NAMES = {"group-size": "num-generations"}  # old flag -> the flag it now is
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,7 +44,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"preset ({', '.join(PRESETS)}), checkpoint directory or config.json")
     parser.add_argument("--gpu-memory", default="24GiB", help="memory of the GPU, e.g. 16GiB, 24GB, 80GiB")
     for flag, (default, _, help_text) in INT_FLAGS.items():
-        parser.add_argument(f"--{flag}", default=default, help=f"{help_text} (default {default})")
+        parser.add_argument(f"--{flag}", default=None, help=f"{help_text} (default {default})")
+    for old, new in OLD_NAMES.items():
+        parser.add_argument(f"--{old}", default=None, help=f"old name of --{new}")
+    parser.add_argument("--kv-budget", default=DEFAULTS.sampling.kv_budget,
+                        help="KV-cache budget: tokens (8192), bytes ('2GiB') or auto (default: "
+                             "what g needs)")
     parser.add_argument("--optimizer", default="adamw", help=f"{' | '.join(OPTIMIZERS)} (default adamw)")
     parser.add_argument("--gradient-checkpointing", action="store_true", help="recompute activations")
     parser.add_argument("--beta", default="0", help="KL coefficient; > 0 keeps a reference model (default 0)")
@@ -42,8 +59,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--load-in-4bit", action="store_true",
                         help="QLoRA: NF4 base weights (needs --lora-rank > 0 and cuda)")
     parser.add_argument("--device", default="cuda", help=f"{' | '.join(DEVICES)} (cpu: no CUDA context)")
-    parser.add_argument("--engine", default="slots",
-                        help="sampling engine: slots | vllm (its weights, pool and graphs count)")
+    parser.add_argument("--engine", default=DEFAULTS.sampling.engine,
+                        help="sampling engine: slots | vllm (its weights, pool and graphs count) | "
+                             "auto (default, as infsamp train: vllm where it is installed and "
+                             "--device is cuda)")
     parser.add_argument("--vllm-sleep", default="on",
                         help="on | off: vLLM frees its pool and weights while training")
     parser.add_argument("--num-gpus", default="1", help="GPUs the run spreads over; every figure "
@@ -55,8 +74,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _read_int(args: argparse.Namespace, flag: str) -> int:
-    _, minimum, _ = INT_FLAGS[flag]
+    default, minimum, _ = INT_FLAGS[flag]
+    old = next((o for o, new in OLD_NAMES.items() if new == flag), None)
     text = getattr(args, flag.replace("-", "_"))
+    if text is None and old is not None and getattr(args, old.replace("-", "_")) is not None:
+        flag, text = old, getattr(args, old.replace("-", "_"))  # errors name the flag as typed
+    if text is None:
+        return default
     try:
         value = int(str(text).strip())
     except ValueError:
@@ -112,20 +136,55 @@ def _read_4bit(args: argparse.Namespace, lora_rank: int) -> bool:
     return bool(args.load_in_4bit)
 
 
+def _read_engine(args: argparse.Namespace, load_in_4bit: bool) -> str:
+    """--engine as `infsamp train` resolves `sampling.engine` (auto: vllm where installed)."""
+    if args.engine not in ENGINE_CHOICES:
+        raise ConfigError(f"--engine: must be one of slots, vllm (got {args.engine!r}); or auto "
+                          "(the default)")
+    return resolve_engine(args.engine, args.device, load_in_4bit)
+
+
+def _read_kv_budget(text: str) -> str:
+    if text != "auto":
+        try:
+            parse_size(text)
+        except ValueError as err:
+            raise ConfigError(f"--kv-budget: {err}") from None
+    return text
+
+
+def run_config(args: argparse.Namespace, ints: dict[str, int]) -> Config:
+    """The config `infsamp train` would run with these flags (the others at their defaults)."""
+    micro_group = ints["micro_group"]
+    num_samples = ints["num_generations"] * ints["prompts_per_step"]
+    if args.micro_group is not None and micro_group > num_samples:
+        raise ConfigError(f"--micro-group: must be <= --num-generations x --prompts-per-step "
+                          f"{num_samples} (got {micro_group})")
+    sampling = replace(DEFAULTS.sampling, num_generations=ints["num_generations"],
+                       max_new_tokens=ints["max_completion"], micro_group=micro_group,
+                       kv_budget=_read_kv_budget(args.kv_budget),
+                       vllm_sleep="auto" if args.vllm_sleep == "on" else "off")
+    training = replace(DEFAULTS.training, prompts_per_step=ints["prompts_per_step"],
+                       train_micro_batch_tokens=ints["train_micro_batch_tokens"],
+                       optimizer=_read_choice(args.optimizer, "optimizer", OPTIMIZERS),
+                       beta=_read_beta(args.beta),
+                       precision=_read_choice(args.precision, "precision", PRECISION_CHOICES))
+    model = replace(DEFAULTS.model, lora_rank=ints["lora_rank"],
+                    gradient_checkpointing=args.gradient_checkpointing,
+                    load_in_4bit=_read_4bit(args, ints["lora_rank"]))
+    return replace(DEFAULTS, sampling=sampling, training=training, model=model,
+                   data=replace(DEFAULTS.data, max_prompt_length=ints["max_prompt"]))
+
+
 def run(args: argparse.Namespace) -> int:
     ints = {flag.replace("-", "_"): _read_int(args, flag) for flag in INT_FLAGS}
     num_devices, strategy = _read_devices(args)
-    if ints["micro_group"] > ints["group_size"]:
-        raise ConfigError(f"--micro-group: must be <= --group-size {ints['group_size']} (got {ints['micro_group']})")
-    plan = plan_memory(
-        load_shape(args.model), gpu_memory_bytes=_read_memory(args.gpu_memory),
-        optimizer=_read_choice(args.optimizer, "optimizer", OPTIMIZERS),
-        precision=_read_choice(args.precision, "precision", PRECISION_CHOICES),
-        device=_read_choice(args.device, "device", DEVICES),
-        load_in_4bit=_read_4bit(args, ints["lora_rank"]),
-        gradient_checkpointing=args.gradient_checkpointing, beta=_read_beta(args.beta),
-        engine=_read_choice(args.engine, "engine", ("slots", "vllm")),
-        engine_sleep=_read_choice(args.vllm_sleep, "vllm-sleep", ("on", "off")) == "on",
-        num_devices=num_devices, strategy=strategy, **ints)
-    print(plan.to_json() if args.json else format_plan(plan))
+    _read_choice(args.device, "device", DEVICES)
+    _read_choice(args.vllm_sleep, "vllm-sleep", ("on", "off"))
+    cfg = run_config(args, ints)
+    plan, sizes = plan_run_sizes(cfg, load_shape(args.model), _read_memory(args.gpu_memory),
+                                 device=args.device,
+                                 engine=_read_engine(args, cfg.model.load_in_4bit),
+                                 num_ranks=num_devices, strategy=strategy)
+    print(plan.to_json(sizes=sizes) if args.json else format_plan(plan, sizes))
     return 0

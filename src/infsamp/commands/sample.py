@@ -91,9 +91,10 @@ def run(args: argparse.Namespace) -> int:
     length_aware = cfg.sampling.policy == "length_aware"
     predictor = make_predictor(cfg.sampling.predictor) if length_aware else None
     prompt_ids, texts = [p.token_ids for p in prompts], [p.text for p in prompts]
-    engine = _engine(cfg.sampling, model, prompt_ids)
+    sizes, engine = _engine(cfg.sampling, model, prompt_ids)
     try:
-        result = GroupSampler(model, tokenizer, cfg.sampling, predictor, engine=engine).sample(
+        result = GroupSampler(model, tokenizer, cfg.sampling, predictor, engine=engine,
+                              sizes=sizes).sample(
             prompt_ids, cfg.sampling.num_generations, prompt_keys=[str(p.index) for p in prompts],
             prompt_texts=texts, generator=torch.Generator().manual_seed(cfg.training.seed))
     finally:
@@ -121,13 +122,15 @@ def read_prompts(data_cfg: DataConfig, split: str, tokenizer, num_prompts: int =
 
 
 def _engine(cfg, model, prompt_ids: list[list[int]]):
-    """The `sampling.engine` (`--engine`) engine, sized for these prompts."""
-    from infsamp.sampling.engines.base import make_engine
-    from infsamp.sampling.sampler import engine_limits
+    """(sizes, engine): the sizes for these prompts (`sampler_sizes`) and the `sampling.engine`
+    (`--engine`) engine started for them."""
+    from infsamp.sampling.engines.base import is_4bit, make_engine, resolve_engine_name
+    from infsamp.sampling.sampler import sampler_sizes
 
     longest = max((len(p) for p in prompt_ids), default=1)
-    limits = engine_limits(cfg, model, longest, len(prompt_ids))
-    return make_engine(cfg.engine, model, cfg, limits)
+    name = resolve_engine_name(cfg.engine, next(model.parameters()).device, is_4bit(model))
+    sizes = sampler_sizes(cfg, model, longest, len(prompt_ids), name)
+    return sizes, make_engine(cfg.engine, model, cfg, sizes)
 
 
 def print_completions(texts: list[str], result) -> None:
@@ -138,7 +141,7 @@ def print_completions(texts: list[str], result) -> None:
 
 
 def format_stats(stats) -> str:
-    rows = [("policy", stats.policy), ("slots (g)", stats.num_slots), ("kv budget (tokens)", stats.kv_budget_tokens),
+    rows = [("policy", stats.policy), ("micro-group (g)", stats.micro_group), ("kv budget (tokens)", stats.kv_budget_tokens),
             ("decode steps", stats.decode_steps), ("lower bound", stats.lower_bound),
             ("prefill tokens", stats.prefill_tokens), ("generated tokens", stats.generated_tokens),
             ("peak kv tokens", stats.peak_kv_tokens), ("peak kv bytes", stats.peak_kv_bytes),

@@ -1,8 +1,8 @@
 """`infsamp simulate`: replay completion lengths through a scheduling policy, without a model.
 
-    infsamp simulate --trace runs/demo/lengths.jsonl --slots 8 --policy length_aware --predictor online
-    infsamp simulate --synthetic lognormal --groups 20 --group-size 32 --slots 8 --policy rounds --json
-    infsamp simulate --synthetic lognormal --groups 20 --group-size 32 --slots 8 --plot quality.png
+    infsamp simulate --trace runs/demo/lengths.jsonl --micro-group 8 --policy length_aware --predictor online
+    infsamp simulate --synthetic lognormal --groups 20 --group-size 32 --micro-group 8 --policy rounds --json
+    infsamp simulate --synthetic lognormal --groups 20 --group-size 32 --micro-group 8 --plot quality.png
 
 `--plot` sweeps predictor quality (the true length times a log-normal error, sigma 0 .. 1.5, plus the
 `none` and `online` predictors) under `length_aware` and draws decode steps against the measured
@@ -41,8 +41,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "model guesses on about half of its samples at the start of a run)")
     parser.add_argument("--write-trace", metavar="FILE", help="also write the (synthetic) trace here")
     parser.add_argument("--prompts-per-step", type=int, default=1, help="B: trace lines per training step")
-    parser.add_argument("--slots", type=int, help="g: samples decoded at once")
-    parser.add_argument("--kv-budget", type=int, help="KV-cache budget in tokens (g follows unless --slots)")
+    parser.add_argument("--micro-group", "--slots", dest="micro_group", type=int,
+                        help="g: samples decoded at once (--slots: its old name)")
+    parser.add_argument("--kv-budget", type=int,
+                        help="KV-cache budget in tokens (g follows unless --micro-group)")
     parser.add_argument("--max-new-tokens", type=int, help="completion limit (default: longest in trace)")
     parser.add_argument("--policy", choices=sorted(POLICIES), default="continuous")
     parser.add_argument("--predictor", default="none", help="none, oracle, online or noisy:SIGMA")
@@ -57,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     _check_arguments(args)
     groups = _load(args)
-    result = simulate(groups, args.policy, args.slots, args.kv_budget, args.predictor,
+    result = simulate(groups, args.policy, args.micro_group, args.kv_budget, args.predictor,
                       args.prompts_per_step, args.max_new_tokens, **_policy_options(args))
     _print(result, args)
     if args.plot:
@@ -100,7 +102,7 @@ def _policy_options(args) -> dict:
 
 
 SCHEDULE_KEYS = ("decode_steps", "lower_bound", "opt_lower_bound", "peak_kv_tokens_used",
-                 "num_samples", "generated_tokens", "num_calls", "num_slots",
+                 "num_samples", "generated_tokens", "num_calls", "micro_group",
                  "predictor_kendall_tau", "predictor_mae")
 
 
@@ -109,7 +111,7 @@ def _print(result: SamplerStats, args) -> None:
         print(json.dumps({key: getattr(result, key) for key in SCHEDULE_KEYS}))
         return
     ratio = result.decode_steps / max(1, result.lower_bound)
-    print(f"policy {args.policy}, predictor {args.predictor}, g={result.num_slots}, "
+    print(f"policy {args.policy}, predictor {args.predictor}, g={result.micro_group}, "
           f"{result.num_calls} steps of {args.prompts_per_step} prompt(s), "
           f"{result.num_samples} samples")
     print(f"decode steps {result.decode_steps} (lower bound {result.lower_bound}, x{ratio:.3f}; "
@@ -129,7 +131,7 @@ def _plot(groups, args) -> None:
 
     def run_one(policy, predictor, refill="auto"):
         options = {"refill": refill, "epsilon": args.epsilon} if policy == "length_aware" else {}
-        return simulate(groups, policy, args.slots, args.kv_budget, predictor, args.prompts_per_step,
+        return simulate(groups, policy, args.micro_group, args.kv_budget, predictor, args.prompts_per_step,
                         args.max_new_tokens, **options)
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -152,7 +154,7 @@ def _plot(groups, args) -> None:
     ax.text(0.01, 0.98, f"rounds: {rounds} decode steps", transform=ax.transAxes, va="top", fontsize=8)
     ax.set_xlabel("predictor Kendall tau (per step, mean)")
     ax.set_ylabel("decode steps")
-    ax.set_title(f"{len(groups)} groups, g={point.num_slots}, {args.prompts_per_step} prompt(s)/step")
+    ax.set_title(f"{len(groups)} groups, g={point.micro_group}, {args.prompts_per_step} prompt(s)/step")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(args.plot, dpi=120)

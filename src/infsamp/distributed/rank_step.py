@@ -24,38 +24,29 @@ slowest; the wait inside DDP's gradient all-reduce is not in it), `distributed/w
 over the step time.
 
 Deliberately simple: one process keeps the same code path with a share of every prompt; the
-sampler's statistics are combined by a fixed table (sums, maxima, else means).
+sampler's statistics are combined by their one table (`sampling.types.COMBINED`: sums, maxima,
+else means).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 from infsamp.rewards.compute import RewardResult
 from infsamp.distributed.ranks import Ranks
 from infsamp.distributed.rank_assignment import assign, imbalance, rank_loads
+from infsamp.sampling.types import COMBINE, COMBINED, Completion
 
-SUMMED = ("generated_tokens", "prefill_tokens", "recomputed_tokens", "num_preemptions",
-          "tokens_per_second")
 LINE_KEYS = ("prompt_id", "prompt_tokens", "lengths",  # a lengths.jsonl line (`infsamp simulate`)
              "first_tokens")  # each completion's first sampling.predictor_prefix_tokens ids
-MAXED = ("decode_steps", "lower_bound", "opt_lower_bound", "peak_kv_tokens", "peak_kv_bytes",
-         "peak_kv_tokens_used", "wall_time_s", "model_time_s", "num_slots", "kv_budget_tokens")
-
-
-class Finished(NamedTuple):
-    """What the step's statistics read of a completion (one process has the Completion itself)."""
-
-    length: int
-    finish_reason: str
 
 
 @dataclass
 class StepData:
     rewards: RewardResult  # the whole step's, prompts in step order
-    completions: list[Any]  # the whole step's (Completion or Finished), group-major
+    completions: list[Completion]  # the whole step's, group-major (other ranks': no tokens)
     local_rows: list[int]  # rows of this rank's completions in the step
     sampler_metrics: dict[str, float]
     groups: list[dict[str, Any]]  # lengths.jsonl lines, step order
@@ -63,13 +54,13 @@ class StepData:
 
 def combine_metrics(per_rank: list[dict[str, float]],
                     prefix: str = "sampling/") -> dict[str, float]:
-    """One dict from every rank's: SUMMED keys add, MAXED keys take the maximum, others average."""
+    """One dict from every rank's, by the statistics' one table (`COMBINED`, its ranks column):
+    sums, maxima, else means."""
     out: dict[str, float] = {}
     for key in per_rank[0]:
         values = [m[key] for m in per_rank if key in m]
         name = key[len(prefix):] if key.startswith(prefix) else key
-        out[key] = sum(values) if name in SUMMED else max(values) if name in MAXED else \
-            sum(values) / len(values)
+        out[key] = COMBINE[COMBINED.get(name, ("", "mean"))[1]](values)
     return out
 
 
@@ -130,8 +121,8 @@ class RankSteps:
             for position, group in zip(record["share"], record["groups"]):
                 by_prompt[position] = group
         groups = [by_prompt[i] for i in range(num_prompts)]
-        completions = [Finished(n, why) for g in groups
-                       for n, why in zip(g["lengths"], g["finish"])]
+        completions = [Completion([], "", n, why, i, j) for i, g in enumerate(groups)
+                       for j, (n, why) in enumerate(zip(g["lengths"], g["finish"]))]
         total = [r for g in groups for r in g["total"]]
         per_function = {name: [v for g in groups for v in g["per_function"][name]]
                         for name in everyone[0]["functions"]}

@@ -41,7 +41,8 @@ import torch
 from infsamp.config import SamplingConfig
 from infsamp.errors import InfsampError
 
-LOGGED_STATS = ("decode_steps", "num_slots", "peak_kv_bytes", "tokens_per_second", "wall_time_s")
+LOGGED_STATS = ("decode_steps", "micro_group", "peak_kv_bytes", "tokens_per_second",
+                "wall_time_s")
 
 
 class RolloutError(InfsampError):
@@ -90,6 +91,7 @@ class InfsampRollout:
         self.predictor = None
         self.generator: torch.Generator | None = None
         self.engine = None  # built at the first call, kept for the run
+        self.sizes = None  # the run's sizes (RunSizes), decided with the engine
         self.last_stats = None  # SamplerStats of the latest call (for callers and tests)
 
     def __call__(self, prompts: list[Any], trainer) -> dict[str, list | None]:
@@ -152,12 +154,15 @@ class InfsampRollout:
 
     def _engine(self, model, num_prompts: int):
         """The run's engine (built once), holding the trainer's current weights."""
-        from infsamp.sampling.engines.base import make_engine
-        from infsamp.sampling.sampler import engine_limits
+        from infsamp.sampling.engines.base import is_4bit, make_engine, resolve_engine_name
+        from infsamp.sampling.sampler import sampler_sizes
 
-        if self.engine is None:  # built from the model's current weights
-            limits = engine_limits(self.cfg, model, self.max_prompt_tokens, num_prompts)
-            self.engine = make_engine(self.cfg.engine, model, self.cfg, limits)
+        if self.engine is None:  # built from the model's current weights, sized once
+            device = next(model.parameters()).device
+            engine = resolve_engine_name(self.cfg.engine, device, is_4bit(model))
+            self.sizes = sampler_sizes(self.cfg, model, self.max_prompt_tokens, num_prompts,
+                                       engine)
+            self.engine = make_engine(self.cfg.engine, model, self.cfg, self.sizes)
         else:
             self.engine.load_weights(model)
         return self.engine
@@ -168,7 +173,7 @@ class InfsampRollout:
 
         engine = self._engine(model, len(runs))
         sampler = GroupSampler(model, trainer.processing_class, self.cfg, predictor=self.predictor,
-                               engine=engine)
+                               engine=engine, sizes=self.sizes)
         groups: list[list] = [[] for _ in runs]
         for size in sorted({n for _, n in runs}, reverse=True):
             chosen = [i for i, (_, n) in enumerate(runs) if n == size]
@@ -190,9 +195,8 @@ class InfsampRollout:
     def _logprobs(self, model, trainer, prompt_ids, completion_ids) -> list[list[float]]:
         """No-grad, in micro-batches of at most the KV budget's tokens (one sequence at least)."""
         from infsamp.algorithm.logprobs import sequence_logprobs
-        from infsamp.sampling.sampler import resolve_budget
 
-        tokens = self.logprob_tokens or resolve_budget(self.cfg.kv_budget, model)
+        tokens = self.logprob_tokens or self.sizes.kv_budget_tokens
         pad = trainer.processing_class.pad_token_id
         pad = getattr(trainer.processing_class, "eos_token_id", 0) if pad is None else pad
         was_training = model.training

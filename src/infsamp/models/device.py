@@ -1,11 +1,13 @@
-"""`model.device` as a torch device (and the check that this machine has it), the dtypes a setting
-names, and the model under a peft wrapper: importable without transformers (the engines use them).
+"""`model.device` as a torch device (and the check that this machine has it), its memory, the
+dtypes a setting names, and the model under a peft wrapper: importable without transformers (the
+engines use them).
 
 Deliberately simple: one device per run; 'auto' is the first CUDA GPU when there is one.
 """
 
 from __future__ import annotations
 
+import os
 import re
 
 import torch
@@ -40,3 +42,13 @@ def check_device(cfg: ModelConfig) -> None:
 def base_model(model):
     """The transformers model itself: a peft model's base, or `model` when it has no adapters."""
     return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def memory_bytes(device: torch.device) -> tuple[int, int]:
+    """(free, total) bytes of the device's memory: the GPU's, or the machine's RAM on CPU. The
+    one reader of free memory (the planner's sizes, vLLM's start-up check)."""
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        return int(free), int(total)
+    page = os.sysconf("SC_PAGE_SIZE")
+    return os.sysconf("SC_AVPHYS_PAGES") * page, os.sysconf("SC_PHYS_PAGES") * page

@@ -15,7 +15,8 @@ Built on the second seed's rule of thumb (bytes per parameter: weights 2, refere
   only for completion positions, fp32 log-softmax in row chunks: activations and logits scale with the
   micro-batch, never with G. Activations are counted tensor by tensor from what autograd saves per layer;
 - optimizer states stay resident during generation (zero_grad frees the gradients);
-- KV cache: the prompt once, shared by the g samples decoded at once, plus g * max_completion tokens.
+- KV cache: g * max_completion tokens plus each prompt that can be open at once (min(B, g) of the
+  step's B prompts) held once, shared by its samples: the sampler's own rule.
 
 Several devices: data parallel only (`planner/parallel.py`: DDP replicas or FSDP2 shards, per
 device, every precision mode's bytes sharded alike). Deliberately simplified: no tensor/pipeline
@@ -29,11 +30,11 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from infsamp.planner.kv_budget import VLLM_BLOCK_SIZE, kv_tokens_needed
 from infsamp.planner.parallel import per_device_parts, shard_fraction
 from infsamp.planner.precisions import PRECISIONS, PrecisionMode, base_dtype
 from infsamp.planner.presets import (LORA_TARGETS_ALL_LINEAR, ModelShape, count_lora_parameters,
                                      count_parameters, embedding_parameters, linear_shapes)
-from infsamp.sampling.types import VLLM_BLOCK_SIZE, kv_tokens_needed
 
 PARTS = ("weights", "reference", "gradients", "optimizer", "compute_copies", "activations",
          "logits", "kv_cache", "overhead", "vllm_weights", "vllm_graphs")  # vLLM's copy and graphs
@@ -79,7 +80,7 @@ class PlanInputs:
 
     shape: ModelShape
     gpu_memory_bytes: int
-    group_size: int
+    num_generations: int  # G: completions per prompt
     max_prompt: int
     max_completion: int
     lora_rank: int = 0
@@ -97,6 +98,12 @@ class PlanInputs:
     engine_sleep: bool = True  # vllm: sleep mode frees its pool and weights while training
     num_devices: int = 1  # GPUs the run spreads over (planner/parallel.py)
     strategy: str = "single"  # single, ddp or fsdp: what each device holds
+    num_prompts: int = 1  # B: prompts one device samples per step (their prompts may be open at once)
+
+    @property
+    def num_samples(self) -> int:
+        """The samples of one device's step: G x B."""
+        return self.num_generations * self.num_prompts
 
     @property
     def mode(self) -> PrecisionMode:
@@ -147,9 +154,11 @@ class PlanInputs:
 # --- per-part bytes --------------------------------------------------------------------------------
 
 
-def kv_bytes_per_token(shape: ModelShape, dtype: str = "bf16") -> int:
-    """K and V of one token in every layer: 2 * layers * kv_heads * head_dim * bytes."""
-    return 2 * shape.num_hidden_layers * shape.kv_dim * DTYPE_BYTES[dtype]
+def kv_bytes_per_token(shape: ModelShape, dtype: str | int = "bf16") -> int:
+    """K and V of one token in every layer: 2 * layers * kv_heads * head_dim * bytes; `dtype` a
+    name of DTYPE_BYTES or an element size in bytes (a loaded model's). The one such function."""
+    element = DTYPE_BYTES[dtype] if isinstance(dtype, str) else int(dtype)
+    return 2 * shape.num_hidden_layers * shape.kv_dim * element
 
 
 def weights_bytes(p: PlanInputs) -> int:
@@ -279,12 +288,13 @@ def _with_overhead(parts: dict[str, int], device: str) -> dict[str, int]:
 
 
 def plan_kv_tokens(p: PlanInputs, micro_group: int) -> int:
-    """KV tokens of g samples decoded at once: the sampler's own rule (`types.kv_tokens_needed`,
-    one prompt shared by the g samples; vLLM's pool in whole blocks), or a prompt per sample."""
+    """KV tokens of g samples decoded at once: the sampler's own rule (`types.kv_tokens_needed`:
+    each of the B prompts that can be open at once held once, shared by its samples; vLLM's pool
+    in whole blocks), or a prompt per sample."""
     block = VLLM_BLOCK_SIZE[p.device] if p.engine == "vllm" else 1
     if p.shared_prompt_kv:
-        return kv_tokens_needed(micro_group, p.max_completion, p.max_prompt, num_prompts=1,
-                                block_size=block)
+        return kv_tokens_needed(micro_group, p.max_completion, p.max_prompt,
+                                num_prompts=p.num_prompts, block_size=block)
     return micro_group * p.seq_len
 
 
@@ -363,7 +373,7 @@ def training_breakdown(p: PlanInputs, micro_batch_tokens: int) -> dict[str, int]
                  kv_cache=0, vllm_weights=0, vllm_graphs=0)
     parts = per_device_parts(p, parts, "training")
     if p.engine == "vllm" and not p.engine_sleep:  # awake, vLLM keeps its pool and weights
-        parts.update(vllm_parts(p, p.micro_group or p.group_size))
+        parts.update(vllm_parts(p, p.micro_group or p.num_samples))
     for key, value in peak_training_moment(p, micro_batch_tokens)[1].items():
         parts[key] += value
     return _with_overhead(parts, p.device)
@@ -384,11 +394,11 @@ def _largest_fitting(low: int, high: int, fits: Callable[[int], bool]) -> int:
 
 def largest_micro_group(p: PlanInputs) -> int:
     """The most samples decoded at once within the memory (0 if not even one fits)."""
-    return _largest_fitting(1, p.group_size,
+    return _largest_fitting(1, p.num_samples,
                             lambda g: generation_breakdown(p, g)["peak"] <= p.gpu_memory_bytes)
 
 
 def largest_micro_batch_sequences(p: PlanInputs) -> int:
     """The most full-length sequences one training micro-batch can hold (0 if not even one)."""
-    return _largest_fitting(1, p.group_size,
+    return _largest_fitting(1, p.num_samples,
                             lambda n: training_breakdown(p, n * p.seq_len)["peak"] <= p.gpu_memory_bytes)

@@ -1,7 +1,7 @@
 """`plan_memory`: pick g and the training micro-batch, say whether the run fits, and which switch fixes it.
 
-Also the two entry points the sampler and the trainer call at run time: `auto_kv_budget_tokens`
-(`sampling.kv_budget: auto`) and `auto_train_micro_batch_tokens` (`training.train_micro_batch_tokens: 0`).
+The run's sizes (`planner/sizes.py`) are read from this plan, once, for `infsamp train` and
+`infsamp plan` alike.
 
 Advice is not a lookup table: each switch (LoRA, 8-bit AdamW, gradient checkpointing, no reference model,
 bf16 precision, a 4-bit base) is applied to the inputs and the estimate is re-run; the smallest
@@ -13,21 +13,16 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from infsamp.choices import PRECISION_CHOICES, STRATEGIES
 from infsamp.config import ConfigError
-from infsamp.planner.estimate import (DEVICES, GIB, OPTIMIZERS, PlanInputs,
-                                      activation_bytes_per_token, bytes_per_parameter,
-                                      compute_copy_bytes, decode_logits_bytes_per_row,
-                                      embedding_grad_bytes, generation_breakdown,
-                                      inference_workspace_bytes,
-                                      kv_bytes_per_token, largest_micro_batch_sequences, largest_micro_group,
-                                      peak_training_moment, plan_kv_tokens,
-                                      train_logits_bytes_per_row, training_breakdown)
+from infsamp.planner.estimate import (DEVICES, GIB, OPTIMIZERS, PlanInputs, bytes_per_parameter,
+                                      generation_breakdown, largest_micro_batch_sequences,
+                                      largest_micro_group, peak_training_moment, plan_kv_tokens,
+                                      training_breakdown)
 from infsamp.planner.precisions import PRECISIONS, resolve_precision_name
 from infsamp.planner.presets import LORA_TARGETS_ALL_LINEAR, ModelShape
 
@@ -41,7 +36,7 @@ class MemoryPlan:
     fits: bool
     micro_group: int  # g: samples decoded at once (0: not even one fits)
     train_micro_batch_tokens: int  # padded tokens per training micro-batch (0: not even one sequence fits)
-    kv_budget_tokens: int  # KV tokens of the plan: shared prompt + g * max_completion
+    kv_budget_tokens: int  # KV tokens of the plan: g * max_completion + min(B, g) shared prompts
     generation: dict[str, int]
     training: dict[str, int]
     peak_bytes: int
@@ -55,8 +50,10 @@ class MemoryPlan:
     def train_micro_batch_sequences(self) -> int:
         return self.train_micro_batch_tokens // self.inputs.seq_len
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, sizes: Any = None) -> dict[str, Any]:
+        """The plan as JSON data; with `sizes` (a RunSizes) also the sizes a run uses."""
         settings = {k: v for k, v in dataclasses.asdict(self.inputs).items() if k != "shape"}
+        extra = {} if sizes is None else {"run_sizes": sizes.state_dict()}
         return dict(fits=self.fits, micro_group=self.micro_group,
                     train_micro_batch_tokens=self.train_micro_batch_tokens,
                     train_micro_batch_sequences=self.train_micro_batch_sequences,
@@ -67,10 +64,10 @@ class MemoryPlan:
                     num_trainable_parameters=self.num_trainable_parameters,
                     precision=self.inputs.precision,
                     bytes_per_parameter=bytes_per_parameter(self.inputs),
-                    model=dataclasses.asdict(self.inputs.shape), settings=settings)
+                    model=dataclasses.asdict(self.inputs.shape), settings=settings, **extra)
 
-    def to_json(self, indent: int | None = 2) -> str:
-        return json.dumps(self.to_dict(), indent=indent)
+    def to_json(self, indent: int | None = 2, sizes: Any = None) -> str:
+        return json.dumps(self.to_dict(sizes), indent=indent)
 
 
 # --- validation ------------------------------------------------------------------------------------
@@ -84,11 +81,12 @@ def _check(ok: bool, key: str, value: Any, why: str) -> None:
 def validate_inputs(p: PlanInputs) -> None:
     """One ConfigError line naming the first bad setting."""
     _check(p.gpu_memory_bytes > 0, "gpu_memory", p.gpu_memory_bytes, "must be > 0")
-    for key in ("group_size", "max_prompt", "max_completion"):
+    for key in ("num_generations", "num_prompts", "max_prompt", "max_completion"):
         _check(getattr(p, key) > 0, key, getattr(p, key), "must be > 0")
     for key in ("lora_rank", "micro_group", "train_micro_batch_tokens"):
         _check(getattr(p, key) >= 0, key, getattr(p, key), "must be >= 0")
-    _check(p.micro_group <= p.group_size, "micro_group", p.micro_group, f"must be <= group_size {p.group_size}")
+    _check(p.micro_group <= p.num_samples, "micro_group", p.micro_group,
+           f"must be <= the step's {p.num_samples} samples")
     _check(p.beta >= 0, "beta", p.beta, "must be >= 0")
     _check(p.optimizer in OPTIMIZERS, "optimizer", p.optimizer, f"must be one of {', '.join(OPTIMIZERS)}")
     _check(p.precision in PRECISIONS, "precision", p.precision,
@@ -127,24 +125,25 @@ def _shown_sizes(p: PlanInputs, g: int, tokens: int) -> tuple[int, int]:
     return g or p.micro_group or 1, tokens or max(p.train_micro_batch_tokens, p.seq_len)
 
 
-def plan_memory(shape: ModelShape, *, gpu_memory_bytes: int, group_size: int, max_prompt: int,
+def plan_memory(shape: ModelShape, *, gpu_memory_bytes: int, num_generations: int, max_prompt: int,
                 max_completion: int, lora_rank: int = 0, optimizer: str = "adamw",
                 gradient_checkpointing: bool = False, beta: float = 0.0, precision: str = "auto",
                 device: str = "cuda", shared_prompt_kv: bool = True, micro_group: int = 0,
                 train_micro_batch_tokens: int = 0, load_in_4bit: bool = False,
                 lora_targets: tuple[str, ...] = LORA_TARGETS_ALL_LINEAR, engine: str = "slots",
                 engine_sleep: bool = True, num_devices: int = 1,
-                strategy: str = "single") -> MemoryPlan:
+                strategy: str = "single", num_prompts: int = 1) -> MemoryPlan:
     """Estimate both phases, choose g and the micro-batch, and advise when it does not fit.
 
+    One device's step samples `num_prompts` (B) prompts x `num_generations` (G).
     `precision`: a mode of planner.precisions, or 'auto' (the trainer's default on `device`).
-    A micro_group above group_size means all of the step's samples at once. With `num_devices`
+    A micro_group above G x B means all of the step's samples at once. With `num_devices`
     and `strategy` (ddp, fsdp) every figure is one device's (planner/parallel.py)."""
-    p = PlanInputs(shape, int(gpu_memory_bytes), group_size, max_prompt, max_completion, lora_rank,
-                   tuple(lora_targets), optimizer, gradient_checkpointing, float(beta),
+    p = PlanInputs(shape, int(gpu_memory_bytes), num_generations, max_prompt, max_completion,
+                   lora_rank, tuple(lora_targets), optimizer, gradient_checkpointing, float(beta),
                    resolve_precision_name(precision, device), device, shared_prompt_kv,
-                   min(micro_group, group_size), train_micro_batch_tokens, load_in_4bit, engine,
-                   engine_sleep, num_devices, strategy)
+                   min(micro_group, num_generations * num_prompts), train_micro_batch_tokens,
+                   load_in_4bit, engine, engine_sleep, num_devices, strategy, num_prompts)
     validate_inputs(p)
     g, tokens = _choose(p)
     shown_g, shown_tokens = _shown_sizes(p, g, tokens)
@@ -235,43 +234,3 @@ def advise(p: PlanInputs, g: int, tokens: int) -> list[str]:
     need = max(generation_breakdown(minimum, 1)["peak"], training_breakdown(minimum, p.seq_len)["peak"])
     return [f"does not fit even with every switch; these settings need {need / GIB:.2f} GiB at g = 1 and "
             "one sequence per micro-batch: use a larger GPU, a smaller model or shorter sequences"]
-
-
-# --- run-time entry points for the sampler and the trainer -----------------------------------------
-
-
-def auto_kv_budget_tokens(shape: ModelShape, free_bytes: int, *, dtype: str = "bf16", max_micro_group: int = 1,
-                          prefill_tokens: int = 0, device: str = "cuda") -> int:
-    """KV-cache tokens that fit in `free_bytes` after the decoding workspace of `max_micro_group` rows.
-
-    `free_bytes`: memory the sampler may use now, with weights (and optimizer states, which stay resident
-    between steps) already subtracted; the runtime context is assumed already paid.
-    """
-    precision = "fp32" if dtype == "fp32" else "bf16"  # a mode whose weights and KV are in dtype
-    p = PlanInputs(shape, 1, max(max_micro_group, 1), max(prefill_tokens, 1), 1,
-                   precision=precision, device=device)
-    workspace = (max_micro_group * decode_logits_bytes_per_row(p)
-                 + inference_workspace_bytes(p, max(prefill_tokens, max_micro_group)))
-    usable = free_bytes / (1 + DEVICES[device].fragmentation) - workspace
-    return max(0, math.floor(usable / kv_bytes_per_token(shape, dtype)))
-
-
-def train_bytes_per_token(p: PlanInputs) -> float:
-    """Activations + logits of one padded training token (logits only on the completion share)."""
-    return activation_bytes_per_token(p) + train_logits_bytes_per_row(p) * p.max_completion / p.seq_len
-
-
-def auto_train_micro_batch_tokens(shape: ModelShape, free_bytes: int, *, max_prompt: int, max_completion: int,
-                                  precision: str = "auto", gradient_checkpointing: bool = False,
-                                  lora_rank: int = 0, device: str = "cuda") -> int:
-    """Padded tokens per training micro-batch that fit in `free_bytes` (memory left after weights,
-    reference, gradients and optimizer states), in whole sequences of max_prompt + max_completion;
-    at least one sequence (whether that fits is plan_memory's answer).
-    """
-    p = PlanInputs(shape, 1, 1, max_prompt, max_completion, lora_rank=lora_rank,
-                   precision=resolve_precision_name(precision, device), device=device,
-                   gradient_checkpointing=gradient_checkpointing)
-    dynamic_fixed = embedding_grad_bytes(p) + compute_copy_bytes(p)
-    usable = free_bytes / (1 + DEVICES[device].fragmentation) - dynamic_fixed
-    sequences = math.floor(usable / (train_bytes_per_token(p) * p.seq_len))
-    return max(sequences, 1) * p.seq_len

@@ -10,6 +10,7 @@ import math
 from infsamp.planner.estimate import (GIB, PARTS, activation_bytes_per_token, bytes_per_parameter,
                                       kv_bytes_per_token, train_logits_bytes_per_row)
 from infsamp.planner.plan import MemoryPlan
+from infsamp.planner.sizes import RunSizes
 
 TIGHT_FRACTION = 0.95  # a plan above this share of the memory is flagged as tight
 
@@ -50,7 +51,8 @@ def header_lines(plan: MemoryPlan) -> list[str]:
         f"{format_count(plan.num_trainable_parameters)} trainable ({training})",
         precision_line(plan),
         f"{p.dtype} weights on {p.device} with {p.gpu_memory_bytes / GIB:.2f} GiB; "
-        f"G = {p.group_size}, prompt <= {p.max_prompt}, completion <= {p.max_completion} tokens",
+        f"G = {p.num_generations} x B = {p.num_prompts} prompt(s) per step, prompt <= "
+        f"{p.max_prompt}, completion <= {p.max_completion} tokens, engine {p.engine}",
         f"optimizer {p.optimizer}, {reference}, gradient checkpointing "
         f"{'on' if p.gradient_checkpointing else 'off'}",
     ] + ([f"per device: {p.num_devices} GPU(s), {p.strategy} (every figure below is one GPU's)"]
@@ -67,16 +69,19 @@ def breakdown_lines(plan: MemoryPlan) -> list[str]:
 def sizes_lines(plan: MemoryPlan) -> list[str]:
     p = plan.inputs
     kv_token = kv_bytes_per_token(p.shape, p.dtype)
-    g_text = (f"micro-group g = {plan.micro_group} of G = {p.group_size} decoded at once"
-              if plan.micro_group else "micro-group: not even g = 1 fits (breakdown shows g = 1)")
-    kv = (f"KV cache {_kib(kv_token)}/token: {p.max_prompt} prompt tokens once + g x {p.max_completion}"
-          if p.shared_prompt_kv else f"KV cache {_kib(kv_token)}/token: g x {p.seq_len}")
+    g_text = (f"micro-group g = {plan.micro_group} of the step's {p.num_samples} samples decoded "
+              "at once" if plan.micro_group else
+              "micro-group: not even g = 1 fits (breakdown shows g = 1)")
+    kv = (f"KV cache {_kib(kv_token)}/token: min(B, g) x {p.max_prompt} prompt tokens + g x "
+          f"{p.max_completion}" if p.shared_prompt_kv
+          else f"KV cache {_kib(kv_token)}/token: g x {p.seq_len}")
     per_token = _kib(activation_bytes_per_token(p))
     logits_row = _kib(train_logits_bytes_per_row(p))
     if plan.train_micro_batch_tokens:
         sequences = plan.train_micro_batch_sequences
         batch = (f"training micro-batch = {plan.train_micro_batch_tokens:,} tokens ({sequences} x "
-                 f"{p.seq_len}); G = {p.group_size} takes {math.ceil(p.group_size / sequences)} micro-batches")
+                 f"{p.seq_len}); the step's {p.num_samples} take "
+                 f"{math.ceil(p.num_samples / sequences)} micro-batches")
     else:
         batch = f"training micro-batch: not even one sequence of {p.seq_len} tokens fits (breakdown shows one)"
     return [
@@ -97,6 +102,9 @@ def verdict_lines(plan: MemoryPlan) -> list[str]:
     return lines + [f"  advice: {line}" for line in plan.advice]
 
 
-def format_plan(plan: MemoryPlan) -> str:
+def format_plan(plan: MemoryPlan, sizes: RunSizes | None = None) -> str:
+    """The plan as text; with `sizes` (`plan_run_sizes`) also the line of sizes a run prints."""
     sections = [header_lines(plan), breakdown_lines(plan), sizes_lines(plan), verdict_lines(plan)]
+    if sizes is not None:
+        sections.append([f"run sizes (as infsamp train prints them): {sizes.describe()}"])
     return "\n\n".join("\n".join(section) for section in sections)

@@ -75,7 +75,7 @@ class RunProgress:
             return
         self._last_refresh = now
         self.phase_bar.n = finished
-        slots = f"slots {running}/{stats.num_slots}"
+        slots = f"slots {running}/{stats.micro_group}"
         self.phase_bar.set_postfix_str(f"{stats.tokens_per_second:,.0f} tok/s, {slots}", refresh=True)
 
     def eta_seconds(self, step: int) -> float | None:

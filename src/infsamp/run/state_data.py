@@ -25,6 +25,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from infsamp.errors import first_non_finite
+
 MARKERS = ("__tensor__", "__tuple__", "__items__", "__ndarray__", "__subclass__", "__dtype__")
 QUANTIZED_STATES = ("torchao.optim.subclass_8bit.OptimState8bit",
                     "torchao.optim.subclass_4bit.OptimState4bit",
@@ -141,7 +143,4 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 def non_finite_tensor(tensors: dict[str, torch.Tensor]) -> str | None:
     """The key of the first floating tensor holding NaN or inf, else None."""
-    for key, tensor in tensors.items():
-        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-            return key
-    return None
+    return first_non_finite(tensors)

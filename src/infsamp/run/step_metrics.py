@@ -8,19 +8,19 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 
-from infsamp.errors import NonFiniteError
+from infsamp.errors import NonFiniteError, first_non_finite
 
 
 def check_finite(sample_metrics: dict[str, Any], advantages: torch.Tensor) -> None:
     """The step's reward aggregates and advantages are finite, or NonFiniteError names one."""
-    for key in ("reward", "reward_std"):
-        value = sample_metrics.get(key)
-        if isinstance(value, float) and not np.isfinite(value):
-            raise NonFiniteError(f"{key} is {value}")
-    if not bool(torch.isfinite(advantages).all()):
+    rewards = {key: sample_metrics[key] for key in ("reward", "reward_std")
+               if isinstance(sample_metrics.get(key), float)}
+    bad = first_non_finite(rewards)
+    if bad is not None:
+        raise NonFiniteError(f"{bad} is {rewards[bad]}")
+    if first_non_finite({"advantages": advantages}) is not None:
         raise NonFiniteError("an advantage is not finite")
 
 

@@ -6,8 +6,10 @@
     restore_training_state(trainer, checkpoint)   the inverse, weights included
 
 Everything here is data (tensors, numbers, strings: `state_data.py` writes it); the counters are
-what the out-of-memory retries and skipped updates changed during the run, so a resumed run
-continues with the same micro-group and micro-batch and logs the same rows.
+the run's sizes (`RunSizes`, which the out-of-memory retries halve) and the skipped updates, so a
+resumed run continues with the same g and micro-batch and logs the same rows. A checkpoint
+written before the sizes had their own object (its counters name `micro_group`, `policy` and
+`micro_batch_tokens`) resumes: its values are read into the sizes.
 
 Deliberately simple: it reads and sets the trainer's attributes directly (one caller).
 """
@@ -79,18 +81,24 @@ def load_weights(model, found: Checkpoint, lora: bool) -> None:
 
 
 def sampler_counters(trainer) -> dict[str, Any]:
-    sampling, grpo = trainer.sampler.cfg, trainer.grpo
-    return {"sampling_oom_retries": trainer.num_sampling_oom_retries,
-            "micro_group": sampling.micro_group, "policy": sampling.policy,
-            "train_oom_retries": grpo.num_oom_retries,
-            "micro_batch_tokens": grpo.micro_batch_tokens,
-            "skipped_updates": grpo.num_skipped_updates}
+    """The run's sizes, the settings they were planned from (a resume that changes one plans
+    afresh: `identity.restored_counters`) and the skipped updates."""
+    sampling = trainer.cfg.sampling
+    return {"sizes": trainer.sizes.state_dict(), "policy": sampling.policy,
+            "micro_group": sampling.micro_group,
+            "skipped_updates": trainer.grpo.num_skipped_updates}
 
 
 def set_sampler_counters(trainer, counters: dict[str, Any]) -> None:
-    sampling, grpo = trainer.sampler.cfg, trainer.grpo
-    trainer.num_sampling_oom_retries = counters["sampling_oom_retries"]
-    sampling.micro_group, sampling.policy = counters["micro_group"], counters["policy"]
-    grpo.num_oom_retries, grpo.micro_batch_tokens = (counters["train_oom_retries"],
-                                                     counters["micro_batch_tokens"])
-    grpo.num_skipped_updates = counters["skipped_updates"]
+    trainer.sizes.load_state_dict(counters["sizes"] if "sizes" in counters
+                                  else sizes_of_old_counters(trainer.sizes, counters))
+    trainer.grpo.num_skipped_updates = counters["skipped_updates"]
+
+
+def sizes_of_old_counters(planned, counters: dict[str, Any]) -> dict[str, Any]:
+    """The sizes a checkpoint of before `RunSizes` held: its (halved) micro_group, 0 when no
+    retry changed the configured one (then the planned g), and its micro-batch."""
+    return {"micro_group": counters["micro_group"] or planned.micro_group,
+            "train_micro_batch_tokens": counters["micro_batch_tokens"],
+            "oom_retries": {"sampling": counters["sampling_oom_retries"],
+                            "training": counters["train_oom_retries"]}}

@@ -31,7 +31,7 @@ from __future__ import annotations
 import sys
 import time
 from copy import deepcopy
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -68,7 +68,7 @@ from infsamp.distributed.strategies import make_strategy
 from infsamp.run.train_state import restore_training_state, training_state
 from infsamp.sampling.engines.base import make_engine
 from infsamp.sampling.length_predictor import make_predictor
-from infsamp.sampling.sampler import GroupSampler, engine_limits
+from infsamp.sampling.sampler import GroupSampler
 from infsamp.tasks.loading import load_splits
 from infsamp.tasks.prompts import (EncodedPrompt, EncodedSplit, completion_for_rewards,
                                    encode_examples, prompt_for_rewards, uses_chat_template)
@@ -117,24 +117,22 @@ class GRPOTrainer:
         self.reward_weights = cfg.rewards.weights or [1.0] * len(self.reward_funcs)
         self.stream = PromptStream(self.train_prompts.prompts, cfg.training.prompts_per_step,
                                    cfg.training.seed)
-        self.sizes = plan_run(cfg, self.model, self.device, self.ranks.world_size,
-                              self.ranks.strategy)
-        sampling_cfg = replace(cfg.sampling, kv_budget=str(self.sizes.kv_budget_tokens)) \
-            if self.sizes.kv_budget_tokens else replace(cfg.sampling)
-        limits = engine_limits(sampling_cfg, self.model, cfg.data.max_prompt_length,
-                               cfg.training.prompts_per_step)
+        planned = plan_run(cfg, self.model, self.device, self.ranks.world_size,
+                           self.ranks.strategy)
+        self.sizes = planned.sizes  # decided once; read by the engine, the sampler, the GRPO step
         self.ref_model = self._reference_model()
         self.strategy = make_strategy(self.ranks, reshard_after_forward(cfg))
         train_model = self.strategy.wrap(self.model)  # DDP wrapper, or the model sharded in place
         with self.strategy.inference_model() as model:  # FSDP: whole weights to start from
-            self.engine = make_engine(cfg.sampling.engine, model, sampling_cfg, limits)  # kept
-        self.sampler = GroupSampler(self.strategy.sampling_model(), self.tokenizer, sampling_cfg,
-                                    predictor=self._length_predictor(), engine=self.engine)
+            self.engine = make_engine(cfg.sampling.engine, model, cfg.sampling, self.sizes)  # kept
+        self.sampler = GroupSampler(self.strategy.sampling_model(), self.tokenizer, cfg.sampling,
+                                    predictor=self._length_predictor(), engine=self.engine,
+                                    sizes=self.sizes)
         self.generator = torch.Generator(device="cpu").manual_seed(cfg.training.seed)
         self.grpo = GRPOStep(train_model, cfg.training, pad_token_id=self.tokenizer.pad_token_id,
                              temperature=cfg.sampling.temperature or 1.0, ref_model=self.ref_model,
                              max_completion_length=cfg.sampling.max_new_tokens,
-                             micro_batch_tokens=self.sizes.train_micro_batch_tokens,
+                             sizes=self.sizes,
                              importance_sampling=cfg.sampling.vllm_importance_sampling,
                              importance_sampling_cap=cfg.sampling.vllm_importance_sampling_cap,
                              parallel=self.strategy)
@@ -146,7 +144,6 @@ class GRPOTrainer:
             schedule_horizon(cfg.training)  # a resumed run keeps the schedule it started with
         self.scheduler = build_scheduler(self.optimizer, cfg.training, self.horizon)
         self.step_callback = step_callback
-        self.num_sampling_oom_retries = 0
         self.step = 0
         self.eval_before: float | None = None
         self._saved_step = -1
@@ -157,7 +154,7 @@ class GRPOTrainer:
         except OSError as err:
             raise RunFolderError(f"cannot write {self.output_dir / 'config.yaml'}: "
                                  f"{err.strerror or err}") from None
-        print(self.sizes.note)
+        print(planned.note)
 
     # ------------------------------------------------------------------ setup
 
@@ -415,10 +412,14 @@ class GRPOTrainer:
         print(f"{where}: update skipped ({self.grpo.num_skipped_updates} so far)", file=sys.stderr)
         return {"train/skipped_updates": self.grpo.num_skipped_updates}
 
+    @property
+    def num_sampling_oom_retries(self) -> int:
+        return self.sizes.oom_retries["sampling"]
+
     def _sample_with_retry(self, prompt_ids, G: int, keys: list[str], texts: list[str],
                            share: list[int], progress: RunProgress):
-        """On out-of-memory, halve g (`full` becomes `continuous`) and sample the step again."""
-        sampling = self.sampler.cfg
+        """On out-of-memory, halve g (`RunSizes.halve`; `full` becomes `continuous`) and sample
+        the step again."""
         while True:
             state = self.generator.get_state()
             try:
@@ -427,14 +428,11 @@ class GRPOTrainer:
                                                generator=self.generator, global_group_ids=share,
                                                progress=progress.sampling)
             except (torch.OutOfMemoryError, RuntimeError) as err:
-                g = sampling.micro_group or self.sampler.last_num_slots or G * len(prompt_ids)
-                if not is_out_of_memory(err) or g <= 1:
+                if not is_out_of_memory(err) or self.sizes.micro_group <= 1:
                     raise
                 self.generator.set_state(state)
-                sampling.micro_group = g // 2
-                sampling.policy = "continuous" if sampling.policy == "full" else sampling.policy
-                self.num_sampling_oom_retries += 1
-                print(f"out of memory while sampling: retrying with micro_group={g // 2}")
+                g = self.sizes.halve("sampling")
+                print(f"out of memory while sampling: retrying with micro_group={g}")
 
     def _score(self, examples: list[dict[str, Any]], texts: list[str],
                completion_ids: list[list[int]]):

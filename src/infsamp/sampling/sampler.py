@@ -1,8 +1,10 @@
 """The sampler the trainer calls: B prompts x G completions under a KV-cache budget, on any engine.
 
-`GroupSampler.sample` checks the request (before any work), turns `sampling.kv_budget` into tokens
-and the number of concurrent samples g (`types.concurrency_for_budget`), then runs the one loop
-shared with the simulator, on the engine it was given (`engines/`: `slots` or `vllm`):
+`GroupSampler.sample` checks the request (before any work), reads g and the KV budget from the
+run's sizes (`planner.sizes.RunSizes`, decided once at start-up), caps g by what the budget holds
+for this call's prompts (`types.concurrency_for_budget`: with the run's sizes it never binds), then
+runs the one loop shared with the simulator, on the engine it was given (`engines/`: `slots` or
+`vllm`):
 
     while not sched.done:
         for slot, sample in sched.admit(): engine.start(slot, sample)
@@ -14,80 +16,98 @@ their tokens. Policies differ only in admission: `full` (all samples at once), `
 `continuous`, `length_aware`. Each sample draws its random numbers from its own seed, so every
 policy and every engine schedule return the same completions.
 
-Deliberately simple: one device; the `auto` budget is a fixed share of free memory until the planner
-refines it (`AUTO_BUDGET_FRACTION`, `resolve_budget`).
+Deliberately simple: one device; a sampler given no sizes (used alone: tests, scripts) sizes each
+call for its own prompts with the same rule (`sampler_sizes`), its `sampling.kv_budget` read once.
 """
 
 from __future__ import annotations
 
-import os
 import time
 import warnings
 from collections.abc import Callable, Sequence
 
 import torch
 
-from infsamp.config import SamplingConfig, parse_size, size_is_bytes
+from infsamp.config import ConfigError, SamplingConfig
 from infsamp.errors import SamplingError
+from infsamp.models.device import base_model, memory_bytes
 from infsamp.models.loading import stop_token_ids
-from infsamp.sampling.engines.base import (DecodeOptions, Engine, EngineLimits,
-                                           LogitsProcessorFactory, model_kv_bytes_per_token)
+from infsamp.planner import plan_memory, shape_from_config
+from infsamp.planner.sizes import RunSizes, kv_block_size, parse_kv_budget, sampling_sizes
+from infsamp.sampling.engines.base import (DecodeOptions, Engine, LogitsProcessorFactory,
+                                           model_kv_bytes_per_token)
 from infsamp.sampling.engines.slots import SlotEngine
 from infsamp.sampling.scheduler import SlotScheduler
 from infsamp.sampling.types import (Completion, Sample, SampleResult, SamplerStats,
-                                    concurrency_for_budget, kv_tokens_needed, largest_fitting,
-                                    make_samples)
-
-AUTO_BUDGET_FRACTION = {"cuda": 0.5, "cpu": 0.25}  # share of free memory the KV cache may take
-
+                                    concurrency_for_budget, make_samples, max_new_tokens_within)
 
 # told after each decode step: the call's statistics so far, samples finished, samples running
 ProgressCallback = Callable[[SamplerStats, int, int], None]
 
 
-# ---------------------------------------------------------------- budget
+# ---------------------------------------------------------------- sizes
 
 
-def free_memory_bytes(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
-def resolve_budget(kv_budget: str, model) -> int:
-    """`sampling.kv_budget` -> KV tokens: '8192' is tokens, '2GiB' bytes, 'auto' a share of free memory."""
-    per_token = model_kv_bytes_per_token(model)
-    if kv_budget == "auto":
-        device = next(model.parameters()).device
-        return int(free_memory_bytes(device) * AUTO_BUDGET_FRACTION.get(device.type, 0.25)) // per_token
+def resolve_budget(kv_budget: str, model) -> int | None:
+    """`sampling.kv_budget` -> KV tokens: '8192' is tokens, '2GiB' bytes; None for 'auto' (the
+    planner sizes it for g: `planner.sizes.sampling_sizes`)."""
     try:
-        size = parse_size(kv_budget)
-    except ValueError as err:
-        raise SamplingError(f"sampling.kv_budget: {err}") from None
-    return size // per_token if size_is_bytes(kv_budget) else size
+        return parse_kv_budget(kv_budget, model_kv_bytes_per_token(model))
+    except ConfigError as err:
+        raise SamplingError(str(err)) from None
 
 
-def engine_limits(cfg: SamplingConfig, model, max_prompt_tokens: int,
-                  num_prompts: int) -> EngineLimits:
-    """What a long-lived engine must serve: prompts up to `max_prompt_tokens`, `num_prompts` x G
-    samples per call, at most g at once (all of them under `full`), within `sampling.kv_budget`."""
-    num_samples = num_prompts * cfg.num_generations
-    concurrency = num_samples if cfg.policy == "full" else min(cfg.micro_group or num_samples,
-                                                                num_samples)
-    return EngineLimits(max_prompt_tokens=max_prompt_tokens, max_new_tokens=cfg.max_new_tokens,
-                        max_num_seqs=concurrency,
-                        kv_budget_tokens=resolve_budget(cfg.kv_budget, model))
+def memory_micro_group(cfg: SamplingConfig, model, max_prompt_tokens: int, num_prompts: int,
+                       engine: str = "slots") -> int:
+    """The largest g the planner fits beside the loaded model in the device's memory (free now
+    plus what the model holds), for `micro_group: 0` with `kv_budget: auto`; at least 1."""
+    param = next(model.parameters())
+    device = "cuda" if param.device.type == "cuda" else "cpu"
+    held = sum(p.numel() * p.element_size() for p in model.parameters())
+    plan = plan_memory(shape_from_config(base_model(model).config),
+                       gpu_memory_bytes=memory_bytes(param.device)[0] + held,
+                       num_generations=cfg.num_generations, num_prompts=num_prompts,
+                       max_prompt=max_prompt_tokens, max_completion=cfg.max_new_tokens,
+                       optimizer="sgd", precision="fp32" if param.element_size() == 4 else "bf16",
+                       device=device, engine=engine)
+    return max(plan.micro_group, 1)
+
+
+def sampler_sizes(cfg: SamplingConfig, model, max_prompt_tokens: int, num_prompts: int,
+                  engine: str = "slots", num_generations: int | None = None,
+                  max_new_tokens: int | None = None, budget_is_pool: bool = True,
+                  budget: int | None | str = "read") -> RunSizes:
+    """The sizes of a sampler that runs alone (no training run planned them), for calls of up to
+    `num_prompts` prompts x G of up to `max_prompt_tokens` tokens on `engine` (slots or vllm):
+    the rule a run's plan uses (`planner.sizes.sampling_sizes`). `budget`: `sampling.kv_budget`
+    in tokens when already read (None: auto)."""
+    G, max_new = num_generations or cfg.num_generations, max_new_tokens or cfg.max_new_tokens
+    budget = resolve_budget(cfg.kv_budget, model) if budget == "read" else budget
+    memory_g = 0
+    if budget is None and not cfg.micro_group and cfg.policy != "full":
+        memory_g = memory_micro_group(cfg, model, max_prompt_tokens, num_prompts, engine)
+    device = "cuda" if next(model.parameters()).device.type == "cuda" else "cpu"
+    return sampling_sizes(policy=cfg.policy, micro_group=cfg.micro_group, kv_budget_tokens=budget,
+                          num_generations=G, num_prompts=num_prompts,
+                          max_prompt_tokens=max_prompt_tokens, max_new_tokens=max_new,
+                          block_size=kv_block_size(engine, device), memory_micro_group=memory_g,
+                          budget_is_pool=budget_is_pool)
 
 
 # ---------------------------------------------------------------- the sampler
 
 
 class GroupSampler:
+    """`sizes`: the run's (only read here: the out-of-memory retry halves them, `RunSizes.halve`);
+    None: each call is sized for its own prompts (`sampler_sizes`)."""
+
     def __init__(self, model, tokenizer, cfg: SamplingConfig, predictor=None,
-                 engine: Engine | None = None):
+                 engine: Engine | None = None, sizes: RunSizes | None = None):
         self.model, self.tokenizer, self.cfg, self.predictor = model, tokenizer, cfg, predictor
         self.engine = engine if engine is not None else SlotEngine(model)
-        self.last_num_slots = 0  # g of the latest call (the trainer halves it after an out-of-memory error)
+        self.sizes = sizes
+        # a sampler used alone reads `sampling.kv_budget` once (a bad one fails here)
+        self._kv_budget = resolve_budget(cfg.kv_budget, model) if sizes is None else None
 
     @property
     def max_context(self) -> int:
@@ -109,22 +129,22 @@ class GroupSampler:
         (key `global_group_ids[i] * G + j`), so the completions do not depend on the process count.
         `progress`, if given, is called after every decode step (see `ProgressCallback`).
         """
-        policy = policy or self.cfg.policy
         max_new = max_new_tokens or self.cfg.max_new_tokens
         self._check_request(prompt_ids, num_generations, max_new, logits_processor_factory)
-        budget = self.budget_tokens()
+        sizes = self.sizes or self.call_sizes(prompt_ids, num_generations, max_new)
+        policy = policy or sizes.sampling_policy(self.cfg.policy)
+        budget = self.budget_tokens(sizes)
         max_new = self._fit_budget(prompt_ids, max_new, budget)
         samples = self._samples(prompt_ids, num_generations, max_new, prompt_keys, prompt_texts)
         lengths = [len(p) for p in prompt_ids]
-        num_slots = self.num_slots(policy, budget, lengths, max_new, len(samples))
-        self.last_num_slots = num_slots
+        micro_group = self.micro_group(policy, sizes, budget, lengths, max_new, len(samples))
         options = self._decode_options(temperature, generator)
         if target_lengths is not None:
             options.target_lengths = tuple(int(n) for n in target_lengths)
         if global_group_ids is not None:
             options.sample_keys = tuple(global_group_ids[s.group_id] * num_generations
                                         + s.index_in_group for s in samples)
-        sched = SlotScheduler(samples, policy, num_slots, max_kv_tokens=budget,
+        sched = SlotScheduler(samples, policy, micro_group, max_kv_tokens=budget,
                               predictor=self.predictor, kv_block_size=self.engine.kv_block_size,
                               refill=self.cfg.refill, epsilon=self.cfg.grouping_epsilon,
                               prefix_tokens=self.cfg.predictor_prefix_tokens)
@@ -135,22 +155,29 @@ class GroupSampler:
         stats.wall_time_s = self._run(sched, progress)
         return SampleResult(self._completions(samples, num_generations), stats)
 
-    def budget_tokens(self) -> int:
-        """`sampling.kv_budget` in tokens, capped by the engine's fixed KV pool (vLLM)."""
-        budget = resolve_budget(self.cfg.kv_budget, self.model)
+    def call_sizes(self, prompt_ids: list[list[int]], num_generations: int,
+                   max_new: int) -> RunSizes:
+        """A sampler used alone: the sizes of one call, for its own prompts."""
+        return sampler_sizes(self.cfg, self.model, max(len(p) for p in prompt_ids), len(prompt_ids),
+                             self.engine.name, num_generations, max_new, budget_is_pool=False,
+                             budget=self._kv_budget)
+
+    def budget_tokens(self, sizes: RunSizes) -> int:
+        """The KV budget in tokens, capped by the engine's fixed KV pool (vLLM)."""
         capacity = self.engine.kv_capacity_tokens
+        budget = sizes.kv_budget_tokens
         return budget if capacity is None else min(budget, capacity)
 
-    def num_slots(self, policy: str, budget: int, prompt_lengths: Sequence[int], max_new: int,
-                  num_samples: int) -> int:
-        """g: `sampling.micro_group` if set, capped by what the budget holds in the worst case (and
-        by the engine's concurrency)."""
+    def micro_group(self, policy: str, sizes: RunSizes, budget: int,
+                    prompt_lengths: Sequence[int], max_new: int, num_samples: int) -> int:
+        """g: the sizes' g (0: all the budget holds), capped by what the budget holds for this
+        call's prompts in the worst case (and by the engine's concurrency)."""
         if policy == "full":
             return num_samples
         fits = concurrency_for_budget(budget, max_new, max(prompt_lengths), len(prompt_lengths),
                                       num_samples, self.engine.kv_block_size)
-        g = max(1, min(fits, self.cfg.micro_group or fits))
-        return min(g, self.engine.max_num_seqs or g)
+        g = max(1, min(fits, sizes.micro_group or fits))
+        return min(g, self.engine.max_micro_group or g)
 
     # ---- checks, before any work
     def _check_request(self, prompt_ids: list[list[int]], num_generations: int, max_new: int,
@@ -176,8 +203,7 @@ class GroupSampler:
         """Budget must hold the longest prompt plus one token; a smaller max_new_tokens than asked is
         used (with a warning) when it cannot hold a whole completion."""
         longest, block = max(len(p) for p in prompt_ids), self.engine.kv_block_size
-        fits = largest_fitting(max_new,
-                               lambda m: kv_tokens_needed(1, m, longest, 1, block) <= budget)
+        fits = max_new_tokens_within(budget, longest, max_new, block)
         if fits < 1:
             raise SamplingError(f"sampling.kv_budget={self.cfg.kv_budget!r} ({budget} tokens) cannot hold "
                                 f"the longest prompt ({longest} tokens) plus one token")

@@ -31,7 +31,13 @@ from infsamp.errors import SamplingError
 from infsamp.sampling.grouping import lower_bound, pigeonhole_bound
 from infsamp.sampling.length_predictor import LengthPredictor, prediction_quality
 from infsamp.sampling.policies import make_policy
-from infsamp.sampling.types import Sample, SamplerStats, reserved_tokens, shared_prompt_tokens
+from infsamp.sampling.types import (
+    Sample,
+    SamplerStats,
+    max_new_tokens_within,
+    reserved_tokens,
+    shared_prompt_tokens,
+)
 
 
 class SlotScheduler:
@@ -49,7 +55,7 @@ class SlotScheduler:
         self._reserve = [reserved_tokens(s.prompt_tokens, s.max_new_tokens, kv_block_size)
                          for s in self._samples]
         self._max_reserve = max(self._reserve, default=0)
-        self._check_budget()
+        self._check_budget(kv_block_size)
         self.prefix_tokens_wanted = self._policy.prefix_tokens_wanted
         self._free_slots = list(range(self.num_slots))  # a heap: lowest free slot first
         self._active: dict[int, Sample] = {}
@@ -64,7 +70,7 @@ class SlotScheduler:
         self._active_tokens = 0  # tokens generated so far by running samples
         self._num_finished = 0
         self._predicted: dict[int, float] = {}
-        self.stats = SamplerStats(num_samples=len(self._samples), num_slots=self.num_slots,
+        self.stats = SamplerStats(num_samples=len(self._samples), micro_group=self.num_slots,
                                   policy=policy, kv_block_size=kv_block_size)
 
     # ---- the loop -------------------------------------------------------------------------------
@@ -189,14 +195,16 @@ class SlotScheduler:
             self.stats.predictor_kendall_tau, self.stats.predictor_mae = quality
             self.predictor.end_call()
 
-    def _check_budget(self) -> None:
+    def _check_budget(self, block_size: int) -> None:
         if self.max_kv_tokens is None or not self._samples:
             return
         largest = max(self._samples, key=lambda s: self._shared[s.sample_id])
-        if self._shared[largest.sample_id] + self._max_reserve > self.max_kv_tokens:
+        max_new = max(s.max_new_tokens for s in self._samples)
+        if max_new_tokens_within(self.max_kv_tokens, largest.prompt_tokens, max_new,
+                                 block_size) < max_new:
             raise SamplingError(
                 f"kv budget {self.max_kv_tokens} tokens is too small for group {largest.group_id}: "
-                f"prompt {largest.prompt_tokens} + max_new_tokens {largest.max_new_tokens}")
+                f"prompt {largest.prompt_tokens} + max_new_tokens {max_new}")
 
 
 def _check_samples(samples: list[Sample], num_slots: int) -> None:

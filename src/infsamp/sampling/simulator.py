@@ -247,11 +247,11 @@ def simulate(groups: Sequence[TraceGroup], policy: str, num_slots: int | None = 
 
 def _num_slots(num_slots, kv_budget, groups, max_new, prompts_per_step) -> int:
     if num_slots is None and kv_budget is None:
-        raise SamplingError("give --slots or --kv-budget (or both)")
+        raise SamplingError("give --micro-group/--slots or --kv-budget (or both)")
     budget_slots = (slots_for_budget(kv_budget, groups, max_new, prompts_per_step)
                     if kv_budget is not None else None)
     if num_slots is not None and num_slots < 1:
-        raise SamplingError(f"--slots must be >= 1, got {num_slots}")
+        raise SamplingError(f"--micro-group must be >= 1, got {num_slots}")
     return min(s for s in (num_slots, budget_slots) if s is not None)
 
 

@@ -5,11 +5,12 @@ budget arithmetic. Pure Python (no torch), imported by every other module of `sa
 group, prompt length, limit) and where it stands (status, slot, generated tokens, the engine's
 log-probs). The scheduler moves it through pending -> running -> finished; an engine only appends
 tokens. `SamplerStats` is the one statistics type: the scheduler, the engine and the sampler each
-fill their own fields, and `merge` sums calls (the simulator, the benchmarks).
+fill their own fields; `COMBINED` says how each one adds up over calls (`merge`: the simulator,
+the benchmarks) and over ranks.
 
-Budget arithmetic (`shared_prompt_tokens`, `reserved_tokens`, `kv_tokens_needed`,
-`concurrency_for_budget`) is the one place that turns a KV budget into concurrency, for the
-sampler, the simulator, the planner and both benchmarks. An engine allocates KV in blocks of
+The budget arithmetic that turns a KV budget into concurrency lives with the planner
+(`planner/kv_budget.py`, below sampling in the layers) and is read from here by the sampler, the
+engines, the simulator and both benchmarks. An engine allocates KV in blocks of
 `block_size` tokens: 1 for the slot engine (a group's prompt held once, each slot
 `max_new_tokens`), vLLM's block size for its paged pool with prefix caching (a group's full prompt
 blocks shared, the rest private).
@@ -22,7 +23,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Literal
 
-VLLM_BLOCK_SIZE = {"cpu": 32, "cuda": 16}  # tokens per vLLM KV block (CPU kernels want 32s)
+from infsamp.planner.kv_budget import (  # noqa: F401 (the budget arithmetic, read here by sampling/)
+    VLLM_BLOCK_SIZE,
+    concurrency_for_budget,
+    kv_tokens_needed,
+    largest_fitting,
+    max_new_tokens_within,
+    reserved_tokens,
+    shared_prompt_tokens,
+    usable_kv_tokens,
+)
+
 FinishReason = Literal["eos", "length"]
 SampleStatus = Literal["pending", "running", "finished"]
 
@@ -72,6 +83,9 @@ def make_samples(prompt_tokens: list[int], group_size: int, max_new_tokens: int,
 
 @dataclass
 class Completion:
+    """One finished sample as the sampler returns it. The step's statistics on a rank also hold
+    the other ranks' completions: those carry their length and finish reason only (no tokens)."""
+
     token_ids: list[int]
     text: str
     length: int  # generated tokens, EOS included
@@ -81,11 +95,23 @@ class Completion:
     logprobs: list[float] | None = None  # the engine's log-prob of each token (vLLM), else None
 
 
-_SUMMED = ("decode_steps", "lower_bound", "opt_lower_bound", "num_samples", "generated_tokens",
-           "num_rounds", "prefill_tokens", "num_preemptions", "recomputed_tokens", "model_time_s",
-           "wall_time_s", "num_calls")
-_PEAKS = ("peak_kv_tokens_used", "peak_kv_tokens", "peak_kv_blocks", "peak_kv_bytes", "num_slots",
-          "kv_budget_tokens", "kv_block_size")
+# How each statistic combines, the one table: over calls one after another (`SamplerStats.merge`:
+# the simulator, the benchmarks) and over ranks sampling the same step at once
+# (`distributed/rank_step.py`); a statistic not named here (the predictor's quality, the overhead
+# share) is averaged over ranks.
+COMBINED: dict[str, tuple[str, str]] = {  # name: (over calls, over ranks), each sum or max
+    "decode_steps": ("sum", "max"), "lower_bound": ("sum", "max"),
+    "opt_lower_bound": ("sum", "max"), "num_samples": ("sum", "mean"),
+    "generated_tokens": ("sum", "sum"), "num_rounds": ("sum", "mean"),
+    "prefill_tokens": ("sum", "sum"), "num_preemptions": ("sum", "sum"),
+    "recomputed_tokens": ("sum", "sum"), "model_time_s": ("sum", "max"),
+    "wall_time_s": ("sum", "max"), "num_calls": ("sum", "mean"),
+    "peak_kv_tokens_used": ("max", "max"), "peak_kv_tokens": ("max", "max"),
+    "peak_kv_blocks": ("max", "mean"), "peak_kv_bytes": ("max", "max"),
+    "micro_group": ("max", "max"), "kv_budget_tokens": ("max", "max"),
+    "kv_block_size": ("max", "mean"), "tokens_per_second": ("", "sum"),
+}
+COMBINE = {"sum": sum, "max": max, "mean": lambda values: sum(values) / len(values)}
 
 
 @dataclass
@@ -99,7 +125,7 @@ class SamplerStats:
     num_samples: int = 0
     generated_tokens: int = 0
     num_rounds: int = 0  # admissions that started from an empty engine (rounds policy: its rounds)
-    num_slots: int = 0  # g
+    micro_group: int = 0  # g: samples decoded at once
     peak_kv_tokens_used: int = 0  # occupied KV tokens at the peak (open prompts + tokens)
     predictor_kendall_tau: float | None = None  # prediction the plan last used vs real lengths
     predictor_mae: float | None = None
@@ -143,11 +169,11 @@ class SamplerStats:
         samples."""
         first = calls[0] if calls else cls()
         total = cls(num_calls=0, policy=first.policy, engine=first.engine)
-        for call in calls:
-            for name in _SUMMED:
-                setattr(total, name, getattr(total, name) + getattr(call, name))
-            for name in _PEAKS:
-                setattr(total, name, max(getattr(total, name), getattr(call, name)))
+        for name, (over_calls, _) in COMBINED.items():
+            if over_calls:
+                values = [getattr(call, name) for call in calls]
+                if values:
+                    setattr(total, name, COMBINE[over_calls](values))
         rated = [c for c in calls if c.predictor_kendall_tau is not None]
         if rated:
             total.predictor_kendall_tau = sum(c.predictor_kendall_tau for c in rated) / len(rated)
@@ -164,58 +190,3 @@ class SampleResult:
     @property
     def completions(self) -> list[Completion]:
         return [c for group in self.groups for c in group]
-
-
-# ---------------------------------------------------------------- budget arithmetic (pure Python)
-
-
-def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
-    """Bytes one token occupies in the KV cache: keys and values of every layer."""
-    return 2 * num_layers * num_kv_heads * head_dim * dtype_bytes
-
-
-def shared_prompt_tokens(prompt_tokens: int, block_size: int = 1) -> int:
-    """KV of a group's prompt held once for all its samples. Paged (block_size > 1): the full
-    prompt blocks a prefix cache can share (never the block holding the last prompt token, which
-    vLLM recomputes so that it has logits to sample from)."""
-    if block_size == 1:
-        return prompt_tokens
-    return max(0, prompt_tokens - 1) // block_size * block_size
-
-
-def reserved_tokens(prompt_tokens: int, max_new_tokens: int, block_size: int = 1) -> int:
-    """KV a running sample may grow to on its own (beyond its group's shared prompt), in blocks."""
-    if block_size == 1:
-        return max_new_tokens
-    blocks = -(-(prompt_tokens + max_new_tokens) // block_size)
-    return blocks * block_size - shared_prompt_tokens(prompt_tokens, block_size)
-
-
-def kv_tokens_needed(num_slots: int, max_new_tokens: int, max_prompt_tokens: int, num_prompts: int,
-                     block_size: int = 1) -> int:
-    """Worst-case KV tokens held with `num_slots` samples running: each at its reservation, and one
-    shared prompt per group that can be open at once (at most one per slot and one per prompt)."""
-    lowest = max(0, max_prompt_tokens - block_size + 1)  # reservations repeat with P mod block
-    reserve = max(reserved_tokens(p, max_new_tokens, block_size)
-                  for p in range(lowest, max_prompt_tokens + 1))
-    return (num_slots * reserve
-            + shared_prompt_tokens(max_prompt_tokens, block_size) * min(num_prompts, num_slots))
-
-
-def largest_fitting(high: int, fits) -> int:
-    """The largest n in 1..high with fits(n), for a monotone fits (true, then false); 0 if none."""
-    best, low = 0, 1
-    while low <= high:
-        mid = (low + high) // 2
-        if fits(mid):
-            best, low = mid, mid + 1
-        else:
-            high = mid - 1
-    return best
-
-
-def concurrency_for_budget(budget_tokens: int, max_new_tokens: int, max_prompt_tokens: int,
-                           num_prompts: int, num_samples: int, block_size: int = 1) -> int:
-    """g: the most samples (<= num_samples) whose worst case fits the budget; 0 if not even one."""
-    return largest_fitting(num_samples, lambda g: kv_tokens_needed(
-        g, max_new_tokens, max_prompt_tokens, num_prompts, block_size) <= budget_tokens)

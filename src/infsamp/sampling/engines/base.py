@@ -17,16 +17,24 @@ Deliberately simple: one decode token per sample per step (no speculative decodi
 from __future__ import annotations
 
 import importlib
-import importlib.util
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 import torch
 
+from infsamp.config import ConfigError
 from infsamp.errors import SamplingError
 from infsamp.models.device import base_model
-from infsamp.sampling.types import Sample, SamplerStats, kv_bytes_per_token
+from infsamp.planner.estimate import kv_bytes_per_token
+from infsamp.planner.presets import shape_from_config
+from infsamp.planner.sizes import (
+    ENGINE_CHOICES,
+    RunSizes,
+    resolve_engine,
+    vllm_installed,  # noqa: F401 (engines and tests read it here)
+)
+from infsamp.sampling.types import Sample, SamplerStats
 
 if TYPE_CHECKING:
     from infsamp.config import SamplingConfig
@@ -58,21 +66,11 @@ class DecodeOptions:
         return self.sample_keys[sample_id] if self.sample_keys else sample_id
 
 
-@dataclass(frozen=True)
-class EngineLimits:
-    """What a run may ask of a long-lived engine, fixed when it starts (vLLM sizes its pool)."""
-
-    max_prompt_tokens: int
-    max_new_tokens: int
-    max_num_seqs: int  # the most samples running at once
-    kv_budget_tokens: int  # the KV pool never exceeds this
-
-
 class Engine(Protocol):
     name: str
     kv_block_size: int  # tokens per KV allocation unit (the slot engine: 1)
     max_context: int  # the most tokens (prompt + completion) one sample may hold
-    max_num_seqs: int | None  # the most samples it runs at once (None: any)
+    max_micro_group: int | None  # the most samples it runs at once (None: any)
     kv_capacity_tokens: int | None  # its fixed KV pool in tokens (None: allocated per call)
     copies_weights: bool  # holds its own copy of the weights (load_weights copies them in)
 
@@ -104,36 +102,24 @@ class Engine(Protocol):
 
 
 def model_kv_bytes_per_token(model) -> int:
-    """KV bytes of one token for a transformers model (its config, its parameters' dtype)."""
-    config = model.config
-    heads = config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    """KV bytes of one token for a transformers model (its shape, its parameters' dtype)."""
     dtype_bytes = next(model.parameters()).element_size()
-    return kv_bytes_per_token(config.num_hidden_layers, kv_heads, head_dim, dtype_bytes)
+    return kv_bytes_per_token(shape_from_config(base_model(model).config), dtype_bytes)
 
 
 ENGINES = {  # name -> "module:class"; imported only when chosen (importing vLLM takes seconds)
     "slots": "infsamp.sampling.engines.slots:SlotEngine",
     "vllm": "infsamp.sampling.engines.vllm:VLLMEngine",
 }
-ENGINE_NAMES = ("auto", *ENGINES)
-
-
-def vllm_installed() -> bool:
-    return importlib.util.find_spec("vllm") is not None
+ENGINE_NAMES = ENGINE_CHOICES
 
 
 def resolve_engine_name(name: str, device: torch.device, quantized: bool = False) -> str:
-    """`auto`: vLLM where it is installed and the model is on a CUDA GPU, else the slot engine;
-    a 4-bit (bitsandbytes) base always decodes on the slot engine (vLLM cannot load it)."""
-    if name not in ENGINE_NAMES:
-        raise SamplingError(f"sampling.engine: unknown engine {name!r}; choose one of "
-                            f"{', '.join(ENGINE_NAMES)}")
-    if name == "auto":
-        use_vllm = device.type == "cuda" and vllm_installed() and not quantized
-        return "vllm" if use_vllm else "slots"
-    return name
+    """`planner.sizes.resolve_engine` for a torch device (the one rule `infsamp plan` uses too)."""
+    try:
+        return resolve_engine(name, device.type, quantized)
+    except ConfigError as err:
+        raise SamplingError(str(err)) from None
 
 
 def is_4bit(model) -> bool:
@@ -141,8 +127,9 @@ def is_4bit(model) -> bool:
     return bool(getattr(base, "is_loaded_in_4bit", False))
 
 
-def make_engine(name: str, model, cfg: "SamplingConfig", limits: EngineLimits) -> Engine:
-    """The engine `sampling.engine` names, for `model` (a transformers causal LM, peft or not)."""
+def make_engine(name: str, model, cfg: "SamplingConfig", sizes: RunSizes) -> Engine:
+    """The engine `sampling.engine` names, for `model` (a transformers causal LM, peft or not),
+    started for the run's `sizes` (its prompts, completions, concurrency and KV budget)."""
     name = resolve_engine_name(name, next(model.parameters()).device, quantized=is_4bit(model))
     module, _, cls = ENGINES[name].partition(":")
-    return getattr(importlib.import_module(module), cls)(model, cfg, limits)
+    return getattr(importlib.import_module(module), cls)(model, cfg, sizes)

@@ -149,10 +149,10 @@ class SlotEngine:
     name = "slots"
     kv_block_size = 1
     copies_weights = False  # decodes with the trainer's model itself
-    max_num_seqs = None
+    max_micro_group = None
     kv_capacity_tokens = None
 
-    def __init__(self, model, cfg=None, limits=None):
+    def __init__(self, model, cfg=None, sizes=None):
         self.model = model
         self.eager_mask = getattr(model.config, "_attn_implementation", "sdpa") == "eager"
         self.cache_kwarg = _cache_kwarg_name(model)

@@ -6,8 +6,9 @@ dummy weights, then takes the trainer's weights (`load_weights`, after every opt
 adapters merged out of place, so the trainer's weights never drift); the prefix cache is reset
 after every update.
 
-Sizing (`EngineLimits`): the KV pool (`kv_cache_memory_bytes`) is `sampling.kv_budget` rounded
-down to whole blocks and never more; concurrency (`max_num_seqs`) is the run's largest g. Prefix
+Sizing (the run's `RunSizes`, decided once by the planner): the KV pool (`kv_cache_memory_bytes`)
+is the KV budget rounded down to whole blocks and never more (one block of it is vLLM's null
+block); vLLM's `max_num_seqs` is the run's largest g (`max_micro_group`). Prefix
 caching is on, so a group's full prompt blocks are computed once and shared by its samples
 (`prefill_tokens` counts what was computed); the scheduler's books count KV in these blocks
 (`types.reserved_tokens`), so admission keeps the pool's worst case within it and vLLM has no
@@ -40,10 +41,12 @@ import torch
 
 from infsamp.config import SamplingConfig
 from infsamp.errors import SamplingError, first_line
-from infsamp.models.device import base_model
-from infsamp.sampling.engines.base import (DecodeOptions, EngineLimits, SlotLogitsProcessor,
+from infsamp.models.device import base_model, memory_bytes
+from infsamp.planner.sizes import RunSizes
+from infsamp.sampling.engines.base import (DecodeOptions, SlotLogitsProcessor,
                                            model_kv_bytes_per_token, vllm_installed)
-from infsamp.sampling.types import VLLM_BLOCK_SIZE, Sample, SamplerStats, kv_tokens_needed
+from infsamp.sampling.types import (VLLM_BLOCK_SIZE, Sample, SamplerStats, kv_tokens_needed,
+                                    max_new_tokens_within, usable_kv_tokens)
 
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 FINISH_REASONS = {"stop": "eos", "length": "length"}
@@ -98,7 +101,7 @@ class VLLMEngine:
     name = "vllm"
     copies_weights = True  # its own weights, pushed after every optimizer step
 
-    def __init__(self, model, cfg: SamplingConfig, limits: EngineLimits):
+    def __init__(self, model, cfg: SamplingConfig, sizes: RunSizes):
         global _live
         vllm = import_vllm()
         from vllm.inputs import tokens_input
@@ -110,11 +113,11 @@ class VLLMEngine:
         self.device = param.device
         self._check_device(vllm)
         self.kv_block_size = VLLM_BLOCK_SIZE.get(self.device.type, 16)
-        self.max_context = min(limits.max_prompt_tokens + limits.max_new_tokens,
+        self.max_context = min(sizes.max_prompt_tokens + sizes.max_new_tokens,
                                int(getattr(config, "max_position_embeddings", 1 << 30)))
-        self.max_num_seqs = max(1, limits.max_num_seqs)
+        self.max_micro_group = max(1, sizes.max_micro_group)
         self.kv_bytes_per_token = model_kv_bytes_per_token(base_model(model))
-        num_blocks = self._pool_blocks(cfg, limits)
+        num_blocks = self._pool_blocks(cfg, sizes)
         self.kv_capacity_tokens = (num_blocks - 1) * self.kv_block_size  # block 0: vLLM's null
         self.sleep_level = _sleep_level(cfg, self.device)
         check_no_live_engine()
@@ -122,7 +125,7 @@ class VLLMEngine:
         self._remove_config = weakref.finalize(self, shutil.rmtree, self._config_dir,
                                                ignore_errors=True)
         config.save_pretrained(self._config_dir)
-        self.engine = self._start(vllm, param.dtype, num_blocks, limits)
+        self.engine = self._start(vllm, param.dtype, num_blocks, sizes)
         _live = weakref.ref(self)
         core = self.engine.engine_core.engine_core
         self._scheduler = core.scheduler
@@ -144,30 +147,32 @@ class VLLMEngine:
                                 "('infsamp[gpu]' for CUDA, 'infsamp[cpu-vllm]' for CPU) or use "
                                 "--sampling.engine slots")
 
-    def _pool_blocks(self, cfg: SamplingConfig, limits: EngineLimits) -> int:
+    def _pool_blocks(self, cfg: SamplingConfig, sizes: RunSizes) -> int:
         """Blocks of the KV pool: what the run's largest g needs at most, never over the budget."""
-        block, prompt, new = self.kv_block_size, limits.max_prompt_tokens, limits.max_new_tokens
-        one_sequence = kv_tokens_needed(1, new, prompt, 1, block)
-        if limits.kv_budget_tokens // block - 1 < -(-one_sequence // block):
+        block, prompt, new = self.kv_block_size, sizes.max_prompt_tokens, sizes.max_new_tokens
+        budget = sizes.kv_budget_tokens
+        if max_new_tokens_within(usable_kv_tokens(budget, block), prompt, new, block) < new:
+            one_sequence = kv_tokens_needed(1, new, prompt, 1, block)
             raise SamplingError(
-                f"sampling.kv_budget={cfg.kv_budget!r} ({limits.kv_budget_tokens} tokens) is "
+                f"sampling.kv_budget={cfg.kv_budget!r} ({budget} tokens) is "
                 f"below one full sequence on vLLM ({one_sequence} tokens in blocks of {block}: "
                 f"prompt {prompt} + max_new_tokens {new}); raise sampling.kv_budget or lower "
                 "sampling.max_new_tokens / data.max_prompt_length")
-        wanted = kv_tokens_needed(self.max_num_seqs, new, prompt, self.max_num_seqs, block)
-        return min(limits.kv_budget_tokens // block, -(-wanted // block) + 1)
+        most = self.max_micro_group
+        wanted = kv_tokens_needed(most, new, prompt, most, block)
+        return min(budget // block, -(-wanted // block) + 1)
 
-    def _start(self, vllm, dtype: torch.dtype, num_blocks: int, limits: EngineLimits):
+    def _start(self, vllm, dtype: torch.dtype, num_blocks: int, sizes: RunSizes):
         from vllm.engine.arg_utils import EngineArgs
         from vllm.v1.engine.llm_engine import LLMEngine
 
-        prefill = min(MAX_BATCHED_TOKENS, self.max_num_seqs * (limits.max_prompt_tokens + 1))
+        prefill = min(MAX_BATCHED_TOKENS, self.max_micro_group * (sizes.max_prompt_tokens + 1))
         args = EngineArgs(
             model=self._config_dir, load_format="dummy", skip_tokenizer_init=True,
             generation_config="vllm", dtype=DTYPE_NAMES.get(dtype, "auto"), seed=0,
             max_model_len=self.max_context, block_size=self.kv_block_size,
             kv_cache_memory_bytes=num_blocks * self.kv_block_size * self.kv_bytes_per_token,
-            enable_prefix_caching=True, max_num_seqs=self.max_num_seqs,
+            enable_prefix_caching=True, max_num_seqs=self.max_micro_group,
             max_num_batched_tokens=max(self.max_context, prefill),
             enforce_eager=self.device.type == "cpu", logprobs_mode="processed_logprobs",
             enable_sleep_mode=self.sleep_level > 0, disable_log_stats=True,
@@ -376,7 +381,7 @@ def _memory_share(device: torch.device) -> float:
     optimizer already hold part of it, and the pool is sized in bytes (`kv_cache_memory_bytes`)."""
     if device.type != "cuda":
         return 0.9  # unused on CPU when the pool is given in bytes
-    free, total = torch.cuda.mem_get_info(device)
+    free, total = memory_bytes(device)
     return max(0.01, 0.95 * free / total)
 
 

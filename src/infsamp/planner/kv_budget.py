@@ -1,0 +1,79 @@
+"""The budget arithmetic: KV tokens held by g samples, and the g a KV budget holds. Pure Python.
+
+The one place that turns a KV budget into concurrency, for the planner (`estimate.py`, `sizes.py`)
+and, through `sampling/types.py`, the sampler, the engines, the simulator and both benchmarks
+(`shared_prompt_tokens`, `reserved_tokens`, `kv_tokens_needed`, `concurrency_for_budget`;
+`max_new_tokens_within`: the one check that a budget holds a sample). An engine allocates KV in
+blocks of `block_size` tokens: 1 for the slot engine (a group's prompt held once, each slot
+`max_new_tokens`), vLLM's block size for its paged pool with prefix caching (a group's full prompt
+blocks shared, the rest private).
+
+Deliberately simple: the reservation is the worst case (`max_new_tokens` per running sample).
+"""
+
+from __future__ import annotations
+
+VLLM_BLOCK_SIZE = {"cpu": 32, "cuda": 16}  # tokens per vLLM KV block (CPU kernels want 32s)
+
+
+def shared_prompt_tokens(prompt_tokens: int, block_size: int = 1) -> int:
+    """KV of a group's prompt held once for all its samples. Paged (block_size > 1): the full
+    prompt blocks a prefix cache can share (never the block holding the last prompt token, which
+    vLLM recomputes so that it has logits to sample from)."""
+    if block_size == 1:
+        return prompt_tokens
+    return max(0, prompt_tokens - 1) // block_size * block_size
+
+
+def reserved_tokens(prompt_tokens: int, max_new_tokens: int, block_size: int = 1) -> int:
+    """KV a running sample may grow to on its own (beyond its group's shared prompt), in blocks."""
+    if block_size == 1:
+        return max_new_tokens
+    blocks = -(-(prompt_tokens + max_new_tokens) // block_size)
+    return blocks * block_size - shared_prompt_tokens(prompt_tokens, block_size)
+
+
+def kv_tokens_needed(micro_group: int, max_new_tokens: int, max_prompt_tokens: int, num_prompts: int,
+                     block_size: int = 1) -> int:
+    """Worst-case KV tokens held with `micro_group` samples running: each at its reservation, and one
+    shared prompt per group that can be open at once (at most one per slot and one per prompt)."""
+    lowest = max(0, max_prompt_tokens - block_size + 1)  # reservations repeat with P mod block
+    reserve = max(reserved_tokens(p, max_new_tokens, block_size)
+                  for p in range(lowest, max_prompt_tokens + 1))
+    return (micro_group * reserve
+            + shared_prompt_tokens(max_prompt_tokens, block_size) * min(num_prompts, micro_group))
+
+
+def largest_fitting(high: int, fits) -> int:
+    """The largest n in 1..high with fits(n), for a monotone fits (true, then false); 0 if none."""
+    best, low = 0, 1
+    while low <= high:
+        mid = (low + high) // 2
+        if fits(mid):
+            best, low = mid, mid + 1
+        else:
+            high = mid - 1
+    return best
+
+
+def usable_kv_tokens(budget_tokens: int, block_size: int = 1) -> int:
+    """KV tokens samples may hold within a budget: all of it, or in a paged pool (vLLM) its whole
+    blocks but one (vLLM's null block)."""
+    if block_size == 1:
+        return budget_tokens
+    return max(0, budget_tokens // block_size - 1) * block_size
+
+
+def max_new_tokens_within(budget_tokens: int, prompt_tokens: int, max_new_tokens: int,
+                          block_size: int = 1) -> int:
+    """The check that a budget holds one sample: the most new tokens (<= max_new_tokens) one
+    sample of a `prompt_tokens` prompt can reserve beside its prompt; 0 if not even one."""
+    return largest_fitting(max_new_tokens, lambda m: kv_tokens_needed(
+        1, m, prompt_tokens, 1, block_size) <= budget_tokens)
+
+
+def concurrency_for_budget(budget_tokens: int, max_new_tokens: int, max_prompt_tokens: int,
+                           num_prompts: int, num_samples: int, block_size: int = 1) -> int:
+    """g: the most samples (<= num_samples) whose worst case fits the budget; 0 if not even one."""
+    return largest_fitting(num_samples, lambda g: kv_tokens_needed(
+        g, max_new_tokens, max_prompt_tokens, num_prompts, block_size) <= budget_tokens)

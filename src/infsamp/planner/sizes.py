@@ -1,0 +1,204 @@
+"""The run's sizes, decided once at start-up and only read afterwards (as nano-vllm's KV size).
+
+    RunSizes   the KV budget in tokens, g (samples decoded at once), the most samples the engine
+               runs at once, the training micro-batch in tokens, and the out-of-memory retries
+
+`plan_run_sizes` is the one function that decides them for a run, from the config, the model's
+shape and the device's memory: `infsamp train` (`run/sizes.py`, for the loaded model) and
+`infsamp plan` (for a preset or a config.json) both call it, with the config's defaults.
+`sampling_sizes` is its sampling half, also used by a sampler that runs alone (`infsamp sample`,
+the TRL plug-in). Both size the KV budget with the sampler's own rule (`types.kv_tokens_needed`:
+g samples at their reservation plus each of the step's B prompts that can be open at once, min(B,
+g), held once), so the g the start-up line prints is the g every sampler call runs.
+
+Afterwards only the out-of-memory retry path changes them (`halve`): g after a failed sampling
+call, the micro-batch after a failed backward, each counted in `oom_retries`; the checkpoint stores
+them (`state_dict`) and a resumed run continues with them.
+
+Pure Python (no torch). Deliberately simple: sized for the longest prompt the run allows
+(`data.max_prompt_length`), not for each step's prompts.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from infsamp.choices import ENGINES
+from infsamp.config import Config, ConfigError, parse_size, size_is_bytes
+from infsamp.planner.estimate import kv_bytes_per_token
+from infsamp.planner.kv_budget import (
+    VLLM_BLOCK_SIZE,
+    concurrency_for_budget,
+    kv_tokens_needed,
+    usable_kv_tokens,
+)
+from infsamp.planner.plan import MemoryPlan, plan_memory
+from infsamp.planner.presets import ModelShape
+
+OOM_PARTS = ("sampling", "training")  # what an out-of-memory retry halves: g, or the micro-batch
+MIN_TRAIN_MICRO_BATCH_TOKENS = 64
+ENGINE_CHOICES = ("auto", *ENGINES)
+
+
+@dataclass
+class RunSizes:
+    """Every size the sampler, its engine and the GRPO step use (see the module docstring)."""
+
+    kv_budget_tokens: int  # KV tokens the sampler may hold (vLLM: its pool, one block of it null)
+    micro_group: int  # g: samples decoded at once (a call's all under `full`); 0: what the budget holds
+    max_micro_group: int  # the most samples the engine runs at once (vLLM's max_num_seqs); 0: any
+    max_prompt_tokens: int  # the longest prompt served
+    max_new_tokens: int
+    train_micro_batch_tokens: int = 0  # padded tokens per training micro-batch (0: not training)
+    oom_retries: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OOM_PARTS, 0))
+
+    def halve(self, part: str) -> int:
+        """The out-of-memory retry: halve g ('sampling') or the micro-batch ('training'), count
+        it, and return the new size."""
+        self.oom_retries[part] += 1
+        if part == "sampling":
+            self.micro_group = max(1, self.micro_group // 2)
+            return self.micro_group
+        self.train_micro_batch_tokens = max(MIN_TRAIN_MICRO_BATCH_TOKENS,
+                                            self.train_micro_batch_tokens // 2)
+        return self.train_micro_batch_tokens
+
+    def sampling_policy(self, configured: str) -> str:
+        """`full` runs every sample at once until an out-of-memory retry halved g below them:
+        then `continuous` with that g."""
+        halved = self.micro_group < self.max_micro_group
+        return "continuous" if configured == "full" and halved else configured
+
+    def describe(self) -> str:
+        """The sizes as the start-up line prints them."""
+        engine = f" (engine: up to {self.max_micro_group} at once)" \
+            if self.max_micro_group != self.micro_group else ""
+        return (f"g={self.micro_group}{engine}, KV budget {self.kv_budget_tokens} tokens, "
+                f"train micro-batch {self.train_micro_batch_tokens} tokens")
+
+    def state_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """What the run changed since its start: g (at most what the engine runs; 0: the one
+        planned now), the micro-batch and the retry counts; the KV budget and the engine stay
+        as started."""
+        saved = state["micro_group"] or self.micro_group
+        self.micro_group = min(saved, self.max_micro_group or saved)
+        self.train_micro_batch_tokens = state["train_micro_batch_tokens"]
+        self.oom_retries = {part: int(state["oom_retries"].get(part, 0)) for part in OOM_PARTS}
+
+
+# ---------------------------------------------------------------- the rules
+
+
+def vllm_installed() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
+def resolve_engine(name: str, device: str, quantized: bool = False) -> str:
+    """`auto`: vLLM where it is installed and the model is on a CUDA GPU, else the slot engine;
+    a 4-bit (bitsandbytes) base always decodes on the slot engine (vLLM cannot load it)."""
+    if name not in ENGINE_CHOICES:
+        raise ConfigError(f"sampling.engine: unknown engine {name!r}; choose one of "
+                          f"{', '.join(ENGINE_CHOICES)}")
+    if name == "auto":
+        return "vllm" if device == "cuda" and vllm_installed() and not quantized else "slots"
+    return name
+
+
+def kv_block_size(engine: str, device: str) -> int:
+    """Tokens per KV allocation unit: 1 on the slot engine, vLLM's block on vLLM."""
+    return VLLM_BLOCK_SIZE[device] if engine == "vllm" else 1
+
+
+def parse_kv_budget(text: str, bytes_per_token: int) -> int | None:
+    """`sampling.kv_budget` in tokens: '8192' is tokens, '2GiB' bytes; None for 'auto'."""
+    if text == "auto":
+        return None
+    try:
+        size = parse_size(text)
+    except ValueError as err:
+        raise ConfigError(f"sampling.kv_budget: {err}") from None
+    return size // bytes_per_token if size_is_bytes(text) else size
+
+
+def sampling_sizes(*, policy: str, micro_group: int, kv_budget_tokens: int | None,
+                   num_generations: int, num_prompts: int, max_prompt_tokens: int,
+                   max_new_tokens: int, block_size: int = 1, memory_micro_group: int = 0,
+                   budget_is_pool: bool = True) -> RunSizes:
+    """g, the KV budget and the engine's concurrency for calls of B prompts x G samples.
+
+    `full`: g is all of a call's samples. A given budget: g is `micro_group` capped by what the
+    budget holds for the longest prompt (0: all it holds). No budget (`auto`): g is `micro_group`
+    (0: `memory_micro_group`, the planner's largest that fits) and the budget is what g needs.
+    `budget_is_pool`: the engine is started for this budget (a paged one keeps a null block of
+    it); False for a sampler given an engine started apart (its pool caps the budget per call).
+    """
+    num_samples = num_generations * num_prompts
+    if policy == "full":
+        g = num_samples
+    elif kv_budget_tokens is None:
+        g = min(micro_group or memory_micro_group or num_samples, num_samples)
+    else:
+        usable = usable_kv_tokens(kv_budget_tokens, block_size) if budget_is_pool \
+            else kv_budget_tokens
+        holds = concurrency_for_budget(usable, max_new_tokens, max_prompt_tokens, num_prompts,
+                                       num_samples, block_size)
+        g = min(micro_group or holds, max(holds, 1))
+    budget = kv_budget_tokens
+    if budget is None:
+        null_block = block_size if block_size > 1 else 0  # vLLM's pool keeps one block unused
+        budget = kv_tokens_needed(g, max_new_tokens, max_prompt_tokens, num_prompts,
+                                  block_size) + null_block
+    return RunSizes(kv_budget_tokens=budget, micro_group=g, max_micro_group=g or num_samples,
+                    max_prompt_tokens=max_prompt_tokens, max_new_tokens=max_new_tokens)
+
+
+def prompts_per_rank(cfg: Config, num_ranks: int) -> int:
+    """B: the prompts one rank samples per step (the step's prompts split between the ranks)."""
+    return -(-cfg.training.prompts_per_step // num_ranks)
+
+
+def plan_run_sizes(cfg: Config, shape: ModelShape, memory_bytes: int, *, device: str,
+                   engine: str, num_ranks: int = 1, strategy: str = "single",
+                   dtype_bytes: int | None = None) -> tuple[MemoryPlan, RunSizes]:
+    """The memory plan and the sizes of one rank of a run (`engine`: slots or vllm, resolved).
+
+    `memory_bytes`: what the plan may use on one device; `dtype_bytes`: the loaded weights'
+    element size (the KV cache's), else the planner's precision decides it.
+    """
+    sampling, data, training, model = cfg.sampling, cfg.data, cfg.training, cfg.model
+    num_prompts = prompts_per_rank(cfg, num_ranks)
+    full = sampling.policy == "full"  # every sample of the step at once
+    plan = plan_memory(
+        shape, gpu_memory_bytes=memory_bytes, num_generations=sampling.num_generations,
+        num_prompts=num_prompts, max_prompt=data.max_prompt_length,
+        max_completion=sampling.max_new_tokens, lora_rank=model.lora_rank,
+        optimizer=training.optimizer, gradient_checkpointing=model.gradient_checkpointing,
+        beta=training.beta, precision=training.precision, load_in_4bit=model.load_in_4bit,
+        device=device, engine=engine,
+        micro_group=sampling.num_generations * num_prompts if full else sampling.micro_group,
+        engine_sleep=sampling.vllm_sleep != "off" and device == "cuda",
+        num_devices=num_ranks, strategy=strategy)
+    per_token = kv_bytes_per_token(shape, dtype_bytes or plan.inputs.dtype)
+    sizes = sampling_sizes(
+        policy=sampling.policy, micro_group=sampling.micro_group,
+        kv_budget_tokens=parse_kv_budget(sampling.kv_budget, per_token),
+        num_generations=sampling.num_generations, num_prompts=num_prompts,
+        max_prompt_tokens=data.max_prompt_length, max_new_tokens=sampling.max_new_tokens,
+        block_size=kv_block_size(engine, device), memory_micro_group=plan.micro_group or 1)
+    seq_len = data.max_prompt_length + sampling.max_new_tokens
+    sizes.train_micro_batch_tokens = (training.train_micro_batch_tokens
+                                      or max(plan.train_micro_batch_tokens, seq_len))
+    return plan, sizes
+
+
+def plan_line(plan: MemoryPlan, sizes: RunSizes) -> str:
+    """The start-up line: the plan's peak and verdict, and the sizes the run uses, as they are."""
+    line = f"memory plan: peak {plan.peak_bytes / 2**30:.2f} GiB, {sizes.describe()}"
+    if not plan.fits:
+        line += " (does not fit; advice: " + "; ".join(plan.advice) + ")"
+    return line

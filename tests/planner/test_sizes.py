@@ -1,0 +1,137 @@
+"""The run's sizes, decided once (`planner/sizes.py`): the g the start-up line prints is the g
+every sampler call runs, whatever the step's prompts; `infsamp plan` and `infsamp train` size
+through one function with the same defaults; the out-of-memory retry halves them; a checkpoint
+stores them."""
+
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from infsamp.cli import main
+from infsamp.config import Config
+from infsamp.planner import PRESETS, kv_bytes_per_token, load_shape, plan_memory
+from infsamp.planner.estimate import GIB
+from infsamp.planner.presets import shape_from_config
+from infsamp.planner.sizes import RunSizes, plan_line, plan_run_sizes, resolve_engine
+from infsamp.sampling.sampler import GroupSampler
+from infsamp.sampling.types import concurrency_for_budget, kv_tokens_needed
+
+LLAMA_1B = PRESETS["llama-3.2-1b"]
+
+
+def config(**sections) -> Config:
+    """The defaults, with some fields of some sections replaced: config(sampling={...})."""
+    cfg = Config()
+    return replace(cfg, **{name: replace(getattr(cfg, name), **fields)
+                           for name, fields in sections.items()})
+
+
+def tiny_model():
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
+                      eos_token_id=1, pad_token_id=0)
+    return LlamaForCausalLM(cfg).eval()
+
+
+@pytest.mark.parametrize("longest", [20, 65, 100, 256])
+def test_the_printed_g_is_the_g_the_sampler_runs(longest, one_thread):
+    """Issue 23's bug: with the defaults (G 8, 4 prompts, g 16, max prompt 256) the line said g=16
+    and the sampler ran fewer once a step's longest prompt passed 64 tokens (the budget held one
+    open prompt, the sampler allows 4). Short completions make the shortfall large (g=1)."""
+    cfg = config(sampling={"max_new_tokens": 4, "temperature": 0.0})
+    model = tiny_model()
+    plan, sizes = plan_run_sizes(cfg, shape_from_config(model.config), 24 * GIB, device="cpu",
+                                 engine="slots", dtype_bytes=4)
+    assert sizes.micro_group == 16 and "g=16," in plan_line(plan, sizes)
+    prompts = [[2 + (i + k) % 60 for k in range(longest if i == 0 else 10)] for i in range(4)]
+    stats = GroupSampler(model, None, cfg.sampling, sizes=sizes).sample(prompts, 8).stats
+    assert stats.micro_group == sizes.micro_group == 16
+    assert stats.kv_budget_tokens == sizes.kv_budget_tokens
+
+
+def test_budget_holds_g_for_every_prompt_the_run_allows():
+    for engine, device in (("slots", "cpu"), ("vllm", "cuda"), ("vllm", "cpu")):
+        _, sizes = plan_run_sizes(Config(), LLAMA_1B, 80 * GIB, device=device, engine=engine)
+        block = 1 if engine == "slots" else 16 if device == "cuda" else 32
+        usable = sizes.kv_budget_tokens - (block if engine == "vllm" else 0)  # vLLM's null block
+        for longest in range(1, 257):
+            assert concurrency_for_budget(usable, 256, longest, 4, 32, block) >= 16, longest
+
+
+def test_run_micro_batch_is_the_plans():
+    """(was: auto_train_micro_batch_tokens matches the plan) the run's micro-batch is the one
+    plan_memory chooses for the same settings."""
+    cfg = config(sampling={"num_generations": 64, "max_new_tokens": 786, "micro_group": 0},
+                 training={"prompts_per_step": 1, "optimizer": "adamw8bit"},
+                 model={"gradient_checkpointing": True})
+    plan, sizes = plan_run_sizes(cfg, LLAMA_1B, 16 * GIB, device="cuda", engine="slots")
+    alone = plan_memory(LLAMA_1B, gpu_memory_bytes=16 * GIB, num_generations=64, max_prompt=256,
+                        max_completion=786, optimizer="adamw8bit", gradient_checkpointing=True)
+    assert sizes.train_micro_batch_tokens == plan.train_micro_batch_tokens
+    assert sizes.train_micro_batch_tokens == alone.train_micro_batch_tokens > 0
+
+
+def test_auto_kv_budget_follows_memory():
+    """(was: auto_kv_budget_tokens) with `micro_group: 0` the budget is what the largest g that
+    fits needs: none fits in too little memory, the KV never exceeds the memory, more memory holds
+    more."""
+    cfg = config(sampling={"num_generations": 64, "micro_group": 0, "max_new_tokens": 786},
+                 training={"prompts_per_step": 2, "optimizer": "adamw8bit"})
+    starved, _ = plan_run_sizes(cfg, LLAMA_1B, 4 * GIB, device="cuda", engine="slots")
+    assert starved.micro_group == 0 and not starved.fits
+    plans = {gib: plan_run_sizes(cfg, LLAMA_1B, gib * GIB, device="cuda", engine="slots")
+             for gib in (6, 8)}
+    for gib, (plan, sizes) in plans.items():
+        assert 0 < sizes.micro_group == plan.micro_group < 128
+        assert sizes.kv_budget_tokens == kv_tokens_needed(sizes.micro_group, 786, 256, 2)
+        assert sizes.kv_budget_tokens * kv_bytes_per_token(LLAMA_1B) <= gib * GIB
+    assert plans[8][1].kv_budget_tokens > 2 * plans[6][1].kv_budget_tokens
+
+
+def test_plan_command_sizes_as_train_does(capsys):
+    """`infsamp plan` without flags plans `infsamp train` without flags (the config's defaults,
+    `auto` engine), through the same function."""
+    assert main(["plan", "--model", "qwen3-0.6b", "--gpu-memory", "24GiB", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    engine = resolve_engine("auto", "cuda")
+    plan, sizes = plan_run_sizes(Config(), load_shape("qwen3-0.6b"), 24 * GIB, device="cuda",
+                                 engine=engine)
+    assert data["run_sizes"] == sizes.state_dict() and data["micro_group"] == plan.micro_group
+    settings = data["settings"]
+    assert (settings["max_completion"], settings["max_prompt"]) == (256, 256)
+    assert (settings["num_generations"], settings["num_prompts"], settings["engine"]) == \
+        (8, 4, engine)
+    assert main(["plan", "--model", "qwen3-0.6b", "--engine", "slots"]) == 0
+    out = capsys.readouterr().out
+    assert "run sizes (as infsamp train prints them): g=16, KV budget 5120 tokens" in out
+
+
+def test_old_flag_names_still_work(capsys):
+    args = ["plan", "--model", "qwen3-0.6b", "--engine", "slots", "--prompts-per-step", "1",
+            "--json"]
+    assert main(args + ["--group-size", "4"]) == 0
+    old = json.loads(capsys.readouterr().out)
+    assert main(args + ["--num-generations", "4"]) == 0
+    assert json.loads(capsys.readouterr().out) == old and old["settings"]["num_generations"] == 4
+
+
+def test_out_of_memory_halving_and_checkpoint_state():
+    sizes = RunSizes(kv_budget_tokens=5120, micro_group=32, max_micro_group=32,
+                     max_prompt_tokens=256, max_new_tokens=256, train_micro_batch_tokens=200)
+    assert sizes.sampling_policy("full") == "full"
+    assert sizes.halve("sampling") == 16 and sizes.sampling_policy("full") == "continuous"
+    assert sizes.halve("training") == 100 and sizes.halve("training") == 64  # its floor
+    assert sizes.oom_retries == {"sampling": 1, "training": 2}
+    saved = json.loads(json.dumps(sizes.state_dict()))
+    fresh = RunSizes(kv_budget_tokens=5120, micro_group=32, max_micro_group=32,
+                     max_prompt_tokens=256, max_new_tokens=256, train_micro_batch_tokens=200)
+    fresh.load_state_dict(saved)
+    assert fresh == sizes
+    smaller = RunSizes(kv_budget_tokens=5120, micro_group=8, max_micro_group=8,
+                       max_prompt_tokens=256, max_new_tokens=256, train_micro_batch_tokens=200)
+    smaller.load_state_dict(saved)
+    assert smaller.micro_group == 8  # never more than the engine started for
