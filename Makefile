@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-all install clean
+.PHONY: demo demo-real test test-all install clean
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,6 +21,12 @@ install: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/infsamp train --logging.output_dir runs/demo-$$(date +%Y%m%d-%H%M%S)
+
+# SmolLM2-135M on reasoning-gym's basic_arithmetic with LoRA (examples/smollm2_reasoning_gym.yaml;
+# measured in docs/benchmarks.md, "A SmolLM2 recipe")
+demo-real: $(STAMP)
+	$(BIN)/infsamp train examples/smollm2_reasoning_gym.yaml \
+		--logging.output_dir runs/demo-real-$$(date +%Y%m%d-%H%M%S)
 
 # two workers (CI has 2 cores); slow tests (the real model, the GPU suite's smoke run, launcher
 # faults, precision evidence) run in `make test-all`

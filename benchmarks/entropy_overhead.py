@@ -1,5 +1,5 @@
 """Cost of the token entropy in the chunked log-softmax: time and peak RSS of forward + backward over
-random fp32 logits [B, T, V], with `selective_log_softmax` alone or `log_softmax_and_entropy`.
+random fp32 logits [B, T, V], with `logits_log_softmax` for log-probs alone or with entropy.
 
     .venv/bin/python benchmarks/entropy_overhead.py logps      # log-probs only
     .venv/bin/python benchmarks/entropy_overhead.py entropy    # log-probs and entropy, one pass
@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from infsamp.algorithm.logprobs import log_softmax_and_entropy, selective_log_softmax
+from infsamp.algorithm.lm_head import logits_log_softmax
 
 
 def main() -> None:
@@ -30,10 +30,7 @@ def main() -> None:
     times = []
     for _ in range(3):
         start = time.perf_counter()
-        if args.mode == "logps":
-            logps = selective_log_softmax(logits, index)  # [B, T]
-        else:
-            logps, _ = log_softmax_and_entropy(logits, index)  # [B, T] each
+        logps, _ = logits_log_softmax(logits, index, with_entropy=args.mode == "entropy")  # [B, T]
         logps.sum().backward()
         times.append(time.perf_counter() - start)
         logits.grad = None

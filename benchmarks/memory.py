@@ -82,6 +82,9 @@ CASES: dict[str, Case] = {
                           max_completion=16, train_sequences=4),
     "qwen3-0.6b": Case("qwen3-0.6b", group_size=4, micro_group=4, max_prompt=128, max_completion=16,
                        train_sequences=2),
+    # Qwen3's vocabulary on a 9.8M-parameter Llama: the LM head dominates (issue 20)
+    "qwen3-vocab-h64": Case("qwen3-vocab-h64", group_size=32, micro_group=16, max_prompt=48,
+                            max_completion=256, train_sequences=13, quick=True),
     "gpu-qwen3-0.6b": Case("qwen3-0.6b", group_size=32, micro_group=32, max_prompt=256, max_completion=1024,
                            train_sequences=8, device="cuda"),
     "gpu-qwen3-1.7b": Case("qwen3-1.7b", group_size=32, micro_group=32, max_prompt=256, max_completion=1024,
@@ -94,14 +97,16 @@ PRECISION_MODES = ("fp32", "mixed", "bf16")  # --precision all (bf16_lossy has b
 PHASES = ("sample", "train")
 MICRO_CASE = Case("micro", group_size=2, micro_group=2, max_prompt=4, max_completion=4, train_sequences=1)
 MICRO_SHAPE = ModelShape("micro", 64, 128, 1, 2, 1, 32, 256, True, 2048)
+SHAPES = {"micro": MICRO_SHAPE,  # shapes that are no preset: a random model of each is built
+          "qwen3-vocab-h64": ModelShape("qwen3-vocab-h64", 64, 192, 2, 4, 2, 16, 151936, True, 2048)}
 
 
 # --- models (child process only: torch is imported lazily) ----------------------------------------
 
 
 def case_shape(case: Case) -> ModelShape:
-    if case.model == "micro":
-        return MICRO_SHAPE
+    if case.model in SHAPES:
+        return SHAPES[case.model]
     if case.model == "embedded":
         return embedded_shape()
     shape = load_shape(case.model)

@@ -18,7 +18,7 @@ def registry(module: str, name: str):
     (choices.OPTIMIZERS, "infsamp.planner.estimate", "OPTIMIZERS"),
     (choices.PRECISIONS, "infsamp.planner.precisions", "PRECISIONS"),
     (choices.POLICIES, "infsamp.sampling.policies", "POLICIES"),
-    (choices.PREDICTORS, "infsamp.sampling.length_predictor", "PREDICTORS"),
+    (choices.PREDICTORS, "infsamp.sampling.predictors", "PREDICTORS"),
     (choices.ENGINES, "infsamp.sampling.engines.base", "ENGINES"),
     (choices.STRATEGIES, "infsamp.distributed.strategies", "STRATEGIES"),
     (choices.TRACKERS, "infsamp.run.trackers", "TRACKERS"),

@@ -7,7 +7,6 @@ import pytest
 from infsamp.config import Config, ConfigError, parse_size
 from infsamp.config_io import load_config, save_config
 
-
 EXAMPLES = Path(__file__).parent.parent / "examples"
 
 
@@ -75,6 +74,11 @@ def test_example_recipes_validate(recipe):
     cfg = load_config(recipe)
     if recipe.name == "gsm8k_gspo.yaml":
         assert cfg.training.loss_type == "gspo" and cfg.training.epsilon_high == 4e-4
+    if cfg.data.dataset.startswith("reasoning_gym:"):  # the task takes these options
+        pytest.importorskip("reasoning_gym")
+        from infsamp.tasks.loading import check_dataset_source
+
+        check_dataset_source(cfg.data)
 
 
 def test_yaml_errors(tmp_path):

@@ -34,8 +34,9 @@ PRECISIONS = ("fp32", "mixed", "bf16", "bf16_lossy")  # planner/precisions.py
 PRECISION_CHOICES = ("auto", *PRECISIONS)
 
 POLICIES = ("full", "rounds", "continuous", "length_aware")  # sampling/policies.py
-PREDICTORS = ("none", "oracle", "online", "noisy")  # sampling/length_predictor.py
-TRAINING_PREDICTORS = ("online", "none")  # oracle and noisy know the true lengths: bench, simulate
+PREDICTORS = ("none", "oracle", "online", "hidden", "noisy")  # sampling/predictors.py
+# oracle and noisy know the true lengths: bench and simulate only
+TRAINING_PREDICTORS = ("online", "hidden", "none")
 REFILL_ORDERS = ("sjf", "ljf")  # sampling/policies.py; `auto` means the measured best
 ENGINES = ("slots", "vllm")  # sampling/engines/base.py
 STRATEGIES = ("single", "ddp", "fsdp")  # distributed/strategies.py and planner/parallel.py

@@ -58,6 +58,11 @@ class ModelConfig:
     device: str = opt("auto", "auto, cpu or cuda[:N]")
     load_in_4bit: bool = opt(False, "QLoRA: base weights in 4-bit NF4 (bitsandbytes, CUDA only), "
                              "fp32 LoRA adapters on top; needs model.lora_rank > 0")
+    trust_remote_code: bool = opt(False, "run Python code that a model folder ships (custom "
+                                  "classes named by auto_map in its config.json) when loading the "
+                                  "policy, its tokenizer and reward-model folders: that code runs "
+                                  "with your permissions; only for folders whose code you have "
+                                  "read (false: such a folder is refused in one line)")
 
     def validate(self) -> None:
         _require(self.lora_rank >= 0, "model.lora_rank", self.lora_rank, "must be >= 0")
@@ -154,9 +159,10 @@ class RewardsConfig:
                                             "block: forbid (the completion opens with <reasoning>, "
                                             "as the seed), allow (skipped when present), require",
                                   choices=("forbid", "allow", "require"))
-    timeout_s: float = opt(0.0, "seconds one reward function may take per step; past it its rows "
-                                "get None, counted in rewards/<name>/timeouts, and the step goes "
-                                "on (0: no limit)")
+    timeout_s: float = opt(0.0, "seconds one reward function may take per step; past it the call "
+                                "is stopped (each function then runs in a worker process of its "
+                                "own), its rows get None, counted in rewards/<name>/timeouts, and "
+                                "the step goes on (0: no limit, functions run in the trainer)")
     allow_async: bool = opt(True, "run 'async def' reward functions concurrently; false refuses "
                                   "them at start-up (rewards strictly one after another)")
     answer_extraction: str = opt("answer_tag", "how the reasoning_gym reward reads the answer out "
@@ -182,8 +188,14 @@ class SamplingConfig:
     temperature: float = opt(0.7, "sampling temperature (0 = greedy)")
     top_p: float = opt(1.0, "nucleus sampling threshold")
     top_k: int = opt(0, "top-k sampling (0 = off)")
-    predictor: str = opt("online", "length predictor for length_aware: online or none")
-    predictor_prefix_tokens: int = opt(16, "k: tokens decoded before a sample's length is re-predicted")
+    predictor: str = opt("online", "length predictor for length_aware: online (prompt features "
+                                   "and the first tokens), hidden (a probe on the policy's own "
+                                   "hidden states; slot engine) or none")
+    predictor_prefix_tokens: int = opt(8, "k: a running sample's remaining length is re-predicted "
+                                          "every k generated tokens")
+    preempt: bool = opt(True, "length_aware: after a sample's first k tokens, park it (tokens "
+                              "kept, KV kept or recomputed) when it is predicted much shorter "
+                              "than a waiting one, which takes its slot")
     refill: str = opt("auto", "runtime refill order for length_aware: auto (= ljf, measured best), sjf, ljf")
     grouping_epsilon: float = opt(0.1, "FPTAS epsilon of the global grouping (smaller: closer to optimal)")
     engine: str = opt(
@@ -209,6 +221,10 @@ class SamplingConfig:
         _require(self.micro_group >= 0, "sampling.micro_group", self.micro_group, "must be >= 0")
         _require(self.max_new_tokens > 0, "sampling.max_new_tokens", self.max_new_tokens, "must be > 0")
         _require(self.temperature >= 0, "sampling.temperature", self.temperature, "must be >= 0")
+        _require(self.engine != "vllm" or self.temperature <= VLLM_MAX_TEMPERATURE,
+                 "sampling.temperature", self.temperature,
+                 f"must be <= {VLLM_MAX_TEMPERATURE:g} with sampling.engine vllm (vLLM's limit); "
+                 "sampling.engine slots samples at any temperature")
         _require(0 < self.top_p <= 1, "sampling.top_p", self.top_p, "must be in (0, 1]")
         _require(self.top_k >= 0, "sampling.top_k", self.top_k, "must be >= 0")
         _require(self.predictor_prefix_tokens >= 0, "sampling.predictor_prefix_tokens",
@@ -260,6 +276,10 @@ class TrainingConfig:
                                            "80/20 Rule'; 1.0: all)")
     num_iterations: int = opt(1, "optimisation passes over each sampled batch (mu)")
     train_micro_batch_tokens: int = opt(0, "tokens per training micro-batch; 0 = auto from the planner")
+    chunked_lm_head: bool = opt(True, "log-probs from the final hidden states with the LM head "
+                                "applied per chunk (no [tokens x vocabulary] logits); false: the "
+                                "model's full logits, as before (more memory; the planner "
+                                "assumes true)")
     seed: int = opt(0, "seed for sampling, shuffling and initialisation")
     num_threads: int = opt(0, "torch CPU threads (0: auto, 1 on CPU for models under 50M parameters)")
     nonfinite: str = opt("stop", "a NaN/inf loss, gradient norm or reward: stop (one line naming "
@@ -448,6 +468,8 @@ def _require_finite(section_name: str, section: Any) -> None:
                          "must be a finite number")
 
 
+VLLM_MAX_TEMPERATURE = 2.0  # vLLM's SamplingParams refuses more (checked with the config)
+
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3",
                         "flex_attention")
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(?::\d+)?")
@@ -457,6 +479,10 @@ def _check_output_dir(output_dir: str) -> None:
     """The run folder is a folder (or can become one) that we may write."""
     _require(output_dir.strip() != "", "logging.output_dir", output_dir, "must name a folder")
     path = Path(output_dir)
+    for link in (p for p in [*reversed(path.parents), path] if p.is_symlink() and not p.exists()):
+        raise ConfigError(f"logging.output_dir: {link} is a symbolic link to "
+                          f"{os.readlink(link)}, which does not exist (create that folder, or "
+                          f"remove the link) (got {output_dir!r})")
     existing = next(p for p in [path, *path.parents] if p.exists())
     _require(existing.is_dir(), "logging.output_dir", output_dir,
              "is a file, not a folder" if existing == path else f"{existing} is a file")

@@ -9,21 +9,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from infsamp.algorithm.logprobs import (build_micro_batches, log_softmax_and_entropy, make_micro_batch,
-                                 micro_batch_logprobs, plan_micro_batches,
-                                 plan_prompt_completion_batches, selective_log_softmax,
-                                 sequence_logprobs, sequence_logprobs_and_entropy)
+from infsamp.algorithm.lm_head import logits_log_softmax
+from infsamp.algorithm.logprobs import (build_micro_batches, make_micro_batch, micro_batch_logprobs,
+                                        plan_micro_batches, plan_prompt_completion_batches,
+                                        sequence_logprobs, sequence_logprobs_and_entropy)
 from infsamp.algorithm.losses import LOSS_TYPES, BatchTotals, per_token_loss
 
 PAD = 0
 VOCAB = 53
 
 
-def tiny_model(seed: int = 0) -> LlamaForCausalLM:
+def tiny_model(seed: int = 0, tie: bool = False) -> LlamaForCausalLM:
     torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                         pad_token_id=PAD)
+                         pad_token_id=PAD, tie_word_embeddings=tie)
     return LlamaForCausalLM(config).float()
 
 
@@ -74,11 +74,11 @@ def test_micro_batch_layout_left_prompt_right_completion():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_selective_log_softmax_matches_log_softmax_gather(dtype):
+def test_logits_log_softmax_matches_log_softmax_gather(dtype):
     logits = torch.randn(3, 7, 50, dtype=dtype).requires_grad_()
     index = torch.randint(0, 50, (3, 7))
     naive = logits.float().log_softmax(-1).gather(-1, index.unsqueeze(-1)).squeeze(-1)  # [3, 7]
-    chunked = selective_log_softmax(logits, index, chunk_rows=4)  # 21 rows: chunks of 4 and a rest
+    chunked, _ = logits_log_softmax(logits, index, chunk_rows=4)  # 21 rows: chunks of 4, a rest
     torch.testing.assert_close(chunked, naive)
     (grad_naive,) = torch.autograd.grad(naive.sum(), logits)
     (grad_chunked,) = torch.autograd.grad(chunked.sum(), logits)
@@ -89,16 +89,16 @@ def test_selective_log_softmax_matches_log_softmax_gather(dtype):
 def test_entropy_comes_from_the_same_chunked_pass(dtype):
     logits = torch.randn(3, 7, 50, dtype=dtype).requires_grad_()
     index = torch.randint(0, 50, (3, 7))
-    logps, entropy = log_softmax_and_entropy(logits, index, chunk_rows=4)
+    logps, entropy = logits_log_softmax(logits, index, chunk_rows=4, with_entropy=True)
     full = logits.float().log_softmax(-1)  # [3, 7, 50]
-    torch.testing.assert_close(logps, selective_log_softmax(logits, index, chunk_rows=4))
+    torch.testing.assert_close(logps, logits_log_softmax(logits, index, chunk_rows=4)[0])
     torch.testing.assert_close(entropy, -(full.exp() * full).sum(-1))
     assert logps.requires_grad and not entropy.requires_grad
 
 
 def test_entropy_ignores_impossible_tokens():
     logits = torch.tensor([[[0.0, 0.0, -torch.inf, -torch.inf]]])  # two equally likely tokens
-    _, entropy = log_softmax_and_entropy(logits, torch.tensor([[0]]))
+    _, entropy = logits_log_softmax(logits, torch.tensor([[0]]), with_entropy=True)
     torch.testing.assert_close(entropy, torch.tensor([[math.log(2)]]))
 
 

@@ -60,7 +60,7 @@ def test_an_exception_on_one_rank_stops_the_others_naming_it(tiny_model_dir, tmp
     result = launch(tmp_path / "a", [(train_argv(values), tmp_path / "rec")])
     assert result.returncode != 0 and time.time() - start < 90
     lines = [line for line in result.output.splitlines() if "infsamp train: error" in line]
-    assert any(line.startswith("infsamp train: error: rank 1: reward function") and
+    assert any(line.startswith("infsamp train: error: rank 1: step 2: reward function") and
                "a reward server that went away" in line for line in lines), result.output[-3000:]
     assert any("rank 1 failed (RewardError:" in line and "rank 0 stopped too" in line
                and "checkpoint-1" in line for line in lines), lines

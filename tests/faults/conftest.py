@@ -20,6 +20,8 @@ POLICIES = {  # every policy, and length_aware with each predictor training can 
     "rounds": ["--sampling.policy", "rounds"],
     "length_aware-online": ["--sampling.policy", "length_aware", "--sampling.predictor", "online"],
     "length_aware-none": ["--sampling.policy", "length_aware", "--sampling.predictor", "none"],
+    "length_aware-hidden": ["--sampling.policy", "length_aware", "--sampling.predictor", "hidden",
+                            "--sampling.predictor_prefix_tokens", "2"],  # parks every step
 }
 
 

@@ -48,6 +48,14 @@ def huge_reward(prompts, completions, **kwargs):
     return [3e38] * len(completions)
 
 
+def vandal_reward(prompts, completions, answer, **kwargs):
+    """Edits every list it is given, in place (each function must score its own copy)."""
+    completions[:] = ["<answer>\n72\n</answer>"] * len(completions)
+    answer[:] = ["72"] * len(answer)
+    prompts.clear()
+    return [0.0] * len(completions)
+
+
 # ---------------------------------------------------------------- the child
 
 
@@ -236,12 +244,12 @@ def _arm_prune(step: int) -> None:
 
     original = checkpoint.prune
 
-    def prune(output_dir, keep_last):
+    def prune(output_dir, keep_last, *args, **kwargs):  # keep_step: checkpointing.keep_best
         doomed = checkpoint.list_checkpoints(output_dir)[:-keep_last]
         if doomed and (output_dir / f"checkpoint-{step}").exists():
             (doomed[0] / checkpoint.STATE_TENSORS).unlink()  # rmtree got this far
             _die()
-        return original(output_dir, keep_last)
+        return original(output_dir, keep_last, *args, **kwargs)
 
     checkpoint.prune = prune
 

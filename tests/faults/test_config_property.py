@@ -77,7 +77,7 @@ NAMED = {  # free-text options with a closed set of valid names
     "training.scale_rewards": lambda: outside(_names("infsamp.algorithm.advantages", "REWARD_SCALERS")),
     "training.lr_scheduler": lambda: outside(_names("infsamp.choices", "LR_SCHEDULERS")),
     "training.optimizer": lambda: outside({"adamw", "adamw8bit", "sgd"}),
-    "sampling.predictor": lambda: outside({"online", "none", "oracle"}).filter(
+    "sampling.predictor": lambda: outside({"online", "hidden", "none", "oracle"}).filter(
         lambda w: not w.startswith("noisy")),
     "sampling.refill": lambda: outside({"auto", "sjf", "ljf"}),
     "sampling.kv_budget": lambda: outside({"auto"}).filter(_not_size),

@@ -8,12 +8,12 @@ uninterrupted run.
 from __future__ import annotations
 
 import contextlib
+import json
 import random
 import time
 
 import pytest
 import torch
-
 from conftest import NUM_STEPS, POLICIES, SIGKILLED, run_args
 from fault_harness import final_state, logs
 
@@ -54,9 +54,13 @@ def test_kill_at_any_moment_resumes_exactly(runner, reference, tiny_model_dir, t
 @pytest.mark.parametrize("policy", [p for p in POLICIES if p != "continuous"])
 def test_every_policy_and_predictor_resumes_exactly(runner, reference, tiny_model_dir, tmp_path,
                                                     policy):
-    """The online predictor's state is in the checkpoint (it used to be an unpicklable lambda)."""
+    """The online predictor's state is in the checkpoint (it used to be an unpicklable lambda);
+    so is the hidden predictor's probe, and runs that park samples resume exactly too."""
     kill_then_resume(runner, tiny_model_dir, tmp_path / "run", "state@4", *POLICIES[policy])
     assert_same_run(tmp_path / "run", reference(policy))
+    if policy in ("length_aware-online", "length_aware-hidden"):  # both park after k tokens
+        rows = [json.loads(line) for line in (reference(policy) / "metrics.jsonl").open()]
+        assert sum(row["sampling/num_preemptions"] for row in rows) > 0
 
 
 def test_killed_twice_in_a_row(runner, reference, tiny_model_dir, tmp_path):

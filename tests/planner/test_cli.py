@@ -13,7 +13,7 @@ SEED = ["plan", "--model", "llama-3.2-1b", "--gpu-memory", "16GiB", "--max-promp
 
 
 def test_text_report_names_parts_verdict_and_advice(capsys):
-    assert main(SEED + ["--group-size", "4"]) == 0
+    assert main(SEED + ["--group-size", "4", "--gpu-memory", "15GiB"]) == 0
     out = capsys.readouterr().out
     for word in ("weights", "reference", "gradients", "optimizer", "activations", "logits", "kv_cache",
                  "overhead", "peak", "micro-group g = 4", "DOES NOT FIT", "--optimizer adamw8bit"):
@@ -23,7 +23,7 @@ def test_text_report_names_parts_verdict_and_advice(capsys):
 def test_json_output(capsys):
     assert main(SEED + ["--group-size", "64", "--optimizer", "adamw8bit", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["fits"] is True and data["micro_group"] == 64 and data["train_micro_batch_tokens"] == 1042
+    assert data["fits"] is True and data["micro_group"] == 64 and data["train_micro_batch_tokens"] == 2084
     assert data["advice"] == [] and data["peak_bytes"] > 0
 
 

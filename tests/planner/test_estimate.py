@@ -5,7 +5,9 @@ import dataclasses
 import pytest
 
 from infsamp.planner import PRESETS, count_lora_parameters, kv_bytes_per_token, plan_memory
-from infsamp.planner.estimate import (activation_bytes_per_token, embedding_parameters, generation_breakdown,
+from infsamp.planner.estimate import (LOGITS_CHUNK_BUFFERS, activation_bytes_per_token,
+                                      embedding_parameters, generation_breakdown,
+                                      logits_chunk_rows, train_logits_bytes,
                                       training_breakdown)
 from infsamp.planner.presets import linear_shapes
 
@@ -74,6 +76,20 @@ def test_activations_scale_with_micro_batch_and_checkpointing_cuts_them():
     assert two == 2 * one
     with_ckpt = plan(gradient_checkpointing=True).inputs
     assert activation_bytes_per_token(with_ckpt) < activation_bytes_per_token(p) / 5
+
+
+def test_training_logits_are_a_few_chunks_whatever_the_micro_batch():
+    """The chunked LM head: LOGITS_CHUNK_BUFFERS chunks of fp32 logits (at most 32 MiB each) and
+    what it keeps per completion row (hidden state, its fp32 gradient, 32 bytes of row tensors)."""
+    p = plan().inputs
+    chunk = logits_chunk_rows(128256) * 128256 * 4
+    assert 31 * 2**20 < chunk <= 32 * 2**20
+    for tokens, rows in ((1042, 786), (4168, 4 * 786)):
+        expected = LOGITS_CHUNK_BUFFERS * chunk + rows * (2048 * (2 + 4) + 32)
+        assert training_breakdown(p, tokens)["logits"] == expected
+    short = plan(max_prompt=2, max_completion=2).inputs  # 2 rows: fewer than a chunk's
+    assert train_logits_bytes(short, 4) == LOGITS_CHUNK_BUFFERS * 2 * 128256 * 4 + 2 * (
+        2048 * 6 + 32)  # (its peak is the end of the backward, without logits)
 
 
 def test_overhead_is_context_plus_fragmentation_on_cuda_and_zero_on_cpu():

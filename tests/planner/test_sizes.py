@@ -75,6 +75,16 @@ def test_run_micro_batch_is_the_plans():
     assert sizes.train_micro_batch_tokens == alone.train_micro_batch_tokens > 0
 
 
+def test_a_configured_micro_batch_is_the_one_planned():
+    """The start-up line's peak is that of the micro-batch the run trains with (issue 20: it was
+    the peak of the planner's own, larger choice, 14.33 GiB printed for a 4096-token run)."""
+    cfg = config(training={"train_micro_batch_tokens": 4 * 512})
+    plan, sizes = plan_run_sizes(cfg, LLAMA_1B, 80 * GIB, device="cuda", engine="slots")
+    auto, _ = plan_run_sizes(config(), LLAMA_1B, 80 * GIB, device="cuda", engine="slots")
+    assert sizes.train_micro_batch_tokens == plan.train_micro_batch_tokens == 4 * 512
+    assert auto.train_micro_batch_tokens > 4 * 512 and auto.training["peak"] > plan.training["peak"]
+
+
 def test_auto_kv_budget_follows_memory():
     """(was: auto_kv_budget_tokens) with `micro_group: 0` the budget is what the largest g that
     fits needs: none fits in too little memory, the KV never exceeds the memory, more memory holds

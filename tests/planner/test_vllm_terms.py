@@ -29,8 +29,9 @@ def test_generation_column_holds_vllm_weights_pool_and_graphs():
 
 def test_training_column_depends_on_sleep_mode():
     shape = load_shape("qwen3-1.7b")
-    asleep = plan_memory(shape, engine="vllm", **SETTINGS)
-    awake = plan_memory(shape, engine="vllm", engine_sleep=False, **SETTINGS)
+    fixed = {**SETTINGS, "train_micro_batch_tokens": 4 * 1280}  # the same micro-batch in both
+    asleep = plan_memory(shape, engine="vllm", **fixed)
+    awake = plan_memory(shape, engine="vllm", engine_sleep=False, **fixed)
     assert asleep.training["vllm_weights"] == asleep.training["kv_cache"] == 0
     for part in ("vllm_weights", "vllm_graphs", "kv_cache"):
         assert awake.training[part] == awake.generation[part]

@@ -3,6 +3,7 @@
 import asyncio
 import functools
 import math
+import os
 import threading
 import time
 
@@ -14,6 +15,8 @@ from infsamp.rewards.builtin import BUILTIN_REWARDS, accuracy_reward, completion
 from infsamp.rewards.calling import check_async_allowed, is_async_callable
 from infsamp.rewards.compute import compute_rewards
 from infsamp.rewards.loading import load_reward_functions
+
+import timed_rewards
 
 GOOD = "<reasoning>\n3 + 4 = 7\n</reasoning>\n<answer>\n7\n</answer>\n"
 MULTILINE = "<reasoning>\nfirst 3 + 4 = 7\nthen 7 * 2 = 14\n</reasoning>\n<answer>\n14\n</answer>"
@@ -258,40 +261,61 @@ def test_async_callables_are_recognised_like_trl():
 
 
 def test_timed_out_functions_give_none_and_are_counted():
-    cancelled, release = threading.Event(), threading.Event()
-
-    async def slow_async(prompts, completions, **kw):
-        try:
-            await asyncio.sleep(60)
-        except asyncio.CancelledError:
-            cancelled.set()
-            raise
-        return [1.0] * len(completions)
-
-    def slow_sync(prompts, completions, **kw):
-        release.wait(60)
-        return [1.0] * len(completions)
-
-    funcs = [("format", format_reward), ("slow_async", slow_async), ("slow_sync", slow_sync)]
+    funcs = [("format", format_reward), ("slow_async", timed_rewards.slow_async),
+             ("busy_loop", timed_rewards.busy_loop)]
     start = time.perf_counter()
     result = compute_rewards(funcs, None, PROMPTS, [GOOD, "x", "y"], COLUMNS, timeout_s=0.5)
-    release.set()
     assert time.perf_counter() - start < 30
-    assert result.total == [0.5, 0.0, 0.0] and cancelled.wait(5)
+    assert result.total == [0.5, 0.0, 0.0]
     assert math.isnan(result.per_function["slow_async"][0])
-    assert math.isnan(result.per_function["slow_sync"][2])
+    assert math.isnan(result.per_function["busy_loop"][2])
     metrics = result.metrics()
     assert metrics["rewards/slow_async/timeouts"] == 1
-    assert metrics["rewards/slow_sync/timeouts"] == 1 and metrics["rewards/format/timeouts"] == 0
-    assert math.isnan(metrics["rewards/slow_sync/mean"])
+    assert metrics["rewards/busy_loop/timeouts"] == 1 and metrics["rewards/format/timeouts"] == 0
+    assert math.isnan(metrics["rewards/busy_loop/mean"])
+
+
+def test_a_timed_out_worker_is_killed_and_a_new_one_scores_the_next_step():
+    from infsamp.rewards.workers import reward_runner
+
+    funcs = [("slow", timed_rewards.slow_on_x), ("pid", timed_rewards.pid_reward),
+             ("calls", timed_rewards.counts_calls)]
+    runner = reward_runner(funcs, timeout_s=1.0)
+    try:
+        runner.workers["slow"].wait_ready()
+        slow_pid = runner.workers["slow"].pid
+        first = compute_rewards(funcs, None, PROMPTS, ["x", "y", "z"], COLUMNS, runner=runner)
+        with pytest.raises(ProcessLookupError):
+            os.kill(slow_pid, 0)  # killed (and reaped)
+        start = time.perf_counter()
+        second = compute_rewards(funcs, None, PROMPTS, ["a", "y", "z"], COLUMNS, runner=runner)
+        assert time.perf_counter() - start < 0.9  # its replacement is a fork: no start-up
+    finally:
+        runner.close()
+    assert first.timeouts["slow"] == 1 and second.timeouts["slow"] == 0
+    assert second.per_function["slow"] == [2.0] * 3  # the new worker answers at once
+    assert first.per_function["pid"][0] not in (os.getpid(), slow_pid)  # a process each
+    assert first.per_function["pid"] == second.per_function["pid"]  # kept across steps
+    assert (first.per_function["calls"][0], second.per_function["calls"][0]) == (1.0, 2.0)
+
+
+def test_a_function_that_ends_its_worker_process_is_one_line():
+    with pytest.raises(RewardError, match=r"^reward function 'hard': its worker process ended "
+                                          r"\(exit code 7\)$"):
+        compute_rewards([("hard", timed_rewards.exits_hard)], None, PROMPTS, ["a", "b", "c"],
+                        COLUMNS, timeout_s=5)
+
+
+def test_a_function_that_cannot_pickle_is_refused_with_a_timeout():
+    with pytest.raises(RewardError, match=r"^rewards.timeout_s: reward function 'lam' cannot run "
+                                          "in a worker process"):
+        compute_rewards([("lam", lambda prompts, completions, **kw: [0.0] * 3)], None, PROMPTS,
+                        ["a", "b", "c"], COLUMNS, timeout_s=5)
 
 
 def test_rows_only_a_timed_out_function_could_score_have_no_total():
-    async def hangs(prompts, completions, **kw):
-        await asyncio.sleep(60)
-
-    result = compute_rewards([("hangs", hangs)], None, PROMPTS, ["x", "y", "z"], COLUMNS,
-                             timeout_s=0.2)
+    result = compute_rewards([("hangs", timed_rewards.blocks_its_loop)], None, PROMPTS,
+                             ["x", "y", "z"], COLUMNS, timeout_s=0.3)
     assert all(math.isnan(t) for t in result.total) and result.timeouts == {"hangs": 1}
 
 
@@ -322,20 +346,9 @@ def test_allow_async_false_refuses_async_functions():
 
 
 def test_a_function_that_ignores_its_cancellation_does_not_hold_up_the_step():
-    release = threading.Event()
-
-    async def stubborn(prompts, completions, **kw):
-        while not release.is_set():
-            try:
-                await asyncio.sleep(0.05)
-            except asyncio.CancelledError:
-                continue  # swallows the cancellation and keeps going
-        return [1.0] * len(completions)
-
     start = time.perf_counter()
-    result = compute_rewards([("format", format_reward), ("stubborn", stubborn)], None, PROMPTS,
-                             [GOOD, "x", "y"], COLUMNS, timeout_s=0.3)
-    release.set()
+    result = compute_rewards([("format", format_reward), ("stubborn", timed_rewards.stubborn)],
+                             None, PROMPTS, [GOOD, "x", "y"], COLUMNS, timeout_s=0.3)
     assert time.perf_counter() - start < 20 and result.timeouts == {"format": 0, "stubborn": 1}
 
 

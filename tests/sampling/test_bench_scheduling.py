@@ -29,7 +29,8 @@ def test_every_policy_sees_the_same_completions(tiny_model_dir):
     args = _args()
     rows = bench.run_epochs(model, tokenizer, bench.bench_prompts(tokenizer, 2, 0), variants, args)
     measured = [r for r in rows if r["measured"]]
-    assert len(rows) == 2 + 2 * len(variants) and len(measured) == 2 * len(variants)
+    learning = len(bench.LEARNING)  # epoch 1 warms up the online and hidden variants
+    assert len(rows) == 2 * learning + 2 * len(variants) and len(measured) == 2 * len(variants)
     assert all(r["same_lengths_as_continuous"] for r in measured)
     assert all(r["decode_steps"] >= r["lower_bound"] for r in rows)
     from infsamp.sampling.grouping import pigeonhole_bound
@@ -51,8 +52,39 @@ def test_cli_writes_json(tiny_model_dir, tmp_path, capsys):
                  "--micro-group", "2", "--max-new-tokens", "8", "--out", str(tmp_path)])
     assert code == 0
     report = json.loads((tmp_path / "scheduling.json").read_text())
-    assert report["G"] == 4 and len(report["rows"]) == 1 + len(bench.VARIANTS)
+    assert report["G"] == 4
+    assert len(report["rows"]) == len(bench.LEARNING) + len(bench.VARIANTS)
     assert "targets (slots):" in capsys.readouterr().out
+
+
+def test_seeds_each_measured_with_their_own_predictors(tiny_model_dir, tmp_path):
+    code = main(["bench", "scheduling", "--model", str(tiny_model_dir), "--prompts", "1", "-G", "6",
+                 "--micro-group", "2", "--max-new-tokens", "10", "--epochs", "2",
+                 "--prefix-tokens", "2", "--seeds", "3,4", "--kv-slack", "8",
+                 "--out", str(tmp_path)])
+    assert code == 0
+    report = json.loads((tmp_path / "scheduling.json").read_text())
+    assert report["seeds"] == [3, 4] and {r["seed"] for r in report["rows"]} == {3, 4}
+    for scope in ("slots", "slots, seed 3", "slots, seed 4"):
+        assert scope in report["targets"]
+    slots = report["targets"]["slots"]
+    for name in ("length_aware:online", "length_aware:hidden"):
+        assert f"{name} scheduling + prediction share of sampling wall time (<= 0.03)" in slots
+    totals = report["totals"]["slots"]
+    assert all(t["identical_lengths"] for t in totals.values())
+    assert totals["length_aware:hidden"]["num_preemptions"] > 0  # it parks, losslessly
+    # the bench's trace replays its online variant's decisions (both epochs, the last measured)
+    from infsamp.sampling.simulator import read_trace, simulate
+    for seed in (3, 4):
+        groups = read_trace(tmp_path / f"trace_slots_seed{seed}.jsonl")
+        assert len(groups) == 2 and groups[0].first_tokens is not None
+        replay = simulate(groups, "length_aware", 2, predictor="online", warmup_steps=1,
+                          kv_budget=report["rows"][0]["kv_budget_tokens"], max_new_tokens=10,
+                          prefix_tokens=2)
+        measured = [r for r in report["rows"] if r["measured"] and r["seed"] == seed
+                    and r["variant"] == "length_aware:online"]
+        assert replay.decode_steps == measured[0]["decode_steps"]
+        assert replay.num_preemptions == measured[0]["num_preemptions"]
 
 
 def test_variant_names_round_trip():
@@ -79,6 +111,8 @@ def test_several_prompts_per_call(tiny_model_dir):
     (["--prompts-per-step", "0"], "--prompts-per-step must be >= 1, got 0"),
     (["-G", "0"], "--group-size must be >= 1, got 0"),
     (["--variants", "rounds,continuous"], "--variants must start with continuous"),
+    (["--seeds", "1,x"], "--seeds must be comma-separated integers"),
+    (["--kv-slack", "-1"], "--kv-slack must be >= 0"),
 ])
 def test_bad_arguments_end_in_one_line(argv, message, capsys):
     assert main(["bench", "scheduling", *argv]) == 2
@@ -99,7 +133,8 @@ def test_both_engines_side_by_side(tmp_path, capsys):
     assert set(report["engine_startup_s"]) == {"slots", "vllm"}
     assert {r["engine"] for r in report["rows"]} == {"slots", "vllm"}
     for engine in ("slots", "vllm"):
-        totals = report["totals"][engine].values()
-        assert all(t["identical_lengths"] and t["num_preemptions"] == 0 for t in totals)
+        totals = report["totals"][engine]
+        assert all(t["identical_lengths"] for t in totals.values())
+        assert all(totals[name]["num_preemptions"] == 0 for name in ("continuous", "rounds"))
     assert "length_aware:online: vllm / slots tokens/s" in report["targets"]["vllm vs slots"]
     assert "engine start-up (not in the figures above): vllm" in capsys.readouterr().out

@@ -73,29 +73,35 @@ def engine_for(model, prompts, samples, num_slots, options):
     return engine, stats
 
 
-def test_preempted_sample_restarts_and_counts_recomputation(model):
-    options = DecodeOptions(temperature=1.0, seed=11, eos_token_ids=())
+@pytest.mark.parametrize("keep_kv", [True, False])
+def test_parked_sample_resumes_where_it_stopped(model, keep_kv):
+    """A sample taken out of its slot after 2 tokens keeps them; it resumes in another slot (its
+    KV copied back, or recomputed) and ends with the tokens of an uninterrupted run."""
+    options = DecodeOptions(temperature=1.0, seed=11, eos_token_ids=(), hidden_states=True)
     first, second = _spec(0), _spec(1)
-    engine, stats = engine_for(model, [[4, 5, 6]], [first, second], 1, options)
+    engine, stats = engine_for(model, [[4, 5, 6]], [first, second], 2, options)
     engine.start(0, first)
     engine.decode_step({0: first})
     engine.decode_step({0: first})
-    engine.start(0, second)  # the scheduler gave slot 0 to another sample: `first` is preempted
-    assert stats.num_preemptions == 1
-    for _ in range(5):
-        ended = engine.decode_step({0: second})
-    assert ended == [second] and second.finish_reason == "length" and second.num_tokens == 5
+    first.parked_kv = keep_kv
+    engine.start(0, second)  # the scheduler parked `first` and gave slot 0 to another sample
+    assert first.num_tokens == 2 and (first.sample_id in engine.cache.parked) == keep_kv
+    assert stats.peak_kv_tokens == 2 * 5 + 2 + (2 if keep_kv else 0)  # slots, prompt, parked
+    for _ in range(3):
+        engine.decode_step({0: second})
+    engine.start(1, first)
+    for _ in range(3):
+        ended = engine.decode_step({0: second, 1: first})
+    assert ended == [second, first] and first.num_tokens == 5
     alone = _spec(0)
     reference, _ = engine_for(model, [[4, 5, 6]], [alone], 1, options)
     reference.start(0, alone)
     for _ in range(5):
         reference.decode_step({0: alone})
-    engine.start(0, first)
-    for _ in range(5):
-        engine.decode_step({0: first})
-    assert stats.recomputed_tokens == 2
-    assert first.token_ids == alone.token_ids  # same random stream after the restart
+    assert first.token_ids == alone.token_ids  # same random stream, same KV after the resume
+    assert first.hidden_state.shape == (model.config.hidden_size,)
     assert stats.prefill_tokens == 2  # the prompt (minus its last token) once
+    assert not engine.cache.parked
 
 
 def test_two_groups_share_slots(model):
@@ -156,7 +162,7 @@ def decode_logits(model, prompts, samples, split: bool, steps: int = 3) -> list[
         inputs, positions, write_index, rows = engine._step_layout()
         mask = engine.cache.prepare_step(rows, write_index, engine.eager_mask)
         with torch.inference_mode():
-            logits.append(engine._forward(inputs, positions, mask))
+            logits.append(engine._forward(inputs, positions, mask)[0])
         engine._record(list(range(len(samples))), logits[-1].argmax(-1).tolist())
     return logits
 

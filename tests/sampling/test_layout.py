@@ -18,7 +18,8 @@ from infsamp.sampling.types import (concurrency_for_budget, kv_tokens_needed, re
                                     shared_prompt_tokens)
 
 ROOT = Path(infsamp.sampling.__file__).parent
-PURE = ("types", "scheduler", "policies", "length_predictor", "grouping", "simulator")
+PURE = ("types", "scheduler", "policies", "length_predictor", "hidden_predictor", "predictors",
+        "grouping", "simulator")
 
 
 def _imports(path: Path) -> set[str]:

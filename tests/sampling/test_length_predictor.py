@@ -1,6 +1,7 @@
 """Length predictors: registry, oracle/noisy, the online ridge learning across calls, quality measure."""
 
 import itertools
+import json
 import math
 import random
 import time
@@ -9,8 +10,9 @@ import pytest
 
 from infsamp.errors import SamplingError
 from infsamp.sampling.length_predictor import (
-    ConstantPredictor, NoisyOraclePredictor, OnlinePredictor, OraclePredictor, kendall_tau, make_predictor,
+    ConstantPredictor, NoisyOraclePredictor, OnlinePredictor, OraclePredictor, kendall_tau,
     prediction_quality)
+from infsamp.sampling.predictors import make_predictor
 from infsamp.sampling.types import Sample
 
 
@@ -151,3 +153,66 @@ def test_prefix_memory_ignores_placeholder_prefixes():
     assert memory.predict("p", Counter([1, 2, 3])) == 4.0
     assert memory.predict("p", Counter([7, 8, 9])) is None  # nothing similar remembered
     assert memory.predict("other", Counter([1, 2, 3])) is None
+
+
+def test_online_counts_down_after_its_first_point_and_asks_memory_once_outlived():
+    predictor = OnlinePredictor()
+    for length in (30, 60):  # the prompt's memory: one 30-token and one 60-token sample
+        sample = Sample(0, 0, 0, 10, 100, "p")
+        predictor.predict_remaining(sample, [5, 6, 7, 8])
+        predictor.observe_finished(sample, length)
+    sample = Sample(1, 0, 1, 10, 100, "p")
+    first = predictor.predict_remaining(sample, [5, 6, 7, 8])
+    assert predictor.predict_remaining(sample, [5] * 8) == pytest.approx(first - 4)
+    outlived = first + 4 + 10
+    assert predictor.predict_remaining(sample, [5] * int(outlived)) == pytest.approx(
+        60 - int(outlived))  # only the 60-token sample ran this far
+
+
+def hidden_samples(rng, num, dim=6):
+    """Samples whose hidden state's first coordinate says how long they still run."""
+    out = []
+    for index in range(num):
+        long = rng.random() < 0.5
+        sample = Sample(index, 0, index, 10, 300, "p")
+        state = [rng.gauss(0, 1) for _ in range(dim)]
+        state[0] = 3.0 if long else -3.0
+        out.append((sample, state, 200 if long else 20))
+    return out
+
+
+def test_hidden_probe_learns_remaining_length_from_the_hidden_state():
+    rng = random.Random(0)
+    predictor = make_predictor("hidden")
+    assert predictor.uses_hidden and predictor.uses_prefix
+    for _ in range(6):  # calls: one group of 16 each
+        for sample, state, length in hidden_samples(rng, 16):
+            sample.hidden_state = state
+            predictor.predict_remaining(sample, [4] * 8)
+            predictor.observe_finished(sample, length)
+        predictor.end_call()
+    long_state, short_state = [3.0] + [0.0] * 5, [-3.0] + [0.0] * 5
+    probe = Sample(99, 0, 0, 10, 300, "p")
+    probe.hidden_state = long_state
+    long = predictor.predict_remaining(probe, [4] * 8)
+    probe = Sample(98, 0, 1, 10, 300, "p")
+    probe.hidden_state = short_state
+    short = predictor.predict_remaining(probe, [4] * 8)
+    assert long > 100 and short < 30
+    restored = make_predictor("hidden")
+    restored.load_state_dict(json.loads(json.dumps(predictor.state_dict())))  # JSON in a checkpoint
+    probe = Sample(97, 0, 2, 10, 300, "p")
+    probe.hidden_state = long_state
+    assert restored.predict_remaining(probe, [4] * 8) == pytest.approx(long)
+
+
+def test_hidden_without_a_hidden_state_predicts_as_online():
+    """The vLLM engine hands out no hidden states: `hidden` then takes online's decisions."""
+    rng = random.Random(1)
+    hidden, online = make_predictor("hidden"), make_predictor("online")
+    for sample, _, length in hidden_samples(rng, 40):
+        assert hidden.predict(sample) == pytest.approx(online.predict(sample))
+        assert hidden.predict_remaining(sample, [4, 5, 6]) == pytest.approx(
+            online.predict_remaining(sample, [4, 5, 6]))
+        hidden.observe_finished(sample, length)
+        online.observe_finished(sample, length)

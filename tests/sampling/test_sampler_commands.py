@@ -77,7 +77,7 @@ def test_bench_cells_and_targets(checkpoint):
 
 @pytest.mark.parametrize("flags, message", [
     (["--policy", "length_aware", "--predictor", "oracle"],
-     "sampling.predictor: must be online or none"),
+     "sampling.predictor: must be online or hidden or none"),
     (["--num-prompts", "-1"], "--num-prompts: must be >= 0"),
     (["--out", "no/such/folder/out.jsonl"], "--out: folder no/such/folder does not exist"),
     (["--trace", "missing_dir/trace.jsonl"], "--trace: folder missing_dir does not exist"),
@@ -112,7 +112,7 @@ def test_sample_command_on_the_recipe_renders_txt_and_jsonl_like_training(chat_m
     rows = tmp_path / "gsm8k.jsonl"  # one GSM8K file: sampling needs no held-out split, nor answers
     rows.write_text(json.dumps({"question": "What is 2+2?"}) + "\n")
     assert main(["sample", recipe, "--model.name_or_path", model, "--data.dataset", str(rows),
-                 "-G", "2", "--max-new-tokens", "3", "--out", str(out)]) == 0
+                 "-G", "2", "--max-new-tokens", "3", "--out", str(out), "--overwrite"]) == 0
     assert json.loads(out.read_text().splitlines()[0])["prompt"] == prompt
 def test_engine_flag_errors_are_one_line(checkpoint, tmp_path, capsys):
     assert main(["bench", "sampling", "--engine", "slots,hf", "--model", str(checkpoint)]) == 2

@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 
 from infsamp.errors import SamplingError
 from infsamp.sampling.grouping import lower_bound
-from infsamp.sampling.length_predictor import OraclePredictor, make_predictor
+from infsamp.sampling.length_predictor import LengthPredictor, OraclePredictor
+from infsamp.sampling.predictors import make_predictor
 from infsamp.sampling.scheduler import SlotScheduler
 from infsamp.sampling.simulator import run_call
 from infsamp.sampling.types import Sample, make_samples
@@ -33,21 +34,44 @@ def fresh(specs):
                    s.prompt_key) for s in specs]
 
 
-def checked_run(specs, lengths, policy, num_slots, budget=None, predictor=None, **options):
-    """The engine loop, with the engine-side checks the scheduler must satisfy."""
+class PrefixOracle(LengthPredictor):
+    """Token-conditioned and exact once a sample has started: every pending sample looks like
+    `prior`, a started one is predicted to the token."""
+    name, uses_prefix = "prefix_oracle", True
+
+    def __init__(self, lengths, prior=20.0):
+        self.lengths, self.prior = lengths, prior
+
+    def predict(self, spec):
+        return self.prior
+
+    def predict_remaining(self, spec, prefix_token_ids):
+        return max(1, self.lengths[spec.sample_id] - len(prefix_token_ids))
+
+
+def checked_run(specs, lengths, policy, num_slots, budget=None, predictor=None,
+                keep_parked_kv=True, **options):
+    """The engine loop, with the engine-side checks the scheduler must satisfy (a sample starts
+    again only after it was parked, with its tokens; parked KV that is kept counts)."""
     specs = fresh(specs)
-    sched = SlotScheduler(specs, policy, num_slots, budget, predictor, **options)
+    sched = SlotScheduler(specs, policy, num_slots, budget, predictor,
+                          keep_parked_kv=keep_parked_kv, **options)
     started, open_groups, unfinished = set(), set(), {}
     for spec in specs:
         unfinished[spec.group_id] = unfinished.get(spec.group_id, 0) + 1
-    peak = 0
+    peak, running = 0, {}
     while not sched.done:
+        parked_before = {s.sample_id: s.num_tokens for s in specs if s.status == "parked"}
         for slot, spec in sched.admit():
-            assert spec.sample_id not in started, "sample scheduled twice"
+            if spec.sample_id in started:
+                assert parked_before.get(spec.sample_id) == spec.num_tokens > 0, "started twice"
             started.add(spec.sample_id)
             open_groups.add(spec.group_id)
         active = sched.active()
         assert 0 < len(active) <= sched.num_slots
+        for spec in running.values():  # a sample leaves its slot only by finishing or parking
+            assert spec.status in ("running", "parked")
+        running = {s.sample_id: s for s in active.values()}
         finished = []
         for spec in active.values():
             spec.token_ids.append(7)
@@ -56,6 +80,7 @@ def checked_run(specs, lengths, policy, num_slots, budget=None, predictor=None, 
                 finished.append(spec)
         kv = sum(specs[[s.group_id for s in specs].index(g)].prompt_tokens for g in open_groups)
         kv += sum(s.num_tokens for s in active.values())
+        kv += sum(s.num_tokens for s in specs if s.status == "parked" and s.parked_kv)
         peak = max(peak, kv)
         if budget is not None and policy != "full":
             assert kv <= budget, f"KV {kv} over budget {budget}"
@@ -65,6 +90,7 @@ def checked_run(specs, lengths, policy, num_slots, budget=None, predictor=None, 
             if unfinished[group] == 0:
                 open_groups.discard(group)
         sched.step(finished)
+        running = {i: s for i, s in running.items() if s.status != "finished"}
     assert started == set(range(len(specs))), "some sample never ran"
     assert all(s.status == "finished" for s in specs)
     stats = sched.stats
@@ -203,16 +229,69 @@ lengths_st = st.lists(st.lists(st.integers(1, 40), min_size=1, max_size=12), min
 @settings(max_examples=150, deadline=None)
 @given(groups=lengths_st, policy=st.sampled_from(POLICIES), num_slots=st.integers(1, 9),
        prompt_tokens=st.integers(0, 30), extra_budget=st.one_of(st.none(), st.integers(0, 200)),
-       predictor=st.sampled_from(["none", "oracle", "noisy:1.0", "online"]),
-       refill=st.sampled_from(["sjf", "ljf"]))
+       predictor=st.sampled_from(["none", "oracle", "noisy:1.0", "online", "prefix_oracle"]),
+       refill=st.sampled_from(["sjf", "ljf"]), prefix_tokens=st.integers(1, 6),
+       keep_parked_kv=st.booleans())
 def test_every_sample_once_and_budget_kept(groups, policy, num_slots, prompt_tokens, extra_budget,
-                                            predictor, refill):
+                                            predictor, refill, prefix_tokens, keep_parked_kv):
     specs, lengths = specs_for(groups, prompt_tokens=prompt_tokens, max_new=40)
     budget = None if extra_budget is None else prompt_tokens + 40 + extra_budget
-    length_predictor = make_predictor(predictor)
+    length_predictor = PrefixOracle(lengths) if predictor == "prefix_oracle" else \
+        make_predictor(predictor)
     if isinstance(length_predictor, OraclePredictor):
         length_predictor.set_lengths(dict(enumerate(lengths)))
-    checked_run(specs, lengths, policy, num_slots, budget, length_predictor, refill=refill)
+    checked_run(specs, lengths, policy, num_slots, budget, length_predictor, refill=refill,
+                prefix_tokens=prefix_tokens, keep_parked_kv=keep_parked_kv)
+
+
+def test_short_samples_are_parked_after_their_first_tokens():
+    """One group of 3+3+3+12+12 tokens, 2 slots, k=2, every pending sample predicted 8: each
+    3-token sample is parked at its first point (1 token left), the 12-token ones keep their
+    slots from steps 2 and 4, and the parked ones fill the end: 17 steps (the bound) against 18
+    in arrival order."""
+    specs, lengths = specs_for([[3, 3, 3, 12, 12]])
+    continuous = checked_run(specs, lengths, "continuous", 2)
+    parked = checked_run(specs, lengths, "length_aware", 2, predictor=PrefixOracle(lengths, 8.0),
+                         prefix_tokens=2)
+    assert (continuous.decode_steps, parked.decode_steps, parked.lower_bound) == (18, 17, 17)
+    assert parked.num_preemptions == 3 and parked.recomputed_tokens == 0
+
+
+def test_parked_kv_is_dropped_when_the_budget_cannot_hold_it():
+    """Budget for exactly 2 reservations: a parked sample's 2 tokens are recomputed on resume."""
+    specs, lengths = specs_for([[3, 3, 3, 12, 12]], prompt_tokens=5, max_new=40)
+    kept = checked_run(specs, lengths, "length_aware", 2, 5 + 2 * 40 + 6,
+                       PrefixOracle(lengths, 8.0), prefix_tokens=2)
+    dropped = checked_run(specs, lengths, "length_aware", 2, 5 + 2 * 40,
+                          PrefixOracle(lengths, 8.0), prefix_tokens=2)
+    assert kept.decode_steps == dropped.decode_steps == 17 and kept.num_preemptions == 3
+    assert (kept.recomputed_tokens, dropped.recomputed_tokens) == (0, 6)
+    assert kept.peak_kv_tokens_used > dropped.peak_kv_tokens_used
+
+
+@settings(max_examples=60, deadline=None)
+@given(groups=lengths_st, num_slots=st.integers(1, 6), prompt_tokens=st.integers(1, 20),
+       extra_budget=st.integers(0, 60), prefix_tokens=st.integers(1, 4))
+def test_kept_parked_kv_never_changes_the_schedule(groups, num_slots, prompt_tokens, extra_budget,
+                                                   prefix_tokens):
+    """Parked KV is kept only where it can never cost a slot or a group's start: the decode
+    steps and parks are those of recomputing it (several groups, tight budgets)."""
+    specs, lengths = specs_for(groups, prompt_tokens=prompt_tokens, max_new=40)
+    budget = prompt_tokens * len(groups) + 40 * num_slots + extra_budget
+    runs = [checked_run(specs, lengths, "length_aware", num_slots, budget,
+                        PrefixOracle(lengths, 12.0), keep_parked_kv=keep,
+                        prefix_tokens=prefix_tokens) for keep in (True, False)]
+    assert (runs[0].decode_steps, runs[0].num_preemptions) == (runs[1].decode_steps,
+                                                               runs[1].num_preemptions)
+    assert runs[0].recomputed_tokens <= runs[1].recomputed_tokens
+
+
+def test_no_parking_without_preempt_or_with_sjf():
+    specs, lengths = specs_for([[3, 3, 3, 12, 12]])
+    for options in ({"preempt": False}, {"refill": "sjf"}):
+        stats = checked_run(specs, lengths, "length_aware", 2,
+                            predictor=PrefixOracle(lengths, 8.0), prefix_tokens=2, **options)
+        assert stats.num_preemptions == 0
 
 
 @settings(max_examples=60, deadline=None)

@@ -112,6 +112,41 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert "--slots or --kv-budget" in capsys.readouterr().err
 
 
+def test_cli_replays_first_tokens_with_warmup_and_parking(tmp_path, capsys):
+    """Guesses (token 5 first, 3 tokens) and derivations (token 9 first, 30 tokens) of one prompt:
+    once the first call has taught the prefix memory, parking after k=2 tokens beats
+    arrival order in the measured call; --no-preempt is arrival order again."""
+    lengths = [3, 3, 30, 3, 30, 3, 30, 3]
+    first = [[5, 6] if n == 3 else [9, 8] for n in lengths]
+    line = json.dumps({"prompt_id": "a", "prompt_tokens": 4, "lengths": lengths,
+                       "first_tokens": first})
+    trace = write_lines(tmp_path, [line, line])
+    runs = {}
+    for name, flags in (("continuous", ["--policy", "continuous"]),
+                        ("parking", ["--policy", "length_aware", "--predictor", "online"]),
+                        ("no preempt", ["--policy", "length_aware", "--predictor", "online",
+                                        "--no-preempt"])):
+        assert main(["simulate", "--trace", str(trace), "--slots", "2", "--prefix-tokens", "2",
+                     "--warmup-steps", "1", "--json", *flags]) == 0
+        runs[name] = json.loads(capsys.readouterr().out)
+    assert runs["continuous"]["num_calls"] == 1 and runs["parking"]["num_preemptions"] > 0
+    assert runs["parking"]["decode_steps"] < runs["continuous"]["decode_steps"]
+    assert runs["no preempt"]["decode_steps"] == runs["continuous"]["decode_steps"]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--predictor", "hidden"], "--predictor hidden needs the model's hidden states"),
+    (["--warmup-steps", "1"], "--warmup-steps 1 leaves none of the trace's 1 steps"),
+    (["--prefix-tokens", "0"], "--prefix-tokens must be >= 1"),
+])
+def test_cli_new_flags_fail_in_one_line(tmp_path, capsys, flags, message):
+    trace = write_lines(tmp_path, [GOOD])
+    assert main(["simulate", "--trace", str(trace), "--slots", "2", "--policy", "length_aware",
+                 *flags]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.strip().count("\n") == 0
+
+
 def test_cli_plot(tmp_path, capsys):
     png = tmp_path / "quality.png"
     code = main(["simulate", "--synthetic", "lognormal", "--groups", "3", "--group-size", "8", "--slots", "4",

@@ -1,5 +1,9 @@
 """Issue 4 item 4: replaying a real sampling run's lengths through the simulator gives the decode steps
-the real engine reported, for every policy (a random tiny Llama, sampled lengths, a KV budget)."""
+the real engine reported, for every policy (a random tiny Llama, sampled lengths, a KV budget), and
+the B = 1 bench's committed traces replay to its figures (issue 22)."""
+
+import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -7,9 +11,10 @@ import torch
 from infsamp.config import SamplingConfig
 from infsamp.models.tiny import build_model, build_tokenizer
 from infsamp.sampling.length_predictor import OraclePredictor
+from infsamp.sampling.predictors import make_predictor
 from infsamp.sampling.sampler import GroupSampler
+from infsamp.sampling.simulator import read_trace, run_call, simulate
 from infsamp.sampling.types import make_samples
-from infsamp.sampling.simulator import run_call
 
 EOS = build_tokenizer().eos_token_id
 
@@ -33,9 +38,9 @@ class EosBoost:
         return scores
 
 
-def sample(model, policy, kv_budget, predictor=None):
+def sample(model, policy, kv_budget, predictor=None, prefix_tokens=8):
     cfg = SamplingConfig(policy=policy, micro_group=3, kv_budget=kv_budget, max_new_tokens=MAX_NEW,
-                         temperature=1.0, predictor="none")
+                         temperature=1.0, predictor="none", predictor_prefix_tokens=prefix_tokens)
     generator = torch.Generator().manual_seed(7)
     return GroupSampler(model, None, cfg, predictor).sample(PROMPTS, GROUP_SIZE, generator=generator,
                                                            logits_processor_factory=EosBoost)
@@ -69,3 +74,83 @@ def test_replay_matches_the_real_engine(model, policy, predictor, kv_budget):
     assert replay.decode_steps == real.stats.decode_steps
     assert replay.lower_bound == real.stats.lower_bound
     assert replay.peak_kv_tokens_used == real.stats.peak_kv_tokens_used
+
+
+@pytest.mark.parametrize("kv_budget", ["40"])  # g=2; some parked KV fits beside the slots
+def test_replay_of_token_conditioned_parking_matches_the_real_engine(model, kv_budget):
+    """length_aware + online, k=2: samples are parked after their first tokens; the replay, fed
+    the completions' first tokens, takes the same decisions (steps, parks, recomputed tokens,
+    peak KV, prediction quality), and the completions equal continuous's."""
+    torch.set_num_threads(1)
+    lengths = reference_lengths(model, kv_budget)
+    real_predictor, replay_predictor = make_predictor("online"), make_predictor("online")
+    samples = make_samples([len(p) for p in PROMPTS], GROUP_SIZE, MAX_NEW)
+    for call in range(2):  # the second call predicts from what the first taught
+        real = sample(model, "length_aware", kv_budget, real_predictor, prefix_tokens=2)
+        assert [c.length for c in real.completions] == lengths
+        first = [c.token_ids[:2] for c in real.completions]
+        samples = make_samples([len(p) for p in PROMPTS], GROUP_SIZE, MAX_NEW)
+        replay = run_call(samples, lengths, "length_aware", real.stats.micro_group,
+                          real.stats.kv_budget_tokens, replay_predictor, first_tokens=first,
+                          prefix_tokens=2)
+        for key in ("decode_steps", "num_preemptions", "recomputed_tokens",
+                    "peak_kv_tokens_used", "predictor_kendall_tau", "predictor_mae"):
+            assert getattr(replay, key) == getattr(real.stats, key), key
+    parked_tokens = 2 * real.stats.num_preemptions  # every park happens at k = 2 tokens
+    assert parked_tokens > 0
+    assert 0 < real.stats.recomputed_tokens < parked_tokens  # some parked KV kept, some not
+
+
+BENCH_B1 = Path(__file__).parents[2] / "docs/img/bench_scheduling_issue22_b1"
+
+
+def _bench_steps(report, seed, variant):
+    return sum(r["decode_steps"] for r in report["rows"]
+               if r["measured"] and r["seed"] == seed and r["variant"] == variant)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_b1_bench_trace_replays_and_length_aware_beats_arrival_order(seed):
+    """One prompt per step (G=32, g=8, the embedded model's completions with their first tokens):
+    the replay of the bench's trace takes the engine's decode steps and parks for continuous,
+    length_aware + online and the oracle, and length_aware + online, which parks samples after
+    their first tokens, takes at least 60% of the oracle's decode-step gain over arrival order
+    (docs/benchmarks.md, "Decisions after the first tokens")."""
+    report = json.loads((BENCH_B1 / "scheduling.json").read_text())
+    groups = read_trace(BENCH_B1 / f"trace_slots_seed{seed}.jsonl")
+    budget = 8 * 256 + max(g.prompt_tokens for g in groups)  # B=1: g full samples + one prompt
+    warmup = len(groups) // report["epochs"]  # the bench measures its last epoch
+    steps = {}
+    for variant, policy, predictor in (("continuous", "continuous", "none"),
+                                       ("length_aware:online", "length_aware", "online"),
+                                       ("length_aware:oracle", "length_aware", "oracle")):
+        replay = simulate(groups, policy, 8, kv_budget=budget, predictor=predictor,
+                          warmup_steps=warmup, max_new_tokens=256)
+        assert replay.decode_steps == _bench_steps(report, seed, variant), variant
+        steps[variant] = replay.decode_steps
+        if variant == "length_aware:online":
+            parks = [r["num_preemptions"] for r in report["rows"]
+                     if r["measured"] and r["seed"] == seed and r["variant"] == variant]
+            assert replay.num_preemptions == sum(parks) > 0
+    gain = steps["continuous"] - steps["length_aware:oracle"]
+    assert steps["continuous"] - steps["length_aware:online"] >= 0.6 * gain > 0
+
+
+def test_b4_trace_replays_the_earlier_bench_and_parking_does_better():
+    """Four prompts per step: the trace's completions are those of the B=4 bench of 2026-11-29
+    (its continuous and its admission-time length_aware steps replay exactly); parking after
+    the first tokens takes fewer steps than either (issue 22: no worse at B = 4)."""
+    root = Path(__file__).parents[2] / "docs/img"
+    earlier = json.loads((root / "bench_scheduling_b4/scheduling.json").read_text())["totals"]
+    groups = read_trace(root / "bench_scheduling_issue22_b4/trace_slots_seed0.jsonl")
+    budget = 8 * 256 + 4 * max(g.prompt_tokens for g in groups)
+
+    def replay(policy, predictor="none", **options):
+        return simulate(groups, policy, 8, kv_budget=budget, predictor=predictor, warmup_steps=6,
+                        max_new_tokens=256, prompts_per_step=4, **options).decode_steps
+
+    continuous = replay("continuous")
+    assert continuous == earlier["continuous"]["decode_steps"]
+    admission_only = replay("length_aware", "online", preempt=False)
+    assert admission_only == earlier["length_aware:online"]["decode_steps"]
+    assert replay("length_aware", "online") < admission_only < continuous

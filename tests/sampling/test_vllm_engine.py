@@ -17,7 +17,8 @@ from infsamp.models.loading import load_model_and_tokenizer
 from infsamp.algorithm.logprobs import sequence_logprobs
 from infsamp.planner.sizes import RunSizes
 from infsamp.sampling.engines.base import make_engine, vllm_installed
-from infsamp.sampling.length_predictor import OraclePredictor, make_predictor
+from infsamp.sampling.length_predictor import OraclePredictor
+from infsamp.sampling.predictors import make_predictor
 from infsamp.sampling.sampler import GroupSampler
 from infsamp.sampling.simulator import run_call
 from infsamp.sampling.types import make_samples
@@ -109,7 +110,8 @@ def test_every_policy_returns_the_same_completions(embedded, engine, prompts):
         result = sample(embedded, engine, prompts, 6, policy, predictor)
         runs[policy, predictor_name] = result
         stats = result.stats
-        assert stats.engine == "vllm" and stats.kv_block_size == 32 and stats.num_preemptions == 0
+        assert stats.engine == "vllm" and stats.kv_block_size == 32
+        assert stats.num_preemptions == 0 or predictor_name == "online"  # online parks
         assert stats.decode_steps >= stats.lower_bound > 0
         assert stats.generated_tokens == sum(c.length for c in result.completions)
         assert stats.peak_kv_tokens <= BUDGET
@@ -154,6 +156,31 @@ def test_simulator_replays_the_engine_steps(embedded, engine, prompts, policy, p
     replay = run_call(samples, lengths, policy, 4, BUDGET, replay_predictor, kv_block_size=32)
     assert (replay.decode_steps, replay.peak_kv_tokens_used) == (real.stats.decode_steps,
                                                                  real.stats.peak_kv_tokens_used)
+
+
+def test_parked_requests_resume_losslessly_and_the_simulator_replays_them(embedded, engine,
+                                                                          prompts):
+    """length_aware + online with k=2 parks requests after their first tokens (vLLM's own
+    preemption, then held out of its queue): same completions and log-probs as continuous,
+    and a replay fed the first tokens takes the same decisions (block books, parked KV
+    recomputed)."""
+    reference = sample(embedded, engine, prompts, 6)
+    lengths = [c.length for c in reference.completions]
+    real_predictor, replay_predictor = make_predictor("online"), make_predictor("online")
+    for call in range(2):
+        real = sample(embedded, engine, prompts, 6, "length_aware", real_predictor,
+                      predictor_prefix_tokens=2)
+        assert [c.token_ids for c in real.completions] == [c.token_ids for c in
+                                                           reference.completions]
+        assert [c.logprobs for c in real.completions] == [c.logprobs for c in
+                                                          reference.completions]
+        samples = make_samples([len(p) for p in prompts], 6, MAX_NEW)
+        replay = run_call(samples, lengths, "length_aware", 4, BUDGET, replay_predictor,
+                          kv_block_size=32, keep_parked_kv=False, prefix_tokens=2,
+                          first_tokens=[c.token_ids[:2] for c in real.completions])
+        for key in ("decode_steps", "num_preemptions", "recomputed_tokens", "peak_kv_tokens_used"):
+            assert getattr(replay, key) == getattr(real.stats, key), key
+    assert real.stats.num_preemptions > 0 and real.stats.peak_kv_tokens <= BUDGET
 
 
 def test_prompt_computed_once_per_group(embedded, engine, prompts):

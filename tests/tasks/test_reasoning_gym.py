@@ -9,6 +9,7 @@ from infsamp.config import ConfigError
 from infsamp.config_io import load_config
 from infsamp.errors import DataError
 from infsamp.rewards.builtin import reasoning_gym_reward
+from infsamp.rewards.compute import compute_rewards
 from infsamp.rewards.loading import load_reward_functions
 from infsamp.tasks.answers import ANSWER_EXTRACTORS
 from infsamp.tasks.loading import check_dataset_source, load_examples, load_splits
@@ -85,6 +86,21 @@ def test_options_must_be_a_mapping_and_splits_are_the_two_configured():
 ])
 def test_answer_extractors(name, text, expected):
     assert ANSWER_EXTRACTORS[name](text) == expected
+
+
+def test_the_builtin_rewards_score_alike_in_worker_processes():
+    """rewards.timeout_s sends the built-ins (partials among them) and the rows' metadata to
+    worker processes as JSON: the scores are those of the trainer's process."""
+    rows = load_examples(data(), "test")[:3]
+    columns = {key: [row[key] for row in rows] for key in ("answer", "question", "metadata",
+                                                           "task")}
+    funcs = load_reward_functions(["reasoning_gym", "math_verify", "format"],
+                                  answer_extraction="last_number", format_think_block="allow")
+    completions = [f"I think {row['answer']}" for row in rows]
+    scored = [compute_rewards(funcs, None, ["p"] * 3, completions, columns,
+                              timeout_s=timeout_s).per_function for timeout_s in (0.0, 60.0)]
+    assert scored[0] == scored[1]
+    assert scored[0]["reasoning_gym"] == scored[0]["math_verify"] == [1.0, 1.0, 1.0]
 
 
 def test_the_reward_scores_with_the_tasks_own_score_answer():

@@ -131,7 +131,8 @@ class GRPOStep:
     def _logprobs(self, model, rollout: Rollout) -> list[Tensor]:
         return sequence_logprobs(model, rollout.prompt_ids, rollout.completion_ids,
                                  max_tokens=self.micro_batch_tokens, pad_token_id=self.pad_token_id,
-                                 temperature=self.temperature, grad=False)
+                                 temperature=self.temperature, grad=False,
+                                 chunked=self.cfg.chunked_lm_head)
 
     def reference_logprobs(self, rollout: Rollout, model) -> list[Tensor] | None:
         """The KL reference's log-probs: a separate model, or `model` with its adapters off."""
@@ -167,7 +168,7 @@ class GRPOStep:
                 logps, entropies = sequence_logprobs_and_entropy(
                     model, rollout.prompt_ids, rollout.completion_ids,
                     max_tokens=self.micro_batch_tokens, pad_token_id=self.pad_token_id,
-                    temperature=self.temperature)
+                    temperature=self.temperature, chunked=self.cfg.chunked_lm_head)
                 token_masks = high_entropy_masks(entropies, keep, self.cfg.top_entropy_quantile,
                                                  gather=self.parallel.ranks.gather_values)
                 old = logps if self.cfg.num_iterations > 1 else None
@@ -271,7 +272,8 @@ class GRPOStep:
         """A zero-weight micro-batch (one sequence): its collectives run, gradients stay."""
         mb = make_micro_batch(rollout.prompt_ids, rollout.completion_ids, [0], self.pad_token_id,
                               device)
-        (micro_batch_logprobs(self.model, mb, self.temperature).sum() * 0.0).backward()
+        logps = micro_batch_logprobs(self.model, mb, self.temperature, self.cfg.chunked_lm_head)
+        (logps.sum() * 0.0).backward()
 
     def _retry_smaller(self, mb, rollout: Rollout, inputs: StepInputs,
                        sync_last: bool = True) -> tuple[float, LossStats]:
@@ -287,8 +289,8 @@ class GRPOStep:
 
     def _micro_batch_backward(self, mb, rollout: Rollout,
                               inputs: StepInputs) -> tuple[float, LossStats]:
-        logps, entropy = micro_batch_logprobs_and_entropy(self.model, mb,
-                                                          self.temperature)  # [b, T_c] each
+        logps, entropy = micro_batch_logprobs_and_entropy(
+            self.model, mb, self.temperature, self.cfg.chunked_lm_head)  # [b, T_c] each
         rows = mb.rows(inputs.carries_loss).to(logps.device)  # [b]
         loss_mask = mb.completion_mask * rows.unsqueeze(1)  # [b, T_c]
         measured = MismatchStats()  # this micro-batch's; kept only once its backward succeeded

@@ -5,10 +5,10 @@ its longest completion, so every completion occupies the last `T_c` positions:
 
     [pad pad p p p | c c c pad]   attention_mask 0 0 1 1 1 | 1 1 1 0,  position_ids from the mask's cumsum
 
-The forward asks the model for only `T_c + 1` logits (`logits_to_keep`, so the lm_head runs on completion
-positions only) and drops the last one. Chosen-token log-probs are taken by `selective_log_softmax`, which
-runs logsumexp over row chunks in fp32 instead of materialising a full-vocabulary log-softmax of the
-micro-batch; the same chunks give each position's token entropy (no grad) when asked
+The forward asks the model for only `T_c + 1` positions (`logits_to_keep`) and drops the last one;
+the LM head then runs per chunk on the final hidden states of the real completion tokens
+(`algorithm/lm_head.py`: no `[tokens, vocabulary]` logits in the forward or the backward), with
+fp32 log-softmax and, when asked, each position's token entropy (no grad) from the same chunks
 (`micro_batch_logprobs_and_entropy`: TRL's `entropy` metric and high-entropy token mask).
 Logits are divided by the sampling temperature first, as TRL does.
 
@@ -21,20 +21,28 @@ Training loop these pieces are made for (one micro-batch of activations alive at
                                      loss_type=loss_type, mask=mb.completion_mask, ...)
         LOSS_TYPES[loss_type].aggregate(loss, mb.completion_mask, totals).backward()  # sums .grad
 
-Simplifications: sequences are never packed end to end (padding only); a model whose forward refuses
-`logits_to_keep` gets full logits which are then sliced (correct, but no memory saving).
+Simplifications: sequences are never packed end to end (padding only); a model without a hookable
+output head gets its full logits, log-softmaxed in row chunks (correct, but no memory saving).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-CHUNK_ROWS = 256  # rows of logits per fp32 logsumexp chunk
-
+from infsamp.algorithm.lm_head import (
+    HeadCall,
+    HeadSpec,
+    head_hook,
+    head_log_probs,
+    logit_transform,
+    logits_log_softmax,
+    unwrapped,
+)
 
 # --- planning: which sequences share a micro-batch ------------------------------------------------
 
@@ -158,103 +166,100 @@ def build_micro_batches(prompt_ids: Sequence[Sequence[int]], completion_ids: Seq
 # --- log-probs --------------------------------------------------------------------------------------
 
 
-def _chunked_log_softmax(logits: Tensor, index: Tensor, chunk_rows: int,
-                         with_entropy: bool) -> tuple[Tensor, Tensor | None]:
-    """Chosen-token log-probs (with grad) and, optionally, token entropies (no grad), per chunk."""
-    flat_logits = logits.reshape(-1, logits.shape[-1])  # [R, V]
-    flat_index = index.reshape(-1, 1)  # [R, 1]
-    # split (not slicing): its backward concatenates chunk grads instead of R/r full-size zeros
-    pieces, entropies = [], []
-    for chunk, chunk_index in zip(flat_logits.split(chunk_rows), flat_index.split(chunk_rows)):
-        chunk = chunk.float()  # [r, V]
-        chosen = chunk.gather(-1, chunk_index).squeeze(-1)  # [r]
-        normaliser = torch.logsumexp(chunk, dim=-1)  # [r]
-        pieces.append(chosen - normaliser)  # [r]
-        if with_entropy:
-            entropies.append(_entropy(chunk.detach(), normaliser.detach()))  # [r]
-    logps = torch.cat(pieces).reshape(index.shape)  # [b, t]
-    if not with_entropy:
-        return logps, None
-    return logps, torch.cat(entropies).reshape(index.shape)  # [b, t] each
-
-
-@torch.no_grad()
-def _entropy(chunk: Tensor, normaliser: Tensor) -> Tensor:
-    """-sum_v p log p of each row of fp32 logits [r, V]; p = 0 terms (logit -inf) count as 0."""
-    logp = chunk - normaliser.unsqueeze(-1)  # [r, V]
-    return -logp.exp().mul_(logp).nan_to_num_(nan=0.0).sum(-1)  # [r], one more [r, V] buffer
-
-
-def selective_log_softmax(logits: Tensor, index: Tensor, chunk_rows: int = CHUNK_ROWS) -> Tensor:
-    """log_softmax(logits).gather(index) without a full [b, t, V] log-softmax: fp32 logsumexp per
-    row chunk."""
-    return _chunked_log_softmax(logits, index, chunk_rows, with_entropy=False)[0]
-
-
-def log_softmax_and_entropy(logits: Tensor, index: Tensor,
-                            chunk_rows: int = CHUNK_ROWS) -> tuple[Tensor, Tensor]:
-    """(selective_log_softmax [b, t], each position's entropy [b, t], no grad) in one pass."""
-    logps, entropy = _chunked_log_softmax(logits, index, chunk_rows, with_entropy=True)
-    return logps, entropy  # type: ignore[return-value]
-
-
-def _completion_logits(model: torch.nn.Module, mb: MicroBatch, temperature: float = 1.0) -> Tensor:
-    """Logits predicting each completion position, divided by the temperature: [b, T_c, V]."""
-    keep = mb.num_completion_positions + 1
-    inputs = dict(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=mb.position_ids,
-                  use_cache=False)
+def _forward(model: torch.nn.Module, mb: MicroBatch, keep: int):
+    """The model's forward on the micro-batch, asking for the last `keep` positions only."""
+    inputs = {"input_ids": mb.input_ids, "attention_mask": mb.attention_mask,
+              "position_ids": mb.position_ids, "use_cache": False}
     try:
-        logits = model(**inputs, logits_to_keep=keep).logits  # [b, T_c + 1, V]
-    except TypeError:  # a model without logits_to_keep: full logits, then slice
-        logits = model(**inputs).logits[:, -keep:]  # [b, T_c + 1, V]
-    logits = logits[:, :-1]  # [b, T_c, V]
-    if temperature > 0 and temperature != 1.0:  # temperature 0 (greedy) leaves logits unscaled
-        logits = logits / temperature
-    return logits
+        return model(**inputs, logits_to_keep=keep)
+    except TypeError:  # a model without logits_to_keep: every position, sliced afterwards
+        return model(**inputs)
+
+
+def completion_logprobs(model: torch.nn.Module, mb: MicroBatch, temperature: float = 1.0,
+                        with_entropy: bool = False,
+                        chunked: bool = True) -> tuple[Tensor, Tensor | None]:
+    """Per-token log-probs [b, T_c] (fp32; grad follows torch's mode) of the micro-batch's
+    completions and, when asked, each position's token entropy [b, T_c] (no grad).
+
+    `chunked`: the LM head runs per chunk on the final hidden states of the real completion
+    tokens (`algorithm/lm_head.py`), padded completion positions get 0; else (or for a model
+    without a hookable head) the model's full logits, log-softmaxed in row chunks. Either way
+    multiply by `mb.completion_mask`.
+    """
+    keep = mb.num_completion_positions + 1
+    rows = mb.completion_mask.reshape(-1).nonzero().squeeze(-1)  # [n] real completion tokens
+    targets = mb.completion_ids.reshape(-1)[rows]  # [n]
+    spec = HeadSpec(temperature, logit_transform(getattr(unwrapped(model), "config", None)),
+                    with_entropy)
+
+    def compute(head: torch.nn.Module, hidden: Tensor) -> tuple[Tensor, Tensor]:
+        states = hidden[:, -keep:-1].reshape(-1, hidden.shape[-1])  # [b * T_c, H]
+        return head_log_probs(head, states[rows], targets, spec)  # [n] each
+
+    call = HeadCall(compute)
+    with head_hook(model, call) if chunked else contextlib.nullcontext():
+        out = _forward(model, mb, keep)
+    if call.result is None:  # no head to hook: the model's full logits
+        logits = HeadSpec(temperature).scale(out.logits[:, -keep:-1])  # [b, T_c, V]
+        return logits_log_softmax(logits, mb.completion_ids, with_entropy=with_entropy)
+    logps, entropy = call.result
+    if torch.is_grad_enabled() and getattr(out, "logits", None) is not None:
+        logps = logps + out.logits.sum()  # + 0 ([b, 0, V]): the backward passes the model's
+        # output, so wrappers hooking it (FSDP2's pre-backward) see this backward as usual
+    shape = mb.completion_ids.shape
+    return _at(logps, rows, shape), _at(entropy, rows, shape) if with_entropy else None
+
+
+def _at(values: Tensor, rows: Tensor, shape: torch.Size) -> Tensor:
+    """Values of the real completion tokens [n] at their positions of [b, T_c]; 0 elsewhere."""
+    out = values.new_zeros(shape.numel())  # [b * T_c]
+    return out.index_copy(0, rows, values).view(shape)
 
 
 def micro_batch_logprobs(model: torch.nn.Module, mb: MicroBatch, temperature: float = 1.0,
-                         chunk_rows: int = CHUNK_ROWS) -> Tensor:
+                         chunked: bool = True) -> Tensor:
     """Per-token log-probs [b, T_c] (fp32) of the micro-batch's completions; grad follows torch's mode.
 
-    Padded completion positions hold meaningless values: multiply by `mb.completion_mask`.
+    Padded completion positions hold no log-prob: multiply by `mb.completion_mask`.
     """
-    logits = _completion_logits(model, mb, temperature)  # [b, T_c, V]
-    return selective_log_softmax(logits, mb.completion_ids, chunk_rows)  # [b, T_c]
+    return completion_logprobs(model, mb, temperature, chunked=chunked)[0]
 
 
 def micro_batch_logprobs_and_entropy(model: torch.nn.Module, mb: MicroBatch,
                                      temperature: float = 1.0,
-                                     chunk_rows: int = CHUNK_ROWS) -> tuple[Tensor, Tensor]:
+                                     chunked: bool = True) -> tuple[Tensor, Tensor]:
     """As micro_batch_logprobs, plus each completion position's token entropy [b, T_c], no grad."""
-    logits = _completion_logits(model, mb, temperature)  # [b, T_c, V]
-    return log_softmax_and_entropy(logits, mb.completion_ids, chunk_rows)  # [b, T_c] each
+    logps, entropy = completion_logprobs(model, mb, temperature, True, chunked)
+    return logps, entropy  # type: ignore[return-value]
 
 
 def sequence_logprobs(model: torch.nn.Module, prompt_ids: Sequence[Sequence[int]],
                       completion_ids: Sequence[Sequence[int]], *, max_tokens: int, pad_token_id: int,
-                      temperature: float = 1.0, grad: bool = False) -> list[Tensor]:
+                      temperature: float = 1.0, grad: bool = False,
+                      chunked: bool = True) -> list[Tensor]:
     """Log-probs of every completion token, one 1-D fp32 tensor per sequence, in the input order.
 
     For old / reference log-probs (grad=False). With grad=True every micro-batch's graph stays alive; for
     training use the build_micro_batches loop in the module docstring instead.
     """
     return _sequence_pass(model, prompt_ids, completion_ids, max_tokens, pad_token_id, temperature,
-                          grad=grad, with_entropy=False)[0]
+                          grad=grad, with_entropy=False, chunked=chunked)[0]
 
 
 def sequence_logprobs_and_entropy(model: torch.nn.Module, prompt_ids: Sequence[Sequence[int]],
                                   completion_ids: Sequence[Sequence[int]], *, max_tokens: int,
                                   pad_token_id: int,
-                                  temperature: float = 1.0) -> tuple[list[Tensor], list[Tensor]]:
+                                  temperature: float = 1.0,
+                                  chunked: bool = True) -> tuple[list[Tensor], list[Tensor]]:
     """(log-probs, token entropies) of every completion, 1-D fp32 tensors per sequence; no grad."""
     logps, entropies = _sequence_pass(model, prompt_ids, completion_ids, max_tokens, pad_token_id,
-                                      temperature, grad=False, with_entropy=True)
+                                      temperature, grad=False, with_entropy=True, chunked=chunked)
     return logps, entropies  # type: ignore[return-value]
 
 
 def _sequence_pass(model, prompt_ids, completion_ids, max_tokens: int, pad_token_id: int,
-                   temperature: float, *, grad: bool, with_entropy: bool):
+                   temperature: float, *, grad: bool, with_entropy: bool, chunked: bool):
     """Per-sequence log-probs (and entropies) over token-budget micro-batches, in input order."""
     device = next(model.parameters()).device
     logps_out: list[Tensor] = [torch.empty(0)] * len(completion_ids)
@@ -262,9 +267,8 @@ def _sequence_pass(model, prompt_ids, completion_ids, max_tokens: int, pad_token
     with torch.set_grad_enabled(grad):
         for mb in build_micro_batches(prompt_ids, completion_ids, max_tokens=max_tokens,
                                       pad_token_id=pad_token_id, device=device):
-            logits = _completion_logits(model, mb, temperature)  # [b, T_c, V]
-            logps, entropy = _chunked_log_softmax(logits, mb.completion_ids, CHUNK_ROWS,
-                                                  with_entropy)  # [b, T_c]
+            logps, entropy = completion_logprobs(model, mb, temperature, with_entropy,
+                                                 chunked)  # [b, T_c] each
             for row, index in enumerate(mb.indices):
                 length = len(completion_ids[index])
                 logps_out[index] = logps[row, :length]

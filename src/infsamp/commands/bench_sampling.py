@@ -184,13 +184,15 @@ def engine_sizes_for(selected, prompts, micro_groups):
 # ---------------------------------------------------------------- workloads
 
 
-def bench_encoded_prompts(tokenizer, num: int, seed: int, split: str = "test") -> list:
-    """`num` prompts (EncodedPrompt) of the embedded task's `split`, shuffled by `seed`, encoded as
-    the trainer encodes them."""
+def bench_encoded_prompts(tokenizer, num: int, seed: int, split: str = "test",
+                          data_cfg=None) -> list:
+    """`num` prompts (EncodedPrompt) of `split` of the embedded task (or of `data_cfg`'s
+    dataset), shuffled by `seed`, encoded as the trainer encodes them."""
     from infsamp.commands.sample import read_prompts
     from infsamp.config import DataConfig
 
-    prompts = read_prompts(DataConfig(num_eval_examples=200), split, tokenizer).prompts
+    data_cfg = data_cfg or DataConfig(num_eval_examples=200)
+    prompts = read_prompts(data_cfg, split, tokenizer).prompts
     random.Random(seed).shuffle(prompts)
     return prompts[:num]
 

@@ -2,18 +2,24 @@
 
     infsamp bench scheduling --quick                 # about a minute on a 2-core CPU
     infsamp bench scheduling --out runs/bench_sched  # G=32, g=8, 12 prompts, 2 epochs
+    infsamp bench scheduling -B 1 --prompts 8 --seeds 0,1,2   # one prompt per step, three seeds
     infsamp bench scheduling --engine slots,vllm -B 4  # the same calls on both engines
+    infsamp bench scheduling --model DIR --dataset rows.jsonl --prompt-column question
 
-The embedded task with natural lengths, B prompts per sampler call (= one training step, `-B`, default
-1), G samples per prompt and the same g slots and KV budget for every policy. Epoch 1 warms the online predictor
-up as a training run's first epoch would (every variant with an online predictor runs every prompt,
-each variant with a predictor of its own); the last epoch is measured. Per prompt and with one seed it runs `continuous` (arrival order), `rounds`,
-`length_aware` + `online` and `length_aware` + `oracle`. The sampler draws each sample's noise from
-its own key, so every policy produces the same completions for the same seed (the bench checks the
-lengths); the oracle is handed the lengths of the `continuous` call.
+The embedded task with natural lengths (or `--dataset`'s prompts for `--model`), B prompts per
+sampler call (= one training step, `-B`, default 1), G samples per prompt and the same g slots
+and KV budget for every policy. Epoch 1 warms the learning predictors (online, hidden) up as a
+training run's first epoch would (every such variant runs every prompt, each with a predictor of
+its own); the last epoch is measured. Per prompt and with one seed it runs `continuous` (arrival
+order), `rounds`, `length_aware` + `online`, + `hidden` and + `oracle`. The sampler draws each
+sample's noise from its own key, so every policy produces the same completions for the same seed
+(the bench checks the lengths); the oracle is handed the lengths of the `continuous` call.
+`--seeds` repeats the whole measurement per seed (its own prompts, sampling seeds and
+predictors); the report has totals over all seeds and each seed's share of the oracle's gain.
 
 `--engine slots,vllm` runs every call on each engine (rows tagged `engine`; each engine has its own
-predictors and its oracle takes that engine's lengths). On vLLM a decode step is an engine step.
+predictors and its oracle takes that engine's lengths). On vLLM a decode step is an engine step,
+and `hidden` falls back to its token-level part (vLLM hands out no hidden states).
 Writes `scheduling.json` (per-call rows, totals per engine and variant, targets) and prints a
 table. Deliberately simple: one run per cell, engines and policies interleaved per prompt so that
 machine load hits all of them alike; each engine is started once, before the measurements.
@@ -30,7 +36,9 @@ from pathlib import Path
 
 from infsamp.commands.engine_choice import ENGINE_HELP, close_engines, parse_engines, start_engines
 
-VARIANTS = ("continuous", "rounds", "length_aware:online", "length_aware:oracle")
+VARIANTS = ("continuous", "rounds", "length_aware:online", "length_aware:hidden",
+            "length_aware:oracle")
+LEARNING = ("online", "hidden")  # predictors that learn inside the run (warmed up by epoch 1)
 
 
 @dataclass(frozen=True)
@@ -64,12 +72,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--micro-group", type=int, default=8, help="g, the slots of every policy")
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (the demo's)")
-    parser.add_argument("--prefix-tokens", type=int, default=16, help="k of the token-conditioned predictor")
+    parser.add_argument("--prefix-tokens", type=int, default=8,
+                        help="k: a running sample is re-predicted every k tokens")
+    parser.add_argument("--kv-slack", type=int, default=0,
+                        help="KV tokens every variant's budget gets beyond g full samples (room to "
+                             "keep parked samples' KV; 0: parked KV is recomputed)")
+    parser.add_argument("--dataset", default="",
+                        help="prompts from this data.dataset instead of the embedded task")
+    parser.add_argument("--prompt-column", default="prompt", help="--dataset: the prompt column")
     parser.add_argument("--variants", default=",".join(VARIANTS),
                         help="comma-separated policy[:predictor][/refill]; continuous must come first")
     parser.add_argument("--engine", default="slots", help=ENGINE_HELP)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", default="", help="comma-separated seeds, each a whole "
+                        "measurement (default: --seed)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -84,18 +101,23 @@ def run(args: argparse.Namespace) -> int:
     names = parse_engines(args.engine)
     torch.set_num_threads(args.threads)
     model, tokenizer = load_model_and_tokenizer(ModelConfig(name_or_path=args.model))
-    prompts = bench_prompts(tokenizer, args.prompts, args.seed)
-    sizes = engine_sizes_for(prompts, args)
+    seeds = parse_seeds(args)
+    prompts = {seed: bench_prompts(tokenizer, args.prompts, seed, args) for seed in seeds}
+    sizes = engine_sizes_for([p for chunk in prompts.values() for p in chunk], args)
     cfg = sampling_config(Variant("continuous"), args, sizes.kv_budget_tokens)
-    engines, startup = start_engines(names, model, cfg, sizes, prompts[0][1])
+    engines, startup = start_engines(names, model, cfg, sizes, prompts[seeds[0]][0][1])
     try:
-        rows = run_epochs(model, tokenizer, prompts, variants, args, engines)
+        rows = [row for seed in seeds
+                for row in run_epochs(model, tokenizer, prompts[seed], variants, args, engines,
+                                      seed)]
     finally:
         close_engines(engines)
     report = summarise(rows, variants, args)
     report["engine_startup_s"] = startup
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    for name, path in write_traces(rows, out).items():
+        report.setdefault("traces", {})[name] = str(path)
     (out / "scheduling.json").write_text(json.dumps({**report, "rows": rows}, indent=1))
     print_report(report)
     print(f"wrote {out / 'scheduling.json'}")
@@ -112,17 +134,36 @@ def check_arguments(args: argparse.Namespace) -> list[Variant]:
     if args.temperature < 0 or args.prefix_tokens < 0:
         raise SamplingError(f"--temperature and --prefix-tokens must be >= 0, got {args.temperature}, "
                             f"{args.prefix_tokens}")
+    if args.kv_slack < 0:
+        raise SamplingError(f"--kv-slack must be >= 0, got {args.kv_slack}")
+    parse_seeds(args)
     variants = [Variant.parse(v) for v in args.variants.split(",")]
     if variants[0] != Variant("continuous"):
         raise SamplingError(f"--variants must start with continuous (it feeds the oracle), got {args.variants!r}")
     return variants
 
 
-def bench_prompts(tokenizer, num: int, seed: int) -> list[tuple[str, list[int]]]:
-    """(text, token ids) of `num` training prompts of the embedded task."""
-    from infsamp.commands.bench_sampling import bench_encoded_prompts
+def parse_seeds(args) -> list[int]:
+    from infsamp.errors import SamplingError
 
-    prompts = bench_encoded_prompts(tokenizer, num, seed, split="train")
+    try:
+        seeds = [int(s) for s in args.seeds.split(",") if s.strip()] if args.seeds else [args.seed]
+    except ValueError:
+        raise SamplingError(f"--seeds must be comma-separated integers, got "
+                            f"{args.seeds!r}") from None
+    if len(set(seeds)) != len(seeds):
+        raise SamplingError(f"--seeds repeats a seed: {args.seeds!r}")
+    return seeds
+
+
+def bench_prompts(tokenizer, num: int, seed: int, args=None) -> list[tuple[str, list[int]]]:
+    """(text, token ids) of `num` training prompts: the embedded task's, or `--dataset`'s."""
+    from infsamp.commands.bench_sampling import bench_encoded_prompts
+    from infsamp.config import DataConfig
+
+    dataset = getattr(args, "dataset", "")
+    data = DataConfig(dataset=dataset, prompt_column=args.prompt_column) if dataset else None
+    prompts = bench_encoded_prompts(tokenizer, num, seed, split="train", data_cfg=data)
     return [(p.text, p.token_ids) for p in prompts]
 
 
@@ -144,7 +185,7 @@ def call_budget(args, max_prompt_tokens: int, block_size: int = 1) -> int:
     from infsamp.sampling.types import kv_tokens_needed
 
     return kv_tokens_needed(args.micro_group, args.max_new_tokens, max_prompt_tokens,
-                            args.prompts_per_step, block_size)
+                            args.prompts_per_step, block_size) + getattr(args, "kv_slack", 0)
 
 
 def engine_sizes_for(prompts, args):
@@ -168,7 +209,7 @@ class Runner:
         self._predictors: dict = {}
 
     def predictor(self, variant: Variant):
-        from infsamp.sampling.length_predictor import make_predictor
+        from infsamp.sampling.predictors import make_predictor
 
         if variant.predictor and variant.name not in self._predictors:
             self._predictors[variant.name] = make_predictor(variant.predictor)
@@ -198,18 +239,25 @@ class Runner:
         cpu = time.process_time() - cpu_start
         s = result.stats
         return {"engine": s.engine, "variant": variant.name, "prompt": ",".join(keys),
-                "decode_steps": s.decode_steps,
+                "prompt_texts": [p[0] for p in prompts],
+                "decode_steps": s.decode_steps, "recomputed_tokens": s.recomputed_tokens,
+                "schedule_time_s": s.schedule_time_s,
                 "lower_bound": s.lower_bound, "opt_lower_bound": s.opt_lower_bound, "generated_tokens": s.generated_tokens,
                 "wall_time_s": s.wall_time_s, "cpu_time_s": cpu, "num_slots": s.micro_group,
+                "kv_budget_tokens": s.kv_budget_tokens,
                 "peak_kv_tokens": s.peak_kv_tokens, "peak_kv_blocks": s.peak_kv_blocks,
                 "num_preemptions": s.num_preemptions, "prefill_tokens": s.prefill_tokens,
                 "kendall_tau": s.predictor_kendall_tau, "mae": s.predictor_mae,
-                "lengths": [[c.length for c in g] for g in result.groups]}
+                "lengths": [[c.length for c in g] for g in result.groups],
+                "first_tokens": [[c.token_ids[:self.args.prefix_tokens] for c in g]
+                                 for g in result.groups],
+                "prompt_tokens": [len(p[1]) for p in prompts]}
 
 
 def run_epochs(model, tokenizer, prompts, variants: list[Variant], args,
-               engines: dict | None = None) -> list[dict]:
-    """Every call on every engine (default: the slot engine), interleaved per call."""
+               engines: dict | None = None, seed: int | None = None) -> list[dict]:
+    """Every call on every engine (default: the slot engine), interleaved per call; the calls'
+    seeds follow `seed` (default `args.seed`), and each run has predictors of its own."""
     from infsamp.sampling.engines.slots import SlotEngine
 
     engines = engines or {"slots": SlotEngine(model)}
@@ -217,16 +265,18 @@ def run_epochs(model, tokenizer, prompts, variants: list[Variant], args,
     for runner in runners:
         for variant in variants:
             runner.predictor(variant)
-    rows = []
+    rows, base = [], args.seed if seed is None else seed
     for epoch in range(1, args.epochs + 1):
         measured = epoch == args.epochs
         for first in range(0, len(prompts), args.prompts_per_step):
             chunk = prompts[first: first + args.prompts_per_step]
             keys = [str(first + i) for i in range(len(chunk))]
-            seed = args.seed + 1000 * epoch + first
-            todo = variants if measured else [v for v in variants if v.predictor == "online"]
+            call_seed = base + 1000 * epoch + first
+            todo = variants if measured else [v for v in variants if v.predictor in LEARNING]
             for runner in runners:
-                rows += run_variants(runner, todo, chunk, keys, seed, epoch, measured)
+                rows += run_variants(runner, todo, chunk, keys, call_seed, epoch, measured)
+    for row in rows:
+        row["seed"] = base
     return rows
 
 
@@ -245,14 +295,38 @@ def run_variants(runner: Runner, variants: list[Variant], chunk, keys, seed: int
     return rows
 
 
+def write_traces(rows: list[dict], out: Path) -> dict[str, Path]:
+    """Each engine's and seed's calls (one row per call: every variant draws the same
+    completions) as a lengths trace with each completion's first k tokens:
+    `infsamp simulate --trace ... --warmup-steps N` replays the bench's decisions from it."""
+    from infsamp.sampling.simulator import TraceGroup, write_trace
+
+    paths = {}
+    for engine, seed in dict.fromkeys((r["engine"], r.get("seed", 0)) for r in rows):
+        calls = {}  # (epoch, prompts) -> the first row of that call
+        for r in rows:
+            if (r["engine"], r.get("seed", 0)) == (engine, seed):
+                calls.setdefault((r["epoch"], r["prompt"]), r)
+        groups = [TraceGroup(key, tokens, lengths, text, first)
+                  for r in calls.values() for key, tokens, lengths, text, first in zip(
+                      r["prompt"].split(","), r["prompt_tokens"], r["lengths"],
+                      r["prompt_texts"], r["first_tokens"])]
+        name = f"{engine}, seed {seed}"
+        paths[name] = out / f"trace_{engine}_seed{seed}.jsonl"
+        write_trace(groups, paths[name])
+    return paths
+
+
 # ---------------------------------------------------------------- report
 
 
 def totals(rows: list[dict]) -> dict:
-    keys = ("decode_steps", "lower_bound", "opt_lower_bound", "generated_tokens", "wall_time_s", "cpu_time_s")
+    keys = ("decode_steps", "lower_bound", "opt_lower_bound", "generated_tokens", "wall_time_s",
+            "cpu_time_s", "num_preemptions", "recomputed_tokens", "schedule_time_s")
     total = {k: sum(r[k] for r in rows) for k in keys}
     total["tokens_per_second"] = total["generated_tokens"] / max(total["wall_time_s"], 1e-9)
     total["tokens_per_cpu_second"] = total["generated_tokens"] / max(total["cpu_time_s"], 1e-9)
+    total["schedule_share"] = total["schedule_time_s"] / max(total["wall_time_s"], 1e-9)
     taus = [r["kendall_tau"] for r in rows  # tau is undefined when every sample has the same length
             if r["kendall_tau"] is not None and len({n for g in r["lengths"] for n in g}) > 1]
     total["kendall_tau"] = sum(taus) / len(taus) if taus else None
@@ -260,26 +334,32 @@ def totals(rows: list[dict]) -> dict:
     total["mae"] = sum(maes) / len(maes) if maes else None
     total["calls"] = len(rows)
     total["identical_lengths"] = all(r["same_lengths_as_continuous"] for r in rows)
-    total["num_preemptions"] = sum(r["num_preemptions"] for r in rows)
     total["peak_kv_tokens"] = max(r["peak_kv_tokens"] for r in rows)
     return total
 
 
 def summarise(rows: list[dict], variants: list[Variant], args) -> dict:
-    """Totals and targets per engine ({engine: {variant: ...}}), and vLLM against the slots."""
+    """Totals and targets per engine ({engine: {variant: ...}}), each seed's share of the
+    oracle's gain, and vLLM against the slots."""
     measured = [r for r in rows if r["measured"]]
     engines = list(dict.fromkeys(r["engine"] for r in rows))
-    by_engine = {e: {v.name: totals([r for r in measured
-                                     if (r["engine"], r["variant"]) == (e, v.name)])
-                     for v in variants} for e in engines}
+    by_engine = {e: by_variant(measured, e, variants) for e in engines}
     warmup = [r for r in rows if not r["measured"]]
+    seeds = list(dict.fromkeys(r.get("seed", args.seed) for r in rows))
     report = {"command": "infsamp bench scheduling " + " ".join(sys.argv[3:]), "date": time.strftime("%Y-%m-%d"),
               "G": args.group_size, "g": sorted({r["num_slots"] for r in rows}),
-              "prompts": args.prompts,
+              "prompts": args.prompts, "seeds": seeds,
               "B": args.prompts_per_step, "epochs": args.epochs, "temperature": args.temperature,
               "engines": engines, "totals": by_engine,
               "warmup_kendall_tau": totals(warmup)["kendall_tau"] if warmup else None}
     report["targets"] = {e: targets(t) for e, t in by_engine.items()}
+    if len(seeds) > 1:
+        for engine in engines:
+            for seed in seeds:
+                seeded = by_variant([r for r in measured if r.get("seed") == seed], engine,
+                                    variants)
+                report["targets"][f"{engine}, seed {seed}"] = {
+                    name: value for name, value in targets(seeded).items() if "oracle's" in name}
     if {"slots", "vllm"} <= set(engines):
         report["targets"]["vllm vs slots"] = {
             f"{name}: vllm / slots tokens/s": by_engine["vllm"][name]["tokens_per_second"]
@@ -287,29 +367,47 @@ def summarise(rows: list[dict], variants: list[Variant], args) -> dict:
     return report
 
 
+def by_variant(rows: list[dict], engine: str, variants: list[Variant]) -> dict:
+    return {v.name: totals([r for r in rows if (r["engine"], r["variant"]) == (engine, v.name)])
+            for v in variants}
+
+
 def targets(t: dict) -> dict:
     out = {}
-    rounds, cont = t.get("rounds"), t.get("continuous")
-    online, oracle = t.get("length_aware:online"), t.get("length_aware:oracle")
-    if online and cont:
-        out["length_aware:online / continuous decode steps (< 1)"] = online["decode_steps"] / cont["decode_steps"]
-    if online and rounds:
-        out["length_aware:online decode steps saved vs rounds (>= 0.40)"] = (
-            1 - online["decode_steps"] / rounds["decode_steps"])
-        out["length_aware:online / rounds wall tokens/s (>= 1.25)"] = (
-            online["tokens_per_second"] / rounds["tokens_per_second"])
-        out["length_aware:online / rounds CPU tokens/s"] = (
-            online["tokens_per_cpu_second"] / rounds["tokens_per_cpu_second"])
+    rounds, cont, oracle = t.get("rounds"), t.get("continuous"), t.get("length_aware:oracle")
     if oracle:
         out["length_aware:oracle decode steps / lower bound (<= 1.03)"] = (
             oracle["decode_steps"] / oracle["lower_bound"])
         out["length_aware:oracle decode steps / pigeonhole bound"] = (
             oracle["decode_steps"] / oracle["opt_lower_bound"])
-    if online and oracle:
-        out["length_aware:online / length_aware:oracle decode steps"] = (
-            online["decode_steps"] / oracle["decode_steps"])
-    if online and online["kendall_tau"] is not None:
-        out["online predictor Kendall tau, measured epoch (>= 0.6)"] = online["kendall_tau"]
+    for name in (n for n in t if n.split(":")[-1] in LEARNING):
+        out.update(learning_targets(name, t[name], cont, rounds, oracle))
+    return out
+
+
+def learning_targets(name: str, v: dict, cont: dict | None, rounds: dict | None,
+                     oracle: dict | None) -> dict:
+    """One learning predictor's variant against continuous, rounds and the oracle."""
+    out = {}
+    if cont:
+        out[f"{name} / continuous decode steps (< 1)"] = v["decode_steps"] / cont["decode_steps"]
+        out[f"{name} / continuous wall tokens/s (decode steps: continuous / it "
+            f"{cont['decode_steps'] / v['decode_steps']:.3f})"] = (
+            v["tokens_per_second"] / cont["tokens_per_second"])
+    if cont and oracle and cont["decode_steps"] > oracle["decode_steps"]:
+        out[f"{name} share of the oracle's decode-step gain over continuous (>= 0.6)"] = (
+            (cont["decode_steps"] - v["decode_steps"])
+            / (cont["decode_steps"] - oracle["decode_steps"]))
+    if rounds:
+        out[f"{name} decode steps saved vs rounds (>= 0.40)"] = (
+            1 - v["decode_steps"] / rounds["decode_steps"])
+        out[f"{name} / rounds wall tokens/s (>= 1.25)"] = (
+            v["tokens_per_second"] / rounds["tokens_per_second"])
+    out[f"{name} scheduling + prediction share of sampling wall time (<= 0.03)"] = (
+        v["schedule_share"])
+    if v["kendall_tau"] is not None:
+        out[f"{name} predictor Kendall tau, measured epoch"] = v["kendall_tau"]
+        out[f"{name} predictor MAE (tokens)"] = v["mae"]
     return out
 
 
@@ -324,14 +422,15 @@ def print_report(report: dict) -> None:
     print(f"\nmeasured epoch {report['epochs']}: G={report['G']} g={','.join(map(str, report['g']))}, "
           f"{report['prompts']} prompts, {report['B']} per call")
     print(f"{'engine':<7}{'variant':<24}{'steps':>8}{'bound':>8}{'x bound':>8}{'tokens':>8}"
-          f"{'wall s':>8}{'tok/s':>8}{'tok/cpu-s':>10}{'preempt':>8}{'tau':>6}")
+          f"{'wall s':>8}{'tok/s':>8}{'tok/cpu-s':>10}{'parked':>8}{'recomp':>8}{'tau':>6}")
     for engine, by_variant in report["totals"].items():
         for name, t in by_variant.items():
             tau = "" if t["kendall_tau"] is None else f"{t['kendall_tau']:.2f}"
             print(f"{engine:<7}{name:<24}{t['decode_steps']:>8}{t['lower_bound']:>8}"
                   f"{t['decode_steps'] / t['lower_bound']:>8.3f}{t['generated_tokens']:>8}"
                   f"{t['wall_time_s']:>8.1f}{t['tokens_per_second']:>8.0f}"
-                  f"{t['tokens_per_cpu_second']:>10.0f}{t['num_preemptions']:>8}{tau:>6}")
+                  f"{t['tokens_per_cpu_second']:>10.0f}{t['num_preemptions']:>8}"
+                  f"{t['recomputed_tokens']:>8}{tau:>6}")
     for scope, values in report["targets"].items():
         print(f"targets ({scope}):")
         for name, value in values.items():

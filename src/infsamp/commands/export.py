@@ -18,7 +18,8 @@ Checks before any work, each one line: the target exists and is not empty, or is
 the folder of a run that is still going (its lock: `run/ownership.py`); the checkpoint is
 incomplete or damaged (`run/checkpoint.py`'s `verify_checkpoint`: its manifest, every file's size
 and sha256); the run has no checkpoint that verifies (newer damaged ones are named and skipped);
-`--adapters-only` on full weights; LoRA trained over a 4-bit (QLoRA) base without
+`--adapters-only` on full weights; a checkpoint that vanishes during the export (a live run
+pruned it) is named as such; LoRA trained over a 4-bit (QLoRA) base without
 `--adapters-only`: the trained policy is the adapters on the *quantised* base, so merging them into
 the full-precision base would serve another model (dequantising needs bitsandbytes on CUDA; not
 done). The export is written under a temporary name beside DIR and renamed when complete, so
@@ -41,7 +42,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from infsamp.errors import InfsampError, ModelError, first_line
+from infsamp.errors import InfsampError, ModelError
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 DTYPE_CHOICES = ("auto", "fp32", "bf16")
@@ -60,6 +61,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="LoRA runs: write the peft adapters instead of merging them")
     parser.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
                         help="weights dtype (auto: the dtype the model was trained in)")
+    parser.add_argument("--trust-remote-code", action="store_true",
+                        help="load a model whose folder ships its own Python code (runs it with "
+                             "your permissions; as model.trust_remote_code)")
     parser.add_argument("--best", action="store_true",
                         help="the run's checkpoint with the best evaluation (its "
                              "checkpointing.keep_best metric, else eval/accuracy)")
@@ -73,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
     from infsamp.models.loading import quiet_transformers
 
     quiet_transformers()
-    print(export_checkpoint(checkpoint, out, adapters_only=args.adapters_only, dtype=args.dtype))
+    print(export_checkpoint(checkpoint, out, adapters_only=args.adapters_only, dtype=args.dtype,
+                            trust_remote_code=args.trust_remote_code))
     return 0
 
 
@@ -151,7 +156,7 @@ def best_checkpoint(run_dir: Path) -> Path:
 
 
 def export_checkpoint(checkpoint: Path, out: Path, *, adapters_only: bool = False,
-                      dtype: str = "auto") -> str:
+                      dtype: str = "auto", trust_remote_code: bool = False) -> str:
     """Write `checkpoint` as a standalone model folder at `out`; returns a one-line summary."""
     check_target(out)
     model_dir = checkpoint / "model"
@@ -170,15 +175,27 @@ def export_checkpoint(checkpoint: Path, out: Path, *, adapters_only: bool = Fals
         if adapters_only:
             what = write_adapters(model_dir, base, tmp)
         else:
-            what = write_model(model_dir, base, tmp, dtype)
-        write_tokenizer_and_generation_config(model_dir, base, tmp)
+            what = write_model(model_dir, base, tmp, dtype, trust_remote_code)
+        write_tokenizer_and_generation_config(model_dir, base, tmp, trust_remote_code)
         if out.exists():
             out.rmdir()  # empty, checked above
         os.replace(tmp, out)
+    except Exception:
+        if not _still_there(checkpoint):
+            raise ExportError(f"{checkpoint}: the checkpoint vanished while it was being exported "
+                              "(a live run's checkpointing.keep_last pruned it); nothing was "
+                              f"written to {out}: export again, or once the run has ended") from None
+        raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return (f"exported {checkpoint} ({what}) to {out}: load it with "
             f"AutoModelForCausalLM.from_pretrained({str(out)!r}) or vllm.LLM({str(out)!r})")
+
+
+def _still_there(checkpoint: Path) -> bool:
+    from infsamp.run.checkpoint import MANIFEST, MODEL_DIR
+
+    return (checkpoint / MANIFEST).is_file() and (checkpoint / MODEL_DIR).is_dir()
 
 
 def run_model_config(checkpoint: Path) -> dict:
@@ -222,37 +239,41 @@ def _torch_dtype(dtype: str, config):
     return getattr(torch, trained) if isinstance(trained, str) else trained
 
 
-def _load(path: str | Path, **kwargs):
+def _load(path: str | Path, trust_remote_code: bool, **kwargs):
     from transformers import AutoModelForCausalLM
 
+    from infsamp.models.source import load_error
+
     try:
-        return AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
+        return AutoModelForCausalLM.from_pretrained(str(path), trust_remote_code=trust_remote_code,
+                                                    **kwargs)
     except Exception as err:  # transformers raises many types for a bad folder
-        raise ModelError(f"{path}: cannot load the model ({first_line(err)})") from None
+        raise load_error(str(path), "model", err) from None
 
 
-def write_model(model_dir: Path, base: str | None, out: Path, dtype: str) -> str:
+def write_model(model_dir: Path, base: str | None, out: Path, dtype: str,
+                trust_remote_code: bool = False) -> str:
     """Full weights (or the base with the LoRA merged in) as safetensors + config in `out`."""
     import torch
 
     if base is None:
-        model = _load(model_dir, dtype="auto")
+        model = _load(model_dir, trust_remote_code, dtype="auto")
         what = "full weights"
     else:
         from peft import PeftModel
 
-        merged = PeftModel.from_pretrained(_load(base, dtype=torch.float32), str(model_dir))
-        model = merged.merge_and_unload()  # merged in fp32, then cast
-        what = f"LoRA merged into {base}"
-    target = _torch_dtype(dtype, _load_config(base or model_dir))
+        base_model = _load(base, trust_remote_code, dtype=torch.float32)
+        model = PeftModel.from_pretrained(base_model, str(model_dir)).merge_and_unload()
+        what = f"LoRA merged into {base}"  # merged in fp32, then cast
+    target = _torch_dtype(dtype, _load_config(base or model_dir, trust_remote_code))
     model.to(target).save_pretrained(out, safe_serialization=True)
     return f"{what}, {str(target).removeprefix('torch.')}"
 
 
-def _load_config(path: str | Path):
+def _load_config(path: str | Path, trust_remote_code: bool):
     from transformers import AutoConfig
 
-    return AutoConfig.from_pretrained(str(path))
+    return AutoConfig.from_pretrained(str(path), trust_remote_code=trust_remote_code)
 
 
 def write_adapters(model_dir: Path, base: str, out: Path) -> str:
@@ -265,7 +286,8 @@ def write_adapters(model_dir: Path, base: str, out: Path) -> str:
     return f"LoRA adapters for {config['base_model_name_or_path']}"
 
 
-def write_tokenizer_and_generation_config(model_dir: Path, base: str | None, out: Path) -> None:
+def write_tokenizer_and_generation_config(model_dir: Path, base: str | None, out: Path,
+                                          trust_remote_code: bool = False) -> None:
     """The tokenizer saved with the checkpoint, and a generation config whose `eos_token_id` lists
     every stop token the run sampled with (`models.loading.stop_token_ids`)."""
     from types import SimpleNamespace
@@ -278,9 +300,10 @@ def write_tokenizer_and_generation_config(model_dir: Path, base: str | None, out
     tokenizer_dir = next((p for p in sources if (p / "tokenizer_config.json").exists()), None)
     if tokenizer_dir is None:
         raise ModelError(f"{model_dir}: no tokenizer saved with the checkpoint or its base")
-    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir),
+                                              trust_remote_code=trust_remote_code)
     tokenizer.save_pretrained(out)
-    config = _load_config(base or model_dir)
+    config = _load_config(base or model_dir, trust_remote_code)
     generation_dir = next((p for p in sources if (p / "generation_config.json").exists()), None)
     if generation_dir is not None:
         generation = GenerationConfig.from_pretrained(str(generation_dir))

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
+from infsamp.commands.output_files import check_output_files
 from infsamp.commands.train import add_config_flags, check_sources, config_overrides
 from infsamp.config import ConfigError, DataConfig
 from infsamp.config_io import load_config
@@ -32,7 +32,8 @@ SHORT_FLAGS = {  # short flag -> (config key, help)
     "micro-group": ("sampling.micro_group", "g (0: from the budget)"),
     "max-new-tokens": ("sampling.max_new_tokens", "completion limit"),
     "temperature": ("sampling.temperature", "0: greedy"),
-    "predictor": ("sampling.predictor", "length predictor for length_aware: online or none"),
+    "predictor": ("sampling.predictor",
+                  "length predictor for length_aware: online, hidden or none"),
     "engine": ("sampling.engine", "slots, vllm or auto"),
     "seed": ("training.seed", "sampling seed"),
 }
@@ -48,6 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-prompts", type=int, default=0, help="use only the first N prompts (0: all)")
     parser.add_argument("--out", help="write completions here (JSON lines)")
     parser.add_argument("--trace", help="write the lengths trace for `infsamp simulate` here")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an existing --out / --trace file (never an input)")
     parser.add_argument("--quiet", action="store_true", help="print statistics only")
     add_config_flags(parser)
 
@@ -56,12 +59,6 @@ def _check_arguments(args: argparse.Namespace) -> None:
     """Bad flags end here, before anything loads or samples."""
     if args.num_prompts < 0:
         raise ConfigError(f"--num-prompts: must be >= 0 (0: all) (got {args.num_prompts})")
-    for flag in ("out", "trace"):
-        path = getattr(args, flag)
-        if path and not Path(path).resolve().parent.is_dir():
-            raise ConfigError(f"--{flag}: folder {Path(path).parent} does not exist")
-        if path and Path(path).is_dir():
-            raise ConfigError(f"--{flag}: {path} is a folder; give a file name")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -69,16 +66,18 @@ def run(args: argparse.Namespace) -> int:
     shortcuts = {key[6:]: value for key, value in vars(args).items()
                  if key.startswith("short:") and value is not None}
     cfg = load_config(args.config, {**config_overrides(args), **shortcuts})
+    check_output_files({"--out": args.out, "--trace": args.trace},
+                       [args.config, cfg.data.dataset, cfg.model.name_or_path], args.overwrite)
     check_sources(cfg)
     import torch
 
     from infsamp.models.device import check_device
     from infsamp.models.loading import load_model_and_tokenizer, load_tokenizer
-    from infsamp.sampling.length_predictor import make_predictor
+    from infsamp.sampling.predictors import make_predictor
     from infsamp.sampling.sampler import GroupSampler
 
     check_device(cfg.model)
-    tokenizer = load_tokenizer(cfg.model.name_or_path)
+    tokenizer = load_tokenizer(cfg.model.name_or_path, cfg.model.trust_remote_code)
     split = args.split or cfg.data.train_split
     encoded = read_prompts(cfg.data, split, tokenizer, args.num_prompts)
     if encoded.num_dropped:
@@ -128,7 +127,8 @@ def _engine(cfg, model, prompt_ids: list[list[int]]):
     from infsamp.sampling.sampler import sampler_sizes
 
     longest = max((len(p) for p in prompt_ids), default=1)
-    name = resolve_engine_name(cfg.engine, next(model.parameters()).device, is_4bit(model))
+    name = resolve_engine_name(cfg.engine, next(model.parameters()).device, is_4bit(model),
+                               cfg.temperature)
     sizes = sampler_sizes(cfg, model, longest, len(prompt_ids), name)
     return sizes, make_engine(cfg.engine, model, cfg, sizes)
 

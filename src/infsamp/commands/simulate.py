@@ -15,9 +15,10 @@ import argparse
 import json
 from pathlib import Path
 
+from infsamp.commands.output_files import check_output_files
 from infsamp.errors import SamplingError
 from infsamp.choices import REFILL_ORDERS
-from infsamp.sampling.policies import POLICIES
+from infsamp.sampling.policies import PARK_RATIO, POLICIES
 from infsamp.sampling.simulator import (arithmetic_trace, read_trace, simulate, synthetic_trace,
                                         write_trace)
 from infsamp.sampling.types import SamplerStats
@@ -47,20 +48,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="KV-cache budget in tokens (g follows unless --micro-group)")
     parser.add_argument("--max-new-tokens", type=int, help="completion limit (default: longest in trace)")
     parser.add_argument("--policy", choices=sorted(POLICIES), default="continuous")
-    parser.add_argument("--predictor", default="none", help="none, oracle, online or noisy:SIGMA")
+    parser.add_argument("--predictor", default="none", help="none, oracle, online or noisy:SIGMA "
+                        "(hidden needs the model's hidden states: bench scheduling runs it)")
     parser.add_argument("--refill", choices=("auto",) + REFILL_ORDERS, default="auto",
                         help="length_aware runtime refill order")
     parser.add_argument("--epsilon", type=float, default=0.1, help="FPTAS epsilon of the global grouping")
+    parser.add_argument("--prefix-tokens", type=int, default=8,
+                        help="length_aware: k, re-predict every k tokens (the trace's first_tokens "
+                             "give the token-conditioned predictor what the run's engine saw)")
+    parser.add_argument("--no-preempt", action="store_true",
+                        help="length_aware: never park a running sample (admission-time decisions)")
+    parser.add_argument("--park-ratio", type=float, default=PARK_RATIO,
+                        help="length_aware: park a sample at its first point when the best waiting "
+                             "one is predicted this many times its remaining length")
+    parser.add_argument("--warmup-steps", type=int, default=0,
+                        help="replay the first N training steps (the predictor learns) but leave "
+                             "them out of the figures, as bench scheduling measures its last epoch")
     parser.add_argument("--length-sorted", action="store_true", help="rounds: fill from the longest predicted")
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    parser.add_argument("--plot", metavar="FILE", help="PNG of decode steps against predictor quality")
+    parser.add_argument("--plot", metavar="FILE", help="PNG of decode steps against predictor quality "
+                        "(another image format by its extension: .svg, .pdf, ...; none: .png)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an existing --plot / --write-trace file (never the --trace)")
 
 
 def run(args: argparse.Namespace) -> int:
     _check_arguments(args)
     groups = _load(args)
     result = simulate(groups, args.policy, args.micro_group, args.kv_budget, args.predictor,
-                      args.prompts_per_step, args.max_new_tokens, **_policy_options(args))
+                      args.prompts_per_step, args.max_new_tokens, warmup_steps=args.warmup_steps,
+                      **_policy_options(args))
     _print(result, args)
     if args.plot:
         _plot(groups, args)
@@ -72,10 +89,31 @@ def _check_arguments(args) -> None:
     """Options that would fail after the simulation, or make it meaningless, fail first."""
     if not args.epsilon > 0:
         raise SamplingError(f"--epsilon must be > 0, got {args.epsilon}")
-    for flag, value in (("--plot", args.plot), ("--write-trace", args.write_trace)):
-        folder = Path(value).parent if value else None
-        if folder is not None and not folder.is_dir():
-            raise SamplingError(f"{flag} {value}: folder {folder} does not exist")
+    if args.prefix_tokens < 1:
+        raise SamplingError(f"--prefix-tokens must be >= 1, got {args.prefix_tokens}")
+    if args.warmup_steps < 0 or not args.park_ratio > 0:
+        raise SamplingError(f"--warmup-steps must be >= 0 and --park-ratio > 0, got "
+                            f"{args.warmup_steps}, {args.park_ratio}")
+    if args.predictor.partition(":")[0] == "hidden":
+        raise SamplingError("--predictor hidden needs the model's hidden states, which a trace "
+                            "does not keep; replay online, or run infsamp bench scheduling")
+    if args.plot and not Path(args.plot).suffix:
+        args.plot += ".png"  # what matplotlib writes: said as written
+    check_output_files({"--plot": args.plot, "--write-trace": args.write_trace}, [args.trace],
+                       args.overwrite)
+    if args.plot:
+        _check_plot_format(args.plot)
+
+
+def _check_plot_format(name: str) -> None:
+    """An extension matplotlib cannot write is one line, before the simulation."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    formats = FigureCanvasBase.get_supported_filetypes()
+    suffix = Path(name).suffix[1:]
+    if suffix.lower() not in formats:
+        raise SamplingError(f"--plot {name}: matplotlib cannot write .{suffix} files (give one "
+                            f"of {', '.join('.' + f for f in sorted(formats))})")
 
 
 def _load(args):
@@ -95,7 +133,8 @@ def _load(args):
 
 def _policy_options(args) -> dict:
     if args.policy == "length_aware":
-        return {"refill": args.refill, "epsilon": args.epsilon}
+        return {"refill": args.refill, "epsilon": args.epsilon, "prefix_tokens": args.prefix_tokens,
+                "preempt": not args.no_preempt, "park_ratio": args.park_ratio}
     if args.policy == "rounds" and args.length_sorted:
         return {"length_sorted": True}
     return {}
@@ -103,7 +142,7 @@ def _policy_options(args) -> dict:
 
 SCHEDULE_KEYS = ("decode_steps", "lower_bound", "opt_lower_bound", "peak_kv_tokens_used",
                  "num_samples", "generated_tokens", "num_calls", "micro_group",
-                 "predictor_kendall_tau", "predictor_mae")
+                 "num_preemptions", "recomputed_tokens", "predictor_kendall_tau", "predictor_mae")
 
 
 def _print(result: SamplerStats, args) -> None:
@@ -118,6 +157,9 @@ def _print(result: SamplerStats, args) -> None:
           f"pigeonhole bound {result.opt_lower_bound}), "
           f"peak KV {result.peak_kv_tokens_used} tokens, generated {result.generated_tokens} "
           "tokens")
+    if result.num_preemptions:
+        print(f"parked {result.num_preemptions} times, {result.recomputed_tokens} tokens "
+              "recomputed")
     if result.predictor_kendall_tau is not None:
         print(f"predictor: Kendall tau {result.predictor_kendall_tau:.3f}, "
               f"MAE {result.predictor_mae:.1f} tokens")
@@ -130,9 +172,10 @@ def _plot(groups, args) -> None:
     import matplotlib.pyplot as plt
 
     def run_one(policy, predictor, refill="auto"):
-        options = {"refill": refill, "epsilon": args.epsilon} if policy == "length_aware" else {}
-        return simulate(groups, policy, args.micro_group, args.kv_budget, predictor, args.prompts_per_step,
-                        args.max_new_tokens, **options)
+        options = {**_policy_options(args), "refill": refill} if policy == "length_aware" else {}
+        return simulate(groups, policy, args.micro_group, args.kv_budget, predictor,
+                        args.prompts_per_step, args.max_new_tokens, warmup_steps=args.warmup_steps,
+                        **options)
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for refill, marker in (("sjf", "o"), ("ljf", "s")):

@@ -10,9 +10,11 @@ option is also a flag, generated from the dataclass tree with its help text.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from infsamp.config_io import iter_options, load_config, type_name
 
+RUN_FILES = ("metrics.jsonl", "eval.jsonl", "lengths.jsonl", "plots/training.png")
 DEMO_HINT = "no config given: running the embedded demo (tiny Llama, arithmetic task)"
 
 
@@ -63,5 +65,6 @@ def run(args: argparse.Namespace) -> int:
     if before is not None and after is not None:
         print(f"held-out accuracy: {before:.3f} -> {after:.3f} ({100 * (after - before):+.1f} "
               f"points; scored by {result.eval_reward})")
-    print(f"run folder: {result.output_dir} (metrics.jsonl, eval.jsonl, lengths.jsonl, plots/training.png)")
+    written = [name for name in RUN_FILES if (Path(result.output_dir) / name).exists()]
+    print(f"run folder: {result.output_dir} ({', '.join(written)})")
     return 0

@@ -119,7 +119,7 @@ class InfsampRollout:
         self.cfg = replace(SamplingConfig(), **{**from_trl, **self.sampling})
         self.cfg.validate()
         if self.cfg.policy == "length_aware":  # validate() allowed online or none only
-            from infsamp.sampling.length_predictor import make_predictor
+            from infsamp.sampling.predictors import make_predictor
 
             self.predictor = make_predictor(self.cfg.predictor)
         seed = trainer.args.seed + trainer.accelerator.process_index
@@ -159,7 +159,8 @@ class InfsampRollout:
 
         if self.engine is None:  # built from the model's current weights, sized once
             device = next(model.parameters()).device
-            engine = resolve_engine_name(self.cfg.engine, device, is_4bit(model))
+            engine = resolve_engine_name(self.cfg.engine, device, is_4bit(model),
+                                         self.cfg.temperature)
             self.sizes = sampler_sizes(self.cfg, model, self.max_prompt_tokens, num_prompts,
                                        engine)
             self.engine = make_engine(self.cfg.engine, model, self.cfg, self.sizes)

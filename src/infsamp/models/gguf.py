@@ -141,8 +141,10 @@ def _convert(path: Path, out: Path) -> None:
     try:
         with _no_dequantising_bar():
             loaded = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                          dtype=torch.float32)
-        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+                                                          dtype=torch.float32,
+                                                          trust_remote_code=False)
+        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                  trust_remote_code=False)
     except Exception as err:  # noqa: BLE001 - transformers raises many types for a bad file
         raise ModelError(f"{where}: cannot load the GGUF file ({first_line(err)})") from None
     config = copy.deepcopy(loaded.config)

@@ -8,7 +8,9 @@ further with `model.lora_rank` > 0, or merged into the base with 0. Picks device
 the training precision when one is given, see `infsamp.models.precision`), loads the base in 4-bit
 NF4 for QLoRA, applies LoRA through peft (adapters fp32 whatever the base), gradient checkpointing
 when asked, and the precision's compute context (autocast for `mixed`). Every failure becomes one
-`ModelError` line naming the path. `stop_token_ids` is the one list of tokens that end a completion
+`ModelError` line naming the path. `trust_remote_code` is passed to every loader, False unless
+`model.trust_remote_code`: a folder whose classes are its own Python code is refused in one line
+(never a prompt on stdin). `stop_token_ids` is the one list of tokens that end a completion
 (sampler and evaluation both use it).
 
 Deliberately simple: one device, no sharding; 4-bit is bitsandbytes NF4 with double quantisation,
@@ -28,7 +30,7 @@ from infsamp.errors import ModelError, first_line
 from infsamp.models.device import DTYPES, resolve_device  # noqa: F401  (callers import them here)
 from infsamp.models.gguf import ensure_converted
 from infsamp.models.source import (ADAPTER_CONFIG, EMBEDDED_DIR, ModelSource,  # noqa: F401
-                                   resolve_model_source)
+                                   load_error, resolve_model_source)
 
 
 def quiet_transformers() -> None:
@@ -54,6 +56,18 @@ def stop_token_ids(model, tokenizer) -> tuple[int, ...]:
     return tuple(found)
 
 
+def require_stop_tokens(model, tokenizer, name_or_path: str) -> tuple[int, ...]:
+    """`stop_token_ids`, or one line before training when there is none: no completion could
+    end, every one would run to sampling.max_new_tokens (and evaluation would fail them all)."""
+    stops = stop_token_ids(model, tokenizer)
+    if not stops:
+        raise ModelError(f"model.name_or_path {name_or_path!r}: neither the tokenizer nor the "
+                         "model's config names an end-of-sequence token, so no completion could "
+                         "end before sampling.max_new_tokens; set eos_token in its "
+                         "tokenizer_config.json (or eos_token_id in generation_config.json)")
+    return stops
+
+
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     if dtype == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -69,14 +83,13 @@ def local_source(name_or_path: str) -> ModelSource:
     return source
 
 
-def load_tokenizer(name_or_path: str):
+def load_tokenizer(name_or_path: str, trust_remote_code: bool = False):
     quiet_transformers()
     path = local_source(name_or_path).tokenizer_path
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     except Exception as err:  # transformers raises many types for a bad path
-        raise ModelError(f"model.name_or_path {path!r}: cannot load tokenizer "
-                         f"({first_line(err)})") from None
+        raise load_error(f"model.name_or_path {path!r}", "tokenizer", err) from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
@@ -110,14 +123,14 @@ def load_model_and_tokenizer(cfg: ModelConfig, device: torch.device | None = Non
     device = device or resolve_device(cfg.device)
     source = local_source(cfg.name_or_path)
     path = source.path
-    tokenizer = tokenizer or load_tokenizer(cfg.name_or_path)
+    tokenizer = tokenizer or load_tokenizer(cfg.name_or_path, cfg.trust_remote_code)
     weights = weight_kwargs(cfg, device, precision)
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            path, attn_implementation=cfg.attn_implementation, **weights)
+            path, attn_implementation=cfg.attn_implementation,
+            trust_remote_code=cfg.trust_remote_code, **weights)
     except Exception as err:
-        raise ModelError(f"model.name_or_path {path!r}: cannot load model "
-                         f"({first_line(err)})") from None
+        raise load_error(f"model.name_or_path {path!r}", "model", err) from None
     if "device_map" not in weights:  # a quantised model is placed by from_pretrained
         model.to(device)
     if cfg.gradient_checkpointing:
@@ -168,7 +181,7 @@ def apply_lora(model: PreTrainedModel, cfg: ModelConfig):
     return get_peft_model(model, lora)
 
 
-def adaptable_module_names(name_or_path: str) -> set[str] | None:
+def adaptable_module_names(name_or_path: str, trust_remote_code: bool = False) -> set[str] | None:
     """Full names of the modules LoRA can adapt (linear, embedding, convolution layers), from the
     model built on the meta device (no weights read); None when its config cannot be read locally
     (a hub id without the hub: loading reports that itself)."""
@@ -179,7 +192,8 @@ def adaptable_module_names(name_or_path: str) -> set[str] | None:
     nn = torch.nn
     kinds = (nn.Linear, nn.Embedding, nn.Conv1d, nn.Conv2d, nn.Conv3d, Conv1D)
     try:
-        config = AutoConfig.from_pretrained(local_source(name_or_path).path, local_files_only=True)
+        config = AutoConfig.from_pretrained(local_source(name_or_path).path, local_files_only=True,
+                                            trust_remote_code=trust_remote_code)
         with init_empty_weights():
             model = AutoModelForCausalLM.from_config(config)
     except Exception:  # noqa: BLE001 - any failure here is reported by the real load
@@ -191,7 +205,7 @@ def check_lora_targets(cfg: ModelConfig) -> None:
     """Each LoRA target names a layer LoRA can adapt (built on the meta device: no weights)."""
     if cfg.lora_rank == 0 or cfg.lora_target_modules == ["all-linear"]:
         return
-    names = adaptable_module_names(cfg.name_or_path)
+    names = adaptable_module_names(cfg.name_or_path, cfg.trust_remote_code)
     if names is None:  # its config cannot be read here (a hub id offline): loading will say
         return
     for target in cfg.lora_target_modules:

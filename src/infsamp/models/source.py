@@ -9,6 +9,10 @@ folder; a peft adapter folder (its `adapter_config.json` names the base, resolve
 hub id, used as is only when the hub can be asked (`infsamp.hub`), else its cached snapshot, else
 `ModelError`. A missing name that looks like a path is a missing path (never a hub id).
 
+`load_error` is the one line every loader (policy, tokenizer, reward model, export) gives for a
+folder that cannot be loaded, and says so when the folder would need its own Python code
+(`trust_remote_code`).
+
 Deliberately simple: the hub cache is looked up for `config.json` only.
 """
 
@@ -20,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from infsamp.config import EMBEDDED_MODEL
-from infsamp.errors import ModelError
+from infsamp.errors import ModelError, first_line
 from infsamp.hub import cached_hub_snapshot, hub_unavailable, looks_like_path
 from infsamp.models.gguf import (GGUF_SUFFIX, check_gguf_file, converted_dir, gguf_in_folder,
                                  is_converted)
@@ -138,3 +142,15 @@ def _adapter_source(adapter_dir: Path) -> ModelSource:
     has_tokenizer = any((adapter_dir / name).exists() for name in TOKENIZER_FILES)
     tokenizer_path = str(adapter_dir) if has_tokenizer else base_source.tokenizer_path
     return ModelSource(base_source.path, tokenizer_path, adapter_dir)
+
+
+REMOTE_CODE_ADVICE = ("infsamp runs a model folder's own code only with model.trust_remote_code "
+                      "true, which runs it with your permissions: read that code first")
+
+
+def load_error(where: str, what: str, err: BaseException) -> ModelError:
+    """One line for a failed `from_pretrained`; a folder that needs its own code says so."""
+    if "trust_remote_code" in str(err):
+        return ModelError(f"{where}: cannot load {what} without running Python code shipped in "
+                          f"the folder (auto_map in its config): {REMOTE_CODE_ADVICE}")
+    return ModelError(f"{where}: cannot load {what} ({first_line(err)})")

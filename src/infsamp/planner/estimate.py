@@ -11,9 +11,10 @@ Built on the second seed's rule of thumb (bytes per parameter: weights 2, refere
 - LoRA adapters (peft casts them to fp32) are the only trainable parameters; the reference model is the base
   with adapters disabled, so it costs nothing; a 4-bit base (QLoRA) stores its decoder linears in
   NF4 with double-quantised scales (~0.516 B), the rest in bf16;
-- the training step computes log-probs in micro-batches of `train_micro_batch_tokens` padded tokens, logits
-  only for completion positions, fp32 log-softmax in row chunks: activations and logits scale with the
-  micro-batch, never with G. Activations are counted tensor by tensor from what autograd saves per layer;
+- the training step computes log-probs in micro-batches of `train_micro_batch_tokens` padded tokens, the
+  LM head per chunk on the completion positions' hidden states (`algorithm/lm_head.py`): activations
+  scale with the micro-batch, never with G, and the logits are a few fixed-size chunks whatever the
+  micro-batch. Activations are counted tensor by tensor from what autograd saves per layer;
 - optimizer states stay resident during generation (zero_grad frees the gradients);
 - KV cache: g * max_completion tokens plus each prompt that can be open at once (min(B, g) of the
   step's B prompts) held once, shared by its samples: the sampler's own rule.
@@ -250,9 +251,41 @@ def activation_bytes_per_token(p: PlanInputs) -> int:
     return p.shape.num_hidden_layers * layer + final_norm
 
 
+LOGITS_CHUNK_BYTES = 32 * 2**20  # fp32 logits of one chunk of the training LM head (algorithm/lm_head.py)
+LOGITS_CHUNK_BUFFERS = 4  # chunk-sized buffers alive at once in the head's forward or backward
+
+
+def logits_chunk_rows(vocab_size: int) -> int:
+    """Rows of one forward chunk of the training LM head: LOGITS_CHUNK_BYTES of fp32 logits."""
+    return max(1, LOGITS_CHUNK_BYTES // (4 * vocab_size))
+
+
+def logits_chunk_columns(num_rows: int) -> int:
+    """Vocabulary columns of one backward chunk over `num_rows` rows: as many fp32 bytes."""
+    return max(1, LOGITS_CHUNK_BYTES // (4 * max(num_rows, 1)))
+
+
+def train_logits_chunk_bytes(p: PlanInputs, rows: int) -> int:
+    """fp32 logits of one chunk of the training head for a micro-batch of `rows` completion rows
+    (at most LOGITS_CHUNK_BYTES; the whole micro-batch's logits when they are fewer)."""
+    return min(rows, logits_chunk_rows(p.shape.vocab_size)) * p.shape.vocab_size * 4
+
+
 def train_logits_bytes_per_row(p: PlanInputs) -> int:
-    """One completion position's logits in training: fp32 chunk kept by logsumexp + grad buffer + temp."""
-    return p.shape.vocab_size * (4 + 2 * p.compute_bytes)
+    """What the chunked head keeps per completion row: the hidden state it saves and its fp32
+    gradient, and the fp32 log-prob, normaliser, entropy and padded output, int64 target and
+    row index."""
+    return p.shape.hidden_size * (p.dtype_bytes + 4) + 4 * 4 + 2 * 8
+
+
+def train_logits_bytes(p: PlanInputs, micro_batch_tokens: int) -> int:
+    """The training head's working set: LOGITS_CHUNK_BUFFERS chunks of logits (the head's output,
+    the fp32 logits, logsumexp's or the entropy's two temporaries; in the backward the recomputed
+    chunk, its gradient and the gradient's casts), plus its per-row tensors. Independent of the
+    micro-batch once it holds a chunk's rows: logits no longer grow with the token budget."""
+    rows = completion_rows(p, micro_batch_tokens)
+    return (LOGITS_CHUNK_BUFFERS * train_logits_chunk_bytes(p, rows)
+            + rows * train_logits_bytes_per_row(p))
 
 
 def decode_logits_bytes_per_row(p: PlanInputs) -> int:
@@ -353,7 +386,7 @@ def training_moments(p: PlanInputs, micro_batch_tokens: int) -> dict[str, dict[s
     tied_factor = 3 if p.shape.tie_word_embeddings else 1
     return {
         "backward": dict(activations=micro_batch_tokens * activation_bytes_per_token(p),
-                         logits=completion_rows(p, micro_batch_tokens) * train_logits_bytes_per_row(p),
+                         logits=train_logits_bytes(p, micro_batch_tokens),
                          gradients=vocab_grad, compute_copies=compute_copy_bytes(p)),
         "end of backward": dict(gradients=tied_factor * vocab_grad),
         "optimizer step": dict(optimizer=optimizer_step_temporaries(p)),

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import math
 
-from infsamp.planner.estimate import (GIB, PARTS, activation_bytes_per_token, bytes_per_parameter,
-                                      kv_bytes_per_token, train_logits_bytes_per_row)
+from infsamp.planner.estimate import (GIB, LOGITS_CHUNK_BUFFERS, PARTS, activation_bytes_per_token,
+                                      bytes_per_parameter, completion_rows, kv_bytes_per_token,
+                                      train_logits_bytes_per_row, train_logits_chunk_bytes)
 from infsamp.planner.plan import MemoryPlan
 from infsamp.planner.sizes import RunSizes
 
@@ -21,6 +22,10 @@ def _gib(num_bytes: float) -> str:
 
 def _kib(num_bytes: float) -> str:
     return f"{num_bytes / 1024:,.1f} KiB"
+
+
+def _mib(num_bytes: float) -> str:
+    return f"{num_bytes / 2**20:,.1f} MiB"
 
 
 def format_count(count: int) -> str:
@@ -77,6 +82,8 @@ def sizes_lines(plan: MemoryPlan) -> list[str]:
           else f"KV cache {_kib(kv_token)}/token: g x {p.seq_len}")
     per_token = _kib(activation_bytes_per_token(p))
     logits_row = _kib(train_logits_bytes_per_row(p))
+    chunks = _mib(LOGITS_CHUNK_BUFFERS * train_logits_chunk_bytes(
+        p, completion_rows(p, plan.train_micro_batch_tokens or p.seq_len)))
     if plan.train_micro_batch_tokens:
         sequences = plan.train_micro_batch_sequences
         batch = (f"training micro-batch = {plan.train_micro_batch_tokens:,} tokens ({sequences} x "
@@ -88,7 +95,8 @@ def sizes_lines(plan: MemoryPlan) -> list[str]:
         g_text, f"  {kv}",
         batch,
         f"  per token: activations {per_token} ({'with' if p.gradient_checkpointing else 'without'} "
-        f"checkpointing), logits {logits_row} per completion token; peak at: {plan.training_peak_moment}",
+        f"checkpointing), LM head {chunks} of logits chunks + {logits_row} per completion token; "
+        f"peak at: {plan.training_peak_moment}",
     ]
 
 

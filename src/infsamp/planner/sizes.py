@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from infsamp.choices import ENGINES
-from infsamp.config import Config, ConfigError, parse_size, size_is_bytes
+from infsamp.config import VLLM_MAX_TEMPERATURE, Config, ConfigError, parse_size, size_is_bytes
 from infsamp.planner.estimate import kv_bytes_per_token
 from infsamp.planner.kv_budget import (
     VLLM_BLOCK_SIZE,
@@ -98,14 +98,18 @@ def vllm_installed() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def resolve_engine(name: str, device: str, quantized: bool = False) -> str:
+def resolve_engine(name: str, device: str, quantized: bool = False,
+                   temperature: float = 0.0) -> str:
     """`auto`: vLLM where it is installed and the model is on a CUDA GPU, else the slot engine;
-    a 4-bit (bitsandbytes) base always decodes on the slot engine (vLLM cannot load it)."""
+    a 4-bit (bitsandbytes) base, or a temperature past vLLM's limit, always decodes on the slot
+    engine (vLLM cannot serve them)."""
     if name not in ENGINE_CHOICES:
         raise ConfigError(f"sampling.engine: unknown engine {name!r}; choose one of "
                           f"{', '.join(ENGINE_CHOICES)}")
     if name == "auto":
-        return "vllm" if device == "cuda" and vllm_installed() and not quantized else "slots"
+        use_vllm = device == "cuda" and vllm_installed() and not quantized \
+            and temperature <= VLLM_MAX_TEMPERATURE
+        return "vllm" if use_vllm else "slots"
     return name
 
 
@@ -181,6 +185,7 @@ def plan_run_sizes(cfg: Config, shape: ModelShape, memory_bytes: int, *, device:
         beta=training.beta, precision=training.precision, load_in_4bit=model.load_in_4bit,
         device=device, engine=engine,
         micro_group=sampling.num_generations * num_prompts if full else sampling.micro_group,
+        train_micro_batch_tokens=training.train_micro_batch_tokens,  # 0: the plan picks it
         engine_sleep=sampling.vllm_sleep != "off" and device == "cuda",
         num_devices=num_ranks, strategy=strategy)
     per_token = kv_bytes_per_token(shape, dtype_bytes or plan.inputs.dtype)

@@ -1,10 +1,13 @@
 """Scores for a step: every reward function on the batch, each value checked, a weighted sum.
 
-Every value is checked: a function that raises, returns something other than a list of the right
-length, a non-number, NaN or inf stops the step with a one-line `RewardError` naming the function and
-the row, instead of silently corrupting the advantages. `None` means "not applicable to this row" and
-is skipped as TRL does (nansum across functions). A call past `rewards.timeout_s` gives None for all
-its rows (counted in `rewards/<name>/timeouts`) and the step goes on.
+Every value is checked: a function that raises (anything, `SystemExit` and `KeyboardInterrupt`
+included), returns something other than a list of the right length, a non-number, NaN or inf stops
+the step with a one-line `RewardError` naming the function and the row, instead of silently
+corrupting the advantages. `None` means "not applicable to this row" and is skipped as TRL does
+(nansum across functions). A call past `rewards.timeout_s` is stopped (`workers.py`), gives None
+for all its rows (counted in `rewards/<name>/timeouts`) and the step goes on. The functions are
+called by a runner (`workers.reward_runner`: in this process, or in worker processes with a
+timeout) that the trainer keeps for the run; without one, a runner is made for the call.
 
 Deliberately simple: one call per function per step; a failing batch is re-run row by row to name
 the row.
@@ -19,7 +22,8 @@ from typing import Any, Sequence
 
 from infsamp.errors import RewardError
 from infsamp.rewards.builtin import RewardFunction, completion_text
-from infsamp.rewards.calling import invoke, run_reward_functions
+from infsamp.rewards.calling import describe_error
+from infsamp.rewards.workers import WorkerDied, reward_runner
 
 
 @dataclass
@@ -60,16 +64,16 @@ def _is_per_row(values: Any, completions: Sequence[Any]) -> bool:
     return isinstance(values, (list, tuple)) and len(values) == len(completions)
 
 
-def _find_failing_row(func: RewardFunction, prompts: Sequence[Any], completions: Sequence[Any],
-                      columns: dict[str, list], extra: dict[str, Any],
-                      timeout_s: float = 0.0) -> int | None:
+def _find_failing_row(runner, name: str, func: RewardFunction, prompts: Sequence[Any],
+                      completions: Sequence[Any], columns: dict[str, list],
+                      extra: dict[str, Any]) -> int | None:
     """Re-run `func` row by row to locate the row that made the batched call raise."""
     for row in range(len(completions)):
         one_columns = {key: values[row:row + 1] if _is_per_row(values, completions) else values
                        for key, values in {**columns, **extra}.items()}
         kwargs = {"prompts": prompts[row:row + 1], "completions": completions[row:row + 1],
                   **one_columns}
-        if invoke(func, kwargs, timeout_s).error is not None:
+        if runner.call(name, func, kwargs).error is not None:
             return row
     return None
 
@@ -106,11 +110,13 @@ def _checked_values(name: str, values: Any, prompts: Sequence[Any],
     return [_checked_value(v, name, row, prompts) for row, v in enumerate(values)]
 
 
-def _failure(name: str, func: RewardFunction, err: BaseException, prompts: Sequence[Any],
-             completions: Sequence[Any], columns: dict[str, list], extra: dict[str, Any],
-             timeout_s: float) -> RewardError:
-    row = _find_failing_row(func, prompts, completions, columns, extra, timeout_s)
-    why = f"raised {type(err).__name__}: {err}".splitlines()[0]
+def _failure(runner, name: str, func: RewardFunction, err: BaseException,
+             prompts: Sequence[Any], completions: Sequence[Any], columns: dict[str, list],
+             extra: dict[str, Any]) -> RewardError:
+    why = describe_error(err)
+    died = isinstance(err, WorkerDied)  # its process is gone: row by row would kill it again
+    row = None if died else _find_failing_row(runner, name, func, prompts, completions, columns,
+                                              extra)
     if row is None:
         return RewardError(f"reward function {name!r}: {why}")
     return _row_error(f"reward function {name!r}", row, prompts, why)
@@ -146,25 +152,40 @@ def _weighted_total(row: int, weights: list[float], result: RewardResult,
 
 def compute_rewards(funcs: list[tuple[str, RewardFunction]], weights: Sequence[float] | None,
                     prompts: Sequence[Any], completions: Sequence[Any], columns: dict[str, list],
-                    timeout_s: float = 0.0, **extra: Any) -> RewardResult:
+                    timeout_s: float = 0.0, runner=None, **extra: Any) -> RewardResult:
     """Run every function (async ones concurrently), check its values, sum them with `weights`.
 
     `columns` holds one value per completion for each dataset column (already repeated G times);
-    `extra` (e.g. completion_ids) is passed through to every function. None rows are skipped (TRL's
-    nansum); a row that no function scored raises RewardError, unless a function timed out on it
-    (`timeout_s` > 0: its rows are None and `timeouts` counts the call), when its total is NaN.
+    `extra` (e.g. completion_ids) is passed through to every function, each getting its own copy.
+    None rows are skipped (TRL's nansum); a row that no function scored raises RewardError, unless
+    a function timed out on it (`timeout_s` > 0: its rows are None and `timeouts` counts the
+    call), when its total is NaN. `runner` (`workers.reward_runner(funcs, timeout_s)`, kept by the
+    caller across steps) calls the functions; without it one is made for this call and closed.
     """
+    own = runner is None
+    runner = reward_runner(funcs, timeout_s) if own else runner
+    try:
+        return _compute(runner, funcs, weights, prompts, completions, columns, extra)
+    finally:
+        if own:
+            runner.close()
+
+
+def _compute(runner, funcs: list[tuple[str, RewardFunction]], weights: Sequence[float] | None,
+             prompts: Sequence[Any], completions: Sequence[Any], columns: dict[str, list],
+             extra: dict[str, Any]) -> RewardResult:
     weights = _check_inputs(funcs, weights, completions, columns)
     kwargs = {"prompts": list(prompts), "completions": list(completions), **columns, **extra}
-    result = RewardResult(total=[], timeouts={name: 0 for name, _ in funcs} if timeout_s else {})
-    outcomes = run_reward_functions(funcs, kwargs, timeout_s).values()
+    timeouts = {name: 0 for name, _ in funcs} if runner.timeout_s else {}
+    result = RewardResult(total=[], timeouts=timeouts)
+    outcomes = runner.call_all(funcs, kwargs).values()
     for (name, func), outcome in zip(funcs, outcomes):
         if outcome.timed_out:
             result.timeouts[name] += 1
             result.per_function[name] = [math.nan] * len(completions)
         elif outcome.error is not None:
-            raise _failure(name, func, outcome.error, prompts, completions, columns, extra,
-                           timeout_s) from None
+            raise _failure(runner, name, func, outcome.error, prompts, completions, columns,
+                           extra) from None
         else:
             result.per_function[name] = _checked_values(name, outcome.value, prompts, completions)
     result.total = [_weighted_total(row, weights, result, prompts)

@@ -3,14 +3,21 @@
 Naming a module, a file or a reward-model folder runs that code or loads that model: reward
 functions are user code. Repeated names get a suffix so their metrics stay distinct.
 
-Deliberately simple: a function is loaded once per run, in the trainer's process.
+A `file.py` is loaded as a module registered under `file_module_name(path)`, so its functions
+are found by name (the worker processes of `rewards.timeout_s` load it again under that name).
+An exception at import, `SystemExit` included (`sys.exit(3)`), is one line naming the spec.
+
+Deliberately simple: a function is loaded once per run, in the trainer's process (and again in
+its worker process when there is one); Ctrl-C during an import stays a KeyboardInterrupt.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib
 import importlib.util
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,24 +25,51 @@ from infsamp.errors import RewardError
 from infsamp.rewards.builtin import (BUILTIN_REWARDS, RewardFunction, format_reward,
                                      reasoning_gym_reward)
 
+FILE_MODULE_PREFIX = "infsamp_user_rewards_"
+
+
+def file_module_name(path: str) -> str:
+    """The module name a reward file is loaded under: its stem and a hash of its full path, so
+    two files of one name stay apart (and a worker process can load it under the same name)."""
+    resolved = str(Path(path).resolve())
+    return f"{FILE_MODULE_PREFIX}{Path(path).stem}_{hashlib.sha1(resolved.encode()).hexdigest()[:8]}"
+
+
+def load_file_module(path: str, name: str) -> Any:
+    """Execute `path` as module `name`, registered in sys.modules (so that its functions are found
+    by module and name); a file already loaded under that name is not run again."""
+    if name in sys.modules:
+        return sys.modules[name]
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(module_spec)  # type: ignore[arg-type]
+    sys.modules[name] = module
+    try:
+        module_spec.loader.exec_module(module)  # type: ignore[union-attr]
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+def _import_failure(spec: str, what: str, err: BaseException) -> RewardError:
+    why = f"{type(err).__name__}: {err}".splitlines()[0]
+    return RewardError(f"reward function {spec!r}: {what} ({why})")
+
+
 def _load_from_file(path: str, spec: str) -> Any:
     if not Path(path).exists():
         raise RewardError(f"reward function {spec!r}: file {path} does not exist")
-    module_spec = importlib.util.spec_from_file_location(f"infsamp_user_rewards_{Path(path).stem}", path)
-    module = importlib.util.module_from_spec(module_spec)  # type: ignore[arg-type]
     try:
-        module_spec.loader.exec_module(module)  # type: ignore[union-attr]
-    except Exception as err:  # noqa: BLE001 - user code: report, don't crash with a traceback
-        raise RewardError(f"reward function {spec!r}: importing {path} failed ({type(err).__name__}: {err})") from None
-    return module
+        return load_file_module(path, file_module_name(path))
+    except (Exception, SystemExit) as err:  # noqa: BLE001 - user code, sys.exit at import too
+        raise _import_failure(spec, f"importing {path} failed", err) from None
 
 
 def _load_from_module(name: str, spec: str) -> Any:
     try:
         return importlib.import_module(name)
-    except Exception as err:  # noqa: BLE001
-        raise RewardError(f"reward function {spec!r}: cannot import module {name!r} "
-                          f"({type(err).__name__}: {err})") from None
+    except (Exception, SystemExit) as err:  # noqa: BLE001
+        raise _import_failure(spec, f"cannot import module {name!r}", err) from None
 
 
 def load_reward_function(spec: str, **model_options: Any) -> tuple[str, RewardFunction]:

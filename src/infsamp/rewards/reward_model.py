@@ -21,7 +21,8 @@ from typing import Any, Sequence
 
 import torch
 
-from infsamp.errors import RewardError, first_line
+from infsamp.errors import RewardError
+from infsamp.models.source import load_error
 from infsamp.algorithm.logprobs import plan_micro_batches
 
 DEFAULT_MAX_TOKENS = 8192
@@ -37,6 +38,8 @@ def _plain(turn: Any) -> str:
 
 class RewardModel:
     """Callable with the reward-function signature: `rm(prompts, completions, **kw) -> [float]`."""
+
+    runs_in_process = True  # on the run's device, never in a reward worker process
 
     def __init__(self, model, tokenizer, *, device: torch.device | str = "cpu",
                  max_tokens: int = DEFAULT_MAX_TOKENS):
@@ -77,21 +80,22 @@ def looks_like_model_dir(spec: str) -> bool:
 
 
 def load_reward_model(path: str, *, device: torch.device | str = "cpu",
-                      dtype: torch.dtype | None = None,
-                      max_tokens: int = DEFAULT_MAX_TOKENS) -> RewardModel:
-    """Load `path` as a 1-label sequence classifier with its tokenizer (one-line RewardError)."""
+                      dtype: torch.dtype | None = None, max_tokens: int = DEFAULT_MAX_TOKENS,
+                      trust_remote_code: bool = False) -> RewardModel:
+    """Load `path` as a 1-label sequence classifier with its tokenizer (one-line RewardError);
+    the folder's own code runs only with `trust_remote_code` (`model.trust_remote_code`)."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     where = f"rewards.functions {path!r}"
     if not (Path(path) / "config.json").exists():
         raise RewardError(f"{where}: a directory without config.json is not a reward model")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1,
-                                                                   dtype=dtype)
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        model = AutoModelForSequenceClassification.from_pretrained(
+            path, num_labels=1, dtype=dtype, trust_remote_code=trust_remote_code)
     except Exception as err:  # noqa: BLE001 - transformers raises many types for a bad directory
-        raise RewardError(f"{where}: cannot load a sequence-classification reward model "
-                          f"({first_line(err)})") from None
+        raise RewardError(str(load_error(where, "a sequence-classification reward model",
+                                         err))) from None
     if tokenizer.pad_token_id is None:
         if tokenizer.eos_token is None:
             raise RewardError(f"{where}: the reward model's tokenizer has no pad or eos token")

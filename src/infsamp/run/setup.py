@@ -42,7 +42,8 @@ def load_rewards(cfg: Config):
             cfg.rewards.functions, cfg.rewards.format_think_block, cfg.rewards.answer_extraction,
             device=device,
             dtype=resolve_dtype(cfg.model.dtype, device),
-            max_tokens=cfg.training.train_micro_batch_tokens or DEFAULT_MICRO_BATCH_TOKENS)
+            max_tokens=cfg.training.train_micro_batch_tokens or DEFAULT_MICRO_BATCH_TOKENS,
+            trust_remote_code=cfg.model.trust_remote_code)
     except RewardError as err:
         named = str(err).startswith("rewards.functions")
         raise (err if named else RewardError(f"rewards.functions: {err}")) from None

@@ -49,7 +49,8 @@ def plan_run(cfg: Config, model: torch.nn.Module, device: torch.device,
         cfg, shape_from_config(base_model(model).config),
         device_memory_bytes(device, model, cfg.training.micro_batch_memory),
         device="cuda" if device.type == "cuda" else "cpu",
-        engine=resolve_engine_name(cfg.sampling.engine, device, is_4bit(model)),
+        engine=resolve_engine_name(cfg.sampling.engine, device, is_4bit(model),
+                                   cfg.sampling.temperature),
         num_ranks=num_ranks, strategy=strategy,
         dtype_bytes=next(model.parameters()).element_size())
     return PlannedRun(sizes, plan_line(plan, sizes))

@@ -39,11 +39,12 @@ import torch
 
 from infsamp.config import Config, ConfigError
 from infsamp.config_io import save_config
-from infsamp.errors import NonFiniteError, RunFolderError, RunStopped
+from infsamp.errors import NonFiniteError, RewardError, RunFolderError, RunStopped
 from infsamp.models.loading import (load_model_and_tokenizer, load_tokenizer, quiet_transformers,
-                                    stop_token_ids)
+                                    require_stop_tokens)
 from infsamp.rewards.calling import check_async_allowed
 from infsamp.rewards.compute import compute_rewards
+from infsamp.rewards.workers import reward_runner
 from infsamp.run import checkpoint as ckpt
 from infsamp.run import ownership
 from infsamp.algorithm.advantages import compute_advantages
@@ -67,7 +68,7 @@ from infsamp.run.step_metrics import check_finite, rollout_metrics
 from infsamp.distributed.strategies import make_strategy
 from infsamp.run.train_state import restore_training_state, training_state
 from infsamp.sampling.engines.base import make_engine
-from infsamp.sampling.length_predictor import make_predictor
+from infsamp.sampling.predictors import make_predictor
 from infsamp.sampling.sampler import GroupSampler
 from infsamp.tasks.loading import load_splits
 from infsamp.tasks.prompts import (EncodedPrompt, EncodedSplit, completion_for_rewards,
@@ -97,6 +98,7 @@ class GRPOTrainer:
         self.output_dir = Path(cfg.logging.output_dir)
         self.reward_funcs = reward_funcs or load_rewards(cfg)
         check_async_allowed(self.reward_funcs, cfg.rewards.allow_async)
+        self.reward_runner = reward_runner(self.reward_funcs, cfg.rewards.timeout_s)  # lazy
         self.reward_names = [name for name, _ in self.reward_funcs]
         self.eval_reward = eval_reward_name(cfg.eval.reward, self.reward_names)
         check_best_metric(cfg.checkpointing.keep_best, self.reward_names)
@@ -105,14 +107,15 @@ class GRPOTrainer:
         warn_about_settings(cfg)
         seed_everything(cfg.training.seed)
         quiet_transformers()
-        self.tokenizer = load_tokenizer(cfg.model.name_or_path)
+        self.tokenizer = load_tokenizer(cfg.model.name_or_path, cfg.model.trust_remote_code)
         with self.ranks.main_first():  # rank 0 fills the datasets cache
             self.train_prompts, self.eval_prompts = self._load_prompts()
         self.data_fingerprint = data_fingerprint(self.train_prompts, self.eval_prompts)
         check_data(self.resume_from, cfg, self.data_fingerprint)  # the checkpoint's rows
         self.model, _ = load_model_and_tokenizer(cfg.model, self.device, tokenizer=self.tokenizer,
                                                  precision=self.precision)
-        self.stop_token_ids = stop_token_ids(self.model, self.tokenizer)
+        self.stop_token_ids = require_stop_tokens(self.model, self.tokenizer,
+                                                  cfg.model.name_or_path)
         set_num_threads(cfg.training.num_threads, self.model, self.device)
         self.reward_weights = cfg.rewards.weights or [1.0] * len(self.reward_funcs)
         self.stream = PromptStream(self.train_prompts.prompts, cfg.training.prompts_per_step,
@@ -171,7 +174,8 @@ class GRPOTrainer:
             raise ConfigError(f"training.prompts_per_step: {wanted} is more than the "
                               f"{len(train.prompts)} training prompts; one step would repeat a "
                               "prompt")
-        notes = [splits.eval_note, train.note("training", cfg.data.max_prompt_length),
+        notes = [*splits.data_notes, splits.eval_note,
+                 train.note("training", cfg.data.max_prompt_length),
                  held_out.note("evaluation", cfg.data.max_prompt_length)]
         print("\n".join(note for note in notes if note))
         return train, held_out
@@ -292,7 +296,7 @@ class GRPOTrainer:
                 model, self.tokenizer, [p.token_ids for p in mine],
                 stop_token_ids=self.stop_token_ids, temperature=cfg.temperature,
                 max_new_tokens=cfg.max_new_tokens or self.cfg.sampling.max_new_tokens)
-        scores = self._score([p.example for p in mine], texts, ids) if mine else None
+        scores = self._score([p.example for p in mine], texts, ids, training=False) if mine else None
         sums = self.ranks.sum(tally(scores, self.reward_names, self.eval_reward,
                                     cfg.accuracy_threshold))
         metrics = eval_metrics(sums, self.reward_names, self.eval_reward)
@@ -332,9 +336,10 @@ class GRPOTrainer:
             self.engine.load_weights(model)
 
     def close(self) -> None:
-        """Free the sampling engine (vLLM's pool and weights) and the run folder; no sampling
-        afterwards."""
+        """Free the sampling engine (vLLM's pool and weights), the reward workers and the run
+        folder; no sampling afterwards."""
         self.engine.close()
+        self.reward_runner.close()
         ownership.release_run_folder(self.output_dir)
 
     # ------------------------------------------------------------------ one step
@@ -435,15 +440,20 @@ class GRPOTrainer:
                 print(f"out of memory while sampling: retrying with micro_group={g}")
 
     def _score(self, examples: list[dict[str, Any]], texts: list[str],
-               completion_ids: list[list[int]]):
+               completion_ids: list[list[int]], training: bool = True):
         """Every reward function on these completions (one per example), as TRL calls them."""
         chat = uses_chat_template(self.tokenizer, self.cfg.data)
         prompts = [prompt_for_rewards(ex, self.tokenizer, self.cfg.data) for ex in examples]
         completions = [completion_for_rewards(text, chat) for text in texts]
         columns = {k: [ex[k] for ex in examples] for k in examples[0] if k != "prompt"}
-        return compute_rewards(self.reward_funcs, self.reward_weights, prompts, completions,
-                               columns, timeout_s=self.cfg.rewards.timeout_s,
-                               completion_ids=completion_ids)
+        try:
+            return compute_rewards(self.reward_funcs, self.reward_weights, prompts, completions,
+                                   columns, runner=self.reward_runner,
+                                   completion_ids=completion_ids)
+        except RewardError as err:  # nothing of this step is applied
+            when = (f"step {self.step + 1}: {err}; the step was not applied" if training else
+                    f"evaluation at step {self.step}: {err}")
+            raise RewardError(f"{when} (the checkpoints are as they were)") from None
 
     def _sample_metrics(self, rewards, adv, completions,
                         sampler_metrics: dict[str, Any]) -> dict[str, Any]:

@@ -1,13 +1,15 @@
 """Length predictors for the length-aware scheduler, and their quality measure. No torch.
 
-Interface (`LengthPredictor`): `predict(spec)` expected total length; `predict_remaining(spec, prefix)`
-remaining length after the first generated tokens; `observe_finished(spec, length)` a sample of the
-current call ended (its siblings can use it); `end_call()` the call (training step) is over, learn from
-it. `SlotScheduler` makes these calls itself; the engine only hands the predictor in.
+Interface (`LengthPredictor`): `predict(spec)` expected total length; `predict_remaining(spec,
+prefix)` remaining length after the generated tokens so far (every k of them);
+`observe_finished(spec, length)` a sample of the current call ended (its siblings can use it);
+`end_call()` the call (training step) is over, learn from it. `SlotScheduler` makes these calls
+itself; the engine only hands the predictor in.
 
-Registry (`make_predictor`): `none` (a constant: no information), `oracle` (the true lengths, for
-measurement only), `noisy:SIGMA` (the true length times a log-normal error of that sigma, to show what
-a predictor of a given quality buys) and `online`: a ridge regression on log length, learned inside the
+Predictors (registered in `predictors.py`, `make_predictor`): `none` (a constant: no
+information), `oracle` (the true lengths, for measurement only), `noisy:SIGMA` (the true length
+times a log-normal error of that sigma, to show what a predictor of a given quality buys) and
+`online`: a ridge regression on log length, learned inside the
 run from its own completions (exponentially forgotten, so it follows the policy as it changes), over
 cheap features: prompt length and digit counts, the same prompt's mean length in earlier calls, the mean
 of siblings already finished in this call, the run's recent mean; and, token-conditioned, a second
@@ -16,7 +18,10 @@ per-prompt memory of finished samples' first k tokens (`PrefixMemory`: the same 
 same way runs about as long; it learns from this call's siblings and from earlier epochs).
 O(features^2) per observation, a d x d solve every few dozen observations (d < 50).
 
-Simplification: features are fixed and hand-picked; no hidden states of the policy model.
+`hidden` (in `hidden_predictor.py`) adds a probe on the policy's own hidden states.
+
+Simplification: features are fixed and hand-picked; after the first prediction point the online
+predictor only counts down its prediction (or, once outlived, asks the prompt's memory).
 """
 
 from __future__ import annotations
@@ -29,7 +34,6 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from infsamp.errors import SamplingError
 from infsamp.sampling.types import Sample
 
 NUMBER = re.compile(r"\d+")
@@ -37,7 +41,8 @@ NUMBER = re.compile(r"\d+")
 
 class LengthPredictor:
     name = ""
-    uses_prefix = False  # wants predict_remaining with the first k generated tokens
+    uses_prefix = False  # wants predict_remaining every k generated tokens (k, 2k, ...)
+    uses_hidden = False  # wants the engine's last hidden state on each sample (Sample.hidden_state)
     adaptive = False     # predictions of pending samples change as samples finish
 
     def predict(self, spec: Sample) -> float:
@@ -160,6 +165,7 @@ class OnlinePredictor(LengthPredictor):
         self._siblings: dict[int, list[float]] = defaultdict(lambda: [0.0, 0])  # group -> same, this call
         self._call_logs: list[tuple[str, float]] = []
         self._prefixes: dict[int, tuple[np.ndarray, int, Counter]] = {}  # sample -> (features, k, token counts)
+        self._totals: dict[int, float] = {}  # sample -> total predicted at its first point
         self._memory = PrefixMemory()
         self._run_mean: float | None = None
         self._cache: dict[tuple[int, str], float] = {}  # (group, key) -> prediction; cleared on news
@@ -174,18 +180,30 @@ class OnlinePredictor(LengthPredictor):
         return self._cache[cache_key]
 
     def predict_remaining(self, spec, prefix_token_ids):
-        num_prefix = len(prefix_token_ids)
+        """At the first prediction point: from the first k tokens (the prefix memory, else the
+        prefix ridge). Later: that prediction's remainder, or, once the sample has outlived it,
+        what its prompt's longer remembered samples ran past this point."""
+        num_tokens = len(prefix_token_ids)
+        first = self._prefixes.get(spec.sample_id)
+        if first is not None and num_tokens > first[1]:  # a later point of the same sample
+            total = self._totals[spec.sample_id]
+            if total > num_tokens:
+                return total - num_tokens
+            return self._memory.remaining_after(_memory_key(spec), num_tokens)
         x, counts = self._prefix_features(spec, prefix_token_ids), Counter(prefix_token_ids)
-        self._prefixes[spec.sample_id] = (x, num_prefix, counts)
+        self._prefixes[spec.sample_id] = (x, num_tokens, counts)
         remembered = self._memory.predict(_memory_key(spec), counts)
         log_total = remembered if remembered is not None else self._prefix_model.predict(x)
-        return max(1.0, self._from_log(log_total, spec) - num_prefix)
+        remaining = max(1.0, self._from_log(log_total, spec) - num_tokens)
+        self._totals[spec.sample_id] = num_tokens + remaining
+        return remaining
 
     def observe_finished(self, spec, length):
         self._cache.clear()
         log_length = math.log(max(1, length))
         self._model.add(self._features(spec), log_length)
         x, num_prefix, counts = self._prefixes.pop(spec.sample_id, (None, 0, None))
+        self._totals.pop(spec.sample_id, None)
         if x is not None and length > num_prefix:
             self._prefix_model.add(x, log_length)
             self._memory.add(_memory_key(spec), counts, log_length)
@@ -215,6 +233,7 @@ class OnlinePredictor(LengthPredictor):
         self._memory.load_state_dict(state["memory"])
         self._cache.clear()
         self._prefixes.clear()
+        self._totals.clear()
 
     def end_call(self):
         for key, log_length in self._call_logs:
@@ -225,6 +244,7 @@ class OnlinePredictor(LengthPredictor):
         self._cache.clear()
         self._siblings.clear()
         self._prefixes.clear()
+        self._totals.clear()
         self._model.fit()
         self._prefix_model.fit()
 
@@ -239,6 +259,10 @@ class OnlinePredictor(LengthPredictor):
             if count:
                 return total / count
         return self._run_mean if self._run_mean is not None else math.log(spec.max_new_tokens / 2)
+
+    def prompt_features(self, spec) -> np.ndarray:
+        """What is known of a sample before it starts (its prompt, history, siblings, the run)."""
+        return self._features(spec)
 
     def _features(self, spec) -> np.ndarray:
         prompt = self._prompt_features.get(spec.prompt_text)
@@ -300,6 +324,12 @@ class PrefixMemory:
             self._entries[key].extend((Counter(dict(counts)), norm, log_length)
                                       for counts, norm, log_length in entries)
 
+    def remaining_after(self, key: str, num_tokens: int) -> float:
+        """Tokens still to come for a sample of this prompt that has run `num_tokens`: the mean
+        of its remembered samples that ran longer, minus `num_tokens` (none: as long again)."""
+        longer = [math.exp(y) for _, _, y in self._entries.get(key, ()) if math.exp(y) > num_tokens]
+        return sum(longer) / len(longer) - num_tokens if longer else float(max(1, num_tokens))
+
     def predict(self, key: str, counts: Counter) -> float | None:
         entries = self._entries.get(key) if key and len(counts) > 1 else None
         if not entries:
@@ -327,32 +357,6 @@ def _text_features(text: str) -> list[float]:
 
 def _probe_spec():
     return Sample(0, 0, 0, 1, 1)
-
-
-PREDICTORS: dict[str, Callable[[str | None], LengthPredictor]] = {
-    "none": lambda arg: ConstantPredictor(),
-    "oracle": lambda arg: OraclePredictor(),
-    "online": lambda arg: OnlinePredictor(),
-    "noisy": lambda arg: NoisyOraclePredictor(_parse_sigma(arg)),
-}
-
-
-def make_predictor(name: str) -> LengthPredictor:
-    """`none`, `oracle`, `online` or `noisy:SIGMA` (oracle/noisy need `set_lengths` before each call)."""
-    base, _, arg = name.partition(":")
-    if base not in PREDICTORS:
-        raise SamplingError(f"unknown length predictor {name!r}; choose none, oracle, online or noisy:SIGMA")
-    return PREDICTORS[base](arg or None)
-
-
-def _parse_sigma(arg: str | None) -> float:
-    try:
-        sigma = float(arg)
-    except (TypeError, ValueError):
-        raise SamplingError(f"noisy predictor needs a sigma, as noisy:0.5; got {arg!r}") from None
-    if not sigma >= 0:
-        raise SamplingError(f"noisy predictor sigma must be >= 0, got {sigma}")
-    return sigma
 
 
 def kendall_tau(predicted: Sequence[float], real: Sequence[float]) -> float:

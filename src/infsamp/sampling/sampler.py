@@ -94,6 +94,23 @@ def sampler_sizes(cfg: SamplingConfig, model, max_prompt_tokens: int, num_prompt
                           budget_is_pool=budget_is_pool)
 
 
+def policy_options(cfg: SamplingConfig, policy: str) -> dict:
+    """The `sampling.*` settings a policy takes (length_aware: refill, epsilon, k, preemption)."""
+    if policy != "length_aware":
+        return {}
+    return {"refill": cfg.refill, "epsilon": cfg.grouping_epsilon,
+            "prefix_tokens": cfg.predictor_prefix_tokens, "preempt": cfg.preempt}
+
+
+def _timed(sched: SlotScheduler, call, *args):
+    """A scheduler call (which runs the policy and the predictor), its time in the call's stats."""
+    start = time.perf_counter()
+    try:
+        return call(*args)
+    finally:
+        sched.stats.schedule_time_s += time.perf_counter() - start
+
+
 # ---------------------------------------------------------------- the sampler
 
 
@@ -105,6 +122,10 @@ class GroupSampler:
                  engine: Engine | None = None, sizes: RunSizes | None = None):
         self.model, self.tokenizer, self.cfg, self.predictor = model, tokenizer, cfg, predictor
         self.engine = engine if engine is not None else SlotEngine(model)
+        if getattr(predictor, "uses_hidden", False) and not self.engine.hands_hidden_states:
+            warnings.warn(f"sampling.predictor {predictor.name}: the {self.engine.name} engine "
+                          "hands out no hidden states; its token-level part (as online) predicts "
+                          "instead")
         self.sizes = sizes
         # a sampler used alone reads `sampling.kv_budget` once (a bad one fails here)
         self._kv_budget = resolve_budget(cfg.kv_budget, model) if sizes is None else None
@@ -144,10 +165,12 @@ class GroupSampler:
         if global_group_ids is not None:
             options.sample_keys = tuple(global_group_ids[s.group_id] * num_generations
                                         + s.index_in_group for s in samples)
+        options.hidden_states = getattr(self.predictor, "uses_hidden", False) and \
+            self.engine.hands_hidden_states
         sched = SlotScheduler(samples, policy, micro_group, max_kv_tokens=budget,
                               predictor=self.predictor, kv_block_size=self.engine.kv_block_size,
-                              refill=self.cfg.refill, epsilon=self.cfg.grouping_epsilon,
-                              prefix_tokens=self.cfg.predictor_prefix_tokens)
+                              keep_parked_kv=self.engine.keeps_parked_kv,
+                              **policy_options(self.cfg, policy))
         processor = logits_processor_factory(samples) if logits_processor_factory else None
         stats = sched.stats
         stats.kv_budget_tokens, stats.engine = budget, self.engine.name
@@ -232,10 +255,11 @@ class GroupSampler:
         start = time.perf_counter()
         try:
             while not sched.done:
-                for slot, sample in sched.admit():
+                for slot, sample in _timed(sched, sched.admit):
                     self.engine.start(slot, sample)
                 running = sched.active()
-                sched.step(self.engine.decode_step(running))
+                finished = self.engine.decode_step(running)
+                _timed(sched, sched.step, finished)
                 if progress is not None:
                     sched.stats.wall_time_s = time.perf_counter() - start  # so far
                     progress(sched.stats, sched.num_finished, len(running))

@@ -18,6 +18,16 @@ never exceeded and nothing has to be preempted. Prompts and reservations are who
 `kv_block_size` tokens (`types.shared_prompt_tokens`, `types.reserved_tokens`). Which pending
 sample goes next is the admission policy's job (`policies.py`); this class only keeps the books.
 
+Parking (decisions after the first tokens). A policy may take running samples out of their slots at
+the start of `admit()` (`policy.to_park`): a parked sample keeps its tokens and its group's prompt
+open, and resumes later through the same `admit()` as any pending sample. Its KV is kept by the
+engine (`Sample.parked_kv`, counted in the books like any held token) when the engine can keep it
+(`keep_parked_kv`) and the budget still holds it beside a reservation for every slot; else the
+engine drops it and recomputes it when the sample resumes (`recomputed_tokens`). The engine sees a
+parked sample as one missing from `active()`; `start` on a sample that has tokens resumes it.
+Every `prefix_tokens_wanted` generated tokens (k, 2k, ...) a running sample is shown to the policy
+(`on_tokens`), which re-predicts its remaining length.
+
 Simplifications: one call = one training step (every sample of the call finishes before `done`); slots
 are identical; the reservation is the worst case (`max_new_tokens`), not the predicted length.
 """
@@ -25,7 +35,7 @@ are identical; the reservation is the worst case (`max_new_tokens`), not the pre
 from __future__ import annotations
 
 import heapq
-from typing import Sequence
+from collections.abc import Sequence
 
 from infsamp.errors import SamplingError
 from infsamp.sampling.grouping import lower_bound, pigeonhole_bound
@@ -43,7 +53,7 @@ from infsamp.sampling.types import (
 class SlotScheduler:
     def __init__(self, samples: Sequence[Sample], policy: str, num_slots: int,
                  max_kv_tokens: int | None = None, predictor: LengthPredictor | None = None,
-                 kv_block_size: int = 1, **policy_options):
+                 kv_block_size: int = 1, keep_parked_kv: bool = True, **policy_options):
         self._samples = list(samples)
         _check_samples(self._samples, num_slots)
         self.predictor = predictor
@@ -60,12 +70,16 @@ class SlotScheduler:
         self._free_slots = list(range(self.num_slots))  # a heap: lowest free slot first
         self._active: dict[int, Sample] = {}
         self._seen_tokens: dict[int, int] = {}  # sample_id -> tokens counted so far
-        self._prefix_seen: set[int] = set()
+        self._last_point: dict[int, int] = {}  # sample_id -> tokens at its latest prediction point
         self._group_open = [0] * (max((s.group_id for s in self._samples), default=-1) + 1)
         self._group_unfinished = list(self._group_open)
         for sample in self._samples:
             self._group_unfinished[sample.group_id] += 1
         self._held_prompt_tokens = 0
+        self._unopened_prompt_tokens = sum({s.group_id: self._shared[s.sample_id]
+                                            for s in self._samples}.values())
+        self.keep_parked_kv = keep_parked_kv
+        self._parked_kv_tokens = 0  # KV the engine keeps for parked samples
         self._reserved_tokens = 0  # reservations of running samples
         self._active_tokens = 0  # tokens generated so far by running samples
         self._num_finished = 0
@@ -77,6 +91,10 @@ class SlotScheduler:
     def admit(self) -> list[tuple[int, Sample]]:
         """(slot, sample) pairs to start now, before the next decode step."""
         all_free = not self._active
+        if self._active:
+            for sample in self._policy.to_park(self.active(), len(self._free_slots),
+                                               self.can_allocate):
+                self._park(sample)
         self._policy.begin_admit(all_free)
         started = []
         while self._free_slots:
@@ -106,11 +124,13 @@ class SlotScheduler:
             self._seen_tokens[sample.sample_id] = sample.num_tokens
             self._active_tokens += grown
             self.stats.generated_tokens += grown  # live count (exact sum once the call is done)
-        kv_tokens = self._held_prompt_tokens + self._active_tokens
+        kv_tokens = self._held_prompt_tokens + self._active_tokens + self._parked_kv_tokens
         self.stats.peak_kv_tokens_used = max(self.stats.peak_kv_tokens_used, kv_tokens)
         if self.prefix_tokens_wanted:
-            self._observe_prefixes(finished)
-        for sample in finished:
+            self._observe_progress(finished)
+        # in slot order, whatever order the engine reports them in (the predictor learns from
+        # them in this order, so the simulator and every engine must agree on it)
+        for sample in sorted(finished, key=lambda s: s.slot):
             self._release(sample)
         if self.done:
             self._finish_call()
@@ -128,13 +148,18 @@ class SlotScheduler:
         return self._num_finished == len(self._samples)
 
     # ---- KV books -------------------------------------------------------------------------------
-    def can_allocate(self, sample: Sample) -> bool:
-        """Whether starting `sample` now keeps the worst-case KV within the budget."""
+    def can_allocate(self, sample: Sample, instead_of: Sample | None = None) -> bool:
+        """Whether starting `sample` now keeps the worst-case KV within the budget (with the
+        running sample `instead_of` parked first, if given)."""
         if self.max_kv_tokens is None:
             return True
         opens_group = not self._group_open[sample.group_id]
         held = self._held_prompt_tokens + (self._shared[sample.sample_id] if opens_group else 0)
-        if held + self._reserved_tokens + self._reserve[sample.sample_id] > self.max_kv_tokens:
+        own = sample.num_tokens if sample.status == "parked" and sample.parked_kv else 0
+        held += self._parked_kv_tokens - own
+        freed = self._reserve[instead_of.sample_id] if instead_of is not None else 0
+        reserved = self._reserved_tokens - freed + self._reserve[sample.sample_id]
+        if held + reserved > self.max_kv_tokens:
             return False
         # never open a group whose prompt would leave too little room to run any one sample alone
         return not opens_group or held + self._max_reserve <= self.max_kv_tokens
@@ -143,14 +168,49 @@ class SlotScheduler:
         if not self._group_open[sample.group_id]:
             self._group_open[sample.group_id] = 1
             self._held_prompt_tokens += self._shared[sample.sample_id]
+            self._unopened_prompt_tokens -= self._shared[sample.sample_id]
+        if sample.status == "parked":
+            self._resume(sample)
         sample.status, sample.slot = "running", slot
         self._active[slot] = sample
         self._seen_tokens[sample.sample_id] = sample.num_tokens
         self._active_tokens += sample.num_tokens
         self._reserved_tokens += self._reserve[sample.sample_id]
-        if self.predictor is not None:
+        if self.predictor is not None and sample.sample_id not in self._predicted:
             self._predicted[sample.sample_id] = float(self.predictor.predict(sample))
         self._policy.on_started(slot, sample)
+
+    def _park(self, sample: Sample) -> None:
+        """Take a running sample out of its slot: it keeps its tokens, and its KV if the books
+        can hold it beside every slot's reservation."""
+        if sample.status != "running" or self._active.get(sample.slot) is not sample:
+            raise ValueError(f"park: sample {sample.sample_id} is not running")
+        del self._active[sample.slot]
+        heapq.heappush(self._free_slots, sample.slot)
+        sample.status, sample.slot = "parked", -1
+        self._active_tokens -= sample.num_tokens
+        self._reserved_tokens -= self._reserve[sample.sample_id]
+        sample.parked_kv = self.keep_parked_kv and self._can_keep(sample.num_tokens)
+        if sample.parked_kv:
+            self._parked_kv_tokens += sample.num_tokens
+        self.stats.num_preemptions += 1
+        self._policy.on_parked(sample)
+
+    def _can_keep(self, num_tokens: int) -> bool:
+        """Whether `num_tokens` more held KV still leave room for every slot's reservation and
+        every prompt still to open (kept KV must never cost a slot, nor a group its start)."""
+        if self.max_kv_tokens is None:
+            return True
+        held = (self._held_prompt_tokens + self._unopened_prompt_tokens + self._parked_kv_tokens
+                + num_tokens)
+        return held + self.num_slots * self._max_reserve <= self.max_kv_tokens
+
+    def _resume(self, sample: Sample) -> None:
+        """A parked sample starts again: its kept KV becomes running KV, or is recomputed."""
+        if sample.parked_kv:
+            self._parked_kv_tokens -= sample.num_tokens
+        else:
+            self.stats.recomputed_tokens += sample.num_tokens
 
     def _release(self, sample: Sample) -> None:
         if sample.status != "running" or self._active.get(sample.slot) is not sample:
@@ -172,17 +232,21 @@ class SlotScheduler:
             self.predictor.observe_finished(sample, length)
         self._policy.on_finished(sample, length)
 
-    def _observe_prefixes(self, finished: Sequence[Sample]) -> None:
-        """Each running sample's first k tokens, once, to the policy (token-conditioned)."""
+    def _observe_progress(self, finished: Sequence[Sample]) -> None:
+        """Each running sample at k, 2k, ... tokens, once per point, to the policy; the first
+        point's re-predicted total is what the prediction quality is measured on."""
         ended = {s.sample_id for s in finished}
+        every = self.prefix_tokens_wanted
         for sample in self._active.values():
-            sample_id = sample.sample_id
-            wanted = sample.num_tokens == self.prefix_tokens_wanted
-            if wanted and sample_id not in self._prefix_seen and sample_id not in ended:
-                self._prefix_seen.add(sample_id)
-                total = self._policy.on_prefix(sample, sample.token_ids)
-                if total is not None:  # quality is measured on the prediction the plan last used
-                    self._predicted[sample_id] = float(total)
+            sample_id, num_tokens = sample.sample_id, sample.num_tokens
+            if num_tokens % every or sample_id in ended:
+                continue
+            if self._last_point.get(sample_id, 0) >= num_tokens:
+                continue
+            self._last_point[sample_id] = num_tokens
+            total = self._policy.on_tokens(sample)
+            if total is not None and num_tokens == every:
+                self._predicted[sample_id] = float(total)
 
     def _finish_call(self) -> None:
         lengths = [s.num_tokens for s in self._samples]

@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from infsamp.errors import DataError, SamplingError
-from infsamp.sampling.length_predictor import LengthPredictor, OraclePredictor, make_predictor
+from infsamp.sampling.length_predictor import LengthPredictor, OraclePredictor
+from infsamp.sampling.predictors import make_predictor
 from infsamp.sampling.scheduler import SlotScheduler
 from infsamp.sampling.types import Sample, SamplerStats, concurrency_for_budget
 
@@ -172,14 +173,15 @@ def _token_length(solution: str) -> int:
 # ---- replay -------------------------------------------------------------------------------------
 class TraceEngine:
     """Stands in for the model: a sample ends after exactly its traced length of decode steps.
-    Its tokens are the traced first tokens, then placeholders (id 0)."""
+    Its tokens are the traced first tokens, then placeholders (id 0). A parked sample keeps its
+    tokens and resumes where it stopped, as on an engine."""
 
     def __init__(self, lengths: Sequence[int], first_tokens: Sequence[Sequence[int]] = ()):
         self.lengths = lengths
         self.first_tokens = first_tokens  # per sample id; () when the trace has none
 
     def start(self, slot: int, sample: Sample) -> None:
-        sample.restart()
+        pass
 
     def decode_step(self, active: dict[int, Sample]) -> list[Sample]:
         finished = []
@@ -225,8 +227,10 @@ def slots_for_budget(kv_budget: int, groups: Sequence[TraceGroup], max_new_token
 
 def simulate(groups: Sequence[TraceGroup], policy: str, num_slots: int | None = None,
              kv_budget: int | None = None, predictor: str = "none", prompts_per_step: int = 1,
-             max_new_tokens: int | None = None, **policy_options) -> SamplerStats:
-    """Replay a whole trace, `prompts_per_step` groups per training step; statistics summed."""
+             max_new_tokens: int | None = None, warmup_steps: int = 0,
+             **policy_options) -> SamplerStats:
+    """Replay a whole trace, `prompts_per_step` groups per training step; statistics summed
+    over the steps after the first `warmup_steps` (those only teach the predictor)."""
     if prompts_per_step < 1:
         raise SamplingError(f"--prompts-per-step must be >= 1, got {prompts_per_step}")
     max_new = max_new_tokens or max(max(g.lengths) for g in groups)
@@ -242,7 +246,10 @@ def simulate(groups: Sequence[TraceGroup], policy: str, num_slots: int | None = 
         samples, lengths = _call_samples(step_groups, max_new)
         calls.append(run_call(samples, lengths, policy, slots, kv_budget, length_predictor,
                               first_tokens=_call_first_tokens(step_groups), **policy_options))
-    return SamplerStats.merge(calls)
+    if warmup_steps >= len(calls):
+        raise SamplingError(f"--warmup-steps {warmup_steps} leaves none of the trace's "
+                            f"{len(calls)} steps to measure")
+    return SamplerStats.merge(calls[warmup_steps:])
 
 
 def _num_slots(num_slots, kv_budget, groups, max_new, prompts_per_step) -> int:

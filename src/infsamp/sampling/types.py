@@ -3,10 +3,12 @@ budget arithmetic. Pure Python (no torch), imported by every other module of `sa
 
 `Sample` is the one per-sample state type (as nano-vllm's `Sequence`): what a sample is (its
 group, prompt length, limit) and where it stands (status, slot, generated tokens, the engine's
-log-probs). The scheduler moves it through pending -> running -> finished; an engine only appends
-tokens. `SamplerStats` is the one statistics type: the scheduler, the engine and the sampler each
-fill their own fields; `COMBINED` says how each one adds up over calls (`merge`: the simulator,
-the benchmarks) and over ranks.
+log-probs). The scheduler moves it through pending -> running -> finished, and may park a running
+sample (running -> parked -> running: its tokens are kept, its KV kept or recomputed); an engine
+only appends tokens (and, when asked, the hidden state of the latest one). `SamplerStats` is the
+one statistics type: the scheduler, the engine and the sampler each fill their own fields;
+`COMBINED` says how each one adds up over calls (`merge`: the simulator, the benchmarks) and over
+ranks.
 
 The budget arithmetic that turns a KV budget into concurrency lives with the planner
 (`planner/kv_budget.py`, below sampling in the layers) and is read from here by the sampler, the
@@ -21,7 +23,7 @@ Deliberately simple: the reservation is the worst case (`max_new_tokens` per run
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Literal
+from typing import Any, Literal
 
 from infsamp.planner.kv_budget import (  # noqa: F401 (the budget arithmetic, read here by sampling/)
     VLLM_BLOCK_SIZE,
@@ -35,7 +37,7 @@ from infsamp.planner.kv_budget import (  # noqa: F401 (the budget arithmetic, re
 )
 
 FinishReason = Literal["eos", "length"]
-SampleStatus = Literal["pending", "running", "finished"]
+SampleStatus = Literal["pending", "running", "parked", "finished"]
 
 
 @dataclass(eq=False)
@@ -53,18 +55,15 @@ class Sample:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] | None = None  # the engine's log-prob of each token (None: not reported)
     finish_reason: FinishReason | None = None
+    # the engine's last-layer hidden state at the latest token (a numpy vector), when the
+    # predictor asks for it (`DecodeOptions.hidden_states`); else None
+    hidden_state: Any = None
+    parked_kv: bool = False  # parked with its KV kept by the engine (else recomputed on resume)
 
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
 
-    def restart(self) -> int:
-        """Forget the generated tokens (a preempted sample starts again); returns how many."""
-        lost = len(self.token_ids)
-        self.token_ids = []
-        self.logprobs = None if self.logprobs is None else []
-        self.finish_reason = None
-        return lost
 
 
 def make_samples(prompt_tokens: list[int], group_size: int, max_new_tokens: int,
@@ -105,7 +104,8 @@ COMBINED: dict[str, tuple[str, str]] = {  # name: (over calls, over ranks), each
     "generated_tokens": ("sum", "sum"), "num_rounds": ("sum", "mean"),
     "prefill_tokens": ("sum", "sum"), "num_preemptions": ("sum", "sum"),
     "recomputed_tokens": ("sum", "sum"), "model_time_s": ("sum", "max"),
-    "wall_time_s": ("sum", "max"), "num_calls": ("sum", "mean"),
+    "schedule_time_s": ("sum", "max"), "wall_time_s": ("sum", "max"),
+    "num_calls": ("sum", "mean"),
     "peak_kv_tokens_used": ("max", "max"), "peak_kv_tokens": ("max", "max"),
     "peak_kv_blocks": ("max", "mean"), "peak_kv_bytes": ("max", "max"),
     "micro_group": ("max", "max"), "kv_budget_tokens": ("max", "max"),
@@ -135,10 +135,11 @@ class SamplerStats:
     peak_kv_blocks: int = 0  # the same in the engine's allocation unit (slot engine: tokens)
     peak_kv_bytes: int = 0
     kv_block_size: int = 1
-    num_preemptions: int = 0
-    recomputed_tokens: int = 0  # generated tokens computed again after a preemption
+    num_preemptions: int = 0  # samples taken out of their slot unfinished (parked, or by vLLM)
+    recomputed_tokens: int = 0  # generated tokens whose KV is computed again after that
     model_time_s: float = 0.0  # forward passes and token selection (the rest is overhead)
     # the call (sampler)
+    schedule_time_s: float = 0.0  # in the scheduler, its policy and predictor (admit and step)
     wall_time_s: float = 0.0
     kv_budget_tokens: int = 0
     policy: str = ""

@@ -16,6 +16,7 @@ Deliberate deviations from the original, both more lenient for the correct forma
 from __future__ import annotations
 
 import re
+from decimal import Decimal, InvalidOperation
 
 SYSTEM_PROMPT = """Respond in the following format:
 <reasoning>
@@ -36,6 +37,18 @@ def extract_hash_answer(text: str) -> str | None:
     if "####" not in text:
         return None
     return text.split("####")[1].strip()
+
+
+def read_hash_answer(text: str) -> str | None:
+    """A GSM8K reference's final answer when it is a number, as the accuracy reward compares
+    numbers ('#### 1,000' -> '1,000'); None when there is no '####' or what follows is not a
+    number ('#### seventy-two')."""
+    answer = extract_hash_answer(text)
+    try:
+        number = Decimal((answer or "").replace(",", ""))
+    except InvalidOperation:
+        return None
+    return answer if number.is_finite() else None
 
 
 def extract_xml_answer(text: str) -> str:

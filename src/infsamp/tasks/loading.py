@@ -5,6 +5,7 @@
 - `reasoning_gym:<task>`: a reasoning-gym task, its splits from disjoint seeds
   (`infsamp.tasks.reasoning_gym`);
 - a local `.jsonl` / `.json` / `.txt` file (one prompt per line; every split reads the same file),
+  or `.csv` / `.tsv` / `.parquet` (read by `datasets`; every split reads the file),
   or a folder with `<split>.jsonl` / `<split>.json` (else any folder `datasets.load_dataset` reads,
   such as a downloaded hub snapshot with parquet files);
 - anything else: a `datasets` hub id, `datasets.load_dataset(name, data.dataset_config, split)`,
@@ -16,6 +17,9 @@ other column of the row, which reward functions receive as keyword arguments.
 `load_splits(data_cfg, num_eval)` gives the training and held-out examples of a run: the eval
 split, or with `data.eval_fraction` a seeded share of the training split; a source whose splits
 would be the same rows (one file) is refused without it. Its `eval_note` says which rows evaluate.
+Rows that cannot train or evaluate are named before training (`data_notes`): an answer
+`data.answer_parser` cannot read ('#### seventy-two') is skipped, and refused when none or most
+are; an evaluation row whose prompt is a training prompt is skipped, and refused when all are.
 
 Deliberately simple: whole datasets are read into memory as lists of dicts (GSM8K is 7.5k rows).
 """
@@ -25,7 +29,7 @@ from __future__ import annotations
 import importlib
 import json
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -33,7 +37,7 @@ from infsamp.config import DataConfig
 from infsamp.errors import DataError
 from infsamp.hub import hub_offline, hub_unavailable
 from infsamp.tasks import reasoning_gym
-from infsamp.tasks.gsm8k import extract_hash_answer
+from infsamp.tasks.gsm8k import read_hash_answer
 
 EMBEDDED_PREFIX = "embedded:"
 EMBEDDED_TASKS = {"arithmetic": "infsamp.tasks.arithmetic"}  # name -> module with generate_problems
@@ -56,9 +60,23 @@ def _read_embedded(data_cfg: DataConfig, split: str) -> list[Row]:
     return [(f"{data_cfg.dataset} {split} row {i}", row) for i, row in enumerate(problems)]
 
 
+def read_text(path: Path) -> str:
+    """A local dataset file's text; bytes that are not UTF-8 are one line naming file and line."""
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise DataError(f"data.dataset: cannot read {path} ({err.strerror or err})") from None
+    try:
+        return data.decode("utf-8-sig")  # a byte-order mark is not text
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise DataError(f"{path} line {line}: not UTF-8 text (byte 0x{data[err.start]:02x}); "
+                        "save the file as UTF-8") from None
+
+
 def _read_jsonl(path: Path) -> list[Row]:
     rows: list[Row] = []
-    for line_number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for line_number, line in enumerate(read_text(path).splitlines(), start=1):
         if not line.strip():
             continue
         where = f"{path} line {line_number}"
@@ -72,7 +90,7 @@ def _read_jsonl(path: Path) -> list[Row]:
 
 def _read_json(path: Path, split: str) -> list[Row]:
     try:
-        tree = json.loads(path.read_text(encoding="utf-8"))
+        tree = json.loads(read_text(path))
     except json.JSONDecodeError as err:
         raise DataError(f"{path} line {err.lineno}: not valid JSON ({err.msg})") from None
     if isinstance(tree, dict):  # {"train": [...], "test": [...]}
@@ -86,9 +104,32 @@ def _read_json(path: Path, split: str) -> list[Row]:
 
 def _read_txt(path: Path, column: str) -> list[Row]:
     """One prompt per non-empty line; a literal \\n in a line is a newline."""
-    lines = path.read_text(encoding="utf-8").splitlines()
+    lines = read_text(path).splitlines()
     return [(f"{path} line {number}", {column: line.replace("\\n", "\n")})
             for number, line in enumerate(lines, start=1) if line.strip()]
+
+
+DATASETS_FORMATS = {".csv": ("csv", {}), ".tsv": ("csv", {"delimiter": "\t"}),
+                    ".parquet": ("parquet", {})}  # suffix -> `datasets` builder and its options
+LOCAL_SUFFIXES = (".jsonl", ".json", ".txt", *DATASETS_FORMATS)
+
+
+def _read_table_file(path: Path) -> list[Row]:
+    """A .csv / .tsv / .parquet file, read by `datasets` (one split: every split reads it)."""
+    builder, options = DATASETS_FORMATS[path.suffix]
+    if builder == "csv":
+        read_text(path)  # a byte that is not UTF-8 is named with its line
+    try:
+        import datasets
+
+        datasets.disable_progress_bars()
+        table = datasets.load_dataset(builder, data_files=str(path), split="train", **options)
+    except Exception as err:  # noqa: BLE001 - pandas / pyarrow raise many types
+        why = f"{type(err).__name__}: {err}".splitlines()[0]
+        raise DataError(f"data.dataset: cannot read {path} ({why})") from None
+    first = 2 if builder == "csv" else 0  # a csv's line 1 is its header
+    where = "line" if builder == "csv" else "row"
+    return [(f"{path} {where} {i + first}", row) for i, row in enumerate(table.to_list())]
 
 
 def _split_file(data_cfg: DataConfig, split: str) -> Path | None:
@@ -106,6 +147,11 @@ def _read_local(data_cfg: DataConfig, split: str) -> list[Row]:
         return _read_with_datasets(data_cfg, split)
     if not path.exists():
         raise DataError(f"data.dataset: {path} does not exist")
+    if path.suffix not in LOCAL_SUFFIXES:
+        raise DataError(f"data.dataset: {path}: cannot read {path.suffix or 'extension-less'} "
+                        f"files (give {', '.join(LOCAL_SUFFIXES)}, or a folder)")
+    if path.suffix in DATASETS_FORMATS:
+        return _read_table_file(path)
     if path.suffix == ".txt":
         return _read_txt(path, data_cfg.prompt_column)
     return _read_jsonl(path) if path.suffix == ".jsonl" else _read_json(path, split)
@@ -147,7 +193,8 @@ def _source_reader(dataset: str) -> Callable[[DataConfig, str], list[Row]]:
         return _read_embedded
     if dataset.startswith(reasoning_gym.PREFIX):
         return reasoning_gym.read_split
-    if dataset.endswith((".jsonl", ".json", ".txt")) or Path(dataset).expanduser().is_dir():
+    local = Path(dataset).expanduser()
+    if dataset.endswith(LOCAL_SUFFIXES) or local.is_dir() or local.is_file():
         return _read_local
     return _read_hub
 
@@ -157,8 +204,12 @@ def _source_reader(dataset: str) -> Callable[[DataConfig, str], list[Row]]:
 
 ANSWER_PARSERS: dict[str, Callable[[str], str | None]] = {
     "none": lambda text: text.strip(),
-    "gsm8k": extract_hash_answer,
+    "gsm8k": read_hash_answer,  # None unless '####' is followed by a number
 }
+
+
+class UnreadableAnswer(DataError):
+    """A row whose answer `data.answer_parser` cannot read."""
 
 
 def _column(row: dict[str, Any], key: str, option: str, where: str) -> Any:
@@ -193,7 +244,10 @@ def _answer(row: dict[str, Any], data_cfg: DataConfig, where: str,
     raw_answer = _column(row, data_cfg.answer_column, "data.answer_column", where)
     answer = ANSWER_PARSERS[data_cfg.answer_parser]("" if raw_answer is None else str(raw_answer))
     if answer is None and need_answer:
-        raise DataError(f"{where}: answer has no '#### <answer>' (data.answer_parser: {data_cfg.answer_parser})")
+        text = "" if raw_answer is None else str(raw_answer)
+        why = "answer has no '#### <answer>'" if "####" not in text else \
+            f"answer {text.split('####')[1].strip()[:40]!r} after '####' is not a number"
+        raise UnreadableAnswer(f"{where}: {why} (data.answer_parser: {data_cfg.answer_parser})")
     return {"answer": answer}
 
 
@@ -217,9 +271,63 @@ def _load_rows(data_cfg: DataConfig, split: str) -> list[Row]:
 
 def load_examples(data_cfg: DataConfig, split: str,
                   need_answer: bool = True) -> list[dict[str, Any]]:
-    """All examples of `split` from `data.dataset`; raises DataError naming the row on bad data."""
+    """All examples of `split` from `data.dataset`; raises DataError naming the row on bad data
+    (rows whose answer the parser cannot read are skipped and named, as in `readable_rows`)."""
     rows = _load_rows(data_cfg, split)
+    if need_answer:
+        rows, note = readable_rows(rows, data_cfg, f"{data_cfg.dataset} split {split!r}")
+        if note:
+            print(note)
     return [to_example(row, data_cfg, where, need_answer) for where, row in rows]
+
+
+def readable_rows(rows: list[Row], data_cfg: DataConfig, what: str) -> tuple[list[Row], str]:
+    """The rows whose answer `data.answer_parser` can read, and a note naming the others (skipped);
+    DataError when none can be read, or most cannot (a wrong column or parser, not a few typos)."""
+    kept, unreadable = [], []
+    for where, row in rows:
+        try:
+            if isinstance(row, dict) and data_cfg.answer_column in row:
+                _answer(row, data_cfg, where, need_answer=True)
+            kept.append((where, row))
+        except UnreadableAnswer as err:
+            unreadable.append((where, str(err)))
+    if not unreadable:
+        return kept, ""
+    count, total, first = len(unreadable), len(rows), unreadable[0][1]
+    advice = "check data.answer_column and data.answer_parser"
+    if not kept:
+        raise DataError(f"{first}; none of the {total} rows of {what} has an answer it can read: "
+                        f"{advice}")
+    parser = f"data.answer_parser {data_cfg.answer_parser}"
+    if 2 * count > total:
+        raise DataError(f"{parser}: {count} of the {total} rows of {what} have an answer it cannot "
+                        f"read ({_row_names(unreadable)}; first: {first}): {advice}")
+    return kept, (f"data: skipped {count} of the {total} rows of {what} whose answer {parser} "
+                  f"cannot read: {_row_names(unreadable)} (first: {first})")
+
+
+def _prompt_key(row: Any, data_cfg: DataConfig) -> str:
+    prompt = row.get(data_cfg.prompt_column) if isinstance(row, dict) else row
+    return json.dumps(prompt, sort_keys=True, default=str)
+
+
+def without_training_prompts(held: list[Row], train: list[Row], data_cfg: DataConfig,
+                             what: str) -> tuple[list[Row], str]:
+    """Evaluation rows whose prompt is not a training prompt, and a note naming the others
+    (skipped: they would score memory); DataError when every one is a training row."""
+    seen = {_prompt_key(row, data_cfg) for _, row in train}
+    kept = [(where, row) for where, row in held if _prompt_key(row, data_cfg) not in seen]
+    overlap = [(where, row) for where, row in held if _prompt_key(row, data_cfg) in seen]
+    if not overlap:
+        return kept, ""
+    if not kept:
+        raise DataError(f"data.dataset {data_cfg.dataset}: all {len(held)} rows of {what} are "
+                        f"training rows too (the same prompts): evaluating on them would score "
+                        "memory, not learning; use another data.eval_split, data.eval_fraction, "
+                        "or eval.num_problems 0")
+    return kept, (f"evaluation: skipped {len(overlap)} of the {len(held)} rows of {what} whose "
+                  f"prompt is also a training prompt: {_row_names(overlap)}")
 
 
 # ---------------------------------------------------------------- training and held-out splits
@@ -230,6 +338,7 @@ class Splits:
     train: list[dict[str, Any]]
     eval: list[dict[str, Any]]
     eval_note: str  # which rows evaluate, for the run log
+    data_notes: list[str] = field(default_factory=list)  # rows skipped, and why
 
 
 def _same_rows(data_cfg: DataConfig) -> bool:
@@ -243,8 +352,8 @@ def _same_rows(data_cfg: DataConfig) -> bool:
         return False  # a hub id, a folder read by `datasets`, or one file per split
     if path.suffix == ".json":  # {"train": [...], "test": [...]} holds both splits
         try:
-            return not isinstance(json.loads(path.read_text(encoding="utf-8")), dict)
-        except ValueError:
+            return not isinstance(json.loads(read_text(path)), dict)
+        except (ValueError, DataError):
             return False  # reading the split reports it
     return True
 
@@ -255,8 +364,8 @@ def _row_names(rows: list[Row], limit: int = 12) -> str:
     return text + (f", ... ({len(rows) - limit} more)" if len(rows) > limit else "")
 
 
-def _held_out(data_cfg: DataConfig, rows: list[Row],
-              num_eval: int) -> tuple[list[Row], list[Row], str]:
+def _held_out(data_cfg: DataConfig, rows: list[Row]) -> tuple[list[Row], list[Row], str]:
+    """(training rows, held-out rows, how they were chosen) with `data.eval_fraction`."""
     order = list(range(len(rows)))
     random.Random(data_cfg.seed).shuffle(order)
     num_held = max(1, round(len(rows) * data_cfg.eval_fraction))
@@ -264,33 +373,47 @@ def _held_out(data_cfg: DataConfig, rows: list[Row],
         raise DataError(f"data.eval_fraction {data_cfg.eval_fraction}: holds out all "
                         f"{len(rows)} rows of {data_cfg.dataset} split {data_cfg.train_split!r}; "
                         "nothing is left to train on")
-    held = sorted(order[:num_held])
     train = [rows[i] for i in sorted(order[num_held:])]
-    evaluated = [rows[i] for i in held][:num_eval]
-    note = (f"evaluation: {len(evaluated)} of the {num_held} rows that data.eval_fraction "
-            f"{data_cfg.eval_fraction} holds out of {data_cfg.dataset} (seed {data_cfg.seed}; the "
-            f"other {len(train)} train): {_row_names(evaluated)}")
-    return train, evaluated, note
+    held = [rows[i] for i in sorted(order[:num_held])]
+    how = (f"data.eval_fraction {data_cfg.eval_fraction} holds out of {data_cfg.dataset} (seed "
+           f"{data_cfg.seed}; the other {len(train)} train)")
+    return train, held, how
 
 
-def load_splits(data_cfg: DataConfig, num_eval: int) -> Splits:
-    """Training examples and up to `num_eval` held-out ones; DataError when they would overlap."""
-    rows = _load_rows(data_cfg, data_cfg.train_split)
+def _evaluation_rows(data_cfg: DataConfig, rows: list[Row],
+                     num_eval: int) -> tuple[list[Row], list[Row], str, list[str]]:
+    """(training rows, up to `num_eval` evaluation rows, which ones, what was skipped): never a
+    training prompt, never an answer the parser cannot read."""
     if data_cfg.eval_fraction > 0:
-        rows, eval_rows, note = _held_out(data_cfg, rows, num_eval)
-    elif num_eval == 0:
-        eval_rows, note = [], "evaluation: off (eval.num_problems 0)"
-    elif _same_rows(data_cfg):
+        rows, held, how = _held_out(data_cfg, rows)
+        held, overlap = without_training_prompts(held, rows, data_cfg, "the held-out rows")
+        evaluated = held[:num_eval]
+        note = f"evaluation: {len(evaluated)} of the {len(held)} rows that {how}: " \
+               f"{_row_names(evaluated)}"
+        return rows, evaluated, note, [overlap]
+    if num_eval == 0:
+        return rows, [], "evaluation: off (eval.num_problems 0)", []
+    if _same_rows(data_cfg):
         splits = f"split {data_cfg.train_split!r} and {data_cfg.eval_split!r}"
         raise DataError(f"data.dataset {data_cfg.dataset}: training and evaluation would read the "
                         f"same rows ({splits}); set data.eval_fraction (e.g. 0.1) to hold some "
                         "out, or eval.num_problems 0")
-    else:
-        eval_rows = _load_rows(data_cfg, data_cfg.eval_split)[:num_eval]
-        note = (f"evaluation: the first {len(eval_rows)} row(s) of split {data_cfg.eval_split!r} "
-                f"of {data_cfg.dataset}: {_row_names(eval_rows, 3)}")
-        if data_cfg.dataset.startswith(reasoning_gym.PREFIX):
-            note = reasoning_gym.split_note(data_cfg, num_eval)
+    what = f"split {data_cfg.eval_split!r} of {data_cfg.dataset}"
+    held, skipped = readable_rows(_load_rows(data_cfg, data_cfg.eval_split), data_cfg, what)
+    held, overlap = without_training_prompts(held, rows, data_cfg, what)
+    evaluated = held[:num_eval]
+    note = f"evaluation: the first {len(evaluated)} row(s) of {what}: {_row_names(evaluated, 3)}"
+    if data_cfg.dataset.startswith(reasoning_gym.PREFIX):
+        note = reasoning_gym.split_note(data_cfg, num_eval)
+    return rows, evaluated, note, [skipped, overlap]
+
+
+def load_splits(data_cfg: DataConfig, num_eval: int) -> Splits:
+    """Training examples and up to `num_eval` held-out ones; DataError when they would overlap
+    whole, or when the answers cannot be read (a few such rows are skipped and named)."""
+    what = f"{data_cfg.dataset} split {data_cfg.train_split!r}"
+    rows, skipped = readable_rows(_load_rows(data_cfg, data_cfg.train_split), data_cfg, what)
+    rows, eval_rows, note, eval_notes = _evaluation_rows(data_cfg, rows, num_eval)
     train, held_out = ([to_example(row, data_cfg, where) for where, row in part]
                        for part in (rows, eval_rows))
-    return Splits(train, held_out, note)
+    return Splits(train, held_out, note, [n for n in [skipped, *eval_notes] if n])

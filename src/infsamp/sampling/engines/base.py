@@ -60,6 +60,7 @@ class DecodeOptions:
     sample_keys: tuple[int, ...] = ()  # random-stream key of each sample id (empty: the id itself)
     eos_token_ids: tuple[int, ...] = ()
     target_lengths: tuple[int, ...] | None = None  # per sample id: end after exactly this many
+    hidden_states: bool = False  # hand each running sample its last hidden state (Sample's)
 
     def stream_key(self, sample_id: int) -> int:
         """The key of a sample's random stream: its place in the whole step (`sample_keys`)."""
@@ -73,6 +74,8 @@ class Engine(Protocol):
     max_micro_group: int | None  # the most samples it runs at once (None: any)
     kv_capacity_tokens: int | None  # its fixed KV pool in tokens (None: allocated per call)
     copies_weights: bool  # holds its own copy of the weights (load_weights copies them in)
+    keeps_parked_kv: bool  # can hold a parked sample's KV (else it recomputes it on resume)
+    hands_hidden_states: bool  # fills Sample.hidden_state when DecodeOptions.hidden_states
 
     def begin_call(self, prompts: Sequence[Sequence[int]], samples: Sequence[Sample],
                    num_slots: int, options: DecodeOptions, stats: SamplerStats,
@@ -80,10 +83,13 @@ class Engine(Protocol):
         """Prepare one sampler call; the engine's counters go to `stats`."""
 
     def start(self, slot: int, sample: Sample) -> None:
-        """Begin decoding `sample` in `slot` before the next decode step."""
+        """Begin decoding `sample` in `slot` before the next decode step; a sample that has tokens
+        was parked and resumes (its KV restored if kept, else recomputed)."""
 
     def decode_step(self, active: dict[int, Sample]) -> list[Sample]:
-        """One forward step over the running samples; returns the samples that ended in it."""
+        """One forward step over the running samples; returns the samples that ended in it. A
+        sample that was running and is missing from `active` (not finished) was parked: it
+        keeps its tokens, and its KV only if `Sample.parked_kv`."""
 
     def end_call(self) -> None:
         """The call is over (every sample finished)."""
@@ -114,10 +120,11 @@ ENGINES = {  # name -> "module:class"; imported only when chosen (importing vLLM
 ENGINE_NAMES = ENGINE_CHOICES
 
 
-def resolve_engine_name(name: str, device: torch.device, quantized: bool = False) -> str:
+def resolve_engine_name(name: str, device: torch.device, quantized: bool = False,
+                        temperature: float = 0.0) -> str:
     """`planner.sizes.resolve_engine` for a torch device (the one rule `infsamp plan` uses too)."""
     try:
-        return resolve_engine(name, device.type, quantized)
+        return resolve_engine(name, device.type, quantized, temperature)
     except ConfigError as err:
         raise SamplingError(str(err)) from None
 
@@ -130,6 +137,7 @@ def is_4bit(model) -> bool:
 def make_engine(name: str, model, cfg: "SamplingConfig", sizes: RunSizes) -> Engine:
     """The engine `sampling.engine` names, for `model` (a transformers causal LM, peft or not),
     started for the run's `sizes` (its prompts, completions, concurrency and KV budget)."""
-    name = resolve_engine_name(name, next(model.parameters()).device, quantized=is_4bit(model))
+    name = resolve_engine_name(name, next(model.parameters()).device, quantized=is_4bit(model),
+                               temperature=cfg.temperature)
     module, _, cls = ENGINES[name].partition(":")
     return getattr(importlib.import_module(module), cls)(model, cfg, sizes)

@@ -20,6 +20,11 @@ forced lengths), and forks the `num_return_sequences` children of a request all 
 slot refilled later with the 20th sample of a group has no parent whose prompt blocks it can share.
 This file is the missing piece: under 300 lines over the model's ordinary forward.
 
+Parking: a sample the scheduler takes out of its slot keeps its tokens; with `Sample.parked_kv` its
+slot row's columns are copied out (`parked` store, counted in the held KV) and copied back into
+whichever slot it resumes in, else they are dropped and recomputed at resume by one forward over
+its tokens against its group's prompt row.
+
 Deliberately simple: rectangular slot buffers (a slot reserves max_new_tokens columns; a paged pool
 would hold only what samples have written); rows of inactive slots are computed and ignored, as
 `generate` does.
@@ -54,6 +59,7 @@ class SlotKVCache:
         empty = (0, kv_heads, 0, head_dim)
         self.prompt_keys = [torch.zeros(empty, dtype=dtype, device=device) for _ in range(num_layers)]
         self.prompt_values = [torch.zeros(empty, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.parked: dict[int, tuple[list, list]] = {}  # sample id -> kept (keys, values) per layer
         self.group_rows: dict[int, int] = {}  # group id -> row of the prompt table
         self.prompt_lengths: list[int] = []  # KV tokens of each row (prompt length - 1)
         self.slot_index = torch.arange(num_slots, device=device)
@@ -81,12 +87,34 @@ class SlotKVCache:
         self.prompt_values = [t[keep, :, :width].contiguous() for t in self.prompt_values]
 
     def held_tensors(self) -> list[torch.Tensor]:
-        return self.slot_keys + self.slot_values + self.prompt_keys + self.prompt_values
+        parked = [t for keys, values in self.parked.values() for t in (*keys, *values)]
+        return self.slot_keys + self.slot_values + self.prompt_keys + self.prompt_values + parked
 
     def held_tokens(self) -> int:
         num_slots, _, capacity, _ = self.slot_keys[0].shape
         num_rows, _, prompt_width, _ = self.prompt_keys[0].shape
-        return num_slots * capacity + num_rows * prompt_width
+        parked = sum(keys[0].shape[1] for keys, _ in self.parked.values())
+        return num_slots * capacity + num_rows * prompt_width + parked
+
+    # ---- parked samples
+    def park(self, sample_id: int, slot: int, num_tokens: int) -> None:
+        """Copy a slot row's first `num_tokens` columns out (per layer [H, n, D])."""
+        self.parked[sample_id] = ([k[slot, :, :num_tokens].clone() for k in self.slot_keys],
+                                  [v[slot, :, :num_tokens].clone() for v in self.slot_values])
+
+    def unpark(self, sample_id: int, slot: int) -> bool:
+        """Copy a parked sample's columns into `slot`'s row; False if none were kept."""
+        if sample_id not in self.parked:
+            return False
+        keys, values = self.parked.pop(sample_id)
+        for layer, (k, v) in enumerate(zip(keys, values)):
+            self.slot_keys[layer][slot, :, : k.shape[1]] = k
+            self.slot_values[layer][slot, :, : v.shape[1]] = v
+        return True
+
+    def move(self, source: int, slot: int, num_tokens: int) -> None:
+        for table in (*self.slot_keys, *self.slot_values):
+            table[slot, :, :num_tokens] = table[source, :, :num_tokens]
 
     # ---- per step
     def prepare_step(self, slot_rows: list[int], write_index: list[int], is_causal_eager: bool) -> torch.Tensor:
@@ -148,6 +176,8 @@ class SlotEngine:
 
     name = "slots"
     kv_block_size = 1
+    keeps_parked_kv = True  # a parked sample's KV can be held (copied out of its slot row)
+    hands_hidden_states = True
     copies_weights = False  # decodes with the trainer's model itself
     max_micro_group = None
     kv_capacity_tokens = None
@@ -187,23 +217,26 @@ class SlotEngine:
 
     def start(self, slot: int, sample: Sample) -> None:
         previous = self.slot_sample[slot]
-        if previous is not None and previous.finish_reason is None:
-            self._preempt(slot)
+        if previous is not None and previous is not sample and previous.finish_reason is None:
+            self._take_back(slot)
         if sample.group_id not in self.cache.group_rows:
             self._prefill(sample.group_id)
-        self.stats.recomputed_tokens += sample.restart()
+        if sample.token_ids and previous is not sample:
+            self._resume(slot, sample)
         self.slot_sample[slot] = sample
 
     def decode_step(self, active: dict[int, Sample]) -> list[Sample]:
-        self._drop_preempted(active)
+        self._drop_taken_back(active)
         slots = sorted(active)
         inputs, positions, write_index, rows = self._step_layout()
         mask = self.cache.prepare_step(rows, write_index, self.eager_mask)
         start = time.perf_counter()
         with torch.inference_mode():
-            logits = self._forward(inputs, positions, mask)  # [S, V]
+            logits, hidden = self._forward(inputs, positions, mask)  # [S, V], [S, H] or None
             tokens = self._select(logits, write_index).tolist()
         self.stats.model_time_s += time.perf_counter() - start
+        if hidden is not None:
+            self._hand_hidden_states(slots, hidden.float().cpu().numpy())
         return self._record(slots, tokens)
 
     def end_call(self) -> None:
@@ -238,13 +271,20 @@ class SlotEngine:
             rows.append(self.cache.group_rows[sample.group_id])
         return inputs, positions, write_index, rows
 
-    def _forward(self, inputs: list[int], positions: list[int], mask: torch.Tensor) -> torch.Tensor:
+    def _forward(self, inputs: list[int], positions: list[int], mask: torch.Tensor):
         input_ids = torch.tensor(inputs, device=self.device)[:, None]  # [S, 1]
         position_ids = torch.tensor(positions, device=self.device)[:, None]  # [S, 1]
         with slot_attention(self.model, self.cache) if self.split else contextlib.nullcontext():
             out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
-                             use_cache=True, **{self.cache_kwarg: self.cache})
-        return out.logits[:, -1].float()  # [S, V]
+                             use_cache=True, output_hidden_states=self.options.hidden_states,
+                             **{self.cache_kwarg: self.cache})
+        hidden = out.hidden_states[-1][:, -1] if self.options.hidden_states else None  # [S, H]
+        return out.logits[:, -1].float(), hidden  # [S, V]
+
+    def _hand_hidden_states(self, slots: list[int], hidden) -> None:
+        """Each running sample gets the last layer's hidden state at its latest token (numpy)."""
+        for slot in slots:
+            self.slot_sample[slot].hidden_state = hidden[slot]
 
     def _select(self, logits: torch.Tensor, write_index: list[int]) -> torch.Tensor:
         sample_ids = torch.tensor([s.sample_id if s is not None else 0 for s in self.slot_sample],
@@ -290,16 +330,53 @@ class SlotEngine:
         if self.remaining[group_id] == 0:
             self.cache.drop_prompt(group_id)
 
-    def _drop_preempted(self, active: dict[int, Sample]) -> None:
+    def _drop_taken_back(self, active: dict[int, Sample]) -> None:
         for slot, sample in enumerate(self.slot_sample):
             if sample is None or sample.finish_reason is not None:
                 continue
-            if active.get(slot) is not sample:  # the scheduler took the slot back
-                self._preempt(slot)
+            if active.get(slot) is not sample:  # the scheduler parked it
+                self._take_back(slot)
 
-    def _preempt(self, slot: int) -> None:
-        self.stats.num_preemptions += 1
+    def _take_back(self, slot: int) -> None:
+        """A parked sample leaves its slot: its KV is copied out if the books keep it."""
+        sample = self.slot_sample[slot]
+        if sample.parked_kv:
+            self.cache.park(sample.sample_id, slot, sample.num_tokens)
+            self._track_peak()
         self.slot_sample[slot] = None
+
+    def _resume(self, slot: int, sample: Sample) -> None:
+        """A parked sample's KV into `slot`: from the slot it still sits in, the parked store,
+        or recomputed (one forward over its tokens against the group's prompt)."""
+        for source, other in enumerate(self.slot_sample):
+            if other is sample:  # parked in this very admission: its row is still intact
+                self.cache.move(source, slot, sample.num_tokens)
+                self.slot_sample[source] = None
+                return
+        if not self.cache.unpark(sample.sample_id, slot):
+            self._recompute(slot, sample)
+
+    def _recompute(self, slot: int, sample: Sample) -> None:
+        """KV of the inputs [prompt's last token, tokens[:-1]] into the slot row's first columns."""
+        row, prompt = self.cache.group_rows[sample.group_id], self.prompts[sample.group_id]
+        width = self.cache.prompt_lengths[row]
+        cache = DynamicCache(config=self.model.config)
+        if width:
+            for layer, (k, v) in enumerate(zip(self.cache.prompt_keys, self.cache.prompt_values)):
+                cache.update(k[row:row + 1, :, :width].clone(), v[row:row + 1, :, :width].clone(),
+                             layer)
+        num_tokens = sample.num_tokens
+        inputs = torch.tensor([[prompt[-1], *sample.token_ids[:-1]]], device=self.device)  # [1, n]
+        positions = torch.arange(len(prompt) - 1, len(prompt) - 1 + num_tokens,
+                                 device=self.device)[None, :]  # [1, n]
+        start = time.perf_counter()
+        with torch.inference_mode():
+            self.model(input_ids=inputs, position_ids=positions, use_cache=True, logits_to_keep=1,
+                       **{self.cache_kwarg: cache})
+        self.stats.model_time_s += time.perf_counter() - start
+        for layer, cached in enumerate(cache.layers):
+            self.cache.slot_keys[layer][slot, :, :num_tokens] = cached.keys[0, :, width:]
+            self.cache.slot_values[layer][slot, :, :num_tokens] = cached.values[0, :, width:]
 
     def _track_peak(self) -> None:
         held = sum(t.numel() * t.element_size() for t in self.cache.held_tensors())

@@ -16,8 +16,15 @@ reason to preempt (it may under `full`, whose g ignores the budget: preemptions 
 
 The loop is the slot engine's: `start` adds a request through the step-level API, `decode_step`
 is one `LLMEngine.step()` (one engine step = one decode step: a new request's prefill yields its
-first token in the same step), outputs come back as deltas. Each sample carries its own seed
-(keyed by its place in the whole step, `DecodeOptions.stream_key`), so completions depend neither
+first token in the same step), outputs come back as deltas. A sample the scheduler parks is
+preempted by vLLM's own routine (`Scheduler._preempt_request`: its blocks go back to the pool,
+prefix-cached) and held out of vLLM's waiting queue until the scheduler resumes it; vLLM's
+priority scheduling is not used, because it preempts only when the pool runs out of blocks,
+which infsamp's admission rules out, and a request's priority is fixed when it is added, before
+its first tokens say anything. vLLM hands out no hidden states (its generate path has no
+output for them), so the `hidden` predictor falls back to its token-level part here. Each sample
+carries its own seed (keyed by its place in the whole step, `DecodeOptions.stream_key`), so
+completions depend neither
 on the schedule nor on how many ranks share the step; vLLM returns the log-prob of every sampled
 token (after temperature: `logprobs_mode="processed_logprobs"`), which the trainer compares with
 its own.
@@ -100,6 +107,8 @@ def sample_seed(seed: int, sample_id: int) -> int:
 class VLLMEngine:
     name = "vllm"
     copies_weights = True  # its own weights, pushed after every optimizer step
+    keeps_parked_kv = False  # a parked request's blocks go back to the pool (prefix-cached)
+    hands_hidden_states = False  # vLLM's generate path hands out no hidden states
 
     def __init__(self, model, cfg: SamplingConfig, sizes: RunSizes):
         global _live
@@ -169,6 +178,7 @@ class VLLMEngine:
         prefill = min(MAX_BATCHED_TOKENS, self.max_micro_group * (sizes.max_prompt_tokens + 1))
         args = EngineArgs(
             model=self._config_dir, load_format="dummy", skip_tokenizer_init=True,
+            trust_remote_code=False,  # it reads only the config written above, with our weights
             generation_config="vllm", dtype=DTYPE_NAMES.get(dtype, "auto"), seed=0,
             max_model_len=self.max_context, block_size=self.kv_block_size,
             kv_cache_memory_bytes=num_blocks * self.kv_block_size * self.kv_bytes_per_token,
@@ -224,6 +234,7 @@ class VLLMEngine:
         self.running: dict[str, Sample] = {}  # our request id -> sample
         self.internal_ids: dict[str, str] = {}  # ours -> vLLM's (it appends a random suffix)
         self.preemptions: dict[str, int] = {}
+        self.parked: dict[int, tuple[str, object]] = {}  # sample id -> (our id, vLLM's Request)
         stats.kv_block_size = self.kv_block_size
 
     def start(self, slot: int, sample: Sample) -> None:
@@ -240,13 +251,16 @@ class VLLMEngine:
             min_tokens=targets[sample.sample_id] if targets else 0,
             stop_token_ids=list(options.eos_token_ids), logprobs=0, detokenize=False,
             output_kind=RequestOutputKind.DELTA)
-        self.stats.recomputed_tokens += sample.restart()
+        if sample.sample_id in self.parked:
+            self._resume(sample)
+            return
         sample.logprobs = []
         prompt = self._tokens_input(list(self.prompts[sample.group_id]))
         self.internal_ids[request_id] = self.engine.add_request(request_id, prompt, params)
         self.running[request_id] = sample
 
     def decode_step(self, active: dict[int, Sample]) -> list[Sample]:
+        self._park_missing(active)
         start = time.perf_counter()
         outputs = self.engine.step()
         self.stats.model_time_s += time.perf_counter() - start
@@ -273,9 +287,12 @@ class VLLMEngine:
         """Abort a half-done call and forget cached prompts."""
         if self.engine is None:
             return
-        if getattr(self, "running", None):
-            self.engine.abort_request(list(self.running))
-        self.running = {}
+        parked = [request_id for request_id, _ in getattr(self, "parked", {}).values()]
+        for _, request in getattr(self, "parked", {}).values():  # back in line, to be aborted
+            self._scheduler.waiting.add_request(request)
+        if getattr(self, "running", None) or parked:
+            self.engine.abort_request([*getattr(self, "running", {}), *parked])
+        self.running, self.parked = {}, {}
         self.engine.reset_prefix_cache()
 
     def close(self) -> None:
@@ -310,6 +327,30 @@ class VLLMEngine:
         if tag in self._sleeping:
             self.engine.wake_up([tag])
             self._sleeping.discard(tag)
+
+    # ---- parking (the scheduler's decisions, through vLLM's own preemption)
+    def _park_missing(self, active: dict[int, Sample]) -> None:
+        """Requests whose samples the scheduler parked leave vLLM's running set: preempted by
+        vLLM's own routine (blocks back to the pool, prefix-cached; the request keeps its
+        tokens and its random generator) and held out of its waiting queue until resumed."""
+        wanted = {sample.sample_id for sample in active.values()}
+        for request_id, sample in list(self.running.items()):
+            if sample.sample_id in wanted:
+                continue
+            request = self._scheduler.requests[self.internal_ids[request_id]]
+            self._scheduler.running.remove(request)
+            self._scheduler._preempt_request(request, time.monotonic())
+            self._scheduler.waiting.remove_request(request)
+            self.preemptions[request_id] = request.num_preemptions  # not vLLM's own
+            self.parked[sample.sample_id] = (request_id, request)
+            del self.running[request_id]
+
+    def _resume(self, sample: Sample) -> None:
+        """Back into vLLM's waiting queue: the next step recomputes its KV (what the prefix
+        cache still holds is reused) and samples its next token."""
+        request_id, request = self.parked.pop(sample.sample_id)
+        self._scheduler.waiting.prepend_request(request)
+        self.running[request_id] = sample
 
     # ---- internals
     def _record(self, sample: Sample, output) -> None:

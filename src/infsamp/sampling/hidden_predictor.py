@@ -1,0 +1,92 @@
+"""`hidden`: a length predictor on the policy's own hidden states. No torch (numpy only).
+
+At each prediction point (every k generated tokens) the engine has handed the sample the last
+layer's hidden state at its latest token (`Sample.hidden_state`, a vector it computed anyway); a
+ridge probe maps it, with the prompt-level features of the `online` predictor (prompt length and
+digits, the prompt's mean length in earlier calls, finished siblings, the run's mean) and the log
+of the tokens so far, to the log of the remaining length. The probe is trained online from the
+run's finished samples: every point a sample passed becomes one example (its features, the log of
+what it still ran), exponentially forgotten as the policy changes (as in TRAIL and in the
+remaining-length probes of arXiv 2602.11812, which re-predict from the serving model's own states).
+
+Before a sample starts, and whenever no hidden state is there (the vLLM engine hands none out, or
+the probe has seen too few examples yet), it predicts what `online` predicts: the prompt-level
+prior, then the first tokens.
+
+Simplifications: the hidden state of the current token only (no pooling over the tokens so far);
+a linear probe on a fixed scaling (each vector to unit RMS), refit every 32 examples.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from infsamp.sampling.length_predictor import LengthPredictor, OnlinePredictor, _Ridge
+from infsamp.sampling.types import Sample
+
+
+class HiddenPredictor(LengthPredictor):
+    name = "hidden"
+    uses_prefix = True
+    uses_hidden = True  # asks the engine for Sample.hidden_state
+    adaptive = True
+
+    def __init__(self, l2: float = 1.0, decay: float = 0.999):
+        self.l2, self.decay = l2, decay
+        self._tokens = OnlinePredictor(l2, decay)  # the prior, and the fallback without states
+        self._probe: _Ridge | None = None  # sized by the first hidden state
+        self._points: dict[int, list[tuple[np.ndarray, int]]] = {}  # sample -> (features, tokens)
+
+    def predict(self, spec: Sample) -> float:
+        return self._tokens.predict(spec)
+
+    def predict_remaining(self, spec: Sample, prefix_token_ids: Sequence[int]) -> float:
+        fallback = self._tokens.predict_remaining(spec, prefix_token_ids)
+        if spec.hidden_state is None:
+            return fallback
+        num_tokens = len(prefix_token_ids)
+        x = self._features(spec, spec.hidden_state, num_tokens)
+        self._points.setdefault(spec.sample_id, []).append((x, num_tokens))
+        log_remaining = self._probe.predict(x)
+        if log_remaining is None:
+            return fallback
+        most = max(1, spec.max_new_tokens - num_tokens)
+        return float(min(most, max(1.0, math.exp(min(log_remaining, 30.0)))))
+
+    def observe_finished(self, spec: Sample, length: int) -> None:
+        self._tokens.observe_finished(spec, length)
+        for x, num_tokens in self._points.pop(spec.sample_id, ()):
+            if length > num_tokens:
+                self._probe.add(x, math.log(length - num_tokens))
+
+    def end_call(self) -> None:
+        self._tokens.end_call()
+        self._points.clear()
+        if self._probe is not None:
+            self._probe.fit()
+
+    def state_dict(self) -> dict:
+        return {"tokens": self._tokens.state_dict(),
+                "probe": None if self._probe is None else self._probe.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._tokens.load_state_dict(state["tokens"])
+        self._points.clear()
+        self._probe = None
+        if state["probe"] is not None:
+            self._probe = _Ridge(len(state["probe"]["b"]), self.l2, self.decay)
+            self._probe.load_state_dict(state["probe"])
+
+    def _features(self, spec: Sample, hidden, num_tokens: int) -> np.ndarray:
+        state = np.asarray(hidden, dtype=float).ravel()
+        state = state / (math.sqrt(float(state @ state) / max(1, state.size)) + 1e-9)
+        x = np.concatenate([self._tokens.prompt_features(spec), [math.log1p(num_tokens)], state])
+        if self._probe is None:
+            self._probe = _Ridge(x.size, self.l2, self.decay)
+        if x.size != self._probe.b.size:
+            raise ValueError(f"hidden predictor: a hidden state of {state.size} values, the probe "
+                             f"was built for {self._probe.b.size - x.size + state.size}")
+        return x
