@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from conftest import run_args
+from fault_runs import run_args
 from test_kill_resume import assert_same_run
 
 SRC = Path(__file__).resolve().parents[2] / "src"

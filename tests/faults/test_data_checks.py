@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import run_args
+from fault_runs import run_args
 from test_config_property import run_train
 
 from infsamp import cli

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from conftest import HARNESS, run_args
+from fault_runs import HARNESS, run_args
 from fault_harness import final_state
 from infsamp.run.checkpoint import list_checkpoints, load_checkpoint
 from test_kill_resume import assert_same_run

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_args
+from fault_runs import run_args
 from test_config_property import assert_one_line_naming, run_train
 
 from infsamp import cli

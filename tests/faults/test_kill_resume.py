@@ -14,7 +14,7 @@ import time
 
 import pytest
 import torch
-from conftest import NUM_STEPS, POLICIES, SIGKILLED, run_args
+from fault_runs import NUM_STEPS, POLICIES, SIGKILLED, run_args
 from fault_harness import final_state, logs
 
 

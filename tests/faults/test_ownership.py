@@ -11,7 +11,7 @@ from __future__ import annotations
 import shutil
 import signal
 
-from conftest import run_args
+from fault_runs import run_args
 from fault_harness import rows
 from test_run_folder import last_line, snapshot
 

@@ -10,7 +10,7 @@ import os
 import pytest
 import torch
 
-from conftest import run_args
+from fault_runs import run_args
 from infsamp import cli
 from infsamp.errors import RewardError
 from infsamp.rewards.compute import compute_rewards

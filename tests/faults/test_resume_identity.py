@@ -12,7 +12,7 @@ import itertools
 import json
 import shutil
 
-from conftest import HARNESS, POLICIES, run_args
+from fault_runs import HARNESS, POLICIES, run_args
 from fault_harness import rows
 from test_checkpoint_files import rehash
 from test_run_folder import last_line, snapshot

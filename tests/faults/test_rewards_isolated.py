@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import SIGKILLED, run_args
+from fault_runs import SIGKILLED, run_args
 from fault_harness import length_reward, rows, vandal_reward
 
 from infsamp.rewards.builtin import accuracy_reward

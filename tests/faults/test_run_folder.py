@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from conftest import run_args
+from fault_runs import run_args
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_args
+from fault_runs import run_args
 from test_kill_resume import assert_same_run
 
 
