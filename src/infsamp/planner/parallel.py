@@ -25,13 +25,8 @@ are counted whole; communication buffers are not counted (NCCL's are small next 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from infsamp.planner.inputs import PlanInputs
 from infsamp.planner.presets import embedding_parameters, layer_parameters
-
-if TYPE_CHECKING:
-    from infsamp.planner.estimate import PlanInputs
-
 
 
 def shard_fraction(p: PlanInputs) -> float:

@@ -24,7 +24,6 @@ from infsamp.planner.estimate import (
     DEVICES,
     GIB,
     OPTIMIZERS,
-    PlanInputs,
     bytes_per_parameter,
     generation_breakdown,
     largest_micro_batch_sequences,
@@ -33,6 +32,7 @@ from infsamp.planner.estimate import (
     plan_kv_tokens,
     training_breakdown,
 )
+from infsamp.planner.inputs import PlanInputs
 from infsamp.planner.precisions import PRECISIONS, resolve_precision_name
 from infsamp.planner.presets import LORA_TARGETS_ALL_LINEAR, ModelShape
 
@@ -238,8 +238,8 @@ def _smaller_setting_advice(p: PlanInputs, g: int, tokens: int) -> list[str]:
     if p.train_micro_batch_tokens and not tokens:
         best = largest_micro_batch_sequences(p) * p.seq_len
         if best:
-            advice.append(f"fits with a smaller micro-batch: --train-micro-batch-tokens {best} "
-                          f"(or 0 for auto)")
+            advice.append(f"fits with a smaller micro-batch: --train-micro-batch-tokens {best} (or "
+                          f"0 for auto)")
     return advice
 
 
@@ -253,6 +253,6 @@ def advise(p: PlanInputs, g: int, tokens: int) -> list[str]:
     minimum = dataclasses.replace(p, micro_group=1, train_micro_batch_tokens=p.seq_len)
     need = max(generation_breakdown(minimum, 1)["peak"],
                training_breakdown(minimum, p.seq_len)["peak"])
-    return [f"does not fit even with every switch; these settings need {need / GIB:.2f} "
-            f"GiB at g = 1 and "
+    return [f"does not fit even with every switch; these settings need {need / GIB:.2f} GiB at g = "
+            f"1 and "
             "one sequence per micro-batch: use a larger GPU, a smaller model or shorter sequences"]
