@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-real test test-all install clean
+.PHONY: demo demo-real lint test test-all install clean
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,6 +27,10 @@ demo: $(STAMP)
 demo-real: $(STAMP)
 	$(BIN)/infsamp train examples/smollm2_reasoning_gym.yaml \
 		--logging.output_dir runs/demo-real-$$(date +%Y%m%d-%H%M%S)
+
+# ruff's rules and line length are in pyproject.toml ([tool.ruff]); .ci/run runs lint, then test
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
 
 # two workers (CI has 2 cores); slow tests (the real model, the GPU suite's smoke run, launcher
 # faults, precision evidence) run in `make test-all`

@@ -68,8 +68,8 @@ def oracle(out: Path, num_steps: int, prompts: int,
     import torch
 
     from infsamp.config_io import load_config
-    from infsamp.run.trainer import GRPOTrainer
     from infsamp.distributed.rank_assignment import assign, imbalance
+    from infsamp.run.trainer import GRPOTrainer
 
     shutil.rmtree(out, ignore_errors=True)
     torch.set_num_threads(1)
@@ -83,9 +83,10 @@ def oracle(out: Path, num_steps: int, prompts: int,
     for step in range(num_steps):
         ids = [p.token_ids for _, p in trainer.stream.next_batch()]
 
+        # called only within this iteration, so the loop variables it reads are this step's
         def sample(share):
-            return trainer.sampler.sample([ids[i] for i in share], G, global_group_ids=share,
-                                          generator=torch.Generator().manual_seed(step))
+            return trainer.sampler.sample([ids[i] for i in share], G, global_group_ids=share,  # noqa: B023
+                                          generator=torch.Generator().manual_seed(step))  # noqa: B023
 
         lengths = [sum(c.length for c in g) for g in sample(list(range(len(ids)))).groups]
         for method, values in found.items():

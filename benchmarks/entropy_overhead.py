@@ -1,5 +1,5 @@
-"""Cost of the token entropy in the chunked log-softmax: time and peak RSS of forward + backward over
-random fp32 logits [B, T, V], with `logits_log_softmax` for log-probs alone or with entropy.
+"""Cost of the token entropy in the chunked log-softmax: time and peak RSS of forward + backward
+over random fp32 logits [B, T, V], with `logits_log_softmax` for log-probs alone or with entropy.
 
     .venv/bin/python benchmarks/entropy_overhead.py logps      # log-probs only
     .venv/bin/python benchmarks/entropy_overhead.py entropy    # log-probs and entropy, one pass

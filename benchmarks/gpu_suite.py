@@ -43,7 +43,7 @@ for entry in (ROOT / "src", BENCHMARKS):
     if str(entry) not in sys.path:
         sys.path.insert(0, str(entry))
 
-from gpu_suite_common import PROFILES, Part, with_settings
+from gpu_suite_common import PROFILES, Part, with_settings  # noqa: E402  (benchmarks/, just put on sys.path)
 
 GRACE_S = 15  # past its cap a part gets this long to finish its cell before it is killed
 INSTALL_TIMEOUT_S = 90

@@ -152,13 +152,14 @@ def random_model(shape: ModelShape, device: str, precision: str = "bf16", lora_r
     """Random weights of `shape` on `device`, in the mode's dtype, with LoRA and the compute
     context as the trainer loads them."""
     import torch
-    from memory import hf_config  # benchmarks/memory.py: a config of the shape's family
     from transformers import AutoModelForCausalLM
 
     from infsamp.config import ModelConfig
     from infsamp.models.loading import apply_lora, weight_kwargs
     from infsamp.models.precision import apply_compute
     from infsamp.planner import PRECISIONS
+
+    from memory import hf_config  # benchmarks/memory.py: a config of the shape's family
 
     mode = PRECISIONS[precision]
     model_cfg = ModelConfig(lora_rank=lora_rank)

@@ -157,10 +157,10 @@ def follow_rows(mode: str, result: dict, reference: dict) -> list[dict]:
 
 def step_time(profile, mode: str) -> dict:
     """ms per GRPO step of `mode` on the step-time shape (after a warm-up step)."""
-    from precision import CANDIDATES, config, make_optimizer  # benchmarks/precision.py
-
     from infsamp.algorithm.grpo_step import GRPOStep
     from infsamp.planner import PRECISIONS
+
+    from precision import CANDIDATES, config, make_optimizer  # benchmarks/precision.py
 
     shape = shape_of(profile, profile.step_time_model)
     base = CANDIDATES.get(mode, mode)

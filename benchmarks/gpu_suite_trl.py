@@ -40,10 +40,11 @@ FRAMEWORKS = ("infsamp", "trl", "trl_cb")
 def save_model(profile, folder: Path) -> Path:
     """The shape with random weights and the embedded tokenizer, as an HF checkpoint."""
     import torch
-    from memory import hf_config
     from transformers import AutoModelForCausalLM
 
     from infsamp.models.tiny import build_tokenizer
+
+    from memory import hf_config
 
     tokenizer = build_tokenizer()
     shape = shape_of(profile, profile.trl_model)

@@ -49,6 +49,7 @@ def build_model(preset: str):
     from transformers import AutoModelForCausalLM
 
     from infsamp.planner import load_shape
+
     from memory import hf_config  # benchmarks/memory.py: a config of the shape's family
 
     torch.manual_seed(0)
@@ -87,8 +88,8 @@ def grpo_step_with_sleep(model, engine, prompt: list[int], group_size: int, max_
     """Rollout on vLLM -> sleep -> one optimizer step -> weights pushed -> rollout again."""
     import torch
 
-    from infsamp.config import SamplingConfig, TrainingConfig
     from infsamp.algorithm.grpo_step import GRPOStep, Rollout
+    from infsamp.config import SamplingConfig, TrainingConfig
     from infsamp.sampling.sampler import GroupSampler
 
     cfg = SamplingConfig(policy="continuous", micro_group=group_size, kv_budget=str(10**9),
@@ -173,7 +174,7 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "gpu_vllm.json").write_text(json.dumps(report, indent=1))
-    print(f"\n| engine | G | tokens/s | peak GPU memory (GiB) |\n|---|---:|---:|---:|")
+    print("\n| engine | G | tokens/s | peak GPU memory (GiB) |\n|---|---:|---:|---:|")
     for r in rows:
         slots = r["engine"] == "slots"
         memory = r["torch_peak_allocated_gib"] if slots else r["device_in_use_gib"]

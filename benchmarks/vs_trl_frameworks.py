@@ -71,12 +71,14 @@ def train_batch(args, G: int) -> int:
                 f"hold {implied} sequences of {per_sequence} (prompt {MAX_PROMPT_TOKENS} + "
                 f"completion {args.max_completion}); give one of them")
         if implied < 1:
-            raise SizeError(f"vs_trl.py: --train-micro-batch-tokens {args.train_micro_batch_tokens}: below "
+            raise SizeError(f"vs_trl.py: --train-micro-batch-tokens "
+                            f"{args.train_micro_batch_tokens}: below "
                             f"one sequence ({per_sequence} tokens)")
         given = given or implied
     batch = min(given or args.micro_group, G)
     if G % batch:
-        raise SizeError(f"vs_trl.py: a training micro-batch of {batch} completions ({batch * per_sequence} "
+        raise SizeError(f"vs_trl.py: a training micro-batch of {batch} completions "
+                        f"({batch * per_sequence} "
                         f"tokens) does not divide G={G} (TRL's gradient accumulation needs it); "
                         "give --trl-batch or --train-micro-batch-tokens for a divisor")
     return batch
@@ -261,7 +263,8 @@ def infsamp_trainer(args, G: int, model_dir: Path, tmp: Path, engine: str = "slo
         "training.precision": args.precision,
         "data.num_train_examples": NUM_PROMPTS, "data.max_prompt_length": MAX_PROMPT_TOKENS,
         "sampling.num_generations": G, "sampling.policy": "continuous",
-        "sampling.micro_group": sizes.micro_group, "sampling.kv_budget": str(sizes.kv_budget_tokens),
+        "sampling.micro_group": sizes.micro_group,
+        "sampling.kv_budget": str(sizes.kv_budget_tokens),
         "sampling.max_new_tokens": args.max_completion, "sampling.temperature": 1.0,
         "sampling.engine": engine, "training.prompts_per_step": 1,
         "training.learning_rate": args.learning_rate, "training.lr_scheduler": "constant",

@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from chat_models import stop_tokens_of
 from infsamp.cli import main
 from infsamp.config import ModelConfig, SamplingConfig
 from infsamp.config_io import load_config
@@ -25,6 +24,8 @@ from infsamp.run.checkpoint import list_checkpoints
 from infsamp.sampling.sampler import GroupSampler
 from infsamp.tasks.gsm8k import SYSTEM_PROMPT
 from infsamp.tasks.prompts import encode_prompt
+
+from chat_models import stop_tokens_of
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -18,8 +18,10 @@ def test_defaults_validate():
 
 def test_yaml_then_overrides(tmp_path):
     path = tmp_path / "c.yaml"
-    path.write_text("training:\n  learning_rate: 1.0e-4\n  max_steps: 7\nsampling:\n  num_generations: 16\n")
-    cfg = load_config(path, {"training.learning_rate": "1e-5", "rewards.functions": "format,accuracy"})
+    path.write_text("training:\n  learning_rate: 1.0e-4\n  max_steps: 7\nsampling:\n  "
+                    "num_generations: 16\n")
+    cfg = load_config(path, {"training.learning_rate": "1e-5",
+                             "rewards.functions": "format,accuracy"})
     assert cfg.training.learning_rate == 1e-5
     assert cfg.training.max_steps == 7
     assert cfg.sampling.num_generations == 16

@@ -33,7 +33,7 @@ for path in sys.argv[2:]:
     results[path] = [list(o.outputs[0].token_ids) for o in outs]
     del llm
 print("VLLM_RESULT " + json.dumps(results))
-""" % MAX_NEW
+""" % MAX_NEW  # noqa: UP031  (the script has literal braces)
 
 
 def length_reward(prompts, completions, **kwargs):
@@ -259,7 +259,8 @@ def test_generation_config_lists_the_runs_stop_tokens(tmp_path):
     write_tokenizer_and_generation_config(model_dir, None, out)
     generation = GenerationConfig.from_pretrained(out)
     tokenizer = AutoTokenizer.from_pretrained(out)
-    assert generation.eos_token_id[:2] == [2, 5] and tokenizer.eos_token_id in generation.eos_token_id
+    assert generation.eos_token_id[:2] == [2,
+                                           5] and tokenizer.eos_token_id in generation.eos_token_id
 
 
 @pytest.mark.slow

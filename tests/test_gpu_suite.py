@@ -18,8 +18,8 @@ BENCHMARKS = ROOT / "benchmarks"
 if str(BENCHMARKS) not in sys.path:
     sys.path.insert(0, str(BENCHMARKS))
 
-import gpu_suite
-from gpu_suite_common import CPU_SMOKE, Part, random_model, sample_until, sampler_for, toy
+import gpu_suite  # noqa: E402  (benchmarks/, just put on sys.path)
+from gpu_suite_common import CPU_SMOKE, Part, random_model, sample_until, sampler_for, toy  # noqa: E402  (benchmarks/, just put on sys.path)
 
 FAKE_PARTS = textwrap.dedent('''
     import time
@@ -144,9 +144,10 @@ def test_part_cells_stop_at_the_cap(tmp_path):
 
 def test_trl_part_runs_vs_trls_cells_at_the_profiles_sizes():
     """Part 3 is vs_trl.py's code: g, the KV budget, one training micro-batch for all, the pool."""
+    from transformers.generation import ContinuousBatchingConfig
+
     from gpu_suite_common import H200
     from gpu_suite_trl import vs_trl_args
-    from transformers.generation import ContinuousBatchingConfig
     from vs_trl import case_sizes, continuous_batching_config
 
     args = vs_trl_args(H200)
@@ -181,9 +182,9 @@ def test_cpu_smoke_runs_the_whole_plan(tmp_path):
 def test_the_chunked_lm_head_is_found_by_its_config_switch(monkeypatch):
     import dataclasses
 
-    from gpu_suite_sampling import chunked_head_switch
-
     import infsamp.config
+
+    from gpu_suite_sampling import chunked_head_switch
 
     @dataclasses.dataclass
     class WithBool:

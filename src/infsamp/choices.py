@@ -41,7 +41,8 @@ REFILL_ORDERS = ("sjf", "ljf")  # sampling/policies.py; `auto` means the measure
 ENGINES = ("slots", "vllm")  # sampling/engines/base.py
 STRATEGIES = ("single", "ddp", "fsdp")  # distributed/strategies.py and planner/parallel.py
 TRACKERS = ("tensorboard", "wandb", "trackio", "mlflow")  # run/trackers.py
-ANSWER_EXTRACTIONS = ("answer_tag", "boxed", "last_number", "last_line", "whole")  # tasks/answers.py
+# tasks/answers.py
+ANSWER_EXTRACTIONS = ("answer_tag", "boxed", "last_number", "last_line", "whole")
 
 
 def clip_range(loss_type: str, epsilon: float, epsilon_high: float) -> tuple[float, float]:

@@ -45,16 +45,20 @@ def opt(default: Any, help: str, **kw: Any) -> Any:
 
 @dataclass
 class ModelConfig:
-    name_or_path: str = opt(EMBEDDED_MODEL, "HF checkpoint directory, or 'embedded' for the bundled tiny model")
+    name_or_path: str = opt(EMBEDDED_MODEL,
+                            "HF checkpoint directory, or 'embedded' for the bundled tiny model")
     dtype: str = opt("auto", "weights dtype: auto (training: follows training.precision; sample "
                      "and bench: bf16 on GPU, fp32 on CPU), fp32, bf16 (must agree with "
                      "training.precision)", choices=("auto", "fp32", "bf16"))
-    attn_implementation: str = opt("sdpa", "attention kernel passed to transformers (sdpa, eager, flash_attention_2)")
+    attn_implementation: str = opt("sdpa",
+                                   "attention kernel passed to transformers (sdpa, eager, "
+                                   "flash_attention_2)")
     lora_rank: int = opt(0, "LoRA rank through peft; 0 trains all weights")
     lora_alpha: int = opt(32, "LoRA alpha")
     lora_dropout: float = opt(0.0, "LoRA dropout")
     lora_target_modules: list[str] = opt(["all-linear"], "modules LoRA adapts (peft names)")
-    gradient_checkpointing: bool = opt(False, "recompute activations in the backward pass to save memory")
+    gradient_checkpointing: bool = opt(False,
+                                       "recompute activations in the backward pass to save memory")
     device: str = opt("auto", "auto, cpu or cuda[:N]")
     load_in_4bit: bool = opt(False, "QLoRA: base weights in 4-bit NF4 (bitsandbytes, CUDA only), "
                              "fp32 LoRA adapters on top; needs model.lora_rank > 0")
@@ -120,14 +124,17 @@ class DataConfig:
                                     "needed when both would be the same rows (one .jsonl file)")
 
     def validate(self) -> None:
-        _require(self.max_prompt_length > 0, "data.max_prompt_length", self.max_prompt_length, "must be > 0")
+        _require(self.max_prompt_length > 0, "data.max_prompt_length", self.max_prompt_length,
+                 "must be > 0")
         _require(0 <= self.eval_fraction < 1, "data.eval_fraction", self.eval_fraction,
                  "must be in [0, 1)")
         reserved = set(self.chat_template_kwargs) & TEMPLATE_ARGUMENTS
         _require(not reserved, "data.chat_template_kwargs", self.chat_template_kwargs,
                  f"{', '.join(sorted(reserved))} is set by infsamp, not by the recipe")
-        _require(self.num_eval_examples >= 0, "data.num_eval_examples", self.num_eval_examples, "must be >= 0")
-        _require(self.num_train_examples > 0, "data.num_train_examples", self.num_train_examples, "must be > 0")
+        _require(self.num_eval_examples >= 0, "data.num_eval_examples", self.num_eval_examples,
+                 "must be >= 0")
+        _require(self.num_train_examples > 0, "data.num_train_examples", self.num_train_examples,
+                 "must be > 0")
         _require(0 <= self.seed < 2**32, "data.seed", self.seed, "must be in [0, 2**32)")
         task_source = self.dataset.startswith(("embedded:", REASONING_GYM_PREFIX))
         if not task_source and looks_like_path(self.dataset):
@@ -171,7 +178,8 @@ class RewardsConfig:
                                  choices=choices.ANSWER_EXTRACTIONS)
 
     def validate(self) -> None:
-        _require(len(self.functions) > 0, "rewards.functions", self.functions, "needs at least one function")
+        _require(len(self.functions) > 0, "rewards.functions", self.functions,
+                 "needs at least one function")
         _require(self.timeout_s >= 0, "rewards.timeout_s", self.timeout_s,
                  "must be >= 0 (0: no limit)")
         _require(not self.weights or len(self.weights) == len(self.functions), "rewards.weights",
@@ -196,8 +204,12 @@ class SamplingConfig:
     preempt: bool = opt(True, "length_aware: after a sample's first k tokens, park it (tokens "
                               "kept, KV kept or recomputed) when it is predicted much shorter "
                               "than a waiting one, which takes its slot")
-    refill: str = opt("auto", "runtime refill order for length_aware: auto (= ljf, measured best), sjf, ljf")
-    grouping_epsilon: float = opt(0.1, "FPTAS epsilon of the global grouping (smaller: closer to optimal)")
+    refill: str = opt("auto",
+                      "runtime refill order for length_aware: auto (= "
+                      "ljf, measured best), sjf, ljf")
+    grouping_epsilon: float = opt(0.1,
+                                  "FPTAS epsilon of the global grouping "
+                                  "(smaller: closer to optimal)")
     engine: str = opt(
         "auto", "decoding engine: slots (infsamp's slot engine over the transformers model), vllm "
         "(vLLM in the trainer's process), auto (vllm where it is installed and the model is on a "
@@ -219,7 +231,8 @@ class SamplingConfig:
         _require(self.num_generations >= 2, "sampling.num_generations", self.num_generations,
                  "must be >= 2 (GRPO compares samples within a group)")
         _require(self.micro_group >= 0, "sampling.micro_group", self.micro_group, "must be >= 0")
-        _require(self.max_new_tokens > 0, "sampling.max_new_tokens", self.max_new_tokens, "must be > 0")
+        _require(self.max_new_tokens > 0, "sampling.max_new_tokens", self.max_new_tokens,
+                 "must be > 0")
         _require(self.temperature >= 0, "sampling.temperature", self.temperature, "must be >= 0")
         _require(self.engine != "vllm" or self.temperature <= VLLM_MAX_TEMPERATURE,
                  "sampling.temperature", self.temperature,
@@ -234,7 +247,8 @@ class SamplingConfig:
                  self.predictor, f"must be {' or '.join(choices.TRAINING_PREDICTORS)} (oracle "
                  "and noisy know the true lengths: bench and simulate only)")
         _check_choice("sampling.refill", self.refill, ("auto", *choices.REFILL_ORDERS))
-        _require(self.grouping_epsilon > 0, "sampling.grouping_epsilon", self.grouping_epsilon, "must be > 0")
+        _require(self.grouping_epsilon > 0, "sampling.grouping_epsilon", self.grouping_epsilon,
+                 "must be > 0")
         for name in ("engine", "vllm_sleep", "vllm_importance_sampling"):
             allowed = _field(SamplingConfig, name).metadata["choices"]
             _require(getattr(self, name) in allowed, f"sampling.{name}", getattr(self, name),
@@ -253,7 +267,8 @@ class TrainingConfig:
     max_steps: int = opt(90, "optimizer steps to run")
     prompts_per_step: int = opt(4, "prompts per step; each is sampled G times")
     learning_rate: float = opt(5e-5, "peak learning rate")
-    lr_scheduler: str = opt("constant_with_warmup", "transformers scheduler name (cosine, linear, constant...)")
+    lr_scheduler: str = opt("constant_with_warmup",
+                            "transformers scheduler name (cosine, linear, constant...)")
     warmup_ratio: float = opt(0.05, "fraction of steps spent warming up")
     weight_decay: float = opt(0.0, "AdamW weight decay")
     adam_beta1: float = opt(0.9, "AdamW beta1")
@@ -275,13 +290,16 @@ class TrainingConfig:
                                            "entropy carries policy loss (0.2 in 'Beyond the "
                                            "80/20 Rule'; 1.0: all)")
     num_iterations: int = opt(1, "optimisation passes over each sampled batch (mu)")
-    train_micro_batch_tokens: int = opt(0, "tokens per training micro-batch; 0 = auto from the planner")
+    train_micro_batch_tokens: int = opt(0,
+                                        "tokens per training "
+                                        "micro-batch; 0 = auto from the planner")
     chunked_lm_head: bool = opt(True, "log-probs from the final hidden states with the LM head "
                                 "applied per chunk (no [tokens x vocabulary] logits); false: the "
                                 "model's full logits, as before (more memory; the planner "
                                 "assumes true)")
     seed: int = opt(0, "seed for sampling, shuffling and initialisation")
-    num_threads: int = opt(0, "torch CPU threads (0: auto, 1 on CPU for models under 50M parameters)")
+    num_threads: int = opt(0,
+                           "torch CPU threads (0: auto, 1 on CPU for models under 50M parameters)")
     nonfinite: str = opt("stop", "a NaN/inf loss, gradient norm or reward: stop (one line naming "
                          "step and quantity, nothing applied or saved) or skip the update "
                          "(counted as train/skipped_updates)", choices=("stop", "skip"))
@@ -298,14 +316,19 @@ class TrainingConfig:
         _require(0 <= self.num_threads <= 4096, "training.num_threads", self.num_threads,
                  "must be in [0, 4096]")
         _require(self.max_steps > 0, "training.max_steps", self.max_steps, "must be > 0")
-        _require(self.prompts_per_step > 0, "training.prompts_per_step", self.prompts_per_step, "must be > 0")
-        _require(self.learning_rate >= 0, "training.learning_rate", self.learning_rate, "must be >= 0")
-        _require(0 <= self.warmup_ratio < 1, "training.warmup_ratio", self.warmup_ratio, "must be in [0, 1)")
+        _require(self.prompts_per_step > 0, "training.prompts_per_step", self.prompts_per_step,
+                 "must be > 0")
+        _require(self.learning_rate >= 0, "training.learning_rate", self.learning_rate,
+                 "must be >= 0")
+        _require(0 <= self.warmup_ratio < 1, "training.warmup_ratio", self.warmup_ratio,
+                 "must be in [0, 1)")
         _require(self.beta >= 0, "training.beta", self.beta, "must be >= 0")
         _require(self.epsilon >= 0, "training.epsilon", self.epsilon, "must be >= 0")
         _require(self.epsilon_high >= 0, "training.epsilon_high", self.epsilon_high, "must be >= 0")
-        _require(self.num_iterations >= 1, "training.num_iterations", self.num_iterations, "must be >= 1")
-        _require(self.max_grad_norm >= 0, "training.max_grad_norm", self.max_grad_norm, "must be >= 0")
+        _require(self.num_iterations >= 1, "training.num_iterations", self.num_iterations,
+                 "must be >= 1")
+        _require(self.max_grad_norm >= 0, "training.max_grad_norm", self.max_grad_norm,
+                 "must be >= 0")
         _require(self.train_micro_batch_tokens >= 0, "training.train_micro_batch_tokens",
                  self.train_micro_batch_tokens, "must be >= 0")
         _check_choice("training.loss_type", self.loss_type, choices.LOSS_TYPES)
@@ -350,7 +373,8 @@ class EvalConfig:
 
 @dataclass
 class LoggingConfig:
-    output_dir: str = opt("runs/demo", "run folder: metrics.jsonl, plots, checkpoints, lengths.jsonl")
+    output_dir: str = opt("runs/demo",
+                          "run folder: metrics.jsonl, plots, checkpoints, lengths.jsonl")
     log_every: int = opt(1, "print a metrics line every N steps")
     progress_bar: bool = opt(True, "progress bars per phase on a terminal (never in pipes or CI)")
     plot: bool = opt(True, "write reward/accuracy plots (PNG) at the end")
@@ -434,7 +458,7 @@ class Config:
     checkpointing: CheckpointConfig = field(default_factory=CheckpointConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
-    def validate(self) -> "Config":
+    def validate(self) -> Config:
         for section in dataclasses.fields(self):
             _require_finite(section.name, getattr(self, section.name))
             getattr(self, section.name).validate()
@@ -494,8 +518,8 @@ def _check_choice(key: str, value: str, names: tuple[str, ...]) -> None:
     _require(value in names, key, value, f"must be one of {', '.join(sorted(names))}")
 
 
-_SIZE_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9, "t": 1e12,
-               "tb": 1e12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9,
+               "t": 1e12, "tb": 1e12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
 
 def parse_size(text: str | int) -> int:

@@ -24,7 +24,7 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
     if value is None:  # YAML `key:` with nothing after it
         raise ConfigError(f"{key}: expected {type_name(annotation)}, got an empty value")
     origin = typing.get_origin(annotation)
-    if origin in (list, typing.List):
+    if origin in (list, list):
         (item_type,) = typing.get_args(annotation)
         if isinstance(value, str):
             value = [v.strip() for v in value.split(",") if v.strip()]
@@ -94,7 +94,8 @@ def apply_overrides(cfg: Config, overrides: dict[str, Any]) -> Config:
     """Set dotted keys ('training.learning_rate') on `cfg`, converting and checking types."""
     for key, value in overrides.items():
         section_name, _, name = key.partition(".")
-        if not hasattr(cfg, section_name) or not dataclasses.is_dataclass(getattr(cfg, section_name)):
+        if (not hasattr(cfg, section_name)
+                or not dataclasses.is_dataclass(getattr(cfg, section_name))):
             raise ConfigError(f"{key}: unknown section {section_name!r} "
                               f"(known: {', '.join(f.name for f in dataclasses.fields(Config))})")
         section = getattr(cfg, section_name)
@@ -110,7 +111,8 @@ def apply_overrides(cfg: Config, overrides: dict[str, Any]) -> Config:
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{'a': {'b': 1}} -> {'a.b': 1}; a non-dict section value is kept as is for the error message."""
+    """{'a': {'b': 1}} -> {'a.b': 1}; a non-dict section value is kept as is for the error
+    message."""
     flat: dict[str, Any] = {}
     for key, value in tree.items():
         dotted = f"{prefix}{key}"
@@ -205,11 +207,12 @@ def iter_options() -> typing.Iterator[tuple[str, Any, Any, str]]:
         hints = _section_types(cls)
         defaults = cls()
         for f in dataclasses.fields(cls):
-            yield f"{section.name}.{f.name}", hints[f.name], getattr(defaults, f.name), f.metadata.get("help", "")
+            yield (f"{section.name}.{f.name}", hints[f.name], getattr(defaults, f.name),
+                   f.metadata.get("help", ""))
 
 
 def type_name(annotation: Any) -> str:
-    if typing.get_origin(annotation) in (list, typing.List):
+    if typing.get_origin(annotation) in (list, list):
         return f"list[{type_name(typing.get_args(annotation)[0])}]"
     if typing.get_origin(annotation) is dict:
         return "mapping"

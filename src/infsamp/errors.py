@@ -8,7 +8,8 @@ from typing import Any
 
 
 class InfsampError(Exception):
-    """Base of every user-facing error: bad config, dataset row, reward function, model path, trace."""
+    """Base of every user-facing error: bad config, dataset row, reward function, model path,
+    trace."""
 
 
 class DataError(InfsampError):

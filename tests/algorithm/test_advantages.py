@@ -10,7 +10,8 @@ from infsamp.algorithm.advantages import REWARD_SCALERS, STD_EPS, compute_advant
 NAN = float("nan")
 # two groups of G=3: [1, 2, 3] (mean 2, unbiased std 1) and [5, 5, 5] (a tie)
 REWARDS = torch.tensor([1.0, 2.0, 3.0, 5.0, 5.0, 5.0])
-BATCH_STD = math.sqrt(15.5 / 5)  # deviations from 3.5: -2.5 -1.5 -0.5 1.5 1.5 1.5 -> squares sum 15.5
+# deviations from 3.5: -2.5 -1.5 -0.5 1.5 1.5 1.5 -> squares sum 15.5
+BATCH_STD = math.sqrt(15.5 / 5)
 
 
 def test_registry_names():
@@ -19,7 +20,8 @@ def test_registry_names():
 
 def test_group_scaling_by_hand():
     result = compute_advantages(REWARDS, 3, "group")
-    expected = torch.tensor([-1.0, 0.0, 1.0, 0.0, 0.0, 0.0]) / torch.tensor([1 + STD_EPS] * 3 + [1.0] * 3)
+    expected = torch.tensor([-1.0, 0.0, 1.0, 0.0, 0.0,
+                             0.0]) / torch.tensor([1 + STD_EPS] * 3 + [1.0] * 3)
     torch.testing.assert_close(result.advantages, expected)
     torch.testing.assert_close(result.group_std, torch.tensor([1.0, 0.0]))
     assert result.zero_std_fraction == 0.5
@@ -41,15 +43,18 @@ def test_no_scaling_by_hand():
 def test_matches_trl_formula_on_random_rewards():
     rewards = torch.randn(32, generator=torch.Generator().manual_seed(0))
     grouped = rewards.view(-1, 8)
-    trl = (grouped - grouped.mean(1, keepdim=True)) / (grouped.std(1, keepdim=True) + 1e-4)  # unbiased std
+    # unbiased std
+    trl = (grouped - grouped.mean(1, keepdim=True)) / (grouped.std(1, keepdim=True) + 1e-4)
     torch.testing.assert_close(compute_advantages(rewards, 8, "group").advantages, trl.view(-1))
     trl_batch = (grouped - grouped.mean(1, keepdim=True)) / (rewards.std() + 1e-4)
-    torch.testing.assert_close(compute_advantages(rewards, 8, "batch").advantages, trl_batch.view(-1))
+    torch.testing.assert_close(compute_advantages(rewards, 8, "batch").advantages,
+                               trl_batch.view(-1))
 
 
 @pytest.mark.parametrize("scale", sorted(REWARD_SCALERS))
 def test_tied_groups_give_exact_zero(scale):
-    # 0.1 * 3 does not round-trip through a float mean exactly; the advantage must still be exactly 0
+    # 0.1 * 3 does not round-trip through a float mean exactly; the advantage must still be exactly
+    # 0
     rewards = torch.tensor([0.1, 0.1, 0.1, 0.7, 0.7, 0.7, 0.0, 1.0, 0.0])
     result = compute_advantages(rewards, 3, scale)
     assert torch.equal(result.advantages[:6], torch.zeros(6))

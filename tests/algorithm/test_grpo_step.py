@@ -3,12 +3,13 @@ micro-batched gradients equal to whole-batch gradients for every loss type."""
 
 import pytest
 import torch
-from test_logprobs import PAD, random_batch, tiny_model
 
-from infsamp.config import TrainingConfig
 from infsamp.algorithm.grpo_step import GRPOStep, Rollout
 from infsamp.algorithm.logprobs import sequence_logprobs_and_entropy
 from infsamp.algorithm.losses import LOSS_TYPES
+from infsamp.config import TrainingConfig
+
+from test_logprobs import PAD, random_batch, tiny_model
 
 PROMPTS, COMPLETIONS = random_batch([4, 4, 4, 7, 7, 7], [12, 2, 6, 9, 1, 4])
 TRUNCATED = [True, False, False, True, False, False]

@@ -7,10 +7,10 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from infsamp.config import TrainingConfig
 from infsamp.algorithm.grpo_step import GRPOStep, Rollout
 from infsamp.algorithm.importance import IS_MODES, MismatchStats, engine_importance_weights
 from infsamp.algorithm.logprobs import sequence_logprobs
+from infsamp.config import TrainingConfig
 
 OLD = torch.tensor([[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
 ENGINE = torch.tensor([[0.0, -0.5, -2.0], [0.1, 0.0, -3.0]])  # old - engine: 0 .5 2 | -.1 0 3

@@ -6,7 +6,6 @@ and off the head, tied and untied embeddings, the models' own logit transforms, 
 
 import pytest
 import torch
-from test_logprobs import PAD, VOCAB, random_batch, tiny_model
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from infsamp.algorithm import lm_head
@@ -14,6 +13,8 @@ from infsamp.algorithm.grpo_step import GRPOStep, Rollout
 from infsamp.algorithm.logprobs import completion_logprobs, make_micro_batch
 from infsamp.algorithm.losses import LOSS_TYPES
 from infsamp.config import ModelConfig, TrainingConfig
+
+from test_logprobs import PAD, VOCAB, random_batch, tiny_model
 
 PROMPTS, COMPLETIONS = random_batch([4, 4, 4, 7, 7, 7], [12, 2, 6, 9, 1, 4])
 ROWS, COLUMNS = 5, 7  # chunk sizes in the tests: several row and vocabulary chunks, a remainder

@@ -8,8 +8,13 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from infsamp.algorithm.lm_head import logits_log_softmax
-from infsamp.algorithm.logprobs import (build_micro_batches, make_micro_batch, micro_batch_logprobs,
-                                        sequence_logprobs, sequence_logprobs_and_entropy)
+from infsamp.algorithm.logprobs import (
+    build_micro_batches,
+    make_micro_batch,
+    micro_batch_logprobs,
+    sequence_logprobs,
+    sequence_logprobs_and_entropy,
+)
 from infsamp.algorithm.losses import LOSS_TYPES, BatchTotals, per_token_loss
 
 PAD = 0
@@ -18,7 +23,8 @@ VOCAB = 53
 
 def tiny_model(seed: int = 0, tie: bool = False) -> LlamaForCausalLM:
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
                          pad_token_id=PAD, tie_word_embeddings=tie)
     return LlamaForCausalLM(config).float()
@@ -40,7 +46,8 @@ def test_micro_batch_layout_left_prompt_right_completion():
     assert mb.attention_mask.tolist() == [[1, 1, 1, 0, 0], [0, 1, 1, 1, 1]]
     assert mb.position_ids.tolist() == [[0, 1, 2, 2, 2], [0, 0, 1, 2, 3]]
     assert mb.completion_mask.tolist() == [[1, 0, 0], [1, 1, 1]]
-    assert mb.gather([torch.tensor([0.5]), torch.tensor([1.0, 2.0, 3.0])]).tolist() == [[0.5, 0, 0], [1, 2, 3]]
+    assert mb.gather([torch.tensor([0.5]),
+                      torch.tensor([1.0, 2.0, 3.0])]).tolist() == [[0.5, 0, 0], [1, 2, 3]]
     assert mb.rows(torch.tensor([10.0, 20.0])).tolist() == [10.0, 20.0]
 
 
@@ -96,14 +103,16 @@ def test_sequence_logprobs_and_entropy_match_unpadded_forward(budget):
 def test_sequence_logprobs_match_unpadded_forward(budget):
     model = tiny_model().eval()
     prompts, completions = random_batch([3, 7, 5, 2], [6, 1, 9, 0])
-    out = sequence_logprobs(model, prompts, completions, max_tokens=budget, pad_token_id=PAD, temperature=0.7)
+    out = sequence_logprobs(model, prompts, completions, max_tokens=budget, pad_token_id=PAD,
+                            temperature=0.7)
     for prompt, completion, logps in zip(prompts, completions, out):
         assert logps.shape == (len(completion),) and not logps.requires_grad
         if not completion:
             continue
         with torch.no_grad():
             logits = model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1: -1] / 0.7
-        expected = logits.log_softmax(-1).gather(-1, torch.tensor(completion).unsqueeze(-1)).squeeze(-1)
+        expected = logits.log_softmax(-1).gather(-1,
+                                                 torch.tensor(completion).unsqueeze(-1)).squeeze(-1)
         torch.testing.assert_close(logps, expected, atol=1e-5, rtol=1e-5)
 
 
@@ -118,11 +127,12 @@ def test_only_completion_logits_are_requested():
     assert seen == [5 + 1] and logps.shape == (2, 5)
 
 
-# --- gradient accumulation --------------------------------------------------------------------------
+# --- gradient accumulation ------------------------------------------------------------------------
 
 
 def accumulated_gradients(model, prompts, completions, budget, loss_type, old, ref, advantages):
-    """The trainer's loop: forward -> per-token loss -> aggregate with the step's totals -> backward."""
+    """The trainer's loop: forward -> per-token loss -> aggregate with the step's totals ->
+    backward."""
     model.zero_grad()
     totals = BatchTotals.from_lengths([len(c) for c in completions], max_completion_length=12)
     num_micro_batches = 0
@@ -141,13 +151,17 @@ def accumulated_gradients(model, prompts, completions, budget, loss_type, old, r
 def test_micro_batch_gradients_equal_full_batch(loss_type):
     model = tiny_model()
     prompts, completions = random_batch([4, 4, 4, 7, 7, 7], [12, 2, 6, 9, 1, 4])
-    current = sequence_logprobs(model, prompts, completions, max_tokens=64, pad_token_id=PAD, temperature=0.9)
+    current = sequence_logprobs(model, prompts, completions, max_tokens=64, pad_token_id=PAD,
+                                temperature=0.9)
     g = torch.Generator().manual_seed(3)
-    old = [c + 0.3 * torch.randn(c.shape, generator=g) for c in current]  # off-policy: ratios get clipped
+    # off-policy: ratios get clipped
+    old = [c + 0.3 * torch.randn(c.shape, generator=g) for c in current]
     ref = [c + 0.5 * torch.randn(c.shape, generator=g) for c in current]
     advantages = torch.randn(6, generator=g)
-    full, n_full = accumulated_gradients(model, prompts, completions, 10_000, loss_type, old, ref, advantages)
-    split, n_split = accumulated_gradients(model, prompts, completions, 30, loss_type, old, ref, advantages)
+    full, n_full = accumulated_gradients(model, prompts, completions, 10_000, loss_type, old, ref,
+                                         advantages)
+    split, n_split = accumulated_gradients(model, prompts, completions, 30, loss_type, old, ref,
+                                           advantages)
     assert n_full == 1 and n_split >= 4
     assert all(grad.abs().sum() > 0 for grad in full.values())
     for name, grad in full.items():

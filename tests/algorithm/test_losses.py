@@ -6,9 +6,17 @@ import math
 import pytest
 import torch
 
+from infsamp.algorithm.losses import (
+    LOSS_TYPES,
+    BatchTotals,
+    LossStats,
+    clipped_surrogate,
+    high_entropy_masks,
+    kl_penalty,
+    per_token_loss,
+    quantile,
+)
 from infsamp.choices import clip_range
-from infsamp.algorithm.losses import (LOSS_TYPES, BatchTotals, LossStats, clipped_surrogate,
-                               high_entropy_masks, kl_penalty, per_token_loss, quantile)
 
 # ratios 1.5, 0.5, 1.0 per row; row 0 has A = +1, row 1 has A = -2; eps_low 0.2, eps_high 0.28
 RATIOS = torch.tensor([[1.5, 0.5, 1.0], [1.5, 0.5, 1.0]])
@@ -46,10 +54,11 @@ def test_per_token_loss_adds_beta_kl_and_counts_masked_stats():
     logps = RATIOS.log()
     ref = logps - 1.0  # d = -1 everywhere: k3 = exp(-1) + 1 - 1
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
-    loss, stats = per_token_loss(logps, torch.zeros(2, 3), ref, ADVANTAGES, epsilon_low=0.2, epsilon_high=0.28,
-                                 beta=0.1, mask=mask)
+    loss, stats = per_token_loss(logps, torch.zeros(2, 3), ref, ADVANTAGES, epsilon_low=0.2,
+                                 epsilon_high=0.28, beta=0.1, mask=mask)
     k3 = math.exp(-1)
-    torch.testing.assert_close(loss, torch.tensor([[-1.28, -0.5, -1.0], [3.0, 1.6, 2.0]]) + 0.1 * k3)
+    torch.testing.assert_close(loss,
+                               torch.tensor([[-1.28, -0.5, -1.0], [3.0, 1.6, 2.0]]) + 0.1 * k3)
     assert stats.num_tokens == 5 and stats.high_clipped == 1 and stats.low_clipped == 1
     assert stats.kl == pytest.approx(5 * k3)
     metrics = stats.metrics()
@@ -59,7 +68,8 @@ def test_per_token_loss_adds_beta_kl_and_counts_masked_stats():
 
 def test_on_policy_ratio_is_one_with_policy_gradient():
     logps = torch.randn(2, 3).requires_grad_()
-    loss, _ = per_token_loss(logps, None, None, ADVANTAGES, epsilon_low=0.2, epsilon_high=0.2, beta=0.0)
+    loss, _ = per_token_loss(logps, None, None, ADVANTAGES, epsilon_low=0.2, epsilon_high=0.2,
+                             beta=0.0)
     torch.testing.assert_close(loss, -ADVANTAGES.unsqueeze(1).expand(2, 3))
     loss.sum().backward()
     torch.testing.assert_close(logps.grad, -ADVANTAGES.unsqueeze(1).expand(2, 3))
@@ -67,7 +77,8 @@ def test_on_policy_ratio_is_one_with_policy_gradient():
 
 def test_beta_without_reference_raises():
     with pytest.raises(ValueError, match="ref_logps"):
-        per_token_loss(torch.zeros(1, 2), None, None, torch.ones(1), epsilon_low=0.2, epsilon_high=0.2, beta=0.1)
+        per_token_loss(torch.zeros(1, 2), None, None, torch.ones(1), epsilon_low=0.2,
+                       epsilon_high=0.2, beta=0.1)
 
 
 def test_loss_stats_add_up():

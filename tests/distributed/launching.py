@@ -17,7 +17,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parents[1] / "src"
 EXAMPLES = HERE.parents[1] / "examples" / "accelerate"

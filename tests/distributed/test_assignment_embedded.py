@@ -32,9 +32,10 @@ def test_lpt_with_oracle_lengths_beats_round_robin(tmp_path, one_thread):
     for step in range(NUM_STEPS):
         prompts = [p.token_ids for _, p in trainer.stream.next_batch()]
 
+        # called only within this iteration, so the loop variables it reads are this step's
         def sample(share):
-            return trainer.sampler.sample([prompts[i] for i in share], G,
-                                          generator=torch.Generator().manual_seed(step),
+            return trainer.sampler.sample([prompts[i] for i in share], G,  # noqa: B023
+                                          generator=torch.Generator().manual_seed(step),  # noqa: B023
                                           global_group_ids=share)
 
         whole = sample(list(range(NUM_PROMPTS)))

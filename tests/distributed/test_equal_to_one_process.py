@@ -21,8 +21,7 @@ import json
 
 import pytest
 
-from launching import (final_weights, launch, max_difference, one_process, settings,
-                      train_argv)
+from launching import final_weights, launch, max_difference, one_process, settings, train_argv
 from recording_reward import completions_by_call
 
 CASES = {"grpo-group": ("grpo", "group"), "grpo-batch": ("grpo", "batch"),

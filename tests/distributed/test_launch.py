@@ -11,6 +11,7 @@ import pytest
 from infsamp import cli
 from infsamp.config import Config, ConfigError
 from infsamp.distributed.ranks import init_ranks, launch_strategy, reshard_after_forward
+
 from launching import SRC
 
 

@@ -4,9 +4,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from infsamp.distributed.rank_assignment import assign, imbalance, makespan, rank_loads, round_robin
 from infsamp.errors import InfsampError
-from infsamp.distributed.rank_assignment import (assign, imbalance, makespan, rank_loads,
-                                              round_robin)
 
 COSTS = st.lists(st.floats(min_value=1, max_value=4096, allow_nan=False), min_size=1, max_size=64)
 

@@ -74,7 +74,8 @@ ABOVE = {"training.adam_beta1": 1, "training.adam_beta2": 1, "training.warmup_ra
 NAMED = {  # free-text options with a closed set of valid names
     "sampling.policy": lambda: outside(_names("infsamp.sampling.policies", "POLICIES")),
     "training.loss_type": lambda: outside(_names("infsamp.algorithm.losses", "LOSS_TYPES")),
-    "training.scale_rewards": lambda: outside(_names("infsamp.algorithm.advantages", "REWARD_SCALERS")),
+    "training.scale_rewards": lambda: outside(_names("infsamp.algorithm.advantages",
+                                                     "REWARD_SCALERS")),
     "training.lr_scheduler": lambda: outside(_names("infsamp.choices", "LR_SCHEDULERS")),
     "training.optimizer": lambda: outside({"adamw", "adamw8bit", "sgd"}),
     "sampling.predictor": lambda: outside({"online", "hidden", "none", "oracle"}).filter(

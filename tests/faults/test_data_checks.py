@@ -11,12 +11,13 @@ import shutil
 from pathlib import Path
 
 import pytest
-from fault_runs import run_args
-from test_config_property import run_train
 
 from infsamp import cli
 from infsamp.config import DataConfig
 from infsamp.tasks.loading import load_splits
+
+from fault_runs import run_args
+from test_config_property import run_train
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> Path:

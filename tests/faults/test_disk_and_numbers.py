@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from fault_runs import HARNESS, run_args
-from fault_harness import final_state
 from infsamp.run.checkpoint import list_checkpoints, load_checkpoint
+
+from fault_harness import final_state
+from fault_runs import HARNESS, run_args
 from test_kill_resume import assert_same_run
 
 

@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from fault_runs import run_args
-from test_config_property import assert_one_line_naming, run_train
 
 from infsamp import cli
 from infsamp.config import DataConfig
 from infsamp.errors import DataError
+
+from fault_runs import run_args
+from test_config_property import assert_one_line_naming, run_train
 
 
 def main(argv: list[str]) -> tuple[int, str, str]:

@@ -14,8 +14,9 @@ import time
 
 import pytest
 import torch
-from fault_runs import NUM_STEPS, POLICIES, SIGKILLED, run_args
+
 from fault_harness import final_state, logs
+from fault_runs import NUM_STEPS, POLICIES, SIGKILLED, run_args
 
 
 def assert_same_run(run, expected) -> None:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import shutil
 import signal
 
-from fault_runs import run_args
 from fault_harness import rows
+from fault_runs import run_args
 from test_run_folder import last_line, snapshot
 
 

@@ -10,11 +10,12 @@ import os
 import pytest
 import torch
 
-from fault_runs import run_args
 from infsamp import cli
 from infsamp.errors import RewardError
 from infsamp.rewards.compute import compute_rewards
 from infsamp.run import logs as run_log
+
+from fault_runs import run_args
 from test_config_property import assert_one_line_naming, run_train
 from test_kill_resume import assert_same_run
 
@@ -39,7 +40,7 @@ def test_one_token_prompts_sample_in_one_step(tiny_model_dir, tmp_path):
 
 def test_one_token_prompt_completions_match_alone_and_together(tiny_model_dir):
     from infsamp.config import SamplingConfig
-    from infsamp.models.loading import load_model_and_tokenizer, ModelConfig
+    from infsamp.models.loading import ModelConfig, load_model_and_tokenizer
     from infsamp.sampling.sampler import GroupSampler
 
     model, tokenizer = load_model_and_tokenizer(ModelConfig(name_or_path=str(tiny_model_dir)))

@@ -12,8 +12,8 @@ import itertools
 import json
 import shutil
 
-from fault_runs import HARNESS, POLICIES, run_args
 from fault_harness import rows
+from fault_runs import HARNESS, POLICIES, run_args
 from test_checkpoint_files import rehash
 from test_run_folder import last_line, snapshot
 

@@ -16,14 +16,15 @@ import time
 from pathlib import Path
 
 import pytest
-from fault_runs import SIGKILLED, run_args
-from fault_harness import length_reward, rows, vandal_reward
 
 from infsamp.rewards.builtin import accuracy_reward
 from infsamp.rewards.compute import compute_rewards
 from infsamp.rewards.workers import RewardWorkers
 from infsamp.run.checkpoint import list_checkpoints, verify_checkpoint
 from infsamp.run.ownership import LOCK_NAME, claim_run_folder, live_holder
+
+from fault_harness import length_reward, rows, vandal_reward
+from fault_runs import SIGKILLED, run_args
 
 LINUX_ONLY = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -136,7 +137,8 @@ def test_a_reward_that_fails_in_evaluation_names_the_evaluation(runner, tiny_mod
 @pytest.mark.parametrize("exit_code", [3, 0])
 def test_sys_exit_at_import_is_one_line(runner, tiny_model_dir, tmp_path, exit_code):
     path = tmp_path / "exits_at_import.py"
-    path.write_text(f"import sys\nsys.exit({exit_code})\ndef f(completions, **kw):\n    return []\n")
+    path.write_text(f"import sys\nsys.exit({exit_code})\n"
+                    "def f(completions, **kw):\n    return []\n")
     code, output = runner.run(short_run(tiny_model_dir, tmp_path / "run", f"{path}:f"))
     assert code == 2 and "Traceback" not in output, output
     assert output.strip().splitlines()[-1] == (

@@ -7,13 +7,13 @@ import copy
 import pytest
 import torch
 
+from infsamp.algorithm.optim import build_optimizer
 from infsamp.config import ConfigError, ModelConfig
 from infsamp.config_io import load_config
-from infsamp.models.loading import load_model_and_tokenizer
-from infsamp.planner.precisions import PRECISIONS, resolve_precision_name
 from infsamp.models import precision as precision_module
-from infsamp.algorithm.optim import build_optimizer
+from infsamp.models.loading import load_model_and_tokenizer
 from infsamp.models.precision import resolve_precision
+from infsamp.planner.precisions import PRECISIONS, resolve_precision_name
 
 CPU = torch.device("cpu")
 BF16, FP32 = torch.bfloat16, torch.float32

@@ -1,14 +1,20 @@
-"""The estimate's arithmetic, checked by hand against the rule of thumb and its stated refinements."""
+"""The estimate's arithmetic, checked by hand against the rule of thumb and its stated
+refinements."""
 
 import dataclasses
 
 import pytest
 
 from infsamp.planner import PRESETS, count_lora_parameters, kv_bytes_per_token, plan_memory
-from infsamp.planner.estimate import (LOGITS_CHUNK_BUFFERS, activation_bytes_per_token,
-                                      embedding_parameters, generation_breakdown,
-                                      logits_chunk_rows, train_logits_bytes,
-                                      training_breakdown)
+from infsamp.planner.estimate import (
+    LOGITS_CHUNK_BUFFERS,
+    activation_bytes_per_token,
+    embedding_parameters,
+    generation_breakdown,
+    logits_chunk_rows,
+    train_logits_bytes,
+    training_breakdown,
+)
 from infsamp.planner.presets import linear_shapes
 
 LLAMA_1B = PRESETS["llama-3.2-1b"]
@@ -32,8 +38,10 @@ def test_rule_of_thumb_bf16_full_fine_tuning_with_reference():
     training = plan(beta=0.04).training
     assert training["weights"] == 2 * N  # rule of thumb: 2 B/param
     assert training["reference"] == 2 * N  # 2 B/param
-    assert training["gradients"] == 2 * N + 2 * VH  # 2 B/param + lm_head's fresh gradient (peak moment)
-    assert training["optimizer"] == 4 * N  # torch AdamW: two bf16 moments (the seed says 8: fp32 moments)
+    # 2 B/param + lm_head's fresh gradient (peak moment)
+    assert training["gradients"] == 2 * N + 2 * VH
+    # torch AdamW: two bf16 moments (the seed says 8: fp32 moments)
+    assert training["optimizer"] == 4 * N
 
 
 def test_optimizer_bytes_per_parameter():
@@ -66,13 +74,15 @@ def test_kv_cache_shared_prompt_once():
 
 
 def test_training_peak_does_not_grow_with_group_size():
-    peaks = {G: plan(num_generations=G, train_micro_batch_tokens=2084).training["peak"] for G in (4, 16, 64)}
+    peaks = {G: plan(num_generations=G, train_micro_batch_tokens=2084).training["peak"]
+             for G in (4, 16, 64)}
     assert len(set(peaks.values())) == 1
 
 
 def test_activations_scale_with_micro_batch_and_checkpointing_cuts_them():
     p = plan().inputs
-    one, two = training_breakdown(p, 1042)["activations"], training_breakdown(p, 2084)["activations"]
+    one = training_breakdown(p, 1042)["activations"]
+    two = training_breakdown(p, 2084)["activations"]
     assert two == 2 * one
     with_ckpt = plan(gradient_checkpointing=True).inputs
     assert activation_bytes_per_token(with_ckpt) < activation_bytes_per_token(p) / 5
@@ -101,10 +111,11 @@ def test_overhead_is_context_plus_fragmentation_on_cuda_and_zero_on_cpu():
 
 
 def test_optimizer_step_can_be_the_peak():
-    result = plan_memory(PRESETS["qwen3-8b"], gpu_memory_bytes=HUGE, num_generations=2, max_prompt=16,
-                         max_completion=16, train_micro_batch_tokens=32)
+    result = plan_memory(PRESETS["qwen3-8b"], gpu_memory_bytes=HUGE, num_generations=2,
+                         max_prompt=16, max_completion=16, train_micro_batch_tokens=32)
     assert result.training_peak_moment == "optimizer step"
-    assert result.training["optimizer"] == (4 + 2) * result.num_parameters  # 2 bf16 moments + a sqrt(v) temp
+    # 2 bf16 moments + a sqrt(v) temp
+    assert result.training["optimizer"] == (4 + 2) * result.num_parameters
     assert result.training["activations"] == 0
 
 

@@ -1,4 +1,5 @@
-"""plan_memory's choices (g, micro-batch), the fits verdict, advice that re-runs the estimate, JSON."""
+"""plan_memory's choices (g, micro-batch), the fits verdict, advice that re-runs the estimate,
+JSON."""
 
 import json
 
@@ -8,7 +9,8 @@ from infsamp.planner import PARTS, PRESETS, plan_memory
 from infsamp.planner.estimate import GIB, generation_breakdown, training_breakdown
 
 LLAMA_1B = PRESETS["llama-3.2-1b"]
-SEED = dict(gpu_memory_bytes=16 * GIB, max_prompt=256, max_completion=786)  # the second seed's laptop
+# the second seed's laptop
+SEED = dict(gpu_memory_bytes=16 * GIB, max_prompt=256, max_completion=786)
 
 
 def test_seed_case_full_fine_tuning_with_reference_does_not_fit_and_each_advice_does():
@@ -16,7 +18,8 @@ def test_seed_case_full_fine_tuning_with_reference_does_not_fit_and_each_advice_
     result = plan_memory(LLAMA_1B, num_generations=4, beta=0.04, **seed)
     assert not result.fits and result.micro_group == 4 and result.train_micro_batch_tokens == 0
     assert result.advice and all(line.startswith("fits with --") for line in result.advice)
-    switches = {"--lora-rank 16": dict(lora_rank=16), "--optimizer adamw8bit": dict(optimizer="adamw8bit"),
+    switches = {"--lora-rank 16": dict(lora_rank=16),
+                "--optimizer adamw8bit": dict(optimizer="adamw8bit"),
                 "--gradient-checkpointing": dict(gradient_checkpointing=True),
                 "--beta 0 (no reference model)": dict(beta=0.0)}
     for line in result.advice:
@@ -26,43 +29,46 @@ def test_seed_case_full_fine_tuning_with_reference_does_not_fit_and_each_advice_
 
 
 def test_chosen_g_and_micro_batch_are_the_largest_that_fit():
-    result = plan_memory(PRESETS["qwen3-1.7b"], gpu_memory_bytes=14 * GIB, num_generations=64, max_prompt=256,
+    result = plan_memory(PRESETS["qwen3-1.7b"], gpu_memory_bytes=14 * GIB, num_generations=64,
+                         max_prompt=256,
                          max_completion=1024, optimizer="adamw8bit", gradient_checkpointing=True)
     p, g, tokens = result.inputs, result.micro_group, result.train_micro_batch_tokens
     assert 0 < g < 64 and tokens > 0 and tokens % p.seq_len == 0
-    assert generation_breakdown(p, g)["peak"] <= p.gpu_memory_bytes < generation_breakdown(p, g + 1)["peak"]
+    assert (generation_breakdown(p, g)["peak"] <= p.gpu_memory_bytes
+            < generation_breakdown(p, g + 1)["peak"])
     limit = p.gpu_memory_bytes
-    assert training_breakdown(p, tokens)["peak"] <= limit < training_breakdown(p, tokens + p.seq_len)["peak"]
+    assert (training_breakdown(p, tokens)["peak"] <= limit
+            < training_breakdown(p, tokens + p.seq_len)["peak"])
     assert result.kv_budget_tokens == 256 + g * 1024
 
 
 def test_user_fixed_g_too_large_gets_smaller_g_advice():
-    free_g = plan_memory(PRESETS["qwen3-1.7b"], gpu_memory_bytes=12 * GIB, num_generations=64, max_prompt=256,
-                         max_completion=1024, lora_rank=16).micro_group
-    result = plan_memory(PRESETS["qwen3-1.7b"], gpu_memory_bytes=12 * GIB, num_generations=64, max_prompt=256,
-                         max_completion=1024, lora_rank=16, micro_group=64)
+    free_g = plan_memory(PRESETS["qwen3-1.7b"], gpu_memory_bytes=12 * GIB, num_generations=64,
+                         max_prompt=256, max_completion=1024, lora_rank=16).micro_group
+    result = plan_memory(PRESETS["qwen3-1.7b"], gpu_memory_bytes=12 * GIB, num_generations=64,
+                         max_prompt=256, max_completion=1024, lora_rank=16, micro_group=64)
     assert not result.fits and result.micro_group == 0
     assert result.advice == [f"fits with a smaller g: --micro-group {free_g} (or 0 for auto)"]
 
 
 def test_nothing_fits_says_how_much_is_needed():
-    result = plan_memory(PRESETS["qwen3-14b"], gpu_memory_bytes=4 * GIB, num_generations=8, max_prompt=256,
-                         max_completion=1024)
+    result = plan_memory(PRESETS["qwen3-14b"], gpu_memory_bytes=4 * GIB, num_generations=8,
+                         max_prompt=256, max_completion=1024)
     assert not result.fits and len(result.advice) == 1
     assert result.advice[0].startswith("does not fit even with every switch")
 
 
 def test_large_gpu_fits_whole_group_without_advice():
-    result = plan_memory(LLAMA_1B, gpu_memory_bytes=80 * GIB, num_generations=64, **{k: v for k, v in SEED.items()
-                                                                                  if k != "gpu_memory_bytes"})
+    result = plan_memory(LLAMA_1B, gpu_memory_bytes=80 * GIB, num_generations=64,
+                         **{k: v for k, v in SEED.items() if k != "gpu_memory_bytes"})
     assert result.fits and result.micro_group == 64 and result.advice == []
     assert result.train_micro_batch_tokens == 64 * 1042 or result.train_micro_batch_sequences < 64
 
 
 def test_json_has_the_promised_keys():
     data = json.loads(plan_memory(LLAMA_1B, num_generations=8, **SEED).to_json())
-    for key in ("fits", "micro_group", "train_micro_batch_tokens", "generation", "training", "peak_bytes",
-                "advice"):
+    for key in ("fits", "micro_group", "train_micro_batch_tokens", "generation", "training",
+                "peak_bytes", "advice"):
         assert key in data
     for phase in ("generation", "training"):
         assert set(data[phase]) == {*PARTS, "peak"}

@@ -1,4 +1,5 @@
-"""Model shapes: presets' exact parameter counts, reading config.json, and agreement with transformers."""
+"""Model shapes: presets' exact parameter counts, reading config.json, and agreement with
+transformers."""
 
 import dataclasses
 import json
@@ -8,7 +9,13 @@ import sys
 import pytest
 
 from infsamp.errors import ModelError
-from infsamp.planner import PRESETS, count_lora_parameters, count_parameters, load_shape, shape_from_config
+from infsamp.planner import (
+    PRESETS,
+    count_lora_parameters,
+    count_parameters,
+    load_shape,
+    shape_from_config,
+)
 
 # Totals published with the checkpoints (safetensors metadata / model cards).
 EXACT_TOTALS = {
@@ -20,8 +27,8 @@ EXACT_TOTALS = {
 }
 ADVERTISED_BILLIONS = {
     "qwen3-0.6b": 0.6, "qwen3-1.7b": 1.7, "qwen3-4b": 4.0, "qwen3-8b": 8.2, "qwen3-14b": 14.8,
-    "qwen2.5-0.5b": 0.49, "qwen2.5-1.5b": 1.54, "qwen2.5-3b": 3.09, "qwen2.5-7b": 7.61, "qwen2.5-14b": 14.7,
-    "llama-3.2-1b": 1.24, "llama-3.2-3b": 3.21, "llama-3.1-8b": 8.03,
+    "qwen2.5-0.5b": 0.49, "qwen2.5-1.5b": 1.54, "qwen2.5-3b": 3.09, "qwen2.5-7b": 7.61,
+    "qwen2.5-14b": 14.7, "llama-3.2-1b": 1.24, "llama-3.2-3b": 3.21, "llama-3.1-8b": 8.03,
 }
 
 
@@ -32,7 +39,8 @@ def test_every_requested_preset_exists():
 @pytest.mark.parametrize("name", sorted(EXACT_TOTALS))
 def test_parameter_count_matches_published_total(name):
     assert count_parameters(PRESETS[name]) == EXACT_TOTALS[name]
-    assert count_parameters(PRESETS[name]) / 1e9 == pytest.approx(ADVERTISED_BILLIONS[name], rel=0.03)
+    assert count_parameters(PRESETS[name]) / 1e9 == pytest.approx(ADVERTISED_BILLIONS[name],
+                                                                  rel=0.03)
 
 
 def test_family_details():
@@ -53,16 +61,18 @@ def test_lora_count_all_linear_rank_16_llama_1b():
 
 def test_load_shape_preset_dir_and_file(tmp_path):
     assert load_shape("Qwen3-0.6B") is PRESETS["qwen3-0.6b"]
-    config = {"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100, "tie_word_embeddings": True,
-              "max_position_embeddings": 256}
+    config = {"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128,
+              "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100,
+              "tie_word_embeddings": True, "max_position_embeddings": 256}
     (tmp_path / "config.json").write_text(json.dumps(config))
     from_dir, from_file = load_shape(str(tmp_path)), load_shape(str(tmp_path / "config.json"))
     assert dataclasses.replace(from_dir, name="x") == dataclasses.replace(from_file, name="x")
     assert from_dir.head_dim == 16 and from_dir.attention_bias and not from_dir.qk_norm
 
 
-@pytest.mark.parametrize("content, match", [("{not json", "cannot read JSON"), ("[1, 2]", "JSON object"),
+@pytest.mark.parametrize("content, match",
+                         [("{not json", "cannot read JSON"), ("[1, 2]", "JSON object"),
                                             ('{"hidden_size": 8}', "missing key")])
 def test_unreadable_configs_raise_one_line(tmp_path, content, match):
     path = tmp_path / "config.json"
@@ -78,8 +88,10 @@ def test_unknown_name_lists_presets():
 
 
 def test_planner_imports_no_torch():
-    code = "import sys, infsamp.planner, infsamp.planner.report, infsamp.commands.plan; print('torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    code = ("import sys, infsamp.planner, infsamp.planner.report, infsamp.commands.plan; "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
     assert out.strip() == "False"
 
 
@@ -97,6 +109,7 @@ def test_counts_match_transformers_and_peft(family, tie):
     model = transformers.AutoModelForCausalLM.from_config(config)
     shape = shape_from_config(config, name=family)
     assert count_parameters(shape) == sum(p.numel() for p in model.parameters())
-    lora = get_peft_model(model, LoraConfig(r=4, target_modules="all-linear", task_type="CAUSAL_LM"))
+    lora = get_peft_model(model,
+                          LoraConfig(r=4, target_modules="all-linear", task_type="CAUSAL_LM"))
     trainable = sum(p.numel() for p in lora.parameters() if p.requires_grad)
     assert count_lora_parameters(shape, 4) == trainable

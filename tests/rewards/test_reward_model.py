@@ -6,9 +6,10 @@ import torch
 from transformers import AutoTokenizer, LlamaForSequenceClassification
 
 from infsamp.errors import RewardError
-from infsamp.rewards.reward_model import RewardModel
 from infsamp.rewards.compute import compute_rewards
 from infsamp.rewards.loading import load_reward_functions
+from infsamp.rewards.reward_model import RewardModel
+
 from reward_models import save_reward_model
 
 CHAT_TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}")

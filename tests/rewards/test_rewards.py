@@ -1,4 +1,5 @@
-"""Built-in rewards, loading by spec, and the checks of compute_rewards (one-line errors naming function + row)."""
+"""Built-in rewards, loading by spec, and the checks of compute_rewards (one-line errors naming
+function + row)."""
 
 import asyncio
 import functools
@@ -11,7 +12,13 @@ import numpy as np
 import pytest
 
 from infsamp.errors import RewardError
-from infsamp.rewards.builtin import BUILTIN_REWARDS, accuracy_reward, completion_text, format_reward, normalize_answer
+from infsamp.rewards.builtin import (
+    BUILTIN_REWARDS,
+    accuracy_reward,
+    completion_text,
+    format_reward,
+    normalize_answer,
+)
 from infsamp.rewards.calling import check_async_allowed, is_async_callable
 from infsamp.rewards.compute import compute_rewards
 from infsamp.rewards.loading import load_reward_functions
@@ -41,30 +48,35 @@ def test_format_reward_strict_pattern(text, expected):
 
 
 def test_accuracy_reward_compares_answer_tag_with_reference():
-    completions = [GOOD, GOOD, "<answer> 1,275 </answer>", "<answer>\n5.0\n</answer>", "7", "no tags 7"]
+    completions = [GOOD, GOOD, "<answer> 1,275 </answer>", "<answer>\n5.0\n</answer>", "7",
+                   "no tags 7"]
     answers = ["7", "8", "1275", "5", "7", "7"]
     assert accuracy_reward(completions, answer=answers) == [2.0, 0.0, 2.0, 2.0, 2.0, 0.0]
-    assert accuracy_reward([chat(c) for c in completions], answer=answers) == [2.0, 0.0, 2.0, 2.0, 2.0, 0.0]
+    assert accuracy_reward([chat(c) for c in completions],
+                           answer=answers) == [2.0, 0.0, 2.0, 2.0, 2.0, 0.0]
 
 
 @pytest.mark.parametrize("text, expected", [
-    ("1,000", "1000"), ("5.0", "5"), ("-3.50", "-3.5"), (" 42 ", "42"), ("0.00", "0"), ("1e3", "1000"),
-    ("abc", "abc"), ("nan", "nan"), ("", ""),
+    ("1,000", "1000"), ("5.0", "5"), ("-3.50", "-3.5"), (" 42 ", "42"), ("0.00", "0"),
+    ("1e3", "1000"), ("abc", "abc"), ("nan", "nan"), ("", ""),
 ])
 def test_normalize_answer(text, expected):
     assert normalize_answer(text) == expected
 
 
 def test_completion_text_joins_message_contents():
-    assert completion_text([{"role": "assistant", "content": "a"}, {"role": "assistant", "content": None}]) == "a"
+    assert completion_text([{"role": "assistant", "content": "a"},
+                            {"role": "assistant", "content": None}]) == "a"
 
 
 def test_load_builtin_module_and_file_functions(tmp_path):
     user_file = tmp_path / "my_rewards.py"
-    user_file.write_text("def length_penalty(prompts, completions, **kw):\n    return [-len(c) for c in completions]\n")
+    user_file.write_text("def length_penalty(prompts, completions, **kw):\n    return [-len(c) for "
+                         "c in completions]\n")
     loaded = load_reward_functions(["format", "accuracy", "infsamp.rewards.builtin:format_reward",
                                     f"{user_file}:length_penalty", "format"])
-    assert [name for name, _ in loaded] == ["format", "accuracy", "format_reward", "length_penalty", "format_2"]
+    assert [name for name, _ in loaded] == ["format", "accuracy", "format_reward", "length_penalty",
+                                            "format_2"]
     assert loaded[0][1] is BUILTIN_REWARDS["format"]
     assert loaded[3][1](prompts=["p"], completions=["abc"]) == [-3]
 
@@ -106,7 +118,8 @@ def test_weighted_total_and_per_function_metrics():
     metrics = result.metrics()
     assert metrics["rewards/format/mean"] == pytest.approx(0.5 / 3)
     assert metrics["rewards/accuracy/mean"] == pytest.approx(4 / 3)
-    assert metrics["rewards/accuracy/std"] == pytest.approx(math.sqrt(4 / 3))  # Bessel-corrected, as TRL
+    # Bessel-corrected, as TRL
+    assert metrics["rewards/accuracy/std"] == pytest.approx(math.sqrt(4 / 3))
 
 
 def test_default_weights_are_one_and_extra_kwargs_reach_functions():
@@ -116,7 +129,8 @@ def test_default_weights_are_one_and_extra_kwargs_reach_functions():
         seen.update(answer=answer, ids=completion_ids)
         return np.array([1.0, 2.0, 3.0])  # arrays are accepted
 
-    result = compute_rewards([("spy", spy)], None, PROMPTS, ["a", "b", "c"], COLUMNS, completion_ids=[[1], [2], [3]])
+    result = compute_rewards([("spy", spy)], None, PROMPTS, ["a", "b", "c"], COLUMNS,
+                             completion_ids=[[1], [2], [3]])
     assert result.total == [1.0, 2.0, 3.0]
     assert seen == {"answer": ["7", "4", "2"], "ids": [[1], [2], [3]]}
 
@@ -128,7 +142,8 @@ def test_none_is_skipped_like_trl_nansum():
     def only_rest(prompts, completions, **kw):
         return [None, 2.0, 3.0]
 
-    result = compute_rewards([("a", only_first), ("b", only_rest)], [1.0, 10.0], PROMPTS, ["x", "y", "z"], COLUMNS)
+    result = compute_rewards([("a", only_first), ("b", only_rest)], [1.0, 10.0], PROMPTS,
+                             ["x", "y", "z"], COLUMNS)
     assert result.total == [1.0, 20.0, 30.0]
     assert math.isnan(result.per_function["a"][1])
     assert result.metrics()["rewards/a/mean"] == 1.0
@@ -147,18 +162,22 @@ def raises_on_row_2(prompts, completions, **kw):
 
 
 @pytest.mark.parametrize("func, fragment", [
-    (raises_on_row_2, "reward function 'bad', row 2 (prompt 'What is 1+1?'): raised ZeroDivisionError"),
-    (lambda prompts, completions, **kw: [1.0, float("nan"), 1.0], "'bad', row 1 (prompt 'What is 2+2?'): returned nan"),
-    (lambda prompts, completions, **kw: [1.0, 1.0, float("inf")], "'bad', row 2 (prompt 'What is 1+1?'): returned inf"),
-    (lambda prompts, completions, **kw: [1.0, "1", 1.0], "'bad', row 1 (prompt 'What is 2+2?'): returned str '1'"),
+    (raises_on_row_2,
+     "reward function 'bad', row 2 (prompt 'What is 1+1?'): raised ZeroDivisionError"),
+    (lambda prompts, completions, **kw: [1.0, float("nan"), 1.0],
+     "'bad', row 1 (prompt 'What is 2+2?'): returned nan"),
+    (lambda prompts, completions, **kw: [1.0, 1.0, float("inf")],
+     "'bad', row 2 (prompt 'What is 1+1?'): returned inf"),
+    (lambda prompts, completions, **kw: [1.0, "1", 1.0],
+     "'bad', row 1 (prompt 'What is 2+2?'): returned str '1'"),
     (lambda prompts, completions, **kw: [1.0, 1.0], "'bad': returned 2 values for 3 completions"),
     (lambda prompts, completions, **kw: 1.0, "'bad': returned float, expected a list"),
     (lambda prompts, completions, **kw: {"a": 1}, "'bad': returned dict, expected a list"),
 ])
 def test_bad_reward_functions_are_reported_with_name_and_row(func, fragment):
     with pytest.raises(RewardError) as info:
-        compute_rewards([("ok", BUILTIN_REWARDS["format"]), ("bad", func)], None, PROMPTS, ["xx", "yy", "z"],
-                        COLUMNS)
+        compute_rewards([("ok", BUILTIN_REWARDS["format"]), ("bad", func)], None, PROMPTS,
+                        ["xx", "yy", "z"], COLUMNS)
     assert fragment in str(info.value)
     assert "\n" not in str(info.value)
 
@@ -169,15 +188,16 @@ def test_batch_only_failure_names_function_without_row():
             raise RuntimeError("batch too big\nsecond line")
         return [0.0]
 
-    with pytest.raises(RewardError, match=r"^reward function 'f': raised RuntimeError: batch too big$"):
+    with pytest.raises(RewardError,
+                       match=r"^reward function 'f': raised RuntimeError: batch too big$"):
         compute_rewards([("f", fails_on_batches)], None, PROMPTS, ["a", "b", "c"], COLUMNS)
 
 
 def test_conversational_prompt_preview_uses_last_message():
     prompts = [[{"role": "system", "content": "sys"}, {"role": "user", "content": "Q" * 100}]]
     with pytest.raises(RewardError) as info:
-        compute_rewards([("f", lambda prompts, completions, **kw: [None])], None, prompts, [chat("x")],
-                        {"answer": ["1"]})
+        compute_rewards([("f", lambda prompts, completions, **kw: [None])], None, prompts,
+                        [chat("x")], {"answer": ["1"]})
     assert f"(prompt '{'Q' * 60}')" in str(info.value)
 
 
@@ -191,8 +211,10 @@ def test_failing_row_is_found_when_extra_kwargs_are_not_per_row():
         assert trainer_state == {"step": 3}
         return [1.0 / (len(c) - 1) for c in completions]
 
-    with pytest.raises(RewardError, match=r"'f', row 1 \(prompt 'What is 2\+2\?'\): raised ZeroDivisionError"):
-        compute_rewards([("f", needs_state)], None, PROMPTS, ["aa", "b", "cc"], COLUMNS, trainer_state={"step": 3})
+    with pytest.raises(RewardError,
+                       match=r"'f', row 1 \(prompt 'What is 2\+2\?'\): raised ZeroDivisionError"):
+        compute_rewards([("f", needs_state)], None, PROMPTS, ["aa", "b", "cc"], COLUMNS,
+                        trainer_state={"step": 3})
 
 
 THINK = "<think>\nLet me add.\n</think>\n\n"

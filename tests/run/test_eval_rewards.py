@@ -8,7 +8,7 @@ from infsamp.config import ConfigError
 from infsamp.rewards.compute import RewardResult
 from infsamp.run import trainer as trainer_module
 from infsamp.run.checkpoint import list_checkpoints
-from infsamp.run.evaluation import (BestEvaluation, eval_metrics, eval_reward_name, tally)
+from infsamp.run.evaluation import BestEvaluation, eval_metrics, eval_reward_name, tally
 from infsamp.run.logs import read_jsonl
 from infsamp.run.trainer import GRPOTrainer
 

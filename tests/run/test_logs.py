@@ -5,8 +5,15 @@ import json
 import math
 from types import SimpleNamespace
 
-from infsamp.run.logs import (RUN_LOGS, RunLogger, completion_records, moving_average, plot_run,
-                                read_jsonl, rewind)
+from infsamp.run.logs import (
+    RUN_LOGS,
+    RunLogger,
+    completion_records,
+    moving_average,
+    plot_run,
+    read_jsonl,
+    rewind,
+)
 
 
 def test_moving_average_uses_the_last_window_values_and_skips_gaps():
@@ -16,7 +23,8 @@ def test_moving_average_uses_the_last_window_values_and_skips_gaps():
 
 
 def test_plot_run_writes_a_png(tmp_path):
-    rows = [{"step": i, "reward": i % 3, "completions/mean_length": 10 + i, "completions/max_length": 20 + i}
+    rows = [{"step": i, "reward": i % 3, "completions/mean_length": 10 + i,
+             "completions/max_length": 20 + i}
             for i in range(1, 25)]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "eval.jsonl").write_text(json.dumps({"step": 0, "eval/accuracy": 0.2}) + "\n")

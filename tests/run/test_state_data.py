@@ -57,7 +57,7 @@ def test_online_predictor_state_round_trips_through_json():
 
     trained = OnlinePredictor()
     rng = random.Random(0)
-    for call in range(6):
+    for _call in range(6):
         specs = [spec(i, g, f"p{g}") for g in range(3) for i in range(8)]
         for s in specs:
             trained.predict_remaining(s, [rng.randrange(40) for _ in range(4)])

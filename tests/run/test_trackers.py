@@ -3,17 +3,17 @@ names, the config and the plot (read back from what it wrote); bad names fail be
 backend failing mid-run is reported once while the run and the other trackers go on; a resumed run
 continues the same tracker runs. No network: tests/conftest.py keeps every client offline."""
 
-import os
 import importlib.util
 import json
+import os
 import struct
 
 import pytest
 
-from infsamp.run import trackers
 from infsamp.cli import main
 from infsamp.config import ConfigError
 from infsamp.config_io import load_config
+from infsamp.run import trackers
 from infsamp.run.trainer import GRPOTrainer
 
 PROJECT = "infsamp-test"

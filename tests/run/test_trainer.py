@@ -7,10 +7,10 @@ import json
 import pytest
 import torch
 
-from infsamp.errors import RewardError
 from infsamp.algorithm import grpo_step
-from infsamp.run.checkpoint import list_checkpoints
 from infsamp.algorithm.losses import LOSS_TYPES
+from infsamp.errors import RewardError
+from infsamp.run.checkpoint import list_checkpoints
 from infsamp.run.logs import read_jsonl
 from infsamp.run.trainer import GRPOTrainer
 
@@ -36,9 +36,10 @@ def test_run_writes_metrics_trace_and_checkpoint(tiny_config):
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2]
     for key in ("reward", "reward_std", "rewards/format/mean", "rewards/accuracy/mean", "accuracy",
-                "completions/mean_length", "completions/max_length", "frac_reward_zero_std", "loss", "kl",
-                "clip_ratio/region_mean", "step_time", "sampling/decode_steps", "sampling/peak_kv_bytes",
-                "sampling/tokens_per_second"):
+                "completions/mean_length", "completions/max_length", "frac_reward_zero_std", "loss",
+                "kl",
+                "clip_ratio/region_mean", "step_time", "sampling/decode_steps",
+                "sampling/peak_kv_bytes", "sampling/tokens_per_second"):
         assert key in metrics[0], key
     trace = [json.loads(line) for line in (out / "lengths.jsonl").read_text().splitlines()]
     assert len(trace) == 4 and all(len(t["lengths"]) == 4 for t in trace)
@@ -105,7 +106,8 @@ def test_checkpoint_written_before_run_sizes_resumes(tiny_config, tmp_path, monk
 
 
 def test_training_oom_splits_micro_batch_and_keeps_gradient(tiny_config, tmp_path, monkeypatch):
-    clean = GRPOTrainer(tiny_config(**{"logging.output_dir": str(tmp_path / "a"), "training.max_steps": 2}))
+    clean = GRPOTrainer(tiny_config(**{"logging.output_dir": str(tmp_path / "a"),
+                                       "training.max_steps": 2}))
     clean.train()
     original = grpo_step.GRPOStep._micro_batch_backward
     calls = {"n": 0}
@@ -117,7 +119,8 @@ def test_training_oom_splits_micro_batch_and_keeps_gradient(tiny_config, tmp_pat
         return original(self, mb, *args)
 
     monkeypatch.setattr(grpo_step.GRPOStep, "_micro_batch_backward", flaky)
-    retried = GRPOTrainer(tiny_config(**{"logging.output_dir": str(tmp_path / "b"), "training.max_steps": 2}))
+    retried = GRPOTrainer(tiny_config(**{"logging.output_dir": str(tmp_path / "b"),
+                                         "training.max_steps": 2}))
     retried.train()
     assert retried.grpo.num_oom_retries == 1
     assert_same_weights(weights(retried.model), weights(clean.model))
@@ -144,7 +147,8 @@ def test_bad_reward_function_names_function_and_row(tiny_config):
     def broken(prompts, completions, **kwargs):
         return [1.0] * (len(completions) - 1)
 
-    trainer = GRPOTrainer(tiny_config(**{"eval.num_problems": 0}), reward_funcs=[("broken", broken)])
+    trainer = GRPOTrainer(tiny_config(**{"eval.num_problems": 0}),
+                          reward_funcs=[("broken", broken)])
     with pytest.raises(RewardError, match="broken"):
         trainer.train()
 

@@ -10,8 +10,8 @@ import json
 import pytest
 import torch
 
-from infsamp.cli import main
 from infsamp.algorithm.logprobs import sequence_logprobs
+from infsamp.cli import main
 from infsamp.run.trainer import GRPOTrainer
 from infsamp.sampling.engines.base import vllm_installed
 

@@ -1,4 +1,5 @@
-"""`infsamp bench scheduling` on a tiny random checkpoint: every variant runs, lengths agree, targets add up."""
+"""`infsamp bench scheduling` on a tiny random checkpoint: every variant runs, lengths agree,
+targets add up."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _args(**overrides) -> argparse.Namespace:
-    base = dict(prompts=2, prompts_per_step=1, epochs=2, group_size=6, micro_group=2, max_new_tokens=12, temperature=1.0,
-                prefix_tokens=3, seed=0)
+    base = dict(prompts=2, prompts_per_step=1, epochs=2, group_size=6, micro_group=2,
+                max_new_tokens=12, temperature=1.0, prefix_tokens=3, seed=0)
     return argparse.Namespace(**{**base, **overrides})
 
 
@@ -34,7 +35,8 @@ def test_every_policy_sees_the_same_completions(tiny_model_dir):
     assert all(r["same_lengths_as_continuous"] for r in measured)
     assert all(r["decode_steps"] >= r["lower_bound"] for r in rows)
     from infsamp.sampling.grouping import pigeonhole_bound
-    assert all(r["opt_lower_bound"] == pigeonhole_bound([n for g in r["lengths"] for n in g], r["num_slots"])
+    assert all(r["opt_lower_bound"]
+               == pigeonhole_bound([n for g in r["lengths"] for n in g], r["num_slots"])
                for r in rows)
     oracle = [r for r in measured if r["variant"] == "length_aware:oracle"]
     assert all(r["kendall_tau"] in (None, 1.0) or len(set(r["lengths"][0])) == 1 for r in oracle)
@@ -44,7 +46,8 @@ def test_every_policy_sees_the_same_completions(tiny_model_dir):
     assert totals["rounds"]["generated_tokens"] == totals["continuous"]["generated_tokens"]
     name = "length_aware:online decode steps saved vs rounds (>= 0.40)"
     saved = report["targets"]["slots"][name]
-    assert saved == pytest.approx(1 - totals["length_aware:online"]["decode_steps"] / totals["rounds"]["decode_steps"])
+    assert saved == pytest.approx(
+        1 - totals["length_aware:online"]["decode_steps"] / totals["rounds"]["decode_steps"])
 
 
 def test_cli_writes_json(tiny_model_dir, tmp_path, capsys):

@@ -27,7 +27,8 @@ def test_gumbel_sampling_matches_softmax():
     num = 20000
     logits = torch.tensor([[0.0, 1.0, 2.0, -1.0]]).repeat(num, 1)  # [N, 4]
     options = DecodeOptions(temperature=1.0, seed=3)
-    tokens = select_tokens(logits, torch.arange(num), torch.zeros(num, dtype=torch.long), options, [])
+    tokens = select_tokens(logits, torch.arange(num), torch.zeros(num, dtype=torch.long), options,
+                           [])
     freq = torch.bincount(tokens, minlength=4).float() / num
     assert torch.allclose(freq, logits[0].softmax(-1), atol=0.015)
 
@@ -37,14 +38,16 @@ def test_noise_belongs_to_the_sample_not_the_batch():
     batched = uniform_noise(7, torch.tensor([5, 9, 2]), torch.tensor([0, 4, 4]), 16)
     assert torch.equal(alone[0], batched[1])
     assert not torch.equal(batched[1], batched[2])  # other sample, same step: other noise
-    assert not torch.equal(alone, uniform_noise(8, torch.tensor([9]), torch.tensor([4]), 16))  # other seed
+    # other seed
+    assert not torch.equal(alone, uniform_noise(8, torch.tensor([9]), torch.tensor([4]), 16))
     assert 0 < alone.min() and alone.max() < 1
 
 
 def test_top_k_one_is_greedy():
     logits = torch.randn(6, 10)
     options = DecodeOptions(temperature=1.5, top_k=1, seed=0)
-    tokens = select_tokens(logits, torch.arange(6), torch.zeros(6, dtype=torch.long), options, build_warpers(options))
+    tokens = select_tokens(logits, torch.arange(6), torch.zeros(6, dtype=torch.long), options,
+                           build_warpers(options))
     assert torch.equal(tokens, logits.argmax(-1))
 
 

@@ -119,4 +119,5 @@ def test_balance_never_loses_to_lpt_on_real_lengths():
         weights = [rng.uniform(1, 1000) for _ in range(num_jobs)]
         initial = [rng.uniform(0, 500) for _ in range(num_slots)]
         grouping = balance(weights, num_slots, 0.1, initial)
-        assert grouping.makespan <= makespan(lpt(weights, num_slots, initial), weights, initial) + 1e-6
+        assert grouping.makespan <= makespan(lpt(weights, num_slots, initial), weights,
+                                             initial) + 1e-6

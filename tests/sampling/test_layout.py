@@ -14,8 +14,12 @@ import torch
 import infsamp.sampling
 from infsamp.errors import SamplingError
 from infsamp.sampling.engines.base import ENGINE_NAMES, ENGINES, resolve_engine_name
-from infsamp.sampling.types import (concurrency_for_budget, kv_tokens_needed, reserved_tokens,
-                                    shared_prompt_tokens)
+from infsamp.sampling.types import (
+    concurrency_for_budget,
+    kv_tokens_needed,
+    reserved_tokens,
+    shared_prompt_tokens,
+)
 
 ROOT = Path(infsamp.sampling.__file__).parent
 PURE = ("types", "scheduler", "policies", "length_predictor", "hidden_predictor", "predictors",

@@ -1,4 +1,5 @@
-"""Length predictors: registry, oracle/noisy, the online ridge learning across calls, quality measure."""
+"""Length predictors: registry, oracle/noisy, the online ridge learning across calls, quality
+measure."""
 
 import itertools
 import json
@@ -10,15 +11,22 @@ import pytest
 
 from infsamp.errors import SamplingError
 from infsamp.sampling.length_predictor import (
-    ConstantPredictor, NoisyOraclePredictor, OnlinePredictor, OraclePredictor, kendall_tau,
-    prediction_quality)
+    ConstantPredictor,
+    NoisyOraclePredictor,
+    OnlinePredictor,
+    OraclePredictor,
+    kendall_tau,
+    prediction_quality,
+)
 from infsamp.sampling.predictors import make_predictor
 from infsamp.sampling.types import Sample
 
 
 def brute_tau_b(x, y):
     pairs = list(itertools.combinations(range(len(x)), 2))
-    sign = lambda v: (v > 0) - (v < 0)
+    def sign(v):
+        return (v > 0) - (v < 0)
+
     s = sum(sign(x[i] - x[j]) * sign(y[i] - y[j]) for i, j in pairs)
     ux = sum(abs(sign(x[i] - x[j])) for i, j in pairs)
     uy = sum(abs(sign(y[i] - y[j])) for i, j in pairs)
@@ -71,7 +79,8 @@ def arithmetic_like_call(rng, prompts):
     """Length grows with the digits of the prompt, like the embedded task."""
     specs, lengths = [], []
     for group_id, digits in enumerate(prompts):
-        text = "+".join(str(rng.randint(10 ** (digits - 1), 10 ** digits - 1)) for _ in range(2)) + "=?"
+        text = "+".join(str(rng.randint(10 ** (digits - 1), 10 ** digits - 1))
+                        for _ in range(2)) + "=?"
         for _ in range(8):
             specs.append(spec(len(specs), group_id, f"k{digits}", text))
             lengths.append(max(1, round(12 * digits ** 2 * rng.lognormvariate(0, 0.15))))
@@ -94,7 +103,8 @@ def test_online_uses_finished_siblings_and_history():
     predictor = OnlinePredictor()
     assert predictor.predict(spec(0, max_new=100)) == pytest.approx(50)  # no data: half the limit
     predictor.observe_finished(spec(0, group_id=0, key="a"), 40)
-    assert predictor.predict(spec(1, group_id=0, key="a")) == pytest.approx(40)  # a finished sibling
+    # a finished sibling
+    assert predictor.predict(spec(1, group_id=0, key="a")) == pytest.approx(40)
     predictor.end_call()
     assert predictor.predict(spec(0, group_id=3, key="a")) == pytest.approx(40)  # an earlier epoch
 
@@ -108,7 +118,8 @@ def test_online_prefix_model_learns_token_signal():
         predictor.predict_remaining(spec(0), prefix)
         predictor.observe_finished(spec(0), 400 if long else 40)
         predictor.end_call()
-    assert predictor.predict_remaining(spec(0), [7] * 4) > 5 * predictor.predict_remaining(spec(0), [3] * 4)
+    assert predictor.predict_remaining(spec(0),
+                                       [7] * 4) > 5 * predictor.predict_remaining(spec(0), [3] * 4)
 
 
 def test_online_is_cheap():
@@ -128,7 +139,7 @@ def test_prefix_memory_tells_short_answers_from_long_derivations():
 
     predictor = OnlinePredictor()
     short, long = [5, 6, 7, 8, 9, 5], [20, 21, 22, 23, 21, 20]  # two ways to start an answer
-    for call in range(3):
+    for _call in range(3):
         specs = [Sample(i, 0, i, 10, 400, "p1", "12+34=?") for i in range(8)]
         for spec in specs:
             prefix = short if spec.index_in_group % 2 else long
@@ -137,7 +148,8 @@ def test_prefix_memory_tells_short_answers_from_long_derivations():
             predictor.observe_finished(spec, 30 if spec.index_in_group % 2 else 300)
         predictor.end_call()
     spec_short, spec_long = (Sample(i, 0, i, 10, 400, "p1", "12+34=?") for i in (1, 2))
-    assert predictor.predict_remaining(spec_short, short) + len(short) == pytest.approx(30, rel=0.01)
+    assert (predictor.predict_remaining(spec_short, short) + len(short)
+            == pytest.approx(30, rel=0.01))
     assert predictor.predict_remaining(spec_long, long) + len(long) == pytest.approx(300, rel=0.01)
 
 

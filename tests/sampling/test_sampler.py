@@ -1,4 +1,5 @@
-"""GroupSampler end to end on a random tiny Llama: policies agree, budgets hold, bad requests fail early."""
+"""GroupSampler end to end on a random tiny Llama: policies agree, budgets hold, bad requests fail
+early."""
 
 from __future__ import annotations
 
@@ -53,13 +54,14 @@ def token_ids(result):
 
 
 def test_greedy_policies_agree_with_generate(model):
-    results = {p: sampler(model, policy=p).sample(PROMPTS, 5) for p in ("full", "rounds", "continuous")}
+    results = {p: sampler(model, policy=p).sample(PROMPTS, 5)
+               for p in ("full", "rounds", "continuous")}
     reference = token_ids(results["full"])
     for policy, result in results.items():
         assert token_ids(result) == reference, policy
     for prompt, group in zip(PROMPTS, reference):
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, eos_token_id=EOS,
-                             pad_token_id=0)
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False,
+                             eos_token_id=EOS, pad_token_id=0)
         expected = out[0, len(prompt):].tolist()
         assert group[0] == expected[: expected.index(EOS) + 1] if EOS in expected else expected
 
@@ -85,7 +87,8 @@ def test_sampled_length_distributions_agree(model):
         lengths[policy] = [sorted(c.length for c in group) for group in result.groups]
     for policy in ("rounds", "continuous"):
         for ref, got in zip(lengths["full"], lengths[policy]):
-            ks = max(abs(sum(x <= t for x in ref) - sum(x <= t for x in got)) for t in range(13)) / 16
+            ks = max(abs(sum(x <= t for x in ref) - sum(x <= t for x in got))
+                     for t in range(13)) / 16
             assert ks < 0.3, (policy, ref, got)  # two-sample KS statistic; identical draws give 0
     assert len({length for group in lengths["full"] for length in group}) > 3
 
@@ -98,7 +101,8 @@ def test_statistics(model):
     assert stats.decode_steps >= stats.lower_bound > 0
     assert stats.micro_group == 3 and stats.num_preemptions == 0
     metrics = stats.to_metrics()
-    assert metrics["sampling/decode_steps"] == stats.decode_steps and "sampling/peak_kv_bytes" in metrics
+    assert (metrics["sampling/decode_steps"] == stats.decode_steps
+            and "sampling/peak_kv_bytes" in metrics)
     for c in result.completions:
         assert c.finish_reason == ("eos" if c.token_ids[-1] == EOS else "length")
         assert c.length == len(c.token_ids) <= 12
@@ -146,7 +150,8 @@ class ExplodingModel(torch.nn.Module):
     ([[5, 6, 7, 8]], 4, "4", "kv_budget='4'"),
 ])
 def test_bad_requests_fail_before_work(model, prompts, group_size, budget, match):
-    bad = GroupSampler(ExplodingModel(model), None, SamplingConfig(kv_budget=budget, max_new_tokens=8))
+    bad = GroupSampler(ExplodingModel(model), None,
+                       SamplingConfig(kv_budget=budget, max_new_tokens=8))
     with pytest.raises(SamplingError, match=match):
         bad.sample(prompts, group_size)
 

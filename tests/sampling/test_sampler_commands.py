@@ -13,7 +13,6 @@ from infsamp.config import SamplingConfig
 from infsamp.sampling.engines.base import vllm_installed
 from infsamp.sampling.sampler import GroupSampler
 
-
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
@@ -27,7 +26,8 @@ def test_sample_command_writes_completions_and_trace(checkpoint, tmp_path, capsy
     prompts.write_text("What is 2+3?\n\nHello\n")
     out, trace = tmp_path / "out.jsonl", tmp_path / "trace.jsonl"
     code = main(["sample", "--model", str(checkpoint), "--prompts", str(prompts), "-G", "3",
-                 "--max-new-tokens", "5", "--kv-budget", "40", "--out", str(out), "--trace", str(trace)])
+                 "--max-new-tokens", "5", "--kv-budget", "40", "--out", str(out), "--trace",
+                 str(trace)])
     assert code == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 6 and {r["prompt"] for r in rows} == {"What is 2+3?", "Hello"}
@@ -39,13 +39,14 @@ def test_sample_command_writes_completions_and_trace(checkpoint, tmp_path, capsy
 def test_sample_command_reports_bad_budget(checkpoint, tmp_path, capsys):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("What is 2+3?\n")
-    code = main(["sample", "--model", str(checkpoint), "--prompts", str(prompts), "--kv-budget", "5"])
+    code = main(["sample", "--model", str(checkpoint), "--prompts", str(prompts), "--kv-budget",
+                 "5"])
     assert code == 2 and "kv_budget='5'" in capsys.readouterr().err
 
 
 def test_forced_lengths_are_exact(checkpoint):
-    from infsamp.models.loading import load_model_and_tokenizer
     from infsamp.config import ModelConfig
+    from infsamp.models.loading import load_model_and_tokenizer
 
     model, tokenizer = load_model_and_tokenizer(ModelConfig(name_or_path=str(checkpoint)))
     workload = bench.Workload("controlled", (8,), 40, median=12, min_length=2, controlled=True)
@@ -57,11 +58,12 @@ def test_forced_lengths_are_exact(checkpoint):
 
 
 def test_bench_cells_and_targets(checkpoint):
-    from infsamp.models.loading import load_model_and_tokenizer
     from infsamp.config import ModelConfig
+    from infsamp.models.loading import load_model_and_tokenizer
 
     model, tokenizer = load_model_and_tokenizer(ModelConfig(name_or_path=str(checkpoint)))
-    workload = bench.Workload("controlled", (4, 8), 24, {4: 1, 8: 1}, median=8, min_length=2, controlled=True)
+    workload = bench.Workload("controlled", (4, 8), 24, {4: 1, 8: 1}, median=8, min_length=2,
+                              controlled=True)
     args = argparse.Namespace(micro_group=2, seed=0)
     prompts = bench.bench_prompts(tokenizer, 1, 0)
     rows = [bench.run_cell(model, tokenizer, workload, prompts, size, policy, args)

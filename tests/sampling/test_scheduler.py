@@ -62,7 +62,7 @@ def checked_run(specs, lengths, policy, num_slots, budget=None, predictor=None,
     peak, running = 0, {}
     while not sched.done:
         parked_before = {s.sample_id: s.num_tokens for s in specs if s.status == "parked"}
-        for slot, spec in sched.admit():
+        for _slot, spec in sched.admit():
             if spec.sample_id in started:
                 assert parked_before.get(spec.sample_id) == spec.num_tokens > 0, "started twice"
             started.add(spec.sample_id)
@@ -102,7 +102,8 @@ def checked_run(specs, lengths, policy, num_slots, budget=None, predictor=None,
 
 def test_full_takes_the_longest_sample():
     specs, lengths = specs_for([[5, 1, 3, 2]])
-    stats = checked_run(specs, lengths, "full", num_slots=2, budget=1)  # full ignores slots and budget
+    # full ignores slots and budget
+    stats = checked_run(specs, lengths, "full", num_slots=2, budget=1)
     assert stats.decode_steps == 5 and stats.micro_group == 4 and stats.num_rounds == 1
     assert stats.peak_kv_tokens_used == 10 + 2 + 2 + 2  # prompt once + 2 tokens each of 3 left
 
@@ -202,13 +203,15 @@ def test_length_aware_asks_for_prefix_only_with_a_token_conditioned_predictor():
     specs, lengths = specs_for([[30, 5, 20, 40]])
     assert SlotScheduler(specs, "length_aware", 2, predictor=make_predictor("online"),
                          prefix_tokens=8).prefix_tokens_wanted == 8
-    assert SlotScheduler(specs, "length_aware", 2, predictor=make_predictor("none")).prefix_tokens_wanted == 0
+    assert SlotScheduler(specs, "length_aware", 2,
+                         predictor=make_predictor("none")).prefix_tokens_wanted == 0
     assert SlotScheduler(specs, "continuous", 2).prefix_tokens_wanted == 0
 
 
 def test_length_aware_with_oracle_balances_slots():
     specs, lengths = specs_for([[8, 7, 6, 5, 4, 3, 2, 1]])
-    stats = checked_run(specs, lengths, "length_aware", 2, predictor=OraclePredictor(dict(enumerate(lengths))))
+    stats = checked_run(specs, lengths, "length_aware", 2,
+                        predictor=OraclePredictor(dict(enumerate(lengths))))
     assert stats.decode_steps == stats.lower_bound == 18
     assert stats.predictor_kendall_tau == pytest.approx(1.0) and stats.predictor_mae == 0.0
 
@@ -220,7 +223,8 @@ def test_scheduler_is_fast_per_decode_step():
         start = time.perf_counter()
         stats = run_call(specs, lengths, policy, 64, predictor=OraclePredictor())
         per_step = (time.perf_counter() - start) / stats.decode_steps
-        assert per_step < 2e-3, f"{policy}: {per_step * 1e3:.2f} ms per decode step (engine loop included)"
+        assert per_step < 2e-3, (f"{policy}: {per_step * 1e3:.2f} ms per decode "
+                                 f"step (engine loop included)")
 
 
 lengths_st = st.lists(st.lists(st.integers(1, 40), min_size=1, max_size=12), min_size=1, max_size=4)

@@ -6,7 +6,13 @@ import pytest
 
 from infsamp.cli import main
 from infsamp.errors import DataError, SamplingError
-from infsamp.sampling.simulator import TraceGroup, read_trace, simulate, synthetic_trace, write_trace
+from infsamp.sampling.simulator import (
+    TraceGroup,
+    read_trace,
+    simulate,
+    synthetic_trace,
+    write_trace,
+)
 
 
 def write_lines(tmp_path, lines):
@@ -31,7 +37,8 @@ def test_read_trace_round_trip(tmp_path):
     ('{"prompt_id": "a", "prompt_tokens": 5}', "missing field 'lengths'"),
     ('{"prompt_id": "a", "prompt_tokens": -1, "lengths": [3]}', "prompt_tokens must be"),
     ('{"prompt_id": "a", "prompt_tokens": 5, "lengths": []}', "lengths must be a non-empty list"),
-    ('{"prompt_id": "a", "prompt_tokens": 5, "lengths": [3, -4]}', r"lengths\[1\] must be an integer >= 1, got -4"),
+    ('{"prompt_id": "a", "prompt_tokens": 5, "lengths": [3, -4]}',
+     r"lengths\[1\] must be an integer >= 1, got -4"),
     ('{"prompt_id": "a", "prompt_tokens": 5, "lengths": [3.5]}', r"lengths\[0\] .* got 3.5"),
     ('{"prompt_id": "a", "prompt_tokens": 5, "lengths": ["3"]}', r"lengths\[0\]"),
     ('{"prompt_id": "a", "prompt_tokens": 5, "lengths": [true]}', r"lengths\[0\]"),
@@ -90,7 +97,8 @@ def test_oracle_length_aware_near_the_lower_bound():
 
 def test_cli_json(tmp_path, capsys):
     trace = tmp_path / "t.jsonl"
-    code = main(["simulate", "--synthetic", "lognormal", "--groups", "4", "--group-size", "16", "--epochs", "2",
+    code = main(["simulate", "--synthetic", "lognormal", "--groups", "4", "--group-size", "16",
+                 "--epochs", "2",
                  "--slots", "4", "--policy", "length_aware", "--predictor", "online", "--json",
                  "--prompts-per-step", "2", "--write-trace", str(trace)])
     out = json.loads(capsys.readouterr().out)
@@ -108,7 +116,8 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert main(["simulate", "--trace", str(path), "--slots", "2"]) == 2
     err = capsys.readouterr().err
     assert err.strip().count("\n") == 0 and "trace.jsonl:2: missing field" in err
-    assert main(["simulate", "--trace", str(write_lines(tmp_path, [GOOD])), "--policy", "rounds"]) == 2
+    assert main(["simulate", "--trace", str(write_lines(tmp_path, [GOOD])), "--policy",
+                 "rounds"]) == 2
     assert "--slots or --kv-budget" in capsys.readouterr().err
 
 
@@ -149,8 +158,8 @@ def test_cli_new_flags_fail_in_one_line(tmp_path, capsys, flags, message):
 
 def test_cli_plot(tmp_path, capsys):
     png = tmp_path / "quality.png"
-    code = main(["simulate", "--synthetic", "lognormal", "--groups", "3", "--group-size", "8", "--slots", "4",
-                 "--plot", str(png)])
+    code = main(["simulate", "--synthetic", "lognormal", "--groups", "3", "--group-size", "8",
+                 "--slots", "4", "--plot", str(png)])
     assert code == 0 and png.read_bytes()[:4] == b"\x89PNG"
 
 
@@ -158,7 +167,8 @@ def test_arithmetic_stand_in_with_guesses_is_bimodal():
     from infsamp.sampling.simulator import arithmetic_trace
 
     plain = arithmetic_trace(8, 16, seed=3)
-    assert plain == arithmetic_trace(8, 16, seed=3, direct_share=0.0)  # the default draws nothing extra
+    # the default draws nothing extra
+    assert plain == arithmetic_trace(8, 16, seed=3, direct_share=0.0)
     mixed = arithmetic_trace(8, 16, seed=3, direct_share=0.5, sigma_sample=0.0)
     for group in mixed:
         short, long = min(group.lengths), max(group.lengths)
@@ -176,5 +186,5 @@ def test_simulate_cli_direct_share(capsys):
 def test_direct_share_out_of_range_is_one_line(capsys):
     code = main(["simulate", "--synthetic", "arithmetic", "--direct-share", "1.5", "--slots", "2"])
     assert code == 2
-    assert capsys.readouterr().err.strip() == ("infsamp simulate: error: --direct-share must be between 0 and 1, "
-                                               "got 1.5")
+    assert capsys.readouterr().err.strip() == ("infsamp simulate: error: --direct-share must be "
+                                               "between 0 and 1, got 1.5")

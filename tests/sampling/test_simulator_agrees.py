@@ -1,6 +1,6 @@
-"""Issue 4 item 4: replaying a real sampling run's lengths through the simulator gives the decode steps
-the real engine reported, for every policy (a random tiny Llama, sampled lengths, a KV budget), and
-the B = 1 bench's committed traces replay to its figures (issue 22)."""
+"""Issue 4 item 4: replaying a real sampling run's lengths through the simulator gives the decode
+steps the real engine reported, for every policy (a random tiny Llama, sampled lengths, a KV
+budget), and the B = 1 bench's committed traces replay to its figures (issue 22)."""
 
 import json
 from pathlib import Path
@@ -42,7 +42,8 @@ def sample(model, policy, kv_budget, predictor=None, prefix_tokens=8):
     cfg = SamplingConfig(policy=policy, micro_group=3, kv_budget=kv_budget, max_new_tokens=MAX_NEW,
                          temperature=1.0, predictor="none", predictor_prefix_tokens=prefix_tokens)
     generator = torch.Generator().manual_seed(7)
-    return GroupSampler(model, None, cfg, predictor).sample(PROMPTS, GROUP_SIZE, generator=generator,
+    return GroupSampler(model, None, cfg, predictor).sample(PROMPTS, GROUP_SIZE,
+                                                            generator=generator,
                                                            logits_processor_factory=EosBoost)
 
 
@@ -57,7 +58,8 @@ def reference_lengths(model, kv_budget):
 
 
 @pytest.mark.parametrize("kv_budget", ["40"])  # g=2 by budget; a larger one adds time, not coverage
-@pytest.mark.parametrize("policy, predictor", [("full", None), ("rounds", None), ("continuous", None),
+@pytest.mark.parametrize("policy, predictor",
+                         [("full", None), ("rounds", None), ("continuous", None),
                                                ("length_aware", None), ("length_aware", "oracle")])
 def test_replay_matches_the_real_engine(model, policy, predictor, kv_budget):
     torch.set_num_threads(1)
@@ -65,7 +67,8 @@ def test_replay_matches_the_real_engine(model, policy, predictor, kv_budget):
     assert len(set(lengths)) > 2  # lengths vary, so the schedule matters
     oracle = OraclePredictor(dict(enumerate(lengths))) if predictor == "oracle" else None
     real = sample(model, policy, kv_budget, oracle)
-    assert [c.length for group in real.groups for c in group] == lengths  # schedule-independent sampling
+    # schedule-independent sampling
+    assert [c.length for group in real.groups for c in group] == lengths
     samples = make_samples([len(p) for p in PROMPTS], GROUP_SIZE, MAX_NEW)
     replay_predictor = OraclePredictor() if predictor == "oracle" else None
     replay = run_call(samples, lengths, policy, real.stats.micro_group, real.stats.kv_budget_tokens,
@@ -85,7 +88,7 @@ def test_replay_of_token_conditioned_parking_matches_the_real_engine(model, kv_b
     lengths = reference_lengths(model, kv_budget)
     real_predictor, replay_predictor = make_predictor("online"), make_predictor("online")
     samples = make_samples([len(p) for p in PROMPTS], GROUP_SIZE, MAX_NEW)
-    for call in range(2):  # the second call predicts from what the first taught
+    for _call in range(2):  # the second call predicts from what the first taught
         real = sample(model, "length_aware", kv_budget, real_predictor, prefix_tokens=2)
         assert [c.length for c in real.completions] == lengths
         first = [c.token_ids[:2] for c in real.completions]

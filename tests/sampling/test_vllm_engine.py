@@ -11,10 +11,10 @@ import copy
 import pytest
 import torch
 
+from infsamp.algorithm.logprobs import sequence_logprobs
 from infsamp.config import ModelConfig, SamplingConfig
 from infsamp.errors import SamplingError
 from infsamp.models.loading import load_model_and_tokenizer
-from infsamp.algorithm.logprobs import sequence_logprobs
 from infsamp.planner.sizes import RunSizes
 from infsamp.sampling.engines.base import make_engine, vllm_installed
 from infsamp.sampling.length_predictor import OraclePredictor
@@ -106,7 +106,8 @@ def test_every_policy_returns_the_same_completions(embedded, engine, prompts):
         predictor = make_predictor(predictor_name) if predictor_name else None
         if isinstance(predictor, OraclePredictor):
             lengths = runs["continuous", None].completions
-            predictor.set_lengths(lambda s: lengths[s.sample_id].length)
+            # used by this iteration's sample() only
+            predictor.set_lengths(lambda s: lengths[s.sample_id].length)  # noqa: B023
         result = sample(embedded, engine, prompts, 6, policy, predictor)
         runs[policy, predictor_name] = result
         stats = result.stats
@@ -167,7 +168,7 @@ def test_parked_requests_resume_losslessly_and_the_simulator_replays_them(embedd
     reference = sample(embedded, engine, prompts, 6)
     lengths = [c.length for c in reference.completions]
     real_predictor, replay_predictor = make_predictor("online"), make_predictor("online")
-    for call in range(2):
+    for _call in range(2):
         real = sample(embedded, engine, prompts, 6, "length_aware", real_predictor,
                       predictor_prefix_tokens=2)
         assert [c.token_ids for c in real.completions] == [c.token_ids for c in

@@ -8,11 +8,10 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from infsamp.algorithm.logprobs import sequence_logprobs
 from infsamp.config import SamplingConfig
 from infsamp.planner.sizes import RunSizes
-from infsamp.algorithm.logprobs import sequence_logprobs
-from infsamp.sampling.engines.base import (make_engine, resolve_engine_name,
-                                           vllm_installed)
+from infsamp.sampling.engines.base import make_engine, resolve_engine_name, vllm_installed
 from infsamp.sampling.sampler import GroupSampler
 
 pytestmark = [pytest.mark.gpu,
@@ -35,7 +34,9 @@ def test_auto_picks_vllm_on_cuda():
 def test_sleep_frees_memory_and_pushed_weights_are_sampled(model):
     cfg = SamplingConfig(policy="continuous", micro_group=8, kv_budget="65536", max_new_tokens=32,
                          temperature=1.0, vllm_sleep="discard")
-    engine = make_engine("vllm", model, cfg, RunSizes(kv_budget_tokens=65536, micro_group=8, max_micro_group=8, max_prompt_tokens=32,
+    engine = make_engine("vllm", model, cfg,
+                         RunSizes(kv_budget_tokens=65536, micro_group=8, max_micro_group=8,
+                                  max_prompt_tokens=32,
                       max_new_tokens=32))
     try:
         prompts = [[5, 6, 7, 8], [9, 10, 11]]

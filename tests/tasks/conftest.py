@@ -10,7 +10,8 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n
 
 @pytest.fixture
 def make_tokenizer():
-    """make_tokenizer(chat=True) -> a fast tokenizer whose template renders '<|role|>content' lines."""
+    """make_tokenizer(chat=True) -> a fast tokenizer whose template renders '<|role|>content'
+    lines."""
 
     def make(chat: bool):
         word_level = models.WordLevel({"[UNK]": 0}, unk_token="[UNK]")

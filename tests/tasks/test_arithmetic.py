@@ -1,4 +1,5 @@
-"""The embedded arithmetic task: deterministic, correct worked and direct solutions, disjoint splits, long tail."""
+"""The embedded arithmetic task: deterministic, correct worked and direct solutions, disjoint
+splits, long tail."""
 
 import re
 
@@ -55,5 +56,6 @@ def test_sft_targets_mix_direct_and_worked_answers():
     assert format_reward(targets) == [0.5] * len(targets)
     assert accuracy_reward(targets, answer=answers) == [2.0] * len(targets)
     assert len(problems[0]["direct_solution"]) < len(problems[0]["solution"])
-    assert not any(sft_completions(problems, seed=0, direct_share=0.0)[i] == problems[i]["direct_solution"]
+    assert not any(sft_completions(problems, seed=0, direct_share=0.0)[i]
+                   == problems[i]["direct_solution"]
                    for i in range(len(problems)))

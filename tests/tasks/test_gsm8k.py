@@ -1,4 +1,5 @@
-"""The GSM8K recipe: seed helpers, examples/gsm8k.yaml, and loading + rewards on GSM8K-format rows."""
+"""The GSM8K recipe: seed helpers, examples/gsm8k.yaml, and loading + rewards on GSM8K-format
+rows."""
 
 from pathlib import Path
 
@@ -8,7 +9,12 @@ from infsamp.config import ConfigError
 from infsamp.config_io import load_config
 from infsamp.rewards.compute import compute_rewards
 from infsamp.rewards.loading import load_reward_functions
-from infsamp.tasks.gsm8k import SYSTEM_PROMPT, extract_hash_answer, extract_xml_answer, has_xml_format
+from infsamp.tasks.gsm8k import (
+    SYSTEM_PROMPT,
+    extract_hash_answer,
+    extract_xml_answer,
+    has_xml_format,
+)
 from infsamp.tasks.loading import load_examples
 from infsamp.tasks.prompts import completion_for_rewards, prompt_for_rewards, render_prompt
 
@@ -39,13 +45,15 @@ def test_recipe_matches_the_seed():
     # the seed's bf16=True (plain AdamW on bf16 weights) is training.precision auto: bf16 with
     # stochastically rounded updates on a GPU, fp32 on a CPU
     assert cfg.model.dtype == "auto" and cfg.training.precision == "auto"
-    assert (cfg.data.dataset, cfg.data.dataset_config, cfg.data.answer_parser) == ("openai/gsm8k", "main", "gsm8k")
+    assert (cfg.data.dataset, cfg.data.dataset_config,
+            cfg.data.answer_parser) == ("openai/gsm8k", "main", "gsm8k")
     assert cfg.data.prompt_column == "question" and cfg.data.system_prompt == SYSTEM_PROMPT
     assert cfg.data.max_prompt_length == 256
     assert cfg.rewards.functions == ["format", "accuracy"]
     assert cfg.sampling.num_generations == 4 and cfg.sampling.max_new_tokens == 786
     t = cfg.training
-    assert (t.learning_rate, t.adam_beta2, t.weight_decay, t.warmup_ratio, t.lr_scheduler, t.max_grad_norm) == (
+    assert (t.learning_rate, t.adam_beta2, t.weight_decay, t.warmup_ratio, t.lr_scheduler,
+            t.max_grad_norm) == (
         5e-6, 0.99, 0.1, 0.1, "cosine", 0.1)
 
 
@@ -62,7 +70,8 @@ def test_sample_rows_load_with_recipe_settings():
     examples = load_examples(recipe_on_sample().data, "train")
     assert [e["answer"] for e in examples] == SAMPLE_ANSWERS
     assert examples[0]["prompt"].startswith("A baker makes 12 muffins")
-    assert examples[0]["question"] == examples[0]["prompt"]  # other columns stay for reward functions
+    # other columns stay for reward functions
+    assert examples[0]["question"] == examples[0]["prompt"]
 
 
 @pytest.mark.parametrize("chat", [True, False])

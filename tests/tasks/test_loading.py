@@ -10,6 +10,7 @@ from infsamp.config import DataConfig
 from infsamp.errors import DataError
 from infsamp.tasks.loading import load_examples, load_splits
 
+
 def write_jsonl(path, rows):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return str(path)
@@ -49,7 +50,8 @@ def test_jsonl_with_column_mapping_keeps_other_columns(tmp_path):
 
 
 def test_json_file_with_splits_and_folder_with_split_files(tmp_path):
-    (tmp_path / "d.json").write_text(json.dumps({"train": [{"prompt": "p1", "answer": 1}], "test": []}))
+    (tmp_path / "d.json").write_text(json.dumps({"train": [{"prompt": "p1", "answer": 1}],
+                                                 "test": []}))
     assert load_examples(DataConfig(dataset=str(tmp_path / "d.json")), "train")[0]["answer"] == "1"
     with pytest.raises(DataError, match="no split 'validation'"):
         load_examples(DataConfig(dataset=str(tmp_path / "d.json")), "validation")
@@ -63,7 +65,8 @@ def test_json_file_with_splits_and_folder_with_split_files(tmp_path):
     ([{"prompt": "ok", "answer": "1"}, '{"prompt": "broken"'], "d.jsonl line 2: not valid JSON"),
     ([{"question": "q", "answer": "1"}],
      "d.jsonl line 1: no column 'prompt' (data.prompt_column); available: question, answer"),
-    ([{"prompt": "q", "solution": "1"}], "no column 'answer' (data.answer_column); available: prompt, solution"),
+    ([{"prompt": "q", "solution": "1"}],
+     "no column 'answer' (data.answer_column); available: prompt, solution"),
     ([{"prompt": "ok", "answer": "1"}, {"prompt": "   ", "answer": "1"}],
      "d.jsonl line 2: empty prompt in column 'prompt'"),
     ([[1, 2]], "d.jsonl line 1: expected an object with columns, got list"),
@@ -105,7 +108,8 @@ def test_hub_dataset_is_loaded_through_datasets(monkeypatch, hub_answers):
         return datasets.Dataset.from_list([{"question": "How many?", "answer": "because\n#### 12"}])
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
-    cfg = DataConfig(dataset="openai/gsm8k", dataset_config="main", prompt_column="question", answer_parser="gsm8k")
+    cfg = DataConfig(dataset="openai/gsm8k", dataset_config="main", prompt_column="question",
+                     answer_parser="gsm8k")
     examples = load_examples(cfg, "test")
     assert seen == {"name": "openai/gsm8k", "config": "main", "split": "test"}
     assert examples[0]["prompt"] == "How many?" and examples[0]["answer"] == "12"
@@ -120,7 +124,8 @@ def test_hub_failure_is_one_line(monkeypatch, hub_answers):
     monkeypatch.setattr(datasets, "load_dataset", failing)
     with pytest.raises(DataError) as info:
         load_examples(DataConfig(dataset="openai/gsm8k", dataset_config="main"), "train")
-    assert str(info.value) == "data.dataset: could not load 'openai/gsm8k' split 'train' (ConnectionError: no network)"
+    assert str(info.value) == ("data.dataset: could not load 'openai/gsm8k' split 'train' "
+                               "(ConnectionError: no network)")
 
 
 # ---------------------------------------------------------------- prompt shapes, .txt, no answer

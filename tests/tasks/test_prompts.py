@@ -4,10 +4,15 @@ import pytest
 
 from infsamp.config import DataConfig
 from infsamp.errors import DataError
-from infsamp.tasks.prompts import (build_prompt, completion_for_rewards, encode_examples,
-                                   encode_prompt, prompt_for_rewards, render_prompt,
-                                   uses_chat_template)
-
+from infsamp.tasks.prompts import (
+    build_prompt,
+    completion_for_rewards,
+    encode_examples,
+    encode_prompt,
+    prompt_for_rewards,
+    render_prompt,
+    uses_chat_template,
+)
 
 EXAMPLE = {"prompt": "What is 2+2?", "answer": "4"}
 

@@ -1,16 +1,19 @@
 """Group-relative advantages for GRPO, TRL-compatible.
 
-Rewards arrive flat, `[N]` with N = num_prompts * G and the G completions of a prompt adjacent (as TRL lays
-them out). Each reward is centred on its group's mean and then divided by a scale chosen from
-`REWARD_SCALERS`: the group's std ("group", TRL's default), the whole batch's std ("batch", as in
-"Understanding R1-Zero-like training"), or nothing ("none", Dr. GRPO). Standard deviations are the unbiased
-(Bessel-corrected) ones that TRL's `nanstd` computes, and `1e-4` is added before dividing, as TRL does.
+Rewards arrive flat, `[N]` with N = num_prompts * G and the G completions of a prompt adjacent (as
+TRL lays them out). Each reward is centred on its group's mean and then divided by a scale chosen
+from `REWARD_SCALERS`: the group's std ("group", TRL's default), the whole batch's std ("batch", as
+in "Understanding R1-Zero-like training"), or nothing ("none", Dr. GRPO). Standard deviations are
+the unbiased (Bessel-corrected) ones that TRL's `nanstd` computes, and `1e-4` is added before
+dividing, as TRL does.
 
 Deliberate choices:
-- A group whose rewards all tie carries no signal: its advantages are set to exactly 0 (TRL gets ~0 from
-  `0 / (0 + 1e-4)`, up to the rounding of the mean). `zero_std_fraction` (TRL's metric `frac_reward_zero_std`)
-  is the fraction of such groups for every scale; TRL's "batch" mode instead reports whether the batch std is 0.
-- NaN rewards (every reward function returned None) are left out of means and stds and get advantage 0.
+- A group whose rewards all tie carries no signal: its advantages are set to exactly 0 (TRL gets ~0
+  from `0 / (0 + 1e-4)`, up to the rounding of the mean). `zero_std_fraction` (TRL's metric
+  `frac_reward_zero_std`) is the fraction of such groups for every scale; TRL's "batch" mode instead
+  reports whether the batch std is 0.
+- NaN rewards (every reward function returned None) are left out of means and stds and get advantage
+  0.
 - A std over fewer than two values is 0, not NaN, so G = 1 (evaluation) never produces NaN.
 """
 
@@ -33,7 +36,8 @@ class AdvantageResult(NamedTuple):
 
 
 def nanstd(values: Tensor, dim: int | None = None) -> Tensor:
-    """Unbiased std ignoring NaNs, like TRL's `nanstd`; 0 (not NaN) where fewer than two values remain."""
+    """Unbiased std ignoring NaNs, like TRL's `nanstd`; 0 (not NaN) where fewer than two values
+    remain."""
     count = (~torch.isnan(values)).sum(dim=dim)
     mean = torch.nanmean(values, dim=dim, keepdim=True)
     squares = torch.nanmean((values - mean) ** 2, dim=dim)
@@ -62,7 +66,8 @@ REWARD_SCALERS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
 
 
 def group_ties(grouped: Tensor) -> Tensor:
-    """[P, G] -> [P] bool: True where every non-NaN reward of the group is equal (or none is left)."""
+    """[P, G] -> [P] bool: True where every non-NaN reward of the group is equal (or none is
+    left)."""
     high = torch.nan_to_num(grouped, nan=-torch.inf).amax(dim=1)  # [P]
     low = torch.nan_to_num(grouped, nan=torch.inf).amin(dim=1)  # [P]
     return ~(high > low)
@@ -71,9 +76,11 @@ def group_ties(grouped: Tensor) -> Tensor:
 def compute_advantages(rewards: Tensor, num_generations: int, scale: str) -> AdvantageResult:
     """Group-mean-centred rewards divided by the scale named `scale` (a key of REWARD_SCALERS)."""
     if scale not in REWARD_SCALERS:
-        raise ValueError(f"scale_rewards: unknown {scale!r}; expected one of {sorted(REWARD_SCALERS)}")
+        raise ValueError(f"scale_rewards: unknown {scale!r}; expected one of "
+                         f"{sorted(REWARD_SCALERS)}")
     if num_generations < 1 or rewards.numel() % num_generations:
-        raise ValueError(f"num_generations: {num_generations} does not divide {rewards.numel()} rewards")
+        raise ValueError(f"num_generations: {num_generations} does not divide {rewards.numel()} "
+                         f"rewards")
     grouped = rewards.float().reshape(-1, num_generations)  # [P, G]
     group_std = nanstd(grouped, dim=1)  # [P]
     centred = grouped - torch.nanmean(grouped, dim=1, keepdim=True)  # [P, G]

@@ -15,11 +15,11 @@ Because each micro-batch's loss is normalised by totals of the whole batch and e
 per step, the accumulated gradient equals the full-batch gradient (tested). Over several ranks
 `totals` is the whole step's (every rank's: sequences and loss tokens after the truncation mask),
 the high-entropy threshold is a quantile over every rank's tokens (so the masks are those of one
-process), and `parallel` (distributed/strategies.py) reduces the gradients: each rank's last backward only
-(DDP), or every backward with the ranks running equally many micro-batches (FSDP); the logged
-loss, token and importance-weight statistics are reduced over ranks. An out-of-memory error in a
-micro-batch splits that micro-batch in two and retries it; gradients of the micro-batches already
-done are kept.
+process), and `parallel` (distributed/strategies.py) reduces the gradients: each rank's last
+backward only (DDP), or every backward with the ranks running equally many micro-batches (FSDP); the
+logged loss, token and importance-weight statistics are reduced over ranks. An out-of-memory error
+in a micro-batch splits that micro-batch in two and retries it; gradients of the micro-batches
+already done are kept.
 A NaN or inf loss or gradient norm is never applied: the gradients are dropped and
 `NonFiniteError` raised (`training.nonfinite: stop`), or the update is skipped and counted
 (`skip`).
@@ -33,23 +33,34 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
+from infsamp.algorithm.importance import MismatchStats, engine_importance_weights
+from infsamp.algorithm.logprobs import (
+    make_micro_batch,
+    micro_batch_logprobs,
+    micro_batch_logprobs_and_entropy,
+    plan_sequence_batches,
+    sequence_logprobs,
+    sequence_logprobs_and_entropy,
+)
+from infsamp.algorithm.losses import (
+    LOSS_TYPES,
+    BatchTotals,
+    LossStats,
+    high_entropy_masks,
+    per_token_loss,
+)
 from infsamp.choices import clip_range
 from infsamp.config import TrainingConfig
-from infsamp.errors import NonFiniteError, first_non_finite
 from infsamp.distributed.ranks import Ranks
-from infsamp.algorithm.importance import MismatchStats, engine_importance_weights
-from infsamp.algorithm.logprobs import (make_micro_batch, micro_batch_logprobs,
-                                 micro_batch_logprobs_and_entropy, plan_sequence_batches,
-                                 sequence_logprobs, sequence_logprobs_and_entropy)
-from infsamp.algorithm.losses import (LOSS_TYPES, BatchTotals, LossStats, high_entropy_masks,
-                               per_token_loss)
 from infsamp.distributed.strategies import Strategy
+from infsamp.errors import NonFiniteError, first_non_finite
 from infsamp.planner.sizes import MIN_TRAIN_MICRO_BATCH_TOKENS, RunSizes
 
 DEFAULT_MICRO_BATCH_TOKENS = 8192
@@ -104,7 +115,8 @@ class GRPOStep:
         self.max_completion_length = max_completion_length
         self.ref_model = ref_model
         if sizes is None:
-            tokens = micro_batch_tokens or cfg.train_micro_batch_tokens or DEFAULT_MICRO_BATCH_TOKENS
+            tokens = (micro_batch_tokens or cfg.train_micro_batch_tokens
+                      or DEFAULT_MICRO_BATCH_TOKENS)
             sizes = RunSizes(kv_budget_tokens=0, micro_group=0, max_micro_group=0,
                              max_prompt_tokens=0, max_new_tokens=max_completion_length,
                              train_micro_batch_tokens=tokens)
@@ -113,7 +125,8 @@ class GRPOStep:
                                                          cfg.epsilon_high)
         self.on_micro_batch: Callable[[int], None] | None = None  # told each micro-batch's size
         self.num_skipped_updates = 0
-        self.importance_sampling = importance_sampling  # algorithm/importance.py: for vLLM's samples
+        # algorithm/importance.py: for vLLM's samples
+        self.importance_sampling = importance_sampling
         self.importance_sampling_cap = importance_sampling_cap
         self.mismatch = MismatchStats()
         self._first_pass = True

@@ -82,7 +82,7 @@ class MismatchStats:
         self.weight_min = min(self.weight_min, float(per_token.min()))
         self.weight_max = max(self.weight_max, float(per_token.max()))
 
-    def merge(self, other: "MismatchStats") -> None:
+    def merge(self, other: MismatchStats) -> None:
         """Add another micro-batch's figures (sums add, extremes combine)."""
         self.num_tokens += other.num_tokens
         self.abs_diff_sum += other.abs_diff_sum

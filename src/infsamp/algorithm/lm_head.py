@@ -134,7 +134,8 @@ def logits_log_softmax(logits: Tensor, index: Tensor, chunk_rows: int = GIVEN_LO
     flat_logits = logits.reshape(-1, logits.shape[-1])  # [R, V]
     # split (not slicing): its backward concatenates chunk grads instead of R/r full-size zeros
     pieces, entropies = [], []
-    for chunk, chunk_index in zip(flat_logits.split(chunk_rows), index.reshape(-1).split(chunk_rows)):
+    for chunk, chunk_index in zip(flat_logits.split(chunk_rows),
+                                  index.reshape(-1).split(chunk_rows)):
         logps, _, entropy = _rows_log_softmax(chunk.float(), chunk_index, with_entropy)
         pieces.append(logps)
         entropies.append(entropy)
@@ -163,7 +164,8 @@ class ChunkedLinearLogProbs(torch.autograd.Function):
         for start in range(0, n, rows):
             part = slice(start, start + rows)
             _forward_chunk(spec, F.linear(hidden[part], weight, bias), targets[part],
-                           logps[part], normaliser[part], entropy[part] if entropy.numel() else None)
+                           logps[part], normaliser[part], entropy[part] if entropy.numel()
+                           else None)
         ctx.save_for_backward(hidden, weight, bias, targets, normaliser)
         ctx.spec, ctx.autocast = spec, _autocast_state(hidden.device.type)
         ctx.mark_non_differentiable(entropy)

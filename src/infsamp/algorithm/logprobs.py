@@ -1,17 +1,18 @@
 """Memory-bounded per-token log-probs of completions, in micro-batches sized by a token budget.
 
-Layout of a micro-batch: prompts LEFT-padded to the micro-batch's longest prompt, completions RIGHT-padded to
-its longest completion, so every completion occupies the last `T_c` positions:
+Layout of a micro-batch: prompts LEFT-padded to the micro-batch's longest prompt, completions
+RIGHT-padded to its longest completion, so every completion occupies the last `T_c` positions:
 
-    [pad pad p p p | c c c pad]   attention_mask 0 0 1 1 1 | 1 1 1 0,  position_ids from the mask's cumsum
+    [pad pad p p p | c c c pad]   attention_mask 0 0 1 1 1 | 1 1 1 0
+                                  (position_ids from the mask's cumsum)
 
 Which sequences share a micro-batch is the planner's packing rule (`planner/micro_batches.py`,
-the same one the reward model scores by). The forward asks the model for only `T_c + 1` positions (`logits_to_keep`) and drops the last one;
-the LM head then runs per chunk on the final hidden states of the real completion tokens
-(`algorithm/lm_head.py`: no `[tokens, vocabulary]` logits in the forward or the backward), with
-fp32 log-softmax and, when asked, each position's token entropy (no grad) from the same chunks
-(`micro_batch_logprobs_and_entropy`: TRL's `entropy` metric and high-entropy token mask).
-Logits are divided by the sampling temperature first, as TRL does.
+the same one the reward model scores by). The forward asks the model for only `T_c + 1` positions
+(`logits_to_keep`) and drops the last one; the LM head then runs per chunk on the final hidden
+states of the real completion tokens (`algorithm/lm_head.py`: no `[tokens, vocabulary]` logits in
+the forward or the backward), with fp32 log-softmax and, when asked, each position's token entropy
+(no grad) from the same chunks (`micro_batch_logprobs_and_entropy`: TRL's `entropy` metric and
+high-entropy token mask). Logits are divided by the sampling temperature first, as TRL does.
 
 Training loop these pieces are made for (one micro-batch of activations alive at a time):
 
@@ -63,14 +64,17 @@ class MicroBatch:
         return self.completion_ids.shape[1]
 
     def rows(self, values: Tensor) -> Tensor:
-        """Pick this micro-batch's rows from a per-sequence tensor of the whole step ([N, ...] -> [b, ...])."""
+        """Pick this micro-batch's rows from a per-sequence tensor of the whole step ([N, ...] ->
+        [b, ...])."""
         return values[torch.as_tensor(self.indices, device=values.device)]
 
     def gather(self, per_sequence: Sequence[Tensor] | None) -> Tensor | None:
-        """Right-pad this micro-batch's entries of a per-sequence list (e.g. old log-probs) to [b, T_c]."""
+        """Right-pad this micro-batch's entries of a per-sequence list (e.g. old log-probs) to [b,
+        T_c]."""
         if per_sequence is None:
             return None
-        out = torch.zeros(self.completion_mask.shape, dtype=torch.float32, device=self.completion_mask.device)
+        out = torch.zeros(self.completion_mask.shape, dtype=torch.float32,
+                          device=self.completion_mask.device)
         for row, index in enumerate(self.indices):
             values = per_sequence[index]
             out[row, : values.shape[0]] = values.to(out.device, torch.float32)
@@ -92,20 +96,24 @@ def _lengths_mask(lengths: list[int], width: int, left: bool) -> Tensor:
 
 
 def make_micro_batch(prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]],
-                     indices: list[int], pad_token_id: int, device: torch.device | str = "cpu") -> MicroBatch:
+                     indices: list[int], pad_token_id: int,
+                     device: torch.device | str = "cpu") -> MicroBatch:
     """Left-pad the prompts and right-pad the completions of `indices` into one micro-batch."""
     prompts = [prompt_ids[i] for i in indices]
     completions = [completion_ids[i] for i in indices]
     if any(len(p) == 0 for p in prompts):
-        raise ValueError("make_micro_batch: an empty prompt has no token to predict the completion from")
+        raise ValueError("make_micro_batch: an empty prompt has no token to predict the completion "
+                         "from")
     width_p, width_c = max(map(len, prompts)), max(1, max(map(len, completions)))
     prompt_mask = _lengths_mask([len(p) for p in prompts], width_p, left=True)  # [b, T_p]
     completion_mask = _lengths_mask([len(c) for c in completions], width_c, left=False)  # [b, T_c]
     attention_mask = torch.cat([prompt_mask, completion_mask], dim=1).long()  # [b, T_p + T_c]
     completion_tensor = _pad_rows(completions, width_c, pad_token_id, left=False)  # [b, T_c]
-    input_ids = torch.cat([_pad_rows(prompts, width_p, pad_token_id, left=True), completion_tensor], dim=1)
+    input_ids = torch.cat([_pad_rows(prompts, width_p, pad_token_id, left=True), completion_tensor],
+                          dim=1)
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # [b, T_p + T_c]
-    return MicroBatch(indices, input_ids.to(device), attention_mask.to(device), position_ids.to(device),
+    return MicroBatch(indices, input_ids.to(device), attention_mask.to(device),
+                      position_ids.to(device),
                       completion_tensor.to(device), completion_mask.float().to(device))
 
 
@@ -120,19 +128,21 @@ def plan_sequence_batches(prompt_ids: Sequence[Sequence[int]],
     return [[chosen[j] for j in batch] for batch in plan]
 
 
-def build_micro_batches(prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]], *,
+def build_micro_batches(prompt_ids: Sequence[Sequence[int]],
+                        completion_ids: Sequence[Sequence[int]], *,
                         max_tokens: int, pad_token_id: int, device: torch.device | str = "cpu",
                         indices: Sequence[int] | None = None):
     """Yield MicroBatch objects covering `indices` (default: all) within the padded token budget.
 
-    A generator: each micro-batch's tensors are built only when the loop reaches it. Re-calling it with the
-    indices of a failed micro-batch and a smaller budget splits just that part (out-of-memory retry).
+    A generator: each micro-batch's tensors are built only when the loop reaches it. Re-calling it
+    with the indices of a failed micro-batch and a smaller budget splits just that part
+    (out-of-memory retry).
     """
     for batch in plan_sequence_batches(prompt_ids, completion_ids, max_tokens, indices):
         yield make_micro_batch(prompt_ids, completion_ids, batch, pad_token_id, device)
 
 
-# --- log-probs --------------------------------------------------------------------------------------
+# --- log-probs ------------------------------------------------------------------------------------
 
 
 def _forward(model: torch.nn.Module, mb: MicroBatch, keep: int):
@@ -188,7 +198,8 @@ def _at(values: Tensor, rows: Tensor, shape: torch.Size) -> Tensor:
 
 def micro_batch_logprobs(model: torch.nn.Module, mb: MicroBatch, temperature: float = 1.0,
                          chunked: bool = True) -> Tensor:
-    """Per-token log-probs [b, T_c] (fp32) of the micro-batch's completions; grad follows torch's mode.
+    """Per-token log-probs [b, T_c] (fp32) of the micro-batch's completions; grad follows torch's
+    mode.
 
     Padded completion positions hold no log-prob: multiply by `mb.completion_mask`.
     """
@@ -204,13 +215,13 @@ def micro_batch_logprobs_and_entropy(model: torch.nn.Module, mb: MicroBatch,
 
 
 def sequence_logprobs(model: torch.nn.Module, prompt_ids: Sequence[Sequence[int]],
-                      completion_ids: Sequence[Sequence[int]], *, max_tokens: int, pad_token_id: int,
-                      temperature: float = 1.0, grad: bool = False,
+                      completion_ids: Sequence[Sequence[int]], *, max_tokens: int,
+                      pad_token_id: int, temperature: float = 1.0, grad: bool = False,
                       chunked: bool = True) -> list[Tensor]:
     """Log-probs of every completion token, one 1-D fp32 tensor per sequence, in the input order.
 
-    For old / reference log-probs (grad=False). With grad=True every micro-batch's graph stays alive; for
-    training use the build_micro_batches loop in the module docstring instead.
+    For old / reference log-probs (grad=False). With grad=True every micro-batch's graph stays
+    alive; for training use the build_micro_batches loop in the module docstring instead.
     """
     return _sequence_pass(model, prompt_ids, completion_ids, max_tokens, pad_token_id, temperature,
                           grad=grad, with_entropy=False, chunked=chunked)[0]

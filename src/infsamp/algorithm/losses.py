@@ -54,7 +54,7 @@ class BatchTotals(NamedTuple):
 
     @classmethod
     def from_lengths(cls, completion_lengths: Sequence[int],
-                     max_completion_length: int) -> "BatchTotals":
+                     max_completion_length: int) -> BatchTotals:
         return cls(len(completion_lengths), int(sum(completion_lengths)), max_completion_length)
 
 
@@ -251,7 +251,7 @@ class LossStats:
     high_clipped: float = 0.0
     entropy: float = 0.0
 
-    def __add__(self, other: "LossStats") -> "LossStats":
+    def __add__(self, other: LossStats) -> LossStats:
         return LossStats(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
 
     def metrics(self) -> dict[str, float]:

@@ -21,7 +21,7 @@ Deliberately simple: one parameter group (no per-layer learning rates).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -104,4 +104,5 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainingConfig,
                              num_warmup_steps=int(horizon["num_warmup_steps"]),
                              num_training_steps=int(horizon["num_training_steps"]))
     except ValueError as err:
-        raise InfsampError(f"training.lr_scheduler {cfg.lr_scheduler!r}: {str(err).splitlines()[0]}") from None
+        raise InfsampError(f"training.lr_scheduler {cfg.lr_scheduler!r}: "
+                           f"{str(err).splitlines()[0]}") from None

@@ -1,7 +1,7 @@
 """`infsamp bench WHAT`: the benchmarks behind docs/benchmarks.md.
 
     infsamp bench sampling ...     # full / rounds / continuous side by side (bench_sampling.py)
-    infsamp bench scheduling ...   # the length-aware scheduler on the real engine (bench_scheduling.py)
+    infsamp bench scheduling ...   # length-aware scheduler, real engine (bench_scheduling.py)
 
 This file only wires the two up; each benchmark lives in its own module.
 """
@@ -13,7 +13,8 @@ import importlib
 
 BENCHMARKS = {
     "sampling": "all sampling policies side by side: memory, decode steps and tokens/s against G",
-    "scheduling": "length_aware (online and oracle predictor) against rounds and continuous, real engine",
+    "scheduling": "length_aware (online and oracle predictor) against rounds "
+                  "and continuous, real engine",
 }
 
 

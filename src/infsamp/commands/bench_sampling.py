@@ -56,9 +56,11 @@ class Workload:
 def workloads(quick: bool) -> list[Workload]:
     if quick:
         return [Workload("embedded", (8, 32), 64, {8: 1, 32: 1}),
-                Workload("controlled", (8, 32), 128, {8: 1, 32: 2}, median=40, min_length=8, controlled=True)]
+                Workload("controlled", (8, 32), 128, {8: 1, 32: 2}, median=40, min_length=8,
+                         controlled=True)]
     return [Workload("embedded", (8, 32, 128, 512), 256, {8: 2, 32: 4, 128: 1, 512: 1}),
-            Workload("controlled", (8, 32, 128, 512), 1024, {8: 2, 32: 4, 128: 1, 512: 1}, controlled=True)]
+            Workload("controlled", (8, 32, 128, 512), 1024, {8: 2, 32: 4, 128: 1, 512: 1},
+                     controlled=True)]
 
 
 def customise(workload: Workload, args) -> Workload:
@@ -73,7 +75,8 @@ def customise(workload: Workload, args) -> Workload:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="small G and lengths (< 2 minutes)")
-    parser.add_argument("--out", default="runs/bench", help="folder for sampling.json and sampling.png")
+    parser.add_argument("--out", default="runs/bench",
+                        help="folder for sampling.json and sampling.png")
     parser.add_argument("--model", default="embedded", help="checkpoint directory or 'embedded'")
     parser.add_argument("--micro-group", default="8",
                         help="g for rounds and continuous (a comma-separated list)")
@@ -81,9 +84,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workload", choices=("embedded", "controlled"), action="append",
                         help="run only this workload (repeatable)")
     parser.add_argument("--sizes", help="comma-separated G values instead of the workload's list")
-    parser.add_argument("--prompts", type=int, help="sampler calls (prompts) per G instead of the default")
-    parser.add_argument("--policies", default=",".join(POLICIES), help="comma-separated subset of policies")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 is fastest for tiny models)")
+    parser.add_argument("--prompts", type=int,
+                        help="sampler calls (prompts) per G instead of the default")
+    parser.add_argument("--policies", default=",".join(POLICIES),
+                        help="comma-separated subset of policies")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads (1 is fastest for tiny models)")
     parser.add_argument("--seed", type=int, default=0)
 
 
@@ -98,7 +104,8 @@ def run(args: argparse.Namespace) -> int:
     model, tokenizer = load_model_and_tokenizer(ModelConfig(name_or_path=args.model))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    selected = [customise(w, args) for w in workloads(args.quick) if not args.workload or w.name in args.workload]
+    selected = [customise(w, args) for w in workloads(args.quick) if not args.workload
+                or w.name in args.workload]
     prompts = {w.name: bench_prompts(tokenizer, max(w.prompts_per_size.values()), args.seed)
                for w in selected}
     sizes = engine_sizes_for(selected, prompts, micro_groups)
@@ -117,7 +124,8 @@ def run(args: argparse.Namespace) -> int:
               "command": "infsamp bench sampling " + " ".join(sys.argv[3:]),
               "date": time.strftime("%Y-%m-%d"), "threads": args.threads}
     (out / "sampling.json").write_text(json.dumps(report, indent=1))
-    (out / "sampling.partial.json").unlink(missing_ok=True)  # rows so far, kept only if the run dies
+    # rows so far, kept only if the run dies
+    (out / "sampling.partial.json").unlink(missing_ok=True)
     print_report(rows, report)
     plot(rows, out / "sampling.png")
     print(f"wrote {out / 'sampling.json'} and {out / 'sampling.png'}")
@@ -206,7 +214,8 @@ def target_lengths(workload: Workload, group_size: int, prompt_index: int, seed:
     rng = random.Random(f"{seed}-{group_size}-{prompt_index}")
     median = rng.lognormvariate(math.log(workload.median), workload.sigma_prompt)
     return [min(workload.max_new_tokens, max(workload.min_length,
-                                             round(rng.lognormvariate(math.log(median), workload.sigma_sample))))
+                                             round(rng.lognormvariate(math.log(median),
+                                                                      workload.sigma_sample))))
             for _ in range(group_size)]
 
 
@@ -225,8 +234,8 @@ def run_cell(model, tokenizer, workload: Workload, prompts, group_size: int, pol
     budget = cell_budget(workload.max_new_tokens, prompts[:num_prompts], g, block)
     cfg = cell_config(policy, g, budget, workload.max_new_tokens)
     sampler = GroupSampler(model, tokenizer, cfg, engine=engine)
-    total = {"decode_steps": 0, "lower_bound": 0, "generated_tokens": 0, "wall_time_s": 0.0, "model_time_s": 0.0,
-             "cpu_time_s": 0.0, "num_preemptions": 0, "prefill_tokens": 0}
+    total = {"decode_steps": 0, "lower_bound": 0, "generated_tokens": 0, "wall_time_s": 0.0,
+             "model_time_s": 0.0, "cpu_time_s": 0.0, "num_preemptions": 0, "prefill_tokens": 0}
     peaks = dict.fromkeys(("peak_kv_bytes", "peak_kv_tokens", "peak_kv_blocks",
                            "peak_kv_tokens_used"), 0)
     for index, prompt in enumerate(prompts[:num_prompts]):
@@ -253,7 +262,8 @@ def run_cell(model, tokenizer, workload: Workload, prompts, group_size: int, pol
 
 
 def _cell(rows, workload, group_size, policy):
-    return next((r for r in rows if (r["workload"], r["G"], r["policy"]) == (workload, group_size, policy)), None)
+    return next((r for r in rows
+                 if (r["workload"], r["G"], r["policy"]) == (workload, group_size, policy)), None)
 
 
 def check_targets(rows: list[dict]) -> dict:
@@ -280,21 +290,25 @@ def policy_targets(rows: list[dict]) -> dict:
     for workload in sorted({r["workload"] for r in rows}):
         sizes = sorted({r["G"] for r in rows if r["workload"] == workload})
         for policy in ("rounds", "continuous"):
-            first, last = _cell(rows, workload, sizes[0], policy), _cell(rows, workload, sizes[-1], policy)
+            first, last = _cell(rows, workload, sizes[0],
+                                policy), _cell(rows, workload, sizes[-1], policy)
             if not (first and last):
                 continue
             targets[f"{workload}/{policy}: peak KV G={sizes[-1]} / G={sizes[0]}"] = (
                 last["peak_kv_bytes"] / first["peak_kv_bytes"])
         for size in sizes:
-            full, cont = _cell(rows, workload, size, "full"), _cell(rows, workload, size, "continuous")
+            full, cont = _cell(rows, workload, size, "full"), _cell(rows, workload, size,
+                                                                    "continuous")
             if not (full and cont):
                 continue
             ratio = full["peak_kv_bytes"] / cont["peak_kv_bytes"]
             targets[f"{workload}: peak KV full / continuous at G={size}"] = ratio
     for r in rows:
         if r["policy"] == "continuous" and r["workload"] == "embedded":
-            targets[f"embedded G={r['G']}: sampler overhead share of wall time"] = r["overhead_fraction"]
-    rounds, cont = _cell(rows, "controlled", 32, "rounds"), _cell(rows, "controlled", 32, "continuous")
+            name = f"embedded G={r['G']}: sampler overhead share of wall time"
+            targets[name] = r["overhead_fraction"]
+    rounds = _cell(rows, "controlled", 32, "rounds")
+    cont = _cell(rows, "controlled", 32, "continuous")
     if rounds and cont:
         steps_saved = 1 - cont["decode_steps"] / rounds["decode_steps"]
         targets["controlled G=32: continuous decode steps saved vs rounds"] = steps_saved
@@ -310,8 +324,8 @@ PROFILE_PARTS = {  # part -> (file suffix, function) whose cumulative time it is
     "KV cache update + prompt/slot concat": [("slots.py", "update")],
     "prompt prefill": [("slots.py", "_prefill")],
     "token selection + logits rule": [("slots.py", "_select")],
-    "engine bookkeeping": [("slots.py", "_step_layout"), ("slots.py", "prepare_step"), ("slots.py", "_record"),
-                           ("slots.py", "_drop_preempted")],
+    "engine bookkeeping": [("slots.py", "_step_layout"), ("slots.py", "prepare_step"),
+                           ("slots.py", "_record"), ("slots.py", "_drop_preempted")],
     "scheduler and policy": [("scheduler.py", "admit"), ("scheduler.py", "step")],
 }
 
@@ -325,10 +339,12 @@ def profile_overhead(model, tokenizer, workload: Workload, args, micro_group: in
     row = run_cell(model, tokenizer, workload, prompts, 32, "continuous", args,
                    micro_group=micro_group)
     profiler.disable()
-    cumulative = {(path, name): entry[3] for (path, _, name), entry in pstats.Stats(profiler).stats.items()}
+    cumulative = {(path, name): entry[3] for (path, _, name),
+                  entry in pstats.Stats(profiler).stats.items()}
 
     def seconds(keys):
-        return sum(t for (path, name), t in cumulative.items() if any(path.endswith(f) and name == n for f, n in keys))
+        return sum(t for (path, name), t in cumulative.items()
+                   if any(path.endswith(f) and name == n for f, n in keys))
 
     total = seconds([("sampler.py", "_run")]) or 1.0
     parts = {name: seconds(keys) for name, keys in PROFILE_PARTS.items()}
@@ -388,7 +404,8 @@ def plot(rows: list[dict], path: Path) -> None:
             steps = [r["decode_steps"] / r["num_prompts"] for r in cells]
             row_axes[1].plot(sizes, steps, marker="o", label=label)
         for ax, label in zip(row_axes, ("peak KV cache (MiB)", "decode steps per prompt")):
-            ax.set(xscale="log", yscale="log", xlabel="G (samples per prompt)", ylabel=label, title=workload)
+            ax.set(xscale="log", yscale="log", xlabel="G (samples per prompt)", ylabel=label,
+                   title=workload)
             ax.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -1,4 +1,5 @@
-"""`infsamp bench scheduling`: the length-aware scheduler against rounds and continuous, real engine.
+"""`infsamp bench scheduling`: the length-aware scheduler against rounds and continuous, real
+engine.
 
     infsamp bench scheduling --quick                 # about a minute on a 2-core CPU
     infsamp bench scheduling --out runs/bench_sched  # G=32, g=8, 12 prompts, 2 epochs
@@ -48,7 +49,7 @@ class Variant:
     refill: str = "auto"
 
     @classmethod
-    def parse(cls, text: str) -> "Variant":
+    def parse(cls, text: str) -> Variant:
         """`policy[:predictor][/refill]`, e.g. `length_aware:noisy:0.5/sjf`."""
         head, _, refill = text.partition("/")
         policy, _, predictor = head.partition(":")
@@ -61,17 +62,22 @@ class Variant:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--quick", action="store_true", help="3 prompts, G=16, g=4 (about a minute)")
+    parser.add_argument("--quick", action="store_true",
+                        help="3 prompts, G=16, g=4 (about a minute)")
     parser.add_argument("--out", default="runs/bench_scheduling", help="folder for scheduling.json")
     parser.add_argument("--model", default="embedded", help="checkpoint directory or 'embedded'")
-    parser.add_argument("--prompts", type=int, default=12, help="prompts (= sampler calls) per epoch")
+    parser.add_argument("--prompts", type=int, default=12,
+                        help="prompts (= sampler calls) per epoch")
     parser.add_argument("--prompts-per-step", "-B", type=int, default=1,
-                        help="prompts per sampler call (= per training step; the demo trains with 4)")
-    parser.add_argument("--epochs", type=int, default=2, help="epochs; all but the last warm the predictor up")
+                        help="prompts per sampler call (= per training "
+                             "step; the demo trains with 4)")
+    parser.add_argument("--epochs", type=int, default=2,
+                        help="epochs; all but the last warm the predictor up")
     parser.add_argument("--group-size", "-G", type=int, default=32, help="samples per prompt")
     parser.add_argument("--micro-group", type=int, default=8, help="g, the slots of every policy")
     parser.add_argument("--max-new-tokens", type=int, default=256)
-    parser.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (the demo's)")
+    parser.add_argument("--temperature", type=float, default=0.7,
+                        help="sampling temperature (the demo's)")
     parser.add_argument("--prefix-tokens", type=int, default=8,
                         help="k: a running sample is re-predicted every k tokens")
     parser.add_argument("--kv-slack", type=int, default=0,
@@ -81,7 +87,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="prompts from this data.dataset instead of the embedded task")
     parser.add_argument("--prompt-column", default="prompt", help="--dataset: the prompt column")
     parser.add_argument("--variants", default=",".join(VARIANTS),
-                        help="comma-separated policy[:predictor][/refill]; continuous must come first")
+                        help="comma-separated policy[:predictor][/refill]; continuous "
+                             "must come first")
     parser.add_argument("--engine", default="slots", help=ENGINE_HELP)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--seed", type=int, default=0)
@@ -128,18 +135,21 @@ def check_arguments(args: argparse.Namespace) -> list[Variant]:
     """Bad counts or variants end in one SamplingError line, before the model is loaded."""
     from infsamp.errors import SamplingError
 
-    for name in ("prompts", "prompts_per_step", "epochs", "group_size", "micro_group", "max_new_tokens"):
+    for name in ("prompts", "prompts_per_step", "epochs", "group_size", "micro_group",
+                 "max_new_tokens"):
         if getattr(args, name) < 1:
-            raise SamplingError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+            raise SamplingError(f"--{name.replace('_', '-')} must be >= 1, got "
+                                f"{getattr(args, name)}")
     if args.temperature < 0 or args.prefix_tokens < 0:
-        raise SamplingError(f"--temperature and --prefix-tokens must be >= 0, got {args.temperature}, "
-                            f"{args.prefix_tokens}")
+        raise SamplingError(f"--temperature and --prefix-tokens must be >= 0, got "
+                            f"{args.temperature}, {args.prefix_tokens}")
     if args.kv_slack < 0:
         raise SamplingError(f"--kv-slack must be >= 0, got {args.kv_slack}")
     parse_seeds(args)
     variants = [Variant.parse(v) for v in args.variants.split(",")]
     if variants[0] != Variant("continuous"):
-        raise SamplingError(f"--variants must start with continuous (it feeds the oracle), got {args.variants!r}")
+        raise SamplingError(f"--variants must start with continuous (it feeds the oracle), got "
+                            f"{args.variants!r}")
     return variants
 
 
@@ -216,14 +226,17 @@ class Runner:
         return self._predictors.get(variant.name)
 
     def set_true_lengths(self, lengths: list[list[int]]) -> None:
-        """Oracle-type predictors get the lengths of the call about to run ([group][index in group])."""
+        """Oracle-type predictors get the lengths of the call about to run ([group][index in
+        group])."""
         from infsamp.sampling.length_predictor import OraclePredictor
 
         for predictor in self._predictors.values():
             if isinstance(predictor, OraclePredictor):
-                predictor.set_lengths(lambda spec, lengths=lengths: lengths[spec.group_id][spec.index_in_group])
+                predictor.set_lengths(
+                    lambda spec, lengths=lengths: lengths[spec.group_id][spec.index_in_group])
 
-    def call(self, variant: Variant, prompts: list[tuple[str, list[int]]], keys: list[str], seed: int) -> dict:
+    def call(self, variant: Variant, prompts: list[tuple[str, list[int]]], keys: list[str],
+             seed: int) -> dict:
         import torch
 
         from infsamp.sampling.sampler import GroupSampler
@@ -235,14 +248,16 @@ class Runner:
                                engine=self.engine)
         cpu_start = time.process_time()
         result = sampler.sample([p[1] for p in prompts], self.args.group_size, prompt_keys=keys,
-                                prompt_texts=[p[0] for p in prompts], generator=torch.Generator().manual_seed(seed))
+                                prompt_texts=[p[0] for p in prompts],
+                                generator=torch.Generator().manual_seed(seed))
         cpu = time.process_time() - cpu_start
         s = result.stats
         return {"engine": s.engine, "variant": variant.name, "prompt": ",".join(keys),
                 "prompt_texts": [p[0] for p in prompts],
                 "decode_steps": s.decode_steps, "recomputed_tokens": s.recomputed_tokens,
                 "schedule_time_s": s.schedule_time_s,
-                "lower_bound": s.lower_bound, "opt_lower_bound": s.opt_lower_bound, "generated_tokens": s.generated_tokens,
+                "lower_bound": s.lower_bound, "opt_lower_bound": s.opt_lower_bound,
+                "generated_tokens": s.generated_tokens,
                 "wall_time_s": s.wall_time_s, "cpu_time_s": cpu, "num_slots": s.micro_group,
                 "kv_budget_tokens": s.kv_budget_tokens,
                 "peak_kv_tokens": s.peak_kv_tokens, "peak_kv_blocks": s.peak_kv_blocks,
@@ -346,7 +361,8 @@ def summarise(rows: list[dict], variants: list[Variant], args) -> dict:
     by_engine = {e: by_variant(measured, e, variants) for e in engines}
     warmup = [r for r in rows if not r["measured"]]
     seeds = list(dict.fromkeys(r.get("seed", args.seed) for r in rows))
-    report = {"command": "infsamp bench scheduling " + " ".join(sys.argv[3:]), "date": time.strftime("%Y-%m-%d"),
+    report = {"command": "infsamp bench scheduling " + " ".join(sys.argv[3:]),
+              "date": time.strftime("%Y-%m-%d"),
               "G": args.group_size, "g": sorted({r["num_slots"] for r in rows}),
               "prompts": args.prompts, "seeds": seeds,
               "B": args.prompts_per_step, "epochs": args.epochs, "temperature": args.temperature,
@@ -415,11 +431,13 @@ def format_call(r: dict) -> str:
     tau = "" if r["kendall_tau"] is None else f" tau {r['kendall_tau']:.2f}"
     return (f"epoch {r['epoch']} prompts {r['prompt']:>6} {r['engine']:<6}{r['variant']:<22} "
             f"steps {r['decode_steps']:>5} "
-            f"bound {r['lower_bound']:>5} tokens {r['generated_tokens']:>6} {r['wall_time_s']:6.1f}s{tau}")
+            f"bound {r['lower_bound']:>5} tokens {r['generated_tokens']:>6} "
+            f"{r['wall_time_s']:6.1f}s{tau}")
 
 
 def print_report(report: dict) -> None:
-    print(f"\nmeasured epoch {report['epochs']}: G={report['G']} g={','.join(map(str, report['g']))}, "
+    print(f"\nmeasured epoch {report['epochs']}: G={report['G']} "
+          f"g={','.join(map(str, report['g']))}, "
           f"{report['prompts']} prompts, {report['B']} per call")
     print(f"{'engine':<7}{'variant':<24}{'steps':>8}{'bound':>8}{'x bound':>8}{'tokens':>8}"
           f"{'wall s':>8}{'tok/s':>8}{'tok/cpu-s':>10}{'parked':>8}{'recomp':>8}{'tau':>6}")

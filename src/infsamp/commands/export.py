@@ -137,8 +137,8 @@ def best_checkpoint(run_dir: Path) -> Path:
     metric = _run_section(run_dir, "checkpointing").get("keep_best") or "eval/accuracy"
     scores = {row["step"]: row[metric] for row in read_jsonl(run_dir / "eval.jsonl")
               if isinstance(row.get(metric), (int, float))}
-    ranked = sorted(((-scores[step], step, path) for path in list_checkpoints(run_dir)
-                     if (step := checkpoint_step(path)) in scores))
+    ranked = sorted((-scores[step], step, path) for path in list_checkpoints(run_dir)
+                     if (step := checkpoint_step(path)) in scores)
     for _, step, path in ranked:
         try:
             verify_checkpoint(path)
@@ -184,7 +184,8 @@ def export_checkpoint(checkpoint: Path, out: Path, *, adapters_only: bool = Fals
         if not _still_there(checkpoint):
             raise ExportError(f"{checkpoint}: the checkpoint vanished while it was being exported "
                               "(a live run's checkpointing.keep_last pruned it); nothing was "
-                              f"written to {out}: export again, or once the run has ended") from None
+                              f"written to {out}: export again, or once the run has "
+                              "ended") from None
         raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -1,6 +1,7 @@
 """`infsamp plan`: the memory planner on the command line (no torch imported).
 
-    infsamp plan --model llama-3.2-1b --gpu-memory 16GiB --num-generations 16 --max-completion 786 --beta 0.04
+    infsamp plan --model llama-3.2-1b --gpu-memory 16GiB --num-generations 16 \
+        --max-completion 786 --beta 0.04
     infsamp plan --model qwen3-8b --gpu-memory 24GiB --lora-rank 16 --load-in-4bit --precision bf16
     infsamp plan --model qwen3-8b --gpu-memory 24GiB --num-gpus 8 --strategy fsdp   # per device
 
@@ -42,7 +43,8 @@ OLD_NAMES = {"group-size": "num-generations"}  # old flag -> the flag it now is
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True,
                         help=f"preset ({', '.join(PRESETS)}), checkpoint directory or config.json")
-    parser.add_argument("--gpu-memory", default="24GiB", help="memory of the GPU, e.g. 16GiB, 24GB, 80GiB")
+    parser.add_argument("--gpu-memory", default="24GiB",
+                        help="memory of the GPU, e.g. 16GiB, 24GB, 80GiB")
     for flag, (default, _, help_text) in INT_FLAGS.items():
         parser.add_argument(f"--{flag}", default=None, help=f"{help_text} (default {default})")
     for old, new in OLD_NAMES.items():
@@ -50,15 +52,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-budget", default=DEFAULTS.sampling.kv_budget,
                         help="KV-cache budget: tokens (8192), bytes ('2GiB') or auto (default: "
                              "what g needs)")
-    parser.add_argument("--optimizer", default="adamw", help=f"{' | '.join(OPTIMIZERS)} (default adamw)")
-    parser.add_argument("--gradient-checkpointing", action="store_true", help="recompute activations")
-    parser.add_argument("--beta", default="0", help="KL coefficient; > 0 keeps a reference model (default 0)")
+    parser.add_argument("--optimizer", default="adamw",
+                        help=f"{' | '.join(OPTIMIZERS)} (default adamw)")
+    parser.add_argument("--gradient-checkpointing", action="store_true",
+                        help="recompute activations")
+    parser.add_argument("--beta", default="0",
+                        help="KL coefficient; > 0 keeps a reference model (default 0)")
     parser.add_argument("--precision", default="auto",
                         help=f"{' | '.join(PRECISION_CHOICES)} (default auto: the trainer's "
                              "default, bf16 on cuda, fp32 on cpu)")
     parser.add_argument("--load-in-4bit", action="store_true",
                         help="QLoRA: NF4 base weights (needs --lora-rank > 0 and cuda)")
-    parser.add_argument("--device", default="cuda", help=f"{' | '.join(DEVICES)} (cpu: no CUDA context)")
+    parser.add_argument("--device", default="cuda",
+                        help=f"{' | '.join(DEVICES)} (cpu: no CUDA context)")
     parser.add_argument("--engine", default=DEFAULTS.sampling.engine,
                         help="sampling engine: slots | vllm (its weights, pool and graphs count) | "
                              "auto (default, as infsamp train: vllm where it is installed and "

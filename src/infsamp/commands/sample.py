@@ -2,7 +2,8 @@
 
     infsamp sample --prompts prompts.txt --num-generations 8 --policy continuous --kv-budget 4096
     infsamp sample examples/gsm8k.yaml --model.name_or_path DIR --data.dataset DATA --num-prompts 2
-    infsamp sample --prompts embedded:arithmetic --num-prompts 4 --out completions.jsonl --trace lengths.jsonl
+    infsamp sample --prompts embedded:arithmetic --num-prompts 4 --out completions.jsonl \
+        --trace lengths.jsonl
 
 It reads the trainer's configuration: an optional recipe YAML, every `--section.key` flag of
 `infsamp train`, and a few short flags for the sampler (`--prompts` is `--data.dataset`, `-G` is
@@ -46,7 +47,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(*names, dest=f"short:{key}", default=None,
                             metavar=key.partition(".")[2].upper(), help=f"{help_text} (= --{key})")
     parser.add_argument("--split", help="split of a dataset source (default: data.train_split)")
-    parser.add_argument("--num-prompts", type=int, default=0, help="use only the first N prompts (0: all)")
+    parser.add_argument("--num-prompts", type=int, default=0,
+                        help="use only the first N prompts (0: all)")
     parser.add_argument("--out", help="write completions here (JSON lines)")
     parser.add_argument("--trace", help="write the lengths trace for `infsamp simulate` here")
     parser.add_argument("--overwrite", action="store_true",
@@ -141,7 +143,8 @@ def print_completions(texts: list[str], result) -> None:
 
 
 def format_stats(stats) -> str:
-    rows = [("policy", stats.policy), ("micro-group (g)", stats.micro_group), ("kv budget (tokens)", stats.kv_budget_tokens),
+    rows = [("policy", stats.policy), ("micro-group (g)", stats.micro_group),
+            ("kv budget (tokens)", stats.kv_budget_tokens),
             ("decode steps", stats.decode_steps), ("lower bound", stats.lower_bound),
             ("prefill tokens", stats.prefill_tokens), ("generated tokens", stats.generated_tokens),
             ("peak kv tokens", stats.peak_kv_tokens), ("peak kv bytes", stats.peak_kv_bytes),

@@ -1,11 +1,14 @@
 """`infsamp simulate`: replay completion lengths through a scheduling policy, without a model.
 
-    infsamp simulate --trace runs/demo/lengths.jsonl --micro-group 8 --policy length_aware --predictor online
-    infsamp simulate --synthetic lognormal --groups 20 --group-size 32 --micro-group 8 --policy rounds --json
-    infsamp simulate --synthetic lognormal --groups 20 --group-size 32 --micro-group 8 --plot quality.png
+    infsamp simulate --trace runs/demo/lengths.jsonl --micro-group 8 --policy length_aware \
+        --predictor online
+    infsamp simulate --synthetic lognormal --groups 20 --group-size 32 --micro-group 8 \
+        --policy rounds --json
+    infsamp simulate --synthetic lognormal --groups 20 --group-size 32 --micro-group 8 \
+        --plot quality.png
 
-`--plot` sweeps predictor quality (the true length times a log-normal error, sigma 0 .. 1.5, plus the
-`none` and `online` predictors) under `length_aware` and draws decode steps against the measured
+`--plot` sweeps predictor quality (the true length times a log-normal error, sigma 0 .. 1.5, plus
+the `none` and `online` predictors) under `length_aware` and draws decode steps against the measured
 Kendall tau, with `continuous` and the lower bound as lines and `rounds` as a number.
 """
 
@@ -15,12 +18,17 @@ import argparse
 import json
 from pathlib import Path
 
+from infsamp.choices import REFILL_ORDERS
 from infsamp.commands.output_files import check_output_files
 from infsamp.errors import SamplingError
-from infsamp.choices import REFILL_ORDERS
 from infsamp.sampling.policies import PARK_RATIO, POLICIES
-from infsamp.sampling.simulator import (arithmetic_trace, read_trace, simulate, synthetic_trace,
-                                        write_trace)
+from infsamp.sampling.simulator import (
+    arithmetic_trace,
+    read_trace,
+    simulate,
+    synthetic_trace,
+    write_trace,
+)
 from infsamp.sampling.types import SamplerStats
 
 SYNTHETIC = {"lognormal": synthetic_trace, "arithmetic": arithmetic_trace}
@@ -31,28 +39,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--trace", help="JSONL trace: {prompt_id, prompt_tokens, lengths} per line")
     source.add_argument("--synthetic", choices=sorted(SYNTHETIC),
-                        help="generate a workload instead: lognormal (the paper's length-controlled one) or "
-                             "arithmetic (worked-solution lengths of the embedded task, with prompt text)")
+                        help="generate a workload instead: lognormal (the paper's "
+                             "length-controlled one) or "
+                             "arithmetic (worked-solution lengths of the "
+                             "embedded task, with prompt text)")
     parser.add_argument("--groups", type=int, default=20, help="synthetic: prompts per epoch")
-    parser.add_argument("--group-size", type=int, default=32, help="synthetic: G, samples per prompt")
-    parser.add_argument("--epochs", type=int, default=1, help="synthetic: passes over the same prompts")
+    parser.add_argument("--group-size", type=int, default=32,
+                        help="synthetic: G, samples per prompt")
+    parser.add_argument("--epochs", type=int, default=1,
+                        help="synthetic: passes over the same prompts")
     parser.add_argument("--seed", type=int, default=0, help="synthetic: random seed")
     parser.add_argument("--direct-share", type=float, default=0.0,
-                        help="synthetic arithmetic: share of samples that are direct guesses (the shipped "
+                        help="synthetic arithmetic: share of samples that are "
+                             "direct guesses (the shipped "
                              "model guesses on about half of its samples at the start of a run)")
-    parser.add_argument("--write-trace", metavar="FILE", help="also write the (synthetic) trace here")
-    parser.add_argument("--prompts-per-step", type=int, default=1, help="B: trace lines per training step")
+    parser.add_argument("--write-trace", metavar="FILE",
+                        help="also write the (synthetic) trace here")
+    parser.add_argument("--prompts-per-step", type=int, default=1,
+                        help="B: trace lines per training step")
     parser.add_argument("--micro-group", "--slots", dest="micro_group", type=int,
                         help="g: samples decoded at once (--slots: its old name)")
     parser.add_argument("--kv-budget", type=int,
                         help="KV-cache budget in tokens (g follows unless --micro-group)")
-    parser.add_argument("--max-new-tokens", type=int, help="completion limit (default: longest in trace)")
+    parser.add_argument("--max-new-tokens", type=int,
+                        help="completion limit (default: longest in trace)")
     parser.add_argument("--policy", choices=sorted(POLICIES), default="continuous")
     parser.add_argument("--predictor", default="none", help="none, oracle, online or noisy:SIGMA "
                         "(hidden needs the model's hidden states: bench scheduling runs it)")
     parser.add_argument("--refill", choices=("auto",) + REFILL_ORDERS, default="auto",
                         help="length_aware runtime refill order")
-    parser.add_argument("--epsilon", type=float, default=0.1, help="FPTAS epsilon of the global grouping")
+    parser.add_argument("--epsilon", type=float, default=0.1,
+                        help="FPTAS epsilon of the global grouping")
     parser.add_argument("--prefix-tokens", type=int, default=8,
                         help="length_aware: k, re-predict every k tokens (the trace's first_tokens "
                              "give the token-conditioned predictor what the run's engine saw)")
@@ -64,9 +81,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup-steps", type=int, default=0,
                         help="replay the first N training steps (the predictor learns) but leave "
                              "them out of the figures, as bench scheduling measures its last epoch")
-    parser.add_argument("--length-sorted", action="store_true", help="rounds: fill from the longest predicted")
+    parser.add_argument("--length-sorted", action="store_true",
+                        help="rounds: fill from the longest predicted")
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    parser.add_argument("--plot", metavar="FILE", help="PNG of decode steps against predictor quality "
+    parser.add_argument("--plot", metavar="FILE",
+                        help="PNG of decode steps against predictor quality "
                         "(another image format by its extension: .svg, .pdf, ...; none: .png)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an existing --plot / --write-trace file (never the --trace)")
@@ -121,11 +140,13 @@ def _load(args):
         return read_trace(args.trace)
     for name in ("groups", "group_size", "epochs"):
         if getattr(args, name) < 1:
-            raise SamplingError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+            raise SamplingError(f"--{name.replace('_', '-')} must be >= 1, got "
+                                f"{getattr(args, name)}")
     if not 0.0 <= args.direct_share <= 1.0:
         raise SamplingError(f"--direct-share must be between 0 and 1, got {args.direct_share}")
     options = {"direct_share": args.direct_share} if args.synthetic == "arithmetic" else {}
-    groups = SYNTHETIC[args.synthetic](args.groups, args.group_size, args.epochs, args.seed, **options)
+    groups = SYNTHETIC[args.synthetic](args.groups, args.group_size, args.epochs, args.seed,
+                                       **options)
     if args.write_trace:
         write_trace(groups, args.write_trace)
     return groups
@@ -194,10 +215,12 @@ def _plot(groups, args) -> None:
     top = 1.05 * max([continuous] + [line.get_ydata().max() for line in ax.get_lines()[:2]])
     ax.set_ylim(0.98 * point.lower_bound, top)
     rounds = run_one("rounds", "none").decode_steps
-    ax.text(0.01, 0.98, f"rounds: {rounds} decode steps", transform=ax.transAxes, va="top", fontsize=8)
+    ax.text(0.01, 0.98, f"rounds: {rounds} decode steps", transform=ax.transAxes, va="top",
+            fontsize=8)
     ax.set_xlabel("predictor Kendall tau (per step, mean)")
     ax.set_ylabel("decode steps")
-    ax.set_title(f"{len(groups)} groups, g={point.micro_group}, {args.prompts_per_step} prompt(s)/step")
+    ax.set_title(f"{len(groups)} groups, g={point.micro_group}, {args.prompts_per_step} "
+                 f"prompt(s)/step")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(args.plot, dpi=120)

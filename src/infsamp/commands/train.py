@@ -21,7 +21,8 @@ DEMO_HINT = "no config given: running the embedded demo (tiny Llama, arithmetic 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("config options (override the YAML file)")
     for key, annotation, default, help_text in iter_options():
-        group.add_argument(f"--{key}", dest=f"cfg:{key}", default=None, metavar=type_name(annotation).upper(),
+        group.add_argument(f"--{key}", dest=f"cfg:{key}", default=None,
+                           metavar=type_name(annotation).upper(),
                            help=f"{help_text} (default: {default!r})")
 
 

@@ -34,9 +34,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from infsamp.rewards.compute import RewardResult
-from infsamp.distributed.ranks import Ranks
 from infsamp.distributed.rank_assignment import assign, imbalance, rank_loads
+from infsamp.distributed.ranks import Ranks
+from infsamp.rewards.compute import RewardResult
 from infsamp.sampling.types import COMBINE, COMBINED, Completion
 
 LINE_KEYS = ("prompt_id", "prompt_tokens", "lengths",  # a lengths.jsonl line (`infsamp simulate`)

@@ -67,7 +67,7 @@ class RankWatch:
         self._failure: tuple[int | None, str] | None = None
 
     # ---- this rank
-    def start(self) -> "RankWatch":
+    def start(self) -> RankWatch:
         self.store.set(f"host/{self.rank}", f"{self.host} {os.getpid()}")
         self.store.add(f"beat/{self.rank}", 1)
         threading.Thread(target=self._run, name="infsamp-rank-watch", daemon=True).start()

@@ -32,9 +32,9 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from infsamp.config import Config, ConfigError
-from infsamp.errors import InfsampError, NonFiniteError, RunStopped, first_line
 from infsamp.distributed.one_config import check_one_config
 from infsamp.distributed.rank_watch import PEER_FAILED_EXIT
+from infsamp.errors import InfsampError, NonFiniteError, RunStopped, first_line
 
 AGREED_ERRORS = (NonFiniteError, RunStopped)  # raised on every rank after a collective decision
 
@@ -191,7 +191,7 @@ class ProcessRanks(Ranks):
             except InfsampError as err:
                 outcome = {"error": str(err)}
                 self.broadcast_json(outcome)
-                raise agreed(err)
+                raise agreed(err)  # noqa: B904  (err itself, marked: a re-raise)
         outcome = self.broadcast_json(outcome)
         if "error" in outcome:
             raise agreed(InfsampError(outcome["error"]))
@@ -206,7 +206,7 @@ class ProcessRanks(Ranks):
         except BaseException as err:
             if is_agreed(err):  # every rank stops here: their exits are not failures
                 self.watch.finished()
-                raise agreed(err)
+                raise agreed(err)  # noqa: B904  (err itself, marked: a re-raise)
             if isinstance(err, PeerFailed):
                 raise
             # a collective that failed: most likely a peer died; give the watcher time to see it

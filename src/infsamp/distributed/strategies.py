@@ -32,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import copy
 from collections.abc import Iterator, Sequence
-from typing import Any
 
 import torch
 

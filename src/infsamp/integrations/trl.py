@@ -49,7 +49,7 @@ class RolloutError(InfsampError):
     """A TRL setting the infsamp rollout cannot honour."""
 
 
-def infsamp_rollout(logprobs: bool = True, **sampling: Any) -> "InfsampRollout":
+def infsamp_rollout(logprobs: bool = True, **sampling: Any) -> InfsampRollout:
     """A `rollout_func`; keywords are `sampling.*` options (kv_budget, policy, micro_group, engine
     ...) and `max_prompt_tokens` (the longest prompt a vLLM engine must take; default 256)."""
     return InfsampRollout(logprobs=logprobs, **sampling)

@@ -29,8 +29,13 @@ from infsamp.config import ConfigError, ModelConfig
 from infsamp.errors import ModelError, first_line
 from infsamp.models.device import DTYPES, resolve_device  # noqa: F401  (callers import them here)
 from infsamp.models.gguf import ensure_converted
-from infsamp.models.source import (ADAPTER_CONFIG, EMBEDDED_DIR, ModelSource,  # noqa: F401
-                                   load_error, resolve_model_source)
+from infsamp.models.source import (  # noqa: F401
+    ADAPTER_CONFIG,
+    EMBEDDED_DIR,
+    ModelSource,
+    load_error,
+    resolve_model_source,
+)
 
 
 def quiet_transformers() -> None:

@@ -29,11 +29,10 @@ import warnings
 
 import torch
 
+from infsamp.choices import PRECISION_CHOICES
 from infsamp.config import Config, ConfigError
 from infsamp.models.device import DTYPES, base_model, resolve_device
-from infsamp.choices import PRECISION_CHOICES
-from infsamp.planner.precisions import PRECISIONS, PrecisionMode, base_dtype
-from infsamp.planner.precisions import resolve_precision_name
+from infsamp.planner.precisions import PRECISIONS, PrecisionMode, base_dtype, resolve_precision_name
 
 COMPUTE_DTYPE = torch.bfloat16
 
@@ -104,7 +103,7 @@ def resolve_precision(cfg: Config, device: torch.device | None = None) -> Precis
     _check_device(cfg, mode, device)
     _check_libraries(cfg, mode, lora, device)
     if mode.warning:
-        warnings.warn(mode.warning)
+        warnings.warn(mode.warning, stacklevel=1)
     return mode
 
 
@@ -131,7 +130,8 @@ def _check_device(cfg: Config, mode: PrecisionMode, device: torch.device) -> Non
                               "compute in bf16; use training.precision fp32")
         if not cpu_has_native_bf16():
             warnings.warn(f"training.precision {mode.name}: this CPU has no native bf16 "
-                          "(AVX512-BF16 or AMX); torch emulates it, slower than fp32")
+                          "(AVX512-BF16 or AMX); torch emulates it, slower than fp32",
+                          stacklevel=1)
 
 
 def _check_libraries(cfg: Config, mode: PrecisionMode, lora: bool, device: torch.device) -> None:

@@ -26,8 +26,13 @@ from pathlib import Path
 from infsamp.config import EMBEDDED_MODEL
 from infsamp.errors import ModelError, first_line
 from infsamp.hub import cached_hub_snapshot, hub_unavailable, looks_like_path
-from infsamp.models.gguf import (GGUF_SUFFIX, check_gguf_file, converted_dir, gguf_in_folder,
-                                 is_converted)
+from infsamp.models.gguf import (
+    GGUF_SUFFIX,
+    check_gguf_file,
+    converted_dir,
+    gguf_in_folder,
+    is_converted,
+)
 
 EMBEDDED_DIR = Path(__file__).parent / "embedded"
 

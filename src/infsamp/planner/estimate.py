@@ -1,20 +1,21 @@
 """The memory estimate: bytes of each part of the generation and training phases, and what fits.
 
-Built on the second seed's rule of thumb (bytes per parameter: weights 2, reference 2, gradients 2, AdamW 8,
-8-bit AdamW 4) with these refinements, each stated in docs/planner.md:
+Built on the second seed's rule of thumb (bytes per parameter: weights 2, reference 2, gradients 2,
+AdamW 8, 8-bit AdamW 4) with these refinements, each stated in docs/planner.md:
 - the precision mode (`planner/precisions.py`) sets the dtypes of weights, gradients, states and
   compute; `mixed` adds autocast's bf16 copies of every matmul weight (alive until the backward);
 - optimizer states follow what the code allocates: AdamW keeps exp_avg and exp_avg_sq in the
   parameter's dtype (2 x 2 B in bf16, 2 x 4 B in fp32; bf16's stochastic rounding needs no more);
   8-bit AdamW (bitsandbytes or torchao) keeps two uint8 states plus one fp32 scale per 256 values
   (~2.03 B); SGD (no momentum) keeps none (with bf16 weights: a 2 B Kahan buffer, torch-optimi);
-- LoRA adapters (peft casts them to fp32) are the only trainable parameters; the reference model is the base
-  with adapters disabled, so it costs nothing; a 4-bit base (QLoRA) stores its decoder linears in
-  NF4 with double-quantised scales (~0.516 B), the rest in bf16;
-- the training step computes log-probs in micro-batches of `train_micro_batch_tokens` padded tokens, the
-  LM head per chunk on the completion positions' hidden states (`algorithm/lm_head.py`): activations
-  scale with the micro-batch, never with G, and the logits are a few fixed-size chunks whatever the
-  micro-batch. Activations are counted tensor by tensor from what autograd saves per layer;
+- LoRA adapters (peft casts them to fp32) are the only trainable parameters; the reference model is
+  the base with adapters disabled, so it costs nothing; a 4-bit base (QLoRA) stores its decoder
+  linears in NF4 with double-quantised scales (~0.516 B), the rest in bf16;
+- the training step computes log-probs in micro-batches of `train_micro_batch_tokens` padded tokens,
+  the LM head per chunk on the completion positions' hidden states (`algorithm/lm_head.py`):
+  activations scale with the micro-batch, never with G, and the logits are a few fixed-size chunks
+  whatever the micro-batch. Activations are counted tensor by tensor from what autograd saves per
+  layer;
 - optimizer states stay resident during generation (zero_grad frees the gradients);
 - KV cache: g * max_completion tokens plus each prompt that can be open at once (min(B, g) of the
   step's B prompts) held once, shared by its samples: the sampler's own rule.
@@ -44,8 +45,10 @@ GIB = 2**30
 
 @dataclass(frozen=True)
 class OptimizerSpec:
-    state_bytes: Callable[[int], float]  # bytes per trainable parameter, given the parameter's bytes
-    step_temporaries: float  # parameter-sized temporaries during step() when run as one foreach kernel
+    # bytes per trainable parameter, given the parameter's bytes
+    state_bytes: Callable[[int], float]
+    # parameter-sized temporaries during step() when run as one foreach kernel
+    step_temporaries: float
     kahan: bool  # keeps bf16 updates in a Kahan buffer of the parameter dtype (else: rounding)
     summary: str
 
@@ -63,7 +66,8 @@ OPTIMIZERS: dict[str, OptimizerSpec] = {
 class DeviceSpec:
     context_bytes: int  # runtime memory outside tensors (CUDA context, cuBLAS workspaces)
     fragmentation: float  # allocator slack, as a fraction of the tensors' bytes
-    foreach_optimizer: bool  # True: step() temporaries span all parameters; False: one tensor at a time
+    # True: step() temporaries span all parameters; False: one tensor at a time
+    foreach_optimizer: bool
 
 
 DEVICES: dict[str, DeviceSpec] = {
@@ -74,7 +78,7 @@ DEVICES: dict[str, DeviceSpec] = {
 
 
 
-# --- per-part bytes --------------------------------------------------------------------------------
+# --- per-part bytes -------------------------------------------------------------------------------
 
 
 def kv_bytes_per_token(shape: ModelShape, dtype: str | int = "bf16") -> int:
@@ -91,7 +95,8 @@ def weights_bytes(p: PlanInputs) -> int:
 
 
 def reference_bytes(p: PlanInputs) -> int:
-    """A frozen copy of the base; none with beta 0, none with LoRA (adapters disabled = reference)."""
+    """A frozen copy of the base; none with beta 0, none with LoRA (adapters disabled =
+    reference)."""
     return p.num_parameters * p.dtype_bytes if p.beta > 0 and p.lora_rank == 0 else 0
 
 
@@ -138,18 +143,21 @@ def optimizer_step_temporaries(p: PlanInputs) -> int:
     if DEVICES[p.device].foreach_optimizer:  # FSDP steps on this device's shards only
         return int(spec.step_temporaries * p.num_trainable * p.trainable_bytes * shard_fraction(p))
     largest = embedding_parameters(p.shape) * shard_fraction(p) if p.lora_rank == 0 else 0
-    return int(2 * largest * p.trainable_bytes)  # single-tensor loop: the largest tensor's sqrt, div
+    # single-tensor loop: the largest tensor's sqrt, div
+    return int(2 * largest * p.trainable_bytes)
 
 
 def layer_activation_bytes_per_token(p: PlanInputs) -> int:
-    """Bytes autograd saves for one token in one decoder layer (HF Llama/Qwen layer, sdpa attention).
+    """Bytes autograd saves for one token in one decoder layer (HF Llama/Qwen layer, sdpa
+    attention).
 
-    RMSNorm: fp32 copy of its input + normalised output; attention: q, k and v repeated to all heads (a
-    padding mask rules out sdpa's GQA path), output, fp32 log-sum-exp, o_proj's input copy, and the float
-    mask row sdpa converts per layer; SwiGLU: gate, silu(gate), up, their product. Matmul outputs
-    are in the compute dtype (d), the residual stream and norms in the weights' dtype (r). Under
-    autocast with fp32 weights, q/k/v/gate/up each save a bf16 copy of their fp32 input. With LoRA
-    in a 16-bit dtype peft keeps a copy of every adapted linear's input (fp32; bf16 in autocast).
+    RMSNorm: fp32 copy of its input + normalised output; attention: q, k and v repeated to all heads
+    (a padding mask rules out sdpa's GQA path), output, fp32 log-sum-exp, o_proj's input copy, and
+    the float mask row sdpa converts per layer; SwiGLU: gate, silu(gate), up, their product. Matmul
+    outputs are in the compute dtype (d), the residual stream and norms in the weights' dtype (r).
+    Under autocast with fp32 weights, q/k/v/gate/up each save a bf16 copy of their fp32 input. With
+    LoRA in a 16-bit dtype peft keeps a copy of every adapted linear's input (fp32; bf16 in
+    autocast).
     """
     s, d, r = p.shape, p.compute_bytes, p.dtype_bytes
     norms = 2 * (4 + r) * s.hidden_size
@@ -173,7 +181,8 @@ def activation_bytes_per_token(p: PlanInputs) -> int:
     return p.shape.num_hidden_layers * layer + final_norm
 
 
-LOGITS_CHUNK_BYTES = 32 * 2**20  # fp32 logits of one chunk of the training LM head (algorithm/lm_head.py)
+# fp32 logits of one chunk of the training LM head (algorithm/lm_head.py)
+LOGITS_CHUNK_BYTES = 32 * 2**20
 LOGITS_CHUNK_BUFFERS = 4  # chunk-sized buffers alive at once in the head's forward or backward
 
 
@@ -232,7 +241,7 @@ def completion_rows(p: PlanInputs, tokens: int) -> int:
     return math.ceil(tokens * p.max_completion / p.seq_len)
 
 
-# --- phases ----------------------------------------------------------------------------------------
+# --- phases ---------------------------------------------------------------------------------------
 
 
 def _with_overhead(parts: dict[str, int], device: str) -> dict[str, int]:
@@ -280,7 +289,8 @@ def generation_breakdown(p: PlanInputs, micro_group: int) -> dict[str, int]:
     if p.engine == "vllm":
         return vllm_generation_breakdown(p, micro_group)
     kv_tokens = plan_kv_tokens(p, micro_group)
-    kv_tokens += math.ceil(micro_group * p.seq_len / p.shape.num_hidden_layers)  # one layer's K/V concat per step
+    # one layer's K/V concat per step
+    kv_tokens += math.ceil(micro_group * p.seq_len / p.shape.num_hidden_layers)
     prefill_tokens = p.max_prompt if p.shared_prompt_kv else micro_group * p.max_prompt
     parts = dict(weights=weights_bytes(p), reference=reference_bytes(p), gradients=0,
                  optimizer=optimizer_bytes(p), compute_copies=compute_copy_bytes(p),
@@ -322,8 +332,10 @@ def peak_training_moment(p: PlanInputs, micro_batch_tokens: int) -> tuple[str, d
 
 
 def training_breakdown(p: PlanInputs, micro_batch_tokens: int) -> dict[str, int]:
-    """Bytes at the peak moment of a training step with a micro-batch of `micro_batch_tokens` tokens."""
-    parts = dict(weights=weights_bytes(p), reference=reference_bytes(p), gradients=gradients_bytes(p),
+    """Bytes at the peak moment of a training step with a micro-batch of `micro_batch_tokens`
+    tokens."""
+    parts = dict(weights=weights_bytes(p), reference=reference_bytes(p),
+                 gradients=gradients_bytes(p),
                  optimizer=optimizer_bytes(p), compute_copies=0, activations=0, logits=0,
                  kv_cache=0, vllm_weights=0, vllm_graphs=0)
     parts = per_device_parts(p, parts, "training")
@@ -334,11 +346,12 @@ def training_breakdown(p: PlanInputs, micro_batch_tokens: int) -> dict[str, int]
     return _with_overhead(parts, p.device)
 
 
-# --- choosing g and the micro-batch ----------------------------------------------------------------
+# --- choosing g and the micro-batch ---------------------------------------------------------------
 
 
 def _largest_fitting(low: int, high: int, fits: Callable[[int], bool]) -> int:
-    """Largest n in [low, high] with fits(n) (fits is monotone: true then false); low - 1 if none."""
+    """Largest n in [low, high] with fits(n) (fits is monotone: true then false); low - 1 if
+    none."""
     if high < low or not fits(low):
         return low - 1
     while low < high:
@@ -356,4 +369,5 @@ def largest_micro_group(p: PlanInputs) -> int:
 def largest_micro_batch_sequences(p: PlanInputs) -> int:
     """The most full-length sequences one training micro-batch can hold (0 if not even one)."""
     return _largest_fitting(1, p.num_samples,
-                            lambda n: training_breakdown(p, n * p.seq_len)["peak"] <= p.gpu_memory_bytes)
+                            lambda n: (training_breakdown(p, n * p.seq_len)["peak"]
+                                       <= p.gpu_memory_bytes))

@@ -33,10 +33,11 @@ def reserved_tokens(prompt_tokens: int, max_new_tokens: int, block_size: int = 1
     return blocks * block_size - shared_prompt_tokens(prompt_tokens, block_size)
 
 
-def kv_tokens_needed(micro_group: int, max_new_tokens: int, max_prompt_tokens: int, num_prompts: int,
-                     block_size: int = 1) -> int:
-    """Worst-case KV tokens held with `micro_group` samples running: each at its reservation, and one
-    shared prompt per group that can be open at once (at most one per slot and one per prompt)."""
+def kv_tokens_needed(micro_group: int, max_new_tokens: int, max_prompt_tokens: int,
+                     num_prompts: int, block_size: int = 1) -> int:
+    """Worst-case KV tokens held with `micro_group` samples running: each at its reservation, and
+    one shared prompt per group that can be open at once (at most one per slot and one per
+    prompt)."""
     lowest = max(0, max_prompt_tokens - block_size + 1)  # reservations repeat with P mod block
     reserve = max(reserved_tokens(p, max_new_tokens, block_size)
                   for p in range(lowest, max_prompt_tokens + 1))

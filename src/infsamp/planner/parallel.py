@@ -6,16 +6,17 @@ training, before allocator overhead) into what each of `num_devices` GPUs holds:
 - `single`: unchanged.
 - `ddp`: every device holds the whole model, gradients and optimizer states; DDP's gradient buckets
   (the gradients are views into them) stay allocated between steps, so generation holds them too.
-- `fsdp` (FSDP2, as `distributed/strategies.py` runs it): weights, gradients and optimizer states are
-  sharded 1/N, in the bytes of the precision mode (`planner/precisions.py`: fp32 master weights
+- `fsdp` (FSDP2, as `distributed/strategies.py` runs it): weights, gradients and optimizer states
+  are sharded 1/N, in the bytes of the precision mode (`planner/precisions.py`: fp32 master weights
   and states under fp32/mixed, bf16 under bf16, 8-bit states under adamw8bit). Generation on the
   slot engine decodes with a whole copy of the weights gathered for the sampler (the sharded
   forward is a collective and ranks decode different numbers of steps), so it holds the shards
   plus the whole weights; on vLLM the whole copy is vLLM's own (`vllm_weights`), pushed to it
   after each step, so nothing more is gathered. Training holds the shards plus what is gathered
   at a time: the root unit (embeddings, final norm, untied lm_head: kept for the whole forward
-  and backward) and two decoder layers (the one computing, the one prefetched), and their unsharded gradients until
-  they are reduce-scattered. The optimizer step runs on shards (its temporaries are 1/N too).
+  and backward) and two decoder layers (the one computing, the one prefetched), and their unsharded
+  gradients until they are reduce-scattered. The optimizer step runs on shards (its temporaries are
+  1/N too).
 
 Deliberately simplified: a reference model (beta > 0) is whole on every device (it is not
 sharded); `mixed`'s autocast copies (bf16 casts of the gathered weights, saved for the backward)

@@ -1,11 +1,12 @@
-"""`plan_memory`: pick g and the training micro-batch, say whether the run fits, and which switch fixes it.
+"""`plan_memory`: pick g and the training micro-batch, say whether the run fits, and which switch
+fixes it.
 
 The run's sizes (`planner/sizes.py`) are read from this plan, once, for `infsamp train` and
 `infsamp plan` alike.
 
-Advice is not a lookup table: each switch (LoRA, 8-bit AdamW, gradient checkpointing, no reference model,
-bf16 precision, a 4-bit base) is applied to the inputs and the estimate is re-run; the smallest
-sets of switches that fit are named.
+Advice is not a lookup table: each switch (LoRA, 8-bit AdamW, gradient checkpointing, no reference
+model, bf16 precision, a 4-bit base) is applied to the inputs and the estimate is re-run; the
+smallest sets of switches that fit are named.
 """
 
 from __future__ import annotations
@@ -19,10 +20,18 @@ from typing import Any
 
 from infsamp.choices import PRECISION_CHOICES, STRATEGIES
 from infsamp.config import ConfigError
-from infsamp.planner.estimate import (DEVICES, GIB, OPTIMIZERS, bytes_per_parameter,
-                                      generation_breakdown, largest_micro_batch_sequences,
-                                      largest_micro_group, peak_training_moment, plan_kv_tokens,
-                                      training_breakdown)
+from infsamp.planner.estimate import (
+    DEVICES,
+    GIB,
+    OPTIMIZERS,
+    bytes_per_parameter,
+    generation_breakdown,
+    largest_micro_batch_sequences,
+    largest_micro_group,
+    peak_training_moment,
+    plan_kv_tokens,
+    training_breakdown,
+)
 from infsamp.planner.inputs import PlanInputs
 from infsamp.planner.precisions import PRECISIONS, resolve_precision_name
 from infsamp.planner.presets import LORA_TARGETS_ALL_LINEAR, ModelShape
@@ -36,7 +45,8 @@ class MemoryPlan:
 
     fits: bool
     micro_group: int  # g: samples decoded at once (0: not even one fits)
-    train_micro_batch_tokens: int  # padded tokens per training micro-batch (0: not even one sequence fits)
+    # padded tokens per training micro-batch (0: not even one sequence fits)
+    train_micro_batch_tokens: int
     kv_budget_tokens: int  # KV tokens of the plan: g * max_completion + min(B, g) shared prompts
     generation: dict[str, int]
     training: dict[str, int]
@@ -58,7 +68,8 @@ class MemoryPlan:
         return dict(fits=self.fits, micro_group=self.micro_group,
                     train_micro_batch_tokens=self.train_micro_batch_tokens,
                     train_micro_batch_sequences=self.train_micro_batch_sequences,
-                    kv_budget_tokens=self.kv_budget_tokens, generation=self.generation, training=self.training,
+                    kv_budget_tokens=self.kv_budget_tokens, generation=self.generation,
+                    training=self.training,
                     peak_bytes=self.peak_bytes, gpu_memory_bytes=self.inputs.gpu_memory_bytes,
                     training_peak_moment=self.training_peak_moment,
                     advice=self.advice, num_parameters=self.num_parameters,
@@ -71,7 +82,7 @@ class MemoryPlan:
         return json.dumps(self.to_dict(sizes), indent=indent)
 
 
-# --- validation ------------------------------------------------------------------------------------
+# --- validation -----------------------------------------------------------------------------------
 
 
 def _check(ok: bool, key: str, value: Any, why: str) -> None:
@@ -89,7 +100,8 @@ def validate_inputs(p: PlanInputs) -> None:
     _check(p.micro_group <= p.num_samples, "micro_group", p.micro_group,
            f"must be <= the step's {p.num_samples} samples")
     _check(p.beta >= 0, "beta", p.beta, "must be >= 0")
-    _check(p.optimizer in OPTIMIZERS, "optimizer", p.optimizer, f"must be one of {', '.join(OPTIMIZERS)}")
+    _check(p.optimizer in OPTIMIZERS, "optimizer", p.optimizer,
+           f"must be one of {', '.join(OPTIMIZERS)}")
     _check(p.precision in PRECISIONS, "precision", p.precision,
            f"must be one of {', '.join(PRECISION_CHOICES)}")
     _check(p.device in DEVICES, "device", p.device, f"must be one of {', '.join(DEVICES)}")
@@ -105,24 +117,27 @@ def validate_inputs(p: PlanInputs) -> None:
            "fsdp shards full fine-tuning; with LoRA use ddp")
 
 
-# --- the plan --------------------------------------------------------------------------------------
+# --- the plan -------------------------------------------------------------------------------------
 
 
 def _choose(p: PlanInputs) -> tuple[int, int]:
     """(g, micro-batch tokens) that fit; 0 for a part where nothing fits."""
     if p.micro_group:
-        g = p.micro_group if generation_breakdown(p, p.micro_group)["peak"] <= p.gpu_memory_bytes else 0
+        fits_g = generation_breakdown(p, p.micro_group)["peak"] <= p.gpu_memory_bytes
+        g = p.micro_group if fits_g else 0
     else:
         g = largest_micro_group(p)
     if p.train_micro_batch_tokens:
-        tokens = max(p.train_micro_batch_tokens, p.seq_len)  # a longer sequence still gets its own micro-batch
+        # a longer sequence still gets its own micro-batch
+        tokens = max(p.train_micro_batch_tokens, p.seq_len)
         fits = training_breakdown(p, tokens)["peak"] <= p.gpu_memory_bytes
         return g, tokens if fits else 0
     return g, largest_micro_batch_sequences(p) * p.seq_len
 
 
 def _shown_sizes(p: PlanInputs, g: int, tokens: int) -> tuple[int, int]:
-    """The g and micro-batch whose breakdown is shown: the chosen ones, or the smallest when none fits."""
+    """The g and micro-batch whose breakdown is shown: the chosen ones, or the smallest when none
+    fits."""
     return g or p.micro_group or 1, tokens or max(p.train_micro_batch_tokens, p.seq_len)
 
 
@@ -156,13 +171,15 @@ def plan_memory(shape: ModelShape, *, gpu_memory_bytes: int, num_generations: in
                       peak_bytes=max(generation["peak"], training["peak"]),
                       advice=[] if fits else advise(p, g, tokens),
                       training_peak_moment=peak_training_moment(p, shown_tokens)[0],
-                      num_parameters=p.num_parameters, num_trainable_parameters=p.num_trainable, inputs=p)
+                      num_parameters=p.num_parameters, num_trainable_parameters=p.num_trainable,
+                      inputs=p)
 
 
-# --- advice: re-run the estimate with each switch ---------------------------------------------------
+# --- advice: re-run the estimate with each switch -------------------------------------------------
 
 
-def _only_if(condition: Callable[[PlanInputs], bool], **changes: Any) -> Callable[[PlanInputs], PlanInputs | None]:
+def _only_if(condition: Callable[[PlanInputs], bool],
+             **changes: Any) -> Callable[[PlanInputs], PlanInputs | None]:
     return lambda p: dataclasses.replace(p, **changes) if condition(p) else None
 
 
@@ -172,7 +189,8 @@ SWITCHES: dict[str, Callable[[PlanInputs], PlanInputs | None]] = {
     "--strategy fsdp": _only_if(lambda p: p.num_devices > 1 and p.strategy == "ddp",
                                 strategy="fsdp"),
     "--optimizer adamw8bit": _only_if(lambda p: p.optimizer == "adamw", optimizer="adamw8bit"),
-    "--gradient-checkpointing": _only_if(lambda p: not p.gradient_checkpointing, gradient_checkpointing=True),
+    "--gradient-checkpointing": _only_if(lambda p: not p.gradient_checkpointing,
+                                         gradient_checkpointing=True),
     "--beta 0 (no reference model)": _only_if(lambda p: p.beta > 0 and p.lora_rank == 0, beta=0.0),
     "--precision bf16": _only_if(lambda p: p.precision in ("fp32", "mixed"), precision="bf16"),
     "--load-in-4bit": _only_if(lambda p: p.lora_rank > 0 and p.device == "cuda"
@@ -191,8 +209,8 @@ def _apply(p: PlanInputs, names: tuple[str, ...]) -> PlanInputs | None:
 def _describe(names: tuple[str, ...], p: PlanInputs, g: int, tokens: int) -> str:
     peak = max(generation_breakdown(p, g)["peak"], training_breakdown(p, tokens)["peak"])
     sequences = tokens // p.seq_len
-    return (f"fits with {' + '.join(names)}: peak {peak / GIB:.2f} GiB, g = {g}, micro-batch {tokens} tokens "
-            f"({sequences} sequence{'s' if sequences > 1 else ''})")
+    return (f"fits with {' + '.join(names)}: peak {peak / GIB:.2f} GiB, g = {g}, micro-batch "
+            f"{tokens} tokens ({sequences} sequence{'s' if sequences > 1 else ''})")
 
 
 def _switch_advice(p: PlanInputs) -> list[str]:
@@ -220,7 +238,8 @@ def _smaller_setting_advice(p: PlanInputs, g: int, tokens: int) -> list[str]:
     if p.train_micro_batch_tokens and not tokens:
         best = largest_micro_batch_sequences(p) * p.seq_len
         if best:
-            advice.append(f"fits with a smaller micro-batch: --train-micro-batch-tokens {best} (or 0 for auto)")
+            advice.append(f"fits with a smaller micro-batch: --train-micro-batch-tokens {best} (or "
+                          f"0 for auto)")
     return advice
 
 
@@ -232,6 +251,8 @@ def advise(p: PlanInputs, g: int, tokens: int) -> list[str]:
     if advice:
         return advice
     minimum = dataclasses.replace(p, micro_group=1, train_micro_batch_tokens=p.seq_len)
-    need = max(generation_breakdown(minimum, 1)["peak"], training_breakdown(minimum, p.seq_len)["peak"])
-    return [f"does not fit even with every switch; these settings need {need / GIB:.2f} GiB at g = 1 and "
+    need = max(generation_breakdown(minimum, 1)["peak"],
+               training_breakdown(minimum, p.seq_len)["peak"])
+    return [f"does not fit even with every switch; these settings need {need / GIB:.2f} GiB at g = "
+            f"1 and "
             "one sequence per micro-batch: use a larger GPU, a smaller model or shorter sequences"]

@@ -13,8 +13,8 @@ and bf16 on a GPU: of the modes whose updates follow an fp32 run (docs/benchmark
 modes"), bf16 needs the fewest bytes. `bf16_lossy` is the negative control: most updates round
 away.
 
-Pure Python, shared by the planner (bytes) and `infsamp.models.precision` (dtypes, autocast, checks).
-Deliberately simple: bf16 is the only 16-bit type (no fp16 and its loss scaling).
+Pure Python, shared by the planner (bytes) and `infsamp.models.precision` (dtypes, autocast,
+checks). Deliberately simple: bf16 is the only 16-bit type (no fp16 and its loss scaling).
 """
 
 from __future__ import annotations

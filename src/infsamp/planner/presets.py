@@ -1,10 +1,10 @@
 """Model shapes: built-in presets, reading a local config.json, and exact parameter counts.
 
-A `ModelShape` holds the few numbers of a decoder-only transformer (Llama / Qwen2 / Qwen3 family) that
-memory depends on. Presets copy the public `config.json` values of each model; `load_shape` also reads a
-local HF checkpoint directory or a config.json path (JSON only, no torch). `count_parameters` adds up the
-tensors layer by layer (embedding, q/k/v/o with Qwen2.5's q/k/v biases, Qwen3's q/k RMSNorm, SwiGLU MLP,
-two RMSNorms per layer, final norm, lm_head unless tied).
+A `ModelShape` holds the few numbers of a decoder-only transformer (Llama / Qwen2 / Qwen3 family)
+that memory depends on. Presets copy the public `config.json` values of each model; `load_shape`
+also reads a local HF checkpoint directory or a config.json path (JSON only, no torch).
+`count_parameters` adds up the tensors layer by layer (embedding, q/k/v/o with Qwen2.5's q/k/v
+biases, Qwen3's q/k RMSNorm, SwiGLU MLP, two RMSNorms per layer, final norm, lm_head unless tied).
 
 Deliberately simple: dense decoder-only models only (no MoE, no sliding window, no vision tower).
 """
@@ -20,7 +20,8 @@ from typing import Any
 
 from infsamp.errors import ModelError
 
-LORA_TARGETS_ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+LORA_TARGETS_ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                           "down_proj")
 
 
 @dataclass(frozen=True)
@@ -47,8 +48,8 @@ class ModelShape:
         return self.num_key_value_heads * self.head_dim
 
 
-def _llama(name: str, hidden: int, inter: int, layers: int, heads: int, kv_heads: int, head_dim: int,
-           tie: bool) -> ModelShape:
+def _llama(name: str, hidden: int, inter: int, layers: int, heads: int, kv_heads: int,
+           head_dim: int, tie: bool) -> ModelShape:
     return ModelShape(name, hidden, inter, layers, heads, kv_heads, head_dim, 128256, tie, 131072)
 
 
@@ -58,8 +59,8 @@ def _qwen3(name: str, hidden: int, inter: int, layers: int, heads: int, tie: boo
 
 def _qwen25(name: str, hidden: int, inter: int, layers: int, heads: int, kv_heads: int, vocab: int,
             tie: bool, max_positions: int) -> ModelShape:
-    return ModelShape(name, hidden, inter, layers, heads, kv_heads, hidden // heads, vocab, tie, max_positions,
-                      attention_bias=True)
+    return ModelShape(name, hidden, inter, layers, heads, kv_heads, hidden // heads, vocab, tie,
+                      max_positions, attention_bias=True)
 
 
 # Public config.json values (Hugging Face model repos of Qwen and meta-llama, base models).
@@ -80,13 +81,15 @@ PRESETS: dict[str, ModelShape] = {shape.name: shape for shape in (
 )}
 
 
-# --- reading a config ------------------------------------------------------------------------------
+# --- reading a config -----------------------------------------------------------------------------
 
 
 def shape_from_config(config: Mapping[str, Any] | Any, name: str = "") -> ModelShape:
-    """ModelShape from a config.json mapping or a transformers PretrainedConfig (anything with to_dict)."""
+    """ModelShape from a config.json mapping or a transformers PretrainedConfig (anything with
+    to_dict)."""
     values = dict(config.to_dict() if hasattr(config, "to_dict") else config)
-    values = {**values, **values.get("text_config", {})}  # multimodal wrappers keep the LM under text_config
+    # multimodal wrappers keep the LM under text_config
+    values = {**values, **values.get("text_config", {})}
     try:
         heads = int(values["num_attention_heads"])
         hidden = int(values["hidden_size"])
@@ -95,13 +98,15 @@ def shape_from_config(config: Mapping[str, Any] | Any, name: str = "") -> ModelS
             hidden_size=hidden, intermediate_size=int(values["intermediate_size"]),
             num_hidden_layers=int(values["num_hidden_layers"]), num_attention_heads=heads,
             num_key_value_heads=int(values.get("num_key_value_heads") or heads),
-            head_dim=int(values.get("head_dim") or hidden // heads), vocab_size=int(values["vocab_size"]),
+            head_dim=int(values.get("head_dim") or hidden // heads),
+            vocab_size=int(values["vocab_size"]),
             tie_word_embeddings=bool(values.get("tie_word_embeddings", False)),
             max_position_embeddings=int(values.get("max_position_embeddings") or 0),
             attention_bias=_has_qkv_bias(values), qk_norm=values.get("model_type") in ("qwen3",),
         )
     except KeyError as err:
-        raise ModelError(f"model config {name or '<mapping>'}: missing key {err.args[0]!r}") from None
+        raise ModelError(f"model config {name or '<mapping>'}: missing key "
+                         f"{err.args[0]!r}") from None
     except (TypeError, ValueError) as err:
         raise ModelError(f"model config {name or '<mapping>'}: bad value ({err})") from None
 
@@ -109,11 +114,13 @@ def shape_from_config(config: Mapping[str, Any] | Any, name: str = "") -> ModelS
 def _has_qkv_bias(values: Mapping[str, Any]) -> bool:
     if "attention_bias" in values:
         return bool(values["attention_bias"])
-    return values.get("model_type") == "qwen2"  # Qwen2 always has q/k/v biases and no attention_bias key
+    # Qwen2 always has q/k/v biases and no attention_bias key
+    return values.get("model_type") == "qwen2"
 
 
 def load_shape(name_or_path: str) -> ModelShape:
-    """A preset name (case-insensitive), a checkpoint directory or a config.json path -> ModelShape."""
+    """A preset name (case-insensitive), a checkpoint directory or a config.json path ->
+    ModelShape."""
     key = str(name_or_path).strip().lower()
     if key in PRESETS:
         return PRESETS[key]
@@ -126,7 +133,8 @@ def load_shape(name_or_path: str) -> ModelShape:
     try:
         values = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ModelError(f"model config {path}: cannot read JSON ({str(err).splitlines()[0]})") from None
+        raise ModelError(f"model config {path}: cannot read JSON "
+                         f"({str(err).splitlines()[0]})") from None
     if not isinstance(values, dict):
         raise ModelError(f"model config {path}: top level must be a JSON object")
     return shape_from_config(values, name=str(name_or_path))
@@ -134,14 +142,16 @@ def load_shape(name_or_path: str) -> ModelShape:
 
 def with_layers(shape: ModelShape, num_hidden_layers: int) -> ModelShape:
     """The same shape with fewer (or more) layers, e.g. for quick CPU measurements."""
-    return dataclasses.replace(shape, name=f"{shape.name}-{num_hidden_layers}l", num_hidden_layers=num_hidden_layers)
+    return dataclasses.replace(shape, name=f"{shape.name}-{num_hidden_layers}l",
+                               num_hidden_layers=num_hidden_layers)
 
 
-# --- parameter counts ------------------------------------------------------------------------------
+# --- parameter counts -----------------------------------------------------------------------------
 
 
 def linear_shapes(shape: ModelShape) -> dict[str, tuple[int, int]]:
-    """(in_features, out_features) of each linear layer of one decoder layer, by peft module name."""
+    """(in_features, out_features) of each linear layer of one decoder layer, by peft module
+    name."""
     h, q, kv, i = shape.hidden_size, shape.q_dim, shape.kv_dim, shape.intermediate_size
     return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
             "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
@@ -166,13 +176,16 @@ def count_parameters(shape: ModelShape) -> int:
             + shape.hidden_size + lm_head)
 
 
-def count_lora_parameters(shape: ModelShape, rank: int, targets: tuple[str, ...] = LORA_TARGETS_ALL_LINEAR) -> int:
-    """LoRA adapter parameters: rank * (in + out) per adapted linear per layer (peft 'all-linear' by default)."""
+def count_lora_parameters(shape: ModelShape, rank: int,
+                          targets: tuple[str, ...] = LORA_TARGETS_ALL_LINEAR) -> int:
+    """LoRA adapter parameters: rank * (in + out) per adapted linear per layer (peft 'all-linear' by
+    default)."""
     if rank <= 0:
         return 0
     linears = linear_shapes(shape)
     unknown = [t for t in targets if t not in linears]
     if unknown:
-        raise ModelError(f"lora target {unknown[0]!r}: unknown (known: {', '.join(linears)}, all-linear)")
+        raise ModelError(f"lora target {unknown[0]!r}: unknown (known: {', '.join(linears)}, "
+                         f"all-linear)")
     per_layer = sum(rank * (linears[t][0] + linears[t][1]) for t in targets)
     return shape.num_hidden_layers * per_layer

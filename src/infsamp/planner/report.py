@@ -1,15 +1,25 @@
-"""Human-readable text of a MemoryPlan: settings, the two-phase breakdown, g, micro-batch, verdict, advice.
+"""Human-readable text of a MemoryPlan: settings, the two-phase breakdown, g, micro-batch, verdict,
+advice.
 
-Deliberately plain: fixed-width columns in GiB (2**30 bytes), no colours, so it can be pasted into docs.
+Deliberately plain: fixed-width columns in GiB (2**30 bytes), no colours, so it can be pasted into
+docs.
 """
 
 from __future__ import annotations
 
 import math
 
-from infsamp.planner.estimate import (GIB, LOGITS_CHUNK_BUFFERS, PARTS, activation_bytes_per_token,
-                                      bytes_per_parameter, completion_rows, kv_bytes_per_token,
-                                      train_logits_bytes_per_row, train_logits_chunk_bytes)
+from infsamp.planner.estimate import (
+    GIB,
+    LOGITS_CHUNK_BUFFERS,
+    PARTS,
+    activation_bytes_per_token,
+    bytes_per_parameter,
+    completion_rows,
+    kv_bytes_per_token,
+    train_logits_bytes_per_row,
+    train_logits_chunk_bytes,
+)
 from infsamp.planner.plan import MemoryPlan
 from infsamp.planner.sizes import RunSizes
 
@@ -90,11 +100,13 @@ def sizes_lines(plan: MemoryPlan) -> list[str]:
                  f"{p.seq_len}); the step's {p.num_samples} take "
                  f"{math.ceil(p.num_samples / sequences)} micro-batches")
     else:
-        batch = f"training micro-batch: not even one sequence of {p.seq_len} tokens fits (breakdown shows one)"
+        batch = (f"training micro-batch: not even one sequence of {p.seq_len} tokens fits "
+                 f"(breakdown shows one)")
     return [
         g_text, f"  {kv}",
         batch,
-        f"  per token: activations {per_token} ({'with' if p.gradient_checkpointing else 'without'} "
+        f"  per token: activations {per_token} "
+        f"({'with' if p.gradient_checkpointing else 'without'} "
         f"checkpointing), LM head {chunks} of logits chunks + {logits_row} per completion token; "
         f"peak at: {plan.training_peak_moment}",
     ]
@@ -104,9 +116,11 @@ def verdict_lines(plan: MemoryPlan) -> list[str]:
     share = plan.peak_bytes / plan.inputs.gpu_memory_bytes
     if plan.fits:
         tight = " (tight: allocator behaviour may push it over)" if share > TIGHT_FRACTION else ""
-        lines = [f"FITS: peak {plan.peak_bytes / GIB:.2f} GiB = {100 * share:.0f}% of the memory{tight}"]
+        lines = [f"FITS: peak {plan.peak_bytes / GIB:.2f} GiB = {100 * share:.0f}% "
+                 f"of the memory{tight}"]
     else:
-        lines = [f"DOES NOT FIT: peak {plan.peak_bytes / GIB:.2f} GiB = {100 * share:.0f}% of the memory"]
+        lines = [f"DOES NOT FIT: peak {plan.peak_bytes / GIB:.2f} GiB = {100 * share:.0f}% "
+                 f"of the memory"]
     return lines + [f"  advice: {line}" for line in plan.advice]
 
 

@@ -47,7 +47,8 @@ class RunSizes:
     """Every size the sampler, its engine and the GRPO step use (see the module docstring)."""
 
     kv_budget_tokens: int  # KV tokens the sampler may hold (vLLM: its pool, one block of it null)
-    micro_group: int  # g: samples decoded at once (a call's all under `full`); 0: what the budget holds
+    # g: samples decoded at once (a call's all under `full`); 0: what the budget holds
+    micro_group: int
     max_micro_group: int  # the most samples the engine runs at once (vLLM's max_num_seqs); 0: any
     max_prompt_tokens: int  # the longest prompt served
     max_new_tokens: int

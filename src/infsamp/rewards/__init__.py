@@ -1,7 +1,8 @@
 """Rewards: the built-in functions, loading by name, calling (sync, async, timeouts), checked sums.
 
     builtin.py       format and accuracy rewards (TRL's signature), completion text
-    loading.py       a name -> a function (built-in, module:function, file.py:function, model folder)
+    loading.py       a name -> a function (built-in, module:function, file.py:function, model
+                     folder)
     calling.py       running the functions of a step: async ones concurrently, timeouts
     compute.py       `compute_rewards`: every function's values checked, weighted, summed
     reward_model.py  a sequence-classification model folder as a reward function

@@ -42,7 +42,8 @@ def is_async_callable(func: Any) -> bool:
     """True for `async def` functions, partials of them, and objects with an async __call__."""
     while isinstance(func, functools.partial):
         func = func.func
-    call = getattr(func, "__call__", None)
+    # the __call__ method itself (is it async?), not whether func is callable
+    call = getattr(func, "__call__", None)  # noqa: B004
     return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(call)
 
 

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from infsamp.errors import RewardError
 from infsamp.rewards.builtin import RewardFunction, completion_text
@@ -43,7 +44,8 @@ class RewardResult:
             mean = sum(scored) / len(scored) if scored else float("nan")
             squares = sum((v - mean) ** 2 for v in scored)
             logged[f"rewards/{name}/mean"] = mean
-            logged[f"rewards/{name}/std"] = math.sqrt(squares / (len(scored) - 1)) if len(scored) > 1 else 0.0
+            logged[f"rewards/{name}/std"] = math.sqrt(squares / (len(scored)
+                                                                 - 1)) if len(scored) > 1 else 0.0
         for name, count in self.timeouts.items():
             logged[f"rewards/{name}/timeouts"] = count
         return logged
@@ -55,7 +57,8 @@ def _prompt_preview(prompt: Any) -> str:
 
 
 def _row_error(who: str, row: int, prompts: Sequence[Any], why: str) -> RewardError:
-    """`who` is e.g. "reward function 'accuracy'"; the message names the row and the prompt's start."""
+    """`who` is e.g. "reward function 'accuracy'"; the message names the row and the prompt's
+    start."""
     preview = f" (prompt {_prompt_preview(prompts[row])})" if row < len(prompts) else ""
     return RewardError(f"{who}, row {row}{preview}: {why}")
 
@@ -126,10 +129,12 @@ def _check_inputs(funcs: list, weights: Sequence[float] | None, completions: Seq
                   columns: dict[str, list]) -> list[float]:
     weights = list(weights) if weights else [1.0] * len(funcs)
     if len(weights) != len(funcs):
-        raise RewardError(f"rewards.weights: {len(weights)} weights for {len(funcs)} reward functions")
+        raise RewardError(f"rewards.weights: {len(weights)} weights for {len(funcs)} "
+                          f"reward functions")
     for key, values in columns.items():
         if len(values) != len(completions):
-            raise ValueError(f"column {key!r} has {len(values)} values for {len(completions)} completions")
+            raise ValueError(f"column {key!r} has {len(values)} values for {len(completions)} "
+                             f"completions")
     return weights
 
 

@@ -22,8 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from infsamp.errors import RewardError
-from infsamp.rewards.builtin import (BUILTIN_REWARDS, RewardFunction, format_reward,
-                                     reasoning_gym_reward)
+from infsamp.rewards.builtin import (
+    BUILTIN_REWARDS,
+    RewardFunction,
+    format_reward,
+    reasoning_gym_reward,
+)
 
 FILE_MODULE_PREFIX = "infsamp_user_rewards_"
 
@@ -32,7 +36,8 @@ def file_module_name(path: str) -> str:
     """The module name a reward file is loaded under: its stem and a hash of its full path, so
     two files of one name stay apart (and a worker process can load it under the same name)."""
     resolved = str(Path(path).resolve())
-    return f"{FILE_MODULE_PREFIX}{Path(path).stem}_{hashlib.sha1(resolved.encode()).hexdigest()[:8]}"
+    digest = hashlib.sha1(resolved.encode()).hexdigest()[:8]
+    return f"{FILE_MODULE_PREFIX}{Path(path).stem}_{digest}"
 
 
 def load_file_module(path: str, name: str) -> Any:

@@ -16,8 +16,9 @@ conversational prompts, here it is applied whenever the reward tokenizer has one
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 

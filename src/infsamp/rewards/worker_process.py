@@ -31,8 +31,13 @@ from typing import Any
 
 from infsamp.errors import RewardError, first_line
 from infsamp.rewards.builtin import RewardFunction
-from infsamp.rewards.calling import (Outcome, call_async, call_sync, describe_error,
-                                     is_async_callable)
+from infsamp.rewards.calling import (
+    Outcome,
+    call_async,
+    call_sync,
+    describe_error,
+    is_async_callable,
+)
 from infsamp.rewards.loading import FILE_MODULE_PREFIX, load_file_module
 
 PR_SET_PDEATHSIG = 1

@@ -113,7 +113,8 @@ def _encoded_arguments(kwargs: dict[str, Any]) -> bytes:
         return encode(kwargs)
     except (TypeError, ValueError) as err:
         raise RewardError(f"rewards.timeout_s: the step's reward arguments cannot be sent to the "
-                          f"worker processes ({first_line(err)}); set rewards.timeout_s 0") from None
+                          f"worker processes ({first_line(err)}); set rewards.timeout_s "
+                          "0") from None
 
 
 class _Loader:

@@ -65,7 +65,8 @@ def generate_completions(model, prompt_ids: Sequence[Sequence[int]], *, pad_toke
         input_ids, mask = left_padded(prompt_ids[start: start + batch_size], pad_token_id)
         out = model.generate(input_ids=input_ids.to(device), attention_mask=mask.to(device),
                              max_new_tokens=max_new_tokens, do_sample=temperature > 0,
-                             temperature=temperature if temperature > 0 else None, top_p=None, top_k=None,
+                             temperature=temperature if temperature > 0 else None, top_p=None,
+                             top_k=None,
                              pad_token_id=pad_token_id, eos_token_id=list(stop_token_ids) or None)
         new_tokens = out[:, input_ids.shape[1]:].tolist()  # [b, T_new]
         completions.extend(until_stop(row, stop_token_ids) for row in new_tokens)

@@ -101,7 +101,8 @@ def _step_of(line: str) -> float:
 
 
 class RunLogger:
-    def __init__(self, output_dir: Path, max_steps: int, start_step: int, log_every: int, progress_bar: bool):
+    def __init__(self, output_dir: Path, max_steps: int, start_step: int, log_every: int,
+                 progress_bar: bool):
         self.dir = output_dir
         self.log_every = log_every
         self.progress = RunProgress(max_steps, start_step, enabled=progress_bar)
@@ -146,7 +147,8 @@ class RunLogger:
         append_jsonl(self.dir / "lengths.jsonl", [{"step": step, **group} for group in groups])
 
     def log_completions(self, step: int, records: list[dict[str, Any]]) -> None:
-        append_jsonl(self.dir / "completions.jsonl", [{"step": step, **record} for record in records])
+        append_jsonl(self.dir / "completions.jsonl",
+                     [{"step": step, **record} for record in records])
 
     def close(self, ok: bool = True) -> None:
         """Close the bars and finish the trackers' runs (marked failed when `ok` is False)."""
@@ -174,7 +176,8 @@ SMOOTHING_STEPS = 10  # few prompts per step make per-step rewards noisy
 
 
 def moving_average(values: list[float | None], window: int) -> list[float]:
-    """Mean of the last `window` values at each position (fewer at the start); None/NaN are skipped."""
+    """Mean of the last `window` values at each position (fewer at the start); None/NaN are
+    skipped."""
     out, recent = [], []
     for value in values:
         recent = (recent + [value])[-window:]
@@ -203,17 +206,18 @@ def plot_run(output_dir: Path) -> Path | None:
     ax_reward.set_ylabel("mean reward")
     if evals:
         ax_acc = ax_reward.twinx()
-        ax_acc.plot([e["step"] for e in evals], [e.get("eval/accuracy") for e in evals], "o-", color="tab:red",
-                    label="held-out accuracy")
+        ax_acc.plot([e["step"] for e in evals], [e.get("eval/accuracy") for e in evals], "o-",
+                    color="tab:red", label="held-out accuracy")
         ax_acc.set_ylabel("held-out accuracy")
         ax_acc.set_ylim(0, 1)
         ax_acc.legend(loc="lower right")
     ax_reward.legend(loc="upper left")
     lengths = [m.get("completions/mean_length") for m in metrics]
     ax_len.plot(steps, lengths, color="tab:blue", alpha=0.3)
-    ax_len.plot(steps, moving_average(lengths, SMOOTHING_STEPS), color="tab:blue", label="mean length (smoothed)")
-    ax_len.plot(steps, [m.get("completions/max_length") for m in metrics], label="max length", alpha=0.5,
-                color="tab:orange")
+    ax_len.plot(steps, moving_average(lengths, SMOOTHING_STEPS), color="tab:blue",
+                label="mean length (smoothed)")
+    ax_len.plot(steps, [m.get("completions/max_length") for m in metrics], label="max length",
+                alpha=0.5, color="tab:orange")
     ax_len.set_xlabel("step")
     ax_len.set_ylabel("completion tokens")
     ax_len.legend()

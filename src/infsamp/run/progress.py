@@ -76,7 +76,8 @@ class RunProgress:
         self._last_refresh = now
         self.phase_bar.n = finished
         slots = f"slots {running}/{stats.micro_group}"
-        self.phase_bar.set_postfix_str(f"{stats.tokens_per_second:,.0f} tok/s, {slots}", refresh=True)
+        self.phase_bar.set_postfix_str(f"{stats.tokens_per_second:,.0f} tok/s, {slots}",
+                                       refresh=True)
 
     def eta_seconds(self, step: int) -> float | None:
         done = step - self.start_step

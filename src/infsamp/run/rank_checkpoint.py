@@ -35,11 +35,11 @@ from typing import Any
 import torch
 
 from infsamp.config import Config
+from infsamp.distributed.ranks import Ranks, agreed
 from infsamp.errors import CheckpointError, InfsampError
 from infsamp.run import checkpoint as ckpt
-from infsamp.distributed.ranks import Ranks, agreed
-from infsamp.run.progress import RunProgress
 from infsamp.run.folder import prepare_run_folder
+from infsamp.run.progress import RunProgress
 from infsamp.run.state_data import from_data, to_data
 
 SHARDS_DIR = "ranks"
@@ -213,7 +213,7 @@ def save_on_ranks(trainer) -> Path:
                 write_extra=lambda tmp: _write_together(tmp, steps, shards, ranks))
         except InfsampError as err:
             steps.finish(str(err))
-            raise agreed(err)
+            raise agreed(err)  # noqa: B904  (err itself, marked: a re-raise)
         except BaseException as err:
             steps.finish(f"{type(err).__name__}: {err}")
             raise

@@ -13,9 +13,9 @@ import sys
 import numpy as np
 import torch
 
+from infsamp.algorithm.grpo_step import DEFAULT_MICRO_BATCH_TOKENS
 from infsamp.config import Config
 from infsamp.errors import RewardError
-from infsamp.algorithm.grpo_step import DEFAULT_MICRO_BATCH_TOKENS
 from infsamp.models.device import check_device
 from infsamp.models.loading import check_lora_targets, resolve_device, resolve_dtype
 from infsamp.models.precision import resolve_precision

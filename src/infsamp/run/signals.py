@@ -49,7 +49,7 @@ class StopSignals:
     def name(self) -> str:
         return signal.Signals(self.received).name if self.received else ""
 
-    def __enter__(self) -> "StopSignals":
+    def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
             self._previous = {s: signal.signal(s, self._handle) for s in STOP_SIGNALS}
         return self

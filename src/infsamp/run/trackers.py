@@ -24,9 +24,10 @@ import math
 import os
 import sys
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from infsamp.config import ConfigError
 
@@ -156,7 +157,6 @@ class TrackioTracker(Tracker):
 
     def __init__(self, run: RunInfo):
         import trackio
-
         from trackio.utils import TRACKIO_DIR
 
         self.trackio, self.where = trackio, f"local store {TRACKIO_DIR}"

@@ -30,49 +30,71 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from copy import deepcopy
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
+from infsamp.algorithm.advantages import compute_advantages
+from infsamp.algorithm.grpo_step import GRPOStep, Rollout, is_out_of_memory
+from infsamp.algorithm.optim import build_optimizer, build_scheduler, schedule_horizon
 from infsamp.config import Config, ConfigError
 from infsamp.config_io import save_config
+from infsamp.distributed.rank_step import RankSteps
+from infsamp.distributed.ranks import Ranks, init_ranks, reshard_after_forward
+from infsamp.distributed.strategies import make_strategy
 from infsamp.errors import NonFiniteError, RewardError, RunFolderError, RunStopped
-from infsamp.models.loading import (load_model_and_tokenizer, load_tokenizer, quiet_transformers,
-                                    require_stop_tokens)
+from infsamp.models.loading import (
+    load_model_and_tokenizer,
+    load_tokenizer,
+    quiet_transformers,
+    require_stop_tokens,
+)
 from infsamp.rewards.calling import check_async_allowed
 from infsamp.rewards.compute import compute_rewards
 from infsamp.rewards.workers import reward_runner
 from infsamp.run import checkpoint as ckpt
 from infsamp.run import ownership
-from infsamp.algorithm.advantages import compute_advantages
-from infsamp.distributed.ranks import Ranks, init_ranks, reshard_after_forward
-from infsamp.run.evaluation import (BestEvaluation, check_best_metric, eval_metrics,
-                                    eval_reward_name, held_out_completions, tally)
+from infsamp.run.evaluation import (
+    BestEvaluation,
+    check_best_metric,
+    eval_metrics,
+    eval_reward_name,
+    held_out_completions,
+    tally,
+)
 from infsamp.run.folder import rewind_run_logs
 from infsamp.run.identity import check_data, data_fingerprint
-from infsamp.run.sizes import plan_run
-from infsamp.algorithm.grpo_step import GRPOStep, Rollout, is_out_of_memory
-from infsamp.algorithm.optim import build_optimizer, build_scheduler, schedule_horizon
-from infsamp.run.prompt_stream import PromptStream
-from infsamp.run.progress import RunProgress
-from infsamp.run.rank_checkpoint import NullLogger, prepare_run_folder_on_ranks, save_on_ranks
-from infsamp.distributed.rank_step import RankSteps
 from infsamp.run.logs import RunLogger, completion_records
-from infsamp.run.setup import (check_environment, load_rewards, seed_everything, set_num_threads,
-                                  warn_about_settings)
+from infsamp.run.progress import RunProgress
+from infsamp.run.prompt_stream import PromptStream
+from infsamp.run.rank_checkpoint import NullLogger, prepare_run_folder_on_ranks, save_on_ranks
+from infsamp.run.setup import (
+    check_environment,
+    load_rewards,
+    seed_everything,
+    set_num_threads,
+    warn_about_settings,
+)
 from infsamp.run.signals import StopSignals
+from infsamp.run.sizes import plan_run
 from infsamp.run.step_metrics import check_finite, rollout_metrics
-from infsamp.distributed.strategies import make_strategy
 from infsamp.run.train_state import restore_training_state, training_state
 from infsamp.sampling.engines.base import make_engine
 from infsamp.sampling.predictors import make_predictor
 from infsamp.sampling.sampler import GroupSampler
 from infsamp.tasks.loading import load_splits
-from infsamp.tasks.prompts import (EncodedPrompt, EncodedSplit, completion_for_rewards,
-                                   encode_examples, prompt_for_rewards, uses_chat_template)
+from infsamp.tasks.prompts import (
+    EncodedPrompt,
+    EncodedSplit,
+    completion_for_rewards,
+    encode_examples,
+    prompt_for_rewards,
+    uses_chat_template,
+)
 
 
 @dataclass
@@ -296,7 +318,8 @@ class GRPOTrainer:
                 model, self.tokenizer, [p.token_ids for p in mine],
                 stop_token_ids=self.stop_token_ids, temperature=cfg.temperature,
                 max_new_tokens=cfg.max_new_tokens or self.cfg.sampling.max_new_tokens)
-        scores = self._score([p.example for p in mine], texts, ids, training=False) if mine else None
+        scores = self._score([p.example for p in mine], texts, ids,
+                             training=False) if mine else None
         sums = self.ranks.sum(tally(scores, self.reward_names, self.eval_reward,
                                     cfg.accuracy_threshold))
         metrics = eval_metrics(sums, self.reward_names, self.eval_reward)

@@ -4,13 +4,13 @@ busiest slot (makespan, P||Cmax). Pure Python, no torch.
 - `fptas` / `search`: the classic FPTAS for fixed g: every length is rounded down to a grid of
   `delta = epsilon * LB / n`, and the dynamic program over slot-load vectors of the rounded instance
   is solved exactly, so the plan is within (1 + epsilon) of the optimum. The DP states (job, sorted
-  loads) are walked depth first from the LPT plan with memoisation and bound cuts, which visits a small
-  part of the table; past `max_states` visited states the search keeps its best plan so far (never
-  worse than LPT) and reports that it was cut short (`fptas` then returns None).
+  loads) are walked depth first from the LPT plan with memoisation and bound cuts, which visits a
+  small part of the table; past `max_states` visited states the search keeps its best plan so far
+  (never worse than LPT) and reports that it was cut short (`fptas` then returns None).
 - `lpt`: longest processing time first onto the least loaded slot (a 4/3-approximation, O(n log n)).
 - `lower_bound`: max(ceil(sum / g), max): no schedule of these lengths on g slots finishes sooner.
-- `pigeonhole_bound`: a tighter bound for lumpy lengths: of the k*g+1 longest samples, some slot runs
-  k+1, so it takes at least the sum of the k+1 shortest of them.
+- `pigeonhole_bound`: a tighter bound for lumpy lengths: of the k*g+1 longest samples, some slot
+  runs k+1, so it takes at least the sum of the k+1 shortest of them.
 
 Simplification: slots may start with loads (`initial_loads`: the predicted remaining work of samples
 already running), but a running sample is never moved.
@@ -19,11 +19,12 @@ already running), but a running sample is never moved.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 DEFAULT_MAX_STATES = 2_000  # visited DP states before the search settles for its best plan
-MAX_SEARCH_JOBS = 400       # beyond this LPT is within a fraction of a percent anyway (and recursion)
+# beyond this LPT is within a fraction of a percent anyway (and recursion)
+MAX_SEARCH_JOBS = 400
 
 
 @dataclass
@@ -41,7 +42,8 @@ def lower_bound(lengths: Sequence[int], num_slots: int) -> int:
 
 
 def pigeonhole_bound(lengths: Sequence[int], num_slots: int) -> int:
-    """max(lower_bound, max over k of the k+1 shortest among the k*g+1 longest): still <= the optimum."""
+    """max(lower_bound, max over k of the k+1 shortest among the k*g+1 longest): still <= the
+    optimum."""
     longest_first = sorted(lengths, reverse=True)
     best = lower_bound(lengths, num_slots)
     for k in range(1, (len(longest_first) - 1) // num_slots + 1):
@@ -53,7 +55,8 @@ def pigeonhole_bound(lengths: Sequence[int], num_slots: int) -> int:
 def makespan(slots: Sequence[Sequence[int]], weights: Sequence[float],
              initial_loads: Sequence[float] | None = None) -> float:
     loads = list(initial_loads) if initial_loads else [0.0] * len(slots)
-    return max((loads[s] + sum(weights[j] for j in jobs) for s, jobs in enumerate(slots)), default=0.0)
+    return max((loads[s] + sum(weights[j] for j in jobs) for s, jobs in enumerate(slots)),
+               default=0.0)
 
 
 def lpt(weights: Sequence[float], num_slots: int,
@@ -72,7 +75,8 @@ def lpt(weights: Sequence[float], num_slots: int,
 def fptas(weights: Sequence[float], num_slots: int, epsilon: float,
           initial_loads: Sequence[float] | None = None,
           max_states: int = DEFAULT_MAX_STATES) -> list[list[int]] | None:
-    """(1 + epsilon)-optimal assignment, or None when the search would exceed `max_states` states."""
+    """(1 + epsilon)-optimal assignment, or None when the search would exceed `max_states`
+    states."""
     slots, complete = search(weights, num_slots, epsilon, initial_loads, max_states)
     return slots if complete else None
 
@@ -83,11 +87,12 @@ def search(weights: Sequence[float], num_slots: int, epsilon: float,
     """The FPTAS's dynamic program over rounded load vectors, walked depth first from the LPT plan.
 
     Lengths are rounded down to multiples of `delta = epsilon * LB / n`, so any assignment's rounded
-    makespan is within epsilon * OPT of its real one. Visited states (job, sorted loads) are memoised
-    exactly as the DP table would hold them; branches whose load bound cannot beat the best plan so far
-    are cut. Returns (best plan found, whether the search completed: only then is it (1 + eps)-optimal).
-    The search compares plans in rounded units, so its winner can lose to LPT on the real lengths by up
-    to the rounding error; the LPT plan is returned then (never worse than LPT, as `balance` promises).
+    makespan is within epsilon * OPT of its real one. Visited states (job, sorted loads) are
+    memoised exactly as the DP table would hold them; branches whose load bound cannot beat the best
+    plan so far are cut. Returns (best plan found, whether the search completed: only then is it
+    (1 + eps)-optimal). The search compares plans in rounded units, so its winner can lose to LPT on
+    the real lengths by up to the rounding error; the LPT plan is returned then (never worse than
+    LPT, as `balance` promises).
     """
     n = len(weights)
     initial = [float(x) for x in initial_loads] if initial_loads else [0.0] * num_slots
@@ -95,11 +100,13 @@ def search(weights: Sequence[float], num_slots: int, epsilon: float,
         return [[] for _ in range(num_slots)], True
     jobs = sorted(range(n), key=lambda j: -weights[j])
     delta = epsilon * max((sum(weights) + sum(initial)) / num_slots, max(weights)) / n
-    state = _Search([int(weights[j] // delta) for j in jobs], [int(x // delta) for x in initial], max_states)
+    state = _Search([int(weights[j] // delta) for j in jobs], [int(x // delta) for x in initial],
+                    max_states)
     greedy = lpt(weights, num_slots, initial_loads)
     slot_of = {j: s for s, slot_jobs in enumerate(greedy) for j in slot_jobs}
     state.best_assign = [slot_of[j] for j in jobs]
-    state.best = max(state.loads[s] + sum(state.units[i] for i, j in enumerate(jobs) if slot_of[j] == s)
+    state.best = max(state.loads[s]
+                     + sum(state.units[i] for i, j in enumerate(jobs) if slot_of[j] == s)
                      for s in range(num_slots))
     complete = state.run()
     slots: list[list[int]] = [[] for _ in range(num_slots)]
@@ -168,4 +175,5 @@ def balance(weights: Sequence[float], num_slots: int, epsilon: float = 0.1,
         slots = lpt(weights, num_slots, initial_loads)
         return Grouping(slots, makespan(slots, weights, initial_loads), "lpt")
     slots, complete = search(weights, num_slots, epsilon, initial_loads, max_states)
-    return Grouping(slots, makespan(slots, weights, initial_loads), "fptas" if complete else "fptas_cut")
+    return Grouping(slots, makespan(slots, weights, initial_loads), "fptas" if complete
+                    else "fptas_cut")

@@ -11,11 +11,11 @@ information), `oracle` (the true lengths, for measurement only), `noisy:SIGMA` (
 times a log-normal error of that sigma, to show what a predictor of a given quality buys) and
 `online`: a ridge regression on log length, learned inside the
 run from its own completions (exponentially forgotten, so it follows the policy as it changes), over
-cheap features: prompt length and digit counts, the same prompt's mean length in earlier calls, the mean
-of siblings already finished in this call, the run's recent mean; and, token-conditioned, a second
-ridge over the same features plus a hashed bag of the first k generated token ids, overruled by a
-per-prompt memory of finished samples' first k tokens (`PrefixMemory`: the same prompt started the
-same way runs about as long; it learns from this call's siblings and from earlier epochs).
+cheap features: prompt length and digit counts, the same prompt's mean length in earlier calls, the
+mean of siblings already finished in this call, the run's recent mean; and, token-conditioned, a
+second ridge over the same features plus a hashed bag of the first k generated token ids, overruled
+by a per-prompt memory of finished samples' first k tokens (`PrefixMemory`: the same prompt started
+the same way runs about as long; it learns from this call's siblings and from earlier epochs).
 O(features^2) per observation, a d x d solve every few dozen observations (d < 50).
 
 `hidden` (in `hidden_predictor.py`) adds a probe on the policy's own hidden states.
@@ -30,7 +30,7 @@ import math
 import random
 import re
 from collections import Counter, defaultdict, deque
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -80,7 +80,8 @@ class ConstantPredictor(LengthPredictor):
 
 
 class OraclePredictor(LengthPredictor):
-    """`oracle`: the true length, from a sample_id -> length mapping or a spec -> length function."""
+    """`oracle`: the true length, from a sample_id -> length mapping or a spec -> length
+    function."""
     name = "oracle"
 
     def __init__(self, lengths: Mapping[int, int] | Callable[[Sample], int] | None = None):
@@ -116,7 +117,8 @@ class _Ridge:
     """Ridge regression with exponential forgetting, refit lazily; silent until MIN_SEEN samples."""
     MIN_SEEN = 16
 
-    def __init__(self, num_features: int, l2: float = 1.0, decay: float = 0.999, refit_every: int = 32):
+    def __init__(self, num_features: int, l2: float = 1.0, decay: float = 0.999,
+                 refit_every: int = 32):
         self.a = np.eye(num_features) * l2
         self.b = np.zeros(num_features)
         self.weights: np.ndarray | None = None
@@ -129,7 +131,8 @@ class _Ridge:
         self.b += y * x
         self.num_unfit += 1
         self.num_seen += 1
-        if self.num_unfit >= self.refit_every or self.weights is None and self.num_seen >= self.MIN_SEEN:
+        if (self.num_unfit >= self.refit_every
+                or self.weights is None and self.num_seen >= self.MIN_SEEN):
             self.fit()
 
     def fit(self) -> None:
@@ -161,14 +164,18 @@ class OnlinePredictor(LengthPredictor):
 
     def __init__(self, l2: float = 1.0, decay: float = 0.999):
         self._prompt_features: dict[str, list[float]] = {}
-        self._history: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])  # key -> [sum log L, n]
-        self._siblings: dict[int, list[float]] = defaultdict(lambda: [0.0, 0])  # group -> same, this call
+        # key -> [sum log L, n]
+        self._history: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+        # group -> same, this call
+        self._siblings: dict[int, list[float]] = defaultdict(lambda: [0.0, 0])
         self._call_logs: list[tuple[str, float]] = []
-        self._prefixes: dict[int, tuple[np.ndarray, int, Counter]] = {}  # sample -> (features, k, token counts)
+        # sample -> (features, k, token counts)
+        self._prefixes: dict[int, tuple[np.ndarray, int, Counter]] = {}
         self._totals: dict[int, float] = {}  # sample -> total predicted at its first point
         self._memory = PrefixMemory()
         self._run_mean: float | None = None
-        self._cache: dict[tuple[int, str], float] = {}  # (group, key) -> prediction; cleared on news
+        # (group, key) -> prediction; cleared on news
+        self._cache: dict[tuple[int, str], float] = {}
         self._model = _Ridge(len(self._features(_probe_spec())), l2, decay)
         num_prefix = len(self._prefix_features(_probe_spec(), []))
         self._prefix_model = _Ridge(num_prefix, l2, decay)
@@ -211,7 +218,8 @@ class OnlinePredictor(LengthPredictor):
         sibling[0] += log_length
         sibling[1] += 1
         self._call_logs.append((spec.prompt_key, log_length))
-        self._run_mean = log_length if self._run_mean is None else 0.98 * self._run_mean + 0.02 * log_length
+        self._run_mean = (log_length if self._run_mean is None
+                          else 0.98 * self._run_mean + 0.02 * log_length)
 
     def state_dict(self) -> dict:
         """Between calls (what a checkpoint sees) the per-call parts are empty; kept anyway."""
@@ -269,7 +277,8 @@ class OnlinePredictor(LengthPredictor):
         if prompt is None:
             prompt = self._prompt_features[spec.prompt_text] = _text_features(spec.prompt_text)
         sib_total, sib_count = self._siblings.get(spec.group_id, (0.0, 0))
-        hist_total, hist_count = self._history.get(spec.prompt_key, (0.0, 0)) if spec.prompt_key else (0.0, 0)
+        hist_total, hist_count = self._history.get(spec.prompt_key,
+                                                   (0.0, 0)) if spec.prompt_key else (0.0, 0)
         run = self._run_mean if self._run_mean is not None else 0.0
         return np.array([1.0, math.log1p(spec.prompt_tokens), *prompt, run,
                          float(sib_count > 0), sib_total / sib_count if sib_count else 0.0,
@@ -298,10 +307,10 @@ class PrefixMemory:
     """Per prompt, the first-k-token counts of its finished samples and their log lengths.
 
     A new sample of that prompt is predicted as the mean log length of its most similar remembered
-    prefixes (cosine similarity of token counts): the same prompt answered the same way (a short guess,
-    a long derivation) runs about as long. Latest MAX_ENTRIES per prompt, so it follows the policy.
-    Silent when nothing similar is remembered, and for a prefix of one repeated token (the simulator's
-    placeholder carries no information)."""
+    prefixes (cosine similarity of token counts): the same prompt answered the same way (a short
+    guess, a long derivation) runs about as long. Latest MAX_ENTRIES per prompt, so it follows the
+    policy. Silent when nothing similar is remembered, and for a prefix of one repeated token (the
+    simulator's placeholder carries no information)."""
     MAX_ENTRIES = 64
     NEIGHBOURS = 4
     MIN_SIMILARITY = 0.7
@@ -351,8 +360,8 @@ def _norm(counts: Counter) -> float:
 def _text_features(text: str) -> list[float]:
     numbers = NUMBER.findall(text)
     longest = max((len(n) for n in numbers), default=0)
-    return [math.log1p(len(text)), math.log1p(sum(len(n) for n in numbers)), math.log1p(len(numbers)),
-            float(longest), float(longest) ** 2 / 10]
+    return [math.log1p(len(text)), math.log1p(sum(len(n) for n in numbers)),
+            math.log1p(len(numbers)), float(longest), float(longest) ** 2 / 10]
 
 
 def _probe_spec():
@@ -377,7 +386,8 @@ def kendall_tau(predicted: Sequence[float], real: Sequence[float]) -> float:
 def prediction_quality(predicted: Sequence[float], real: Sequence[float]) -> tuple[float, float]:
     """(Kendall tau-b, mean absolute error) of predicted vs real lengths over one call's samples."""
     if len(predicted) != len(real):
-        raise ValueError(f"prediction_quality: {len(predicted)} predictions for {len(real)} lengths")
+        raise ValueError(f"prediction_quality: {len(predicted)} predictions for {len(real)} "
+                         "lengths")
     if not real:
         return 0.0, 0.0
     mae = float(np.mean(np.abs(np.asarray(predicted, dtype=float) - np.asarray(real, dtype=float))))

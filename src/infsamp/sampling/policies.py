@@ -4,18 +4,20 @@ A policy only orders pending samples; `SlotScheduler` owns the slots and the KV 
 `pick(slot, can_allocate)` for each free slot until the policy answers None.
 
 - `full`: every sample at once (one slot per sample, budget ignored): what TRL does today.
-- `rounds`: g at a time, a round starts only when every slot is free (the paper's naive micro sampling
-  groups). `length_sorted=True` fills rounds from the longest predicted sample, which minimises the sum
-  of round maxima when only the count per round is capped.
-- `continuous`: a freed slot takes the next pending sample in arrival order (same group, then the next).
+- `rounds`: g at a time, a round starts only when every slot is free (the paper's naive micro
+  sampling groups). `length_sorted=True` fills rounds from the longest predicted sample, which
+  minimises the sum of round maxima when only the count per round is capped.
+- `continuous`: a freed slot takes the next pending sample in arrival order (same group, then the
+  next).
 - `length_aware`: global grouping of the call's samples onto the g slots by predicted length (FPTAS,
   LPT fallback, `grouping.py`); each slot runs its planned queue in refill order (`sjf` shortest
-  predicted first, `ljf` longest first) and, once empty, takes from the queue with the most predicted
-  work left. As soon as a sample ends more than 2% off its prediction (or an adaptive predictor has
-  learnt something new), the plan is stale: from then on every free slot takes the next pending sample
-  of the whole call in refill order (list scheduling; with `ljf` that is LPT on the remaining samples).
-  With exact predictions the plan is followed to the end. `refill: auto` is `ljf` (measured: sjf is
-  worse than plain arrival order whenever predictions are imperfect; see docs/scheduling.md).
+  predicted first, `ljf` longest first) and, once empty, takes from the queue with the most
+  predicted work left. As soon as a sample ends more than 2% off its prediction (or an adaptive
+  predictor has learnt something new), the plan is stale: from then on every free slot takes the
+  next pending sample of the whole call in refill order (list scheduling; with `ljf` that is LPT on
+  the remaining samples). With exact predictions the plan is followed to the end. `refill: auto` is
+  `ljf` (measured: sjf is worse than plain arrival order whenever predictions are imperfect; see
+  docs/scheduling.md).
 
   Decisions after the first tokens (`preempt`, on with a token-conditioned predictor and `ljf`):
   every k generated tokens a running sample's remaining length is re-predicted; at its first point
@@ -145,7 +147,8 @@ class LengthAwarePolicy(AdmissionPolicy):
             self.predictor = ConstantPredictor()
         self.refill = DEFAULT_REFILL if refill == "auto" else refill
         if self.refill not in REFILL_ORDERS:
-            raise SamplingError(f"policy length_aware: refill must be auto, sjf or ljf, got {refill!r}")
+            raise SamplingError(f"policy length_aware: refill must be auto, "
+                                f"sjf or ljf, got {refill!r}")
         self.epsilon, self.max_states = epsilon, max_states
         self.prefix_tokens_wanted = prefix_tokens if self.predictor.uses_prefix else 0
         self.preempt = bool(preempt) and self.prefix_tokens_wanted > 0 and self.refill == "ljf"
@@ -326,5 +329,6 @@ POLICIES: dict[str, type[AdmissionPolicy]] = {
 def make_policy(name: str, samples: Sequence[Sample], num_slots: int,
                 predictor: LengthPredictor | None, **options) -> AdmissionPolicy:
     if name not in POLICIES:
-        raise SamplingError(f"unknown sampling policy {name!r}; choose one of {', '.join(POLICIES)}")
+        raise SamplingError(f"unknown sampling policy {name!r}; choose one of "
+                            f"{', '.join(POLICIES)}")
     return POLICIES[name](samples, num_slots, predictor, **options)

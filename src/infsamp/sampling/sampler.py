@@ -34,12 +34,23 @@ from infsamp.models.device import base_model, memory_bytes
 from infsamp.models.loading import stop_token_ids
 from infsamp.planner import plan_memory, shape_from_config
 from infsamp.planner.sizes import RunSizes, kv_block_size, parse_kv_budget, sampling_sizes
-from infsamp.sampling.engines.base import (DecodeOptions, Engine, LogitsProcessorFactory,
-                                           model_kv_bytes_per_token)
+from infsamp.sampling.engines.base import (
+    DecodeOptions,
+    Engine,
+    LogitsProcessorFactory,
+    model_kv_bytes_per_token,
+)
 from infsamp.sampling.engines.slots import SlotEngine
 from infsamp.sampling.scheduler import SlotScheduler
-from infsamp.sampling.types import (Completion, Sample, SampleResult, SamplerStats,
-                                    concurrency_for_budget, make_samples, max_new_tokens_within)
+from infsamp.sampling.types import (
+    Completion,
+    Sample,
+    SampleResult,
+    SamplerStats,
+    concurrency_for_budget,
+    make_samples,
+    max_new_tokens_within,
+)
 
 # told after each decode step: the call's statistics so far, samples finished, samples running
 ProgressCallback = Callable[[SamplerStats, int, int], None]
@@ -125,7 +136,7 @@ class GroupSampler:
         if getattr(predictor, "uses_hidden", False) and not self.engine.hands_hidden_states:
             warnings.warn(f"sampling.predictor {predictor.name}: the {self.engine.name} engine "
                           "hands out no hidden states; its token-level part (as online) predicts "
-                          "instead")
+                          "instead", stacklevel=1)
         self.sizes = sizes
         # a sampler used alone reads `sampling.kv_budget` once (a bad one fails here)
         self._kv_budget = resolve_budget(cfg.kv_budget, model) if sizes is None else None
@@ -134,9 +145,11 @@ class GroupSampler:
     def max_context(self) -> int:
         return self.engine.max_context
 
-    def sample(self, prompt_ids: list[list[int]], num_generations: int, prompt_keys: list[str] | None = None,
+    def sample(self, prompt_ids: list[list[int]], num_generations: int,
+               prompt_keys: list[str] | None = None,
                prompt_texts: list[str] | None = None, max_new_tokens: int | None = None,
-               temperature: float | None = None, logits_processor_factory: LogitsProcessorFactory | None = None,
+               temperature: float | None = None,
+               logits_processor_factory: LogitsProcessorFactory | None = None,
                generator: torch.Generator | None = None, policy: str | None = None,
                target_lengths: Sequence[int] | None = None,
                global_group_ids: Sequence[int] | None = None,
@@ -219,20 +232,21 @@ class GroupSampler:
             if len(prompt) == 0:
                 raise SamplingError(f"prompt {index} is empty (0 tokens)")
             if len(prompt) > self.max_context - 1:
-                raise SamplingError(f"prompt {index} has {len(prompt)} tokens; the model context is "
-                                    f"{self.max_context}, so at most {self.max_context - 1} fit")
+                raise SamplingError(f"prompt {index} has {len(prompt)} tokens; the model context "
+                                    f"is {self.max_context}, so at most {self.max_context - 1} fit")
 
     def _fit_budget(self, prompt_ids: list[list[int]], max_new: int, budget: int) -> int:
-        """Budget must hold the longest prompt plus one token; a smaller max_new_tokens than asked is
-        used (with a warning) when it cannot hold a whole completion."""
+        """Budget must hold the longest prompt plus one token; a smaller max_new_tokens than asked
+        is used (with a warning) when it cannot hold a whole completion."""
         longest, block = max(len(p) for p in prompt_ids), self.engine.kv_block_size
         fits = max_new_tokens_within(budget, longest, max_new, block)
         if fits < 1:
-            raise SamplingError(f"sampling.kv_budget={self.cfg.kv_budget!r} ({budget} tokens) cannot hold "
-                                f"the longest prompt ({longest} tokens) plus one token")
+            raise SamplingError(f"sampling.kv_budget={self.cfg.kv_budget!r} ({budget} tokens) "
+                                f"cannot hold the longest prompt ({longest} tokens) plus one token")
         if fits < max_new:
-            warnings.warn(f"sampling.kv_budget={self.cfg.kv_budget!r} ({budget} tokens) holds at most "
-                          f"{fits} new tokens per sample; max_new_tokens lowered from {max_new}")
+            warnings.warn(f"sampling.kv_budget={self.cfg.kv_budget!r} ({budget} tokens) holds at "
+                          f"most {fits} new tokens per sample; "
+                          f"max_new_tokens lowered from {max_new}", stacklevel=1)
         return fits
 
     def _samples(self, prompt_ids, num_generations, max_new, prompt_keys,
@@ -244,11 +258,12 @@ class GroupSampler:
                                         self.max_context - sample.prompt_tokens)
         return samples
 
-    def _decode_options(self, temperature: float | None, generator: torch.Generator | None) -> DecodeOptions:
+    def _decode_options(self, temperature: float | None,
+                        generator: torch.Generator | None) -> DecodeOptions:
         seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator).item())
         temp = self.cfg.temperature if temperature is None else temperature
-        return DecodeOptions(temperature=temp, top_p=self.cfg.top_p, top_k=self.cfg.top_k, seed=seed,
-                             eos_token_ids=stop_token_ids(self.model, self.tokenizer))
+        return DecodeOptions(temperature=temp, top_p=self.cfg.top_p, top_k=self.cfg.top_k,
+                             seed=seed, eos_token_ids=stop_token_ids(self.model, self.tokenizer))
 
     # ---- the loop
     def _run(self, sched: SlotScheduler, progress: ProgressCallback | None = None) -> float:
@@ -275,7 +290,8 @@ class GroupSampler:
         for sample in samples:
             ids = sample.token_ids
             text_ids = ids[:-1] if sample.finish_reason == "eos" else ids
-            text = self.tokenizer.decode(text_ids, skip_special_tokens=True) if self.tokenizer else ""
+            text = (self.tokenizer.decode(text_ids, skip_special_tokens=True)
+                    if self.tokenizer else "")
             groups[sample.group_id].append(Completion(
                 list(ids), text, len(ids), sample.finish_reason, sample.group_id,
                 sample.index_in_group, sample.logprobs))

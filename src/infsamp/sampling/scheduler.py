@@ -28,8 +28,8 @@ parked sample as one missing from `active()`; `start` on a sample that has token
 Every `prefix_tokens_wanted` generated tokens (k, 2k, ...) a running sample is shown to the policy
 (`on_tokens`), which re-predicts its remaining length.
 
-Simplifications: one call = one training step (every sample of the call finishes before `done`); slots
-are identical; the reservation is the worst case (`max_new_tokens`), not the predicted length.
+Simplifications: one call = one training step (every sample of the call finishes before `done`);
+slots are identical; the reservation is the worst case (`max_new_tokens`), not the predicted length.
 """
 
 from __future__ import annotations
@@ -279,4 +279,5 @@ def _check_samples(samples: list[Sample], num_slots: int) -> None:
             raise ValueError(f"samples must be numbered 0..N-1 in order; got id "
                              f"{sample.sample_id} at {position}")
         if sample.max_new_tokens < 1 or sample.prompt_tokens < 0:
-            raise SamplingError(f"sample {position}: max_new_tokens must be >= 1 and prompt_tokens >= 0")
+            raise SamplingError(f"sample {position}: max_new_tokens must be "
+                                f">= 1 and prompt_tokens >= 0")

@@ -2,10 +2,10 @@
 
 A trace is JSON lines, one per group sampled, in the order the run met them:
 `{"prompt_id": "...", "prompt_tokens": 57, "lengths": [312, 288, ...]}`; a prompt_id seen again is a
-later epoch of the same prompt. Each `prompts_per_step` consecutive lines form one training step (one
-sampler call): every sample of a step finishes before the next step starts. The replay runs the very
-loop the real engine runs (`SlotScheduler.admit / active / step`) with `TraceEngine` standing in for
-the model, so decode steps agree with the real engine by construction.
+later epoch of the same prompt. Each `prompts_per_step` consecutive lines form one training step
+(one sampler call): every sample of a step finishes before the next step starts. The replay runs the
+very loop the real engine runs (`SlotScheduler.admit / active / step`) with `TraceEngine` standing
+in for the model, so decode steps agree with the real engine by construction.
 
 A line may also hold `"first_tokens": [[ids], ...]`, each completion's first token ids (a run's
 lengths.jsonl keeps `sampling.predictor_prefix_tokens` of them): the replay decodes those ids, so a
@@ -20,9 +20,9 @@ from __future__ import annotations
 import json
 import math
 import random
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
 
 from infsamp.errors import DataError, SamplingError
 from infsamp.sampling.length_predictor import LengthPredictor, OraclePredictor
@@ -53,7 +53,8 @@ def read_trace(path: str | Path) -> list[TraceGroup]:
         raise DataError(f"{path}: cannot read trace ({err.strerror})") from None
     except UnicodeDecodeError:
         raise DataError(f"{path}: not a text file (a trace is JSON lines)") from None
-    groups = [_parse_line(path, number, line) for number, line in enumerate(lines, 1) if line.strip()]
+    groups = [_parse_line(path, number, line) for number, line in enumerate(lines, 1)
+              if line.strip()]
     if not groups:
         raise DataError(f"{path}: trace is empty")
     return groups
@@ -114,7 +115,8 @@ def _is_int(value) -> bool:
 def write_trace(groups: Iterable[TraceGroup], path: str | Path) -> None:
     with open(path, "w") as handle:
         for group in groups:
-            row = {"prompt_id": group.prompt_id, "prompt_tokens": group.prompt_tokens, "lengths": group.lengths}
+            row = {"prompt_id": group.prompt_id, "prompt_tokens": group.prompt_tokens,
+                   "lengths": group.lengths}
             if group.prompt_text:
                 row["prompt_text"] = group.prompt_text
             if group.first_tokens is not None:
@@ -132,7 +134,8 @@ def synthetic_trace(num_groups: int, group_size: int, epochs: int = 1, seed: int
     groups = []
     for _ in range(epochs):
         for prompt_id, prompt_tokens, prompt_median in prompts:
-            lengths = [min(max_length, max(min_length, round(rng.lognormvariate(math.log(prompt_median),
+            lengths = [min(max_length,
+                           max(min_length, round(rng.lognormvariate(math.log(prompt_median),
                                                                                  sigma_sample))))
                        for _ in range(group_size)]
             groups.append(TraceGroup(prompt_id, prompt_tokens, lengths))
@@ -154,11 +157,15 @@ def arithmetic_trace(num_groups: int, group_size: int, epochs: int = 1, seed: in
     groups = []
     for _ in range(epochs):
         for number, problem in enumerate(problems):
-            worked, direct = _token_length(problem["solution"]), _token_length(problem["direct_solution"])
-            lengths = [min(max_length, max(1, round((direct if direct_share and rng.random() < direct_share
-                                                     else worked) * rng.lognormvariate(0.0, sigma_sample))))
+            worked = _token_length(problem["solution"])
+            direct = _token_length(problem["direct_solution"])
+            lengths = [min(max_length,
+                           max(1, round((direct if direct_share and rng.random() < direct_share
+                                                     else worked)
+                                                     * rng.lognormvariate(0.0, sigma_sample))))
                        for _ in range(group_size)]
-            groups.append(TraceGroup(f"a{number}", len(problem["prompt"]), lengths, problem["prompt"]))
+            groups.append(TraceGroup(f"a{number}", len(problem["prompt"]), lengths,
+                                     problem["prompt"]))
     return groups
 
 
@@ -166,7 +173,8 @@ _TAGS = ("<reasoning>", "</reasoning>", "<answer>", "</answer>")
 
 
 def _token_length(solution: str) -> int:
-    """Tokens of a solution under the embedded char-level tokenizer: tags are one token, plus EOS."""
+    """Tokens of a solution under the embedded char-level tokenizer: tags are one token, plus
+    EOS."""
     return len(solution) - sum(solution.count(t) * (len(t) - 1) for t in _TAGS) + 1
 
 
@@ -220,7 +228,8 @@ def slots_for_budget(kv_budget: int, groups: Sequence[TraceGroup], max_new_token
     num_slots = concurrency_for_budget(kv_budget, max_new_tokens, largest_prompt, prompts_per_step,
                                        most_samples)
     if num_slots < 1:
-        raise SamplingError(f"--kv-budget {kv_budget} is too small for one prompt ({largest_prompt} tokens) "
+        raise SamplingError(f"--kv-budget {kv_budget} is too small for one prompt "
+                            f"({largest_prompt} tokens) "
                             f"plus max_new_tokens {max_new_tokens}")
     return num_slots
 
@@ -239,7 +248,8 @@ def simulate(groups: Sequence[TraceGroup], policy: str, num_slots: int | None = 
         raise SamplingError(f"prompt {too_long.prompt_id} has a length {max(too_long.lengths)} "
                             f"> --max-new-tokens {max_new}")
     slots = _num_slots(num_slots, kv_budget, groups, max_new, prompts_per_step)
-    length_predictor = make_predictor(predictor) if policy == "length_aware" or predictor != "none" else None
+    wants_predictor = policy == "length_aware" or predictor != "none"
+    length_predictor = make_predictor(predictor) if wants_predictor else None
     calls = []
     for start in range(0, len(groups), prompts_per_step):
         step_groups = groups[start:start + prompts_per_step]

@@ -121,7 +121,8 @@ class SamplerStats:
     # the schedule (scheduler)
     decode_steps: int = 0  # loop iterations = engine forward steps
     lower_bound: int = 0  # per call max(ceil(sum L / g), max L): no g-slot schedule does better
-    opt_lower_bound: int = 0  # per call pigeonhole bound: tighter for lumpy lengths, still <= the optimum
+    # per call pigeonhole bound: tighter for lumpy lengths, still <= the optimum
+    opt_lower_bound: int = 0
     num_samples: int = 0
     generated_tokens: int = 0
     num_rounds: int = 0  # admissions that started from an empty engine (rounds policy: its rounds)
@@ -165,7 +166,7 @@ class SamplerStats:
         return {f"{prefix}{k}": float(v) for k, v in values.items()}
 
     @classmethod
-    def merge(cls, calls: list["SamplerStats"]) -> "SamplerStats":
+    def merge(cls, calls: list[SamplerStats]) -> SamplerStats:
         """Totals over calls: counters summed, peaks maxed, tau averaged over calls, MAE over
         samples."""
         first = calls[0] if calls else cls()

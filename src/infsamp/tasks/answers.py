@@ -16,7 +16,7 @@ Deliberately simple: regular expressions, no parsing of the maths (`math_verify`
 from __future__ import annotations
 
 import re
-from typing import Callable
+from collections.abc import Callable
 
 _ANSWER_TAG = re.compile(r"<answer>\s?(.*?)\s?</answer>", re.DOTALL)
 _NUMBER = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?")

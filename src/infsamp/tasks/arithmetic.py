@@ -5,8 +5,8 @@ column (`95+07 c0: 5+7+0=12 -> 2`: the operands still to add, the carry in, the 
 partial answer so far), so its length grows about quadratically with the number of digits.
 Digit counts are drawn log-normally, which makes completion lengths heavy-tailed and
 prompt-dependent, like real reasoning traces. Completions use the XML format of the GSM8K recipe
-(`<reasoning>` ... `</reasoning>` `<answer>` ... `</answer>`), so the same format and accuracy rewards
-score both.
+(`<reasoning>` ... `</reasoning>` `<answer>` ... `</answer>`), so the same format and accuracy
+rewards score both.
 
 Two ways to answer: the worked solution above, or a direct answer with no working
 (`<reasoning>\nin my head\n</reasoning>` ...). The embedded model's SFT targets mix both
@@ -72,18 +72,24 @@ def worked_solution(operands: list[int]) -> str:
         lines.append(f"carry {carry} -> {partial}")
     answer = str(sum(operands))
     assert partial.lstrip("0") == answer.lstrip("0") or answer == "0"
-    return "<reasoning>\n" + "\n".join(lines) + "\n</reasoning>\n<answer>\n" + answer + "\n</answer>\n"
+    return ("<reasoning>\n" + "\n".join(lines) + "\n</reasoning>\n<answer>\n" + answer
+            + "\n</answer>\n")
 
 
 def direct_solution(operands: list[int]) -> str:
-    """The answer with no working: short, and wrong more often than not once numbers have 3+ digits."""
-    return "<reasoning>\nin my head\n</reasoning>\n<answer>\n" + str(sum(operands)) + "\n</answer>\n"
+    """The answer with no working: short, and wrong more often than not once numbers have 3+
+    digits."""
+    return ("<reasoning>\nin my head\n</reasoning>\n<answer>\n" + str(sum(operands))
+            + "\n</answer>\n")
 
 
-def sft_completions(problems: list[dict[str, Any]], seed: int = 0, direct_share: float = DIRECT_SHARE) -> list[str]:
-    """The SFT target of each problem: the direct answer for `direct_share` of them, else the worked one."""
+def sft_completions(problems: list[dict[str, Any]], seed: int = 0,
+                    direct_share: float = DIRECT_SHARE) -> list[str]:
+    """The SFT target of each problem: the direct answer for `direct_share` of them, else the worked
+    one."""
     rng = random.Random(seed)
-    return [p["direct_solution"] if rng.random() < direct_share else p["solution"] for p in problems]
+    return [p["direct_solution"] if rng.random() < direct_share else p["solution"]
+            for p in problems]
 
 
 def make_problem(operands: list[int]) -> dict[str, Any]:
@@ -110,7 +116,8 @@ def _draw(num: int, seed: int, split: str, exclude: set[str]) -> list[dict[str, 
 
 
 def generate_problems(num: int, seed: int = 1234, split: str = "train") -> list[dict[str, Any]]:
-    """`num` problems of `split` (train, test or sft); train/sft exclude the first 2000 test prompts."""
+    """`num` problems of `split` (train, test or sft); train/sft exclude the first 2000 test
+    prompts."""
     if split not in SPLIT_OFFSETS:
         raise ValueError(f"unknown split {split!r} (known: {', '.join(SPLIT_OFFSETS)})")
     if split == "test":

@@ -1,4 +1,5 @@
-"""The GSM8K recipe of the second seed (willccbb's GRPO demo, as in TRL's examples): its XML answer format.
+"""The GSM8K recipe of the second seed (willccbb's GRPO demo, as in TRL's examples): its XML answer
+format.
 
 One place for the format shared by the recipe and the built-in rewards (`infsamp.rewards` imports
 from here): the system prompt, the strict format pattern, and the two answer extractors
@@ -27,7 +28,8 @@ SYSTEM_PROMPT = """Respond in the following format:
 </answer>
 """
 
-XML_FORMAT_PATTERN = re.compile(r"^<reasoning>\n.*?\n</reasoning>\n<answer>\n.*?\n</answer>\n?$", re.DOTALL)
+XML_FORMAT_PATTERN = re.compile(r"^<reasoning>\n.*?\n</reasoning>\n<answer>\n.*?\n</answer>\n?$",
+                                re.DOTALL)
 THINK_BLOCK = re.compile(r"^\s*<think>.*?</think>\s*", re.DOTALL)
 THINK_BLOCK_RULES = ("forbid", "allow", "require")  # must not / may / must open with a think block
 

@@ -29,9 +29,10 @@ from __future__ import annotations
 import importlib
 import json
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from infsamp.config import DataConfig
 from infsamp.errors import DataError
@@ -50,9 +51,11 @@ Row = tuple[str, dict[str, Any]]  # (where the row comes from, for error message
 def _read_embedded(data_cfg: DataConfig, split: str) -> list[Row]:
     task = data_cfg.dataset[len(EMBEDDED_PREFIX):]
     if task not in EMBEDDED_TASKS:
-        raise DataError(f"data.dataset: unknown embedded task {task!r} (known: {', '.join(EMBEDDED_TASKS)})")
+        raise DataError(f"data.dataset: unknown embedded task {task!r} (known: "
+                        f"{', '.join(EMBEDDED_TASKS)})")
     generate = importlib.import_module(EMBEDDED_TASKS[task]).generate_problems
-    num = data_cfg.num_eval_examples if split == data_cfg.eval_split else data_cfg.num_train_examples
+    num = (data_cfg.num_eval_examples if split == data_cfg.eval_split
+           else data_cfg.num_train_examples)
     try:
         problems = generate(num, data_cfg.seed, split)
     except ValueError as err:
@@ -214,7 +217,8 @@ class UnreadableAnswer(DataError):
 
 def _column(row: dict[str, Any], key: str, option: str, where: str) -> Any:
     if key not in row:
-        raise DataError(f"{where}: no column {key!r} ({option}); available: {', '.join(map(str, row)) or 'none'}")
+        raise DataError(f"{where}: no column {key!r} ({option}); available: "
+                        f"{', '.join(map(str, row)) or 'none'}")
     return row[key]
 
 

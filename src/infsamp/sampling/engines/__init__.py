@@ -1,1 +1,2 @@
-"""Decoding engines behind the sampler: `slots` (transformers model forward, CPU/GPU) and, later, vLLM."""
+"""Decoding engines behind the sampler: `slots` (transformers model forward, CPU/GPU) and, later,
+vLLM."""

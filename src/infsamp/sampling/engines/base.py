@@ -41,7 +41,8 @@ if TYPE_CHECKING:
 
 
 class SlotLogitsProcessor(Protocol):
-    """Batched, per-sample logits rule (e.g. forced lengths). Rows are slots; inactive rows are ignored."""
+    """Batched, per-sample logits rule (e.g. forced lengths). Rows are slots; inactive rows are
+    ignored."""
 
     def __call__(self, sample_ids: torch.Tensor, num_generated: torch.Tensor,
                  scores: torch.Tensor) -> torch.Tensor:  # [S], [S], [S, V] -> [S, V]
@@ -134,7 +135,7 @@ def is_4bit(model) -> bool:
     return bool(getattr(base, "is_loaded_in_4bit", False))
 
 
-def make_engine(name: str, model, cfg: "SamplingConfig", sizes: RunSizes) -> Engine:
+def make_engine(name: str, model, cfg: SamplingConfig, sizes: RunSizes) -> Engine:
     """The engine `sampling.engine` names, for `model` (a transformers causal LM, peft or not),
     started for the run's `sizes` (its prompts, completions, concurrency and KV budget)."""
     name = resolve_engine_name(name, next(model.parameters()).device, quantized=is_4bit(model),

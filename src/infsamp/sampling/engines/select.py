@@ -1,14 +1,16 @@
 """Next-token selection whose randomness belongs to the sample, not to the batch.
 
 Greedy (temperature 0) is an argmax. Otherwise tokens are drawn by the Gumbel-max trick:
-argmax(logits / T + Gumbel noise), which samples exactly from softmax(logits / T). The noise of sample s
-at its n-th token is a counter-based hash of (seed, s, n, vocab index), so a sample draws the same random
-numbers whichever slot, round or batch it lands in: the policies differ only in schedule, not in outcome
-(up to floating-point differences of the logits). `DecodeOptions.sample_keys` renames s: a rank
-that samples part of a step keys each sample by its place in the whole step, so every process count
-draws the same completions. top-k / top-p use transformers' logits warpers.
+argmax(logits / T + Gumbel noise), which samples exactly from softmax(logits / T). The noise of
+sample s at its n-th token is a counter-based hash of (seed, s, n, vocab index), so a sample draws
+the same random numbers whichever slot, round or batch it lands in: the policies differ only in
+schedule, not in outcome (up to floating-point differences of the logits).
+`DecodeOptions.sample_keys` renames s: a rank that samples part of a step keys each sample by its
+place in the whole step, so every process count draws the same completions. top-k / top-p use
+transformers' logits warpers.
 
-Deliberately simple: a 32-bit integer hash (lowbias32), 24-bit uniforms; ample for sampling, not crypto.
+Deliberately simple: a 32-bit integer hash (lowbias32), 24-bit uniforms; ample for sampling, not
+crypto.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ _MASK32 = 0xFFFFFFFF
 
 
 def _mix32(x: torch.Tensor) -> torch.Tensor:
-    """lowbias32 finaliser on int64 tensors holding 32-bit values (products wrap, the mask keeps 32 bits)."""
+    """lowbias32 finaliser on int64 tensors holding 32-bit values (products wrap, the mask keeps 32
+    bits)."""
     x = x ^ (x >> 16)
     x = (x * 0x7FEB352D) & _MASK32
     x = x ^ (x >> 15)
@@ -30,7 +33,8 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def uniform_noise(seed: int, sample_ids: torch.Tensor, num_generated: torch.Tensor, vocab_size: int) -> torch.Tensor:
+def uniform_noise(seed: int, sample_ids: torch.Tensor, num_generated: torch.Tensor,
+                  vocab_size: int) -> torch.Tensor:
     """U(0,1) noise [S, V] that depends only on (seed, sample id, token index, vocab index)."""
     per_sample = _mix32((sample_ids * 0x9E3779B1 + (seed & _MASK32)) & _MASK32)  # [S]
     per_token = _mix32((per_sample + num_generated * 0x85EBCA77) & _MASK32)  # [S]

@@ -1,24 +1,27 @@
-"""The slot engine: g decode slots over a transformers causal LM, with each group's prompt KV held once.
+"""The slot engine: g decode slots over a transformers causal LM, with each group's prompt KV held
+once.
 
 Memory layout (per layer, keys and values alike):
 
     prompt table  [R, H_kv, P_max, D]   one row per group alive now (prompt minus its last token)
-    slot buffers  [S, H_kv, C, D]       one row per slot, C = max_new_tokens; preallocated, never regrown
+    slot buffers  [S, H_kv, C, D]       one row per slot, C = max_new_tokens; preallocated,
+                                        never regrown
 
-A sample of length L occupies its slot for exactly L decode steps: step 1 feeds the prompt's last token,
-step n writes the KV of its input at column n-1 of the slot row. Each step attention sees, through the
-cache object below, the prompt rows of the slots' groups and the slot columns [0, W) under a
-[S, 1, 1, P_max + W] mask: the group's shared prompt plus the slot's own tokens and nothing else.
-`slot_attention.py` reads both in place (no per-step copy); a model whose attention is neither sdpa
-nor eager gets `cat(prompt rows, slot columns)` from `update` instead. Rotary
+A sample of length L occupies its slot for exactly L decode steps: step 1 feeds the prompt's last
+token, step n writes the KV of its input at column n-1 of the slot row. Each step attention sees,
+through the cache object below, the prompt rows of the slots' groups and the slot columns [0, W)
+under a [S, 1, 1, P_max + W] mask: the group's shared prompt plus the slot's own tokens and nothing
+else. `slot_attention.py` reads both in place (no per-step copy); a model whose attention is neither
+sdpa nor eager gets `cat(prompt rows, slot columns)` from `update` instead. Rotary
 positions are explicit (`position_ids = prompt_len - 1 + n`), so the order of key columns is free.
 
 Why not transformers' continuous batching (checked on 5.24): its loop runs in a background thread,
-draws tokens with one global `torch.multinomial` (no per-sample random streams, so policies could not
-agree sample for sample), accepts only its fixed temperature/top-k/top-p processors (no per-sample
-forced lengths), and forks the `num_return_sequences` children of a request all at prefill time, so a
-slot refilled later with the 20th sample of a group has no parent whose prompt blocks it can share.
-This file is the missing piece: under 300 lines over the model's ordinary forward.
+draws tokens with one global `torch.multinomial` (no per-sample random streams, so policies could
+not agree sample for sample), accepts only its fixed temperature/top-k/top-p processors (no
+per-sample forced lengths), and forks the `num_return_sequences` children of a request all at
+prefill time, so a slot refilled later with the 20th sample of a group has no parent whose prompt
+blocks it can share. This file is the missing piece: under 300 lines over the model's ordinary
+forward.
 
 Parking: a sample the scheduler takes out of its slot keeps its tokens; with `Sample.parked_kv` its
 slot row's columns are copied out (`parked` store, counted in the held KV) and copied back into
@@ -49,27 +52,33 @@ from infsamp.sampling.types import Sample, SamplerStats
 
 
 class SlotKVCache:
-    """Duck-typed transformers cache: the model calls `update(k, v, layer_idx)` once per layer and step."""
+    """Duck-typed transformers cache: the model calls `update(k, v, layer_idx)` once per layer and
+    step."""
 
-    def __init__(self, num_layers: int, num_slots: int, slot_capacity: int, kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device):
+    def __init__(self, num_layers: int, num_slots: int, slot_capacity: int, kv_heads: int,
+                 head_dim: int, dtype: torch.dtype, device: torch.device):
         shape = (num_slots, kv_heads, slot_capacity, head_dim)
         self.slot_keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.slot_values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.slot_values = [torch.zeros(shape, dtype=dtype, device=device)
+                            for _ in range(num_layers)]
         empty = (0, kv_heads, 0, head_dim)
-        self.prompt_keys = [torch.zeros(empty, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.prompt_values = [torch.zeros(empty, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.prompt_keys = [torch.zeros(empty, dtype=dtype, device=device)
+                            for _ in range(num_layers)]
+        self.prompt_values = [torch.zeros(empty, dtype=dtype, device=device)
+                              for _ in range(num_layers)]
         self.parked: dict[int, tuple[list, list]] = {}  # sample id -> kept (keys, values) per layer
         self.group_rows: dict[int, int] = {}  # group id -> row of the prompt table
         self.prompt_lengths: list[int] = []  # KV tokens of each row (prompt length - 1)
         self.slot_index = torch.arange(num_slots, device=device)
-        self.step_rows: torch.Tensor | None = None  # [S] prompt row of each slot this step; None: one row
+        # [S] prompt row of each slot this step; None: one row
+        self.step_rows: torch.Tensor | None = None
         self.write_index = torch.zeros(num_slots, dtype=torch.long, device=device)  # [S]
         self.width = 1  # slot columns attended this step
         self.split_from: str | None = None  # set while slot_attention reads the cache in place
 
     # ---- prompt table
-    def add_prompt(self, group_id: int, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor]) -> None:
+    def add_prompt(self, group_id: int, keys: Sequence[torch.Tensor],
+                   values: Sequence[torch.Tensor]) -> None:
         """Append a group's prompt KV (per layer [1, H, P-1, D]) as a new row of the table."""
         self.group_rows[group_id] = len(self.prompt_lengths)
         self.prompt_lengths.append(keys[0].shape[2])
@@ -117,12 +126,15 @@ class SlotKVCache:
             table[slot, :, :num_tokens] = table[source, :, :num_tokens]
 
     # ---- per step
-    def prepare_step(self, slot_rows: list[int], write_index: list[int], is_causal_eager: bool) -> torch.Tensor:
-        """Set this step's layout; returns the attention mask [S, 1, 1, P_max + W] (bool, or additive)."""
+    def prepare_step(self, slot_rows: list[int], write_index: list[int],
+                     is_causal_eager: bool) -> torch.Tensor:
+        """Set this step's layout; returns the attention mask [S, 1, 1, P_max + W] (bool, or
+        additive)."""
         self.write_index = torch.tensor(write_index, device=self.slot_index.device)  # [S]
         self.width = max(write_index) + 1
         num_rows = len(self.prompt_lengths)
-        self.step_rows = None if num_rows <= 1 else torch.tensor(slot_rows, device=self.slot_index.device)
+        self.step_rows = (None if num_rows <= 1
+                          else torch.tensor(slot_rows, device=self.slot_index.device))
         lengths = torch.tensor([self.prompt_lengths[r] if num_rows else 0 for r in slot_rows],
                                device=self.slot_index.device)  # [S]
         prompt_cols = torch.arange(self.prompt_keys[0].shape[2], device=lengths.device)
@@ -131,12 +143,15 @@ class SlotKVCache:
                           slot_cols[None, :] <= self.write_index[:, None]], dim=1)  # [S, P_max + W]
         mask = mask[:, None, None, :]
         if is_causal_eager:
-            return torch.zeros(mask.shape, dtype=self.slot_keys[0].dtype, device=mask.device).masked_fill(
+            return torch.zeros(mask.shape, dtype=self.slot_keys[0].dtype,
+                               device=mask.device).masked_fill(
                 ~mask, torch.finfo(self.slot_keys[0].dtype).min)
         return mask
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, **_: Any):
-        """Write the step's K/V [S, H, 1, D] at each slot's column; return prompt + slot K/V to attend."""
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
+               **_: Any):
+        """Write the step's K/V [S, H, 1, D] at each slot's column; return prompt + slot K/V to
+        attend."""
         slot_k, slot_v = self.slot_keys[layer_idx], self.slot_values[layer_idx]
         # under autocast (precision mixed) K/V come in bf16 or fp32: store the cache's dtype
         slot_k[self.slot_index, :, self.write_index] = key_states[:, :, 0].to(slot_k.dtype)
@@ -154,7 +169,8 @@ class SlotKVCache:
     def _with_prompt(self, table: torch.Tensor, slot_part: torch.Tensor) -> torch.Tensor:
         if table.shape[0] == 0 or table.shape[2] == 0:
             return slot_part
-        rows = table.expand(slot_part.shape[0], -1, -1, -1) if self.step_rows is None else table[self.step_rows]
+        rows = table.expand(slot_part.shape[0], -1, -1,
+                            -1) if self.step_rows is None else table[self.step_rows]
         return torch.cat([rows, slot_part], dim=2)
 
     # transformers' mask helpers look for these on cache objects
@@ -197,7 +213,8 @@ class SlotEngine:
                    num_slots: int, options: DecodeOptions, stats: SamplerStats,
                    processor: SlotLogitsProcessor | None = None) -> None:
         config, param = self.model.config, next(self.model.parameters())
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        head_dim = getattr(config, "head_dim",
+                           None) or config.hidden_size // config.num_attention_heads
         kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         capacity = max(s.max_new_tokens for s in samples)
         self.cache = SlotKVCache(config.num_hidden_layers, num_slots, capacity, kv_heads, head_dim,
@@ -386,7 +403,8 @@ class SlotEngine:
 
 
 def _cache_kwarg_name(model) -> str:
-    """transformers renamed `past_key_values` to `cache` (5.2x); use whichever this version takes."""
+    """transformers renamed `past_key_values` to `cache` (5.2x); use whichever this version
+    takes."""
     import inspect
 
     base = base_model(model)

@@ -50,10 +50,20 @@ from infsamp.config import SamplingConfig
 from infsamp.errors import SamplingError, first_line
 from infsamp.models.device import base_model, memory_bytes
 from infsamp.planner.sizes import RunSizes
-from infsamp.sampling.engines.base import (DecodeOptions, SlotLogitsProcessor,
-                                           model_kv_bytes_per_token, vllm_installed)
-from infsamp.sampling.types import (VLLM_BLOCK_SIZE, Sample, SamplerStats, kv_tokens_needed,
-                                    max_new_tokens_within, usable_kv_tokens)
+from infsamp.sampling.engines.base import (
+    DecodeOptions,
+    SlotLogitsProcessor,
+    model_kv_bytes_per_token,
+    vllm_installed,
+)
+from infsamp.sampling.types import (
+    VLLM_BLOCK_SIZE,
+    Sample,
+    SamplerStats,
+    kv_tokens_needed,
+    max_new_tokens_within,
+    usable_kv_tokens,
+)
 
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 FINISH_REASONS = {"stop": "eos", "length": "length"}
