@@ -33,7 +33,6 @@ LEVEL = {room: level for level, rooms in enumerate(LAYERS) for room in rooms}
 PENDING = {
     "infsamp.distributed.rank_watch imports infsamp.run.checkpoint",
     "infsamp.rewards.reward_model imports infsamp.algorithm.logprobs",
-    "infsamp.run.rank_checkpoint -> infsamp.run.train_state -> infsamp.run.rank_checkpoint",
     "infsamp.planner.estimate -> infsamp.planner.parallel -> infsamp.planner.estimate",
 }
 
