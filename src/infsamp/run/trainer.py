@@ -9,13 +9,14 @@ One step, laid out in time:
 
 Everything configurable comes from `infsamp.config.Config`; loss types, advantage scaling and
 sampling policies are registries in their own modules. The trainer only wires them together, logs,
-evaluates and checkpoints. Start-up is `__init__`, one named step a line: the reward functions and
-the run folder (`run/folder.py`, `run/identity.py`) before anything loads, then the data (encoded
-once by `tasks.prompts`, checked against the resumed checkpoint's rows), the weights, the run's
-sizes (`run/sizes.py`), the sampler, the update, and the resumable state (`run/train_state.py`),
-which the one save path (`run/rank_checkpoint.py`, several ranks or one) writes and a resume
-reads. While it runs, SIGTERM/SIGINT end the step and save (`signals.py`), and a non-finite loss,
-gradient norm or reward stops the run before it is applied (or skips it: `training.nonfinite`).
+evaluates and checkpoints (one step's work: `train_step.py`). Start-up is `__init__`, one named
+step a line: the reward functions and the run folder (`run/folder.py`, `run/identity.py`) before
+anything loads, then the data (encoded once by `tasks.prompts`, checked against the resumed
+checkpoint's rows), the weights, the run's sizes (`run/sizes.py`), the sampler, the update, and
+the resumable state (`run/train_state.py`), which the one save path (`run/rank_checkpoint.py`,
+several ranks or one) writes and a resume reads. While it runs, SIGTERM/SIGINT end the step and
+save (`signals.py`), and a non-finite loss, gradient norm or reward stops the run before it is
+applied (or skips it: `training.nonfinite`).
 
 Several processes (torchrun / accelerate launch): `distributed/strategies.py` wraps the model (DDP
 or FSDP2), `distributed/rank_step.py` divides each step's prompts between the ranks and gathers what
@@ -26,7 +27,6 @@ Deliberately simple: the reward functions run in each rank's own process, on its
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,24 +35,20 @@ from typing import Any
 
 import torch
 
-from infsamp.algorithm.advantages import compute_advantages
-from infsamp.algorithm.grpo_step import GRPOStep, Rollout, is_out_of_memory
+from infsamp.algorithm.grpo_step import GRPOStep
 from infsamp.algorithm.optim import build_optimizer, build_scheduler, schedule_horizon
 from infsamp.config import Config
 from infsamp.config_io import save_config
 from infsamp.distributed.rank_step import RankSteps
 from infsamp.distributed.ranks import Ranks, init_ranks, reshard_after_forward
 from infsamp.distributed.strategies import make_strategy
-from infsamp.errors import NonFiniteError, RewardError, RunFolderError, RunStopped
+from infsamp.errors import RunFolderError, RunStopped
 from infsamp.models.loading import (
     load_model_and_tokenizer,
     load_tokenizer,
     quiet_transformers,
     require_stop_tokens,
 )
-from infsamp.rewards.calling import check_async_allowed
-from infsamp.rewards.compute import compute_rewards
-from infsamp.rewards.workers import reward_runner
 from infsamp.run import checkpoint as ckpt
 from infsamp.run import ownership
 from infsamp.run.checkpoint import Checkpoint
@@ -66,15 +62,14 @@ from infsamp.run.evaluation import (
 )
 from infsamp.run.folder import rewind_run_logs
 from infsamp.run.identity import check_data, data_fingerprint
-from infsamp.run.logs import RunLogger, completion_records
-from infsamp.run.progress import RunProgress
+from infsamp.run.logs import RunLogger
 from infsamp.run.prompt_stream import PromptStream
 from infsamp.run.rank_checkpoint import NullLogger, prepare_run_folder_on_ranks, save_checkpoint
+from infsamp.run.scoring import RunRewards
 from infsamp.run.setup import (
     check_environment,
     length_predictor,
     load_prompts,
-    load_rewards,
     reference_model,
     seed_everything,
     set_num_threads,
@@ -82,16 +77,10 @@ from infsamp.run.setup import (
 )
 from infsamp.run.signals import StopSignals
 from infsamp.run.sizes import plan_run
-from infsamp.run.step_metrics import check_finite, rollout_metrics
 from infsamp.run.train_state import TrainState
+from infsamp.run.train_step import TrainStep
 from infsamp.sampling.engines.base import make_engine
 from infsamp.sampling.sampler import GroupSampler
-from infsamp.tasks.prompts import (
-    EncodedPrompt,
-    completion_for_rewards,
-    prompt_for_rewards,
-    uses_chat_template,
-)
 
 
 @dataclass
@@ -103,7 +92,7 @@ class TrainResult:
     eval_reward: str = ""  # the reward function eval/accuracy counts with (eval.reward)
 
 
-class GRPOTrainer:
+class GRPOTrainer(TrainStep):
     """`GRPOTrainer(cfg).train()`; pass `reward_funcs` to use Python callables instead of names."""
 
     @ownership.released_on_failure
@@ -136,17 +125,12 @@ class GRPOTrainer:
     # ------------------------------------------------------------------ start-up steps
 
     def _load_rewards(self, reward_funcs: list[tuple[str, Callable]] | None) -> None:
-        """The reward functions (names from the config, or callables), checked before anything
-        loads, and the held-out evaluation's reward and best-checkpoint metric."""
-        cfg = self.cfg
-        self.reward_funcs = reward_funcs or load_rewards(cfg)
-        check_async_allowed(self.reward_funcs, cfg.rewards.allow_async)
-        self.reward_runner = reward_runner(self.reward_funcs, cfg.rewards.timeout_s)  # lazy
-        self.reward_names = [name for name, _ in self.reward_funcs]
-        self.reward_weights = cfg.rewards.weights or [1.0] * len(self.reward_funcs)
-        self.eval_reward = eval_reward_name(cfg.eval.reward, self.reward_names)
-        check_best_metric(cfg.checkpointing.keep_best, self.reward_names)
-        self.best = BestEvaluation(cfg.checkpointing.keep_best)
+        """The reward functions, checked before anything loads, and the held-out evaluation's
+        reward and best-checkpoint metric."""
+        self.rewards = RunRewards(self.cfg, reward_funcs)
+        self.eval_reward = eval_reward_name(self.cfg.eval.reward, self.rewards.names)
+        check_best_metric(self.cfg.checkpointing.keep_best, self.rewards.names)
+        self.best = BestEvaluation(self.cfg.checkpointing.keep_best)
 
     def _load_data(self, found: Checkpoint | None) -> None:
         """The tokenizer and the prompts (rank 0 fills the datasets cache first), checked against
@@ -321,9 +305,9 @@ class GRPOTrainer:
                 stop_token_ids=self.stop_token_ids, temperature=cfg.temperature,
                 max_new_tokens=cfg.max_new_tokens or self.cfg.sampling.max_new_tokens)
         scores = self._score([p.example for p in mine], texts, ids, training=False) if mine else None
-        sums = self.ranks.sum(tally(scores, self.reward_names, self.eval_reward,
+        sums = self.ranks.sum(tally(scores, self.rewards.names, self.eval_reward,
                                     cfg.accuracy_threshold))
-        metrics = eval_metrics(sums, self.reward_names, self.eval_reward)
+        metrics = eval_metrics(sums, self.rewards.names, self.eval_reward)
         logger.progress.advance(len(prompts))
         logger.log_eval(self.step, {**metrics, "eval/num_problems": len(prompts),
                                     "eval/dropped_prompts": self.eval_prompts.num_dropped,
@@ -351,124 +335,5 @@ class GRPOTrainer:
         """Free the sampling engine (vLLM's pool and weights), the reward workers and the run
         folder; no sampling afterwards."""
         self.engine.close()
-        self.reward_runner.close()
+        self.rewards.close()
         ownership.release_run_folder(self.output_dir)
-
-    # ------------------------------------------------------------------ one step
-
-    def train_step(self, logger: RunLogger | None = None) -> dict[str, Any]:
-        start = time.perf_counter()
-        progress = logger.progress if logger is not None else RunProgress(0, 0, enabled=False)
-        batch = self.stream.next_batch()
-        rollout, sample_metrics, groups, records = self._rollout(batch, progress)
-        if logger is not None:
-            logger.log_lengths(self.step + 1, groups)
-            logger.log_completions(self.step + 1, records)
-        try:
-            check_finite(sample_metrics, rollout.advantages)
-            self.engine.sleep()  # vLLM on CUDA: free its KV pool and weights while training
-            num_updates = len(rollout.completion_ids) * self.cfg.training.num_iterations
-            progress.phase("update", num_updates, "sequences")
-            self.grpo.on_micro_batch = progress.advance
-            loss_metrics = self.grpo.optimize(rollout, self.optimizer, self.scheduler)
-        except NonFiniteError as err:
-            loss_metrics = self._on_non_finite(err)
-        self._push_weights()  # the next step samples from the updated policy
-        self.train_state.step += 1
-        learning_rate = float(self.scheduler.get_last_lr()[0])  # torchao keeps it as a tensor
-        metrics = {**sample_metrics, **loss_metrics, "learning_rate": learning_rate,
-                   "epoch": self.stream.epoch, "step_time": round(time.perf_counter() - start, 3)}
-        return self.rank_steps.finish_metrics(metrics)
-
-    def _rollout(self, batch: list[tuple[int, EncodedPrompt]], progress: RunProgress):
-        """Sample, score and normalise this rank's groups of the step (all of them in one
-        process); returns (Rollout, the step's metrics, its trace lines, its completion records:
-        rank 0 alone writes them)."""
-        G = self.cfg.sampling.num_generations
-        share = self.rank_steps.share(batch)  # indices into batch: this rank's whole groups
-        mine = [batch[i][1] for i in share]
-        prompt_ids = [p.token_ids for p in mine]
-        keys, texts = [str(p.index) for p in mine], [p.text for p in mine]
-        progress.phase("sampling", len(mine) * G, "samples")
-        result = self._sample_with_retry(prompt_ids, G, keys, texts, share, progress)
-        completions = [c for group in result.groups for c in group]  # group-major, N = b*G
-        examples = [p.example for p in mine for _ in range(G)]
-        progress.phase("scoring", len(completions), "completions")
-        rewards = self._score(examples, [c.text for c in completions],
-                              [c.token_ids for c in completions])
-        progress.advance(len(completions))
-        step = self.rank_steps.combine(batch, share, result.groups, rewards,
-                                       result.stats.to_metrics())  # the whole step's values
-        adv = compute_advantages(torch.tensor(step.rewards.total, dtype=torch.float32), G,
-                                 self.cfg.training.scale_rewards)
-        advantages = adv.advantages[step.local_rows]  # [b*G]: this rank's rows
-        engine_logprobs = ([torch.tensor(c.logprobs, dtype=torch.float32) for c in completions]
-                           if all(c.logprobs is not None for c in completions) else None)
-        rollout = Rollout(prompt_ids=[p for p in prompt_ids for _ in range(G)],
-                          completion_ids=[c.token_ids for c in completions],
-                          advantages=advantages,
-                          truncated=[c.finish_reason == "length" for c in completions],
-                          engine_logprobs=engine_logprobs,
-                          totals=self.grpo.totals_of(  # the whole step's loss normaliser
-                              [c.length for c in step.completions],
-                              [c.finish_reason == "length" for c in step.completions]))
-        metrics = self._sample_metrics(step.rewards, adv, step.completions, step.sampler_metrics)
-        every = self.cfg.logging.completions_every
-        records = [] if not every or (self.step + 1) % every else self.rank_steps.gather_records(
-            share, completion_records(keys, texts, completions, rewards.per_function,
-                                      rewards.total, advantages))
-        return rollout, metrics, step.groups, records
-
-    def _on_non_finite(self, err: NonFiniteError) -> dict[str, Any]:
-        """training.nonfinite: stop with one line naming step and quantity, or skip the update."""
-        where = f"step {self.step + 1}: {err}"
-        if self.cfg.training.nonfinite == "stop":
-            raise NonFiniteError(f"{where}; stopped before applying it (checkpoints untouched; "
-                                 "training.nonfinite skip skips such updates instead)") from None
-        self.grpo.skip_update(self.optimizer, self.scheduler)
-        print(f"{where}: update skipped ({self.grpo.num_skipped_updates} so far)", file=sys.stderr)
-        return {"train/skipped_updates": self.grpo.num_skipped_updates}
-
-    @property
-    def num_sampling_oom_retries(self) -> int:
-        return self.sizes.oom_retries["sampling"]
-
-    def _sample_with_retry(self, prompt_ids, G: int, keys: list[str], texts: list[str],
-                           share: list[int], progress: RunProgress):
-        """On out-of-memory, halve g (`RunSizes.halve`; `full` becomes `continuous`) and sample
-        the step again."""
-        while True:
-            state = self.generator.get_state()
-            try:
-                with self.strategy.inference_model():  # FSDP: whole weights while sampling
-                    return self.sampler.sample(prompt_ids, G, prompt_keys=keys, prompt_texts=texts,
-                                               generator=self.generator, global_group_ids=share,
-                                               progress=progress.sampling)
-            except (torch.OutOfMemoryError, RuntimeError) as err:
-                if not is_out_of_memory(err) or self.sizes.micro_group <= 1:
-                    raise
-                self.generator.set_state(state)
-                g = self.sizes.halve("sampling")
-                print(f"out of memory while sampling: retrying with micro_group={g}")
-
-    def _score(self, examples: list[dict[str, Any]], texts: list[str],
-               completion_ids: list[list[int]], training: bool = True):
-        """Every reward function on these completions (one per example), as TRL calls them."""
-        chat = uses_chat_template(self.tokenizer, self.cfg.data)
-        prompts = [prompt_for_rewards(ex, self.tokenizer, self.cfg.data) for ex in examples]
-        completions = [completion_for_rewards(text, chat) for text in texts]
-        columns = {k: [ex[k] for ex in examples] for k in examples[0] if k != "prompt"}
-        try:
-            return compute_rewards(self.reward_funcs, self.reward_weights, prompts, completions,
-                                   columns, runner=self.reward_runner,
-                                   completion_ids=completion_ids)
-        except RewardError as err:  # nothing of this step is applied
-            when = (f"step {self.step + 1}: {err}; the step was not applied" if training else
-                    f"evaluation at step {self.step}: {err}")
-            raise RewardError(f"{when} (the checkpoints are as they were)") from None
-
-    def _sample_metrics(self, rewards, adv, completions,
-                        sampler_metrics: dict[str, Any]) -> dict[str, Any]:
-        return {**rollout_metrics(rewards, adv, completions), **sampler_metrics,
-                "sampling/oom_retries": self.num_sampling_oom_retries,
-                "data/dropped_prompts": self.train_prompts.num_dropped}
