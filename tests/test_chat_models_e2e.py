@@ -33,18 +33,23 @@ SHORT = [{"question": "Tom has 3 apples and buys 4 more. How many apples?",
           "answer": "3 + 4 = 7\n#### 7"},
          {"question": "A box holds 6 pens. How many pens are in 2 boxes?",
           "answer": "6 * 2 = 12\n#### 12"}]
+HELD_OUT = [{"question": "Ann has 5 apples and buys 2 more. How many apples?",
+             "answer": "5 + 2 = 7\n#### 7"},
+            {"question": "A box holds 4 pens. How many pens are in 3 boxes?",
+             "answer": "4 * 3 = 12\n#### 12"}]
 LONG = {"question": "How many? " + "Count the apples in the basket carefully. " * 12,
         "answer": "#### 1"}
 
 
 @pytest.fixture
 def gsm8k_folder(tmp_path):
-    """A GSM8K-format folder (train.jsonl / test.jsonl, as in the grade-school-math repository); the
-    two short questions are in both splits so training and evaluation see the same examples."""
+    """A GSM8K-format folder (train.jsonl / test.jsonl, as in the grade-school-math repository): two
+    short questions and a long one in each split, the test split's its own (a held-out
+    split made of training rows is refused)."""
     folder = tmp_path / "gsm8k"
     folder.mkdir()
-    for split in ("train", "test"):
-        rows = [*SHORT, LONG]
+    long_held_out = {**LONG, "question": "How many pears? " + LONG["question"]}
+    for split, rows in (("train", [*SHORT, LONG]), ("test", [*HELD_OUT, long_held_out])):
         (folder / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return folder
 
@@ -96,17 +101,18 @@ def test_shipped_recipe_trains_and_every_consumer_sees_the_same_prompt_ids(
 
     _, tokenizer = load_model_and_tokenizer(ModelConfig(name_or_path=str(model_dir)))
     expected = {template_ids(tokenizer, row["question"]) for row in SHORT}
+    held_out = {template_ids(tokenizer, row["question"]) for row in HELD_OUT}
     assert set(seen_prompts["sampler"]) == expected  # two steps of one prompt: both short ones
-    assert set(seen_prompts["eval"]) == expected
+    assert set(seen_prompts["eval"]) == held_out
     assert all(len(ids) <= 256 for ids in seen_prompts["sampler"] + seen_prompts["eval"])
     if style == "llama3":
         bos = tokenizer.bos_token_id
-        assert all(ids[0] == bos and ids.count(bos) == 1 for ids in expected)
+        assert all(ids[0] == bos and ids.count(bos) == 1 for ids in expected | held_out)
 
     seen_prompts["sampler"].clear()
     assert main(["sample", str(EXAMPLES / "gsm8k.yaml"), *paths, "--split", "test", "-G", "2",
                  "--max-new-tokens", "4", "--quiet"]) == 0
-    assert set(seen_prompts["sampler"]) == expected
+    assert set(seen_prompts["sampler"]) == held_out
     assert "skipped 1 of 3 prompts longer than data.max_prompt_length=256" in capsys.readouterr()[0]
 
 

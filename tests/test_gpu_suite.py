@@ -53,7 +53,7 @@ def fake_plan(tmp_path, monkeypatch):
     """gpu_suite.PARTS pointed at four fake parts (ok, fails, hangs, cells) with short caps."""
     (tmp_path / "fake_parts.py").write_text(FAKE_PARTS)
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
-    monkeypatch.setattr(gpu_suite, "GRACE_S", 2)
+    monkeypatch.setattr(gpu_suite, "GRACE_S", 10)  # a part process starting under load: seconds
     monkeypatch.setattr(gpu_suite, "environment", lambda profile: {"profile": profile})
     parts = {n: (f"fake {name}", f"fake_parts:{name}", ("value",))
              for n, name in enumerate(("ok", "fails", "hangs", "cells"), start=1)}
@@ -142,20 +142,21 @@ def test_part_cells_stop_at_the_cap(tmp_path):
     assert json.loads((tmp_path / "p.json").read_text())["skipped"] == ["a"]
 
 
-def test_trl_side_continuous_batching_config_and_ratios():
-    from gpu_suite_trl import add_ratios, continuous_batching_config
+def test_trl_part_runs_vs_trls_cells_at_the_profiles_sizes():
+    """Part 3 is vs_trl.py's code: g, the KV budget, one training micro-batch for all, the pool."""
+    from gpu_suite_common import H200
+    from gpu_suite_trl import vs_trl_args
     from transformers.generation import ContinuousBatchingConfig
+    from vs_trl import case_sizes, continuous_batching_config
 
-    config = continuous_batching_config(100)
-    assert config["num_blocks"] == math.ceil(100 / 16) and config["max_batch_tokens"] == 100
+    args = vs_trl_args(H200)
+    assert (args.device, args.precision, args.groups) == ("cuda", "bf16", [64, 32, 8])
+    sizes = case_sizes(args, 64)
+    assert (sizes.micro_group, sizes.train_batch) == (8, 8)  # TRL: 8 completions, G/8 accumulated
+    assert sizes.train_micro_batch_tokens == sizes.kv_budget_tokens == 8 * (32 + 128)
+    config = continuous_batching_config(sizes)
+    assert config["num_blocks"] == math.ceil(8 * 160 / 16) and config["max_batch_tokens"] == 8 + 32
     ContinuousBatchingConfig(**config)  # this transformers takes every key
-    rows = [{"framework": f, "G": 8, "peak_mib": p, "generation_peak_mib": gp,
-             "completion_tokens_per_step_s": t}
-            for f, p, gp, t in (("infsamp", 50.0, 10.0, 120.0), ("trl", 100.0, 40.0, 100.0),
-                                ("trl_cb", 80.0, 20.0, 60.0))]
-    add_ratios(rows)
-    assert rows[0]["peak_ratio_trl"] == 0.5 and rows[0]["generation_peak_ratio_trl_cb"] == 0.5
-    assert rows[0]["tokens_per_s_ratio_best_peer"] == 1.2 and "peak_ratio_trl" not in rows[1]
 
 
 @pytest.mark.slow

@@ -1,17 +1,14 @@
-"""Token-budget micro-batches, chunked log-softmax and entropy, completion log-probs and exact
+"""Micro-batch tensors, chunked log-softmax and entropy, completion log-probs and exact
 gradient accumulation."""
 
 import math
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from infsamp.algorithm.lm_head import logits_log_softmax
 from infsamp.algorithm.logprobs import (build_micro_batches, make_micro_batch, micro_batch_logprobs,
-                                        plan_micro_batches, plan_prompt_completion_batches,
                                         sequence_logprobs, sequence_logprobs_and_entropy)
 from infsamp.algorithm.losses import LOSS_TYPES, BatchTotals, per_token_loss
 
@@ -32,32 +29,6 @@ def random_batch(prompt_lengths, completion_lengths, seed=1):
     prompts = [torch.randint(1, VOCAB, (n,), generator=g).tolist() for n in prompt_lengths]
     completions = [torch.randint(1, VOCAB, (n,), generator=g).tolist() for n in completion_lengths]
     return prompts, completions
-
-
-# --- planning -------------------------------------------------------------------------------------
-
-
-def test_plan_by_hand():
-    # longest first: 3 (8) alone; 0 (5) + 2 (3) -> 2 * 5 = 10; 4 (2) + 1 (1) -> 2 * 2 = 4
-    assert plan_micro_batches([5, 1, 3, 8, 2], 10) == [[3], [0, 2], [4, 1]]
-
-
-def test_oversized_sequence_gets_its_own_micro_batch():
-    assert plan_micro_batches([20, 2, 3], 10) == [[0], [2, 1]]
-    with pytest.raises(ValueError, match="max_tokens"):
-        plan_micro_batches([1], 0)
-
-
-@settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.integers(1, 40), st.integers(0, 60)), min_size=1, max_size=30),
-       st.integers(1, 200))
-def test_plans_cover_each_sequence_once_within_budget(lengths, budget):
-    prompts, completions = [p for p, _ in lengths], [c for _, c in lengths]
-    plan = plan_prompt_completion_batches(prompts, completions, budget)
-    assert sorted(i for batch in plan for i in batch) == list(range(len(lengths)))
-    for batch in plan:
-        padded = len(batch) * (max(prompts[i] for i in batch) + max(completions[i] for i in batch))
-        assert padded <= budget or len(batch) == 1
 
 
 # --- tensors and log-probs ------------------------------------------------------------------------

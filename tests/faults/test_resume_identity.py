@@ -107,18 +107,25 @@ def test_a_config_yaml_edited_by_hand_is_named(runner, reference, tiny_model_dir
 
 
 def policy_circuit() -> list[str]:
-    """The policies in an order that passes every ordered pair once (an Euler circuit of the
-    complete directed graph on 5 nodes: strides 1 to 4 around the circle)."""
+    """The policies in an order that passes every ordered pair once: an Euler circuit of the
+    complete directed graph on the policies (Hierholzer's walk)."""
     names = list(POLICIES)
-    order = [0] + [(k * d) % len(names) for d in range(1, len(names)) for k in range(1, 6)]
-    return [names[i] for i in order]
+    unused = {a: [b for b in reversed(names) if b != a] for a in names}
+    stack, circuit = [names[0]], []
+    while stack:
+        if unused[stack[-1]]:
+            stack.append(unused[stack[-1]].pop())
+        else:
+            circuit.append(stack.pop())
+    return circuit[::-1]
 
 
 def test_every_policy_and_predictor_resumes_into_every_other(runner, tiny_model_dir, tmp_path):
-    """21 runs of one step each, resuming 20 times: every (from, to) pair of policies and
-    predictors once, with the micro group, KV budget, engine and logging changing too."""
+    """n(n-1)+1 runs of one step each (n policies and predictors): every (from, to) pair once,
+    with the micro group, KV budget, engine and logging changing too."""
     out, circuit = tmp_path / "run", policy_circuit()
-    assert len(set(itertools.pairwise(circuit))) == 20
+    num_pairs = len(POLICIES) * (len(POLICIES) - 1)
+    assert len(circuit) == num_pairs + 1 and len(set(itertools.pairwise(circuit))) == num_pairs
     for step, policy in enumerate(circuit, start=1):
         free = ["--sampling.micro_group", str(4 >> step % 2), "--sampling.kv_budget",
                 str(4096 >> step % 2), "--sampling.engine", ("slots", "auto")[step % 2],
@@ -134,4 +141,4 @@ def test_every_policy_and_predictor_resumes_into_every_other(runner, tiny_model_
         assert state["counters"]["policy"] == name, (policy, state["counters"])
         assert state["counters"]["micro_group"] == 4 >> step % 2
         assert (state["predictor"] is None) == (name != "length_aware"), policy
-    assert [row["step"] for row in rows(out / "metrics.jsonl")] == list(range(1, 22))
+    assert [row["step"] for row in rows(out / "metrics.jsonl")] == list(range(1, len(circuit) + 1))

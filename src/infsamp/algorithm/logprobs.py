@@ -5,7 +5,8 @@ its longest completion, so every completion occupies the last `T_c` positions:
 
     [pad pad p p p | c c c pad]   attention_mask 0 0 1 1 1 | 1 1 1 0,  position_ids from the mask's cumsum
 
-The forward asks the model for only `T_c + 1` positions (`logits_to_keep`) and drops the last one;
+Which sequences share a micro-batch is the planner's packing rule (`planner/micro_batches.py`,
+the same one the reward model scores by). The forward asks the model for only `T_c + 1` positions (`logits_to_keep`) and drops the last one;
 the LM head then runs per chunk on the final hidden states of the real completion tokens
 (`algorithm/lm_head.py`: no `[tokens, vocabulary]` logits in the forward or the backward), with
 fp32 log-softmax and, when asked, each position's token entropy (no grad) from the same chunks
@@ -28,7 +29,7 @@ output head gets its full logits, log-softmaxed in row chunks (correct, but no m
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -43,39 +44,7 @@ from infsamp.algorithm.lm_head import (
     logits_log_softmax,
     unwrapped,
 )
-
-# --- planning: which sequences share a micro-batch ------------------------------------------------
-
-
-def _pack(order: Sequence[int], padded_size: Callable[[list[int]], int], max_tokens: int) -> list[list[int]]:
-    """Greedy packing of `order` into consecutive groups whose padded size stays <= max_tokens."""
-    if max_tokens < 1:
-        raise ValueError(f"max_tokens: must be >= 1, got {max_tokens}")
-    batches: list[list[int]] = []
-    for index in order:
-        if batches and padded_size(batches[-1] + [index]) <= max_tokens:
-            batches[-1].append(index)
-        else:
-            batches.append([index])  # a sequence over budget on its own still gets a micro-batch
-    return batches
-
-
-def plan_micro_batches(seq_lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
-    """Sequence indices grouped so that count * longest length <= max_tokens; longest first."""
-    order = sorted(range(len(seq_lengths)), key=lambda i: -seq_lengths[i])
-    return _pack(order, lambda batch: len(batch) * max(seq_lengths[i] for i in batch), max_tokens)
-
-
-def plan_prompt_completion_batches(prompt_lengths: Sequence[int], completion_lengths: Sequence[int],
-                                   max_tokens: int) -> list[list[int]]:
-    """As plan_micro_batches, for the left/right-padded layout: count * (max prompt + max completion)."""
-    def padded_size(batch: list[int]) -> int:
-        return len(batch) * (max(prompt_lengths[i] for i in batch) + max(completion_lengths[i] for i in batch))
-
-    totals = [p + c for p, c in zip(prompt_lengths, completion_lengths)]
-    order = sorted(range(len(totals)), key=lambda i: (-totals[i], -completion_lengths[i]))
-    return _pack(order, padded_size, max_tokens)
-
+from infsamp.planner.micro_batches import plan_prompt_completion_batches
 
 # --- tensors of one micro-batch -------------------------------------------------------------------
 

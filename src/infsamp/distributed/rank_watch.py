@@ -35,6 +35,8 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+from infsamp.checkpoint_folders import list_checkpoints
+
 POLL_S = 0.5
 PEER_FAILED_EXIT = 3
 STORE_LOST = ("the launch's rendezvous store stopped answering (the launcher or the machine "
@@ -95,8 +97,6 @@ class RankWatch:
 
     def describe(self, peer: int | None, reason: str) -> str:
         """One line: which peer failed and why (`peer` None: the launch itself is gone)."""
-        from infsamp.run.checkpoint import list_checkpoints
-
         found = list_checkpoints(self.output_dir)  # [] while the folder does not exist
         newest = f"the newest complete checkpoint is {found[-1]}; continue with --resume " \
                  "under the same launch" if found else "no checkpoint was written yet"

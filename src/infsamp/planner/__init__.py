@@ -6,7 +6,8 @@ generation and training phases in a precision mode (`precisions.py`), `plan_run_
 alike. See docs/planner.md.
 """
 
-from infsamp.planner.estimate import DTYPE_BYTES, OPTIMIZERS, PARTS, PlanInputs, kv_bytes_per_token
+from infsamp.planner.estimate import OPTIMIZERS, PARTS, kv_bytes_per_token
+from infsamp.planner.inputs import DTYPE_BYTES, PlanInputs
 from infsamp.planner.precisions import PRECISIONS, PrecisionMode
 from infsamp.planner.plan import MemoryPlan, plan_memory
 from infsamp.planner.presets import (PRESETS, ModelShape, count_lora_parameters, count_parameters, load_shape,

@@ -24,28 +24,23 @@ are counted whole; communication buffers are not counted (NCCL's are small next 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from infsamp.planner.inputs import PlanInputs
 from infsamp.planner.presets import embedding_parameters, layer_parameters
 
-if TYPE_CHECKING:
-    from infsamp.planner.estimate import PlanInputs
 
-
-
-def shard_fraction(p: "PlanInputs") -> float:
+def shard_fraction(p: PlanInputs) -> float:
     """The share of sharded states one device keeps."""
     return 1.0 / p.num_devices if p.strategy == "fsdp" else 1.0
 
 
-def gathered_parameters(p: "PlanInputs") -> int:
+def gathered_parameters(p: PlanInputs) -> int:
     """FSDP: parameters whole on a device during training (root unit + two layers)."""
     s = p.shape
     root = embedding_parameters(s) * (1 if s.tie_word_embeddings else 2) + s.hidden_size
     return root + 2 * layer_parameters(s)
 
 
-def per_device_parts(p: "PlanInputs", parts: dict[str, int], phase: str) -> dict[str, int]:
+def per_device_parts(p: PlanInputs, parts: dict[str, int], phase: str) -> dict[str, int]:
     """Bytes of each part on one device (module docstring); `phase`: generation or training."""
     if p.strategy == "ddp" and phase == "generation":
         return {**parts, "gradients": p.num_trainable * p.trainable_bytes}

@@ -19,10 +19,11 @@ from typing import Any
 
 from infsamp.choices import PRECISION_CHOICES, STRATEGIES
 from infsamp.config import ConfigError
-from infsamp.planner.estimate import (DEVICES, GIB, OPTIMIZERS, PlanInputs, bytes_per_parameter,
+from infsamp.planner.estimate import (DEVICES, GIB, OPTIMIZERS, bytes_per_parameter,
                                       generation_breakdown, largest_micro_batch_sequences,
                                       largest_micro_group, peak_training_moment, plan_kv_tokens,
                                       training_breakdown)
+from infsamp.planner.inputs import PlanInputs
 from infsamp.planner.precisions import PRECISIONS, resolve_precision_name
 from infsamp.planner.presets import LORA_TARGETS_ALL_LINEAR, ModelShape
 

@@ -7,7 +7,7 @@ has one (the prompt as the user turn or the prompt's messages, the completion as
 turn), else the prompt text followed by the completion text, without special tokens added (as
 TRL). The score is the model's single logit. Texts are scored in right-padded batches whose padded
 size stays under a token budget (the training micro-batch budget, packed by the same rule as the
-training step), on the run's device, without grad.
+training step: `planner/micro_batches.py`), on the run's device, without grad.
 
 Deliberately simple: the model stays on the device for the whole run; texts longer than its
 context are not truncated (the model decides); TRL applies the chat template only to
@@ -23,7 +23,7 @@ import torch
 
 from infsamp.errors import RewardError
 from infsamp.models.source import load_error
-from infsamp.algorithm.logprobs import plan_micro_batches
+from infsamp.planner.micro_batches import plan_micro_batches
 
 DEFAULT_MAX_TOKENS = 8192
 

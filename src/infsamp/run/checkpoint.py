@@ -17,6 +17,8 @@ NaN or inf in any tensor.
 `find_resume_point` walks back from the newest checkpoint to the newest one that verifies. A run
 replaces or prunes only checkpoints it wrote (`is_own_checkpoint`: a manifest of the folder's own
 step); a folder the user made under a checkpoint's name is renamed `checkpoint-N.foreign`.
+The folders' names and which are complete (a manifest) are `checkpoint_folders.py`'s, read here
+and by the rank watcher alike.
 
 Deliberately simple: one process writes (with several ranks, the others add their shard files
 through `write_extra` before the manifest); sha256 re-reads every file once at save and once at
@@ -37,16 +39,21 @@ from typing import Any, Callable
 
 import torch
 
+from infsamp.checkpoint_folders import (
+    MANIFEST,
+    candidates,
+    checkpoint_dirs,
+    checkpoint_step,
+    list_checkpoints,
+)
 from infsamp.errors import CheckpointError, NonFiniteError
 from infsamp.files import fsync
 from infsamp.run.state_data import from_data, non_finite_tensor, to_data
 
-MANIFEST = "manifest.json"
 STATE_JSON = "training_state.json"
 STATE_TENSORS = "training_state.safetensors"
 MODEL_DIR = "model"
 FORMAT = 2
-_CKPT = re.compile(r"^checkpoint-(\d+)$")
 
 
 @dataclass
@@ -58,12 +65,6 @@ class Checkpoint:
 
 
 # ---------------------------------------------------------------- writing
-
-
-def checkpoint_dirs(output_dir: Path, step: int) -> tuple[Path, Path]:
-    """(checkpoint-N, checkpoint-N.tmp): where step N's checkpoint ends up and is written first."""
-    final = output_dir / f"checkpoint-{step}"
-    return final, final.with_name(final.name + ".tmp")
 
 
 def save_checkpoint(output_dir: Path, step: int, *, model, tokenizer, state: dict[str, Any],
@@ -151,24 +152,6 @@ def _sha256(path: Path) -> str:
 
 
 # ---------------------------------------------------------------- finding and pruning
-
-
-def checkpoint_step(path: Path) -> int | None:
-    match = _CKPT.match(path.name)
-    return int(match.group(1)) if match and path.is_dir() else None
-
-
-def candidates(output_dir: Path) -> list[Path]:
-    """Every checkpoint-N folder (complete or damaged), newest first."""
-    if not output_dir.is_dir():
-        return []
-    found = [(step, p) for p in output_dir.iterdir() if (step := checkpoint_step(p)) is not None]
-    return [p for _, p in sorted(found, reverse=True)]
-
-
-def list_checkpoints(output_dir: Path) -> list[Path]:
-    """Checkpoints with a manifest (written completely), oldest first."""
-    return [p for p in reversed(candidates(output_dir)) if (p / MANIFEST).is_file()]
 
 
 def is_own_checkpoint(path: Path) -> bool:

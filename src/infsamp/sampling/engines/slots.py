@@ -6,9 +6,11 @@ Memory layout (per layer, keys and values alike):
     slot buffers  [S, H_kv, C, D]       one row per slot, C = max_new_tokens; preallocated, never regrown
 
 A sample of length L occupies its slot for exactly L decode steps: step 1 feeds the prompt's last token,
-step n writes the KV of its input at column n-1 of the slot row. Each step the cache object below hands
-the model `cat(prompt rows of the slots' groups, slot columns [0, W))` with a [S, 1, 1, P_max + W] mask,
-so attention sees the group's shared prompt plus the slot's own tokens and nothing else. Rotary
+step n writes the KV of its input at column n-1 of the slot row. Each step attention sees, through the
+cache object below, the prompt rows of the slots' groups and the slot columns [0, W) under a
+[S, 1, 1, P_max + W] mask: the group's shared prompt plus the slot's own tokens and nothing else.
+`slot_attention.py` reads both in place (no per-step copy); a model whose attention is neither sdpa
+nor eager gets `cat(prompt rows, slot columns)` from `update` instead. Rotary
 positions are explicit (`position_ids = prompt_len - 1 + n`), so the order of key columns is free.
 
 Why not transformers' continuous batching (checked on 5.24): its loop runs in a background thread,
@@ -23,12 +25,14 @@ slot row's columns are copied out (`parked` store, counted in the held KV) and c
 whichever slot it resumes in, else they are dropped and recomputed at resume by one forward over
 its tokens against its group's prompt row.
 
-Deliberately simple: the concatenation is one temporary per layer and step (a paged kernel would read
-the shared rows in place); rows of inactive slots are computed and ignored, as `generate` does.
+Deliberately simple: rectangular slot buffers (a slot reserves max_new_tokens columns; a paged pool
+would hold only what samples have written); rows of inactive slots are computed and ignored, as
+`generate` does.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -40,6 +44,7 @@ from transformers import DynamicCache
 from infsamp.models.device import base_model
 from infsamp.sampling.engines.base import DecodeOptions, SlotLogitsProcessor
 from infsamp.sampling.engines.select import ForcedLengths, build_warpers, select_tokens
+from infsamp.sampling.engines.slot_attention import slot_attention, supports_split
 from infsamp.sampling.types import Sample, SamplerStats
 
 
@@ -61,6 +66,7 @@ class SlotKVCache:
         self.step_rows: torch.Tensor | None = None  # [S] prompt row of each slot this step; None: one row
         self.write_index = torch.zeros(num_slots, dtype=torch.long, device=device)  # [S]
         self.width = 1  # slot columns attended this step
+        self.split_from: str | None = None  # set while slot_attention reads the cache in place
 
     # ---- prompt table
     def add_prompt(self, group_id: int, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor]) -> None:
@@ -135,9 +141,15 @@ class SlotKVCache:
         # under autocast (precision mixed) K/V come in bf16 or fp32: store the cache's dtype
         slot_k[self.slot_index, :, self.write_index] = key_states[:, :, 0].to(slot_k.dtype)
         slot_v[self.slot_index, :, self.write_index] = value_states[:, :, 0].to(slot_v.dtype)
-        keys = self._with_prompt(self.prompt_keys[layer_idx], slot_k[:, :, : self.width])
-        values = self._with_prompt(self.prompt_values[layer_idx], slot_v[:, :, : self.width])
-        return keys, values  # [S, H, P_max + W, D]
+        keys, values = slot_k[:, :, : self.width], slot_v[:, :, : self.width]  # [S, H, W, D] views
+        if self.split_from is not None:  # slot_attention reads the prompt rows itself
+            return keys, values
+        return self.joined(layer_idx, keys, values)
+
+    def joined(self, layer_idx: int, keys: torch.Tensor, values: torch.Tensor):
+        """Each slot's prompt row and its slot columns as one tensor: [S, H, P_max + W, D] each."""
+        return (self._with_prompt(self.prompt_keys[layer_idx], keys),
+                self._with_prompt(self.prompt_values[layer_idx], values))
 
     def _with_prompt(self, table: torch.Tensor, slot_part: torch.Tensor) -> torch.Tensor:
         if table.shape[0] == 0 or table.shape[2] == 0:
@@ -199,6 +211,7 @@ class SlotEngine:
         self.remaining = Counter(s.group_id for s in samples)  # samples of a group not yet ended
         self.slot_sample: list[Sample | None] = [None] * num_slots
         self.was_training = self.model.training
+        self.split = supports_split(self.model)  # decode attention reads the cache in place
         self.model.eval()
         self._track_peak()
 
@@ -258,12 +271,13 @@ class SlotEngine:
             rows.append(self.cache.group_rows[sample.group_id])
         return inputs, positions, write_index, rows
 
-    def _forward(self, inputs: list[int], positions: list[int], mask: torch.Tensor) -> torch.Tensor:
+    def _forward(self, inputs: list[int], positions: list[int], mask: torch.Tensor):
         input_ids = torch.tensor(inputs, device=self.device)[:, None]  # [S, 1]
         position_ids = torch.tensor(positions, device=self.device)[:, None]  # [S, 1]
-        out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
-                         use_cache=True, output_hidden_states=self.options.hidden_states,
-                         **{self.cache_kwarg: self.cache})
+        with slot_attention(self.model, self.cache) if self.split else contextlib.nullcontext():
+            out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
+                             use_cache=True, output_hidden_states=self.options.hidden_states,
+                             **{self.cache_kwarg: self.cache})
         hidden = out.hidden_states[-1][:, -1] if self.options.hidden_states else None  # [S, H]
         return out.logits[:, -1].float(), hidden  # [S, V]
 
