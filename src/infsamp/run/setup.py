@@ -1,6 +1,7 @@
 """What the trainer does once before a run: check what the config needs of this machine, load the
 reward functions first, warn about settings that are valid but almost certainly not meant, choose
-the CPU thread count, seed every RNG.
+the CPU thread count, seed every RNG, encode the prompts, and build the reference model and the
+length predictor.
 
 Deliberately simple: plain functions of the config; nothing here holds state.
 """
@@ -9,12 +10,13 @@ from __future__ import annotations
 
 import random
 import sys
+from copy import deepcopy
 
 import numpy as np
 import torch
 
 from infsamp.algorithm.grpo_step import DEFAULT_MICRO_BATCH_TOKENS
-from infsamp.config import Config
+from infsamp.config import Config, ConfigError
 from infsamp.errors import RewardError
 from infsamp.models.device import check_device
 from infsamp.models.loading import check_lora_targets, resolve_device, resolve_dtype
@@ -22,6 +24,9 @@ from infsamp.models.precision import resolve_precision
 from infsamp.planner.precisions import PrecisionMode
 from infsamp.rewards.loading import load_reward_functions
 from infsamp.run.trackers import check_trackers_installed
+from infsamp.sampling.predictors import make_predictor
+from infsamp.tasks.loading import load_splits
+from infsamp.tasks.prompts import EncodedSplit, encode_examples
 
 
 def check_environment(cfg: Config, device: torch.device) -> PrecisionMode:
@@ -74,3 +79,38 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+
+
+def load_prompts(cfg: Config, tokenizer) -> tuple[EncodedSplit, EncodedSplit]:
+    """Training and held-out prompts as token ids, checked against the settings before the
+    weights load; says in the run log which rows evaluate and how many prompts were skipped."""
+    splits = load_splits(cfg.data, cfg.eval.num_problems)
+    train = encode_examples(splits.train, tokenizer, cfg.data, "training prompts")
+    held_out = encode_examples(splits.eval, tokenizer, cfg.data, "evaluation prompts") \
+        if splits.eval else EncodedSplit([], 0)
+    if cfg.training.prompts_per_step > len(train.prompts):
+        wanted = cfg.training.prompts_per_step
+        raise ConfigError(f"training.prompts_per_step: {wanted} is more than the "
+                          f"{len(train.prompts)} training prompts; one step would repeat a "
+                          "prompt")
+    notes = [*splits.data_notes, splits.eval_note,
+             train.note("training", cfg.data.max_prompt_length),
+             held_out.note("evaluation", cfg.data.max_prompt_length)]
+    print("\n".join(note for note in notes if note))
+    return train, held_out
+
+
+def length_predictor(cfg: Config):
+    """The length_aware policy's predictor, kept for the run so it learns across epochs."""
+    if cfg.sampling.policy != "length_aware":
+        return None
+    return make_predictor(cfg.sampling.predictor)  # online or none (Config.validate)
+
+
+def reference_model(cfg: Config, model):
+    """None with beta 0; with LoRA the base with adapters disabled; else a frozen copy."""
+    if cfg.training.beta == 0 or cfg.model.lora_rank > 0:
+        return None
+    ref = deepcopy(model).eval()
+    ref.requires_grad_(False)
+    return ref

@@ -1,65 +1,107 @@
-"""What a checkpoint holds besides the weights, gathered from the trainer and put back on resume.
+"""The trainer's resumable state: one object, written into a checkpoint and read back from it.
 
-    training_state(trainer) -> {"run", "schedule", "optimizer", "scheduler", "rng", "generator",
+    TrainState.state_dict() -> {"run", "schedule", "optimizer", "scheduler", "rng", "generator",
                                 "data", "eval_before", "last_eval", "counters", "best",
                                 "predictor"}
-    restore_training_state(trainer, checkpoint)   the inverse, weights included
+    TrainState.load_state_dict(checkpoint)     the inverse, weights included
+    TrainState.rank_state_dict()               this rank's own part (several ranks)
 
-Everything here is data (tensors, numbers, strings: `state_data.py` writes it); the counters are
-the run's sizes (`RunSizes`, which the out-of-memory retries halve) and the skipped updates, so a
-resumed run continues with the same g and micro-batch and logs the same rows. A checkpoint
-written before the sizes had their own object (its counters name `micro_group`, `policy` and
-`micro_batch_tokens`) resumes: its values are read into the sizes.
+The trainer builds it once at start-up and changes only its fields (`step`, the last evaluation,
+the step last saved); the objects it holds (optimizer, scheduler, generator, prompt stream, best
+evaluation, run sizes, GRPO step, length predictor, rank steps) change themselves. Everything
+written is data (tensors, numbers, strings: `state_data.py` writes it); the counters are the run's
+sizes (`RunSizes`, which the out-of-memory retries halve) and the skipped updates, so a resumed run
+continues with the same g and micro-batch and logs the same rows. A checkpoint written before the
+sizes had their own object (its counters name `micro_group`, `policy` and `micro_batch_tokens`)
+resumes: its values are read into the sizes.
 
-Deliberately simple: it reads and sets the trainer's attributes directly (one caller).
+Deliberately simple: the on-disk layout is the one checkpoints have always had (flat keys).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
+import torch
+
+from infsamp.config import Config
 from infsamp.errors import CheckpointError
 from infsamp.run.checkpoint import Checkpoint
 from infsamp.run.identity import restore_predictor, restored_counters, run_identity
-from infsamp.run.state_data import rng_state, set_rng_state
+from infsamp.run.rank_shards import load_shards
+from infsamp.run.state_data import from_data, rng_state, set_rng_state, to_data
 
 
-def training_state(trainer, optimizer: bool = True) -> dict[str, Any]:
-    """`optimizer=False`: its state is sharded and saved per rank (FSDP: rank_checkpoint.py)."""
-    predictor = trainer.sampler.predictor
-    return {"run": run_identity(trainer.cfg, trainer.data_fingerprint), "schedule": trainer.horizon,
-            "optimizer": trainer.optimizer.state_dict() if optimizer else None,
-            "scheduler": trainer.scheduler.state_dict(),
-            "rng": rng_state(), "generator": trainer.generator.get_state(),
-            "data": trainer.stream.state_dict(), "eval_before": trainer.eval_before,
-            "last_eval": [trainer._last_eval, trainer._last_eval_step],
-            "counters": sampler_counters(trainer), "best": trainer.best.state_dict(),
-            "predictor": predictor.state_dict() if predictor is not None else None}
+@dataclass
+class TrainState:
+    """What a resume puts back; `step` counts the optimizer steps taken."""
 
+    cfg: Config
+    data_fingerprint: dict[str, Any]
+    horizon: int  # the learning-rate schedule's length, kept from the run's first start
+    model: torch.nn.Module
+    optimizer: Any
+    scheduler: Any
+    generator: torch.Generator
+    stream: Any  # PromptStream
+    best: Any  # BestEvaluation
+    sizes: Any  # RunSizes
+    grpo: Any  # GRPOStep: its skipped updates
+    predictor: Any  # the length_aware policy's predictor, or None
+    rank_steps: Any  # RankSteps: the assignment's cost predictor
+    rank: int = 0
+    world_size: int = 1
+    step: int = 0
+    eval_before: float | None = None
+    last_eval: float | None = None
+    last_eval_step: int = -1
+    saved_step: int = -1  # the step of the newest checkpoint this run wrote or resumed
 
-def restore_training_state(trainer, found: Checkpoint) -> None:
-    state = found.state
-    if state["optimizer"] is None:  # FSDP: weights and optimizer state in the ranks' shards
-        from infsamp.run.rank_checkpoint import load_shards
+    def state_dict(self, optimizer: bool = True) -> dict[str, Any]:
+        """`optimizer=False`: its state is sharded and saved per rank (FSDP: rank_shards.py)."""
+        predictor = self.predictor
+        return {"run": run_identity(self.cfg, self.data_fingerprint), "schedule": self.horizon,
+                "optimizer": self.optimizer.state_dict() if optimizer else None,
+                "scheduler": self.scheduler.state_dict(),
+                "rng": rng_state(), "generator": self.generator.get_state(),
+                "data": self.stream.state_dict(), "eval_before": self.eval_before,
+                "last_eval": [self.last_eval, self.last_eval_step],
+                "counters": sampler_counters(self), "best": self.best.state_dict(),
+                "predictor": predictor.state_dict() if predictor is not None else None}
 
-        load_shards(trainer.model, trainer.optimizer, found, trainer.ranks.rank,
-                    trainer.ranks.world_size)
-    else:
-        load_weights(trainer.model, found, lora=trainer.cfg.model.lora_rank > 0)
-        trainer.optimizer.load_state_dict(state["optimizer"])
-    trainer.scheduler.load_state_dict(state["scheduler"])
-    set_rng_state(state["rng"])
-    trainer.generator.set_state(state["generator"])
-    trainer.stream.load_state_dict(state["data"])
-    trainer.step, trainer.eval_before = found.step, state["eval_before"]
-    trainer._last_eval, trainer._last_eval_step = state["last_eval"]
-    set_sampler_counters(trainer, restored_counters(trainer.cfg, found, state["counters"]))
-    restore_predictor(trainer.sampler.predictor, state["predictor"], found)
-    trainer.best.load_state_dict(state.get("best"))
-    if "ranks" in state:  # written by several ranks: each takes its own sampler state
-        from infsamp.run.rank_checkpoint import restore_rank_state
+    def rank_state_dict(self) -> dict[str, Any]:
+        """This rank's own part: its length predictor and out-of-memory counters (data)."""
+        predictor = self.predictor
+        tree, _ = to_data({"predictor": predictor.state_dict() if predictor is not None else None,
+                           "counters": sampler_counters(self)})
+        return tree
 
-        restore_rank_state(trainer, found)
+    def load_state_dict(self, found: Checkpoint) -> None:
+        state = found.state
+        if state["optimizer"] is None:  # FSDP: weights and optimizer state in the ranks' shards
+            load_shards(self.model, self.optimizer, found, self.rank, self.world_size)
+        else:
+            load_weights(self.model, found, lora=self.cfg.model.lora_rank > 0)
+            self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        set_rng_state(state["rng"])
+        self.generator.set_state(state["generator"])
+        self.stream.load_state_dict(state["data"])
+        self.step, self.eval_before = found.step, state["eval_before"]
+        self.last_eval, self.last_eval_step = state["last_eval"]
+        self._load_sampler_state(found, state["counters"], state["predictor"])
+        self.best.load_state_dict(state.get("best"))
+        if state.get("ranks"):  # written by several ranks: each takes its own sampler state
+            own = from_data(state["ranks"][self.rank % len(state["ranks"])], {})
+            self._load_sampler_state(found, own["counters"], own["predictor"])
+            self.rank_steps.load_state_dict(state.get("rank_costs"))
+        self.saved_step = self.step
+
+    def _load_sampler_state(self, found: Checkpoint, counters: dict[str, Any],
+                            predictor: dict | None) -> None:
+        set_sampler_counters(self, restored_counters(self.cfg, found, counters))
+        restore_predictor(self.predictor, predictor, found)
 
 
 def load_weights(model, found: Checkpoint, lora: bool) -> None:
@@ -80,19 +122,19 @@ def load_weights(model, found: Checkpoint, lora: bool) -> None:
                               f"{more} more)")
 
 
-def sampler_counters(trainer) -> dict[str, Any]:
+def sampler_counters(state: TrainState) -> dict[str, Any]:
     """The run's sizes, the settings they were planned from (a resume that changes one plans
     afresh: `identity.restored_counters`) and the skipped updates."""
-    sampling = trainer.cfg.sampling
-    return {"sizes": trainer.sizes.state_dict(), "policy": sampling.policy,
+    sampling = state.cfg.sampling
+    return {"sizes": state.sizes.state_dict(), "policy": sampling.policy,
             "micro_group": sampling.micro_group,
-            "skipped_updates": trainer.grpo.num_skipped_updates}
+            "skipped_updates": state.grpo.num_skipped_updates}
 
 
-def set_sampler_counters(trainer, counters: dict[str, Any]) -> None:
-    trainer.sizes.load_state_dict(counters["sizes"] if "sizes" in counters
-                                  else sizes_of_old_counters(trainer.sizes, counters))
-    trainer.grpo.num_skipped_updates = counters["skipped_updates"]
+def set_sampler_counters(state: TrainState, counters: dict[str, Any]) -> None:
+    state.sizes.load_state_dict(counters["sizes"] if "sizes" in counters
+                                else sizes_of_old_counters(state.sizes, counters))
+    state.grpo.num_skipped_updates = counters["skipped_updates"]
 
 
 def sizes_of_old_counters(planned, counters: dict[str, Any]) -> dict[str, Any]:

@@ -9,55 +9,49 @@ One step, laid out in time:
 
 Everything configurable comes from `infsamp.config.Config`; loss types, advantage scaling and
 sampling policies are registries in their own modules. The trainer only wires them together, logs,
-evaluates and checkpoints. Start-up order: validate the config, load the reward functions and
-prepare the run folder (`run/folder.py`: claimed for the whole run, a new run, or the verified
-checkpoint to resume, whose settings must be this run's: `run/identity.py`) before anything loads;
-then the tokenizer, the data (encoded once by `tasks.prompts`, the same ids for sampling and
-evaluation, checked against the settings and against the resumed checkpoint's rows), then the
-weights. While it runs,
-SIGTERM/SIGINT end the step and save (`signals.py`), and a non-finite loss, gradient norm or
-reward stops the run before it is applied (or skips it: `training.nonfinite`).
+evaluates and checkpoints (one step's work: `train_step.py`). Start-up is `__init__`, one named
+step a line: the reward functions and the run folder (`run/folder.py`, `run/identity.py`) before
+anything loads, then the data (encoded once by `tasks.prompts`, checked against the resumed
+checkpoint's rows), the weights, the run's sizes (`run/sizes.py`), the sampler, the update, and
+the resumable state (`run/train_state.py`), which the one save path (`run/rank_checkpoint.py`,
+several ranks or one) writes and a resume reads. While it runs, SIGTERM/SIGINT end the step and
+save (`signals.py`), and a non-finite loss, gradient norm or reward stops the run before it is
+applied (or skips it: `training.nonfinite`).
 
-Several processes (torchrun / accelerate launch): `distributed.py` joins them, `strategies.py`
-wraps the model (DDP or FSDP2), `rank_step.py` divides each step's prompts between the ranks and
-gathers what the step's statistics need, `rank_checkpoint.py` writes one checkpoint for all. Rank 0
-alone decides the run folder and writes the logs, plots and checkpoints' shared files.
+Several processes (torchrun / accelerate launch): `distributed/strategies.py` wraps the model (DDP
+or FSDP2), `distributed/rank_step.py` divides each step's prompts between the ranks and gathers what
+the step's statistics need. Rank 0 alone decides the run folder and writes the logs and plots.
 
 Deliberately simple: the reward functions run in each rank's own process, on its own groups.
 """
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable
-from copy import deepcopy
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from infsamp.algorithm.advantages import compute_advantages
-from infsamp.algorithm.grpo_step import GRPOStep, Rollout, is_out_of_memory
+from infsamp.algorithm.grpo_step import GRPOStep
 from infsamp.algorithm.optim import build_optimizer, build_scheduler, schedule_horizon
-from infsamp.config import Config, ConfigError
+from infsamp.config import Config
 from infsamp.config_io import save_config
 from infsamp.distributed.rank_step import RankSteps
 from infsamp.distributed.ranks import Ranks, init_ranks, reshard_after_forward
 from infsamp.distributed.strategies import make_strategy
-from infsamp.errors import NonFiniteError, RewardError, RunFolderError, RunStopped
+from infsamp.errors import RunFolderError, RunStopped
 from infsamp.models.loading import (
     load_model_and_tokenizer,
     load_tokenizer,
     quiet_transformers,
     require_stop_tokens,
 )
-from infsamp.rewards.calling import check_async_allowed
-from infsamp.rewards.compute import compute_rewards
-from infsamp.rewards.workers import reward_runner
 from infsamp.run import checkpoint as ckpt
 from infsamp.run import ownership
+from infsamp.run.checkpoint import Checkpoint
 from infsamp.run.evaluation import (
     BestEvaluation,
     check_best_metric,
@@ -68,33 +62,25 @@ from infsamp.run.evaluation import (
 )
 from infsamp.run.folder import rewind_run_logs
 from infsamp.run.identity import check_data, data_fingerprint
-from infsamp.run.logs import RunLogger, completion_records
-from infsamp.run.progress import RunProgress
+from infsamp.run.logs import RunLogger
 from infsamp.run.prompt_stream import PromptStream
-from infsamp.run.rank_checkpoint import NullLogger, prepare_run_folder_on_ranks, save_on_ranks
+from infsamp.run.rank_checkpoint import NullLogger, prepare_run_folder_on_ranks, save_checkpoint
+from infsamp.run.scoring import RunRewards
 from infsamp.run.setup import (
     check_environment,
-    load_rewards,
+    length_predictor,
+    load_prompts,
+    reference_model,
     seed_everything,
     set_num_threads,
     warn_about_settings,
 )
 from infsamp.run.signals import StopSignals
 from infsamp.run.sizes import plan_run
-from infsamp.run.step_metrics import check_finite, rollout_metrics
-from infsamp.run.train_state import restore_training_state, training_state
+from infsamp.run.train_state import TrainState
+from infsamp.run.train_step import TrainStep
 from infsamp.sampling.engines.base import make_engine
-from infsamp.sampling.predictors import make_predictor
 from infsamp.sampling.sampler import GroupSampler
-from infsamp.tasks.loading import load_splits
-from infsamp.tasks.prompts import (
-    EncodedPrompt,
-    EncodedSplit,
-    completion_for_rewards,
-    encode_examples,
-    prompt_for_rewards,
-    uses_chat_template,
-)
 
 
 @dataclass
@@ -106,7 +92,7 @@ class TrainResult:
     eval_reward: str = ""  # the reward function eval/accuracy counts with (eval.reward)
 
 
-class GRPOTrainer:
+class GRPOTrainer(TrainStep):
     """`GRPOTrainer(cfg).train()`; pass `reward_funcs` to use Python callables instead of names."""
 
     @ownership.released_on_failure
@@ -118,43 +104,73 @@ class GRPOTrainer:
         self.device = self.ranks.device(cfg.model.device)
         self.precision = check_environment(cfg, self.device)  # before anything loads or is written
         self.output_dir = Path(cfg.logging.output_dir)
-        self.reward_funcs = reward_funcs or load_rewards(cfg)
-        check_async_allowed(self.reward_funcs, cfg.rewards.allow_async)
-        self.reward_runner = reward_runner(self.reward_funcs, cfg.rewards.timeout_s)  # lazy
-        self.reward_names = [name for name, _ in self.reward_funcs]
-        self.eval_reward = eval_reward_name(cfg.eval.reward, self.reward_names)
-        check_best_metric(cfg.checkpointing.keep_best, self.reward_names)
-        self.best = BestEvaluation(cfg.checkpointing.keep_best)
-        self.resume_from = prepare_run_folder_on_ranks(cfg, self.ranks)  # before anything loads
+        self.step_callback = step_callback
+        self._load_rewards(reward_funcs)
+        found = prepare_run_folder_on_ranks(cfg, self.ranks)  # before anything loads
         warn_about_settings(cfg)
         seed_everything(cfg.training.seed)
+        self._load_data(found)
+        self._load_model()
+        planned = plan_run(cfg, self.model, self.device, self.ranks.world_size,
+                           self.ranks.strategy)
+        self.sizes = planned.sizes  # decided once; read by the engine, the sampler, the GRPO step
+        self.ref_model = reference_model(cfg, self.model)  # before FSDP shards the model
+        self._build_sampler()
+        self._build_update()
+        self.train_state = self._build_state(found)
+        self._resume(found)
+        self._write_config()
+        print(planned.note)
+
+    # ------------------------------------------------------------------ start-up steps
+
+    def _load_rewards(self, reward_funcs: list[tuple[str, Callable]] | None) -> None:
+        """The reward functions, checked before anything loads, and the held-out evaluation's
+        reward and best-checkpoint metric."""
+        self.rewards = RunRewards(self.cfg, reward_funcs)
+        self.eval_reward = eval_reward_name(self.cfg.eval.reward, self.rewards.names)
+        check_best_metric(self.cfg.checkpointing.keep_best, self.rewards.names)
+        self.best = BestEvaluation(self.cfg.checkpointing.keep_best)
+
+    def _load_data(self, found: Checkpoint | None) -> None:
+        """The tokenizer and the prompts (rank 0 fills the datasets cache first), checked against
+        the resumed checkpoint's rows before the weights load."""
         quiet_transformers()
-        self.tokenizer = load_tokenizer(cfg.model.name_or_path, cfg.model.trust_remote_code)
-        with self.ranks.main_first():  # rank 0 fills the datasets cache
-            self.train_prompts, self.eval_prompts = self._load_prompts()
+        self.tokenizer = load_tokenizer(self.cfg.model.name_or_path,
+                                        self.cfg.model.trust_remote_code)
+        with self.ranks.main_first():
+            self.train_prompts, self.eval_prompts = load_prompts(self.cfg, self.tokenizer)
         self.data_fingerprint = data_fingerprint(self.train_prompts, self.eval_prompts)
-        check_data(self.resume_from, cfg, self.data_fingerprint)  # the checkpoint's rows
+        check_data(found, self.cfg, self.data_fingerprint)
+
+    def _load_model(self) -> None:
+        cfg = self.cfg
         self.model, _ = load_model_and_tokenizer(cfg.model, self.device, tokenizer=self.tokenizer,
                                                  precision=self.precision)
         self.stop_token_ids = require_stop_tokens(self.model, self.tokenizer,
                                                   cfg.model.name_or_path)
         set_num_threads(cfg.training.num_threads, self.model, self.device)
-        self.reward_weights = cfg.rewards.weights or [1.0] * len(self.reward_funcs)
         self.stream = PromptStream(self.train_prompts.prompts, cfg.training.prompts_per_step,
                                    cfg.training.seed)
-        planned = plan_run(cfg, self.model, self.device, self.ranks.world_size,
-                           self.ranks.strategy)
-        self.sizes = planned.sizes  # decided once; read by the engine, the sampler, the GRPO step
-        self.ref_model = self._reference_model()
+
+    def _build_sampler(self) -> None:
+        """The strategy (the model wrapped or sharded in place), the engine it samples with and
+        the sampler that schedules the engine."""
+        cfg = self.cfg
         self.strategy = make_strategy(self.ranks, reshard_after_forward(cfg))
-        train_model = self.strategy.wrap(self.model)  # DDP wrapper, or the model sharded in place
+        self.train_model = self.strategy.wrap(self.model)  # DDP wrapper, or the model sharded
         with self.strategy.inference_model() as model:  # FSDP: whole weights to start from
             self.engine = make_engine(cfg.sampling.engine, model, cfg.sampling, self.sizes)  # kept
         self.sampler = GroupSampler(self.strategy.sampling_model(), self.tokenizer, cfg.sampling,
-                                    predictor=self._length_predictor(), engine=self.engine,
+                                    predictor=length_predictor(cfg), engine=self.engine,
                                     sizes=self.sizes)
         self.generator = torch.Generator(device="cpu").manual_seed(cfg.training.seed)
-        self.grpo = GRPOStep(train_model, cfg.training, pad_token_id=self.tokenizer.pad_token_id,
+
+    def _build_update(self) -> None:
+        """The GRPO step, the division of each step between the ranks and the optimizer."""
+        cfg = self.cfg
+        self.grpo = GRPOStep(self.train_model, cfg.training,
+                             pad_token_id=self.tokenizer.pad_token_id,
                              temperature=cfg.sampling.temperature or 1.0, ref_model=self.ref_model,
                              max_completion_length=cfg.sampling.max_new_tokens,
                              sizes=self.sizes,
@@ -165,67 +181,40 @@ class GRPOTrainer:
                                     cfg.sampling.max_new_tokens, cfg.distributed.assignment,
                                     cfg.sampling.predictor_prefix_tokens)
         self.optimizer = build_optimizer(self.model, cfg.training, self.precision)
-        self.horizon = self.resume_from.state["schedule"] if self.resume_from else \
-            schedule_horizon(cfg.training)  # a resumed run keeps the schedule it started with
-        self.scheduler = build_scheduler(self.optimizer, cfg.training, self.horizon)
-        self.step_callback = step_callback
-        self.step = 0
-        self.eval_before: float | None = None
-        self._saved_step = -1
-        self._resume()
-        try:
-            if self.ranks.is_main:
-                save_config(cfg, self.output_dir / "config.yaml")
-        except OSError as err:
-            raise RunFolderError(f"cannot write {self.output_dir / 'config.yaml'}: "
-                                 f"{err.strerror or err}") from None
-        print(planned.note)
 
-    # ------------------------------------------------------------------ setup
+    def _build_state(self, found: Checkpoint | None) -> TrainState:
+        """The learning-rate schedule (a resumed run keeps the length it started with) and the
+        one object that holds everything a checkpoint saves."""
+        horizon = found.state["schedule"] if found else schedule_horizon(self.cfg.training)
+        self.scheduler = build_scheduler(self.optimizer, self.cfg.training, horizon)
+        return TrainState(
+            cfg=self.cfg, data_fingerprint=self.data_fingerprint, horizon=horizon,
+            model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
+            generator=self.generator, stream=self.stream, best=self.best, sizes=self.sizes,
+            grpo=self.grpo, predictor=self.sampler.predictor, rank_steps=self.rank_steps,
+            rank=self.ranks.rank, world_size=self.ranks.world_size)
 
-    def _load_prompts(self) -> tuple[EncodedSplit, EncodedSplit]:
-        """Training and held-out prompts as token ids, checked against the settings before the
-        weights load; says in the run log which rows evaluate and how many prompts were skipped."""
-        cfg = self.cfg
-        splits = load_splits(cfg.data, cfg.eval.num_problems)
-        train = encode_examples(splits.train, self.tokenizer, cfg.data, "training prompts")
-        held_out = encode_examples(splits.eval, self.tokenizer, cfg.data, "evaluation prompts") \
-            if splits.eval else EncodedSplit([], 0)
-        if cfg.training.prompts_per_step > len(train.prompts):
-            wanted = cfg.training.prompts_per_step
-            raise ConfigError(f"training.prompts_per_step: {wanted} is more than the "
-                              f"{len(train.prompts)} training prompts; one step would repeat a "
-                              "prompt")
-        notes = [*splits.data_notes, splits.eval_note,
-                 train.note("training", cfg.data.max_prompt_length),
-                 held_out.note("evaluation", cfg.data.max_prompt_length)]
-        print("\n".join(note for note in notes if note))
-        return train, held_out
-
-    def _length_predictor(self):
-        """The length_aware policy's predictor, kept for the run so it learns across epochs."""
-        if self.cfg.sampling.policy != "length_aware":
-            return None
-        return make_predictor(self.cfg.sampling.predictor)  # online or none (Config.validate)
-
-    def _reference_model(self):
-        """None with beta 0; with LoRA the base with adapters disabled; else a frozen copy."""
-        if self.cfg.training.beta == 0 or self.cfg.model.lora_rank > 0:
-            return None
-        ref = deepcopy(self.model).eval()
-        ref.requires_grad_(False)
-        return ref
-
-    def _resume(self) -> None:
-        """Restore the checkpoint found at start-up, then let it go (its tensors are copied in)."""
-        found, self.resume_from = self.resume_from, None
+    def _resume(self, found: Checkpoint | None) -> None:
+        """Restore the checkpoint found at start-up (its tensors are copied in; not kept)."""
         self.resumed = found is not None
         if found is not None:
             if self.ranks.is_main:
                 rewind_run_logs(self.output_dir, found.step)  # this run's rows after it go
-            restore_training_state(self, found)
-            self._saved_step = self.step
+            self.train_state.load_state_dict(found)
             self._push_weights()  # the engine samples from the restored policy
+
+    def _write_config(self) -> None:
+        try:
+            if self.ranks.is_main:
+                save_config(self.cfg, self.output_dir / "config.yaml")
+        except OSError as err:
+            raise RunFolderError(f"cannot write {self.output_dir / 'config.yaml'}: "
+                                 f"{err.strerror or err}") from None
+
+    @property
+    def step(self) -> int:
+        """The optimizer steps taken (the run's state holds it)."""
+        return self.train_state.step
 
     # ------------------------------------------------------------------ loop
 
@@ -236,7 +225,7 @@ class GRPOTrainer:
                   f"{cfg.training.max_steps}): nothing to do")
             self.ranks.finish()
             self.close()
-            return TrainResult(self.output_dir, self.step, self.eval_before,
+            return TrainResult(self.output_dir, self.step, self.train_state.eval_before,
                                self._eval_at(self.step), self.eval_reward)
         logger = RunLogger(self.output_dir, cfg.training.max_steps, self.step,
                            cfg.logging.log_every,
@@ -247,14 +236,14 @@ class GRPOTrainer:
             logger.open_trackers(log.report_to, log.project, log.run_name, cfg.to_dict())
             with StopSignals() as stop:
                 if self.step == 0 and not self._evaluated_at(0):
-                    self.eval_before = self._evaluate(logger)
+                    self.train_state.eval_before = self._evaluate(logger)
                 while self.step < cfg.training.max_steps:
                     self._stop_if_asked(stop)
                     metrics = self.train_step(logger)
                     logger.log_step(self.step, metrics)
                     self._after_step(logger, metrics)
                 done = self._evaluated_at(self.step)
-                eval_after = self._last_eval if done else self._evaluate(logger)
+                eval_after = self.train_state.last_eval if done else self._evaluate(logger)
                 self._save()
                 self._stop_if_asked(stop)
             if cfg.logging.plot:
@@ -264,7 +253,7 @@ class GRPOTrainer:
         finally:
             logger.close(ok)
             self.close()
-        return TrainResult(self.output_dir, self.step, self.eval_before, eval_after,
+        return TrainResult(self.output_dir, self.step, self.train_state.eval_before, eval_after,
                            self.eval_reward)
 
     def _stop_if_asked(self, stop: StopSignals) -> None:
@@ -296,14 +285,11 @@ class GRPOTrainer:
         if self.step_callback:
             self.step_callback(self.step, metrics)
 
-    _last_eval: float | None = None
-    _last_eval_step: int = -1
-
     def _evaluated_at(self, step: int) -> bool:
-        return self._last_eval_step == step
+        return self.train_state.last_eval_step == step
 
     def _eval_at(self, step: int) -> float | None:
-        return self._last_eval if self._evaluated_at(step) else None
+        return self.train_state.last_eval if self._evaluated_at(step) else None
 
     def _evaluate(self, logger: RunLogger) -> float | None:
         prompts = self.eval_prompts.prompts
@@ -318,35 +304,23 @@ class GRPOTrainer:
                 model, self.tokenizer, [p.token_ids for p in mine],
                 stop_token_ids=self.stop_token_ids, temperature=cfg.temperature,
                 max_new_tokens=cfg.max_new_tokens or self.cfg.sampling.max_new_tokens)
-        scores = self._score([p.example for p in mine], texts, ids,
-                             training=False) if mine else None
-        sums = self.ranks.sum(tally(scores, self.reward_names, self.eval_reward,
+        scores = (self._score([p.example for p in mine], texts, ids, training=False)
+                  if mine else None)
+        sums = self.ranks.sum(tally(scores, self.rewards.names, self.eval_reward,
                                     cfg.accuracy_threshold))
-        metrics = eval_metrics(sums, self.reward_names, self.eval_reward)
+        metrics = eval_metrics(sums, self.rewards.names, self.eval_reward)
         logger.progress.advance(len(prompts))
         logger.log_eval(self.step, {**metrics, "eval/num_problems": len(prompts),
                                     "eval/dropped_prompts": self.eval_prompts.num_dropped,
                                     "eval/time_s": round(time.perf_counter() - start, 2)})
         self.best.offer(self.step, metrics)
-        self._last_eval, self._last_eval_step = metrics["eval/accuracy"], self.step
-        return self._last_eval
+        state = self.train_state
+        state.last_eval, state.last_eval_step = metrics["eval/accuracy"], self.step
+        return state.last_eval
 
     def _save(self) -> Path:
-        """checkpoint-<step>, once per step (a signal right after a periodic save adds nothing)."""
-        path, _ = ckpt.checkpoint_dirs(self.output_dir, self.step)
-        if self._saved_step == self.step and self.ranks.broadcast_json(
-                (path / ckpt.MANIFEST).is_file() if self.ranks.is_main else None):
-            return path
-        if self.ranks.distributed:
-            path = save_on_ranks(self)
-            self._saved_step = self.step
-            return path
-        path = ckpt.save_checkpoint(self.output_dir, self.step, model=self.model,
-                                    tokenizer=self.tokenizer, state=training_state(self),
-                                    keep_last=self.cfg.checkpointing.keep_last,
-                                    keep_step=self.best.kept_step)
-        self._saved_step = self.step
-        return path
+        """checkpoint-<step>, once per step: `rank_checkpoint.save_checkpoint`."""
+        return save_checkpoint(self.train_state, self.ranks, self.strategy, self.tokenizer)
 
     def _push_weights(self) -> None:
         """The engine takes the current weights: the slot engine decodes with the strategy's
@@ -362,124 +336,5 @@ class GRPOTrainer:
         """Free the sampling engine (vLLM's pool and weights), the reward workers and the run
         folder; no sampling afterwards."""
         self.engine.close()
-        self.reward_runner.close()
+        self.rewards.close()
         ownership.release_run_folder(self.output_dir)
-
-    # ------------------------------------------------------------------ one step
-
-    def train_step(self, logger: RunLogger | None = None) -> dict[str, Any]:
-        start = time.perf_counter()
-        progress = logger.progress if logger is not None else RunProgress(0, 0, enabled=False)
-        batch = self.stream.next_batch()
-        rollout, sample_metrics, groups, records = self._rollout(batch, progress)
-        if logger is not None:
-            logger.log_lengths(self.step + 1, groups)
-            logger.log_completions(self.step + 1, records)
-        try:
-            check_finite(sample_metrics, rollout.advantages)
-            self.engine.sleep()  # vLLM on CUDA: free its KV pool and weights while training
-            num_updates = len(rollout.completion_ids) * self.cfg.training.num_iterations
-            progress.phase("update", num_updates, "sequences")
-            self.grpo.on_micro_batch = progress.advance
-            loss_metrics = self.grpo.optimize(rollout, self.optimizer, self.scheduler)
-        except NonFiniteError as err:
-            loss_metrics = self._on_non_finite(err)
-        self._push_weights()  # the next step samples from the updated policy
-        self.step += 1
-        learning_rate = float(self.scheduler.get_last_lr()[0])  # torchao keeps it as a tensor
-        metrics = {**sample_metrics, **loss_metrics, "learning_rate": learning_rate,
-                   "epoch": self.stream.epoch, "step_time": round(time.perf_counter() - start, 3)}
-        return self.rank_steps.finish_metrics(metrics)
-
-    def _rollout(self, batch: list[tuple[int, EncodedPrompt]], progress: RunProgress):
-        """Sample, score and normalise this rank's groups of the step (all of them in one
-        process); returns (Rollout, the step's metrics, its trace lines, its completion records:
-        rank 0 alone writes them)."""
-        G = self.cfg.sampling.num_generations
-        share = self.rank_steps.share(batch)  # indices into batch: this rank's whole groups
-        mine = [batch[i][1] for i in share]
-        prompt_ids = [p.token_ids for p in mine]
-        keys, texts = [str(p.index) for p in mine], [p.text for p in mine]
-        progress.phase("sampling", len(mine) * G, "samples")
-        result = self._sample_with_retry(prompt_ids, G, keys, texts, share, progress)
-        completions = [c for group in result.groups for c in group]  # group-major, N = b*G
-        examples = [p.example for p in mine for _ in range(G)]
-        progress.phase("scoring", len(completions), "completions")
-        rewards = self._score(examples, [c.text for c in completions],
-                              [c.token_ids for c in completions])
-        progress.advance(len(completions))
-        step = self.rank_steps.combine(batch, share, result.groups, rewards,
-                                       result.stats.to_metrics())  # the whole step's values
-        adv = compute_advantages(torch.tensor(step.rewards.total, dtype=torch.float32), G,
-                                 self.cfg.training.scale_rewards)
-        advantages = adv.advantages[step.local_rows]  # [b*G]: this rank's rows
-        engine_logprobs = ([torch.tensor(c.logprobs, dtype=torch.float32) for c in completions]
-                           if all(c.logprobs is not None for c in completions) else None)
-        rollout = Rollout(prompt_ids=[p for p in prompt_ids for _ in range(G)],
-                          completion_ids=[c.token_ids for c in completions],
-                          advantages=advantages,
-                          truncated=[c.finish_reason == "length" for c in completions],
-                          engine_logprobs=engine_logprobs,
-                          totals=self.grpo.totals_of(  # the whole step's loss normaliser
-                              [c.length for c in step.completions],
-                              [c.finish_reason == "length" for c in step.completions]))
-        metrics = self._sample_metrics(step.rewards, adv, step.completions, step.sampler_metrics)
-        every = self.cfg.logging.completions_every
-        records = [] if not every or (self.step + 1) % every else self.rank_steps.gather_records(
-            share, completion_records(keys, texts, completions, rewards.per_function,
-                                      rewards.total, advantages))
-        return rollout, metrics, step.groups, records
-
-    def _on_non_finite(self, err: NonFiniteError) -> dict[str, Any]:
-        """training.nonfinite: stop with one line naming step and quantity, or skip the update."""
-        where = f"step {self.step + 1}: {err}"
-        if self.cfg.training.nonfinite == "stop":
-            raise NonFiniteError(f"{where}; stopped before applying it (checkpoints untouched; "
-                                 "training.nonfinite skip skips such updates instead)") from None
-        self.grpo.skip_update(self.optimizer, self.scheduler)
-        print(f"{where}: update skipped ({self.grpo.num_skipped_updates} so far)", file=sys.stderr)
-        return {"train/skipped_updates": self.grpo.num_skipped_updates}
-
-    @property
-    def num_sampling_oom_retries(self) -> int:
-        return self.sizes.oom_retries["sampling"]
-
-    def _sample_with_retry(self, prompt_ids, G: int, keys: list[str], texts: list[str],
-                           share: list[int], progress: RunProgress):
-        """On out-of-memory, halve g (`RunSizes.halve`; `full` becomes `continuous`) and sample
-        the step again."""
-        while True:
-            state = self.generator.get_state()
-            try:
-                with self.strategy.inference_model():  # FSDP: whole weights while sampling
-                    return self.sampler.sample(prompt_ids, G, prompt_keys=keys, prompt_texts=texts,
-                                               generator=self.generator, global_group_ids=share,
-                                               progress=progress.sampling)
-            except (torch.OutOfMemoryError, RuntimeError) as err:
-                if not is_out_of_memory(err) or self.sizes.micro_group <= 1:
-                    raise
-                self.generator.set_state(state)
-                g = self.sizes.halve("sampling")
-                print(f"out of memory while sampling: retrying with micro_group={g}")
-
-    def _score(self, examples: list[dict[str, Any]], texts: list[str],
-               completion_ids: list[list[int]], training: bool = True):
-        """Every reward function on these completions (one per example), as TRL calls them."""
-        chat = uses_chat_template(self.tokenizer, self.cfg.data)
-        prompts = [prompt_for_rewards(ex, self.tokenizer, self.cfg.data) for ex in examples]
-        completions = [completion_for_rewards(text, chat) for text in texts]
-        columns = {k: [ex[k] for ex in examples] for k in examples[0] if k != "prompt"}
-        try:
-            return compute_rewards(self.reward_funcs, self.reward_weights, prompts, completions,
-                                   columns, runner=self.reward_runner,
-                                   completion_ids=completion_ids)
-        except RewardError as err:  # nothing of this step is applied
-            when = (f"step {self.step + 1}: {err}; the step was not applied" if training else
-                    f"evaluation at step {self.step}: {err}")
-            raise RewardError(f"{when} (the checkpoints are as they were)") from None
-
-    def _sample_metrics(self, rewards, adv, completions,
-                        sampler_metrics: dict[str, Any]) -> dict[str, Any]:
-        return {**rollout_metrics(rewards, adv, completions), **sampler_metrics,
-                "sampling/oom_retries": self.num_sampling_oom_retries,
-                "data/dropped_prompts": self.train_prompts.num_dropped}

@@ -1,0 +1,142 @@
+"""One training step of `GRPOTrainer`: sample, score, normalise, update (`train_step`).
+
+    batch of prompts --rank_steps.share--> this rank's groups --sampler (retried on out of
+    memory with g halved)--> completions --rewards--> advantages --GRPO step--> one update
+
+A mixin: `GRPOTrainer` (trainer.py) builds every part these methods read (the sampler, the GRPO
+step, the run's sizes, the rewards, the state) and owns them; this file holds only what one step
+does with them, so the trainer's file keeps start-up, the loop, evaluation and saving.
+
+Deliberately simple: one step samples every group of its prompts before any update.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+import torch
+
+from infsamp.algorithm.advantages import compute_advantages
+from infsamp.algorithm.grpo_step import Rollout, is_out_of_memory
+from infsamp.errors import NonFiniteError, RewardError
+from infsamp.run.logs import RunLogger, completion_records
+from infsamp.run.progress import RunProgress
+from infsamp.run.step_metrics import check_finite, rollout_metrics
+from infsamp.tasks.prompts import EncodedPrompt
+
+
+class TrainStep:
+    """The step's methods of `GRPOTrainer` (see the module docstring)."""
+
+    def train_step(self, logger: RunLogger | None = None) -> dict[str, Any]:
+        start = time.perf_counter()
+        progress = logger.progress if logger is not None else RunProgress(0, 0, enabled=False)
+        batch = self.stream.next_batch()
+        rollout, sample_metrics, groups, records = self._rollout(batch, progress)
+        if logger is not None:
+            logger.log_lengths(self.step + 1, groups)
+            logger.log_completions(self.step + 1, records)
+        try:
+            check_finite(sample_metrics, rollout.advantages)
+            self.engine.sleep()  # vLLM on CUDA: free its KV pool and weights while training
+            num_updates = len(rollout.completion_ids) * self.cfg.training.num_iterations
+            progress.phase("update", num_updates, "sequences")
+            self.grpo.on_micro_batch = progress.advance
+            loss_metrics = self.grpo.optimize(rollout, self.optimizer, self.scheduler)
+        except NonFiniteError as err:
+            loss_metrics = self._on_non_finite(err)
+        self._push_weights()  # the next step samples from the updated policy
+        self.train_state.step += 1
+        learning_rate = float(self.scheduler.get_last_lr()[0])  # torchao keeps it as a tensor
+        metrics = {**sample_metrics, **loss_metrics, "learning_rate": learning_rate,
+                   "epoch": self.stream.epoch, "step_time": round(time.perf_counter() - start, 3)}
+        return self.rank_steps.finish_metrics(metrics)
+
+    def _rollout(self, batch: list[tuple[int, EncodedPrompt]], progress: RunProgress):
+        """Sample, score and normalise this rank's groups of the step (all of them in one
+        process); returns (Rollout, the step's metrics, its trace lines, its completion records:
+        rank 0 alone writes them)."""
+        G = self.cfg.sampling.num_generations
+        share = self.rank_steps.share(batch)  # indices into batch: this rank's whole groups
+        mine = [batch[i][1] for i in share]
+        prompt_ids = [p.token_ids for p in mine]
+        keys, texts = [str(p.index) for p in mine], [p.text for p in mine]
+        progress.phase("sampling", len(mine) * G, "samples")
+        result = self._sample_with_retry(prompt_ids, G, keys, texts, share, progress)
+        completions = [c for group in result.groups for c in group]  # group-major, N = b*G
+        examples = [p.example for p in mine for _ in range(G)]
+        progress.phase("scoring", len(completions), "completions")
+        rewards = self._score(examples, [c.text for c in completions],
+                              [c.token_ids for c in completions])
+        progress.advance(len(completions))
+        step = self.rank_steps.combine(batch, share, result.groups, rewards,
+                                       result.stats.to_metrics())  # the whole step's values
+        adv = compute_advantages(torch.tensor(step.rewards.total, dtype=torch.float32), G,
+                                 self.cfg.training.scale_rewards)
+        advantages = adv.advantages[step.local_rows]  # [b*G]: this rank's rows
+        engine_logprobs = ([torch.tensor(c.logprobs, dtype=torch.float32) for c in completions]
+                           if all(c.logprobs is not None for c in completions) else None)
+        rollout = Rollout(prompt_ids=[p for p in prompt_ids for _ in range(G)],
+                          completion_ids=[c.token_ids for c in completions],
+                          advantages=advantages,
+                          truncated=[c.finish_reason == "length" for c in completions],
+                          engine_logprobs=engine_logprobs,
+                          totals=self.grpo.totals_of(  # the whole step's loss normaliser
+                              [c.length for c in step.completions],
+                              [c.finish_reason == "length" for c in step.completions]))
+        metrics = self._sample_metrics(step.rewards, adv, step.completions, step.sampler_metrics)
+        every = self.cfg.logging.completions_every
+        records = [] if not every or (self.step + 1) % every else self.rank_steps.gather_records(
+            share, completion_records(keys, texts, completions, rewards.per_function,
+                                      rewards.total, advantages))
+        return rollout, metrics, step.groups, records
+
+    def _on_non_finite(self, err: NonFiniteError) -> dict[str, Any]:
+        """training.nonfinite: stop with one line naming step and quantity, or skip the update."""
+        where = f"step {self.step + 1}: {err}"
+        if self.cfg.training.nonfinite == "stop":
+            raise NonFiniteError(f"{where}; stopped before applying it (checkpoints untouched; "
+                                 "training.nonfinite skip skips such updates instead)") from None
+        self.grpo.skip_update(self.optimizer, self.scheduler)
+        print(f"{where}: update skipped ({self.grpo.num_skipped_updates} so far)", file=sys.stderr)
+        return {"train/skipped_updates": self.grpo.num_skipped_updates}
+
+    @property
+    def num_sampling_oom_retries(self) -> int:
+        return self.sizes.oom_retries["sampling"]
+
+    def _sample_with_retry(self, prompt_ids, G: int, keys: list[str], texts: list[str],
+                           share: list[int], progress: RunProgress):
+        """On out-of-memory, halve g (`RunSizes.halve`; `full` becomes `continuous`) and sample
+        the step again."""
+        while True:
+            state = self.generator.get_state()
+            try:
+                with self.strategy.inference_model():  # FSDP: whole weights while sampling
+                    return self.sampler.sample(prompt_ids, G, prompt_keys=keys, prompt_texts=texts,
+                                               generator=self.generator, global_group_ids=share,
+                                               progress=progress.sampling)
+            except (torch.OutOfMemoryError, RuntimeError) as err:
+                if not is_out_of_memory(err) or self.sizes.micro_group <= 1:
+                    raise
+                self.generator.set_state(state)
+                g = self.sizes.halve("sampling")
+                print(f"out of memory while sampling: retrying with micro_group={g}")
+
+    def _score(self, examples: list[dict[str, Any]], texts: list[str],
+               completion_ids: list[list[int]], training: bool = True):
+        """Every reward function on these completions (one per example), as TRL calls them."""
+        try:
+            return self.rewards.score(self.tokenizer, examples, texts, completion_ids)
+        except RewardError as err:  # nothing of this step is applied
+            when = (f"step {self.step + 1}: {err}; the step was not applied" if training else
+                    f"evaluation at step {self.step}: {err}")
+            raise RewardError(f"{when} (the checkpoints are as they were)") from None
+
+    def _sample_metrics(self, rewards, adv, completions,
+                        sampler_metrics: dict[str, Any]) -> dict[str, Any]:
+        return {**rollout_metrics(rewards, adv, completions), **sampler_metrics,
+                "sampling/oom_retries": self.num_sampling_oom_retries,
+                "data/dropped_prompts": self.train_prompts.num_dropped}
