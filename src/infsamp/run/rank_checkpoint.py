@@ -18,8 +18,9 @@ atomically by rank 0 from the trainer's `TrainState`:
 With several ranks `training_state.json` gains `distributed` (strategy, number of ranks), `ranks`
 (each rank's own sampler state: its length predictor and out-of-memory counters) and `rank_costs`
 (the assignment's cost predictor). The ranks agree three times (folder ready, shards written,
-folder renamed), each time exchanging success or the error, so a failure on any rank (a full disk) is one error on every
-rank, the `.tmp` folder is removed and the previous checkpoint stays intact.
+folder renamed), each time exchanging success or the error, so a failure on any rank (a full
+disk) is one error on every rank, the `.tmp` folder is removed and the previous checkpoint stays
+intact.
 
 Resume: DDP (and one process) checkpoints resume on any number of ranks (rank r takes the sampler
 state of rank r mod the saved number); FSDP shards need the same number of ranks.
