@@ -60,6 +60,10 @@ def test_signal_without_save_on_signal_says_so(runner, tiny_model_dir, tmp_path)
     assert not (out / "checkpoint-3").exists()
 
 
+# slow (make test-all) until its flake is understood: on a clean clone under `-n 2` it once exited
+# 1 instead of 129 (2026-12-01, /tmp/ci_run2.log; the child's output went with the terminal), and
+# passed 6 times of 6 alone and in two full runs
+@pytest.mark.slow
 def test_a_closed_terminal_saves(runner, tiny_model_dir, tmp_path):
     """The run's terminal goes away (a closed window, a dropped ssh session): SIGHUP, and every
     later write to the terminal fails. The run still saves, and exits 129."""
