@@ -6,7 +6,9 @@ import dataclasses
 import pytest
 
 from infsamp.planner import PRESETS, count_lora_parameters, kv_bytes_per_token, plan_memory
+from infsamp.config import ConfigError
 from infsamp.planner.estimate import (
+    DEVICES,
     LOGITS_CHUNK_BUFFERS,
     activation_bytes_per_token,
     embedding_parameters,
@@ -102,12 +104,31 @@ def test_training_logits_are_a_few_chunks_whatever_the_micro_batch():
         2048 * 6 + 32)  # (its peak is the end of the backward, without logits)
 
 
-def test_overhead_is_context_plus_fragmentation_on_cuda_and_zero_on_cpu():
+def test_overhead_is_fragmentation_on_cuda_and_zero_on_cpu():
     gen = plan().generation
-    tensors = sum(v for k, v in gen.items() if k not in ("overhead", "peak"))
-    assert gen["overhead"] == 512 * 2**20 + int(0.10 * tensors)
-    assert gen["peak"] == tensors + gen["overhead"]
+    tensors = sum(v for k, v in gen.items() if k not in ("runtime", "overhead", "peak"))
+    assert gen["overhead"] == int(0.10 * tensors)
+    assert gen["peak"] == tensors + gen["runtime"] + gen["overhead"]
     assert plan(device="cpu").generation["overhead"] == 0
+
+
+def test_runtime_is_the_callers_measurement_else_the_devices_default():
+    """Issue 20: the whole process holds the runtime (Python, torch, the CUDA context) beside the
+    tensors; a run measures it once and passes it in; both phases carry it, CPU and CUDA alike."""
+    for device in ("cuda", "cpu"):
+        assumed, measured = plan(device=device), plan(device=device, runtime_bytes=700 * 2**20)
+        assert assumed.generation["runtime"] == DEVICES[device].default_runtime_bytes
+        for phase in ("generation", "training"):
+            parts, base = getattr(measured, phase), getattr(assumed, phase)
+            assert parts["runtime"] == 700 * 2**20
+            assert parts["peak"] - base["peak"] == 700 * 2**20 - base["runtime"]
+    assert DEVICES["cuda"].default_runtime_bytes == 512 * 2**20  # the CUDA context, as before
+    fixed = dict(device="cpu", micro_group=4, train_micro_batch_tokens=1042)
+    memory = plan(**fixed, runtime_bytes=0).peak_bytes + 2**20  # not room for a 1 GiB runtime
+    assert plan(**fixed, gpu_memory_bytes=memory, runtime_bytes=0).fits
+    assert not plan(**fixed, gpu_memory_bytes=memory, runtime_bytes=2**30).fits
+    with pytest.raises(ConfigError, match="runtime_bytes: must be >= 0"):
+        plan(runtime_bytes=-1)
 
 
 def test_optimizer_step_can_be_the_peak():

@@ -15,7 +15,8 @@ from infsamp.config import Config
 from infsamp.planner import PRESETS, kv_bytes_per_token, load_shape, plan_memory
 from infsamp.planner.estimate import GIB
 from infsamp.planner.presets import shape_from_config
-from infsamp.planner.sizes import RunSizes, plan_line, plan_run_sizes, resolve_engine
+from infsamp.planner.sizes import RunSizes, plan_line, plan_run_sizes, run_engine
+from infsamp.run import sizes as run_sizes
 from infsamp.sampling.sampler import GroupSampler
 from infsamp.sampling.types import concurrency_for_budget, kv_tokens_needed
 
@@ -45,7 +46,7 @@ def test_the_printed_g_is_the_g_the_sampler_runs(longest, one_thread):
     cfg = config(sampling={"max_new_tokens": 4, "temperature": 0.0})
     model = tiny_model()
     plan, sizes = plan_run_sizes(cfg, shape_from_config(model.config), 24 * GIB, device="cpu",
-                                 engine="slots", dtype_bytes=4)
+                                 dtype_bytes=4)
     assert sizes.micro_group == 16 and "g=16," in plan_line(plan, sizes)
     prompts = [[2 + (i + k) % 60 for k in range(longest if i == 0 else 10)] for i in range(4)]
     stats = GroupSampler(model, None, cfg.sampling, sizes=sizes).sample(prompts, 8).stats
@@ -55,7 +56,8 @@ def test_the_printed_g_is_the_g_the_sampler_runs(longest, one_thread):
 
 def test_budget_holds_g_for_every_prompt_the_run_allows():
     for engine, device in (("slots", "cpu"), ("vllm", "cuda"), ("vllm", "cpu")):
-        _, sizes = plan_run_sizes(Config(), LLAMA_1B, 80 * GIB, device=device, engine=engine)
+        _, sizes = plan_run_sizes(config(sampling={"engine": engine}), LLAMA_1B, 80 * GIB,
+                                  device=device)
         block = 1 if engine == "slots" else 16 if device == "cuda" else 32
         usable = sizes.kv_budget_tokens - (block if engine == "vllm" else 0)  # vLLM's null block
         for longest in range(1, 257):
@@ -65,10 +67,11 @@ def test_budget_holds_g_for_every_prompt_the_run_allows():
 def test_run_micro_batch_is_the_plans():
     """(was: auto_train_micro_batch_tokens matches the plan) the run's micro-batch is the one
     plan_memory chooses for the same settings."""
-    cfg = config(sampling={"num_generations": 64, "max_new_tokens": 786, "micro_group": 0},
+    cfg = config(sampling={"num_generations": 64, "max_new_tokens": 786, "micro_group": 0,
+                           "engine": "slots"},
                  training={"prompts_per_step": 1, "optimizer": "adamw8bit"},
                  model={"gradient_checkpointing": True})
-    plan, sizes = plan_run_sizes(cfg, LLAMA_1B, 16 * GIB, device="cuda", engine="slots")
+    plan, sizes = plan_run_sizes(cfg, LLAMA_1B, 16 * GIB, device="cuda")
     alone = plan_memory(LLAMA_1B, gpu_memory_bytes=16 * GIB, num_generations=64, max_prompt=256,
                         max_completion=786, optimizer="adamw8bit", gradient_checkpointing=True)
     assert sizes.train_micro_batch_tokens == plan.train_micro_batch_tokens
@@ -78,9 +81,10 @@ def test_run_micro_batch_is_the_plans():
 def test_a_configured_micro_batch_is_the_one_planned():
     """The start-up line's peak is that of the micro-batch the run trains with (issue 20: it was
     the peak of the planner's own, larger choice, 14.33 GiB printed for a 4096-token run)."""
-    cfg = config(training={"train_micro_batch_tokens": 4 * 512})
-    plan, sizes = plan_run_sizes(cfg, LLAMA_1B, 80 * GIB, device="cuda", engine="slots")
-    auto, _ = plan_run_sizes(config(), LLAMA_1B, 80 * GIB, device="cuda", engine="slots")
+    cfg = config(training={"train_micro_batch_tokens": 4 * 512}, sampling={"engine": "slots"})
+    plan, sizes = plan_run_sizes(cfg, LLAMA_1B, 80 * GIB, device="cuda")
+    auto, _ = plan_run_sizes(config(sampling={"engine": "slots"}), LLAMA_1B, 80 * GIB,
+                             device="cuda")
     assert sizes.train_micro_batch_tokens == plan.train_micro_batch_tokens == 4 * 512
     assert auto.train_micro_batch_tokens > 4 * 512 and auto.training["peak"] > plan.training["peak"]
 
@@ -89,11 +93,12 @@ def test_auto_kv_budget_follows_memory():
     """(was: auto_kv_budget_tokens) with `micro_group: 0` the budget is what the largest g that
     fits needs: none fits in too little memory, the KV never exceeds the memory, more memory holds
     more."""
-    cfg = config(sampling={"num_generations": 64, "micro_group": 0, "max_new_tokens": 786},
+    cfg = config(sampling={"num_generations": 64, "micro_group": 0, "max_new_tokens": 786,
+                           "engine": "slots"},
                  training={"prompts_per_step": 2, "optimizer": "adamw8bit"})
-    starved, _ = plan_run_sizes(cfg, LLAMA_1B, 4 * GIB, device="cuda", engine="slots")
+    starved, _ = plan_run_sizes(cfg, LLAMA_1B, 4 * GIB, device="cuda")
     assert starved.micro_group == 0 and not starved.fits
-    plans = {gib: plan_run_sizes(cfg, LLAMA_1B, gib * GIB, device="cuda", engine="slots")
+    plans = {gib: plan_run_sizes(cfg, LLAMA_1B, gib * GIB, device="cuda")
              for gib in (6, 8)}
     for gib, (plan, sizes) in plans.items():
         assert 0 < sizes.micro_group == plan.micro_group < 128
@@ -107,17 +112,42 @@ def test_plan_command_sizes_as_train_does(capsys):
     `auto` engine), through the same function."""
     assert main(["plan", "--model", "qwen3-0.6b", "--gpu-memory", "24GiB", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    engine = resolve_engine("auto", "cuda")
-    plan, sizes = plan_run_sizes(Config(), load_shape("qwen3-0.6b"), 24 * GIB, device="cuda",
-                                 engine=engine)
+    plan, sizes = plan_run_sizes(Config(), load_shape("qwen3-0.6b"), 24 * GIB, device="cuda")
     assert data["run_sizes"] == sizes.state_dict() and data["micro_group"] == plan.micro_group
     settings = data["settings"]
     assert (settings["max_completion"], settings["max_prompt"]) == (256, 256)
     assert (settings["num_generations"], settings["num_prompts"], settings["engine"]) == \
-        (8, 4, engine)
+        (8, 4, run_engine(Config(), "cuda"))
     assert main(["plan", "--model", "qwen3-0.6b", "--engine", "slots"]) == 0
     out = capsys.readouterr().out
     assert "run sizes (as infsamp train prints them): g=16, KV budget 5120 tokens" in out
+
+
+@pytest.mark.parametrize("temperature, engine", [(0.7, "vllm"), (2.5, "slots")])
+def test_plan_and_train_size_one_config_alike(temperature, engine, tmp_path, monkeypatch,
+                                              capsys):
+    """Issue 20: `infsamp plan` resolved `auto` without the sampling temperature (vLLM at 2.5,
+    where the trainer decodes on the slot engine). Both now size through `plan_run_sizes` with
+    the same inputs: the trainer's `plan_run` on a loaded model and the command on its
+    config.json give the same engine, sizes and plan (vLLM 'installed', a CUDA device whose
+    memory and runtime are fixed)."""
+    monkeypatch.setattr("infsamp.planner.sizes.vllm_installed", lambda: True)
+    monkeypatch.setattr(run_sizes, "device_memory_bytes", lambda *args: 8 * GIB)
+    monkeypatch.setattr(run_sizes, "measured_runtime_bytes", lambda *args: None)
+    model = tiny_model().to(torch.bfloat16)
+    model.config.save_pretrained(tmp_path)
+    cfg = config(sampling={"temperature": temperature, "num_generations": 4,
+                           "max_new_tokens": 32, "micro_group": 0},
+                 training={"prompts_per_step": 2}, data={"max_prompt_length": 64})
+    trained = run_sizes.plan_run(cfg, model, torch.device("cuda"))
+    assert main(["plan", "--model", str(tmp_path), "--gpu-memory", "8GiB", "--temperature",
+                 str(temperature), "--num-generations", "4", "--max-completion", "32",
+                 "--micro-group", "0", "--prompts-per-step", "2", "--max-prompt", "64",
+                 "--json"]) == 0
+    planned = json.loads(capsys.readouterr().out)
+    assert planned["settings"]["engine"] == engine
+    assert planned["run_sizes"] == trained.sizes.state_dict()
+    assert f"peak {planned['peak_bytes'] / GIB:.2f} GiB" in trained.note
 
 
 def test_old_flag_names_still_work(capsys):

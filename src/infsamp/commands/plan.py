@@ -21,7 +21,7 @@ from infsamp.config import Config, ConfigError, parse_size, size_is_bytes
 from infsamp.planner import PRESETS, load_shape
 from infsamp.planner.estimate import DEVICES
 from infsamp.planner.report import format_plan
-from infsamp.planner.sizes import ENGINE_CHOICES, plan_run_sizes, resolve_engine
+from infsamp.planner.sizes import ENGINE_CHOICES, plan_run_sizes
 
 DEFAULTS = Config()
 INT_FLAGS = {  # flag -> (default, minimum, help): the defaults of `infsamp train`
@@ -69,6 +69,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="sampling engine: slots | vllm (its weights, pool and graphs count) | "
                              "auto (default, as infsamp train: vllm where it is installed and "
                              "--device is cuda)")
+    parser.add_argument("--temperature", default=str(DEFAULTS.sampling.temperature),
+                        help="sampling temperature; above vLLM's limit auto decodes on the slot "
+                             f"engine (default {DEFAULTS.sampling.temperature})")
     parser.add_argument("--vllm-sleep", default="on",
                         help="on | off: vLLM frees its pool and weights while training")
     parser.add_argument("--num-gpus", default="1", help="GPUs the run spreads over; every figure "
@@ -142,12 +145,23 @@ def _read_4bit(args: argparse.Namespace, lora_rank: int) -> bool:
     return bool(args.load_in_4bit)
 
 
-def _read_engine(args: argparse.Namespace, load_in_4bit: bool) -> str:
-    """--engine as `infsamp train` resolves `sampling.engine` (auto: vllm where installed)."""
-    if args.engine not in ENGINE_CHOICES:
-        raise ConfigError(f"--engine: must be one of slots, vllm (got {args.engine!r}); or auto "
+def _read_engine(text: str) -> str:
+    """--engine, `sampling.engine`: resolved as `infsamp train` resolves it, by
+    `plan_run_sizes` (auto: vllm where installed, on cuda, at a temperature vLLM serves)."""
+    if text not in ENGINE_CHOICES:
+        raise ConfigError(f"--engine: must be one of slots, vllm (got {text!r}); or auto "
                           "(the default)")
-    return resolve_engine(args.engine, args.device, load_in_4bit)
+    return text
+
+
+def _read_temperature(text: str) -> float:
+    try:
+        temperature = float(text)
+    except ValueError:
+        raise ConfigError(f"--temperature: expected a number, got {text!r}") from None
+    if not temperature >= 0:
+        raise ConfigError(f"--temperature: must be >= 0 (got {text})")
+    return temperature
 
 
 def _read_kv_budget(text: str) -> str:
@@ -169,6 +183,8 @@ def run_config(args: argparse.Namespace, ints: dict[str, int]) -> Config:
     sampling = replace(DEFAULTS.sampling, num_generations=ints["num_generations"],
                        max_new_tokens=ints["max_completion"], micro_group=micro_group,
                        kv_budget=_read_kv_budget(args.kv_budget),
+                       engine=_read_engine(args.engine),
+                       temperature=_read_temperature(args.temperature),
                        vllm_sleep="auto" if args.vllm_sleep == "on" else "off")
     training = replace(DEFAULTS.training, prompts_per_step=ints["prompts_per_step"],
                        train_micro_batch_tokens=ints["train_micro_batch_tokens"],
@@ -189,8 +205,7 @@ def run(args: argparse.Namespace) -> int:
     _read_choice(args.vllm_sleep, "vllm-sleep", ("on", "off"))
     cfg = run_config(args, ints)
     plan, sizes = plan_run_sizes(cfg, load_shape(args.model), _read_memory(args.gpu_memory),
-                                 device=args.device,
-                                 engine=_read_engine(args, cfg.model.load_in_4bit),
+                                 device=args.device, quantized=cfg.model.load_in_4bit,
                                  num_ranks=num_devices, strategy=strategy)
     print(plan.to_json(sizes=sizes) if args.json else format_plan(plan, sizes))
     return 0

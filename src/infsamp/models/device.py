@@ -52,3 +52,31 @@ def memory_bytes(device: torch.device) -> tuple[int, int]:
         return int(free), int(total)
     page = os.sysconf("SC_PAGE_SIZE")
     return os.sysconf("SC_AVPHYS_PAGES") * page, os.sysconf("SC_PHYS_PAGES") * page
+
+
+def resident_bytes() -> int | None:
+    """This process's resident set now (Linux: /proc/self/statm); None where it cannot be read."""
+    try:
+        pages = int(open("/proc/self/statm").read().split()[1])  # noqa: SIM115
+    except (OSError, IndexError, ValueError):
+        return None
+    return pages * os.sysconf("SC_PAGE_SIZE")
+
+
+def runtime_bytes(device: torch.device, model: torch.nn.Module,
+                  cuda_context_bytes: int) -> int | None:
+    """The runtime's resident memory outside the tensors, measured now: what the process holds
+    on the device less the tensors it holds there. On the CPU the resident set (Python, torch,
+    transformers, the tokenizer, the prompts) less the model's parameters and buffers; on CUDA
+    what torch's allocator reserved less what it allocated, plus the CUDA context, which torch
+    cannot see (`cuda_context_bytes`, the planner's assumption). None where it cannot be read
+    (the planner then assumes its default)."""
+    if device.type == "cuda":
+        reserved = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return cuda_context_bytes + int(reserved)
+    resident = resident_bytes()
+    if resident is None:
+        return None
+    tensors = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers())
+                  if t.device.type == "cpu")
+    return max(0, resident - tensors)

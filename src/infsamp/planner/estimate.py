@@ -38,7 +38,8 @@ from infsamp.planner.parallel import per_device_parts, shard_fraction
 from infsamp.planner.presets import ModelShape, embedding_parameters
 
 PARTS = ("weights", "reference", "gradients", "optimizer", "compute_copies", "activations",
-         "logits", "kv_cache", "overhead", "vllm_weights", "vllm_graphs")  # vLLM's copy and graphs
+         "logits", "kv_cache", "runtime", "overhead",
+         "vllm_weights", "vllm_graphs")  # vLLM's copy and graphs
 NF4_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)  # codes, 8-bit scale per 64, fp32 per 256 scales
 GIB = 2**30
 
@@ -62,20 +63,29 @@ OPTIMIZERS: dict[str, OptimizerSpec] = {
 }
 
 
+# The CPU runtime when none is measured: the resident set of `infsamp train` at planning time less
+# the model's tensors (Python, torch, transformers, tokenizer, prompts), measured on 2026-12-01
+CPU_RUNTIME_BYTES = 448 * 2**20
+CPU_FRAGMENTATION = 0.0  # glibc's heap slack: see docs/planner.md, "The runtime"
+
+
 @dataclass(frozen=True)
 class DeviceSpec:
-    context_bytes: int  # runtime memory outside tensors (CUDA context, cuBLAS workspaces)
+    # the runtime's resident memory outside the tensors when the caller measured none (a run
+    # measures it at start-up: `models.device.runtime_bytes`): the CUDA context and cuBLAS
+    # workspaces on a GPU; Python, torch, transformers and the data on the CPU
+    default_runtime_bytes: int
     fragmentation: float  # allocator slack, as a fraction of the tensors' bytes
     # True: step() temporaries span all parameters; False: one tensor at a time
     foreach_optimizer: bool
 
 
 DEVICES: dict[str, DeviceSpec] = {
-    "cuda": DeviceSpec(context_bytes=512 * 2**20, fragmentation=0.10, foreach_optimizer=True),
-    "cpu": DeviceSpec(context_bytes=0, fragmentation=0.0, foreach_optimizer=False),
+    "cuda": DeviceSpec(default_runtime_bytes=512 * 2**20, fragmentation=0.10,
+                       foreach_optimizer=True),
+    "cpu": DeviceSpec(default_runtime_bytes=CPU_RUNTIME_BYTES, fragmentation=CPU_FRAGMENTATION,
+                      foreach_optimizer=False),
 }
-
-
 
 
 # --- per-part bytes -------------------------------------------------------------------------------
@@ -244,10 +254,19 @@ def completion_rows(p: PlanInputs, tokens: int) -> int:
 # --- phases ---------------------------------------------------------------------------------------
 
 
-def _with_overhead(parts: dict[str, int], device: str) -> dict[str, int]:
-    spec = DEVICES[device]
+def runtime_bytes(p: PlanInputs) -> int:
+    """The runtime's resident memory outside the tensors: the caller's measurement (a run's, at
+    start-up), else the device's default."""
+    if p.runtime_bytes is not None:
+        return p.runtime_bytes
+    return DEVICES[p.device].default_runtime_bytes
+
+
+def _with_overhead(parts: dict[str, int], p: PlanInputs) -> dict[str, int]:
+    """The runtime and the allocator's slack on top of the tensors, and the sum: the peak."""
     tensors = sum(parts.values())
-    parts = {**parts, "overhead": spec.context_bytes + int(spec.fragmentation * tensors)}
+    parts = {**parts, "runtime": runtime_bytes(p),
+             "overhead": int(DEVICES[p.device].fragmentation * tensors)}
     return {**parts, "peak": sum(parts.values())}
 
 
@@ -281,7 +300,7 @@ def vllm_generation_breakdown(p: PlanInputs, micro_group: int) -> dict[str, int]
                  optimizer=optimizer_bytes(p), compute_copies=0,  # vLLM has its own copy
                  activations=inference_workspace_bytes(p, tokens),
                  logits=micro_group * decode_logits_bytes_per_row(p), **vllm_parts(p, micro_group))
-    return _with_overhead(per_device_parts(p, parts, "generation"), p.device)
+    return _with_overhead(per_device_parts(p, parts, "generation"), p)
 
 
 def generation_breakdown(p: PlanInputs, micro_group: int) -> dict[str, int]:
@@ -298,7 +317,7 @@ def generation_breakdown(p: PlanInputs, micro_group: int) -> dict[str, int]:
                  logits=max(micro_group * decode_logits_bytes_per_row(p), prefill_logits_bytes(p)),
                  kv_cache=kv_tokens * kv_bytes_per_token(p.shape, p.dtype), vllm_weights=0,
                  vllm_graphs=0)
-    return _with_overhead(per_device_parts(p, parts, "generation"), p.device)
+    return _with_overhead(per_device_parts(p, parts, "generation"), p)
 
 
 def embedding_grad_bytes(p: PlanInputs) -> int:
@@ -343,7 +362,7 @@ def training_breakdown(p: PlanInputs, micro_batch_tokens: int) -> dict[str, int]
         parts.update(vllm_parts(p, p.micro_group or p.num_samples))
     for key, value in peak_training_moment(p, micro_batch_tokens)[1].items():
         parts[key] += value
-    return _with_overhead(parts, p.device)
+    return _with_overhead(parts, p)
 
 
 # --- choosing g and the micro-batch ---------------------------------------------------------------

@@ -47,6 +47,9 @@ class PlanInputs:
     num_devices: int = 1  # GPUs the run spreads over (planner/parallel.py)
     strategy: str = "single"  # single, ddp or fsdp: what each device holds
     num_prompts: int = 1  # B: prompts one device samples per step (may be open at once)
+    # the runtime's resident memory outside the tensors, as the caller measured it (a run, at
+    # start-up); None: the device's default (estimate.DEVICES)
+    runtime_bytes: int | None = None
 
     @property
     def num_samples(self) -> int:

@@ -111,6 +111,8 @@ def validate_inputs(p: PlanInputs) -> None:
                "trains LoRA adapters over the 4-bit base: set a LoRA rank")
         _check(p.device == "cuda", "load_in_4bit", True, "bitsandbytes 4-bit needs a CUDA GPU")
     _check(p.num_devices >= 1, "num_gpus", p.num_devices, "must be >= 1")
+    _check(p.runtime_bytes is None or p.runtime_bytes >= 0, "runtime_bytes", p.runtime_bytes,
+           "must be >= 0")
     _check(p.strategy in STRATEGIES, "strategy", p.strategy,
            f"must be one of {', '.join(STRATEGIES)}")
     _check(p.strategy != "fsdp" or p.lora_rank == 0, "strategy", p.strategy,
@@ -148,18 +150,22 @@ def plan_memory(shape: ModelShape, *, gpu_memory_bytes: int, num_generations: in
                 train_micro_batch_tokens: int = 0, load_in_4bit: bool = False,
                 lora_targets: tuple[str, ...] = LORA_TARGETS_ALL_LINEAR, engine: str = "slots",
                 engine_sleep: bool = True, num_devices: int = 1,
-                strategy: str = "single", num_prompts: int = 1) -> MemoryPlan:
+                strategy: str = "single", num_prompts: int = 1,
+                runtime_bytes: int | None = None) -> MemoryPlan:
     """Estimate both phases, choose g and the micro-batch, and advise when it does not fit.
 
     One device's step samples `num_prompts` (B) prompts x `num_generations` (G).
     `precision`: a mode of planner.precisions, or 'auto' (the trainer's default on `device`).
     A micro_group above G x B means all of the step's samples at once. With `num_devices`
-    and `strategy` (ddp, fsdp) every figure is one device's (planner/parallel.py)."""
+    and `strategy` (ddp, fsdp) every figure is one device's (planner/parallel.py).
+    `runtime_bytes`: the runtime's resident memory outside the tensors, measured by the caller
+    (None: the device's assumed default)."""
     p = PlanInputs(shape, int(gpu_memory_bytes), num_generations, max_prompt, max_completion,
                    lora_rank, tuple(lora_targets), optimizer, gradient_checkpointing, float(beta),
                    resolve_precision_name(precision, device), device, shared_prompt_kv,
                    min(micro_group, num_generations * num_prompts), train_micro_batch_tokens,
-                   load_in_4bit, engine, engine_sleep, num_devices, strategy, num_prompts)
+                   load_in_4bit, engine, engine_sleep, num_devices, strategy, num_prompts,
+                   None if runtime_bytes is None else int(runtime_bytes))
     validate_inputs(p)
     g, tokens = _choose(p)
     shown_g, shown_tokens = _shown_sizes(p, g, tokens)

@@ -114,6 +114,13 @@ def resolve_engine(name: str, device: str, quantized: bool = False,
     return name
 
 
+def run_engine(cfg: Config, device: str, quantized: bool = False) -> str:
+    """The engine a run of `cfg` decodes with on `device` ('cuda' or 'cpu'; `quantized`: a 4-bit
+    base): `sampling.engine` resolved with the run's sampling temperature. `plan_run_sizes` calls
+    it, so `infsamp plan` and `infsamp train` size a config with the same engine."""
+    return resolve_engine(cfg.sampling.engine, device, quantized, cfg.sampling.temperature)
+
+
 def kv_block_size(engine: str, device: str) -> int:
     """Tokens per KV allocation unit: 1 on the slot engine, vLLM's block on vLLM."""
     return VLLM_BLOCK_SIZE[device] if engine == "vllm" else 1
@@ -168,13 +175,18 @@ def prompts_per_rank(cfg: Config, num_ranks: int) -> int:
 
 
 def plan_run_sizes(cfg: Config, shape: ModelShape, memory_bytes: int, *, device: str,
-                   engine: str, num_ranks: int = 1, strategy: str = "single",
-                   dtype_bytes: int | None = None) -> tuple[MemoryPlan, RunSizes]:
-    """The memory plan and the sizes of one rank of a run (`engine`: slots or vllm, resolved).
+                   quantized: bool = False, num_ranks: int = 1, strategy: str = "single",
+                   dtype_bytes: int | None = None,
+                   runtime_bytes: int | None = None) -> tuple[MemoryPlan, RunSizes]:
+    """The memory plan and the sizes of one rank of a run, on the engine `run_engine` picks
+    (`quantized`: the base is 4-bit).
 
     `memory_bytes`: what the plan may use on one device; `dtype_bytes`: the loaded weights'
-    element size (the KV cache's), else the planner's precision decides it.
+    element size (the KV cache's), else the planner's precision decides it; `runtime_bytes`:
+    the runtime's resident memory outside the tensors as the caller measured it (None: the
+    device's default).
     """
+    engine = run_engine(cfg, device, quantized)
     sampling, data, training, model = cfg.sampling, cfg.data, cfg.training, cfg.model
     num_prompts = prompts_per_rank(cfg, num_ranks)
     full = sampling.policy == "full"  # every sample of the step at once
@@ -188,7 +200,7 @@ def plan_run_sizes(cfg: Config, shape: ModelShape, memory_bytes: int, *, device:
         micro_group=sampling.num_generations * num_prompts if full else sampling.micro_group,
         train_micro_batch_tokens=training.train_micro_batch_tokens,  # 0: the plan picks it
         engine_sleep=sampling.vllm_sleep != "off" and device == "cuda",
-        num_devices=num_ranks, strategy=strategy)
+        num_devices=num_ranks, strategy=strategy, runtime_bytes=runtime_bytes)
     per_token = kv_bytes_per_token(shape, dtype_bytes or plan.inputs.dtype)
     sizes = sampling_sizes(
         policy=sampling.policy, micro_group=sampling.micro_group,
@@ -203,8 +215,13 @@ def plan_run_sizes(cfg: Config, shape: ModelShape, memory_bytes: int, *, device:
 
 
 def plan_line(plan: MemoryPlan, sizes: RunSizes) -> str:
-    """The start-up line: the plan's peak and verdict, and the sizes the run uses, as they are."""
-    line = f"memory plan: peak {plan.peak_bytes / 2**30:.2f} GiB, {sizes.describe()}"
+    """The start-up line: the plan's peak (and the runtime's part of it, measured or assumed) and
+    verdict, and the sizes the run uses, as they are."""
+    how = "assumed" if plan.inputs.runtime_bytes is None else "measured"
+    runtime = plan.training["runtime"]
+    line = (f"memory plan: peak {plan.peak_bytes / 2**30:.2f} GiB (runtime {runtime / 2**30:.2f} "
+            f"GiB {how} + tensors {(plan.peak_bytes - runtime) / 2**30:.2f} GiB), "
+            f"{sizes.describe()}")
     if not plan.fits:
         line += " (does not fit; advice: " + "; ".join(plan.advice) + ")"
     return line

@@ -21,10 +21,14 @@ from dataclasses import dataclass
 import torch
 
 from infsamp.config import Config
-from infsamp.models.device import base_model, memory_bytes
+from infsamp.models.device import base_model, memory_bytes, runtime_bytes
 from infsamp.planner import shape_from_config
+from infsamp.planner.estimate import DEVICES
 from infsamp.planner.sizes import RunSizes, plan_line, plan_run_sizes
-from infsamp.sampling.engines.base import is_4bit, resolve_engine_name
+from infsamp.sampling.engines.base import is_4bit
+
+
+RUNTIME_ROUND_BYTES = 32 * 2**20
 
 
 @dataclass
@@ -41,16 +45,25 @@ def device_memory_bytes(device: torch.device, model: torch.nn.Module, basis: str
     return free + sum(p.numel() * p.element_size() for p in model.parameters())
 
 
+def measured_runtime_bytes(device: torch.device, model: torch.nn.Module) -> int | None:
+    """The runtime's resident memory outside the tensors (`models.device.runtime_bytes`), measured
+    once before planning and rounded up to RUNTIME_ROUND_BYTES, so that a few pages more or less
+    from run to run do not move the planned micro-batch (and so the weights' last bits)."""
+    measured = runtime_bytes(device, model, DEVICES["cuda"].default_runtime_bytes)
+    if measured is None:
+        return None
+    return -(-measured // RUNTIME_ROUND_BYTES) * RUNTIME_ROUND_BYTES
+
+
 def plan_run(cfg: Config, model: torch.nn.Module, device: torch.device,
              num_ranks: int = 1, strategy: str = "single") -> PlannedRun:
     """Sizes for this process; with several ranks it samples about 1/num_ranks of the prompts and
     holds what `strategy` (ddp, fsdp) leaves on one device."""
+    kind = "cuda" if device.type == "cuda" else "cpu"
     plan, sizes = plan_run_sizes(
         cfg, shape_from_config(base_model(model).config),
         device_memory_bytes(device, model, cfg.training.micro_batch_memory),
-        device="cuda" if device.type == "cuda" else "cpu",
-        engine=resolve_engine_name(cfg.sampling.engine, device, is_4bit(model),
-                                   cfg.sampling.temperature),
-        num_ranks=num_ranks, strategy=strategy,
-        dtype_bytes=next(model.parameters()).element_size())
+        device=kind, quantized=is_4bit(model), num_ranks=num_ranks, strategy=strategy,
+        dtype_bytes=next(model.parameters()).element_size(),
+        runtime_bytes=measured_runtime_bytes(device, model))
     return PlannedRun(sizes, plan_line(plan, sizes))
