@@ -178,6 +178,7 @@ def summarise(framework: str, G: int, raw: dict, sizes=None) -> dict:
            "generation_peak_mib": round(raw["generation_peak_bytes"] / 2**20, 1),
            "seconds_per_step": round(statistics.median(wall), 2),
            "mean_completion_length": round(statistics.mean(lengths), 1),
+           "max_micro_batch_tokens": raw.get("max_micro_batch_tokens", 0),
            "completion_tokens_per_step_s": round(tokens / max(sum(wall), 1e-9), 1),
            "step_seconds": [round(s, 2) for s in wall]}
     if cpu:
@@ -228,13 +229,15 @@ def ratio_cells(row: dict) -> list[str]:
 
 
 def markdown_table(rows: list[dict]) -> str:
-    lines = [("| framework | G | train batch | peak MiB | generation peak MiB | s/step | "
+    lines = [("| framework | G | train batch | largest micro-batch tokens | peak MiB | "
+              "generation peak MiB | s/step | "
               "CPU s/step | mean completion len | completion tokens / step-s | per CPU-s | "
               "peak / peer | generation peak / peer | tokens/s / best peer | "
               "per CPU-s / best peer |"),
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        cells = [r["framework"], r["G"], r.get("train_batch", ""), f"{r['peak_mib']:.0f}",
+        cells = [r["framework"], r["G"], r.get("train_batch", ""),
+                 r.get("max_micro_batch_tokens", ""), f"{r['peak_mib']:.0f}",
                  f"{r['generation_peak_mib']:.0f}", f"{r['seconds_per_step']:.2f}",
                  r.get("cpu_seconds_per_step", ""), f"{r['mean_completion_length']:.1f}",
                  f"{r['completion_tokens_per_step_s']:.0f}",

@@ -128,6 +128,15 @@ class StepClock:
 
     def __init__(self, meter):
         self.meter, self.wall, self.cpu, self.lengths = meter, [], [], []
+        self.micro_batch_tokens: list[int] = []  # padded tokens of each measured training forward
+
+    def counting(self, fn, tokens_of):
+        """`fn` wrapped: once the meter started, each call's padded tokens (`tokens_of(args)`)."""
+        def counted(*args, **kwargs):
+            if self.meter.baseline is not None:
+                self.micro_batch_tokens.append(int(tokens_of(args, kwargs)))
+            return fn(*args, **kwargs)
+        return counted
 
     def begin(self) -> None:
         self.started = (time.perf_counter(), time.process_time())
@@ -142,7 +151,8 @@ class StepClock:
         return {"peak_bytes": self.meter.peak_bytes(),
                 "generation_peak_bytes": max(self.meter.phase_peaks, default=0),
                 "step_seconds": self.wall[1:], "step_cpu_seconds": self.cpu[1:],
-                "mean_lengths": self.lengths[1:]}  # step 1: the warm-up
+                "mean_lengths": self.lengths[1:],  # step 1: the warm-up
+                "max_micro_batch_tokens": max(self.micro_batch_tokens, default=0)}
 
 
 # ---------------------------------------------------------------- TRL
@@ -199,8 +209,16 @@ def run_trl(args, G: int, model_dir: Path, tmp: Path, rollout_func=None, **extra
                           processing_class=load_tokenizer(str(model_dir)),
                           callbacks=[trl_callback(clock)], rollout_func=rollout_func)
     trainer._generate = clock.meter.phase(trainer._generate)  # TRL's generation or rollout_func
+    trainer.compute_loss = clock.counting(trainer.compute_loss, trl_micro_batch_tokens)
     trainer.train()
     return clock.result()
+
+
+def trl_micro_batch_tokens(args, kwargs) -> int:
+    """Padded tokens of one TRL training forward: compute_loss(model, inputs, ...)."""
+    inputs = args[1] if len(args) > 1 else kwargs["inputs"]
+    rows, prompt = inputs["prompt_ids"].shape
+    return rows * (prompt + inputs["completion_ids"].shape[1])
 
 
 def run_trl_cb(args, G: int, model_dir: Path, tmp: Path) -> dict:
@@ -288,6 +306,8 @@ def run_infsamp(args, G: int, model_dir: Path, tmp: Path, engine: str = "slots")
     trainer = infsamp_trainer(args, G, model_dir, tmp, engine)
     clock = StepClock(make_meter(args.device))
     trainer.sampler.sample = clock.meter.phase(trainer.sampler.sample)  # the step's generation
+    trainer.grpo._micro_batch_backward = clock.counting(  # (mb, rollout, inputs)
+        trainer.grpo._micro_batch_backward, lambda args, kwargs: args[0].input_ids.numel())
     try:
         for step in range(1, 2 + args.steps):  # step 1: warm-up (optimizer state, lazy imports)
             timed_step(trainer, clock, step)

@@ -19,7 +19,7 @@ def row(framework, G, peak, tokens_per_s, generation=None):
     return {"framework": framework, "G": G, "peak_mib": peak,
             "generation_peak_mib": peak / 2 if generation is None else generation,
             "seconds_per_step": 1.0, "mean_completion_length": 10.0,
-            "completion_tokens_per_step_s": tokens_per_s,
+            "max_micro_batch_tokens": 1280, "completion_tokens_per_step_s": tokens_per_s,
             "completion_tokens_per_cpu_s": 2 * tokens_per_s}
 
 
@@ -38,7 +38,7 @@ def test_ratios_pair_each_infsamp_row_with_its_peers_at_the_same_G(load_script):
                 if k.endswith(("_trl", "_trl_cb", "_trl_vllm", "_peer"))]  # peers; no peer at G=32
     table = vs_trl.markdown_table(rows)
     assert table.count("\n") == len(rows) + 1
-    assert "| infsamp | 8 |  | 50 | 10 | 1.00 |  | 10.0 | 120 | 240.0 | 0.50 (trl) " \
+    assert "| infsamp | 8 |  | 1280 | 50 | 10 | 1.00 |  | 10.0 | 120 | 240.0 | 0.50 (trl) " \
            "| 0.50 (trl_cb) | 1.20 | 1.20 |" in table
 
 
