@@ -55,8 +55,8 @@ def planned_generation(shape, profile, group_size: int, micro_group: int = 0):
                   max_prompt=profile.memory_prompt, max_completion=profile.memory_completion,
                   precision=profile.precision, device=profile.device, micro_group=micro_group)
     parts = result.generation
-    context = parts["overhead"] if profile.device == "cuda" else 0
-    return result.micro_group, parts["peak"] - parts["optimizer"] - context
+    slack = parts["overhead"] if profile.device == "cuda" else 0  # not in max_memory_allocated
+    return result.micro_group, parts["peak"] - parts["optimizer"] - parts["runtime"] - slack
 
 
 def memory_cells(groups: list[int]) -> list[tuple[int, str]]:

@@ -67,8 +67,9 @@ def plan_case(shape, profile, lora_rank: int):
 
 
 def planned_tensors(parts: dict, device: str) -> int:
-    """The plan's bytes that `max_memory_allocated` sees (no CUDA context, no allocator slack)."""
-    return parts["peak"] - (parts["overhead"] if device == "cuda" else 0)
+    """The plan's bytes that `max_memory_allocated` sees (no runtime: the CUDA context; no
+    allocator slack)."""
+    return parts["peak"] - parts["runtime"] - (parts["overhead"] if device == "cuda" else 0)
 
 
 def whole_step(model, plan, profile, prompt: list[int], deadline: float) -> dict:

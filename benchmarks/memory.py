@@ -273,7 +273,11 @@ def run_child(name: str, phase: str, precision: str) -> dict:
     meter = PeakMeter(case.device)
     start = time.perf_counter()
     run_phase(case, phase, meter, precision)
-    return {"measured_bytes": meter.peak(), "seconds": round(time.perf_counter() - start, 1)}
+    # the whole process: the runtime in use before the model (no tensors alive) and the peak
+    runtime = meter.baseline if case.device == "cpu" else None
+    return {"measured_bytes": meter.peak(), "seconds": round(time.perf_counter() - start, 1),
+            "runtime_bytes": runtime,
+            "whole_bytes": meter.peak() + meter.baseline if runtime is not None else None}
 
 
 def run_phase(case: Case, phase: str, meter: PeakMeter, precision: str) -> None:
@@ -309,14 +313,17 @@ def train_phase(model, case: Case, meter: PeakMeter, precision: str) -> None:
 # --- planner side and the table -------------------------------------------------------------------
 
 
-def planned_bytes(case: Case, phase: str, precision: str) -> int:
-    """The planner's peak for what the child runs (no optimizer state while sampling alone)."""
+def planned_bytes(case: Case, phase: str, precision: str, runtime_bytes: int | None = None) -> int:
+    """The planner's peak for what the child runs (no optimizer state while sampling alone):
+    its tensors (measured above the post-import baseline), or with `runtime_bytes` (that
+    baseline) the whole process."""
     plan = plan_memory(case_shape(case), gpu_memory_bytes=NO_LIMIT, num_generations=case.group_size,
                        max_prompt=case.max_prompt, max_completion=case.max_completion,
                        micro_group=case.micro_group,
                        train_micro_batch_tokens=case.train_micro_batch_tokens,
                        optimizer="adamw", precision=precision, device=case.device,
-                       lora_rank=case.lora_rank, load_in_4bit=case.load_in_4bit)
+                       lora_rank=case.lora_rank, load_in_4bit=case.load_in_4bit,
+                       runtime_bytes=runtime_bytes or 0)
     parts = plan.generation if phase == "sample" else plan.training
     absent = parts["optimizer"] if phase == "sample" else 0  # sampling alone builds no optimizer
     # torch.cuda.max_memory_allocated excludes the CUDA context and the allocator's slack
@@ -358,7 +365,13 @@ def table_row(name: str, phase: str, precision: str, result: dict) -> str:
         return f"{start} error: {result['error']} | | | |"
     measured = result["measured_bytes"]
     error = 100.0 * (planned - measured) / measured
-    return (f"{start} {measured / MIB:,.0f} | {planned / MIB:,.0f} | {error:+.1f}% | "
+    whole = ""
+    if result.get("whole_bytes"):
+        planned_whole = planned_bytes(case, phase, precision, result["runtime_bytes"])
+        whole_error = 100.0 * (planned_whole - result["whole_bytes"]) / result["whole_bytes"]
+        whole = (f" {result['whole_bytes'] / MIB:,.0f} | {planned_whole / MIB:,.0f} | "
+                 f"{whole_error:+.1f}% |")
+    return (f"{start} {measured / MIB:,.0f} | {planned / MIB:,.0f} | {error:+.1f}% |{whole} "
             f"{result['seconds']} |")
 
 
@@ -390,9 +403,10 @@ def main(argv: list[str] | None = None) -> int:
     names = [args.case] if args.case else [n for n, c in CASES.items()
                                            if c.device == args.device
                                            and (c.quick or not args.quick)]
-    print("| case | params | precision | phase | setting | measured MiB | planned MiB | error "
-          "| s |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    whole = " whole process MiB | planned MiB | error |" if args.device == "cpu" else ""
+    print("| case | params | precision | phase | setting | measured MiB | planned MiB | error |"
+          f"{whole} s |")
+    print("|---|---|---|---|---|---|---|---|" + ("---|---|---|" if whole else "") + "---|")
     for name in names:
         for precision in precisions_for(CASES[name], args.precision):
             for phase in [args.phase] if args.phase else PHASES:

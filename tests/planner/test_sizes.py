@@ -175,3 +175,37 @@ def test_out_of_memory_halving_and_checkpoint_state():
                        max_prompt_tokens=256, max_new_tokens=256, train_micro_batch_tokens=200)
     smaller.load_state_dict(saved)
     assert smaller.micro_group == 8  # never more than the engine started for
+
+
+def test_the_runtime_is_measured_once_and_printed_as_its_own_part(monkeypatch):
+    """Issue 20: the whole process holds the runtime beside the tensors. The run measures it
+    before planning (CPU: resident set less the model's tensors; CUDA: the allocator's reserved
+    less allocated, plus the assumed context), rounds it up to 32 MiB and the line prints it."""
+    from infsamp.models import device as device_module
+
+    model = torch.nn.Linear(256, 1024)  # 263,168 fp32 parameters
+    tensors = sum(p.numel() * 4 for p in model.parameters())
+    monkeypatch.setattr(device_module, "resident_bytes", lambda: 500 * 2**20)
+    cpu = torch.device("cpu")
+    assert device_module.runtime_bytes(cpu, model, 512 * 2**20) == 500 * 2**20 - tensors
+    assert run_sizes.measured_runtime_bytes(cpu, model) == 512 * 2**20  # rounded up to 32 MiB
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 96 * 2**20)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 90 * 2**20)
+    assert device_module.runtime_bytes(torch.device("cuda"), model, 512 * 2**20) == 518 * 2**20
+    monkeypatch.setattr(device_module, "resident_bytes", lambda: None)  # no /proc: assumed
+    assert run_sizes.measured_runtime_bytes(cpu, model) is None
+    measured, sizes = plan_run_sizes(Config(), LLAMA_1B, 80 * GIB, device="cpu",
+                                     runtime_bytes=2 * GIB)
+    assumed, _ = plan_run_sizes(Config(), LLAMA_1B, 80 * GIB, device="cpu")
+    assert measured.peak_bytes - assumed.peak_bytes == 2 * GIB - assumed.training["runtime"]
+    tensors_gib = (measured.peak_bytes - 2 * GIB) / GIB
+    assert (f"memory plan: peak {measured.peak_bytes / GIB:.2f} GiB (runtime 2.00 GiB measured "
+            f"+ tensors {tensors_gib:.2f} GiB), g=16,") in plan_line(measured, sizes)
+    assert "GiB assumed + tensors" in plan_line(assumed, sizes)
+
+
+def test_resident_bytes_reads_this_process():
+    from infsamp.models.device import resident_bytes
+
+    before = resident_bytes()
+    assert before is None or 10 * 2**20 < before < 64 * GIB
