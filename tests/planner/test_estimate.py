@@ -5,8 +5,8 @@ import dataclasses
 
 import pytest
 
-from infsamp.planner import PRESETS, count_lora_parameters, kv_bytes_per_token, plan_memory
 from infsamp.config import ConfigError
+from infsamp.planner import PRESETS, count_lora_parameters, kv_bytes_per_token, plan_memory
 from infsamp.planner.estimate import (
     DEVICES,
     LOGITS_CHUNK_BUFFERS,

@@ -19,6 +19,9 @@ AdamW 8, 8-bit AdamW 4) with these refinements, each stated in docs/planner.md:
 - optimizer states stay resident during generation (zero_grad frees the gradients);
 - KV cache: g * max_completion tokens plus each prompt that can be open at once (min(B, g) of the
   step's B prompts) held once, shared by its samples: the sampler's own rule.
+- the runtime (Python, torch, the CUDA context: what the process holds outside the tensors) is
+  one part of both phases, the caller's measurement (a run measures it at start-up) or the
+  device's default; CUDA adds 10% of the tensors for its caching allocator's slack.
 
 Several devices: data parallel only (`planner/parallel.py`: DDP replicas or FSDP2 shards, per
 device, every precision mode's bytes sharded alike). Deliberately simplified: no tensor/pipeline
@@ -63,10 +66,11 @@ OPTIMIZERS: dict[str, OptimizerSpec] = {
 }
 
 
-# The CPU runtime when none is measured: the resident set of `infsamp train` at planning time less
-# the model's tensors (Python, torch, transformers, tokenizer, prompts), measured on 2026-12-01
+# The CPU runtime when none is measured: the trainer's resident set at planning time less the
+# model's tensors (Python, torch, transformers, tokenizer, prompts): 416 and 448 MiB measured on
+# two models on 2026-12-01 (docs/planner.md, "Checked against measurements")
 CPU_RUNTIME_BYTES = 448 * 2**20
-CPU_FRAGMENTATION = 0.0  # glibc's heap slack: see docs/planner.md, "The runtime"
+CPU_FRAGMENTATION = 0.0  # glibc's heap slack is not modelled (docs/planner.md)
 
 
 @dataclass(frozen=True)

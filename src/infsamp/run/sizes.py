@@ -1,14 +1,14 @@
 """Size the run, once, from the memory planner: the loaded model's shape and the device's memory.
 
-`plan_run` reads what only torch knows (the model's shape and dtype, the device and its memory)
-and hands it to `planner.sizes.plan_run_sizes`, the function `infsamp plan` calls too; its
-`RunSizes` is what the engine, the sampler and the GRPO step use, and its line is what the run
-prints. The micro-batch changes how gradients are summed (so the weights' last bits), so by default
-(`training.micro_batch_memory: total`) the plan is made for the device's total memory, a constant
-of the machine: the same command gives the same weights whatever else runs. `auto` plans for the
-memory free at start (plus what the model holds) instead. A plan that does not fit is reported
-with the planner's advice and the run continues with the configured g and one sequence per
-micro-batch.
+`plan_run` reads what only torch knows (the model's shape and dtype, the device and its memory, the
+runtime's resident memory outside the tensors, measured once here) and hands it to
+`planner.sizes.plan_run_sizes`, the function `infsamp plan` calls too; its `RunSizes` is what the
+engine, the sampler and the GRPO step use, and its line is what the run prints. The micro-batch
+changes how gradients are summed (so the weights' last bits), so by default
+(`training.micro_batch_memory: total`) the plan is made for the device's total memory, a constant of
+the machine: the same command gives the same weights whatever else runs. `auto` plans for the memory
+free at start (plus what the model holds) instead. A plan that does not fit is reported with the
+planner's advice and the run continues with the configured g and one sequence per micro-batch.
 
 Deliberately simple: planned once at start-up; the out-of-memory retries halve the sizes later
 if the estimate was too optimistic (`RunSizes.halve`).
@@ -26,7 +26,6 @@ from infsamp.planner import shape_from_config
 from infsamp.planner.estimate import DEVICES
 from infsamp.planner.sizes import RunSizes, plan_line, plan_run_sizes
 from infsamp.sampling.engines.base import is_4bit
-
 
 RUNTIME_ROUND_BYTES = 32 * 2**20
 
