@@ -115,14 +115,15 @@ def _read_choice(text: str, flag: str, choices) -> str:
     return text
 
 
-def _read_beta(text: str) -> float:
+def _read_non_negative(text: str, flag: str) -> float:
+    """A number flag that must be >= 0 (--beta, --temperature)."""
     try:
-        beta = float(text)
+        value = float(text)
     except ValueError:
-        raise ConfigError(f"--beta: expected a number, got {text!r}") from None
-    if not beta >= 0:
-        raise ConfigError(f"--beta: must be >= 0 (got {text})")
-    return beta
+        raise ConfigError(f"--{flag}: expected a number, got {text!r}") from None
+    if not value >= 0:
+        raise ConfigError(f"--{flag}: must be >= 0 (got {text})")
+    return value
 
 
 def _read_devices(args: argparse.Namespace) -> tuple[int, str]:
@@ -154,16 +155,6 @@ def _read_engine(text: str) -> str:
     return text
 
 
-def _read_temperature(text: str) -> float:
-    try:
-        temperature = float(text)
-    except ValueError:
-        raise ConfigError(f"--temperature: expected a number, got {text!r}") from None
-    if not temperature >= 0:
-        raise ConfigError(f"--temperature: must be >= 0 (got {text})")
-    return temperature
-
-
 def _read_kv_budget(text: str) -> str:
     if text != "auto":
         try:
@@ -184,12 +175,12 @@ def run_config(args: argparse.Namespace, ints: dict[str, int]) -> Config:
                        max_new_tokens=ints["max_completion"], micro_group=micro_group,
                        kv_budget=_read_kv_budget(args.kv_budget),
                        engine=_read_engine(args.engine),
-                       temperature=_read_temperature(args.temperature),
+                       temperature=_read_non_negative(args.temperature, "temperature"),
                        vllm_sleep="auto" if args.vllm_sleep == "on" else "off")
     training = replace(DEFAULTS.training, prompts_per_step=ints["prompts_per_step"],
                        train_micro_batch_tokens=ints["train_micro_batch_tokens"],
                        optimizer=_read_choice(args.optimizer, "optimizer", OPTIMIZERS),
-                       beta=_read_beta(args.beta),
+                       beta=_read_non_negative(args.beta, "beta"),
                        precision=_read_choice(args.precision, "precision", PRECISION_CHOICES))
     model = replace(DEFAULTS.model, lora_rank=ints["lora_rank"],
                     gradient_checkpointing=args.gradient_checkpointing,
