@@ -36,7 +36,7 @@ def test_every_policy_sees_the_same_completions(tiny_model_dir):
     assert all(r["decode_steps"] >= r["lower_bound"] for r in rows)
     from infsamp.sampling.grouping import pigeonhole_bound
     assert all(r["opt_lower_bound"]
-               == pigeonhole_bound([n for g in r["lengths"] for n in g], r["num_slots"])
+               == pigeonhole_bound([n for g in r["lengths"] for n in g], r["micro_group"])
                for r in rows)
     oracle = [r for r in measured if r["variant"] == "length_aware:oracle"]
     assert all(r["kendall_tau"] in (None, 1.0) or len(set(r["lengths"][0])) == 1 for r in oracle)
@@ -105,7 +105,8 @@ def test_several_prompts_per_call(tiny_model_dir):
     rows = bench.run_epochs(model, tokenizer, bench.bench_prompts(tokenizer, 4, 0), variants, args)
     measured = [r for r in rows if r["measured"]]
     assert len(measured) == 2 * len(variants) and all(len(r["lengths"]) == 2 for r in measured)
-    assert {r["num_slots"] for r in rows} == {args.micro_group}  # the budget holds exactly g slots
+    # the budget holds exactly g slots
+    assert {r["micro_group"] for r in rows} == {args.micro_group}
     assert bench.summarise(rows, variants, args)["g"] == [args.micro_group]
     assert all(r["same_lengths_as_continuous"] for r in measured)
 

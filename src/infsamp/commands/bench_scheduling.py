@@ -258,7 +258,7 @@ class Runner:
                 "schedule_time_s": s.schedule_time_s,
                 "lower_bound": s.lower_bound, "opt_lower_bound": s.opt_lower_bound,
                 "generated_tokens": s.generated_tokens,
-                "wall_time_s": s.wall_time_s, "cpu_time_s": cpu, "num_slots": s.micro_group,
+                "wall_time_s": s.wall_time_s, "cpu_time_s": cpu, "micro_group": s.micro_group,
                 "kv_budget_tokens": s.kv_budget_tokens,
                 "peak_kv_tokens": s.peak_kv_tokens, "peak_kv_blocks": s.peak_kv_blocks,
                 "num_preemptions": s.num_preemptions, "prefill_tokens": s.prefill_tokens,
@@ -363,7 +363,7 @@ def summarise(rows: list[dict], variants: list[Variant], args) -> dict:
     seeds = list(dict.fromkeys(r.get("seed", args.seed) for r in rows))
     report = {"command": "infsamp bench scheduling " + " ".join(sys.argv[3:]),
               "date": time.strftime("%Y-%m-%d"),
-              "G": args.group_size, "g": sorted({r["num_slots"] for r in rows}),
+              "G": args.group_size, "g": sorted({r["micro_group"] for r in rows}),
               "prompts": args.prompts, "seeds": seeds,
               "B": args.prompts_per_step, "epochs": args.epochs, "temperature": args.temperature,
               "engines": engines, "totals": by_engine,

@@ -57,8 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also write the (synthetic) trace here")
     parser.add_argument("--prompts-per-step", type=int, default=1,
                         help="B: trace lines per training step")
-    parser.add_argument("--micro-group", "--slots", dest="micro_group", type=int,
-                        help="g: samples decoded at once (--slots: its old name)")
+    parser.add_argument("--micro-group", type=int, help="g: samples decoded at once")
     parser.add_argument("--kv-budget", type=int,
                         help="KV-cache budget in tokens (g follows unless --micro-group)")
     parser.add_argument("--max-new-tokens", type=int,

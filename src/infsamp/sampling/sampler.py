@@ -187,7 +187,7 @@ class GroupSampler:
         processor = logits_processor_factory(samples) if logits_processor_factory else None
         stats = sched.stats
         stats.kv_budget_tokens, stats.engine = budget, self.engine.name
-        self.engine.begin_call(prompt_ids, samples, sched.num_slots, options, stats, processor)
+        self.engine.begin_call(prompt_ids, samples, sched.micro_group, options, stats, processor)
         stats.wall_time_s = self._run(sched, progress)
         return SampleResult(self._completions(samples, num_generations), stats)
 
