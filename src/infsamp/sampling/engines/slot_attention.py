@@ -14,6 +14,9 @@ forward and back; `SlotKVCache.update` then returns the slot columns only (views
 asks for more than plain attention (a sliding window, logit soft-capping, attention sinks) gets
 the model's own attention function over the concatenated keys, as before.
 
+Shapes: S = g (`micro_group`), every slot has a row, running or not; H, H_kv query and KV heads,
+r = H / H_kv, P the widest prompt row, W the slot columns attended this step.
+
 Deliberately simple: one query position per slot (decode); prefill runs the model's own attention.
 """
 
