@@ -38,7 +38,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="runs/gpu_vllm")
     parser.add_argument("--model", default="qwen3-1.7b", help="planner preset of the shape")
-    parser.add_argument("--group-sizes", default="8,32,128")
+    parser.add_argument("--num-generationss", default="8,32,128")
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--max-new-tokens", type=int, default=256)
     return parser.parse_args(argv)

@@ -97,7 +97,7 @@ def test_oracle_length_aware_near_the_lower_bound():
 
 def test_cli_json(tmp_path, capsys):
     trace = tmp_path / "t.jsonl"
-    code = main(["simulate", "--synthetic", "lognormal", "--groups", "4", "--group-size", "16",
+    code = main(["simulate", "--synthetic", "lognormal", "--groups", "4", "--num-generations", "16",
                  "--epochs", "2",
                  "--micro-group", "4", "--policy", "length_aware", "--predictor", "online",
                  "--json", "--prompts-per-step", "2", "--write-trace", str(trace)])
@@ -168,7 +168,7 @@ def test_cli_new_flags_fail_in_one_line(tmp_path, capsys, flags, message):
 
 def test_cli_plot(tmp_path, capsys):
     png = tmp_path / "quality.png"
-    code = main(["simulate", "--synthetic", "lognormal", "--groups", "3", "--group-size", "8",
+    code = main(["simulate", "--synthetic", "lognormal", "--groups", "3", "--num-generations", "8",
                  "--micro-group", "4", "--plot", str(png)])
     assert code == 0 and png.read_bytes()[:4] == b"\x89PNG"
 
@@ -188,7 +188,7 @@ def test_arithmetic_stand_in_with_guesses_is_bimodal():
 
 
 def test_simulate_cli_direct_share(capsys):
-    code = main(["simulate", "--synthetic", "arithmetic", "--groups", "4", "--group-size", "8",
+    code = main(["simulate", "--synthetic", "arithmetic", "--groups", "4", "--num-generations", "8",
                  "--direct-share", "0.5", "--micro-group", "4", "--json"])
     assert code == 0 and json.loads(capsys.readouterr().out)["num_samples"] == 32
 

@@ -2,7 +2,7 @@
 
 `GroupSampler.sample` checks the request (before any work), reads g and the KV budget from the
 run's sizes (`planner.sizes.RunSizes`, decided once at start-up), caps g by what the budget holds
-for this call's prompts (`types.concurrency_for_budget`: with the run's sizes it never binds), then
+for this call's prompts (`types.micro_group_within`: with the run's sizes it never binds), then
 runs the one loop shared with the simulator, on the engine it was given (`engines/`: `slots` or
 `vllm`):
 
@@ -47,7 +47,7 @@ from infsamp.sampling.types import (
     Sample,
     SampleResult,
     SamplerStats,
-    concurrency_for_budget,
+    micro_group_within,
     make_samples,
     max_new_tokens_within,
 )
@@ -210,7 +210,7 @@ class GroupSampler:
         call's prompts in the worst case (and by the engine's concurrency)."""
         if policy == "full":
             return num_samples
-        fits = concurrency_for_budget(budget, max_new, max(prompt_lengths), len(prompt_lengths),
+        fits = micro_group_within(budget, max_new, max(prompt_lengths), len(prompt_lengths),
                                       num_samples, self.engine.kv_block_size)
         g = max(1, min(fits, sizes.micro_group or fits))
         return min(g, self.engine.max_micro_group or g)

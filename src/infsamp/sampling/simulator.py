@@ -31,7 +31,7 @@ from infsamp.sampling.scheduler import SlotScheduler
 from infsamp.sampling.types import (
     Sample,
     SamplerStats,
-    concurrency_for_budget,
+    micro_group_within,
     max_new_tokens_within,
 )
 
@@ -227,14 +227,14 @@ def run_call(samples: Sequence[Sample], lengths: Sequence[int], policy: str, mic
 
 def micro_group_for_budget(kv_budget: int, groups: Sequence[TraceGroup], max_new_tokens: int,
                            prompts_per_step: int = 1) -> int:
-    """g that a token budget allows, as the sampler computes it (`concurrency_for_budget`)."""
+    """g that a token budget allows, as the sampler computes it (`micro_group_within`)."""
     largest_prompt = max(g.prompt_tokens for g in groups)
     if max_new_tokens_within(kv_budget, largest_prompt, max_new_tokens) < max_new_tokens:
         raise SamplingError(f"--kv-budget {kv_budget} is too small for one prompt "
                             f"({largest_prompt} tokens) "
                             f"plus max_new_tokens {max_new_tokens}")
     most_samples = max(len(g.lengths) for g in groups) * prompts_per_step
-    return concurrency_for_budget(kv_budget, max_new_tokens, largest_prompt, prompts_per_step,
+    return micro_group_within(kv_budget, max_new_tokens, largest_prompt, prompts_per_step,
                                   most_samples)
 
 

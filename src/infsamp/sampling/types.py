@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 from infsamp.planner.kv_budget import (  # noqa: F401 (the budget arithmetic, read here by sampling/)
     VLLM_BLOCK_SIZE,
-    concurrency_for_budget,
+    micro_group_within,
     kv_tokens_needed,
     largest_fitting,
     max_new_tokens_within,
