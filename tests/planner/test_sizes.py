@@ -17,7 +17,7 @@ from infsamp.planner.estimate import GIB
 from infsamp.planner.presets import shape_from_config
 from infsamp.planner.sizes import RunSizes, plan_line, plan_run_sizes, resolve_engine
 from infsamp.sampling.sampler import GroupSampler
-from infsamp.sampling.types import micro_group_within, kv_tokens_needed
+from infsamp.sampling.types import kv_tokens_needed, micro_group_within
 
 LLAMA_1B = PRESETS["llama-3.2-1b"]
 

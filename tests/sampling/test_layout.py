@@ -15,8 +15,8 @@ import infsamp.sampling
 from infsamp.errors import SamplingError
 from infsamp.sampling.engines.base import ENGINE_NAMES, ENGINES, resolve_engine_name
 from infsamp.sampling.types import (
-    micro_group_within,
     kv_tokens_needed,
+    micro_group_within,
     reserved_tokens,
     shared_prompt_tokens,
 )

@@ -247,8 +247,8 @@ class Runner:
         sampler = GroupSampler(self.model, self.tokenizer, cfg, predictor=self.predictor(variant),
                                engine=self.engine)
         cpu_start = time.process_time()
-        result = sampler.sample([p[1] for p in prompts], self.args.num_generations, prompt_keys=keys,
-                                prompt_texts=[p[0] for p in prompts],
+        result = sampler.sample([p[1] for p in prompts], self.args.num_generations,
+                                prompt_keys=keys, prompt_texts=[p[0] for p in prompts],
                                 generator=torch.Generator().manual_seed(seed))
         cpu = time.process_time() - cpu_start
         s = result.stats

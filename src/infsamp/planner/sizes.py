@@ -30,8 +30,8 @@ from infsamp.config import VLLM_MAX_TEMPERATURE, Config, ConfigError, parse_size
 from infsamp.planner.estimate import kv_bytes_per_token
 from infsamp.planner.kv_budget import (
     VLLM_BLOCK_SIZE,
-    micro_group_within,
     kv_tokens_needed,
+    micro_group_within,
     usable_kv_tokens,
 )
 from infsamp.planner.plan import MemoryPlan, plan_memory

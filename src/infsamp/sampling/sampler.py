@@ -47,9 +47,9 @@ from infsamp.sampling.types import (
     Sample,
     SampleResult,
     SamplerStats,
-    micro_group_within,
     make_samples,
     max_new_tokens_within,
+    micro_group_within,
 )
 
 # told after each decode step: the call's statistics so far, samples finished, samples running

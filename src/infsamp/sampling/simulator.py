@@ -31,8 +31,8 @@ from infsamp.sampling.scheduler import SlotScheduler
 from infsamp.sampling.types import (
     Sample,
     SamplerStats,
-    micro_group_within,
     max_new_tokens_within,
+    micro_group_within,
 )
 
 
