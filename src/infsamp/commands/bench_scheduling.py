@@ -178,9 +178,9 @@ def bench_sources(args):
     """(data config or None for the embedded task, model name): `--config`'s data section and
     model, `--dataset`/`--prompt-column` and `--model` overriding them. Checked before any load
     (an unknown task or option is one line)."""
-    from infsamp.tasks.loading import check_dataset_source
     from infsamp.config import DataConfig
     from infsamp.config_io import load_config
+    from infsamp.tasks.loading import check_dataset_source
 
     cfg = load_config(args.config) if args.config else None
     data = cfg.data if cfg else None
