@@ -180,7 +180,7 @@ def bench_sources(args):
     (an unknown task or option is one line)."""
     from infsamp.config import DataConfig
     from infsamp.config_io import load_config
-    from infsamp.tasks.loading import check_dataset_source
+    from infsamp.tasks.sources import check_dataset_source
 
     cfg = load_config(args.config) if args.config else None
     data = cfg.data if cfg else None
