@@ -64,7 +64,7 @@ def collect(args: argparse.Namespace) -> None:
 
     bench_args = argparse.Namespace(
         config=args.config, dataset="", prompt_column="prompt", model=args.model,
-        prompts=args.prompts, prompts_per_step=args.B, epochs=args.epochs, group_size=args.G,
+        prompts=args.prompts, prompts_per_step=args.B, epochs=args.epochs, num_generations=args.G,
         micro_group=args.micro_group, max_new_tokens=args.max_new_tokens,
         temperature=args.temperature, prefix_tokens=args.max_new_tokens, kv_slack=0, seed=0)
     data_cfg, model_name = bench.bench_sources(bench_args)
