@@ -43,7 +43,7 @@ for STRATEGY in ddp fsdp; do
     > "$RUN.log" 2>&1 || { tail -30 "$RUN.log"; exit 1; }
   $PY -m infsamp plan --model "$OUT/model" --gpu-memory "$($PY -c \
     "import torch; print(torch.cuda.get_device_properties(0).total_memory)")B" \
-    --num-gpus "$NUM_GPUS" --strategy "$STRATEGY" --group-size $((G * B / NUM_GPUS)) \
+    --num-gpus "$NUM_GPUS" --strategy "$STRATEGY" --num-generations $((G * B / NUM_GPUS)) \
     --max-prompt 256 --max-completion "$MAX_NEW" --json > "$RUN.plan.json"
   $PY - "$RUN" "$STRATEGY" "$NUM_GPUS" <<'EOF'
 import json, sys

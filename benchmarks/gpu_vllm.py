@@ -38,7 +38,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="runs/gpu_vllm")
     parser.add_argument("--model", default="qwen3-1.7b", help="planner preset of the shape")
-    parser.add_argument("--group-sizes", default="8,32,128")
+    parser.add_argument("--num-generationss", default="8,32,128")
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--max-new-tokens", type=int, default=256)
     return parser.parse_args(argv)
@@ -64,6 +64,7 @@ def cell(model, engine, prompt: list[int], group_size: int, budget: int, max_new
     import torch
 
     from infsamp.config import SamplingConfig
+    from infsamp.models.device import memory_bytes
     from infsamp.sampling.sampler import GroupSampler
 
     cfg = SamplingConfig(policy="continuous", micro_group=group_size, kv_budget=str(budget),
@@ -74,7 +75,7 @@ def cell(model, engine, prompt: list[int], group_size: int, budget: int, max_new
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
     stats = sampler.sample([prompt], group_size, generator=torch.Generator().manual_seed(1)).stats
-    free, total = torch.cuda.mem_get_info()
+    free, total = memory_bytes(torch.device("cuda"))
     return {"engine": stats.engine, "G": group_size, "g": stats.micro_group,
             "decode_steps": stats.decode_steps,
             "generated_tokens": stats.generated_tokens, "wall_time_s": stats.wall_time_s,
@@ -90,6 +91,7 @@ def grpo_step_with_sleep(model, engine, prompt: list[int], group_size: int, max_
 
     from infsamp.algorithm.grpo_step import GRPOStep, Rollout
     from infsamp.config import SamplingConfig, TrainingConfig
+    from infsamp.models.device import memory_bytes
     from infsamp.sampling.sampler import GroupSampler
 
     cfg = SamplingConfig(policy="continuous", micro_group=group_size, kv_budget=str(10**9),
@@ -105,9 +107,9 @@ def grpo_step_with_sleep(model, engine, prompt: list[int], group_size: int, max_
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     step = GRPOStep(model, TrainingConfig(), pad_token_id=0, temperature=1.0,
                     max_completion_length=max_new, micro_batch_tokens=8192)
-    free_awake = torch.cuda.mem_get_info()[0]
+    free_awake = memory_bytes(torch.device("cuda"))[0]
     engine.sleep()
-    free_asleep = torch.cuda.mem_get_info()[0]
+    free_asleep = memory_bytes(torch.device("cuda"))[0]
     torch.cuda.reset_peak_memory_stats()
     started = time.perf_counter()
     metrics = step.optimize(rollout, optimizer, scheduler)

@@ -242,10 +242,10 @@ def run_trl_vllm(args, G: int, model_dir: Path, tmp: Path) -> dict:
 def kv_pool_bytes(model_dir: Path, tokens: int) -> int:
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(model_dir)
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    return tokens * 2 * config.num_hidden_layers * kv_heads * head_dim * 4  # fp32 K and V
+    from infsamp.planner import kv_bytes_per_token, shape_from_config
+
+    shape = shape_from_config(AutoConfig.from_pretrained(model_dir))
+    return tokens * kv_bytes_per_token(shape, 4)  # fp32 K and V
 
 
 def run_trl_infsamp(args, G: int, model_dir: Path, tmp: Path) -> dict:

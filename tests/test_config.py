@@ -78,7 +78,7 @@ def test_example_recipes_validate(recipe):
         assert cfg.training.loss_type == "gspo" and cfg.training.epsilon_high == 4e-4
     if cfg.data.dataset.startswith("reasoning_gym:"):  # the task takes these options
         pytest.importorskip("reasoning_gym")
-        from infsamp.tasks.loading import check_dataset_source
+        from infsamp.tasks.sources import check_dataset_source
 
         check_dataset_source(cfg.data)
 

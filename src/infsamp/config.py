@@ -362,6 +362,9 @@ class EvalConfig:
     accuracy_threshold: float = opt(1.0, "a held-out problem counts as solved when eval.reward "
                                          "scores it at least this (1.0: math_verify's and "
                                          "reasoning_gym's full score; accuracy gives 2.0)")
+    log_completions: bool = opt(True, "write eval_completions.jsonl: one line per held-out problem "
+                                      "and evaluation (completion, each function's score, "
+                                      "solved), for per-problem comparisons between steps")
 
     def validate(self) -> None:
         _require(self.every_steps >= 0, "eval.every_steps", self.every_steps, "must be >= 0")

@@ -80,6 +80,23 @@ def assert_cases_equal_one_process(cases, model_dir, tmp_path, tag: str, monkeyp
                         None if name.startswith("lora") else model_dir)
 
 
+def assert_evaluations_merge_the_ranks(run, num_problems: int) -> None:
+    """Each evaluation's held-out problems split between the ranks come back whole: one row
+    per problem in eval_completions.jsonl, and eval.jsonl's scores are those rows' (the sums of
+    both ranks, not one rank's)."""
+    evals = [json.loads(line) for line in (run / "eval.jsonl").read_text().splitlines()]
+    problems = [json.loads(line)
+                for line in (run / "eval_completions.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in evals] == [0, 3]
+    for row in evals:
+        mine = [p for p in problems if p["step"] == row["step"]]
+        assert sorted(p["prompt_id"] for p in mine) == list(range(num_problems))
+        assert row["eval/num_problems"] == num_problems
+        assert row["eval/accuracy"] == sum(p["solved"] for p in mine) / num_problems
+        scores = [p["rewards"]["length_reward"] for p in mine]
+        assert row["eval/rewards/length_reward/mean"] == pytest.approx(sum(scores) / len(scores))
+
+
 def test_two_ddp_processes_equal_one_process(tiny_model_dir, tmp_path, monkeypatch, one_thread):
     cases = {name: (loss, scale, None) for name, (loss, scale) in CASES.items()}
     cases["lora-kl-2-passes"] = ("grpo", "group", LORA)
@@ -89,10 +106,14 @@ def test_two_ddp_processes_equal_one_process(tiny_model_dir, tmp_path, monkeypat
     for name, (loss, scale, extra) in cases.items():
         values = case_settings(tiny_model_dir, tmp_path / f"two-{name}", loss, scale, extra)
         runs.append((train_argv(values), tmp_path / f"record-two-{name}"))
+    evaluated = {**case_settings(tiny_model_dir, tmp_path / "two-eval", "grpo", "group"),
+                 "eval.num_problems": 6}
+    runs.append((train_argv(evaluated), tmp_path / "record-two-eval"))
     result = launch(tmp_path, runs)
     assert result.returncode == 0, result.output[-3000:]
     assert "2 processes (gloo), strategy ddp, prompts assigned to ranks by lpt" in result.output
     assert_cases_equal_one_process(cases, tiny_model_dir, tmp_path, "two", monkeypatch)
+    assert_evaluations_merge_the_ranks(tmp_path / "two-eval", 6)
     truncated = [row["completions/clipped_ratio"] for row in metrics(tmp_path / "one-cispo-masks")]
     assert 0 < max(truncated) < 1  # the truncation mask had sequences to drop
 

@@ -129,7 +129,7 @@ def trace_file(tmp_path: Path) -> Path:
 
 def test_simulate_plot_refuses_existing_files_and_its_trace(tmp_path):
     trace = trace_file(tmp_path)
-    base = ["simulate", "--trace", str(trace), "--slots", "2"]
+    base = ["simulate", "--trace", str(trace), "--micro-group", "2"]
     existing = tmp_path / "q.png"
     existing.write_bytes(b"mine")
     for extra, fragment in [(["--plot", str(existing)], "exists (nothing was written)"),
@@ -143,7 +143,7 @@ def test_simulate_plot_refuses_existing_files_and_its_trace(tmp_path):
 
 def test_simulate_plot_without_extension_names_the_file_it_writes(tmp_path):
     trace = trace_file(tmp_path)
-    code, stdout, stderr = main(["simulate", "--trace", str(trace), "--slots", "2",
+    code, stdout, stderr = main(["simulate", "--trace", str(trace), "--micro-group", "2",
                                  "--plot", str(tmp_path / "noext")])
     assert code == 0, stderr
     assert f"wrote {tmp_path / 'noext.png'}" in stdout

@@ -107,7 +107,7 @@ def test_config_file_that_is_a_folder_empty_or_binary(tmp_path, kind, words):
 def test_simulate_refuses_in_one_line(tmp_path, case):
     trace = tmp_path / "trace.jsonl"
     trace.write_text(json.dumps({"prompt_id": "a", "prompt_tokens": 3, "lengths": [4, 9]}) + "\n")
-    argv = ["simulate", "--trace", str(trace), "--slots", "2", "--policy", "length_aware"]
+    argv = ["simulate", "--trace", str(trace), "--micro-group", "2", "--policy", "length_aware"]
     if case == "binary trace":
         trace.write_bytes(bytes(range(256)) * 4)
     elif case == "plot folder":

@@ -14,7 +14,7 @@ SEED = ["plan", "--model", "llama-3.2-1b", "--gpu-memory", "16GiB", "--max-promp
 
 
 def test_text_report_names_parts_verdict_and_advice(capsys):
-    assert main(SEED + ["--group-size", "4", "--gpu-memory", "15GiB"]) == 0
+    assert main(SEED + ["--num-generations", "4", "--gpu-memory", "15GiB"]) == 0
     out = capsys.readouterr().out
     for word in ("weights", "reference", "gradients", "optimizer", "activations", "logits",
                  "kv_cache",
@@ -23,7 +23,7 @@ def test_text_report_names_parts_verdict_and_advice(capsys):
 
 
 def test_json_output(capsys):
-    assert main(SEED + ["--group-size", "64", "--optimizer", "adamw8bit", "--json"]) == 0
+    assert main(SEED + ["--num-generations", "64", "--optimizer", "adamw8bit", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert (data["fits"] is True and data["micro_group"] == 64
             and data["train_micro_batch_tokens"] == 2084)
@@ -46,10 +46,11 @@ def test_config_json_path(tmp_path, capsys):
     (["--model", "qwen3-0.6b", "--gpu-memory", "24"], "--gpu-memory: give a unit"),
     (["--model", "qwen3-0.6b", "--max-completion", "0"], "--max-completion: must be >= 1"),
     (["--model", "qwen3-0.6b", "--max-prompt", "-5"], "--max-prompt: must be >= 1"),
-    (["--model", "qwen3-0.6b", "--group-size", "many"], "--group-size: expected an integer"),
+    (["--model", "qwen3-0.6b", "--num-generations", "many"],
+     "--num-generations: expected an integer"),
     (["--model", "qwen3-0.6b", "--optimizer", "adam"], "--optimizer: must be one of"),
     (["--model", "qwen3-0.6b", "--beta", "-1"], "--beta: must be >= 0"),
-    (["--model", "qwen3-0.6b", "--group-size", "4", "--prompts-per-step", "1", "--micro-group",
+    (["--model", "qwen3-0.6b", "--num-generations", "4", "--prompts-per-step", "1", "--micro-group",
       "8"],
      "--micro-group: must be <="),
 ])

@@ -17,7 +17,7 @@ from infsamp.planner.estimate import GIB
 from infsamp.planner.presets import shape_from_config
 from infsamp.planner.sizes import RunSizes, plan_line, plan_run_sizes, resolve_engine
 from infsamp.sampling.sampler import GroupSampler
-from infsamp.sampling.types import concurrency_for_budget, kv_tokens_needed
+from infsamp.sampling.types import kv_tokens_needed, micro_group_within
 
 LLAMA_1B = PRESETS["llama-3.2-1b"]
 
@@ -59,7 +59,7 @@ def test_budget_holds_g_for_every_prompt_the_run_allows():
         block = 1 if engine == "slots" else 16 if device == "cuda" else 32
         usable = sizes.kv_budget_tokens - (block if engine == "vllm" else 0)  # vLLM's null block
         for longest in range(1, 257):
-            assert concurrency_for_budget(usable, 256, longest, 4, 32, block) >= 16, longest
+            assert micro_group_within(usable, 256, longest, 4, 32, block) >= 16, longest
 
 
 def test_run_micro_batch_is_the_plans():
@@ -123,7 +123,7 @@ def test_plan_command_sizes_as_train_does(capsys):
 def test_old_flag_names_still_work(capsys):
     args = ["plan", "--model", "qwen3-0.6b", "--engine", "slots", "--prompts-per-step", "1",
             "--json"]
-    assert main(args + ["--group-size", "4"]) == 0
+    assert main(args + ["--num-generations", "4"]) == 0
     old = json.loads(capsys.readouterr().out)
     assert main(args + ["--num-generations", "4"]) == 0
     assert json.loads(capsys.readouterr().out) == old and old["settings"]["num_generations"] == 4

@@ -39,7 +39,7 @@ def test_training_column_depends_on_sleep_mode():
 
 
 def test_plan_command_engine_flags(capsys):
-    args = ["plan", "--model", "qwen3-1.7b", "--gpu-memory", "80GiB", "--group-size", "128",
+    args = ["plan", "--model", "qwen3-1.7b", "--gpu-memory", "80GiB", "--num-generations", "128",
             "--json"]
     assert main(args + ["--engine", "vllm", "--vllm-sleep", "off"]) == 0
     data = json.loads(capsys.readouterr().out)

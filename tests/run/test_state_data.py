@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from infsamp.run.state_data import from_data, non_finite_tensor, rng_state, set_rng_state, to_data
+from infsamp.errors import first_non_finite
+from infsamp.run.state_data import from_data, rng_state, set_rng_state, to_data
 from infsamp.sampling.length_predictor import OnlinePredictor
 from infsamp.sampling.types import Sample
 
@@ -47,8 +48,8 @@ def test_objects_that_are_not_data_are_refused():
 
 
 def test_non_finite_tensor_is_named():
-    assert non_finite_tensor({"a": torch.ones(2), "b": torch.tensor([1.0, float("inf")])}) == "b"
-    assert non_finite_tensor({"step": torch.tensor([3])}) is None
+    assert first_non_finite({"a": torch.ones(2), "b": torch.tensor([1.0, float("inf")])}) == "b"
+    assert first_non_finite({"step": torch.tensor([3])}) is None
 
 
 def test_online_predictor_state_round_trips_through_json():

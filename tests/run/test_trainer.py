@@ -47,6 +47,16 @@ def test_run_writes_metrics_trace_and_checkpoint(tiny_config):
     assert (out / "plots" / "training.png").exists()
     evals = [json.loads(line) for line in (out / "eval.jsonl").read_text().splitlines()]
     assert [e["step"] for e in evals] == [0, 2]
+    problems = read_jsonl(out / "eval_completions.jsonl")
+    num_problems = cfg.eval.num_problems
+    assert [row["step"] for row in problems] == [0] * num_problems + [2] * num_problems
+    for step, e in ((0, evals[0]), (2, evals[1])):
+        rows = [row for row in problems if row["step"] == step]
+        assert len({row["prompt_id"] for row in rows}) == num_problems
+        assert sum(row["solved"] for row in rows) / num_problems == e["eval/accuracy"]
+        for name in rows[0]["rewards"]:
+            scores = [row["rewards"][name] for row in rows if row["rewards"][name] is not None]
+            assert sum(scores) / len(scores) == pytest.approx(e[f"eval/rewards/{name}/mean"])
 
 
 def assert_resume_after_kill_matches(tiny_config, tmp_path, **options):
@@ -323,3 +333,27 @@ def test_async_reward_refused_when_the_config_forbids_it(tiny_config, tmp_path):
     with pytest.raises(RewardError, match="^rewards.allow_async: false, but reward function "
                                           "'judge' is async"):
         GRPOTrainer(cfg)
+
+
+def test_resume_at_its_last_step_runs_the_missing_closing_evaluation(tiny_config, tmp_path,
+                                                                     capsys):
+    """Resumed from a periodic checkpoint with max_steps lowered to its step: the closing
+    evaluation runs once and is saved with the checkpoint; the next resume has nothing to do."""
+    options = {"logging.output_dir": str(tmp_path / "run"), "checkpointing.save_every": 2}
+
+    def kill_after_step_2(step, _metrics):
+        if step == 2:
+            raise Killed
+
+    with pytest.raises(Killed):
+        GRPOTrainer(tiny_config(**options), step_callback=kill_after_step_2).train()
+    lowered = {**options, "checkpointing.resume": "latest", "training.max_steps": 2}
+    result = GRPOTrainer(tiny_config(**lowered)).train()
+    evals = read_jsonl(tmp_path / "run" / "eval.jsonl")
+    assert [row["step"] for row in evals] == [0, 2]
+    assert result.eval_after == evals[-1]["eval/accuracy"]
+    capsys.readouterr()
+    again = GRPOTrainer(tiny_config(**lowered)).train()
+    assert "nothing to do" in capsys.readouterr().out
+    assert again.eval_after == result.eval_after
+    assert [row["step"] for row in read_jsonl(tmp_path / "run" / "eval.jsonl")] == [0, 2]

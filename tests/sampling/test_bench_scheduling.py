@@ -16,7 +16,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _args(**overrides) -> argparse.Namespace:
-    base = dict(prompts=2, prompts_per_step=1, epochs=2, group_size=6, micro_group=2,
+    base = dict(prompts=2, prompts_per_step=1, epochs=2, num_generations=6, micro_group=2,
                 max_new_tokens=12, temperature=1.0, prefix_tokens=3, seed=0)
     return argparse.Namespace(**{**base, **overrides})
 
@@ -36,7 +36,7 @@ def test_every_policy_sees_the_same_completions(tiny_model_dir):
     assert all(r["decode_steps"] >= r["lower_bound"] for r in rows)
     from infsamp.sampling.grouping import pigeonhole_bound
     assert all(r["opt_lower_bound"]
-               == pigeonhole_bound([n for g in r["lengths"] for n in g], r["num_slots"])
+               == pigeonhole_bound([n for g in r["lengths"] for n in g], r["micro_group"])
                for r in rows)
     oracle = [r for r in measured if r["variant"] == "length_aware:oracle"]
     assert all(r["kendall_tau"] in (None, 1.0) or len(set(r["lengths"][0])) == 1 for r in oracle)
@@ -101,18 +101,19 @@ def test_several_prompts_per_call(tiny_model_dir):
 
     model, tokenizer = load_model_and_tokenizer(ModelConfig(name_or_path=str(tiny_model_dir)))
     variants = [bench.Variant.parse(v) for v in bench.VARIANTS]
-    args = _args(prompts=4, prompts_per_step=2, group_size=3)
+    args = _args(prompts=4, prompts_per_step=2, num_generations=3)
     rows = bench.run_epochs(model, tokenizer, bench.bench_prompts(tokenizer, 4, 0), variants, args)
     measured = [r for r in rows if r["measured"]]
     assert len(measured) == 2 * len(variants) and all(len(r["lengths"]) == 2 for r in measured)
-    assert {r["num_slots"] for r in rows} == {args.micro_group}  # the budget holds exactly g slots
+    # the budget holds exactly g slots
+    assert {r["micro_group"] for r in rows} == {args.micro_group}
     assert bench.summarise(rows, variants, args)["g"] == [args.micro_group]
     assert all(r["same_lengths_as_continuous"] for r in measured)
 
 
 @pytest.mark.parametrize("argv, message", [
     (["--prompts-per-step", "0"], "--prompts-per-step must be >= 1, got 0"),
-    (["-G", "0"], "--group-size must be >= 1, got 0"),
+    (["-G", "0"], "--num-generations must be >= 1, got 0"),
     (["--variants", "rounds,continuous"], "--variants must start with continuous"),
     (["--seeds", "1,x"], "--seeds must be comma-separated integers"),
     (["--kv-slack", "-1"], "--kv-slack must be >= 0"),

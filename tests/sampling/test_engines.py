@@ -52,7 +52,7 @@ def test_top_k_one_is_greedy():
 
 
 def test_prompt_table_add_and_drop():
-    cache = SlotKVCache(num_layers=1, num_slots=2, slot_capacity=4, kv_heads=1, head_dim=2,
+    cache = SlotKVCache(num_layers=1, micro_group=2, slot_capacity=4, kv_heads=1, head_dim=2,
                         dtype=torch.float32, device=torch.device("cpu"))
     for group_id, length in ((10, 3), (11, 5), (12, 2)):
         kv = [torch.full((1, 1, length, 2), float(group_id))]
@@ -69,10 +69,10 @@ def _spec(sample_id, group_id=0, max_new=5, prompt_tokens=3):
                   max_new_tokens=max_new)
 
 
-def engine_for(model, prompts, samples, num_slots, options):
+def engine_for(model, prompts, samples, micro_group, options):
     engine = SlotEngine(model)
     stats = SamplerStats()
-    engine.begin_call(prompts, samples, num_slots, options, stats)
+    engine.begin_call(prompts, samples, micro_group, options, stats)
     return engine, stats
 
 

@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 from infsamp.sampling.grouping import balance, fptas, lower_bound, lpt, makespan, search
 
 
-def brute_force_makespan(weights, num_slots):
+def brute_force_makespan(weights, micro_group):
     best = float("inf")
-    for assignment in itertools.product(range(num_slots), repeat=len(weights)):
-        loads = [0.0] * num_slots
+    for assignment in itertools.product(range(micro_group), repeat=len(weights)):
+        loads = [0.0] * micro_group
         for job, slot in zip(weights, assignment):
             loads[slot] += job
         best = min(best, max(loads))
@@ -59,48 +59,49 @@ def test_balance_uses_lpt_for_few_jobs_or_many():
 
 
 @settings(max_examples=80, deadline=None)
-@given(weights=st.lists(st.integers(1, 60), min_size=1, max_size=8), num_slots=st.integers(1, 3),
+@given(weights=st.lists(st.integers(1, 60), min_size=1, max_size=8), micro_group=st.integers(1, 3),
        epsilon=st.sampled_from([0.05, 0.2, 0.5]))
-def test_fptas_is_within_epsilon_of_optimal(weights, num_slots, epsilon):
-    slots = fptas(weights, num_slots, epsilon, max_states=10**6)
+def test_fptas_is_within_epsilon_of_optimal(weights, micro_group, epsilon):
+    slots = fptas(weights, micro_group, epsilon, max_states=10**6)
     assert slots is not None
     assert_partition(slots, len(weights))
-    optimum = brute_force_makespan(weights, num_slots)
+    optimum = brute_force_makespan(weights, micro_group)
     assert makespan(slots, weights) <= (1 + epsilon) * optimum + 1e-9
-    assert makespan(lpt(weights, num_slots), weights) <= 4 / 3 * optimum + 1e-9
+    assert makespan(lpt(weights, micro_group), weights) <= 4 / 3 * optimum + 1e-9
 
 
 @settings(max_examples=50, deadline=None)
-@given(weights=st.lists(st.floats(1, 1000), min_size=0, max_size=40), num_slots=st.integers(1, 9),
+@given(weights=st.lists(st.floats(1, 1000), min_size=0, max_size=40), micro_group=st.integers(1, 9),
        loads=st.lists(st.floats(0, 500), min_size=9, max_size=9))
-def test_balance_is_a_partition_no_worse_than_lpt(weights, num_slots, loads):
-    initial = loads[:num_slots]
-    grouping = balance(weights, num_slots, 0.1, initial)
+def test_balance_is_a_partition_no_worse_than_lpt(weights, micro_group, loads):
+    initial = loads[:micro_group]
+    grouping = balance(weights, micro_group, 0.1, initial)
     assert_partition(grouping.slots, len(weights))
-    assert grouping.makespan <= makespan(lpt(weights, num_slots, initial), weights, initial) + 1e-6
+    assert (grouping.makespan
+            <= makespan(lpt(weights, micro_group, initial), weights, initial) + 1e-6)
     assert grouping.makespan == pytest.approx(makespan(grouping.slots, weights, initial))
 
 
-def _optimum(lengths, num_slots):
+def _optimum(lengths, micro_group):
     """Exact makespan by trying every assignment (tiny instances only)."""
     import itertools
 
     best = None
-    for assignment in itertools.product(range(num_slots), repeat=len(lengths)):
-        loads = [0] * num_slots
+    for assignment in itertools.product(range(micro_group), repeat=len(lengths)):
+        loads = [0] * micro_group
         for length, slot in zip(lengths, assignment):
             loads[slot] += length
         best = max(loads) if best is None else min(best, max(loads))
     return best
 
 
-@pytest.mark.parametrize("lengths, num_slots", [([130, 130, 130, 35, 35, 35, 35], 2),
+@pytest.mark.parametrize("lengths, micro_group", [([130, 130, 130, 35, 35, 35, 35], 2),
                                                  ([5, 5, 5, 5, 5], 2), ([9, 1, 1, 1], 3), ([7], 4)])
-def test_pigeonhole_bound_between_simple_bound_and_optimum(lengths, num_slots):
+def test_pigeonhole_bound_between_simple_bound_and_optimum(lengths, micro_group):
     from infsamp.sampling.grouping import pigeonhole_bound
 
-    bound = pigeonhole_bound(lengths, num_slots)
-    assert lower_bound(lengths, num_slots) <= bound <= _optimum(lengths, num_slots)
+    bound = pigeonhole_bound(lengths, micro_group)
+    assert lower_bound(lengths, micro_group) <= bound <= _optimum(lengths, micro_group)
 
 
 def test_pigeonhole_bound_sees_lumpy_lengths():
@@ -115,9 +116,9 @@ def test_balance_never_loses_to_lpt_on_real_lengths():
     (before this was checked, 163 of 3000 such instances came out worse)."""
     rng = random.Random(0)
     for _ in range(500):
-        num_jobs, num_slots = rng.randint(2, 40), rng.randint(1, 9)
+        num_jobs, micro_group = rng.randint(2, 40), rng.randint(1, 9)
         weights = [rng.uniform(1, 1000) for _ in range(num_jobs)]
-        initial = [rng.uniform(0, 500) for _ in range(num_slots)]
-        grouping = balance(weights, num_slots, 0.1, initial)
-        assert grouping.makespan <= makespan(lpt(weights, num_slots, initial), weights,
+        initial = [rng.uniform(0, 500) for _ in range(micro_group)]
+        grouping = balance(weights, micro_group, 0.1, initial)
+        assert grouping.makespan <= makespan(lpt(weights, micro_group, initial), weights,
                                              initial) + 1e-6

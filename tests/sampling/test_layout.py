@@ -15,8 +15,8 @@ import infsamp.sampling
 from infsamp.errors import SamplingError
 from infsamp.sampling.engines.base import ENGINE_NAMES, ENGINES, resolve_engine_name
 from infsamp.sampling.types import (
-    concurrency_for_budget,
     kv_tokens_needed,
+    micro_group_within,
     reserved_tokens,
     shared_prompt_tokens,
 )
@@ -68,9 +68,9 @@ def test_scheduler_side_holds_no_torch():
 def test_budget_rule_is_the_slot_rule_for_unit_blocks():
     assert kv_tokens_needed(3, 12, 5, num_prompts=1) == 3 * 12 + 5
     assert kv_tokens_needed(3, 12, 5, num_prompts=2) == 3 * 12 + 2 * 5
-    assert concurrency_for_budget(3 * 12 + 5, 12, 5, 1, num_samples=16) == 3
-    assert concurrency_for_budget(3 * 12 + 5, 12, 5, 1, num_samples=2) == 2
-    assert concurrency_for_budget(10, 12, 5, 1, 16) == 0
+    assert micro_group_within(3 * 12 + 5, 12, 5, 1, num_samples=16) == 3
+    assert micro_group_within(3 * 12 + 5, 12, 5, 1, num_samples=2) == 2
+    assert micro_group_within(10, 12, 5, 1, 16) == 0
 
 
 def test_paged_budget_counts_whole_blocks():

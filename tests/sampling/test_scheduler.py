@@ -49,12 +49,12 @@ class PrefixOracle(LengthPredictor):
         return max(1, self.lengths[spec.sample_id] - len(prefix_token_ids))
 
 
-def checked_run(specs, lengths, policy, num_slots, budget=None, predictor=None,
+def checked_run(specs, lengths, policy, micro_group, budget=None, predictor=None,
                 keep_parked_kv=True, **options):
     """The engine loop, with the engine-side checks the scheduler must satisfy (a sample starts
     again only after it was parked, with its tokens; parked KV that is kept counts)."""
     specs = fresh(specs)
-    sched = SlotScheduler(specs, policy, num_slots, budget, predictor,
+    sched = SlotScheduler(specs, policy, micro_group, budget, predictor,
                           keep_parked_kv=keep_parked_kv, **options)
     started, open_groups, unfinished = set(), set(), {}
     for spec in specs:
@@ -68,7 +68,7 @@ def checked_run(specs, lengths, policy, num_slots, budget=None, predictor=None,
             started.add(spec.sample_id)
             open_groups.add(spec.group_id)
         active = sched.active()
-        assert 0 < len(active) <= sched.num_slots
+        assert 0 < len(active) <= sched.micro_group
         for spec in running.values():  # a sample leaves its slot only by finishing or parking
             assert spec.status in ("running", "parked")
         running = {s.sample_id: s for s in active.values()}
@@ -96,21 +96,21 @@ def checked_run(specs, lengths, policy, num_slots, budget=None, predictor=None,
     stats = sched.stats
     assert stats.peak_kv_tokens_used == peak
     assert stats.generated_tokens == sum(lengths)
-    assert stats.decode_steps >= stats.lower_bound == lower_bound(lengths, sched.num_slots)
+    assert stats.decode_steps >= stats.lower_bound == lower_bound(lengths, sched.micro_group)
     return stats
 
 
 def test_full_takes_the_longest_sample():
     specs, lengths = specs_for([[5, 1, 3, 2]])
     # full ignores slots and budget
-    stats = checked_run(specs, lengths, "full", num_slots=2, budget=1)
+    stats = checked_run(specs, lengths, "full", micro_group=2, budget=1)
     assert stats.decode_steps == 5 and stats.micro_group == 4 and stats.num_rounds == 1
     assert stats.peak_kv_tokens_used == 10 + 2 + 2 + 2  # prompt once + 2 tokens each of 3 left
 
 
 def test_rounds_wait_for_their_longest():
     specs, lengths = specs_for([[5, 1, 1, 1, 2, 2]])
-    stats = checked_run(specs, lengths, "rounds", num_slots=2)
+    stats = checked_run(specs, lengths, "rounds", micro_group=2)
     assert stats.decode_steps == 5 + 1 + 2 and stats.num_rounds == 3
 
 
@@ -123,7 +123,7 @@ def test_length_sorted_rounds_group_the_long_ones():
 
 def test_continuous_refills_a_freed_slot_at_once():
     specs, lengths = specs_for([[5, 1, 1, 1], [2, 2]])
-    stats = checked_run(specs, lengths, "continuous", num_slots=2)
+    stats = checked_run(specs, lengths, "continuous", micro_group=2)
     # slot 0 runs the 5; slot 1 runs 1,1,1 then group 1's 2 (steps 4-5); both end at step 5, so the
     # last 2 (steps 6-7) starts from an empty engine: a second "round"
     assert stats.decode_steps == 7 and stats.num_rounds == 2
@@ -137,13 +137,13 @@ def test_continuous_takes_arrival_order():
 
 def test_shared_prompt_counted_once_per_group():
     specs, lengths = specs_for([[2, 2, 2, 2]], prompt_tokens=100)
-    stats = checked_run(specs, lengths, "rounds", num_slots=2)
+    stats = checked_run(specs, lengths, "rounds", micro_group=2)
     assert stats.peak_kv_tokens_used == 100 + 2 * 2
 
 
 def test_budget_caps_concurrency_below_the_slots():
     specs, lengths = specs_for([[4] * 8], prompt_tokens=10, max_new=8)
-    stats = checked_run(specs, lengths, "continuous", num_slots=8, budget=10 + 3 * 8)
+    stats = checked_run(specs, lengths, "continuous", micro_group=8, budget=10 + 3 * 8)
     assert stats.decode_steps == 12  # 3 at a time, 8 samples of 4 -> ceil(8/3) waves of 4
 
 
@@ -160,7 +160,7 @@ def test_bad_inputs_are_rejected():
         SlotScheduler(specs, "fifo", 2)
     with pytest.raises(SamplingError, match="unknown option 'refil'"):
         SlotScheduler(specs, "length_aware", 2, refil="sjf")
-    with pytest.raises(SamplingError, match="num_slots"):
+    with pytest.raises(SamplingError, match="micro_group"):
         SlotScheduler(specs, "continuous", 0)
     with pytest.raises(ValueError, match="numbered"):
         SlotScheduler(list(reversed(specs)), "continuous", 2)
@@ -231,12 +231,12 @@ lengths_st = st.lists(st.lists(st.integers(1, 40), min_size=1, max_size=12), min
 
 
 @settings(max_examples=150, deadline=None)
-@given(groups=lengths_st, policy=st.sampled_from(POLICIES), num_slots=st.integers(1, 9),
+@given(groups=lengths_st, policy=st.sampled_from(POLICIES), micro_group=st.integers(1, 9),
        prompt_tokens=st.integers(0, 30), extra_budget=st.one_of(st.none(), st.integers(0, 200)),
        predictor=st.sampled_from(["none", "oracle", "noisy:1.0", "online", "prefix_oracle"]),
        refill=st.sampled_from(["sjf", "ljf"]), prefix_tokens=st.integers(1, 6),
        keep_parked_kv=st.booleans())
-def test_every_sample_once_and_budget_kept(groups, policy, num_slots, prompt_tokens, extra_budget,
+def test_every_sample_once_and_budget_kept(groups, policy, micro_group, prompt_tokens, extra_budget,
                                             predictor, refill, prefix_tokens, keep_parked_kv):
     specs, lengths = specs_for(groups, prompt_tokens=prompt_tokens, max_new=40)
     budget = None if extra_budget is None else prompt_tokens + 40 + extra_budget
@@ -244,7 +244,7 @@ def test_every_sample_once_and_budget_kept(groups, policy, num_slots, prompt_tok
         make_predictor(predictor)
     if isinstance(length_predictor, OraclePredictor):
         length_predictor.set_lengths(dict(enumerate(lengths)))
-    checked_run(specs, lengths, policy, num_slots, budget, length_predictor, refill=refill,
+    checked_run(specs, lengths, policy, micro_group, budget, length_predictor, refill=refill,
                 prefix_tokens=prefix_tokens, keep_parked_kv=keep_parked_kv)
 
 
@@ -274,15 +274,15 @@ def test_parked_kv_is_dropped_when_the_budget_cannot_hold_it():
 
 
 @settings(max_examples=60, deadline=None)
-@given(groups=lengths_st, num_slots=st.integers(1, 6), prompt_tokens=st.integers(1, 20),
+@given(groups=lengths_st, micro_group=st.integers(1, 6), prompt_tokens=st.integers(1, 20),
        extra_budget=st.integers(0, 60), prefix_tokens=st.integers(1, 4))
-def test_kept_parked_kv_never_changes_the_schedule(groups, num_slots, prompt_tokens, extra_budget,
+def test_kept_parked_kv_never_changes_the_schedule(groups, micro_group, prompt_tokens, extra_budget,
                                                    prefix_tokens):
     """Parked KV is kept only where it can never cost a slot or a group's start: the decode
     steps and parks are those of recomputing it (several groups, tight budgets)."""
     specs, lengths = specs_for(groups, prompt_tokens=prompt_tokens, max_new=40)
-    budget = prompt_tokens * len(groups) + 40 * num_slots + extra_budget
-    runs = [checked_run(specs, lengths, "length_aware", num_slots, budget,
+    budget = prompt_tokens * len(groups) + 40 * micro_group + extra_budget
+    runs = [checked_run(specs, lengths, "length_aware", micro_group, budget,
                         PrefixOracle(lengths, 12.0), keep_parked_kv=keep,
                         prefix_tokens=prefix_tokens) for keep in (True, False)]
     assert (runs[0].decode_steps, runs[0].num_preemptions) == (runs[1].decode_steps,
@@ -299,12 +299,12 @@ def test_no_parking_without_preempt_or_with_sjf():
 
 
 @settings(max_examples=60, deadline=None)
-@given(groups=lengths_st, num_slots=st.integers(1, 6), extra_budget=st.integers(0, 120))
-def test_mispredicted_samples_still_complete_within_budget(groups, num_slots, extra_budget):
+@given(groups=lengths_st, micro_group=st.integers(1, 6), extra_budget=st.integers(0, 120))
+def test_mispredicted_samples_still_complete_within_budget(groups, micro_group, extra_budget):
     """The predictor claims the reverse of the truth: long looks short and short looks long."""
     specs, lengths = specs_for(groups, prompt_tokens=5, max_new=40)
     liar = OraclePredictor({i: 41 - length for i, length in enumerate(lengths)})
-    stats = checked_run(specs, lengths, "length_aware", num_slots, 5 + 40 + extra_budget, liar)
+    stats = checked_run(specs, lengths, "length_aware", micro_group, 5 + 40 + extra_budget, liar)
     assert stats.num_samples == len(lengths)
 
 

@@ -68,7 +68,7 @@ def test_synthetic_trace_is_the_length_controlled_workload():
 
 def test_steps_group_consecutive_lines():
     groups = [TraceGroup("a", 5, [4, 1]), TraceGroup("b", 5, [1, 1]), TraceGroup("c", 5, [2])]
-    result = simulate(groups, "continuous", num_slots=2, prompts_per_step=2)
+    result = simulate(groups, "continuous", micro_group=2, prompts_per_step=2)
     # step 1: slot 0 runs 4; slot 1 runs 1, 1, 1 -> 4 steps; step 2: 2 steps
     assert (result.num_calls, result.decode_steps, result.lower_bound) == (2, 6, 4 + 2)
     assert result.num_samples == 5 and result.generated_tokens == 9
@@ -82,43 +82,53 @@ def test_kv_budget_sets_the_slots():
     with pytest.raises(SamplingError, match="too small"):
         simulate(groups, "continuous", kv_budget=500, max_new_tokens=1024)
     with pytest.raises(SamplingError, match="--max-new-tokens"):
-        simulate(groups, "continuous", num_slots=2, max_new_tokens=8)
+        simulate(groups, "continuous", micro_group=2, max_new_tokens=8)
 
 
 def test_oracle_length_aware_near_the_lower_bound():
     for prompts_per_step in (1, 4):
         groups = synthetic_trace(8, 32, seed=1)
-        result = simulate(groups, "length_aware", num_slots=8, predictor="oracle",
+        result = simulate(groups, "length_aware", micro_group=8, predictor="oracle",
                           prompts_per_step=prompts_per_step)
         assert result.decode_steps <= 1.03 * result.lower_bound
-        rounds = simulate(groups, "rounds", num_slots=8, prompts_per_step=prompts_per_step)
+        rounds = simulate(groups, "rounds", micro_group=8, prompts_per_step=prompts_per_step)
         assert result.decode_steps < 0.7 * rounds.decode_steps
 
 
 def test_cli_json(tmp_path, capsys):
     trace = tmp_path / "t.jsonl"
-    code = main(["simulate", "--synthetic", "lognormal", "--groups", "4", "--group-size", "16",
+    code = main(["simulate", "--synthetic", "lognormal", "--groups", "4", "--num-generations", "16",
                  "--epochs", "2",
-                 "--slots", "4", "--policy", "length_aware", "--predictor", "online", "--json",
-                 "--prompts-per-step", "2", "--write-trace", str(trace)])
+                 "--micro-group", "4", "--policy", "length_aware", "--predictor", "online",
+                 "--json", "--prompts-per-step", "2", "--write-trace", str(trace)])
     out = json.loads(capsys.readouterr().out)
     assert code == 0 and len(read_trace(trace)) == 8
     for key in ("decode_steps", "lower_bound", "peak_kv_tokens_used", "num_samples",
                 "generated_tokens", "predictor_kendall_tau", "predictor_mae"):
         assert out[key] is not None, key
     assert out["num_samples"] == 128 and out["decode_steps"] >= out["lower_bound"]
-    main(["simulate", "--trace", str(trace), "--slots", "4", "--json"])
+    main(["simulate", "--trace", str(trace), "--micro-group", "4", "--json"])
     assert json.loads(capsys.readouterr().out)["generated_tokens"] == out["generated_tokens"]
 
 
 def test_cli_errors_are_one_line(tmp_path, capsys):
     path = write_lines(tmp_path, [GOOD, '{"prompt_id": "a"}'])
-    assert main(["simulate", "--trace", str(path), "--slots", "2"]) == 2
+    assert main(["simulate", "--trace", str(path), "--micro-group", "2"]) == 2
     err = capsys.readouterr().err
     assert err.strip().count("\n") == 0 and "trace.jsonl:2: missing field" in err
     assert main(["simulate", "--trace", str(write_lines(tmp_path, [GOOD])), "--policy",
                  "rounds"]) == 2
-    assert "--slots or --kv-budget" in capsys.readouterr().err
+    assert "--micro-group or --kv-budget" in capsys.readouterr().err
+
+
+def test_g_has_one_flag(tmp_path, capsys):
+    """g is `--micro-group` only: its old alias `--slots` is an unknown flag (argparse's usage
+    line and one error line)."""
+    trace = write_lines(tmp_path, [GOOD])
+    with pytest.raises(SystemExit) as exited:
+        main(["simulate", "--trace", str(trace), "--slots", "2"])
+    assert exited.value.code == 2
+    assert "error: unrecognized arguments: --slots 2" in capsys.readouterr().err
 
 
 def test_cli_replays_first_tokens_with_warmup_and_parking(tmp_path, capsys):
@@ -135,8 +145,8 @@ def test_cli_replays_first_tokens_with_warmup_and_parking(tmp_path, capsys):
                         ("parking", ["--policy", "length_aware", "--predictor", "online"]),
                         ("no preempt", ["--policy", "length_aware", "--predictor", "online",
                                         "--no-preempt"])):
-        assert main(["simulate", "--trace", str(trace), "--slots", "2", "--prefix-tokens", "2",
-                     "--warmup-steps", "1", "--json", *flags]) == 0
+        assert main(["simulate", "--trace", str(trace), "--micro-group", "2", "--prefix-tokens",
+                     "2", "--warmup-steps", "1", "--json", *flags]) == 0
         runs[name] = json.loads(capsys.readouterr().out)
     assert runs["continuous"]["num_calls"] == 1 and runs["parking"]["num_preemptions"] > 0
     assert runs["parking"]["decode_steps"] < runs["continuous"]["decode_steps"]
@@ -150,16 +160,16 @@ def test_cli_replays_first_tokens_with_warmup_and_parking(tmp_path, capsys):
 ])
 def test_cli_new_flags_fail_in_one_line(tmp_path, capsys, flags, message):
     trace = write_lines(tmp_path, [GOOD])
-    assert main(["simulate", "--trace", str(trace), "--slots", "2", "--policy", "length_aware",
-                 *flags]) == 2
+    assert main(["simulate", "--trace", str(trace), "--micro-group", "2", "--policy",
+                 "length_aware", *flags]) == 2
     err = capsys.readouterr().err
     assert message in err and err.strip().count("\n") == 0
 
 
 def test_cli_plot(tmp_path, capsys):
     png = tmp_path / "quality.png"
-    code = main(["simulate", "--synthetic", "lognormal", "--groups", "3", "--group-size", "8",
-                 "--slots", "4", "--plot", str(png)])
+    code = main(["simulate", "--synthetic", "lognormal", "--groups", "3", "--num-generations", "8",
+                 "--micro-group", "4", "--plot", str(png)])
     assert code == 0 and png.read_bytes()[:4] == b"\x89PNG"
 
 
@@ -178,13 +188,14 @@ def test_arithmetic_stand_in_with_guesses_is_bimodal():
 
 
 def test_simulate_cli_direct_share(capsys):
-    code = main(["simulate", "--synthetic", "arithmetic", "--groups", "4", "--group-size", "8",
-                 "--direct-share", "0.5", "--slots", "4", "--json"])
+    code = main(["simulate", "--synthetic", "arithmetic", "--groups", "4", "--num-generations", "8",
+                 "--direct-share", "0.5", "--micro-group", "4", "--json"])
     assert code == 0 and json.loads(capsys.readouterr().out)["num_samples"] == 32
 
 
 def test_direct_share_out_of_range_is_one_line(capsys):
-    code = main(["simulate", "--synthetic", "arithmetic", "--direct-share", "1.5", "--slots", "2"])
+    code = main(["simulate", "--synthetic", "arithmetic", "--direct-share", "1.5",
+                 "--micro-group", "2"])
     assert code == 2
     assert capsys.readouterr().err.strip() == ("infsamp simulate: error: --direct-share must be "
                                                "between 0 and 1, got 1.5")

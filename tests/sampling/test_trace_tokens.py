@@ -42,7 +42,7 @@ def test_the_replay_feeds_the_traced_tokens_to_a_token_conditioned_predictor(mon
 
     monkeypatch.setattr(OnlinePredictor, "predict_remaining", spy)
     groups = [TraceGroup("a", 5, [6, 8], first_tokens=[[11, 12, 13], [21, 22, 23]])]
-    simulate(groups, "length_aware", num_slots=1, predictor="online", prefix_tokens=3)
+    simulate(groups, "length_aware", micro_group=1, predictor="online", prefix_tokens=3)
     assert [11, 12, 13] in seen and [21, 22, 23] in seen
 
 

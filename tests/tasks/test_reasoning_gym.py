@@ -12,8 +12,9 @@ from infsamp.rewards.builtin import reasoning_gym_reward
 from infsamp.rewards.compute import compute_rewards
 from infsamp.rewards.loading import load_reward_functions
 from infsamp.tasks.answers import ANSWER_EXTRACTORS
-from infsamp.tasks.loading import check_dataset_source, load_examples, load_splits
+from infsamp.tasks.loading import load_examples, load_splits
 from infsamp.tasks.prompts import build_prompt
+from infsamp.tasks.sources import check_dataset_source
 
 TASK = "reasoning_gym:basic_arithmetic"
 

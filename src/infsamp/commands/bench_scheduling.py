@@ -73,7 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "step; the demo trains with 4)")
     parser.add_argument("--epochs", type=int, default=2,
                         help="epochs; all but the last warm the predictor up")
-    parser.add_argument("--group-size", "-G", type=int, default=32, help="samples per prompt")
+    parser.add_argument("--num-generations", "-G", type=int, default=32, help="samples per prompt")
     parser.add_argument("--micro-group", type=int, default=8, help="g, the slots of every policy")
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--temperature", type=float, default=0.7,
@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     from infsamp.models.loading import load_model_and_tokenizer
 
     if args.quick:
-        args.prompts, args.group_size, args.micro_group, args.max_new_tokens = 3, 16, 4, 256
+        args.prompts, args.num_generations, args.micro_group, args.max_new_tokens = 3, 16, 4, 256
     variants = check_arguments(args)
     names = parse_engines(args.engine)
     torch.set_num_threads(args.threads)
@@ -135,7 +135,7 @@ def check_arguments(args: argparse.Namespace) -> list[Variant]:
     """Bad counts or variants end in one SamplingError line, before the model is loaded."""
     from infsamp.errors import SamplingError
 
-    for name in ("prompts", "prompts_per_step", "epochs", "group_size", "micro_group",
+    for name in ("prompts", "prompts_per_step", "epochs", "num_generations", "micro_group",
                  "max_new_tokens"):
         if getattr(args, name) < 1:
             raise SamplingError(f"--{name.replace('_', '-')} must be >= 1, got "
@@ -247,8 +247,8 @@ class Runner:
         sampler = GroupSampler(self.model, self.tokenizer, cfg, predictor=self.predictor(variant),
                                engine=self.engine)
         cpu_start = time.process_time()
-        result = sampler.sample([p[1] for p in prompts], self.args.group_size, prompt_keys=keys,
-                                prompt_texts=[p[0] for p in prompts],
+        result = sampler.sample([p[1] for p in prompts], self.args.num_generations,
+                                prompt_keys=keys, prompt_texts=[p[0] for p in prompts],
                                 generator=torch.Generator().manual_seed(seed))
         cpu = time.process_time() - cpu_start
         s = result.stats
@@ -258,7 +258,7 @@ class Runner:
                 "schedule_time_s": s.schedule_time_s,
                 "lower_bound": s.lower_bound, "opt_lower_bound": s.opt_lower_bound,
                 "generated_tokens": s.generated_tokens,
-                "wall_time_s": s.wall_time_s, "cpu_time_s": cpu, "num_slots": s.micro_group,
+                "wall_time_s": s.wall_time_s, "cpu_time_s": cpu, "micro_group": s.micro_group,
                 "kv_budget_tokens": s.kv_budget_tokens,
                 "peak_kv_tokens": s.peak_kv_tokens, "peak_kv_blocks": s.peak_kv_blocks,
                 "num_preemptions": s.num_preemptions, "prefill_tokens": s.prefill_tokens,
@@ -363,7 +363,7 @@ def summarise(rows: list[dict], variants: list[Variant], args) -> dict:
     seeds = list(dict.fromkeys(r.get("seed", args.seed) for r in rows))
     report = {"command": "infsamp bench scheduling " + " ".join(sys.argv[3:]),
               "date": time.strftime("%Y-%m-%d"),
-              "G": args.group_size, "g": sorted({r["num_slots"] for r in rows}),
+              "G": args.num_generations, "g": sorted({r["micro_group"] for r in rows}),
               "prompts": args.prompts, "seeds": seeds,
               "B": args.prompts_per_step, "epochs": args.epochs, "temperature": args.temperature,
               "engines": engines, "totals": by_engine,

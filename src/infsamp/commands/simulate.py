@@ -2,9 +2,9 @@
 
     infsamp simulate --trace runs/demo/lengths.jsonl --micro-group 8 --policy length_aware \
         --predictor online
-    infsamp simulate --synthetic lognormal --groups 20 --group-size 32 --micro-group 8 \
+    infsamp simulate --synthetic lognormal --groups 20 --num-generations 32 --micro-group 8 \
         --policy rounds --json
-    infsamp simulate --synthetic lognormal --groups 20 --group-size 32 --micro-group 8 \
+    infsamp simulate --synthetic lognormal --groups 20 --num-generations 32 --micro-group 8 \
         --plot quality.png
 
 `--plot` sweeps predictor quality (the true length times a log-normal error, sigma 0 .. 1.5, plus
@@ -44,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "arithmetic (worked-solution lengths of the "
                              "embedded task, with prompt text)")
     parser.add_argument("--groups", type=int, default=20, help="synthetic: prompts per epoch")
-    parser.add_argument("--group-size", type=int, default=32,
+    parser.add_argument("--num-generations", "-G", type=int, default=32,
                         help="synthetic: G, samples per prompt")
     parser.add_argument("--epochs", type=int, default=1,
                         help="synthetic: passes over the same prompts")
@@ -57,8 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also write the (synthetic) trace here")
     parser.add_argument("--prompts-per-step", type=int, default=1,
                         help="B: trace lines per training step")
-    parser.add_argument("--micro-group", "--slots", dest="micro_group", type=int,
-                        help="g: samples decoded at once (--slots: its old name)")
+    parser.add_argument("--micro-group", type=int, help="g: samples decoded at once")
     parser.add_argument("--kv-budget", type=int,
                         help="KV-cache budget in tokens (g follows unless --micro-group)")
     parser.add_argument("--max-new-tokens", type=int,
@@ -138,14 +137,14 @@ def _check_plot_format(name: str) -> None:
 def _load(args):
     if args.trace:
         return read_trace(args.trace)
-    for name in ("groups", "group_size", "epochs"):
+    for name in ("groups", "num_generations", "epochs"):
         if getattr(args, name) < 1:
             raise SamplingError(f"--{name.replace('_', '-')} must be >= 1, got "
                                 f"{getattr(args, name)}")
     if not 0.0 <= args.direct_share <= 1.0:
         raise SamplingError(f"--direct-share must be between 0 and 1, got {args.direct_share}")
     options = {"direct_share": args.direct_share} if args.synthetic == "arithmetic" else {}
-    groups = SYNTHETIC[args.synthetic](args.groups, args.group_size, args.epochs, args.seed,
+    groups = SYNTHETIC[args.synthetic](args.groups, args.num_generations, args.epochs, args.seed,
                                        **options)
     if args.write_trace:
         write_trace(groups, args.write_trace)

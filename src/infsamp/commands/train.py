@@ -42,7 +42,7 @@ def check_sources(cfg) -> None:
     """Model and dataset names decided before torch is imported: a missing path, or a hub id while
     the hub cannot be asked, is one line within a second of starting."""
     from infsamp.models.source import check_model_source
-    from infsamp.tasks.loading import check_dataset_source
+    from infsamp.tasks.sources import check_dataset_source
 
     check_model_source(cfg.model.name_or_path)
     check_dataset_source(cfg.data)

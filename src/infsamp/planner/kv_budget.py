@@ -2,7 +2,7 @@
 
 The one place that turns a KV budget into concurrency, for the planner (`estimate.py`, `sizes.py`)
 and, through `sampling/types.py`, the sampler, the engines, the simulator and both benchmarks
-(`shared_prompt_tokens`, `reserved_tokens`, `kv_tokens_needed`, `concurrency_for_budget`;
+(`shared_prompt_tokens`, `reserved_tokens`, `kv_tokens_needed`, `micro_group_within`;
 `max_new_tokens_within`: the one check that a budget holds a sample). An engine allocates KV in
 blocks of `block_size` tokens: 1 for the slot engine (a group's prompt held once, each slot
 `max_new_tokens`), vLLM's block size for its paged pool with prefix caching (a group's full prompt
@@ -73,7 +73,7 @@ def max_new_tokens_within(budget_tokens: int, prompt_tokens: int, max_new_tokens
         1, m, prompt_tokens, 1, block_size) <= budget_tokens)
 
 
-def concurrency_for_budget(budget_tokens: int, max_new_tokens: int, max_prompt_tokens: int,
+def micro_group_within(budget_tokens: int, max_new_tokens: int, max_prompt_tokens: int,
                            num_prompts: int, num_samples: int, block_size: int = 1) -> int:
     """g: the most samples (<= num_samples) whose worst case fits the budget; 0 if not even one."""
     return largest_fitting(num_samples, lambda g: kv_tokens_needed(

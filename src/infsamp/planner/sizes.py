@@ -30,8 +30,8 @@ from infsamp.config import VLLM_MAX_TEMPERATURE, Config, ConfigError, parse_size
 from infsamp.planner.estimate import kv_bytes_per_token
 from infsamp.planner.kv_budget import (
     VLLM_BLOCK_SIZE,
-    concurrency_for_budget,
     kv_tokens_needed,
+    micro_group_within,
     usable_kv_tokens,
 )
 from infsamp.planner.plan import MemoryPlan, plan_memory
@@ -150,7 +150,7 @@ def sampling_sizes(*, policy: str, micro_group: int, kv_budget_tokens: int | Non
     else:
         usable = usable_kv_tokens(kv_budget_tokens, block_size) if budget_is_pool \
             else kv_budget_tokens
-        holds = concurrency_for_budget(usable, max_new_tokens, max_prompt_tokens, num_prompts,
+        holds = micro_group_within(usable, max_new_tokens, max_prompt_tokens, num_prompts,
                                        num_samples, block_size)
         g = min(micro_group or holds, max(holds, 1))
     budget = kv_budget_tokens

@@ -47,9 +47,9 @@ from infsamp.checkpoint_folders import (
     checkpoint_step,
     list_checkpoints,
 )
-from infsamp.errors import CheckpointError, NonFiniteError
+from infsamp.errors import CheckpointError, NonFiniteError, first_non_finite
 from infsamp.files import fsync
-from infsamp.run.state_data import from_data, non_finite_tensor, to_data
+from infsamp.run.state_data import from_data, to_data
 
 STATE_JSON = "training_state.json"
 STATE_TENSORS = "training_state.safetensors"
@@ -129,7 +129,7 @@ def _replace_folder(tmp: Path, final: Path) -> None:
 
 def _refuse_non_finite(step: int, weights: dict[str, torch.Tensor],
                        tensors: dict[str, torch.Tensor]) -> None:
-    bad = non_finite_tensor(weights) or non_finite_tensor(tensors)
+    bad = first_non_finite(weights) or first_non_finite(tensors)
     if bad is not None:
         raise NonFiniteError(f"step {step}: {bad} holds NaN or inf; the checkpoint is not written "
                              "(lower training.learning_rate or check the rewards)")
@@ -266,7 +266,7 @@ def read_tensors(file: Path) -> dict[str, torch.Tensor]:
     except Exception as err:  # noqa: BLE001 - safetensors raises its own error type
         why = str(err).splitlines()[0]
         raise CheckpointError(f"{file}: not a readable safetensors file ({why})") from None
-    bad = non_finite_tensor(tensors)
+    bad = first_non_finite(tensors)
     if bad is not None:
         raise CheckpointError(f"{file}: tensor {bad!r} holds NaN or inf")
     return tensors

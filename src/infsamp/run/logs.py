@@ -6,6 +6,8 @@ per sampled group, the trace that `infsamp simulate` replays: lengths, and each 
 `sampling.predictor_prefix_tokens` token ids for token-conditioned predictors),
 `completions.jsonl` (with `logging.completions_every`: one line per completion of the logged
 steps: prompt, completion, per-function rewards, advantage; TRL's `log_completions`),
+`eval_completions.jsonl` (with `eval.log_completions`: one line per held-out problem of each
+evaluation: its completion, each function's score and whether it counted as solved),
 `plots/training.png`. Every JSONL file is written by
 `append_jsonl`: whole lines in one `write` on an append-only descriptor, so a killed process leaves
 at most a torn last line. Readers skip a torn last line; a resumed run `rewind`s each file to its
@@ -39,7 +41,8 @@ def _clean(value: Any) -> Any:
 
 
 # the run's JSONL files: a resume rewinds each of them to the checkpoint's step
-RUN_LOGS = ("metrics.jsonl", "eval.jsonl", "lengths.jsonl", "completions.jsonl")
+RUN_LOGS = ("metrics.jsonl", "eval.jsonl", "lengths.jsonl", "completions.jsonl",
+            "eval_completions.jsonl")
 
 
 def append_jsonl(path: Path, records: dict[str, Any] | list[dict[str, Any]]) -> None:
@@ -146,9 +149,10 @@ class RunLogger:
     def log_lengths(self, step: int, groups: list[dict[str, Any]]) -> None:
         append_jsonl(self.dir / "lengths.jsonl", [{"step": step, **group} for group in groups])
 
-    def log_completions(self, step: int, records: list[dict[str, Any]]) -> None:
-        append_jsonl(self.dir / "completions.jsonl",
-                     [{"step": step, **record} for record in records])
+    def log_completions(self, step: int, records: list[dict[str, Any]],
+                        name: str = "completions.jsonl") -> None:
+        """Rows of completions.jsonl (training) or eval_completions.jsonl (held-out)."""
+        append_jsonl(self.dir / name, [{"step": step, **record} for record in records])
 
     def close(self, ok: bool = True) -> None:
         """Close the bars and finish the trackers' runs (marked failed when `ok` is False)."""

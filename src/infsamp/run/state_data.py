@@ -25,8 +25,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from infsamp.errors import first_non_finite
-
 MARKERS = ("__tensor__", "__tuple__", "__items__", "__ndarray__", "__subclass__", "__dtype__")
 QUANTIZED_STATES = ("torchao.optim.subclass_8bit.OptimState8bit",
                     "torchao.optim.subclass_4bit.OptimState4bit",
@@ -139,8 +137,3 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def non_finite_tensor(tensors: dict[str, torch.Tensor]) -> str | None:
-    """The key of the first floating tensor holding NaN or inf, else None."""
-    return first_non_finite(tensors)

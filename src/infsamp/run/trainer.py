@@ -58,6 +58,7 @@ from infsamp.run.evaluation import (
     eval_metrics,
     eval_reward_name,
     held_out_completions,
+    problem_records,
     tally,
 )
 from infsamp.run.folder import rewind_run_logs
@@ -220,7 +221,7 @@ class GRPOTrainer(TrainStep):
 
     def train(self) -> TrainResult:
         cfg = self.cfg
-        if self.resumed and self.step >= cfg.training.max_steps:
+        if self.resumed and self.step >= cfg.training.max_steps and self._closed():
             print(f"the run finished at step {self.step} (training.max_steps "
                   f"{cfg.training.max_steps}): nothing to do")
             self.ranks.finish()
@@ -288,6 +289,12 @@ class GRPOTrainer(TrainStep):
     def _evaluated_at(self, step: int) -> bool:
         return self.train_state.last_eval_step == step
 
+    def _closed(self) -> bool:
+        """The closing evaluation is done (or there is none): a resumed run past its last step
+        that lacks it (resumed from a periodic checkpoint with max_steps lowered to its step)
+        runs it and saves it, then stops."""
+        return self._evaluated_at(self.step) or not self.eval_prompts.prompts
+
     def _eval_at(self, step: int) -> float | None:
         return self.train_state.last_eval if self._evaluated_at(step) else None
 
@@ -309,6 +316,9 @@ class GRPOTrainer(TrainStep):
         sums = self.ranks.sum(tally(scores, self.rewards.names, self.eval_reward,
                                     cfg.accuracy_threshold))
         metrics = eval_metrics(sums, self.rewards.names, self.eval_reward)
+        if cfg.log_completions:
+            self._log_problems(logger, problem_records(
+                mine, texts, ids, scores, self.eval_reward, cfg.accuracy_threshold) if mine else [])
         logger.progress.advance(len(prompts))
         logger.log_eval(self.step, {**metrics, "eval/num_problems": len(prompts),
                                     "eval/dropped_prompts": self.eval_prompts.num_dropped,
@@ -316,7 +326,13 @@ class GRPOTrainer(TrainStep):
         self.best.offer(self.step, metrics)
         state = self.train_state
         state.last_eval, state.last_eval_step = metrics["eval/accuracy"], self.step
+        state.saved_step = -1  # the state changed since its checkpoint: the next save writes it
         return state.last_eval
+
+    def _log_problems(self, logger: RunLogger, rows: list[dict[str, Any]]) -> None:
+        """eval_completions.jsonl: every rank's rows, written by rank 0's logger."""
+        rows = [row for part in self.ranks.gather_json(rows) for row in part]
+        logger.log_completions(self.step, rows, "eval_completions.jsonl")
 
     def _save(self) -> Path:
         """checkpoint-<step>, once per step: `rank_checkpoint.save_checkpoint`."""

@@ -34,20 +34,20 @@ class Grouping:
     method: str             # "fptas" or "lpt"
 
 
-def lower_bound(lengths: Sequence[int], num_slots: int) -> int:
+def lower_bound(lengths: Sequence[int], micro_group: int) -> int:
     """max(ceil(sum(L) / g), max(L)): decode steps no schedule on g slots can beat."""
     if not lengths:
         return 0
-    return max(-(-sum(lengths) // num_slots), max(lengths))
+    return max(-(-sum(lengths) // micro_group), max(lengths))
 
 
-def pigeonhole_bound(lengths: Sequence[int], num_slots: int) -> int:
+def pigeonhole_bound(lengths: Sequence[int], micro_group: int) -> int:
     """max(lower_bound, max over k of the k+1 shortest among the k*g+1 longest): still <= the
     optimum."""
     longest_first = sorted(lengths, reverse=True)
-    best = lower_bound(lengths, num_slots)
-    for k in range(1, (len(longest_first) - 1) // num_slots + 1):
-        top = longest_first[: k * num_slots + 1]
+    best = lower_bound(lengths, micro_group)
+    for k in range(1, (len(longest_first) - 1) // micro_group + 1):
+        top = longest_first[: k * micro_group + 1]
         best = max(best, sum(top[-(k + 1):]))
     return best
 
@@ -59,12 +59,12 @@ def makespan(slots: Sequence[Sequence[int]], weights: Sequence[float],
                default=0.0)
 
 
-def lpt(weights: Sequence[float], num_slots: int,
+def lpt(weights: Sequence[float], micro_group: int,
         initial_loads: Sequence[float] | None = None) -> list[list[int]]:
     """Longest job first onto the currently least loaded slot (ties: lowest slot)."""
-    loads = [(float(initial_loads[s]) if initial_loads else 0.0, s) for s in range(num_slots)]
+    loads = [(float(initial_loads[s]) if initial_loads else 0.0, s) for s in range(micro_group)]
     heapq.heapify(loads)
-    slots: list[list[int]] = [[] for _ in range(num_slots)]
+    slots: list[list[int]] = [[] for _ in range(micro_group)]
     for job in sorted(range(len(weights)), key=lambda j: -weights[j]):
         load, slot = heapq.heappop(loads)
         slots[slot].append(job)
@@ -72,16 +72,16 @@ def lpt(weights: Sequence[float], num_slots: int,
     return slots
 
 
-def fptas(weights: Sequence[float], num_slots: int, epsilon: float,
+def fptas(weights: Sequence[float], micro_group: int, epsilon: float,
           initial_loads: Sequence[float] | None = None,
           max_states: int = DEFAULT_MAX_STATES) -> list[list[int]] | None:
     """(1 + epsilon)-optimal assignment, or None when the search would exceed `max_states`
     states."""
-    slots, complete = search(weights, num_slots, epsilon, initial_loads, max_states)
+    slots, complete = search(weights, micro_group, epsilon, initial_loads, max_states)
     return slots if complete else None
 
 
-def search(weights: Sequence[float], num_slots: int, epsilon: float,
+def search(weights: Sequence[float], micro_group: int, epsilon: float,
            initial_loads: Sequence[float] | None = None,
            max_states: int = DEFAULT_MAX_STATES) -> tuple[list[list[int]], bool]:
     """The FPTAS's dynamic program over rounded load vectors, walked depth first from the LPT plan.
@@ -95,21 +95,21 @@ def search(weights: Sequence[float], num_slots: int, epsilon: float,
     LPT, as `balance` promises).
     """
     n = len(weights)
-    initial = [float(x) for x in initial_loads] if initial_loads else [0.0] * num_slots
+    initial = [float(x) for x in initial_loads] if initial_loads else [0.0] * micro_group
     if n == 0:
-        return [[] for _ in range(num_slots)], True
+        return [[] for _ in range(micro_group)], True
     jobs = sorted(range(n), key=lambda j: -weights[j])
-    delta = epsilon * max((sum(weights) + sum(initial)) / num_slots, max(weights)) / n
+    delta = epsilon * max((sum(weights) + sum(initial)) / micro_group, max(weights)) / n
     state = _Search([int(weights[j] // delta) for j in jobs], [int(x // delta) for x in initial],
                     max_states)
-    greedy = lpt(weights, num_slots, initial_loads)
+    greedy = lpt(weights, micro_group, initial_loads)
     slot_of = {j: s for s, slot_jobs in enumerate(greedy) for j in slot_jobs}
     state.best_assign = [slot_of[j] for j in jobs]
     state.best = max(state.loads[s]
                      + sum(state.units[i] for i, j in enumerate(jobs) if slot_of[j] == s)
-                     for s in range(num_slots))
+                     for s in range(micro_group))
     complete = state.run()
-    slots: list[list[int]] = [[] for _ in range(num_slots)]
+    slots: list[list[int]] = [[] for _ in range(micro_group)]
     for position, slot in enumerate(state.best_assign):
         slots[slot].append(jobs[position])
     if makespan(slots, weights, initial) > makespan(greedy, weights, initial):
@@ -167,13 +167,13 @@ class _OutOfStates(Exception):
     pass
 
 
-def balance(weights: Sequence[float], num_slots: int, epsilon: float = 0.1,
+def balance(weights: Sequence[float], micro_group: int, epsilon: float = 0.1,
             initial_loads: Sequence[float] | None = None,
             max_states: int = DEFAULT_MAX_STATES) -> Grouping:
     """The FPTAS search when affordable (its best plan so far if cut short), else LPT."""
-    if len(weights) <= num_slots or len(weights) > MAX_SEARCH_JOBS or max_states <= 0:
-        slots = lpt(weights, num_slots, initial_loads)
+    if len(weights) <= micro_group or len(weights) > MAX_SEARCH_JOBS or max_states <= 0:
+        slots = lpt(weights, micro_group, initial_loads)
         return Grouping(slots, makespan(slots, weights, initial_loads), "lpt")
-    slots, complete = search(weights, num_slots, epsilon, initial_loads, max_states)
+    slots, complete = search(weights, micro_group, epsilon, initial_loads, max_states)
     return Grouping(slots, makespan(slots, weights, initial_loads), "fptas" if complete
                     else "fptas_cut")

@@ -57,13 +57,13 @@ class AdmissionPolicy:
     uses_budget = True
     prefix_tokens_wanted = 0
 
-    def __init__(self, samples: Sequence[Sample], num_slots: int,
+    def __init__(self, samples: Sequence[Sample], micro_group: int,
                  predictor: LengthPredictor | None, **options):
         unknown = set(options) - KNOWN_OPTIONS
         if unknown:
             raise SamplingError(f"policy {self.name}: unknown option {min(unknown)!r}")
         self.samples = samples
-        self.num_slots = num_slots
+        self.micro_group = micro_group
         self.predictor = predictor
 
     def begin_admit(self, all_free: bool) -> None:
@@ -95,8 +95,8 @@ class AdmissionPolicy:
 class ContinuousPolicy(AdmissionPolicy):
     name = "continuous"
 
-    def __init__(self, samples, num_slots, predictor, **options):
-        super().__init__(samples, num_slots, predictor, **options)
+    def __init__(self, samples, micro_group, predictor, **options):
+        super().__init__(samples, micro_group, predictor, **options)
         self._pending = deque(samples)
 
     def pick(self, slot, can_allocate):
@@ -109,15 +109,15 @@ class FullPolicy(ContinuousPolicy):
     name = "full"
     uses_budget = False
 
-    def __init__(self, samples, num_slots, predictor, **options):
+    def __init__(self, samples, micro_group, predictor, **options):
         super().__init__(samples, max(1, len(samples)), predictor, **options)
 
 
 class RoundsPolicy(ContinuousPolicy):
     name = "rounds"
 
-    def __init__(self, samples, num_slots, predictor, length_sorted: bool = False, **options):
-        super().__init__(samples, num_slots, predictor, **options)
+    def __init__(self, samples, micro_group, predictor, length_sorted: bool = False, **options):
+        super().__init__(samples, micro_group, predictor, **options)
         if length_sorted and predictor is None:
             raise SamplingError("policy rounds: length_sorted needs a length predictor")
         self.length_sorted = bool(length_sorted)
@@ -139,10 +139,10 @@ class RoundsPolicy(ContinuousPolicy):
 class LengthAwarePolicy(AdmissionPolicy):
     name = "length_aware"
 
-    def __init__(self, samples, num_slots, predictor, refill: str = "auto", epsilon: float = 0.1,
+    def __init__(self, samples, micro_group, predictor, refill: str = "auto", epsilon: float = 0.1,
                  prefix_tokens: int = 8, max_states: int = DEFAULT_MAX_STATES,
                  preempt: bool = True, park_ratio: float = PARK_RATIO, **options):
-        super().__init__(samples, num_slots, predictor, **options)
+        super().__init__(samples, micro_group, predictor, **options)
         if predictor is None:
             self.predictor = ConstantPredictor()
         self.refill = DEFAULT_REFILL if refill == "auto" else refill
@@ -166,7 +166,8 @@ class LengthAwarePolicy(AdmissionPolicy):
         self._first_weight = dict(self._weight)
 
     def pick(self, slot, can_allocate):
-        if self.predictor.adaptive and self._events_since_plan >= self.num_slots and self._pending:
+        if (self.predictor.adaptive and self._events_since_plan >= self.micro_group
+                and self._pending):
             self._queues = self._plan(0)
         if self._off_plan:  # list scheduling: the waiting sample first in refill order, any slot
             return self._take_best(can_allocate)
@@ -234,12 +235,12 @@ class LengthAwarePolicy(AdmissionPolicy):
         pending = sorted(self._pending)
         weights = [max(1.0, float(self.predictor.predict(self.samples[i]))) for i in pending]
         loads = [self._remaining(self._running[s]) if s in self._running else 0.0
-                 for s in range(self.num_slots)]
+                 for s in range(self.micro_group)]
         if max_states > 0:
-            grouping = balance(weights, self.num_slots, self.epsilon, loads, max_states)
+            grouping = balance(weights, self.micro_group, self.epsilon, loads, max_states)
             slots, self.plan_method = grouping.slots, grouping.method
         else:
-            slots, self.plan_method = lpt(weights, self.num_slots, loads), "lpt"
+            slots, self.plan_method = lpt(weights, self.micro_group, loads), "lpt"
         self._weight = dict(zip(pending, weights))
         self._events_since_plan = 0
         self._order = sorted(pending, key=self._refill_key)
@@ -318,7 +319,8 @@ class LengthAwarePolicy(AdmissionPolicy):
         def work(slot: int) -> float:
             running = self._remaining(self._running[slot]) if slot in self._running else 0.0
             return running + sum(self._weight[i] for i in self._queues[slot])
-        return sorted((s for s in range(self.num_slots) if self._queues[s]), key=lambda s: -work(s))
+        return sorted((s for s in range(self.micro_group) if self._queues[s]),
+                      key=lambda s: -work(s))
 
 
 POLICIES: dict[str, type[AdmissionPolicy]] = {
@@ -326,9 +328,9 @@ POLICIES: dict[str, type[AdmissionPolicy]] = {
 }
 
 
-def make_policy(name: str, samples: Sequence[Sample], num_slots: int,
+def make_policy(name: str, samples: Sequence[Sample], micro_group: int,
                 predictor: LengthPredictor | None, **options) -> AdmissionPolicy:
     if name not in POLICIES:
         raise SamplingError(f"unknown sampling policy {name!r}; choose one of "
                             f"{', '.join(POLICIES)}")
-    return POLICIES[name](samples, num_slots, predictor, **options)
+    return POLICIES[name](samples, micro_group, predictor, **options)

@@ -2,7 +2,7 @@
 
 `GroupSampler.sample` checks the request (before any work), reads g and the KV budget from the
 run's sizes (`planner.sizes.RunSizes`, decided once at start-up), caps g by what the budget holds
-for this call's prompts (`types.concurrency_for_budget`: with the run's sizes it never binds), then
+for this call's prompts (`types.micro_group_within`: with the run's sizes it never binds), then
 runs the one loop shared with the simulator, on the engine it was given (`engines/`: `slots` or
 `vllm`):
 
@@ -47,9 +47,9 @@ from infsamp.sampling.types import (
     Sample,
     SampleResult,
     SamplerStats,
-    concurrency_for_budget,
     make_samples,
     max_new_tokens_within,
+    micro_group_within,
 )
 
 # told after each decode step: the call's statistics so far, samples finished, samples running
@@ -187,7 +187,7 @@ class GroupSampler:
         processor = logits_processor_factory(samples) if logits_processor_factory else None
         stats = sched.stats
         stats.kv_budget_tokens, stats.engine = budget, self.engine.name
-        self.engine.begin_call(prompt_ids, samples, sched.num_slots, options, stats, processor)
+        self.engine.begin_call(prompt_ids, samples, sched.micro_group, options, stats, processor)
         stats.wall_time_s = self._run(sched, progress)
         return SampleResult(self._completions(samples, num_generations), stats)
 
@@ -210,7 +210,7 @@ class GroupSampler:
         call's prompts in the worst case (and by the engine's concurrency)."""
         if policy == "full":
             return num_samples
-        fits = concurrency_for_budget(budget, max_new, max(prompt_lengths), len(prompt_lengths),
+        fits = micro_group_within(budget, max_new, max(prompt_lengths), len(prompt_lengths),
                                       num_samples, self.engine.kv_block_size)
         g = max(1, min(fits, sizes.micro_group or fits))
         return min(g, self.engine.max_micro_group or g)

@@ -51,14 +51,14 @@ from infsamp.sampling.types import (
 
 
 class SlotScheduler:
-    def __init__(self, samples: Sequence[Sample], policy: str, num_slots: int,
+    def __init__(self, samples: Sequence[Sample], policy: str, micro_group: int,
                  max_kv_tokens: int | None = None, predictor: LengthPredictor | None = None,
                  kv_block_size: int = 1, keep_parked_kv: bool = True, **policy_options):
         self._samples = list(samples)
-        _check_samples(self._samples, num_slots)
+        _check_samples(self._samples, micro_group)
         self.predictor = predictor
-        self._policy = make_policy(policy, self._samples, num_slots, predictor, **policy_options)
-        self.num_slots = self._policy.num_slots
+        self._policy = make_policy(policy, self._samples, micro_group, predictor, **policy_options)
+        self.micro_group = self._policy.micro_group
         self.max_kv_tokens = max_kv_tokens if self._policy.uses_budget else None
         self._shared = [shared_prompt_tokens(s.prompt_tokens, kv_block_size)
                         for s in self._samples]
@@ -67,7 +67,7 @@ class SlotScheduler:
         self._max_reserve = max(self._reserve, default=0)
         self._check_budget(kv_block_size)
         self.prefix_tokens_wanted = self._policy.prefix_tokens_wanted
-        self._free_slots = list(range(self.num_slots))  # a heap: lowest free slot first
+        self._free_slots = list(range(self.micro_group))  # a heap: lowest free slot first
         self._active: dict[int, Sample] = {}
         self._seen_tokens: dict[int, int] = {}  # sample_id -> tokens counted so far
         self._last_point: dict[int, int] = {}  # sample_id -> tokens at its latest prediction point
@@ -84,7 +84,7 @@ class SlotScheduler:
         self._active_tokens = 0  # tokens generated so far by running samples
         self._num_finished = 0
         self._predicted: dict[int, float] = {}
-        self.stats = SamplerStats(num_samples=len(self._samples), micro_group=self.num_slots,
+        self.stats = SamplerStats(num_samples=len(self._samples), micro_group=self.micro_group,
                                   policy=policy, kv_block_size=kv_block_size)
 
     # ---- the loop -------------------------------------------------------------------------------
@@ -203,7 +203,7 @@ class SlotScheduler:
             return True
         held = (self._held_prompt_tokens + self._unopened_prompt_tokens + self._parked_kv_tokens
                 + num_tokens)
-        return held + self.num_slots * self._max_reserve <= self.max_kv_tokens
+        return held + self.micro_group * self._max_reserve <= self.max_kv_tokens
 
     def _resume(self, sample: Sample) -> None:
         """A parked sample starts again: its kept KV becomes running KV, or is recomputed."""
@@ -251,8 +251,8 @@ class SlotScheduler:
     def _finish_call(self) -> None:
         lengths = [s.num_tokens for s in self._samples]
         self.stats.generated_tokens = sum(lengths)
-        self.stats.lower_bound = lower_bound(lengths, self.num_slots)
-        self.stats.opt_lower_bound = pigeonhole_bound(lengths, self.num_slots)
+        self.stats.lower_bound = lower_bound(lengths, self.micro_group)
+        self.stats.opt_lower_bound = pigeonhole_bound(lengths, self.micro_group)
         if self.predictor is not None:
             predicted = [self._predicted[s.sample_id] for s in self._samples]
             quality = prediction_quality(predicted, lengths)
@@ -271,9 +271,9 @@ class SlotScheduler:
                 f"prompt {largest.prompt_tokens} + max_new_tokens {max_new}")
 
 
-def _check_samples(samples: list[Sample], num_slots: int) -> None:
-    if num_slots < 1:
-        raise SamplingError(f"num_slots must be >= 1, got {num_slots}")
+def _check_samples(samples: list[Sample], micro_group: int) -> None:
+    if micro_group < 1:
+        raise SamplingError(f"micro_group must be >= 1, got {micro_group}")
     for position, sample in enumerate(samples):
         if sample.sample_id != position:
             raise ValueError(f"samples must be numbered 0..N-1 in order; got id "

@@ -28,7 +28,12 @@ from infsamp.errors import DataError, SamplingError
 from infsamp.sampling.length_predictor import LengthPredictor, OraclePredictor
 from infsamp.sampling.predictors import make_predictor
 from infsamp.sampling.scheduler import SlotScheduler
-from infsamp.sampling.types import Sample, SamplerStats, concurrency_for_budget
+from infsamp.sampling.types import (
+    Sample,
+    SamplerStats,
+    max_new_tokens_within,
+    micro_group_within,
+)
 
 
 @dataclass
@@ -203,15 +208,15 @@ class TraceEngine:
         return finished
 
 
-def run_call(samples: Sequence[Sample], lengths: Sequence[int], policy: str, num_slots: int,
+def run_call(samples: Sequence[Sample], lengths: Sequence[int], policy: str, micro_group: int,
              max_kv_tokens: int | None = None, predictor: LengthPredictor | None = None,
              kv_block_size: int = 1, first_tokens: Sequence[Sequence[int]] = (),
              **policy_options) -> SamplerStats:
     """One sampler call through the engine loop; returns the scheduler's statistics."""
     if isinstance(predictor, OraclePredictor):
         predictor.set_lengths(dict(enumerate(lengths)))
-    scheduler = SlotScheduler(samples, policy, num_slots, max_kv_tokens, predictor, kv_block_size,
-                              **policy_options)
+    scheduler = SlotScheduler(samples, policy, micro_group, max_kv_tokens, predictor,
+                              kv_block_size, **policy_options)
     engine = TraceEngine(lengths, first_tokens)
     while not scheduler.done:
         for slot, sample in scheduler.admit():
@@ -220,21 +225,20 @@ def run_call(samples: Sequence[Sample], lengths: Sequence[int], policy: str, num
     return scheduler.stats
 
 
-def slots_for_budget(kv_budget: int, groups: Sequence[TraceGroup], max_new_tokens: int,
-                     prompts_per_step: int = 1) -> int:
-    """g that a token budget allows, as the sampler computes it (`concurrency_for_budget`)."""
+def micro_group_for_budget(kv_budget: int, groups: Sequence[TraceGroup], max_new_tokens: int,
+                           prompts_per_step: int = 1) -> int:
+    """g that a token budget allows, as the sampler computes it (`micro_group_within`)."""
     largest_prompt = max(g.prompt_tokens for g in groups)
-    most_samples = max(len(g.lengths) for g in groups) * prompts_per_step
-    num_slots = concurrency_for_budget(kv_budget, max_new_tokens, largest_prompt, prompts_per_step,
-                                       most_samples)
-    if num_slots < 1:
+    if max_new_tokens_within(kv_budget, largest_prompt, max_new_tokens) < max_new_tokens:
         raise SamplingError(f"--kv-budget {kv_budget} is too small for one prompt "
                             f"({largest_prompt} tokens) "
                             f"plus max_new_tokens {max_new_tokens}")
-    return num_slots
+    most_samples = max(len(g.lengths) for g in groups) * prompts_per_step
+    return micro_group_within(kv_budget, max_new_tokens, largest_prompt, prompts_per_step,
+                                  most_samples)
 
 
-def simulate(groups: Sequence[TraceGroup], policy: str, num_slots: int | None = None,
+def simulate(groups: Sequence[TraceGroup], policy: str, micro_group: int | None = None,
              kv_budget: int | None = None, predictor: str = "none", prompts_per_step: int = 1,
              max_new_tokens: int | None = None, warmup_steps: int = 0,
              **policy_options) -> SamplerStats:
@@ -247,14 +251,14 @@ def simulate(groups: Sequence[TraceGroup], policy: str, num_slots: int | None = 
     if too_long is not None:
         raise SamplingError(f"prompt {too_long.prompt_id} has a length {max(too_long.lengths)} "
                             f"> --max-new-tokens {max_new}")
-    slots = _num_slots(num_slots, kv_budget, groups, max_new, prompts_per_step)
+    micro_group = _micro_group(micro_group, kv_budget, groups, max_new, prompts_per_step)
     wants_predictor = policy == "length_aware" or predictor != "none"
     length_predictor = make_predictor(predictor) if wants_predictor else None
     calls = []
     for start in range(0, len(groups), prompts_per_step):
         step_groups = groups[start:start + prompts_per_step]
         samples, lengths = _call_samples(step_groups, max_new)
-        calls.append(run_call(samples, lengths, policy, slots, kv_budget, length_predictor,
+        calls.append(run_call(samples, lengths, policy, micro_group, kv_budget, length_predictor,
                               first_tokens=_call_first_tokens(step_groups), **policy_options))
     if warmup_steps >= len(calls):
         raise SamplingError(f"--warmup-steps {warmup_steps} leaves none of the trace's "
@@ -262,14 +266,15 @@ def simulate(groups: Sequence[TraceGroup], policy: str, num_slots: int | None = 
     return SamplerStats.merge(calls[warmup_steps:])
 
 
-def _num_slots(num_slots, kv_budget, groups, max_new, prompts_per_step) -> int:
-    if num_slots is None and kv_budget is None:
-        raise SamplingError("give --micro-group/--slots or --kv-budget (or both)")
-    budget_slots = (slots_for_budget(kv_budget, groups, max_new, prompts_per_step)
+def _micro_group(micro_group, kv_budget, groups, max_new, prompts_per_step) -> int:
+    """g: the one given, capped at what the budget holds."""
+    if micro_group is None and kv_budget is None:
+        raise SamplingError("give --micro-group or --kv-budget (or both)")
+    budget_holds = (micro_group_for_budget(kv_budget, groups, max_new, prompts_per_step)
                     if kv_budget is not None else None)
-    if num_slots is not None and num_slots < 1:
-        raise SamplingError(f"--micro-group must be >= 1, got {num_slots}")
-    return min(s for s in (num_slots, budget_slots) if s is not None)
+    if micro_group is not None and micro_group < 1:
+        raise SamplingError(f"--micro-group must be >= 1, got {micro_group}")
+    return min(size for size in (micro_group, budget_holds) if size is not None)
 
 
 def _call_samples(step_groups: Sequence[TraceGroup],

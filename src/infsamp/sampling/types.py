@@ -27,10 +27,10 @@ from typing import Any, Literal
 
 from infsamp.planner.kv_budget import (  # noqa: F401 (the budget arithmetic, read here by sampling/)
     VLLM_BLOCK_SIZE,
-    concurrency_for_budget,
     kv_tokens_needed,
     largest_fitting,
     max_new_tokens_within,
+    micro_group_within,
     reserved_tokens,
     shared_prompt_tokens,
     usable_kv_tokens,

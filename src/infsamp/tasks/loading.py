@@ -1,6 +1,6 @@
 """Dataset loading: from `data.*` settings to examples (`tasks.prompts` turns them into token ids).
 
-`load_examples(data_cfg, split)` reads one of five sources (`data.dataset`):
+`load_examples(data_cfg, split)` reads one of five sources (`data.dataset`; `tasks.sources`):
 - `embedded:<task>`: a generator in `infsamp.tasks` (the default, `embedded:arithmetic`);
 - `reasoning_gym:<task>`: a reasoning-gym task, its splits from disjoint seeds
   (`infsamp.tasks.reasoning_gym`);
@@ -26,181 +26,17 @@ Deliberately simple: whole datasets are read into memory as lists of dicts (GSM8
 
 from __future__ import annotations
 
-import importlib
 import json
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from infsamp.config import DataConfig
 from infsamp.errors import DataError
-from infsamp.hub import hub_offline, hub_unavailable
 from infsamp.tasks import reasoning_gym
 from infsamp.tasks.gsm8k import read_hash_answer
-
-EMBEDDED_PREFIX = "embedded:"
-EMBEDDED_TASKS = {"arithmetic": "infsamp.tasks.arithmetic"}  # name -> module with generate_problems
-Row = tuple[str, dict[str, Any]]  # (where the row comes from, for error messages; the row)
-
-
-# ---------------------------------------------------------------- sources
-
-
-def _read_embedded(data_cfg: DataConfig, split: str) -> list[Row]:
-    task = data_cfg.dataset[len(EMBEDDED_PREFIX):]
-    if task not in EMBEDDED_TASKS:
-        raise DataError(f"data.dataset: unknown embedded task {task!r} (known: "
-                        f"{', '.join(EMBEDDED_TASKS)})")
-    generate = importlib.import_module(EMBEDDED_TASKS[task]).generate_problems
-    num = (data_cfg.num_eval_examples if split == data_cfg.eval_split
-           else data_cfg.num_train_examples)
-    try:
-        problems = generate(num, data_cfg.seed, split)
-    except ValueError as err:
-        raise DataError(f"data.dataset: {data_cfg.dataset} split {split!r}: {err}") from None
-    return [(f"{data_cfg.dataset} {split} row {i}", row) for i, row in enumerate(problems)]
-
-
-def read_text(path: Path) -> str:
-    """A local dataset file's text; bytes that are not UTF-8 are one line naming file and line."""
-    try:
-        data = path.read_bytes()
-    except OSError as err:
-        raise DataError(f"data.dataset: cannot read {path} ({err.strerror or err})") from None
-    try:
-        return data.decode("utf-8-sig")  # a byte-order mark is not text
-    except UnicodeDecodeError as err:
-        line = data.count(b"\n", 0, err.start) + 1
-        raise DataError(f"{path} line {line}: not UTF-8 text (byte 0x{data[err.start]:02x}); "
-                        "save the file as UTF-8") from None
-
-
-def _read_jsonl(path: Path) -> list[Row]:
-    rows: list[Row] = []
-    for line_number, line in enumerate(read_text(path).splitlines(), start=1):
-        if not line.strip():
-            continue
-        where = f"{path} line {line_number}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise DataError(f"{where}: not valid JSON ({err.msg})") from None
-        rows.append((where, row))
-    return rows
-
-
-def _read_json(path: Path, split: str) -> list[Row]:
-    try:
-        tree = json.loads(read_text(path))
-    except json.JSONDecodeError as err:
-        raise DataError(f"{path} line {err.lineno}: not valid JSON ({err.msg})") from None
-    if isinstance(tree, dict):  # {"train": [...], "test": [...]}
-        if split not in tree:
-            raise DataError(f"{path}: no split {split!r} (found: {', '.join(map(str, tree))})")
-        tree = tree[split]
-    if not isinstance(tree, list):
-        raise DataError(f"{path}: expected a list of rows or a mapping of split -> rows")
-    return [(f"{path} row {i}", row) for i, row in enumerate(tree)]
-
-
-def _read_txt(path: Path, column: str) -> list[Row]:
-    """One prompt per non-empty line; a literal \\n in a line is a newline."""
-    lines = read_text(path).splitlines()
-    return [(f"{path} line {number}", {column: line.replace("\\n", "\n")})
-            for number, line in enumerate(lines, start=1) if line.strip()]
-
-
-DATASETS_FORMATS = {".csv": ("csv", {}), ".tsv": ("csv", {"delimiter": "\t"}),
-                    ".parquet": ("parquet", {})}  # suffix -> `datasets` builder and its options
-LOCAL_SUFFIXES = (".jsonl", ".json", ".txt", *DATASETS_FORMATS)
-
-
-def _read_table_file(path: Path) -> list[Row]:
-    """A .csv / .tsv / .parquet file, read by `datasets` (one split: every split reads it)."""
-    builder, options = DATASETS_FORMATS[path.suffix]
-    if builder == "csv":
-        read_text(path)  # a byte that is not UTF-8 is named with its line
-    try:
-        import datasets
-
-        datasets.disable_progress_bars()
-        table = datasets.load_dataset(builder, data_files=str(path), split="train", **options)
-    except Exception as err:  # noqa: BLE001 - pandas / pyarrow raise many types
-        why = f"{type(err).__name__}: {err}".splitlines()[0]
-        raise DataError(f"data.dataset: cannot read {path} ({why})") from None
-    first = 2 if builder == "csv" else 0  # a csv's line 1 is its header
-    where = "line" if builder == "csv" else "row"
-    return [(f"{path} {where} {i + first}", row) for i, row in enumerate(table.to_list())]
-
-
-def _split_file(data_cfg: DataConfig, split: str) -> Path | None:
-    """The file a local source reads for `split`; None for a folder without <split>.jsonl/.json."""
-    path = Path(data_cfg.dataset).expanduser()
-    if path.is_dir():
-        candidates = (path / f"{split}.jsonl", path / f"{split}.json")
-        return next((p for p in candidates if p.exists()), None)
-    return path
-
-
-def _read_local(data_cfg: DataConfig, split: str) -> list[Row]:
-    path = _split_file(data_cfg, split)
-    if path is None:
-        return _read_with_datasets(data_cfg, split)
-    if not path.exists():
-        raise DataError(f"data.dataset: {path} does not exist")
-    if path.suffix not in LOCAL_SUFFIXES:
-        raise DataError(f"data.dataset: {path}: cannot read {path.suffix or 'extension-less'} "
-                        f"files (give {', '.join(LOCAL_SUFFIXES)}, or a folder)")
-    if path.suffix in DATASETS_FORMATS:
-        return _read_table_file(path)
-    if path.suffix == ".txt":
-        return _read_txt(path, data_cfg.prompt_column)
-    return _read_jsonl(path) if path.suffix == ".jsonl" else _read_json(path, split)
-
-
-def _read_with_datasets(data_cfg: DataConfig, split: str) -> list[Row]:
-    name = data_cfg.dataset
-    try:
-        import datasets
-
-        datasets.disable_progress_bars()  # no bars between the run's own log lines
-        table = datasets.load_dataset(name, data_cfg.dataset_config or None, split=split)
-    except Exception as err:  # noqa: BLE001 - network, missing split, unknown id: all one line
-        why = f"{type(err).__name__}: {err}".splitlines()[0]
-        raise DataError(f"data.dataset: could not load {name!r} split {split!r} ({why})") from None
-    return [(f"{name} {split} row {i}", row) for i, row in enumerate(table.to_list())]
-
-
-def check_dataset_source(data_cfg: DataConfig) -> None:
-    """A hub id while the hub cannot be asked is one DataError at once (not ~50 s of retries);
-    an unknown reasoning-gym task or option too."""
-    if data_cfg.dataset.startswith(reasoning_gym.PREFIX):
-        reasoning_gym.check_task(data_cfg)
-    if _source_reader(data_cfg.dataset) is not _read_hub:
-        return
-    why = hub_unavailable()
-    if why is not None and not hub_offline():  # offline mode: `datasets` answers from its cache
-        raise DataError(f"data.dataset {data_cfg.dataset!r}: not a local file or folder, and "
-                        f"{why}: give a local copy, or HF_HUB_OFFLINE=1 to use the datasets cache")
-
-
-def _read_hub(data_cfg: DataConfig, split: str) -> list[Row]:
-    check_dataset_source(data_cfg)
-    return _read_with_datasets(data_cfg, split)
-
-
-def _source_reader(dataset: str) -> Callable[[DataConfig, str], list[Row]]:
-    if dataset.startswith(EMBEDDED_PREFIX):
-        return _read_embedded
-    if dataset.startswith(reasoning_gym.PREFIX):
-        return reasoning_gym.read_split
-    local = Path(dataset).expanduser()
-    if dataset.endswith(LOCAL_SUFFIXES) or local.is_dir() or local.is_file():
-        return _read_local
-    return _read_hub
-
+from infsamp.tasks.sources import Row, same_rows, source_reader
 
 # ---------------------------------------------------------------- rows -> examples
 
@@ -267,7 +103,7 @@ def to_example(row: Any, data_cfg: DataConfig, where: str,
 
 
 def _load_rows(data_cfg: DataConfig, split: str) -> list[Row]:
-    rows = _source_reader(data_cfg.dataset)(data_cfg, split)
+    rows = source_reader(data_cfg.dataset)(data_cfg, split)
     if not rows:
         raise DataError(f"data.dataset: {data_cfg.dataset} split {split!r} has no rows")
     return rows
@@ -345,23 +181,6 @@ class Splits:
     data_notes: list[str] = field(default_factory=list)  # rows skipped, and why
 
 
-def _same_rows(data_cfg: DataConfig) -> bool:
-    """True when the train and eval splits would read the same rows (one file or one split name)."""
-    if data_cfg.train_split == data_cfg.eval_split:
-        return True
-    if data_cfg.dataset.startswith((EMBEDDED_PREFIX, reasoning_gym.PREFIX)):
-        return False
-    path = _split_file(data_cfg, data_cfg.train_split)
-    if path is None or not path.is_file() or path != _split_file(data_cfg, data_cfg.eval_split):
-        return False  # a hub id, a folder read by `datasets`, or one file per split
-    if path.suffix == ".json":  # {"train": [...], "test": [...]} holds both splits
-        try:
-            return not isinstance(json.loads(read_text(path)), dict)
-        except (ValueError, DataError):
-            return False  # reading the split reports it
-    return True
-
-
 def _row_names(rows: list[Row], limit: int = 12) -> str:
     names = [where.rsplit(" ", 2)[-2:] for where, _ in rows[:limit]]
     text = ", ".join(" ".join(n) for n in names)
@@ -397,7 +216,7 @@ def _evaluation_rows(data_cfg: DataConfig, rows: list[Row],
         return rows, evaluated, note, [overlap]
     if num_eval == 0:
         return rows, [], "evaluation: off (eval.num_problems 0)", []
-    if _same_rows(data_cfg):
+    if same_rows(data_cfg):
         splits = f"split {data_cfg.train_split!r} and {data_cfg.eval_split!r}"
         raise DataError(f"data.dataset {data_cfg.dataset}: training and evaluation would read the "
                         f"same rows ({splits}); set data.eval_fraction (e.g. 0.1) to hold some "

@@ -79,7 +79,7 @@ class Engine(Protocol):
     hands_hidden_states: bool  # fills Sample.hidden_state when DecodeOptions.hidden_states
 
     def begin_call(self, prompts: Sequence[Sequence[int]], samples: Sequence[Sample],
-                   num_slots: int, options: DecodeOptions, stats: SamplerStats,
+                   micro_group: int, options: DecodeOptions, stats: SamplerStats,
                    processor: SlotLogitsProcessor | None = None) -> None:
         """Prepare one sampler call; the engine's counters go to `stats`."""
 

@@ -14,6 +14,9 @@ forward and back; `SlotKVCache.update` then returns the slot columns only (views
 asks for more than plain attention (a sliding window, logit soft-capping, attention sinks) gets
 the model's own attention function over the concatenated keys, as before.
 
+Shapes: S = g (`micro_group`), every slot has a row, running or not; H, H_kv query and KV heads,
+r = H / H_kv, P the widest prompt row, W the slot columns attended this step.
+
 Deliberately simple: one query position per slot (decode); prefill runs the model's own attention.
 """
 
@@ -58,9 +61,9 @@ def _prompt_product(left: torch.Tensor, table: torch.Tensor, rows, transpose: bo
     right = table.transpose(-1, -2) if transpose else table  # [R, Hk, D, P] or [R, Hk, P, D]
     if rows is not None:  # slots of several groups: each slot's own row
         return left @ right[rows]
-    num_slots, kv_heads, group, width = left.shape  # one row shared by every slot: no copy of it
-    flat = left.transpose(0, 1).reshape(kv_heads, num_slots * group, width)  # [Hk, S*r, X]
-    return (flat @ right[0]).reshape(kv_heads, num_slots, group, -1).transpose(0, 1)
+    micro_group, kv_heads, group, width = left.shape  # one row shared by every slot: no copy of it
+    flat = left.transpose(0, 1).reshape(kv_heads, micro_group * group, width)  # [Hk, S*r, X]
+    return (flat @ right[0]).reshape(kv_heads, micro_group, group, -1).transpose(0, 1)
 
 
 def split_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0,
@@ -73,9 +76,9 @@ def split_attention_forward(module, query, key, value, attention_mask, dropout: 
         own = ALL_ATTENTION_FUNCTIONS.get_interface(cache.split_from, None)
         return own(module, query, keys, values, attention_mask, dropout=dropout, scaling=scaling,
                    **kwargs)
-    num_slots, num_heads, _, head_dim = query.shape  # [S, H, 1, D]
+    micro_group, num_heads, _, head_dim = query.shape  # [S, H, 1, D]
     kv_heads = key.shape[1]
-    grouped = query.reshape(num_slots, kv_heads, num_heads // kv_heads, head_dim)  # [S, Hk, r, D]
+    grouped = query.reshape(micro_group, kv_heads, num_heads // kv_heads, head_dim)  # [S, Hk, r, D]
     prompt_k, prompt_v = cache.prompt_keys[layer], cache.prompt_values[layer]  # [R, Hk, P, D]
     has_prompt = prompt_k.shape[0] > 0 and prompt_k.shape[2] > 0
     parts = [grouped @ key.transpose(-1, -2)]  # [S, Hk, r, W]
@@ -91,7 +94,7 @@ def split_attention_forward(module, query, key, value, attention_mask, dropout: 
     if has_prompt:
         out = out + _prompt_product(probs[..., :width], prompt_v, cache.step_rows,
                                     transpose=False)
-    return out.reshape(num_slots, 1, num_heads, head_dim), None  # [S, 1, H, D], as sdpa's
+    return out.reshape(micro_group, 1, num_heads, head_dim), None  # [S, 1, H, D], as sdpa's
 
 
 AttentionInterface.register(NAME, split_attention_forward)

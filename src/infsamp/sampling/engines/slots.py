@@ -55,9 +55,9 @@ class SlotKVCache:
     """Duck-typed transformers cache: the model calls `update(k, v, layer_idx)` once per layer and
     step."""
 
-    def __init__(self, num_layers: int, num_slots: int, slot_capacity: int, kv_heads: int,
+    def __init__(self, num_layers: int, micro_group: int, slot_capacity: int, kv_heads: int,
                  head_dim: int, dtype: torch.dtype, device: torch.device):
-        shape = (num_slots, kv_heads, slot_capacity, head_dim)
+        shape = (micro_group, kv_heads, slot_capacity, head_dim)
         self.slot_keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.slot_values = [torch.zeros(shape, dtype=dtype, device=device)
                             for _ in range(num_layers)]
@@ -69,10 +69,10 @@ class SlotKVCache:
         self.parked: dict[int, tuple[list, list]] = {}  # sample id -> kept (keys, values) per layer
         self.group_rows: dict[int, int] = {}  # group id -> row of the prompt table
         self.prompt_lengths: list[int] = []  # KV tokens of each row (prompt length - 1)
-        self.slot_index = torch.arange(num_slots, device=device)
+        self.slot_index = torch.arange(micro_group, device=device)
         # [S] prompt row of each slot this step; None: one row
         self.step_rows: torch.Tensor | None = None
-        self.write_index = torch.zeros(num_slots, dtype=torch.long, device=device)  # [S]
+        self.write_index = torch.zeros(micro_group, dtype=torch.long, device=device)  # [S]
         self.width = 1  # slot columns attended this step
         self.split_from: str | None = None  # set while slot_attention reads the cache in place
 
@@ -100,10 +100,10 @@ class SlotKVCache:
         return self.slot_keys + self.slot_values + self.prompt_keys + self.prompt_values + parked
 
     def held_tokens(self) -> int:
-        num_slots, _, capacity, _ = self.slot_keys[0].shape
+        micro_group, _, capacity, _ = self.slot_keys[0].shape
         num_rows, _, prompt_width, _ = self.prompt_keys[0].shape
         parked = sum(keys[0].shape[1] for keys, _ in self.parked.values())
-        return num_slots * capacity + num_rows * prompt_width + parked
+        return micro_group * capacity + num_rows * prompt_width + parked
 
     # ---- parked samples
     def park(self, sample_id: int, slot: int, num_tokens: int) -> None:
@@ -210,15 +210,15 @@ class SlotEngine:
 
     # ---- Engine protocol
     def begin_call(self, prompts: Sequence[Sequence[int]], samples: Sequence[Sample],
-                   num_slots: int, options: DecodeOptions, stats: SamplerStats,
+                   micro_group: int, options: DecodeOptions, stats: SamplerStats,
                    processor: SlotLogitsProcessor | None = None) -> None:
         config, param = self.model.config, next(self.model.parameters())
         head_dim = getattr(config, "head_dim",
                            None) or config.hidden_size // config.num_attention_heads
         kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         capacity = max(s.max_new_tokens for s in samples)
-        self.cache = SlotKVCache(config.num_hidden_layers, num_slots, capacity, kv_heads, head_dim,
-                                 param.dtype, param.device)
+        self.cache = SlotKVCache(config.num_hidden_layers, micro_group, capacity, kv_heads,
+                                 head_dim, param.dtype, param.device)
         self.device, self.prompts, self.options, self.stats = param.device, prompts, options, stats
         if processor is None and options.target_lengths is not None:
             processor = ForcedLengths(options.target_lengths, options.eos_token_ids[0])
@@ -226,7 +226,7 @@ class SlotEngine:
         self.warpers = build_warpers(options)
         self.eos_ids = set(options.eos_token_ids)
         self.remaining = Counter(s.group_id for s in samples)  # samples of a group not yet ended
-        self.slot_sample: list[Sample | None] = [None] * num_slots
+        self.slot_sample: list[Sample | None] = [None] * micro_group
         self.was_training = self.model.training
         self.split = supports_split(self.model)  # decode attention reads the cache in place
         self.model.eval()

@@ -229,7 +229,7 @@ class VLLMEngine:
 
     # ---- Engine protocol
     def begin_call(self, prompts: Sequence[Sequence[int]], samples: Sequence[Sample],
-                   num_slots: int, options: DecodeOptions, stats: SamplerStats,
+                   micro_group: int, options: DecodeOptions, stats: SamplerStats,
                    processor: SlotLogitsProcessor | None = None) -> None:
         if processor is not None:
             raise SamplingError("the vllm engine takes no logits processor; use --sampling.engine "
