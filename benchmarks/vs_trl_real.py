@@ -147,7 +147,13 @@ def training_rows(stream_args, num_steps: int) -> list:
 def held_out_eval(model, tokenizer, prompts, stop_token_ids, rewards, cfg) -> dict:
     """Greedy completions of the held-out prompts, scored by the run's eval reward as infsamp's
     evaluation scores them; `solved` per problem (for paired tests)."""
-    from infsamp.run.evaluation import eval_metrics, eval_reward_name, held_out_completions, tally
+    from infsamp.run.evaluation import (
+        eval_metrics,
+        eval_reward_name,
+        held_out_completions,
+        problem_records,
+        tally,
+    )
 
     start = (time.perf_counter(), time.process_time())
     ids, texts = held_out_completions(
@@ -158,7 +164,8 @@ def held_out_eval(model, tokenizer, prompts, stop_token_ids, rewards, cfg) -> di
     chosen = eval_reward_name(cfg.eval.reward, rewards.names)
     metrics = eval_metrics(tally(result, rewards.names, chosen, cfg.eval.accuracy_threshold),
                            rewards.names, chosen)
-    solved = [int(v >= cfg.eval.accuracy_threshold) for v in result.per_function[chosen]]
+    records = problem_records(prompts, texts, ids, result, chosen, cfg.eval.accuracy_threshold)
+    solved = [int(record["solved"]) for record in records]
     return {**metrics, "eval_reward": chosen, "solved": solved,
             "mean_length": statistics.mean(len(i) for i in ids),
             "seconds": round(time.perf_counter() - start[0], 1),
