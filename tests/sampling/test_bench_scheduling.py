@@ -142,3 +142,37 @@ def test_both_engines_side_by_side(tmp_path, capsys):
         assert all(totals[name]["num_preemptions"] == 0 for name in ("continuous", "rounds"))
     assert "length_aware:online: vllm / slots tokens/s" in report["targets"]["vllm vs slots"]
     assert "engine start-up (not in the figures above): vllm" in capsys.readouterr().out
+
+
+def _recipe(tmp_path, model: str, task: str = "basic_arithmetic") -> str:
+    path = tmp_path / "recipe.yaml"
+    path.write_text(f"model:\n  name_or_path: {model}\ndata:\n  dataset: reasoning_gym:{task}\n"
+                    "  dataset_config: {min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 1}\n"
+                    "  num_train_examples: 20\n  num_eval_examples: 4\n")
+    return str(path)
+
+
+def test_config_gives_the_prompts_and_the_model(tiny_model_dir, tmp_path):
+    """`--config RECIPE`: the recipe's data section (task options included) and its model; `--model`
+    and `--dataset` override them."""
+    from infsamp.config import ModelConfig
+    from infsamp.models.loading import load_model_and_tokenizer
+
+    args = _args(config=_recipe(tmp_path, str(tiny_model_dir)), model="", dataset="",
+                 prompt_column="prompt")
+    data, model_name = bench.bench_sources(args)
+    assert model_name == str(tiny_model_dir) and data.dataset == "reasoning_gym:basic_arithmetic"
+    assert data.dataset_config["max_digits"] == 1
+    _, tokenizer = load_model_and_tokenizer(ModelConfig(name_or_path=model_name))
+    prompts = bench.bench_prompts(tokenizer, 3, 0, args, data)
+    assert len(prompts) == 3 and all("Calculate" in text or "=" in text for text, _ in prompts)
+    assert bench.bench_sources(argparse.Namespace(**{**vars(args), "model": "embedded"}))[1] \
+        == "embedded"
+    assert bench.bench_sources(_args(config="", model="", dataset="", prompt_column="p")) \
+        == (None, "embedded")
+
+
+def test_config_with_an_unknown_task_is_one_line(tmp_path, capsys):
+    code = main(["bench", "scheduling", "--config", _recipe(tmp_path, "embedded", "no_such_task")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "no_such_task" in err and len(err.splitlines()) == 1

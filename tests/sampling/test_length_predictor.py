@@ -228,3 +228,35 @@ def test_hidden_without_a_hidden_state_predicts_as_online():
             online.predict_remaining(sample, [4, 5, 6]))
         hidden.observe_finished(sample, length)
         online.observe_finished(sample, length)
+
+
+def test_hidden_defers_to_the_prefix_memory_at_a_known_start():
+    """At a sample's first point `hidden` takes online's prediction when the prompt's prefix
+    memory knows similar starts (here the first tokens tell 200 from 20 tokens and the hidden
+    state is noise); a start the memory has not seen goes to the probe."""
+    rng = random.Random(2)
+    hidden, online = make_predictor("hidden"), make_predictor("online")
+    starts = {200: [1, 2, 3, 4], 20: [5, 6, 7, 8]}
+    for _ in range(4):
+        for index in range(16):
+            length = 200 if index % 2 else 20
+            sample = Sample(index, 0, index, 10, 300, "p")
+            sample.hidden_state = [rng.gauss(0, 1) for _ in range(6)]
+            for predictor in (hidden, online):
+                predictor.predict_remaining(sample, starts[length])
+            for predictor in (hidden, online):
+                predictor.observe_finished(sample, length)
+        for predictor in (hidden, online):
+            predictor.end_call()
+    for sample_id, (length, start) in enumerate(starts.items()):
+        probe = Sample(90 + sample_id, 0, sample_id, 10, 300, "p")
+        probe.hidden_state = [rng.gauss(0, 1) for _ in range(6)]
+        predicted = hidden.predict_remaining(probe, start)
+        assert online.remembered(probe) is False  # the probe sample is new to the other one
+        assert predicted == pytest.approx(online.predict_remaining(probe, start))
+        assert hidden._tokens.remembered(probe)
+        assert abs(math.log((predicted + len(start)) / length)) < 0.2
+    unseen = Sample(99, 0, 9, 10, 300, "p")
+    unseen.hidden_state = [0.0] * 6
+    hidden.predict_remaining(unseen, [9, 10, 11, 12])
+    assert not hidden._tokens.remembered(unseen)

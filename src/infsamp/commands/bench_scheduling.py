@@ -6,6 +6,7 @@ engine.
     infsamp bench scheduling -B 1 --prompts 8 --seeds 0,1,2   # one prompt per step, three seeds
     infsamp bench scheduling --engine slots,vllm -B 4  # the same calls on both engines
     infsamp bench scheduling --model DIR --dataset rows.jsonl --prompt-column question
+    infsamp bench scheduling --config examples/smollm2_reasoning_gym.yaml --max-new-tokens 96
 
 The embedded task with natural lengths (or `--dataset`'s prompts for `--model`), B prompts per
 sampler call (= one training step, `-B`, default 1), G samples per prompt and the same g slots
@@ -65,7 +66,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true",
                         help="3 prompts, G=16, g=4 (about a minute)")
     parser.add_argument("--out", default="runs/bench_scheduling", help="folder for scheduling.json")
-    parser.add_argument("--model", default="embedded", help="checkpoint directory or 'embedded'")
+    parser.add_argument("--model", default="",
+                        help="checkpoint directory, 'embedded' (default) or 'smollm2-135m'")
     parser.add_argument("--prompts", type=int, default=12,
                         help="prompts (= sampler calls) per epoch")
     parser.add_argument("--prompts-per-step", "-B", type=int, default=1,
@@ -86,6 +88,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", default="",
                         help="prompts from this data.dataset instead of the embedded task")
     parser.add_argument("--prompt-column", default="prompt", help="--dataset: the prompt column")
+    parser.add_argument("--config", default="",
+                        help="a training config (e.g. examples/smollm2_reasoning_gym.yaml): its "
+                             "data section gives the prompts (task options, system prompt) and "
+                             "its model.name_or_path the model, unless --model is given")
     parser.add_argument("--variants", default=",".join(VARIANTS),
                         help="comma-separated policy[:predictor][/refill]; continuous "
                              "must come first")
@@ -106,10 +112,12 @@ def run(args: argparse.Namespace) -> int:
         args.prompts, args.num_generations, args.micro_group, args.max_new_tokens = 3, 16, 4, 256
     variants = check_arguments(args)
     names = parse_engines(args.engine)
+    data_cfg, model_name = bench_sources(args)
     torch.set_num_threads(args.threads)
-    model, tokenizer = load_model_and_tokenizer(ModelConfig(name_or_path=args.model))
+    model, tokenizer = load_model_and_tokenizer(ModelConfig(name_or_path=model_name))
     seeds = parse_seeds(args)
-    prompts = {seed: bench_prompts(tokenizer, args.prompts, seed, args) for seed in seeds}
+    prompts = {seed: bench_prompts(tokenizer, args.prompts, seed, args, data_cfg)
+               for seed in seeds}
     sizes = engine_sizes_for([p for chunk in prompts.values() for p in chunk], args)
     cfg = sampling_config(Variant("continuous"), args, sizes.kv_budget_tokens)
     engines, startup = start_engines(names, model, cfg, sizes, prompts[seeds[0]][0][1])
@@ -166,14 +174,35 @@ def parse_seeds(args) -> list[int]:
     return seeds
 
 
-def bench_prompts(tokenizer, num: int, seed: int, args=None) -> list[tuple[str, list[int]]]:
-    """(text, token ids) of `num` training prompts: the embedded task's, or `--dataset`'s."""
+def bench_sources(args):
+    """(data config or None for the embedded task, model name): `--config`'s data section and
+    model, `--dataset`/`--prompt-column` and `--model` overriding them. Checked before any load
+    (an unknown task or option is one line)."""
+    from infsamp.config import DataConfig
+    from infsamp.config_io import load_config
+    from infsamp.tasks.sources import check_dataset_source
+
+    cfg = load_config(args.config) if args.config else None
+    data = cfg.data if cfg else None
+    if args.dataset:
+        data = DataConfig(dataset=args.dataset, prompt_column=args.prompt_column)
+    if data is not None:
+        check_dataset_source(data)
+    model = args.model or (cfg.model.name_or_path if cfg else "embedded")
+    return data, model
+
+
+def bench_prompts(tokenizer, num: int, seed: int, args=None,
+                  data_cfg=None) -> list[tuple[str, list[int]]]:
+    """(text, token ids) of `num` training prompts: the embedded task's, or `data_cfg`'s (default:
+    `--dataset`'s)."""
     from infsamp.commands.bench_sampling import bench_encoded_prompts
     from infsamp.config import DataConfig
 
     dataset = getattr(args, "dataset", "")
-    data = DataConfig(dataset=dataset, prompt_column=args.prompt_column) if dataset else None
-    prompts = bench_encoded_prompts(tokenizer, num, seed, split="train", data_cfg=data)
+    if data_cfg is None and dataset:
+        data_cfg = DataConfig(dataset=dataset, prompt_column=args.prompt_column)
+    prompts = bench_encoded_prompts(tokenizer, num, seed, split="train", data_cfg=data_cfg)
     return [(p.text, p.token_ids) for p in prompts]
 
 

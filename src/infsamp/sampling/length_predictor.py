@@ -172,6 +172,7 @@ class OnlinePredictor(LengthPredictor):
         # sample -> (features, k, token counts)
         self._prefixes: dict[int, tuple[np.ndarray, int, Counter]] = {}
         self._totals: dict[int, float] = {}  # sample -> total predicted at its first point
+        self._remembered: set[int] = set()  # samples whose first point the prefix memory knew
         self._memory = PrefixMemory()
         self._run_mean: float | None = None
         # (group, key) -> prediction; cleared on news
@@ -200,13 +201,21 @@ class OnlinePredictor(LengthPredictor):
         x, counts = self._prefix_features(spec, prefix_token_ids), Counter(prefix_token_ids)
         self._prefixes[spec.sample_id] = (x, num_tokens, counts)
         remembered = self._memory.predict(_memory_key(spec), counts)
+        if remembered is not None:
+            self._remembered.add(spec.sample_id)
         log_total = remembered if remembered is not None else self._prefix_model.predict(x)
         remaining = max(1.0, self._from_log(log_total, spec) - num_tokens)
         self._totals[spec.sample_id] = num_tokens + remaining
         return remaining
 
+    def remembered(self, spec) -> bool:
+        """Whether this sample's first-point prediction came from its prompt's prefix memory
+        (similar first tokens of the same prompt seen finishing), not from the ridge."""
+        return spec.sample_id in self._remembered
+
     def observe_finished(self, spec, length):
         self._cache.clear()
+        self._remembered.discard(spec.sample_id)
         log_length = math.log(max(1, length))
         self._model.add(self._features(spec), log_length)
         x, num_prefix, counts = self._prefixes.pop(spec.sample_id, (None, 0, None))
@@ -242,6 +251,7 @@ class OnlinePredictor(LengthPredictor):
         self._cache.clear()
         self._prefixes.clear()
         self._totals.clear()
+        self._remembered.clear()
 
     def end_call(self):
         for key, log_length in self._call_logs:
@@ -253,6 +263,7 @@ class OnlinePredictor(LengthPredictor):
         self._siblings.clear()
         self._prefixes.clear()
         self._totals.clear()
+        self._remembered.clear()
         self._model.fit()
         self._prefix_model.fit()
 
