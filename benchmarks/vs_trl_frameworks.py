@@ -128,6 +128,7 @@ class StepClock:
 
     def __init__(self, meter):
         self.meter, self.wall, self.cpu, self.lengths = meter, [], [], []
+        self.step_logs: list[dict] = []  # each step's metrics (TRL's logs, infsamp's train_step)
 
     def begin(self) -> None:
         self.started = (time.perf_counter(), time.process_time())
@@ -178,6 +179,7 @@ def trl_callback(clock: StepClock):
         def on_log(self, args, state, control, logs=None, **kw):
             if logs and "completions/mean_length" in logs:
                 clock.lengths.append(float(logs["completions/mean_length"]))
+                clock.step_logs.append(dict(logs))
 
     return StepTimer()
 
@@ -186,21 +188,29 @@ def run_trl(args, G: int, model_dir: Path, tmp: Path, rollout_func=None, **extra
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM
-    from trl import GRPOTrainer
 
     from infsamp.models.loading import load_tokenizer
 
     dtype = torch.bfloat16 if is_bf16(args) else torch.float32
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
     clock = StepClock(make_meter(args.device))
-    trainer = GRPOTrainer(model=model, reward_funcs=reward_functions(),
+    trainer = trl_trainer(clock, model=model, reward_funcs=reward_functions(),
                           args=trl_config(args, G, tmp / "trl", **extra),
                           train_dataset=Dataset.from_list(train_problems(NUM_PROMPTS)),
                           processing_class=load_tokenizer(str(model_dir)),
-                          callbacks=[trl_callback(clock)], rollout_func=rollout_func)
-    trainer._generate = clock.meter.phase(trainer._generate)  # TRL's generation or rollout_func
+                          rollout_func=rollout_func)
     trainer.train()
     return clock.result()
+
+
+def trl_trainer(clock: StepClock, **trainer_kwargs):
+    """TRL's GRPOTrainer timed by `clock`: each step (callback) and each generation (meter phase:
+    TRL's `_generate`, or the rollout_func it calls)."""
+    from trl import GRPOTrainer
+
+    trainer = GRPOTrainer(**trainer_kwargs, callbacks=[trl_callback(clock)])
+    trainer._generate = clock.meter.phase(trainer._generate)
+    return trainer
 
 
 def run_trl_cb(args, G: int, model_dir: Path, tmp: Path) -> dict:
@@ -282,15 +292,27 @@ def timed_step(trainer, clock: StepClock, step: int) -> None:
     metrics = trainer.train_step()
     clock.end(step)
     clock.lengths.append(float(metrics["completions/mean_length"]))
+    clock.step_logs.append(metrics)
+
+
+def metered_infsamp(trainer, device: str) -> StepClock:
+    """A clock for infsamp's trainer, its meter's phase around the step's generation."""
+    clock = StepClock(make_meter(device))
+    trainer.sampler.sample = clock.meter.phase(trainer.sampler.sample)
+    return clock
+
+
+def timed_steps(trainer, clock: StepClock, num_steps: int) -> None:
+    """`num_steps` infsamp steps; step 1 is the warm-up (optimizer state, lazy imports)."""
+    for step in range(1, 1 + num_steps):
+        timed_step(trainer, clock, step)
 
 
 def run_infsamp(args, G: int, model_dir: Path, tmp: Path, engine: str = "slots") -> dict:
     trainer = infsamp_trainer(args, G, model_dir, tmp, engine)
-    clock = StepClock(make_meter(args.device))
-    trainer.sampler.sample = clock.meter.phase(trainer.sampler.sample)  # the step's generation
+    clock = metered_infsamp(trainer, args.device)
     try:
-        for step in range(1, 2 + args.steps):  # step 1: warm-up (optimizer state, lazy imports)
-            timed_step(trainer, clock, step)
+        timed_steps(trainer, clock, 1 + args.steps)
     finally:
         trainer.close()
     return clock.result()
