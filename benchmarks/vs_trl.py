@@ -151,15 +151,28 @@ def run_worker(args) -> None:
 
 def run_case(args, worker: str, model_dir: Path) -> dict:
     """Runs one case in a fresh interpreter; returns its result (raises with the child's tail)."""
-    argv = [sys.executable, __file__, "--worker", worker, "--model-dir", str(model_dir),
-            *shared_argv(args)]
-    proc = subprocess.run(argv, check=False, capture_output=True, text=True,
-                          env={**os.environ, **MALLOC_ENV})
-    for line in proc.stdout.splitlines():
+    return run_child([__file__, "--worker", worker, "--model-dir", str(model_dir),
+                      *shared_argv(args)], worker)
+
+
+def run_child(argv: list[str], what: str, log: Path | None = None) -> dict:
+    """`python ARGV` in a fresh interpreter (glibc told to give large blocks back, MALLOC_ENV);
+    returns the result it printed after RESULT_PREFIX (raises with its output's tail). With `log`
+    its output also goes to that file as it runs."""
+    env = {**os.environ, **MALLOC_ENV}
+    if log is None:
+        proc = subprocess.run([sys.executable, *argv], check=False, capture_output=True,
+                              text=True, env=env)
+        output = proc.stdout + proc.stderr
+    else:
+        with open(log, "w") as out:
+            proc = subprocess.run([sys.executable, *argv], check=False, stdout=out,
+                                  stderr=subprocess.STDOUT, text=True, env=env)
+        output = log.read_text()
+    for line in output.splitlines():
         if line.startswith(RESULT_PREFIX):
             return json.loads(line[len(RESULT_PREFIX):])
-    tail = (proc.stdout + proc.stderr)[-3000:]
-    raise RuntimeError(f"case {worker} failed (exit {proc.returncode}):\n{tail}")
+    raise RuntimeError(f"case {what} failed (exit {proc.returncode}):\n{output[-3000:]}")
 
 
 def shared_argv(args) -> list[str]:

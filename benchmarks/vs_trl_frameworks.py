@@ -128,6 +128,7 @@ class StepClock:
 
     def __init__(self, meter):
         self.meter, self.wall, self.cpu, self.lengths = meter, [], [], []
+        self.step_logs: list[dict] = []  # each step's metrics (TRL's logs, infsamp's train_step)
         self.micro_batch_tokens: list[int] = []  # padded tokens of each measured training forward
 
     def counting(self, fn, tokens_of):
@@ -188,6 +189,7 @@ def trl_callback(clock: StepClock):
         def on_log(self, args, state, control, logs=None, **kw):
             if logs and "completions/mean_length" in logs:
                 clock.lengths.append(float(logs["completions/mean_length"]))
+                clock.step_logs.append(dict(logs))
 
     return StepTimer()
 
@@ -196,22 +198,30 @@ def run_trl(args, G: int, model_dir: Path, tmp: Path, rollout_func=None, **extra
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM
-    from trl import GRPOTrainer
 
     from infsamp.models.loading import load_tokenizer
 
     dtype = torch.bfloat16 if is_bf16(args) else torch.float32
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
     clock = StepClock(make_meter(args.device))
-    trainer = GRPOTrainer(model=model, reward_funcs=reward_functions(),
+    trainer = trl_trainer(clock, model=model, reward_funcs=reward_functions(),
                           args=trl_config(args, G, tmp / "trl", **extra),
                           train_dataset=Dataset.from_list(train_problems(NUM_PROMPTS)),
                           processing_class=load_tokenizer(str(model_dir)),
-                          callbacks=[trl_callback(clock)], rollout_func=rollout_func)
-    trainer._generate = clock.meter.phase(trainer._generate)  # TRL's generation or rollout_func
-    trainer.compute_loss = clock.counting(trainer.compute_loss, trl_micro_batch_tokens)
+                          rollout_func=rollout_func)
     trainer.train()
     return clock.result()
+
+
+def trl_trainer(clock: StepClock, **trainer_kwargs):
+    """TRL's GRPOTrainer timed by `clock`: each step (callback), each generation (meter phase:
+    TRL's `_generate`, or the rollout_func it calls) and each training forward's tokens."""
+    from trl import GRPOTrainer
+
+    trainer = GRPOTrainer(**trainer_kwargs, callbacks=[trl_callback(clock)])
+    trainer._generate = clock.meter.phase(trainer._generate)
+    trainer.compute_loss = clock.counting(trainer.compute_loss, trl_micro_batch_tokens)
+    return trainer
 
 
 def trl_micro_batch_tokens(args, kwargs) -> int:
@@ -300,17 +310,30 @@ def timed_step(trainer, clock: StepClock, step: int) -> None:
     metrics = trainer.train_step()
     clock.end(step)
     clock.lengths.append(float(metrics["completions/mean_length"]))
+    clock.step_logs.append(metrics)
+
+
+def metered_infsamp(trainer, device: str) -> StepClock:
+    """A clock for infsamp's trainer, its meter's phase around the step's generation, and each
+    training micro-batch's padded tokens."""
+    clock = StepClock(make_meter(device))
+    trainer.sampler.sample = clock.meter.phase(trainer.sampler.sample)
+    trainer.grpo._micro_batch_backward = clock.counting(  # (mb, rollout, inputs)
+        trainer.grpo._micro_batch_backward, lambda args, kwargs: args[0].input_ids.numel())
+    return clock
+
+
+def timed_steps(trainer, clock: StepClock, num_steps: int) -> None:
+    """`num_steps` infsamp steps; step 1 is the warm-up (optimizer state, lazy imports)."""
+    for step in range(1, 1 + num_steps):
+        timed_step(trainer, clock, step)
 
 
 def run_infsamp(args, G: int, model_dir: Path, tmp: Path, engine: str = "slots") -> dict:
     trainer = infsamp_trainer(args, G, model_dir, tmp, engine)
-    clock = StepClock(make_meter(args.device))
-    trainer.sampler.sample = clock.meter.phase(trainer.sampler.sample)  # the step's generation
-    trainer.grpo._micro_batch_backward = clock.counting(  # (mb, rollout, inputs)
-        trainer.grpo._micro_batch_backward, lambda args, kwargs: args[0].input_ids.numel())
+    clock = metered_infsamp(trainer, args.device)
     try:
-        for step in range(1, 2 + args.steps):  # step 1: warm-up (optimizer state, lazy imports)
-            timed_step(trainer, clock, step)
+        timed_steps(trainer, clock, 1 + args.steps)
     finally:
         trainer.close()
     return clock.result()

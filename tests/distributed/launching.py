@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -75,8 +76,23 @@ def launch(folder: Path, runs: list[tuple[list[str], Path]], nproc: int = 2,
                                            for argv, record in runs], nproc, kill,
                                   accelerate_config)
     start = time.monotonic()
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
-    return Launch(done.returncode, done.stdout + done.stderr, time.monotonic() - start)
+    returncode, output = run_to_end(command, env, timeout)
+    return Launch(returncode, output, time.monotonic() - start)
+
+
+def run_to_end(command: list[str], env: dict[str, str], timeout: float) -> tuple[int, str]:
+    """The launcher's exit code and output (stdout, then stderr). Past `timeout` its whole
+    process group is killed (the launcher and every rank, none left running) and the output so
+    far comes back, ending in a line saying so."""
+    with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, start_new_session=True) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            stdout, stderr = process.communicate()
+            stderr += f"\n[launch killed: still running after {timeout:.0f} s]"
+    return process.returncode, stdout + stderr
 
 
 def launch_command(folder: Path, runs: list[dict], nproc: int = 2, kill: str | None = None,

