@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from infsamp.planner import ModelShape, load_shape
+from infsamp.planner.estimate import DEVICES
 
 GIB = 2**30
 MIB = 2**20
@@ -90,13 +91,16 @@ class Profile:
 # decode step of the slot engine (a launch-bound eager forward), so a 1024-token call takes ~30 s;
 # the budget leaves room for a second run in a 15-minute lease. The smoke caps are about 1.5x each
 # part's CPU time on a 2-core machine (a quiet machine runs every cell; a loaded one is cut).
+CPU_RUNTIME_GIB = DEVICES["cpu"].default_runtime_bytes / 2**30  # in every CPU plan (issue 20)
 H200 = Profile("h200", "cuda", toy=False, budget_s=465, cell_cap_s=45,
                caps_s={1: 150, 2: 70, 3: 120, 4: 45, 5: 40})
 CPU_SMOKE = Profile(
     "cpu-smoke", "cpu", toy=True, budget_s=285, cell_cap_s=15,
     caps_s={1: 30, 2: 25, 3: 60, 4: 60, 5: 45},
-    memory_prompt=16, memory_completion=16, memory_groups=(2, 4, 8, 16, 64), plan_gib=1.5 / 1024,
-    planner_gib=3 / 1024, planner_group=4, planner_prompt=16, planner_completion=8,
+    # the toy GPUs the planner sizes for: a few MiB of tensors beside the CPU plan's runtime
+    memory_prompt=16, memory_completion=16, memory_groups=(2, 4, 8, 16, 64),
+    plan_gib=1.5 / 1024 + CPU_RUNTIME_GIB, planner_gib=3 / 1024 + CPU_RUNTIME_GIB,
+    planner_group=4, planner_prompt=16, planner_completion=8,
     precision="fp32",
     trl_groups=(4,), trl_completion=8, trl_micro_group=2,
     precision_steps=(2, 4), precision_modes=("fp32", "bf16", "mixed"),
