@@ -77,9 +77,16 @@ def child_main(argv: list[str], log_path: str, kill_at: str | None) -> None:
         ARM[name](int(step))
     from infsamp.cli import main
 
-    rc = main(argv)
-    sys.stdout.flush()
-    sys.stderr.flush()
+    try:
+        rc = main(argv)
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except BaseException:  # also kept beside the log: a terminal's output may be gone
+        import traceback
+
+        Path(f"{log_path}.exception" if not terminal else f"/tmp/infsamp-child-{os.getpid()}.exc"
+             ).write_text(traceback.format_exc())
+        raise
     sys.exit(rc)
 
 

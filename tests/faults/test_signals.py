@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import errno
+import io
 import os
 import select
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -77,5 +80,28 @@ def test_a_closed_terminal_saves(runner, tiny_model_dir, tmp_path):
     assert b"waiting for a signal" in seen, seen.decode(errors="replace")
     os.close(master)  # hang up: the kernel sends SIGHUP to the run's session
     os.close(slave)
-    assert child.wait() == 128 + signal.SIGHUP, seen.decode(errors="replace")
+    code = child.wait()
+    exception = Path(f"/tmp/infsamp-child-{child.process.pid}.exc")  # fault_harness writes it
+    assert code == 128 + signal.SIGHUP, (seen.decode(errors="replace"),
+                                         exception.read_text() if exception.exists() else "")
     assert (out / "checkpoint-3" / "manifest.json").is_file()
+
+
+class ClosedTerminal(io.StringIO):
+    def write(self, text):
+        raise OSError(errno.EIO, "Input/output error")
+
+
+def test_console_writes_cannot_end_a_run(monkeypatch):
+    """Inside StopSignals a write to a terminal that went away (EIO) is dropped, not raised (a
+    hang-up in the middle of a printed line once ended a run before it could save); the streams
+    are the run's own again afterwards."""
+    from infsamp.run.signals import StopSignals
+
+    closed = ClosedTerminal()
+    monkeypatch.setattr(sys, "stdout", closed)
+    with StopSignals():
+        print("step 3/6: reward=1.3", flush=True)
+    assert sys.stdout is closed
+    with pytest.raises(OSError):
+        print("outside a run's loop, errors are the caller's")

@@ -10,8 +10,11 @@ Inside `StopSignals` the first of any only records the request and says so; the 
 program is: the step in flight is abandoned and nothing more is saved (a checkpoint being written
 is removed, earlier ones stay).
 
-A SIGHUP also makes stdout and stderr ignore write errors (the terminal may be gone) and is never
-a "second signal" (a closed terminal can send it twice).
+Inside `StopSignals` stdout and stderr ignore write errors: a terminal that closes (SIGHUP, then
+EIO on every write) or a log pipe whose reader went away must not end a run in the middle of a
+line it prints, before the handler could ask it to save (the run's files keep everything). After a
+SIGHUP they stay so for good (the stop's own last lines go to the same lost terminal). A SIGHUP
+is never a "second signal" (a closed terminal can send it twice).
 
 Deliberately simple: only the main thread can install handlers; elsewhere signals keep their
 defaults.
@@ -40,6 +43,7 @@ class StopSignals:
     def __init__(self) -> None:
         self.received: int | None = None
         self._previous: dict[int, Any] = {}
+        self._streams: tuple[Any, Any] = (sys.stdout, sys.stderr)
 
     @property
     def requested(self) -> bool:
@@ -52,17 +56,19 @@ class StopSignals:
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
             self._previous = {s: signal.signal(s, self._handle) for s in STOP_SIGNALS}
+        self._streams = (sys.stdout, sys.stderr)
+        _survive_closed_terminal()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         for number, handler in self._previous.items():
             signal.signal(number, handler)
         self._previous = {}
+        if self.received != getattr(signal, "SIGHUP", None):
+            sys.stdout, sys.stderr = self._streams
 
     def _handle(self, number: int, _frame: Any) -> None:
         name = signal.Signals(number).name
-        if number == getattr(signal, "SIGHUP", None):
-            _survive_closed_terminal()
         if self.received is not None and number != getattr(signal, "SIGHUP", None):
             raise StopNow(f"{name} again: stopped at once, the step in flight is lost "
                           "(nothing more saved)", 128 + number)
