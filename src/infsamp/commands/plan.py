@@ -37,7 +37,6 @@ INT_FLAGS = {  # flag -> (default, minimum, help): the defaults of `infsamp trai
                                  "training micro-batch to check, in tokens (0: the largest "
                                  + "that fits)"),
 }
-OLD_NAMES = {"group-size": "num-generations"}  # old flag -> the flag it now is
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,9 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu-memory", default="24GiB",
                         help="memory of the GPU, e.g. 16GiB, 24GB, 80GiB")
     for flag, (default, _, help_text) in INT_FLAGS.items():
-        parser.add_argument(f"--{flag}", default=None, help=f"{help_text} (default {default})")
-    for old, new in OLD_NAMES.items():
-        parser.add_argument(f"--{old}", default=None, help=f"old name of --{new}")
+        names = [f"--{flag}", "-G"] if flag == "num-generations" else [f"--{flag}"]
+        parser.add_argument(*names, default=None, help=f"{help_text} (default {default})")
     parser.add_argument("--kv-budget", default=DEFAULTS.sampling.kv_budget,
                         help="KV-cache budget: tokens (8192), bytes ('2GiB') or auto (default: "
                              "what g needs)")
@@ -84,10 +82,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _read_int(args: argparse.Namespace, flag: str) -> int:
     default, minimum, _ = INT_FLAGS[flag]
-    old = next((o for o, new in OLD_NAMES.items() if new == flag), None)
     text = getattr(args, flag.replace("-", "_"))
-    if text is None and old is not None and getattr(args, old.replace("-", "_")) is not None:
-        flag, text = old, getattr(args, old.replace("-", "_"))  # errors name the flag as typed
     if text is None:
         return default
     try:
