@@ -53,6 +53,8 @@ def test_config_json_path(tmp_path, capsys):
     (["--model", "qwen3-0.6b", "--num-generations", "4", "--prompts-per-step", "1", "--micro-group",
       "8"],
      "--micro-group: must be <="),
+    (["--model", "qwen3-0.6b", "--engine", "vllm", "--temperature", "3"],
+     "sampling.temperature: must be <= 2 with sampling.engine vllm"),  # as train refuses it
 ])
 def test_errors_are_one_line(args, message, capsys):
     assert main(["plan", *args]) == 2

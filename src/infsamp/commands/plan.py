@@ -172,6 +172,7 @@ def run_config(args: argparse.Namespace, ints: dict[str, int]) -> Config:
                        engine=_read_engine(args.engine),
                        temperature=_read_non_negative(args.temperature, "temperature"),
                        vllm_sleep="auto" if args.vllm_sleep == "on" else "off")
+    sampling.validate()  # as train refuses it: e.g. --engine vllm past vLLM's temperature limit
     training = replace(DEFAULTS.training, prompts_per_step=ints["prompts_per_step"],
                        train_micro_batch_tokens=ints["train_micro_batch_tokens"],
                        optimizer=_read_choice(args.optimizer, "optimizer", OPTIMIZERS),
