@@ -131,7 +131,7 @@ def test_engine_flag_errors_are_one_line(checkpoint, tmp_path, capsys):
 @pytest.mark.skipif(not vllm_installed(), reason="vLLM is not installed")
 def test_bench_sampling_on_both_engines(tmp_path):
     code = main(["bench", "sampling", "--engine", "slots,vllm", "--model", "embedded",
-                 "--workload", "embedded", "--sizes", "4,8", "--micro-group", "2,4",
+                 "--workload", "embedded", "--num-generations", "4,8", "--micro-group", "2,4",
                  "--policies", "rounds,continuous", "--quick", "--out", str(tmp_path)])
     assert code == 0
     report = json.loads((tmp_path / "sampling.json").read_text())

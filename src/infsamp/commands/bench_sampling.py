@@ -64,10 +64,10 @@ def workloads(quick: bool) -> list[Workload]:
 
 
 def customise(workload: Workload, args) -> Workload:
-    """Apply --sizes / --prompts to a workload."""
-    if args.sizes:
-        workload.group_sizes = tuple(int(x) for x in args.sizes.split(","))
-    if args.sizes or args.prompts:
+    """Apply --num-generations / --prompts to a workload."""
+    if args.num_generations:
+        workload.group_sizes = tuple(int(x) for x in args.num_generations.split(","))
+    if args.num_generations or args.prompts:
         workload.prompts_per_size = {g: args.prompts or workload.prompts_per_size.get(g, 1)
                                      for g in workload.group_sizes}
     return workload
@@ -83,7 +83,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine", default="slots", help=ENGINE_HELP)
     parser.add_argument("--workload", choices=("embedded", "controlled"), action="append",
                         help="run only this workload (repeatable)")
-    parser.add_argument("--sizes", help="comma-separated G values instead of the workload's list")
+    parser.add_argument("--num-generations", "-G",
+                        help="comma-separated G values instead of the workload's list")
     parser.add_argument("--prompts", type=int,
                         help="sampler calls (prompts) per G instead of the default")
     parser.add_argument("--policies", default=",".join(POLICIES),
