@@ -84,9 +84,9 @@ def assert_evaluations_merge_the_ranks(run, num_problems: int) -> None:
     """Each evaluation's held-out problems split between the ranks come back whole: one row
     per problem in eval_completions.jsonl, and eval.jsonl's scores are those rows' (the sums of
     both ranks, not one rank's)."""
-    evals = [json.loads(line) for line in (run / "eval.jsonl").read_text().splitlines()]
-    problems = [json.loads(line)
-                for line in (run / "eval_completions.jsonl").read_text().splitlines()]
+    from infsamp.run.logs import read_jsonl
+
+    evals, problems = read_jsonl(run / "eval.jsonl"), read_jsonl(run / "eval_completions.jsonl")
     assert [row["step"] for row in evals] == [0, 3]
     for row in evals:
         mine = [p for p in problems if p["step"] == row["step"]]

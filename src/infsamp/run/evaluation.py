@@ -12,7 +12,7 @@ the run's own reward functions, as in training (`eval.reward` picks the one that
     eval/reward               eval.reward's mean over the problems it scored
     eval/rewards/NAME/mean    each reward function's mean (TRL's names, with eval/)
 
-`problem_records` gives eval_completions.jsonl's rows (one per problem: completion, each
+`logs.problem_records` gives eval_completions.jsonl's rows (one per problem: completion, each
 function's score, solved), so two evaluations can be compared problem by problem (McNemar).
 `tally` gives the sums behind them as one list of numbers, so several ranks add theirs up
 (`Ranks.sum`). `BestEvaluation` follows `checkpointing.keep_best`'s metric over the evaluations
@@ -139,20 +139,6 @@ def tally(result: RewardResult | None, names: Sequence[str], chosen: str,
         scored = [v for v in scores if not math.isnan(v)]
         sums += [float(sum(scored)), float(len(scored))]
     return sums
-
-
-def problem_records(prompts: Sequence, texts: Sequence[str], ids: Sequence[Sequence[int]],
-                    result: RewardResult, chosen: str, threshold: float) -> list[dict]:
-    """One row per held-out problem (`prompts`: EncodedPrompt): its key, prompt, completion,
-    length, each function's score (None where it gave none) and whether it counts as solved."""
-    def score(value: float) -> float | None:
-        return None if math.isnan(value) else value
-
-    return [{"prompt_id": prompt.index, "prompt": prompt.text, "completion": text,
-             "length": len(ids[row]),
-             "rewards": {name: score(values[row]) for name, values in result.per_function.items()},
-             "solved": bool(result.per_function[chosen][row] >= threshold)}
-            for row, (prompt, text) in enumerate(zip(prompts, texts))]
 
 
 def eval_metrics(sums: Sequence[float], names: Sequence[str], chosen: str) -> dict[str, float]:

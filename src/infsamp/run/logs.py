@@ -5,9 +5,11 @@ Files in the run folder: `metrics.jsonl` (one object per step, TRL metric names 
 per sampled group, the trace that `infsamp simulate` replays: lengths, and each completion's first
 `sampling.predictor_prefix_tokens` token ids for token-conditioned predictors),
 `completions.jsonl` (with `logging.completions_every`: one line per completion of the logged
-steps: prompt, completion, per-function rewards, advantage; TRL's `log_completions`),
+steps: prompt, completion, per-function rewards, advantage; TRL's `log_completions`;
+`completion_records`),
 `eval_completions.jsonl` (with `eval.log_completions`: one line per held-out problem of each
-evaluation: its completion, each function's score and whether it counted as solved),
+evaluation: its completion, each function's score and whether it counted as solved;
+`problem_records`),
 `plots/training.png`. Every JSONL file is written by
 `append_jsonl`: whole lines in one `write` on an append-only descriptor, so a killed process leaves
 at most a torn last line. Readers skip a torn last line; a resumed run `rewind`s each file to its
@@ -26,12 +28,16 @@ import json
 import math
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from infsamp.errors import DataError, RunFolderError
 from infsamp.run.progress import RunProgress, format_value
 from infsamp.run.trackers import Trackers, open_trackers
+
+if TYPE_CHECKING:
+    from infsamp.rewards.compute import RewardResult
 
 
 def _clean(value: Any) -> Any:
@@ -174,6 +180,18 @@ def completion_records(prompt_ids: list[str], prompts: list[str], completions: l
              "rewards": {name: _clean(values[row]) for name, values in rewards.items()},
              "reward": totals[row], "advantage": float(advantages[row])}
             for row, c in enumerate(completions)]
+
+
+def problem_records(prompts: Sequence, texts: Sequence[str], ids: Sequence[Sequence[int]],
+                    result: RewardResult, chosen: str, threshold: float) -> list[dict]:
+    """One row per held-out problem (`prompts`: EncodedPrompt): its key, prompt, completion,
+    length, each function's score (None where it gave none) and whether it counts as solved."""
+    return [{"prompt_id": prompt.index, "prompt": prompt.text, "completion": text,
+             "length": len(ids[row]),
+             "rewards": {name: _clean(values[row])
+                         for name, values in result.per_function.items()},
+             "solved": bool(result.per_function[chosen][row] >= threshold)}
+            for row, (prompt, text) in enumerate(zip(prompts, texts))]
 
 
 SMOOTHING_STEPS = 10  # few prompts per step make per-step rewards noisy

@@ -58,12 +58,11 @@ from infsamp.run.evaluation import (
     eval_metrics,
     eval_reward_name,
     held_out_completions,
-    problem_records,
     tally,
 )
 from infsamp.run.folder import rewind_run_logs
 from infsamp.run.identity import check_data, data_fingerprint
-from infsamp.run.logs import RunLogger
+from infsamp.run.logs import RunLogger, problem_records
 from infsamp.run.prompt_stream import PromptStream
 from infsamp.run.rank_checkpoint import NullLogger, prepare_run_folder_on_ranks, save_checkpoint
 from infsamp.run.scoring import RunRewards
