@@ -6,6 +6,8 @@
     .venv/bin/python benchmarks/vs_trl.py --groups 64,128,256,512 --memory-budget-mib 200
     .venv/bin/python benchmarks/vs_trl.py --frameworks trl_vllm,infsamp_vllm   # vLLM-CPU engine
     .venv/bin/python benchmarks/vs_trl.py --quick          # G=8, 1 measured step: a smoke check
+    # frameworks run apart (e.g. at once on two cores), reported as one run
+    .venv/bin/python benchmarks/vs_trl.py --merge a.json,b.json --memory-budget-mib 100
 
 Frameworks (`vs_trl_frameworks.py`): `trl` (TRL's own generation), `trl_cb` (TRL with
 transformers' continuous batching), `trl_vllm` (TRL's vLLM colocate mode), `trl_infsamp` (TRL with
@@ -32,7 +34,8 @@ peak is not counted as baseline. s/step and CPU s/step: medians over `--steps` m
 completion tokens per step-second: the measured steps' completion tokens over their seconds (wall,
 and CPU: the process's CPU time, fairer on a shared machine). With `--memory-budget-mib M` a
 framework whose peak passed M is not run at larger G, and the report names each framework's
-largest G within M.
+largest G within M. `--merge` reports the rows of earlier `--out` files (the same model and
+sizes, frameworks run in separate invocations) as one: ratios, tables and the budget summary.
 
 Deliberately simple: one prompt per step, no KL (beta 0: no reference model on either side).
 """
@@ -317,6 +320,29 @@ def run_benchmark(args) -> dict:
             "settings": vars(args) | {"groups": args.groups}, "infsamp_profile": profile}
 
 
+def merge_results(paths: list[str], budget_mib: float) -> dict:
+    """One report from the rows of earlier `--out` files (ratios across them; a framework's
+    rows from the first file that has it); their settings must agree but for groups and
+    frameworks."""
+    results = [json.loads(Path(path).read_text()) for path in paths]
+    varying = {"groups", "frameworks", "out", "memory_budget_mib", "merge"}
+    settings = [{k: v for k, v in r["settings"].items() if k not in varying} for r in results]
+    if any(s != settings[0] for s in settings[1:]):
+        raise SizeError(f"vs_trl.py: --merge: {', '.join(paths)} ran with different settings")
+    rows, seen = [], set()
+    for result in results:
+        names = {row["framework"] for row in result["rows"]} - seen
+        rows += [row for row in result["rows"] if row["framework"] in names]
+        seen |= names
+    rows.sort(key=lambda row: row["G"])
+    add_ratios(rows)
+    frameworks = list(dict.fromkeys(row["framework"] for row in rows))
+    groups = sorted({row["G"] for row in rows})
+    budget = budget_summary(rows, budget_mib, groups, frameworks) if budget_mib else None
+    return {**results[0], "command": " ".join(sys.argv), "rows": rows, "budget": budget,
+            "merged": paths, "load_average": os.getloadavg()}
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--groups", default="8,32,64", help="comma-separated G values")
@@ -353,6 +379,8 @@ def parse_args(argv=None):
                    help="also cProfile one infsamp step at this G")
     p.add_argument("--quick", action="store_true", help="smoke check: G=8, 1 measured step")
     p.add_argument("--out", default="", help="write the results as JSON here")
+    p.add_argument("--merge", default="", help="comma-separated --out files of earlier runs: "
+                   "report their rows as one run (nothing is run)")
     p.add_argument("--worker", default="", help=argparse.SUPPRESS)
     p.add_argument("--model-dir", default="", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -374,7 +402,8 @@ def main(argv=None) -> int:
     if args.worker:
         run_worker(args)
         return 0
-    result = run_benchmark(args)
+    result = (merge_results(args.merge.split(","), args.memory_budget_mib) if args.merge
+              else run_benchmark(args))
     print(f"TRL {result['trl_version']}, model: {result['model']} "
           f"({result['num_parameters'] / 1e6:.1f}M params), load average "
           f"{', '.join(f'{x:.1f}' for x in result['load_average'])}")

@@ -88,6 +88,30 @@ def test_budget_summary_names_the_largest_G_within(load_script):
     assert "256, the largest tried: not bounded by memory" in table
 
 
+def test_merge_reports_separate_runs_as_one(tmp_path, load_script, capsys):
+    vs_trl = load_script()
+    settings = vars(vs_trl.parse_args([]))
+    paths = []
+    for name, rows in (("a", [row("infsamp", 64, 84.0, 2.0), row("infsamp", 128, 85.0, 2.0)]),
+                       ("b", [row("trl", 64, 84.0, 1.0), row("trl", 128, 122.0, 1.0)])):
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps({"rows": rows, "settings": settings, "trl_version": "1",
+                                         "model": "m", "num_parameters": 1e6,
+                                         "infsamp_profile": None}))
+    merged = vs_trl.merge_results([str(p) for p in paths], 100)
+    assert [(r["framework"], r["G"]) for r in merged["rows"]] == [
+        ("infsamp", 64), ("trl", 64), ("infsamp", 128), ("trl", 128)]
+    assert merged["rows"][0]["peak_ratio_trl"] == 1.0  # ratios across the files
+    trl = next(s for s in merged["budget"] if s["framework"] == "trl")
+    assert trl["largest_G_within_budget"] == 64 and trl["first_G_over_budget"] == 128
+    vs_trl.main(["--merge", ",".join(str(p) for p in paths), "--memory-budget-mib", "100"])
+    assert "128, the largest tried: not bounded by memory" in capsys.readouterr().out
+    settings["steps"] = 5
+    paths[1].write_text(json.dumps({"rows": [], "settings": settings}))
+    with pytest.raises(vs_trl.SizeError, match="different settings"):
+        vs_trl.merge_results([str(p) for p in paths], 100)
+
+
 def test_quick_sets_one_group_and_one_step(load_script):
     args = load_script().parse_args(["--quick"])
     assert args.groups == [8] and args.steps == 1 and args.frameworks == ["trl", "trl_cb",
