@@ -294,10 +294,11 @@ def budget_table(summary: list[dict], budget_mib: float) -> str:
 
 
 def run_benchmark(args) -> dict:
-    from importlib.metadata import version
-
+    """Every (G, framework) case in turn; with `--out` the results so far are written after each
+    case (`"partial": true` until the last), so a long sweep stopped midway keeps its rows."""
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = resolve_model(args, Path(tmp))
+        num_params = count_parameters(model_dir)
         rows, over_budget = [], set()
         for G in args.groups:
             for framework in args.frameworks:
@@ -306,11 +307,22 @@ def run_benchmark(args) -> dict:
                 print(f"running {framework} G={G} ...", file=sys.stderr, flush=True)
                 raw = run_case(args, f"{framework}:{G}", model_dir)
                 rows.append(summarise(framework, G, raw, case_sizes(args, G)))
+                print(f"  peak {rows[-1]['peak_mib']} MiB, generation peak "
+                      f"{rows[-1]['generation_peak_mib']} MiB", file=sys.stderr, flush=True)
                 if args.memory_budget_mib and rows[-1]["peak_mib"] > args.memory_budget_mib:
                     over_budget.add(framework)
-        add_ratios(rows)
+                write_result(args, report(args, rows, num_params, None) | {"partial": True})
         profile = run_case(args, f"profile:{args.profile}", model_dir) if args.profile else None
-        num_params = count_parameters(model_dir)
+    result = report(args, rows, num_params, profile)
+    write_result(args, result)
+    return result
+
+
+def report(args, rows: list[dict], num_params: int, profile) -> dict:
+    """The run's result: rows with their ratios, the budget summary, settings and versions."""
+    from importlib.metadata import version
+
+    add_ratios(rows)
     budget = (budget_summary(rows, args.memory_budget_mib, args.groups, args.frameworks)
               if args.memory_budget_mib else None)
     return {"date": datetime.date.today().isoformat(), "trl_version": version("trl"),
@@ -318,6 +330,11 @@ def run_benchmark(args) -> dict:
             "budget": budget, "num_parameters": num_params,
             "model": args.model or f"random llama hidden={args.hidden} layers={args.layers}",
             "settings": vars(args) | {"groups": args.groups}, "infsamp_profile": profile}
+
+
+def write_result(args, result: dict) -> None:
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=2))
 
 
 def merge_results(paths: list[str], budget_mib: float) -> dict:
@@ -340,7 +357,8 @@ def merge_results(paths: list[str], budget_mib: float) -> dict:
     groups = sorted({row["G"] for row in rows})
     budget = budget_summary(rows, budget_mib, groups, frameworks) if budget_mib else None
     return {**results[0], "command": " ".join(sys.argv), "rows": rows, "budget": budget,
-            "merged": paths, "load_average": os.getloadavg()}
+            "merged": paths, "load_average": os.getloadavg(),
+            "partial": any(r.get("partial", False) for r in results)}
 
 
 def parse_args(argv=None):
@@ -412,8 +430,8 @@ def main(argv=None) -> int:
         print(budget_table(result["budget"], args.memory_budget_mib))
     if result["infsamp_profile"]:
         print("infsamp step profile (cumulative s):", json.dumps(result["infsamp_profile"]))
-    if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=2))
+    if args.merge:
+        write_result(args, result)
     return 0
 
 
