@@ -4,7 +4,8 @@
         --hidden 384 --layers 4 --max-completion 128 --out /tmp/vs_trl.json
     # the largest G
     .venv/bin/python benchmarks/vs_trl.py --groups 64,128,256,512 --memory-budget-mib 200
-    .venv/bin/python benchmarks/vs_trl.py --frameworks trl_vllm,infsamp_vllm   # vLLM-CPU engine
+    .venv/bin/python benchmarks/vs_trl.py --frameworks trl_vllm,infsamp_vllm --device cuda
+    .venv/bin/python benchmarks/vs_trl.py --frameworks infsamp_vllm   # infsamp on vLLM-CPU
     .venv/bin/python benchmarks/vs_trl.py --quick          # G=8, 1 measured step: a smoke check
     # frameworks run apart (e.g. at once on two cores), reported as one run
     .venv/bin/python benchmarks/vs_trl.py --merge a.json,b.json --memory-budget-mib 100
@@ -410,6 +411,11 @@ def parse_args(argv=None):
     if unknown:
         raise SizeError(f"vs_trl.py: --frameworks: unknown {', '.join(unknown)} (choose from "
                         f"{', '.join(FRAMEWORKS)})")
+    if "trl_vllm" in args.frameworks and args.device == "cpu":
+        raise SizeError("vs_trl.py: --frameworks trl_vllm: TRL's colocate weight sync "
+                        "(model.load_weights) fails on vLLM's CPU backend, which repacks every "
+                        "linear's weight (docs/benchmarks.md, 'TRL's vLLM colocate mode on the "
+                        "vLLM-CPU engine'); run it with --device cuda")
     for G in args.groups:  # sizes that cannot run are one line (SizeError) before any work
         case_sizes(args, G)
     return args

@@ -60,7 +60,8 @@ def test_training_micro_batch_is_one_size_for_every_framework(load_script):
     (["--trl-batch", "8", "--train-micro-batch-tokens", "4096"], "disagree: 4096 tokens hold 25"),
     (["--train-micro-batch-tokens", "4096"], "25 completions (4000 tokens) does not divide G=32"),
     (["--train-micro-batch-tokens", "100"], "below one sequence (160 tokens)"),
-    (["--frameworks", "trl,deepspeed"], "unknown deepspeed")])
+    (["--frameworks", "trl,deepspeed"], "unknown deepspeed"),
+    (["--frameworks", "trl_vllm"], "fails on vLLM's CPU backend")])
 def test_sizes_that_cannot_run_are_one_line_before_any_work(load_script, argv, message):
     with pytest.raises(SystemExit) as raised:
         load_script().parse_args(argv)
