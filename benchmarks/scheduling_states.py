@@ -134,14 +134,15 @@ def load_calls(folders: list[Path], seed: int, prompts_per_step: int) -> list[di
         raise SystemExit(f"no rows_seed{seed}.json in {', '.join(map(str, folders))}")
     rows = json.loads((folder / f"rows_seed{seed}.json").read_text())
     trace = read_trace(folder / f"trace_slots_seed{seed}.jsonl")
-    hidden = np.load(folder / f"hidden_seed{seed}.npz")
+    states_file = folder / f"hidden_seed{seed}.npz"  # kept beside the traces, not committed
+    hidden = np.load(states_file) if states_file.exists() else None
     calls = []
     for row, start in zip(rows, range(0, len(trace), prompts_per_step)):
         groups = trace[start:start + prompts_per_step]
         if row["lengths"] != [g.lengths for g in groups]:
             raise RuntimeError(f"{folder}: seed {seed}'s trace and rows disagree")
-        states = [hidden[f"e{row['epoch']}_p{g.prompt_id}_{j}"]
-                  for g in groups for j in range(len(g.lengths))]
+        states = None if hidden is None else [hidden[f"e{row['epoch']}_p{g.prompt_id}_{j}"]
+                                              for g in groups for j in range(len(g.lengths))]
         for group in groups:  # another seed's prompt 0 is another prompt
             group.prompt_id = f"{seed}:{group.prompt_id}"
         calls.append(dict(groups=groups, epoch=row["epoch"], states=states,
@@ -162,6 +163,8 @@ def replay_call(call: dict, variant: str, predictor, args) -> object:
             return super().decode_step(active)
 
     groups, states = call["groups"], call["states"]
+    if states is None and getattr(predictor, "uses_hidden", False):
+        raise SystemExit(f"{variant}: no hidden_seed<S>.npz beside this trace")
     samples, lengths = _call_samples(groups, args.max_new_tokens)
     policy, _, name = variant.partition(":")
     if hasattr(predictor, "set_lengths"):  # oracle, ceiling: this call's true lengths
@@ -170,7 +173,8 @@ def replay_call(call: dict, variant: str, predictor, args) -> object:
                               max(g.prompt_tokens for g in groups), args.B)
     options = {"prefix_tokens": args.prefix_tokens, "park_ratio": args.park_ratio}
     scheduler = SlotScheduler(samples, policy, args.micro_group, budget, predictor, **options)
-    engine = StateEngine(lengths, _call_first_tokens(groups))
+    engine_type = TraceEngine if states is None else StateEngine  # None: tokens only
+    engine = engine_type(lengths, _call_first_tokens(groups))
     start = time.process_time()
     while not scheduler.done:
         for slot, sample in scheduler.admit():
