@@ -21,6 +21,14 @@ seed epoch 1 warms the predictors up and epoch 2 (the same prompts again) is mea
 bench; `--unseen`: the other seeds' calls warm up and this seed's epoch 1 is measured (prompts the
 predictor never saw, as in a training run, where each prompt comes once per epoch).
 
+Besides the registry's predictors, `replay` knows two measurement-only ones (`--variants`):
+`length_aware:ceiling` knows nothing before a sample starts and its true length from its first
+point (k tokens) on, the best any decision after k tokens can do; `length_aware:ceiling:SIGMA`
+sees that length times exp(N(0, SIGMA)), fixed per sample (what a predictor of that error would
+buy). Each seed's prompts get their own keys (`<seed>:<prompt>`), so with `--unseen` no other
+seed's prompt passes for this one in the predictors' per-prompt memories. Several folders may be
+given; a seed is read from the first that has it.
+
 Deliberately simple: one engine (slots), one thread, no timing beyond the replay's CPU time per
 decode step (scheduler + policy + predictor).
 """
@@ -29,6 +37,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import random
 import time
 from pathlib import Path
 
@@ -116,19 +126,25 @@ def parse_seeds(text: str) -> list[int]:
 # ---------------------------------------------------------------- replay
 
 
-def load_calls(folder: Path, seed: int, prompts_per_step: int) -> list[dict]:
+def load_calls(folders: list[Path], seed: int, prompts_per_step: int) -> list[dict]:
     from infsamp.sampling.simulator import read_trace
 
+    folder = next((f for f in folders if (f / f"rows_seed{seed}.json").exists()), None)
+    if folder is None:
+        raise SystemExit(f"no rows_seed{seed}.json in {', '.join(map(str, folders))}")
     rows = json.loads((folder / f"rows_seed{seed}.json").read_text())
     trace = read_trace(folder / f"trace_slots_seed{seed}.jsonl")
-    hidden = np.load(folder / f"hidden_seed{seed}.npz")
+    states_file = folder / f"hidden_seed{seed}.npz"  # kept beside the traces, not committed
+    hidden = np.load(states_file) if states_file.exists() else None
     calls = []
     for row, start in zip(rows, range(0, len(trace), prompts_per_step)):
         groups = trace[start:start + prompts_per_step]
         if row["lengths"] != [g.lengths for g in groups]:
             raise RuntimeError(f"{folder}: seed {seed}'s trace and rows disagree")
-        states = [hidden[f"e{row['epoch']}_p{g.prompt_id}_{j}"]
-                  for g in groups for j in range(len(g.lengths))]
+        states = None if hidden is None else [hidden[f"e{row['epoch']}_p{g.prompt_id}_{j}"]
+                                              for g in groups for j in range(len(g.lengths))]
+        for group in groups:  # another seed's prompt 0 is another prompt
+            group.prompt_id = f"{seed}:{group.prompt_id}"
         calls.append(dict(groups=groups, epoch=row["epoch"], states=states,
                           decode_steps=row["decode_steps"]))
     return calls
@@ -147,15 +163,18 @@ def replay_call(call: dict, variant: str, predictor, args) -> object:
             return super().decode_step(active)
 
     groups, states = call["groups"], call["states"]
+    if states is None and getattr(predictor, "uses_hidden", False):
+        raise SystemExit(f"{variant}: no hidden_seed<S>.npz beside this trace")
     samples, lengths = _call_samples(groups, args.max_new_tokens)
     policy, _, name = variant.partition(":")
-    if name == "oracle":
+    if hasattr(predictor, "set_lengths"):  # oracle, ceiling: this call's true lengths
         predictor.set_lengths(dict(enumerate(lengths)))
     budget = kv_tokens_needed(args.micro_group, args.max_new_tokens,
                               max(g.prompt_tokens for g in groups), args.B)
     options = {"prefix_tokens": args.prefix_tokens, "park_ratio": args.park_ratio}
     scheduler = SlotScheduler(samples, policy, args.micro_group, budget, predictor, **options)
-    engine = StateEngine(lengths, _call_first_tokens(groups))
+    engine_type = TraceEngine if states is None else StateEngine  # None: tokens only
+    engine = engine_type(lengths, _call_first_tokens(groups))
     start = time.process_time()
     while not scheduler.done:
         for slot, sample in scheduler.admit():
@@ -168,11 +187,44 @@ def replay_call(call: dict, variant: str, predictor, args) -> object:
     return scheduler.stats
 
 
+def make_ceiling(sigma: float):
+    """`ceiling[:SIGMA]`: nothing known before a sample starts (a third of the limit for every
+    pending sample), its true length (times exp(N(0, SIGMA)), fixed per sample) from its first
+    point on. Measurement only."""
+    from infsamp.sampling.length_predictor import OraclePredictor
+
+    class Ceiling(OraclePredictor):
+        name = "ceiling"
+        uses_prefix = True
+
+        def __init__(self):
+            self._rng, self._noise = random.Random(0), {}
+            super().__init__()
+
+        def set_lengths(self, lengths):
+            super().set_lengths(lengths)
+            self._noise.clear()
+
+        def predict(self, spec):
+            return spec.max_new_tokens / 3
+
+        def predict_remaining(self, spec, prefix_token_ids):
+            if spec.sample_id not in self._noise:
+                self._noise[spec.sample_id] = math.exp(self._rng.gauss(0.0, sigma))
+            total = self._length_of(spec) * self._noise[spec.sample_id]
+            return max(1.0, total - len(prefix_token_ids))
+
+    return Ceiling()
+
+
 def replay_variant(calls: list[dict], measured: list[bool], variant: str, args) -> dict:
     from infsamp.sampling.predictors import make_predictor
 
     name = variant.partition(":")[2]
-    predictor = make_predictor(name) if name else None
+    if name.partition(":")[0] == "ceiling":
+        predictor = make_ceiling(float(name.partition(":")[2] or 0.0))
+    else:
+        predictor = make_predictor(name) if name else None
     stats = [(replay_call(c, variant, predictor, args), c) for c in calls]
     kept = [s for (s, _), m in zip(stats, measured) if m]
     total = {key: sum(getattr(s, key) for s in kept) for key in
@@ -185,10 +237,10 @@ def replay_variant(calls: list[dict], measured: list[bool], variant: str, args) 
     return total
 
 
-def schedules(folder: Path, args):
+def schedules(folders: list[Path], args):
     """(seed, calls, measured flags) per seed (see the module docstring)."""
     seeds = parse_seeds(args.seeds)
-    calls = {s: load_calls(folder, s, args.B) for s in seeds}
+    calls = {s: load_calls(folders, s, args.B) for s in seeds}
     for seed in seeds:
         if args.unseen:
             warm = [c for other in seeds if other != seed for c in calls[other]]
@@ -201,7 +253,7 @@ def schedules(folder: Path, args):
 
 def replay(args: argparse.Namespace) -> None:
     report = {"args": vars(args), "seeds": {}}
-    for seed, calls, measured in schedules(Path(args.folder), args):
+    for seed, calls, measured in schedules([Path(f) for f in args.folders], args):
         report["seeds"][seed] = {v: replay_variant(calls, measured, v, args)
                                  for v in args.variants.split(",")}
     report["total"] = {v: {key: sum(s[v][key] for s in report["seeds"].values())
@@ -240,7 +292,7 @@ def main() -> None:
     c.add_argument("--seeds", default="0")
     c.add_argument("--out", required=True)
     r = sub.add_parser("replay")
-    r.add_argument("folder")
+    r.add_argument("folders", nargs="+")
     r.add_argument("--seeds", default="0")
     r.add_argument("--variants", default=VARIANTS)
     r.add_argument("--prefix-tokens", type=int, default=8)
