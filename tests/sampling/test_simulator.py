@@ -199,3 +199,14 @@ def test_direct_share_out_of_range_is_one_line(capsys):
     assert code == 2
     assert capsys.readouterr().err.strip() == ("infsamp simulate: error: --direct-share must be "
                                                "between 0 and 1, got 1.5")
+
+
+@pytest.mark.parametrize("flag", ["-G", "--num-generations", "--sampling.num_generations"])
+def test_train_takes_g_as_every_command_does(flag):
+    """`infsamp train -G 32` is `--sampling.num_generations 32`, as `-G` is in simulate, sample,
+    plan and bench."""
+    from infsamp.cli import build_parser
+    from infsamp.commands.train import config_overrides
+
+    args = build_parser(["train"]).parse_args(["train", flag, "32"])
+    assert config_overrides(args) == {"sampling.num_generations": "32"}

@@ -35,6 +35,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", action="store_true",
                         help="resume from the newest checkpoint in output_dir that verifies (none "
                              "is an error; --checkpointing.resume auto starts a new run then)")
+    parser.add_argument("--num-generations", "-G", dest="cfg:sampling.num_generations",
+                        default=None, metavar="G",
+                        help="completions per prompt, as in every command (= "
+                             "--sampling.num_generations)")
     add_config_flags(parser)
 
 
