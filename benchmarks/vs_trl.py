@@ -4,8 +4,11 @@
         --hidden 384 --layers 4 --max-completion 128 --out /tmp/vs_trl.json
     # the largest G
     .venv/bin/python benchmarks/vs_trl.py --groups 64,128,256,512 --memory-budget-mib 200
-    .venv/bin/python benchmarks/vs_trl.py --frameworks trl_vllm,infsamp_vllm   # vLLM-CPU engine
+    .venv/bin/python benchmarks/vs_trl.py --frameworks trl_vllm,infsamp_vllm --device cuda
+    .venv/bin/python benchmarks/vs_trl.py --frameworks infsamp_vllm   # infsamp on vLLM-CPU
     .venv/bin/python benchmarks/vs_trl.py --quick          # G=8, 1 measured step: a smoke check
+    # frameworks run apart (e.g. at once on two cores), reported as one run
+    .venv/bin/python benchmarks/vs_trl.py --merge a.json,b.json --memory-budget-mib 100
 
 Frameworks (`vs_trl_frameworks.py`): `trl` (TRL's own generation), `trl_cb` (TRL with
 transformers' continuous batching), `trl_vllm` (TRL's vLLM colocate mode), `trl_infsamp` (TRL with
@@ -32,7 +35,8 @@ peak is not counted as baseline. s/step and CPU s/step: medians over `--steps` m
 completion tokens per step-second: the measured steps' completion tokens over their seconds (wall,
 and CPU: the process's CPU time, fairer on a shared machine). With `--memory-budget-mib M` a
 framework whose peak passed M is not run at larger G, and the report names each framework's
-largest G within M.
+largest G within M. `--merge` reports the rows of earlier `--out` files (the same model and
+sizes, frameworks run in separate invocations) as one: ratios, tables and the budget summary.
 
 Deliberately simple: one prompt per step, no KL (beta 0: no reference model on either side).
 """
@@ -291,10 +295,11 @@ def budget_table(summary: list[dict], budget_mib: float) -> str:
 
 
 def run_benchmark(args) -> dict:
-    from importlib.metadata import version
-
+    """Every (G, framework) case in turn; with `--out` the results so far are written after each
+    case (`"partial": true` until the last), so a long sweep stopped midway keeps its rows."""
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = resolve_model(args, Path(tmp))
+        num_params = count_parameters(model_dir)
         rows, over_budget = [], set()
         for G in args.groups:
             for framework in args.frameworks:
@@ -303,11 +308,22 @@ def run_benchmark(args) -> dict:
                 print(f"running {framework} G={G} ...", file=sys.stderr, flush=True)
                 raw = run_case(args, f"{framework}:{G}", model_dir)
                 rows.append(summarise(framework, G, raw, case_sizes(args, G)))
+                print(f"  peak {rows[-1]['peak_mib']} MiB, generation peak "
+                      f"{rows[-1]['generation_peak_mib']} MiB", file=sys.stderr, flush=True)
                 if args.memory_budget_mib and rows[-1]["peak_mib"] > args.memory_budget_mib:
                     over_budget.add(framework)
-        add_ratios(rows)
+                write_result(args, report(args, rows, num_params, None) | {"partial": True})
         profile = run_case(args, f"profile:{args.profile}", model_dir) if args.profile else None
-        num_params = count_parameters(model_dir)
+    result = report(args, rows, num_params, profile)
+    write_result(args, result)
+    return result
+
+
+def report(args, rows: list[dict], num_params: int, profile) -> dict:
+    """The run's result: rows with their ratios, the budget summary, settings and versions."""
+    from importlib.metadata import version
+
+    add_ratios(rows)
     budget = (budget_summary(rows, args.memory_budget_mib, args.groups, args.frameworks)
               if args.memory_budget_mib else None)
     return {"date": datetime.date.today().isoformat(), "trl_version": version("trl"),
@@ -315,6 +331,35 @@ def run_benchmark(args) -> dict:
             "budget": budget, "num_parameters": num_params,
             "model": args.model or f"random llama hidden={args.hidden} layers={args.layers}",
             "settings": vars(args) | {"groups": args.groups}, "infsamp_profile": profile}
+
+
+def write_result(args, result: dict) -> None:
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=2))
+
+
+def merge_results(paths: list[str], budget_mib: float) -> dict:
+    """One report from the rows of earlier `--out` files (ratios across them; a framework's
+    rows from the first file that has it); their settings must agree but for groups and
+    frameworks."""
+    results = [json.loads(Path(path).read_text()) for path in paths]
+    varying = {"groups", "frameworks", "out", "memory_budget_mib", "merge"}
+    settings = [{k: v for k, v in r["settings"].items() if k not in varying} for r in results]
+    if any(s != settings[0] for s in settings[1:]):
+        raise SizeError(f"vs_trl.py: --merge: {', '.join(paths)} ran with different settings")
+    rows, seen = [], set()
+    for result in results:
+        names = {row["framework"] for row in result["rows"]} - seen
+        rows += [row for row in result["rows"] if row["framework"] in names]
+        seen |= names
+    rows.sort(key=lambda row: row["G"])
+    add_ratios(rows)
+    frameworks = list(dict.fromkeys(row["framework"] for row in rows))
+    groups = sorted({row["G"] for row in rows})
+    budget = budget_summary(rows, budget_mib, groups, frameworks) if budget_mib else None
+    return {**results[0], "command": " ".join(sys.argv), "rows": rows, "budget": budget,
+            "merged": paths, "load_average": os.getloadavg(),
+            "partial": any(r.get("partial", False) for r in results)}
 
 
 def parse_args(argv=None):
@@ -353,6 +398,8 @@ def parse_args(argv=None):
                    help="also cProfile one infsamp step at this G")
     p.add_argument("--quick", action="store_true", help="smoke check: G=8, 1 measured step")
     p.add_argument("--out", default="", help="write the results as JSON here")
+    p.add_argument("--merge", default="", help="comma-separated --out files of earlier runs: "
+                   "report their rows as one run (nothing is run)")
     p.add_argument("--worker", default="", help=argparse.SUPPRESS)
     p.add_argument("--model-dir", default="", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -364,6 +411,11 @@ def parse_args(argv=None):
     if unknown:
         raise SizeError(f"vs_trl.py: --frameworks: unknown {', '.join(unknown)} (choose from "
                         f"{', '.join(FRAMEWORKS)})")
+    if "trl_vllm" in args.frameworks and args.device == "cpu":
+        raise SizeError("vs_trl.py: --frameworks trl_vllm: TRL's colocate weight sync "
+                        "(model.load_weights) fails on vLLM's CPU backend, which repacks every "
+                        "linear's weight (docs/benchmarks.md, 'TRL's vLLM colocate mode on the "
+                        "vLLM-CPU engine'); run it with --device cuda")
     for G in args.groups:  # sizes that cannot run are one line (SizeError) before any work
         case_sizes(args, G)
     return args
@@ -374,7 +426,8 @@ def main(argv=None) -> int:
     if args.worker:
         run_worker(args)
         return 0
-    result = run_benchmark(args)
+    result = (merge_results(args.merge.split(","), args.memory_budget_mib) if args.merge
+              else run_benchmark(args))
     print(f"TRL {result['trl_version']}, model: {result['model']} "
           f"({result['num_parameters'] / 1e6:.1f}M params), load average "
           f"{', '.join(f'{x:.1f}' for x in result['load_average'])}")
@@ -383,8 +436,8 @@ def main(argv=None) -> int:
         print(budget_table(result["budget"], args.memory_budget_mib))
     if result["infsamp_profile"]:
         print("infsamp step profile (cumulative s):", json.dumps(result["infsamp_profile"]))
-    if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=2))
+    if args.merge:
+        write_result(args, result)
     return 0
 
 

@@ -60,7 +60,8 @@ def test_training_micro_batch_is_one_size_for_every_framework(load_script):
     (["--trl-batch", "8", "--train-micro-batch-tokens", "4096"], "disagree: 4096 tokens hold 25"),
     (["--train-micro-batch-tokens", "4096"], "25 completions (4000 tokens) does not divide G=32"),
     (["--train-micro-batch-tokens", "100"], "below one sequence (160 tokens)"),
-    (["--frameworks", "trl,deepspeed"], "unknown deepspeed")])
+    (["--frameworks", "trl,deepspeed"], "unknown deepspeed"),
+    (["--frameworks", "trl_vllm"], "fails on vLLM's CPU backend")])
 def test_sizes_that_cannot_run_are_one_line_before_any_work(load_script, argv, message):
     with pytest.raises(SystemExit) as raised:
         load_script().parse_args(argv)
@@ -86,6 +87,30 @@ def test_budget_summary_names_the_largest_G_within(load_script):
     table = vs_trl.budget_table([trl, infsamp], 200)
     assert "| trl | G=64: 150, G=128: 260 | 64 (G=128 over) |" in table
     assert "256, the largest tried: not bounded by memory" in table
+
+
+def test_merge_reports_separate_runs_as_one(tmp_path, load_script, capsys):
+    vs_trl = load_script()
+    settings = vars(vs_trl.parse_args([]))
+    paths = []
+    for name, rows in (("a", [row("infsamp", 64, 84.0, 2.0), row("infsamp", 128, 85.0, 2.0)]),
+                       ("b", [row("trl", 64, 84.0, 1.0), row("trl", 128, 122.0, 1.0)])):
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps({"rows": rows, "settings": settings, "trl_version": "1",
+                                         "model": "m", "num_parameters": 1e6,
+                                         "infsamp_profile": None}))
+    merged = vs_trl.merge_results([str(p) for p in paths], 100)
+    assert [(r["framework"], r["G"]) for r in merged["rows"]] == [
+        ("infsamp", 64), ("trl", 64), ("infsamp", 128), ("trl", 128)]
+    assert merged["rows"][0]["peak_ratio_trl"] == 1.0  # ratios across the files
+    trl = next(s for s in merged["budget"] if s["framework"] == "trl")
+    assert trl["largest_G_within_budget"] == 64 and trl["first_G_over_budget"] == 128
+    vs_trl.main(["--merge", ",".join(str(p) for p in paths), "--memory-budget-mib", "100"])
+    assert "128, the largest tried: not bounded by memory" in capsys.readouterr().out
+    settings["steps"] = 5
+    paths[1].write_text(json.dumps({"rows": [], "settings": settings}))
+    with pytest.raises(vs_trl.SizeError, match="different settings"):
+        vs_trl.merge_results([str(p) for p in paths], 100)
 
 
 def test_quick_sets_one_group_and_one_step(load_script):

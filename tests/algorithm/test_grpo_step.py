@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from infsamp.algorithm.grpo_step import GRPOStep, Rollout
-from infsamp.algorithm.logprobs import sequence_logprobs_and_entropy
+from infsamp.algorithm.logprobs import plan_sequence_batches, sequence_logprobs_and_entropy
 from infsamp.algorithm.losses import LOSS_TYPES
 from infsamp.config import TrainingConfig
 
@@ -48,6 +48,18 @@ def test_masked_micro_batches_equal_the_whole_batch(loss_type):
     assert_same(split, full)
     unmasked, _ = gradients(make_step(10_000, loss_type=loss_type), rollout)
     assert any(not torch.allclose(unmasked[n], full[n]) for n in full)  # the masks did something
+
+
+@pytest.mark.parametrize("loss_type", sorted(LOSS_TYPES))
+def test_evenly_cut_micro_batches_equal_the_whole_batch(loss_type):
+    # padded (prompt, completion) widths (4,12) (4,2) (4,6) (7,9) (7,1) (7,4) under 40 tokens:
+    # greedy packing [0 3] [5 2 4] [1] (fullest 3 x 13 = 39), the even cut [0 3] [5 2] [4 1] (38)
+    assert plan_sequence_batches(PROMPTS, COMPLETIONS, 40) == [[0, 3], [5, 2], [4, 1]]
+    options = dict(loss_type=loss_type, mask_truncated_completions=True, num_iterations=2)
+    rollout = make_rollout(truncated=TRUNCATED)
+    full, _ = gradients(make_step(10_000, **options), rollout)
+    even, _ = gradients(make_step(40, **options), rollout)
+    assert_same(even, full)
 
 
 def test_truncated_completions_carry_no_loss():

@@ -1,37 +1,77 @@
-"""Which sequences share a micro-batch: greedy packing under a padded-token budget.
+"""Which sequences share a micro-batch: as few micro-batches as greedy packing needs under a
+padded-token budget, with the sequences spread evenly across them.
 
 Pure Python (no torch), a sizing decision like the rest of the planner: the GRPO step's log-probs
-(`algorithm/logprobs.py`, prompts left-padded and completions right-padded) and the reward model's
-scoring (`rewards/reward_model.py`, right-padded texts) both pack by these rules, so one budget
-means the same thing in both.
+and gradients (`algorithm/logprobs.py`, prompts left-padded and completions right-padded; every
+rank's training micro-batches and the TRL plug-in's log-probs go through it) and the reward
+model's scoring (`rewards/reward_model.py`, right-padded texts) both pack by these rules, so one
+budget means the same thing everywhere.
 
-Deliberately simple: longest first, each sequence joins the newest micro-batch if it still fits
-(no bin-packing search); a sequence over the budget on its own still gets a micro-batch.
+Sequences are sorted longest first and cut into consecutive runs (so each micro-batch pads to
+lengths close to its own). Greedy packing (each sequence joins the newest micro-batch if it still
+fits under the budget) fixes the number of micro-batches; then the cut points are chosen so the
+fullest micro-batch is as small as any cut of that sorted order into that many runs allows (a
+binary search for the smallest bound under which greedy packing needs no more micro-batches). So
+the fullest micro-batch, which sets the training step's peak memory, sits near the mean instead of
+at the budget, with the same number of forwards.
+
+Deliberately simple: no reordering search beyond the sorted order; a sequence over the budget on
+its own still gets a micro-batch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+
+Widths = tuple[int, ...]  # a sequence's padded dimensions: (length,) or (prompt, completion)
 
 
-def _pack(order: Sequence[int], padded_size: Callable[[list[int]], int],
-          max_tokens: int) -> list[list[int]]:
-    """Greedy packing of `order` into consecutive groups whose padded size stays <= max_tokens."""
-    if max_tokens < 1:
-        raise ValueError(f"max_tokens: must be >= 1, got {max_tokens}")
+def _padded(count: int, widths: Widths) -> int:
+    """Padded tokens of `count` rows padded to `widths` in each dimension."""
+    return count * sum(widths)
+
+
+def _grown(widths: Widths, other: Widths) -> Widths:
+    return tuple(max(a, b) for a, b in zip(widths, other))
+
+
+def _greedy(order: Sequence[int], widths: Sequence[Widths], max_tokens: int) -> list[list[int]]:
+    """Consecutive groups of `order` whose padded size stays <= max_tokens."""
     batches: list[list[int]] = []
+    batch_widths: Widths = ()
     for index in order:
-        if batches and padded_size(batches[-1] + [index]) <= max_tokens:
+        grown = _grown(batch_widths, widths[index]) if batches else widths[index]
+        if batches and _padded(len(batches[-1]) + 1, grown) <= max_tokens:
             batches[-1].append(index)
+            batch_widths = grown
         else:
             batches.append([index])  # a sequence over budget on its own still gets a micro-batch
+            batch_widths = widths[index]
     return batches
 
 
+def pack_micro_batches(widths: Sequence[Widths], max_tokens: int) -> list[list[int]]:
+    """Sequence indices grouped into micro-batches of padded size <= max_tokens: greedy packing's
+    count, the sequences spread evenly over them (module docstring); longest first in each."""
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens: must be >= 1, got {max_tokens}")
+    if not widths:
+        return []
+    order = sorted(range(len(widths)), key=lambda i: (-sum(widths[i]), -widths[i][-1]))
+    num_batches = len(_greedy(order, widths, max_tokens))
+    low, high = 1, max_tokens  # the smallest bound under which greedy needs no more micro-batches
+    while low < high:
+        middle = (low + high) // 2
+        if len(_greedy(order, widths, middle)) <= num_batches:
+            high = middle
+        else:
+            low = middle + 1
+    return _greedy(order, widths, low)
+
+
 def plan_micro_batches(seq_lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
-    """Sequence indices grouped so that count * longest length <= max_tokens; longest first."""
-    order = sorted(range(len(seq_lengths)), key=lambda i: -seq_lengths[i])
-    return _pack(order, lambda batch: len(batch) * max(seq_lengths[i] for i in batch), max_tokens)
+    """Sequence indices grouped so that count * longest length <= max_tokens."""
+    return pack_micro_batches([(n,) for n in seq_lengths], max_tokens)
 
 
 def plan_prompt_completion_batches(prompt_lengths: Sequence[int],
@@ -39,10 +79,4 @@ def plan_prompt_completion_batches(prompt_lengths: Sequence[int],
                                    max_tokens: int) -> list[list[int]]:
     """As plan_micro_batches, for the left/right-padded layout: count * (max prompt + max
     completion)."""
-    def padded_size(batch: list[int]) -> int:
-        longest_prompt = max(prompt_lengths[i] for i in batch)
-        return len(batch) * (longest_prompt + max(completion_lengths[i] for i in batch))
-
-    totals = [p + c for p, c in zip(prompt_lengths, completion_lengths)]
-    order = sorted(range(len(totals)), key=lambda i: (-totals[i], -completion_lengths[i]))
-    return _pack(order, padded_size, max_tokens)
+    return pack_micro_batches(list(zip(prompt_lengths, completion_lengths)), max_tokens)
