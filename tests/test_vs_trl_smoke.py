@@ -60,8 +60,7 @@ def test_training_micro_batch_is_one_size_for_every_framework(load_script):
     (["--trl-batch", "8", "--train-micro-batch-tokens", "4096"], "disagree: 4096 tokens hold 25"),
     (["--train-micro-batch-tokens", "4096"], "25 completions (4000 tokens) does not divide G=32"),
     (["--train-micro-batch-tokens", "100"], "below one sequence (160 tokens)"),
-    (["--frameworks", "trl,deepspeed"], "unknown deepspeed"),
-    (["--frameworks", "trl_vllm"], "fails on vLLM's CPU backend")])
+    (["--frameworks", "trl,deepspeed"], "unknown deepspeed")])
 def test_sizes_that_cannot_run_are_one_line_before_any_work(load_script, argv, message):
     with pytest.raises(SystemExit) as raised:
         load_script().parse_args(argv)
@@ -151,3 +150,34 @@ def test_trl_at_its_memory_settings_one_step_tiny(tmp_path, load_script, framewo
     assert row["peak_mib"] >= 0 and row["seconds_per_step"] > 0 and len(row["step_seconds"]) == 1
     assert 0 <= row["generation_peak_mib"] and row["train_batch"] == 2
     assert 1 <= row["mean_completion_length"] <= 8 and row["cpu_seconds_per_step"] > 0
+
+
+@pytest.mark.slow
+def test_trl_vllm_colocate_syncs_its_weights_on_the_cpu_build(tmp_path, load_script, monkeypatch):
+    """TRL's colocate mode on vLLM's CPU build, one step: every sync puts the trainer's weights
+    into vLLM (`cpu_sync_weights` -> `reload_weights`), checked tensor by tensor after each."""
+    pytest.importorskip("vllm")
+    import infsamp.sampling.engines.vllm as engine
+
+    vs_trl, real_reload, synced = load_script(), engine.reload_weights, []
+
+    def checked_reload(runner, weights):
+        pushed = {name: tensor.detach().clone() for name, tensor in weights}
+        real_reload(runner, iter(pushed.items()))
+        held = dict(runner.get_model().named_parameters())
+        want = pushed["model.embed_tokens.weight"]
+        embed = held["model.embed_tokens.weight"][: want.shape[0]]  # vLLM pads the vocabulary
+        synced.append(torch.equal(embed, want.to(embed.dtype)))
+
+    monkeypatch.setattr(engine, "reload_weights", checked_reload)
+    args = vs_trl.parse_args(["--steps", "1", "--max-completion", "8", "--frameworks",
+                              "trl_vllm"])  # g = 8: a pool of 320 tokens, vLLM-CPU's blocks
+    model_dir = vs_trl.build_random_llama(tmp_path / "model", hidden=64, layers=2)
+    threads = torch.get_num_threads()
+    try:
+        raw = vs_trl.WORKERS["trl_vllm"](args, 8, model_dir, tmp_path)
+    finally:
+        torch.set_num_threads(threads)
+    assert len(synced) >= 2 and all(synced)  # a sync before each of the two steps' generation
+    row = vs_trl.summarise("trl_vllm", 8, raw, vs_trl.case_sizes(args, 8))
+    assert row["seconds_per_step"] > 0 and 1 <= row["mean_completion_length"] <= 8

@@ -63,3 +63,24 @@ def test_two_runs_started_together_into_one_folder(runner, tiny_model_dir, tmp_p
     winner, loser = children if codes[0] == 0 else children[::-1]
     assert f"in use by infsamp train (PID {winner.pid}, " in last_line(loser.output), loser.output
     assert [row["step"] for row in rows(out / "metrics.jsonl")] == [1, 2]
+
+
+def test_a_run_whose_folder_is_replaced_writes_nothing_more_into_it(runner, tiny_model_dir,
+                                                                   tmp_path):
+    """The folder of a live run removed and a new run started into the same path: when the old
+    run goes on, it stops with one line before its next write, and the new run's files (its
+    metrics, its checkpoints, which the old run's pruning would delete) stay as they were."""
+    out = tmp_path / "run"
+    old = runner.start(run_args(tiny_model_dir, out), kill_at="pause@3")
+    old.wait_for("paused after step 3")
+    shutil.rmtree(out)
+    code, output = runner.run(run_args(tiny_model_dir, out, "--training.max_steps", "2"))
+    assert code == 0, output
+    after_new = snapshot(out)
+    old.signal(signal.SIGUSR1)
+    assert old.wait() == 2, old.output
+    assert (f"logging.output_dir {out}: removed or replaced while this run was going"
+            in last_line(old.output)), old.output
+    assert "Traceback" not in old.output
+    assert snapshot(out) == after_new
+    assert [row["step"] for row in rows(out / "metrics.jsonl")] == [1, 2]

@@ -13,7 +13,7 @@ import pytest
 
 from infsamp.config import ConfigError
 from infsamp.errors import RunFolderError
-from infsamp.run.ownership import LOCK_NAME, claim_run_folder, live_holder
+from infsamp.run.ownership import LOCK_NAME, check_still_held, claim_run_folder, live_holder
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 CLAIM = ("import sys; from pathlib import Path; from infsamp.run.ownership import "
@@ -72,3 +72,22 @@ def test_a_trainer_that_fails_to_start_lets_its_folder_go(tiny_config, tmp_path)
     assert live_holder(out) is not None
     trainer.train()
     assert live_holder(out) is None
+
+
+def test_a_folder_removed_or_made_again_is_no_longer_held(tmp_path):
+    folder = tmp_path / "run"
+    check_still_held(folder)  # not held by this process: nothing to check
+    lock = claim_run_folder(folder)
+    check_still_held(folder)
+    (folder / "metrics.jsonl").write_text("")
+    (folder / "metrics.jsonl").unlink()  # the run's own files come and go: still held
+    check_still_held(folder)
+    (folder / LOCK_NAME).rename(tmp_path / "aside")
+    with pytest.raises(RunFolderError, match="removed or replaced while this run was going"):
+        check_still_held(folder)
+    (folder / LOCK_NAME).write_text("{}")  # another lock file under the same name
+    with pytest.raises(RunFolderError, match=f"logging.output_dir {folder}: removed"):
+        check_still_held(folder)
+    (tmp_path / "aside").replace(folder / LOCK_NAME)  # the one it locked, back
+    check_still_held(folder)
+    lock.release()

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from infsamp.errors import DataError, RunFolderError
+from infsamp.run.ownership import check_still_held
 from infsamp.run.progress import RunProgress, format_value
 from infsamp.run.trackers import Trackers, open_trackers
 
@@ -124,8 +125,12 @@ class RunLogger:
         self.trackers = open_trackers(report_to, self.dir, project, run_name, config,
                                       self.start_step, report=self.progress.write)
 
+    def _append(self, name: str, records: dict[str, Any] | list[dict[str, Any]]) -> None:
+        check_still_held(self.dir)  # a folder removed or replaced meanwhile: one line, no write
+        append_jsonl(self.dir / name, records)
+
     def log_step(self, step: int, metrics: dict[str, Any]) -> None:
-        append_jsonl(self.dir / "metrics.jsonl", {"step": step, **metrics})
+        self._append("metrics.jsonl", {"step": step, **metrics})
         if self.trackers:
             self.trackers.log_metrics(step, metrics)
         self.progress.end_step(step)
@@ -133,7 +138,7 @@ class RunLogger:
             self.progress.write(self.progress.summary(step, metrics))
 
     def log_eval(self, step: int, metrics: dict[str, Any]) -> None:
-        append_jsonl(self.dir / "eval.jsonl", {"step": step, **metrics})
+        self._append("eval.jsonl", {"step": step, **metrics})
         if self.trackers:
             self.trackers.log_metrics(step, metrics)
         shown = " ".join(f"{k}={format_value(v)}" for k, v in metrics.items())
@@ -142,6 +147,7 @@ class RunLogger:
     def log_plot(self, step: int) -> Path | None:
         """Write plots/training.png and send it to the trackers; a failed write is a warning (the
         run and its checkpoint are complete: say so, do not fail)."""
+        check_still_held(self.dir)
         try:
             path = plot_run(self.dir)
         except OSError as err:
@@ -153,12 +159,12 @@ class RunLogger:
         return path
 
     def log_lengths(self, step: int, groups: list[dict[str, Any]]) -> None:
-        append_jsonl(self.dir / "lengths.jsonl", [{"step": step, **group} for group in groups])
+        self._append("lengths.jsonl", [{"step": step, **group} for group in groups])
 
     def log_completions(self, step: int, records: list[dict[str, Any]],
                         name: str = "completions.jsonl") -> None:
         """Rows of completions.jsonl (training) or eval_completions.jsonl (held-out)."""
-        append_jsonl(self.dir / name, [{"step": step, **record} for record in records])
+        self._append(name, [{"step": step, **record} for record in records])
 
     def close(self, ok: bool = True) -> None:
         """Close the bars and finish the trackers' runs (marked failed when `ok` is False)."""

@@ -6,6 +6,8 @@
                                   run leaves the folder as it found it)
     live_holder(folder)           who holds a folder's lock now, or None (for commands that
                                   write next to a run: `infsamp export`)
+    check_still_held(folder)      before each write: the folder is still the one claimed (not
+                                  removed, nor removed and made again by another run)
 
 The lock is taken before the run folder's rules are applied (`run/folder.py`: empty for a new
 run, a checkpoint to resume), so two runs started together cannot both find the folder empty, and
@@ -101,6 +103,24 @@ def release_run_folder(folder: str | Path) -> None:
     lock = _held.get(_key(Path(folder)))
     if lock is not None:
         lock.release()
+
+
+def check_still_held(folder: str | Path, what: str = "logging.output_dir") -> None:
+    """Before this process writes into a folder it holds: the lock file it locked must still be
+    the one at `folder/LOCK_NAME`. A folder removed (or removed and made again, perhaps by
+    another run) while the run went is one line (RunFolderError), so nothing more is written or
+    pruned there. A no-op for a folder this process does not hold (other ranks, tests)."""
+    lock = _held.get(_key(Path(folder)))
+    if lock is None or lock.fd is None:
+        return
+    try:
+        same = os.fstat(lock.fd).st_ino == os.stat(lock.folder / LOCK_NAME).st_ino
+    except FileNotFoundError:
+        same = False
+    if not same:
+        raise RunFolderError(f"{what} {folder}: removed or replaced while this run was going "
+                             "(its lock file is not the one this run holds); stopping without "
+                             "writing anything more into it")
 
 
 def released_on_failure(init):

@@ -37,6 +37,7 @@ from infsamp.distributed.ranks import Ranks, agreed
 from infsamp.errors import CheckpointError, InfsampError
 from infsamp.run import checkpoint as ckpt
 from infsamp.run.folder import prepare_run_folder
+from infsamp.run.ownership import check_still_held
 from infsamp.run.progress import RunProgress
 from infsamp.run.rank_shards import local_shards, write_shard
 from infsamp.run.train_state import TrainState
@@ -142,6 +143,7 @@ def _save_together(state: TrainState, ranks: Ranks, strategy, tokenizer) -> Path
             saved.update(ranks=parts, rank_costs=state.rank_steps.state_dict(),
                          distributed={"strategy": strategy.name, "world_size": ranks.world_size})
         try:
+            check_still_held(output_dir)  # never write nor prune in a folder replaced meanwhile
             path = ckpt.save_checkpoint(
                 output_dir, state.step, model=whole, tokenizer=tokenizer, state=saved,
                 keep_last=state.cfg.checkpointing.keep_last, keep_step=state.best.kept_step,

@@ -325,11 +325,7 @@ class VLLMEngine:
         """Push the trainer model's weights in place (LoRA merged out of place), then drop the
         cached prompts (their KV belongs to the old weights)."""
         self._wake("weights")
-        with torch.no_grad():
-            self._runner.reload_weights(weights_iterator=engine_weights(model),
-                                        is_checkpoint_format=True)
-        if self.device.type == "cpu":
-            _repack_cpu_lm_head(self._runner.get_model())
+        reload_weights(self._runner, engine_weights(model))
         self.engine.reset_prefix_cache()
 
     def sleep(self) -> None:
@@ -423,6 +419,15 @@ def engine_weights(model) -> Iterator[tuple[str, torch.Tensor]]:
                     weight = weight + module.get_delta_weight(adapter).to(weight.dtype)
         yield (name.removeprefix("base_model.model.").replace(".base_layer", "")
                .replace("modules_to_save.default.", "")), weight
+
+
+def reload_weights(runner, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
+    """Put (checkpoint name, tensor) pairs into a running vLLM model in place, on any device.
+    `model.load_weights` cannot be used on vLLM's CPU build (it repacks each linear's weight
+    for its GEMM and drops the loader); `model_runner.reload_weights` repacks them again."""
+    with torch.no_grad():
+        runner.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
+    _repack_cpu_lm_head(runner.get_model())  # a no-op off the CPU build
 
 
 def _repack_cpu_lm_head(model) -> None:
