@@ -53,3 +53,22 @@ def test_noisy_ceiling_is_fixed_per_sample_and_worse_than_the_exact_one(bench):
 def test_hidden_without_states_is_one_line(bench):
     with pytest.raises(SystemExit, match="no hidden_seed<S>.npz beside this trace"):
         totals(bench, "b1", "0", ["length_aware:hidden"])
+
+
+ENGINE_REPORTS = {"b1": ["b1_seeds0-3", "b1_seeds4-7"], "b4": ["b4_seeds0-1", "b4_seeds2-3"]}
+
+
+@pytest.mark.parametrize("folder, B, seeds", [("b1", 1, "0,1,2,3,4,5,6,7"), ("b4", 4, "0,1,2,3")])
+def test_the_engine_took_the_replayed_decode_steps(bench, folder, B, seeds):
+    """The slot engine's own runs of the same calls (`infsamp bench scheduling`, 2026-12-01,
+    reports in engine/, same completions as the traces): for continuous, online and the oracle,
+    the measured epochs' decode steps are the replay's."""
+    import json
+
+    engine = {}
+    for name in ENGINE_REPORTS[folder]:
+        report = json.loads((TRACES / "engine" / f"{name}.json").read_text())
+        for variant, row in report["totals"]["slots"].items():
+            engine[variant] = engine.get(variant, 0) + row["decode_steps"]
+    variants = ["continuous", "length_aware:online", "length_aware:oracle"]
+    assert engine == totals(bench, folder, seeds, variants, B=B)
