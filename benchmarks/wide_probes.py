@@ -62,7 +62,8 @@ def oracle_steps(lengths: Sequence[int], micro_group: int) -> int:
 def wide_probe_replay(lengths: Sequence[int], micro_group: int, max_new: int,
                       probe_tokens: int, keep_parked_kv: bool = False) -> Replay:
     """With `keep_parked_kv` a parked probe keeps its k tokens of KV (counted in the budget, as
-    when it ran), so nothing is recomputed, at the price of room for new probes."""
+    when it ran), so nothing is recomputed, at the price of room for new probes; when the kept KV
+    leaves room for nothing to run, all of it is dropped (recomputed on resume)."""
     budget = micro_group * max_new
     done = [0] * len(lengths)  # tokens so far
     pending, parked = list(range(len(lengths)))[::-1], []
@@ -82,6 +83,9 @@ def wide_probe_replay(lengths: Sequence[int], micro_group: int, max_new: int,
             committed.add(sample)
         while pending and reserved() + probe_tokens <= budget:
             probes.add(pending.pop())
+        if not committed and not probes:  # kept KV leaves no room to run anything: drop it
+            kept.clear()
+            continue
         _check_budget(reserved(), budget)
         out.peak_reserved = max(out.peak_reserved, reserved())
         _one_step(out, lengths, done, committed, probes)

@@ -54,7 +54,6 @@ def test_budget_holds_and_every_sample_runs_its_length(wide):
             assert replay.peak_reserved <= g * max_new
             assert replay.row_steps == sum(lengths)  # one token per running sample and step
             assert max(lengths) <= replay.decode_steps
-            assert not keep or replay.recomputed_tokens == 0
 
 
 def test_the_figures_the_docs_quote(wide):
@@ -65,6 +64,13 @@ def test_the_figures_the_docs_quote(wide):
     assert (b1["oracle"], b4["oracle"], embedded["oracle"]) == (979, 590, 5973)
     assert all(r["wide"][0]["share_of_oracle_gain"] > 0.6 for r in (b1, b4, embedded))
     assert b1["wide"][0]["max_rows"] == 32 and b1["wide"][0]["recomputed_tokens"] == 1212
+
+
+def test_kept_kv_that_blocks_everything_is_dropped(wide):
+    """g = 2, budget 20, k = 6: three probes reach 6 tokens with no room to commit any, all
+    keep their KV (18 tokens), and none fits back (18 - 6 + 10 > 20) until it is dropped."""
+    replay = wide.wide_probe_replay([10, 10, 10], 2, 10, 6, keep_parked_kv=True)
+    assert replay.decode_steps == 6 + 4 + 4 and replay.recomputed_tokens == 18
 
 
 def test_keeping_parked_probes_kv_crowds_out_probes(wide):
