@@ -60,39 +60,57 @@ def oracle_steps(lengths: Sequence[int], micro_group: int) -> int:
 
 
 def wide_probe_replay(lengths: Sequence[int], micro_group: int, max_new: int,
-                      probe_tokens: int) -> Replay:
+                      probe_tokens: int, keep_parked_kv: bool = False) -> Replay:
+    """With `keep_parked_kv` a parked probe keeps its k tokens of KV (counted in the budget, as
+    when it ran), so nothing is recomputed, at the price of room for new probes; when the kept KV
+    leaves room for nothing to run, all of it is dropped (recomputed on resume)."""
     budget = micro_group * max_new
     done = [0] * len(lengths)  # tokens so far
     pending, parked = list(range(len(lengths)))[::-1], []
-    committed, probes, out = set(), set(), Replay()
+    committed, probes, kept, out = set(), set(), set(), Replay()
     while pending or parked or committed or probes:
         def reserved() -> int:
-            return len(committed) * max_new + len(probes) * probe_tokens
+            return (len(committed) * max_new + len(probes) * probe_tokens
+                    + sum(done[s] for s in kept))
 
-        while parked and reserved() + max_new <= budget:
+        while parked and reserved() - (done[parked[0]] if parked[0] in kept else 0) + max_new \
+                <= budget:
             sample = parked.pop(0)
+            if sample in kept:
+                kept.discard(sample)
+            else:
+                out.recomputed_tokens += done[sample]
             committed.add(sample)
-            out.recomputed_tokens += done[sample]
         while pending and reserved() + probe_tokens <= budget:
             probes.add(pending.pop())
+        if not committed and not probes:  # kept KV leaves no room to run anything: drop it
+            kept.clear()
+            continue
         _check_budget(reserved(), budget)
         out.peak_reserved = max(out.peak_reserved, reserved())
-        out.decode_steps += 1
-        rows = len(committed) + len(probes)
-        out.row_steps += rows
-        out.max_rows = max(out.max_rows, rows)
-        for running in (committed, probes):
-            for sample in sorted(running):
-                done[sample] += 1
-                if done[sample] == lengths[sample]:
-                    running.discard(sample)
+        _one_step(out, lengths, done, committed, probes)
         for sample in sorted(s for s in probes if done[s] >= probe_tokens):
             probes.discard(sample)
             if reserved() + max_new <= budget:
                 committed.add(sample)
             else:
                 parked.append(sample)
+                if keep_parked_kv:
+                    kept.add(sample)  # it held these k tokens as a probe: they still fit
     return out
+
+
+def _one_step(out: Replay, lengths, done, committed: set, probes: set) -> None:
+    """One decode step: a token for every running sample; the ones that end leave."""
+    out.decode_steps += 1
+    rows = len(committed) + len(probes)
+    out.row_steps += rows
+    out.max_rows = max(out.max_rows, rows)
+    for running in (committed, probes):
+        for sample in sorted(running):
+            done[sample] += 1
+            if done[sample] == lengths[sample]:
+                running.discard(sample)
 
 
 def _check_budget(reserved: int, budget: int) -> None:
@@ -114,13 +132,13 @@ def read_calls(paths: Sequence[str], prompts_per_call: int, last_epoch: bool) ->
 
 
 def summarise(calls: list[list[int]], micro_group: int, max_new: int,
-              probe_tokens: Sequence[int]) -> dict:
+              probe_tokens: Sequence[int], keep_parked_kv: bool = False) -> dict:
     continuous = sum(continuous_steps(c, micro_group) for c in calls)
     oracle = sum(oracle_steps(c, micro_group) for c in calls)
     gain = continuous - oracle
     rows = []
     for k in probe_tokens:
-        replays = [wide_probe_replay(c, micro_group, max_new, k) for c in calls]
+        replays = [wide_probe_replay(c, micro_group, max_new, k, keep_parked_kv) for c in calls]
         steps = sum(r.decode_steps for r in replays)
         rows.append({"probe_tokens": k, "decode_steps": steps,
                      "share_of_oracle_gain": (continuous - steps) / gain if gain else 0.0,
@@ -149,6 +167,8 @@ def main(argv=None) -> int:
     p.add_argument("--max-new", type=int, default=96, help="the traces' max_new_tokens")
     p.add_argument("--probe-tokens", default="8,12,16", help="comma-separated k values")
     p.add_argument("--last-epoch", action="store_true", help="only each file's second half")
+    p.add_argument("--keep-parked-kv", action="store_true",
+                   help="a parked probe keeps its k tokens of KV (no recomputation)")
     p.add_argument("--out", default="", help="write the result as JSON here")
     args = p.parse_args(argv)
     calls = read_calls(args.traces, args.prompts_per_call, args.last_epoch)
@@ -156,7 +176,7 @@ def main(argv=None) -> int:
     if too_long:
         p.error(f"--max-new {args.max_new}: a trace has a completion of {too_long[0]} tokens")
     result = summarise(calls, args.micro_group, args.max_new,
-                       [int(k) for k in args.probe_tokens.split(",")])
+                       [int(k) for k in args.probe_tokens.split(",")], args.keep_parked_kv)
     print_report(result)
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1))

@@ -49,10 +49,11 @@ def test_budget_holds_and_every_sample_runs_its_length(wide):
         k = rng.randint(1, max_new)
         lengths = [rng.choice([rng.randint(1, k), rng.randint(1, max_new)])
                    for _ in range(rng.randint(1, 30))]
-        replay = wide.wide_probe_replay(lengths, g, max_new, k)
-        assert replay.peak_reserved <= g * max_new
-        assert replay.row_steps == sum(lengths)  # one token per running sample and step
-        assert max(lengths) <= replay.decode_steps
+        for keep in (False, True):
+            replay = wide.wide_probe_replay(lengths, g, max_new, k, keep_parked_kv=keep)
+            assert replay.peak_reserved <= g * max_new
+            assert replay.row_steps == sum(lengths)  # one token per running sample and step
+            assert max(lengths) <= replay.decode_steps
 
 
 def test_the_figures_the_docs_quote(wide):
@@ -63,3 +64,18 @@ def test_the_figures_the_docs_quote(wide):
     assert (b1["oracle"], b4["oracle"], embedded["oracle"]) == (979, 590, 5973)
     assert all(r["wide"][0]["share_of_oracle_gain"] > 0.6 for r in (b1, b4, embedded))
     assert b1["wide"][0]["max_rows"] == 32 and b1["wide"][0]["recomputed_tokens"] == 1212
+
+
+def test_kept_kv_that_blocks_everything_is_dropped(wide):
+    """g = 2, budget 20, k = 6: three probes reach 6 tokens with no room to commit any, all
+    keep their KV (18 tokens), and none fits back (18 - 6 + 10 > 20) until it is dropped."""
+    replay = wide.wide_probe_replay([10, 10, 10], 2, 10, 6, keep_parked_kv=True)
+    assert replay.decode_steps == 6 + 4 + 4 and replay.recomputed_tokens == 18
+
+
+def test_keeping_parked_probes_kv_crowds_out_probes(wide):
+    """docs/scheduling.md: a parked probe that keeps its KV takes the room of new probes, so
+    dropping it (recomputing) is the better choice at k = 12 on SmolLM2, B = 1."""
+    calls = wide.read_calls(traces(SMOL / "b1"), 1, True)
+    kept = wide.summarise(calls, 8, 96, [12], keep_parked_kv=True)["wide"][0]
+    assert (kept["decode_steps"], kept["recomputed_tokens"]) == (1111, 0)
