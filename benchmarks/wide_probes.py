@@ -174,7 +174,12 @@ def main(argv=None) -> int:
                    help="a parked probe keeps its k tokens of KV (no recomputation)")
     p.add_argument("--out", default="", help="write the result as JSON here")
     args = p.parse_args(argv)
-    calls = read_calls(args.traces, args.prompts_per_call, args.last_epoch)
+    from infsamp.errors import DataError
+
+    try:
+        calls = read_calls(args.traces, args.prompts_per_call, args.last_epoch)
+    except DataError as err:
+        p.error(str(err))
     too_long = [max(c) for c in calls if max(c) > args.max_new]
     if too_long:
         p.error(f"--max-new {args.max_new}: a trace has a completion of {too_long[0]} tokens")
