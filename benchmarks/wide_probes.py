@@ -55,8 +55,10 @@ def continuous_steps(lengths: Sequence[int], micro_group: int) -> int:
 
 
 def oracle_steps(lengths: Sequence[int], micro_group: int) -> int:
-    """Longest first on g slots, true lengths known (LPT)."""
-    return continuous_steps(sorted(lengths, reverse=True), micro_group)
+    """Longest first on g slots, true lengths known (the scheduler's own LPT)."""
+    from infsamp.sampling.grouping import lpt, makespan
+
+    return int(makespan(lpt(lengths, micro_group), lengths))
 
 
 def wide_probe_replay(lengths: Sequence[int], micro_group: int, max_new: int,
@@ -68,11 +70,11 @@ def wide_probe_replay(lengths: Sequence[int], micro_group: int, max_new: int,
     done = [0] * len(lengths)  # tokens so far
     pending, parked = list(range(len(lengths)))[::-1], []
     committed, probes, kept, out = set(), set(), set(), Replay()
-    while pending or parked or committed or probes:
-        def reserved() -> int:
-            return (len(committed) * max_new + len(probes) * probe_tokens
-                    + sum(done[s] for s in kept))
 
+    def reserved() -> int:
+        return len(committed) * max_new + len(probes) * probe_tokens + sum(done[s] for s in kept)
+
+    while pending or parked or committed or probes:
         while parked and reserved() - (done[parked[0]] if parked[0] in kept else 0) + max_new \
                 <= budget:
             sample = parked.pop(0)
@@ -119,14 +121,15 @@ def _check_budget(reserved: int, budget: int) -> None:
 
 
 def read_calls(paths: Sequence[str], prompts_per_call: int, last_epoch: bool) -> list[list[int]]:
-    """Each file's lines in calls of B prompts (a call's lengths in arrival order); with
+    """Each trace's groups in calls of B prompts (a call's lengths in arrival order); with
     `last_epoch`, only the second half of each file's calls (the bench's measured epoch)."""
+    from infsamp.sampling.simulator import read_trace
+
     calls = []
     for path in paths:
-        rows = [json.loads(line)["lengths"] for line in Path(path).read_text().splitlines()
-                if line.strip()]
-        chunks = [sum(rows[i:i + prompts_per_call], [])
-                  for i in range(0, len(rows), prompts_per_call)]
+        groups = read_trace(path)
+        chunks = [sum((g.lengths for g in groups[i:i + prompts_per_call]), [])
+                  for i in range(0, len(groups), prompts_per_call)]
         calls += chunks[len(chunks) // 2:] if last_epoch else chunks
     return calls
 
@@ -171,7 +174,12 @@ def main(argv=None) -> int:
                    help="a parked probe keeps its k tokens of KV (no recomputation)")
     p.add_argument("--out", default="", help="write the result as JSON here")
     args = p.parse_args(argv)
-    calls = read_calls(args.traces, args.prompts_per_call, args.last_epoch)
+    from infsamp.errors import DataError
+
+    try:
+        calls = read_calls(args.traces, args.prompts_per_call, args.last_epoch)
+    except DataError as err:
+        p.error(str(err))
     too_long = [max(c) for c in calls if max(c) > args.max_new]
     if too_long:
         p.error(f"--max-new {args.max_new}: a trace has a completion of {too_long[0]} tokens")

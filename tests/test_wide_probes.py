@@ -79,3 +79,12 @@ def test_keeping_parked_probes_kv_crowds_out_probes(wide):
     calls = wide.read_calls(traces(SMOL / "b1"), 1, True)
     kept = wide.summarise(calls, 8, 96, [12], keep_parked_kv=True)["wide"][0]
     assert (kept["decode_steps"], kept["recomputed_tokens"]) == (1111, 0)
+
+
+def test_a_bad_trace_is_one_line(wide, tmp_path, capsys):
+    bad = tmp_path / "trace.jsonl"
+    bad.write_text('{"prompt_id": "0", "prompt_tokens": 5}\n')
+    with pytest.raises(SystemExit):
+        wide.main([str(bad)])
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert str(bad) in error and "Traceback" not in error

@@ -113,11 +113,7 @@ def check_still_held(folder: str | Path, what: str = "logging.output_dir") -> No
     lock = _held.get(_key(Path(folder)))
     if lock is None or lock.fd is None:
         return
-    try:
-        same = os.fstat(lock.fd).st_ino == os.stat(lock.folder / LOCK_NAME).st_ino
-    except FileNotFoundError:
-        same = False
-    if not same:
+    if not _is_at(lock.fd, lock.folder / LOCK_NAME):
         raise RunFolderError(f"{what} {folder}: removed or replaced while this run was going "
                              "(its lock file is not the one this run holds); stopping without "
                              "writing anything more into it")
@@ -193,16 +189,20 @@ def _lock(folder: Path, created_folder: bool, command: str) -> RunFolderLock | N
         if not _try_lock(fd, path):
             os.close(fd)
             return None
-        try:
-            same = os.fstat(fd).st_ino == os.stat(path).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
+        if _is_at(fd, path):
             break
         os.close(fd)
     previous = b"" if created else os.pread(fd, 1 << 16, 0)
     _write(fd, json.dumps(_holder_record(command)).encode())
     return RunFolderLock(folder, fd, created, created_folder, previous)
+
+
+def _is_at(fd: int, path: Path) -> bool:
+    """Whether the open file `fd` is the file at `path` now (not removed, nor replaced)."""
+    try:
+        return os.fstat(fd).st_ino == os.stat(path).st_ino
+    except FileNotFoundError:
+        return False
 
 
 def _try_lock(fd: int, path: Path) -> bool:
