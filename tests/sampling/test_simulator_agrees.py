@@ -39,9 +39,10 @@ class EosBoost:
         return scores
 
 
-def sample(model, policy, kv_budget, predictor=None, prefix_tokens=8):
+def sample(model, policy, kv_budget, predictor=None, prefix_tokens=8, probe_tokens=12):
     cfg = SamplingConfig(policy=policy, micro_group=3, kv_budget=kv_budget, max_new_tokens=MAX_NEW,
-                         temperature=1.0, predictor="none", predictor_prefix_tokens=prefix_tokens)
+                         temperature=1.0, predictor="none", predictor_prefix_tokens=prefix_tokens,
+                         probe_tokens=probe_tokens)
     generator = torch.Generator().manual_seed(7)
     return GroupSampler(model, None, cfg, predictor).sample(PROMPTS, GROUP_SIZE,
                                                             generator=generator,
@@ -103,6 +104,31 @@ def test_replay_of_token_conditioned_parking_matches_the_real_engine(model, kv_b
     parked_tokens = 2 * real.stats.num_preemptions  # every park happens at k = 2 tokens
     assert parked_tokens > 0
     assert 0 < real.stats.recomputed_tokens < parked_tokens  # some parked KV kept, some not
+
+
+@pytest.mark.parametrize("predictor", ["none", "online"])
+def test_replay_of_probes_matches_the_real_engine(model, predictor):
+    """probe, k = 3, g = 2 by a budget of 40: up to 6 probes at once on the slot engine's pool;
+    the replay takes the same decisions (steps, widths, parks, recomputed tokens, peak KV) and
+    the completions equal continuous's, twice (the second call with what the first taught)."""
+    torch.set_num_threads(1)
+    lengths = reference_lengths(model, "40")
+    real_predictor, replay_predictor = make_predictor(predictor), make_predictor(predictor)
+    for _call in range(2):
+        real = sample(model, "probe", "40", real_predictor, probe_tokens=3)
+        assert [c.length for c in real.completions] == lengths
+        first = [c.token_ids[:3] for c in real.completions]
+        samples = make_samples([len(p) for p in PROMPTS], GROUP_SIZE, MAX_NEW)
+        replay = run_call(samples, lengths, "probe", real.stats.micro_group,
+                          real.stats.kv_budget_tokens, replay_predictor, first_tokens=first,
+                          probe_tokens=3)
+        for key in ("decode_steps", "num_preemptions", "recomputed_tokens", "row_steps",
+                    "peak_rows", "peak_kv_tokens_used", "predictor_kendall_tau"):
+            assert getattr(replay, key) == getattr(real.stats, key), key
+    assert real.stats.peak_rows > real.stats.micro_group == 2 and real.stats.num_preemptions > 0
+    # the pool and the prompt table, which pads its 3 rows to the widest prompt's 4 KV tokens
+    # where the books count each prompt (5 + 3 + 2)
+    assert real.stats.peak_kv_tokens <= real.stats.kv_budget_tokens + 3 * 4 - (5 + 3 + 2)
 
 
 BENCH_B1 = Path(__file__).parents[2] / "docs/img/bench_scheduling_issue22_b1"
@@ -183,3 +209,33 @@ def test_vllm_bench_traces_replay_in_blocks_with_parked_kv_recomputed(bench):
                               keep_parked_kv=False, prefix_tokens=8)
             assert replay.decode_steps == sum(r["decode_steps"] for r in measured), variant
             assert replay.num_preemptions == sum(r["num_preemptions"] for r in measured)
+
+
+SMOL_PROBE = Path(__file__).parents[2] / "docs/img/bench_scheduling_issue22_smollm2/probe"
+
+
+@pytest.mark.parametrize("bench, num_prompts", [("b1", 1), ("b4", 4)])
+def test_smollm2_probe_bench_replays_and_meets_the_goal(bench, num_prompts):
+    """SmolLM2-135M on the slot engine (issue 22's goal): the replay of each seed's trace takes
+    the engine's decode steps for continuous, probe and probe + online, and probe + online takes
+    at least 60% of the oracle's decode-step gain over continuous in total."""
+    folder = SMOL_PROBE / bench
+    totals = {"continuous": 0, "length_aware:oracle": 0, "probe": 0, "probe:online": 0}
+    for report_path in sorted(folder.glob("scheduling_*.json")):
+        report = json.loads(report_path.read_text())
+        for seed in report["seeds"]:
+            groups = read_trace(folder / f"trace_slots_seed{seed}.jsonl")
+            budget = 8 * 96 + num_prompts * max(g.prompt_tokens for g in groups)
+            for variant in totals:
+                engine = _bench_steps(report, seed, variant)
+                totals[variant] += engine
+                if variant.startswith("length_aware"):
+                    continue
+                policy, _, predictor = variant.partition(":")
+                replay = simulate(groups, policy, 8, kv_budget=budget,
+                                  predictor=predictor or "none", prompts_per_step=num_prompts,
+                                  warmup_steps=len(groups) // num_prompts // 2,
+                                  max_new_tokens=96)
+                assert replay.decode_steps == engine, (seed, variant)
+    gain = totals["continuous"] - totals["length_aware:oracle"]
+    assert totals["continuous"] - totals["probe:online"] >= 0.6 * gain > 0
