@@ -13,8 +13,9 @@ runs the one loop shared with the simulator, on the engine it was given (`engine
 
 The scheduler (`scheduler.py`, `policies.py`) decides who runs; the engine runs them and appends
 their tokens. Policies differ only in admission: `full` (all samples at once), `rounds`,
-`continuous`, `length_aware`. Each sample draws its random numbers from its own seed, so every
-policy and every engine schedule return the same completions.
+`continuous`, `length_aware`, `probe` (more than g at once, as short probes). Each sample draws
+its random numbers from its own seed, so every policy and every engine schedule return the same
+completions.
 
 Deliberately simple: one device; a sampler given no sizes (used alone: tests, scripts) sizes each
 call for its own prompts with the same rule (`sampler_sizes`), its `sampling.kv_budget` read once.

@@ -4,7 +4,7 @@ once and every sample's own KV in one pool of token positions.
 Memory layout (per layer, keys and values alike):
 
     prompt table  [R, H_kv, P_max, D]   one row per group alive now (prompt minus its last token)
-    column pool   [N, H_kv, D]          N token positions, preallocated for the call (the
+    column pool   [H_kv, N, D]          N token positions, preallocated for the call (the
                                         scheduler's `max_running_tokens`), never regrown
 
 A running sample owns a list of pool positions, one per KV column it has written (`columns`): a
@@ -61,13 +61,17 @@ class SlotKVCache:
     step."""
 
     def __init__(self, num_layers: int, pool_tokens: int, kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device):
-        shape = (pool_tokens, kv_heads, head_dim)
+                 dtype: torch.dtype, device: torch.device, num_samples: int = 1,
+                 max_columns: int = 1):
+        shape = (kv_heads, pool_tokens, head_dim)  # a gather of positions: [H, S, W, D]
         self.pool_keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.pool_values = [torch.zeros(shape, dtype=dtype, device=device)
                             for _ in range(num_layers)]
         self._free = list(range(pool_tokens - 1, -1, -1))  # a stack: the lowest position on top
         self.columns: dict[int, list[int]] = {}  # sample id -> pool position of each KV column
+        # the same as a table the steps index on the device: [samples, columns] (stale past a
+        # sample's written columns: masked)
+        self.table = torch.zeros((num_samples, max_columns), dtype=torch.long, device=device)
         empty = (0, kv_heads, 0, head_dim)
         self.prompt_keys = [torch.zeros(empty, dtype=dtype, device=device)
                             for _ in range(num_layers)]
@@ -109,17 +113,22 @@ class SlotKVCache:
 
     def held_tokens(self) -> int:
         num_rows, _, prompt_width, _ = self.prompt_keys[0].shape
-        parked = sum(keys[0].shape[0] for keys, _ in self.parked.values())
-        return self.pool_keys[0].shape[0] + num_rows * prompt_width + parked
+        parked = sum(keys[0].shape[1] for keys, _ in self.parked.values())
+        return self.pool_keys[0].shape[1] + num_rows * prompt_width + parked
 
     # ---- a sample's columns
     def allocate(self, sample_id: int, num_columns: int = 1) -> list[int]:
         """`num_columns` more pool positions for a sample (its next KV columns)."""
         if len(self._free) < num_columns:
-            raise RuntimeError(f"slot KV pool full ({self.pool_keys[0].shape[0]} tokens): the "
+            raise RuntimeError(f"slot KV pool full ({self.pool_keys[0].shape[1]} tokens): the "
                                "scheduler's books let more KV run than the pool was sized for")
         positions = [self._free.pop() for _ in range(num_columns)]
-        self.columns.setdefault(sample_id, []).extend(positions)
+        columns = self.columns.setdefault(sample_id, [])
+        if num_columns == 1:
+            self.table[sample_id, len(columns)] = positions[0]
+        else:
+            self.table[sample_id, len(columns):len(columns) + num_columns] = torch.tensor(positions)
+        columns.extend(positions)
         return positions
 
     def release(self, sample_id: int) -> None:
@@ -128,18 +137,18 @@ class SlotKVCache:
 
     def write(self, sample_id: int, keys: Sequence[torch.Tensor],
               values: Sequence[torch.Tensor]) -> None:
-        """Per layer [n, H, D] as a sample's first n columns (a resumed sample's KV)."""
-        positions = torch.tensor(self.allocate(sample_id, keys[0].shape[0]), device=self.device)
+        """Per layer [H, n, D] as a sample's first n columns (a resumed sample's KV)."""
+        positions = torch.tensor(self.allocate(sample_id, keys[0].shape[1]), device=self.device)
         for layer, (k, v) in enumerate(zip(keys, values)):
-            self.pool_keys[layer][positions] = k.to(self.pool_keys[layer].dtype)
-            self.pool_values[layer][positions] = v.to(self.pool_values[layer].dtype)
+            self.pool_keys[layer][:, positions] = k.to(self.pool_keys[layer].dtype)
+            self.pool_values[layer][:, positions] = v.to(self.pool_values[layer].dtype)
 
     # ---- parked samples
     def park(self, sample_id: int) -> None:
-        """Copy a sample's columns out (per layer [n, H, D]) and give its positions back."""
+        """Copy a sample's columns out (per layer [H, n, D]) and give its positions back."""
         positions = torch.tensor(self.columns[sample_id], device=self.device)
-        self.parked[sample_id] = ([k[positions].clone() for k in self.pool_keys],
-                                  [v[positions].clone() for v in self.pool_values])
+        self.parked[sample_id] = ([k[:, positions] for k in self.pool_keys],  # copies
+                                  [v[:, positions] for v in self.pool_values])
         self.release(sample_id)
 
     def unpark(self, sample_id: int) -> bool:
@@ -156,18 +165,16 @@ class SlotKVCache:
         allocated); returns the attention mask [S, 1, 1, P_max + W] (bool, or additive)."""
         device = self.device
         width = max(write_index) + 1
-        self.write_positions = torch.tensor([self.columns[i][n] for i, n in
-                                             zip(sample_ids, write_index)], device=device)  # [S]
-        padded = [self.columns[i][:width] + [0] * (width - n - 1)
-                  for i, n in zip(sample_ids, write_index)]
-        self.read_positions = torch.tensor(padded, device=device)  # [S, W]
+        ids = torch.tensor(sample_ids, device=device)  # [S]
+        written = torch.tensor(write_index, device=device)  # [S]
+        self.write_positions = self.table[ids, written]  # [S]
+        self.read_positions = self.table[ids, :width]  # [S, W]
         num_rows = len(self.prompt_lengths)
         self.step_rows = None if num_rows <= 1 else torch.tensor(slot_rows, device=device)
         lengths = torch.tensor([self.prompt_lengths[r] if num_rows else 0 for r in slot_rows],
                                device=device)  # [S]
         prompt_cols = torch.arange(self.prompt_keys[0].shape[2], device=device)
         slot_cols = torch.arange(width, device=device)
-        written = torch.tensor(write_index, device=device)  # [S]
         mask = torch.cat([prompt_cols[None, :] < lengths[:, None],
                           slot_cols[None, :] <= written[:, None]], dim=1)  # [S, P_max + W]
         mask = mask[:, None, None, :]
@@ -183,10 +190,10 @@ class SlotKVCache:
         (prompt included unless slot_attention reads the prompt rows itself) to attend."""
         pool_k, pool_v = self.pool_keys[layer_idx], self.pool_values[layer_idx]
         # under autocast (precision mixed) K/V come in bf16 or fp32: store the cache's dtype
-        pool_k[self.write_positions] = key_states[:, :, 0].to(pool_k.dtype)
-        pool_v[self.write_positions] = value_states[:, :, 0].to(pool_v.dtype)
-        keys = pool_k[self.read_positions].transpose(1, 2)  # [S, W, H, D] -> [S, H, W, D]
-        values = pool_v[self.read_positions].transpose(1, 2)
+        pool_k[:, self.write_positions] = key_states[:, :, 0].transpose(0, 1).to(pool_k.dtype)
+        pool_v[:, self.write_positions] = value_states[:, :, 0].transpose(0, 1).to(pool_v.dtype)
+        keys = pool_k[:, self.read_positions].transpose(0, 1)  # [H, S, W, D] -> [S, H, W, D]
+        values = pool_v[:, self.read_positions].transpose(0, 1)
         if self.split_from is not None:  # slot_attention reads the prompt rows itself
             return keys, values
         return self.joined(layer_idx, keys, values)
@@ -251,7 +258,8 @@ class SlotEngine:
         kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         pool = pool_tokens or num_slots * max(s.max_new_tokens for s in samples)
         self.cache = SlotKVCache(config.num_hidden_layers, pool, kv_heads, head_dim, param.dtype,
-                                 param.device)
+                                 param.device, len(samples),
+                                 max(s.max_new_tokens for s in samples))
         self.device, self.prompts, self.options, self.stats = param.device, prompts, options, stats
         if processor is None and options.target_lengths is not None:
             processor = ForcedLengths(options.target_lengths, options.eos_token_ids[0])
@@ -428,8 +436,8 @@ class SlotEngine:
                        **{self.cache_kwarg: cache})
         self.stats.model_time_s += time.perf_counter() - start
         self.cache.write(sample.sample_id,
-                         [c.keys[0, :, width:].transpose(0, 1) for c in cache.layers],  # [n, H, D]
-                         [c.values[0, :, width:].transpose(0, 1) for c in cache.layers])
+                         [c.keys[0, :, width:] for c in cache.layers],  # [H, n, D] per layer
+                         [c.values[0, :, width:] for c in cache.layers])
 
     def _track_peak(self) -> None:
         held = sum(t.numel() * t.element_size() for t in self.cache.held_tensors())
