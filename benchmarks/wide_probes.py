@@ -1,4 +1,7 @@
-"""What-if replay: probes wider than g, inside the same KV budget (issue 22; a design, not built).
+"""What-if replay: probes wider than g, inside the same KV budget (issue 22, kept KV included).
+
+Built since as `sampling.policy: probe`, which takes exactly these decode steps at B = 1 (a test);
+this replay also tries keeping a parked probe's KV, which the policy does not.
 
     .venv/bin/python benchmarks/wide_probes.py \
         docs/img/bench_scheduling_issue22_smollm2/b1/trace_slots_seed*.jsonl --last-epoch

@@ -88,3 +88,26 @@ def test_a_bad_trace_is_one_line(wide, tmp_path, capsys):
         wide.main([str(bad)])
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert str(bad) in error and "Traceback" not in error
+
+
+@pytest.mark.parametrize("folder, max_new, expected", [
+    (SMOL / "b1", 96, {8: 1059, 12: 980, 16: 923}),
+    (EMBEDDED_B1, 256, {8: 6242, 12: 5920, 16: 5661})])
+def test_the_probe_policy_takes_the_replays_decode_steps(wide, folder, max_new, expected):
+    """The built policy (`sampling.policy: probe`, through the scheduler the engines run) is this
+    replay at B = 1: the same decode steps on every committed trace's last epoch, each call with
+    the bench's budget (g whole samples beside its prompt)."""
+    from infsamp.sampling.simulator import _call_samples, read_trace, run_call
+
+    calls = []
+    for path in traces(folder):
+        groups = read_trace(path)
+        calls += groups[len(groups) // 2:]
+    for k, steps in expected.items():
+        total = 0
+        for group in calls:
+            samples, lengths = _call_samples([group], max_new)
+            total += run_call(samples, lengths, "probe", 8, 8 * max_new + group.prompt_tokens,
+                              probe_tokens=k).decode_steps
+        replayed = wide.summarise(wide.read_calls(traces(folder), 1, True), 8, max_new, [k])
+        assert total == replayed["wide"][0]["decode_steps"] == steps

@@ -33,7 +33,8 @@ LR_SCHEDULERS: dict[str, bool] = {
 PRECISIONS = ("fp32", "mixed", "bf16", "bf16_lossy")  # planner/precisions.py
 PRECISION_CHOICES = ("auto", *PRECISIONS)
 
-POLICIES = ("full", "rounds", "continuous", "length_aware")  # sampling/policies.py
+POLICIES = ("full", "rounds", "continuous", "length_aware", "probe")  # sampling/policies.py
+WIDE_POLICIES = ("probe",)  # may run more samples than g at once (each reserving less)
 PREDICTORS = ("none", "oracle", "online", "hidden", "noisy")  # sampling/predictors.py
 # oracle and noisy know the true lengths: bench and simulate only
 TRAINING_PREDICTORS = ("online", "hidden", "none")

@@ -189,21 +189,24 @@ class RewardsConfig:
 @dataclass
 class SamplingConfig:
     num_generations: int = opt(8, "G: completions sampled per prompt (the group size)")
-    policy: str = opt("continuous", "full, rounds, continuous or length_aware")
+    policy: str = opt("continuous", "full, rounds, continuous, length_aware or probe (more "
+                      "samples than g start as short probes inside the same KV budget)")
     micro_group: int = opt(16, "g: samples decoded at once (slots); 0 derives it from kv_budget")
     kv_budget: str = opt("auto", "KV-cache budget: tokens (8192), bytes ('2GiB') or auto")
     max_new_tokens: int = opt(256, "maximum completion length in tokens")
     temperature: float = opt(0.7, "sampling temperature (0 = greedy)")
     top_p: float = opt(1.0, "nucleus sampling threshold")
     top_k: int = opt(0, "top-k sampling (0 = off)")
-    predictor: str = opt("online", "length predictor for length_aware: online (prompt features "
-                                   "and the first tokens), hidden (a probe on the policy's own "
-                                   "hidden states; slot engine) or none")
+    predictor: str = opt("online", "length predictor for length_aware and probe: online (prompt "
+                                   "features and the first tokens), hidden (a probe on the "
+                                   "policy's own hidden states; slot engine) or none")
     predictor_prefix_tokens: int = opt(8, "k: a running sample's remaining length is re-predicted "
                                           "every k generated tokens")
     preempt: bool = opt(True, "length_aware: after a sample's first k tokens, park it (tokens "
                               "kept, KV kept or recomputed) when it is predicted much shorter "
                               "than a waiting one, which takes its slot")
+    probe_tokens: int = opt(12, "probe: KV tokens a new sample first reserves; at that many "
+                            "tokens it is given its whole reservation, or parked (KV dropped)")
     refill: str = opt("auto",
                       "runtime refill order for length_aware: auto (= "
                       "ljf, measured best), sjf, ljf")
@@ -243,6 +246,8 @@ class SamplingConfig:
         _require(self.predictor_prefix_tokens >= 0, "sampling.predictor_prefix_tokens",
                  self.predictor_prefix_tokens, "must be >= 0")
         _check_choice("sampling.policy", self.policy, choices.POLICIES)
+        _require(self.probe_tokens >= 1, "sampling.probe_tokens", self.probe_tokens,
+                 "must be >= 1")
         _require(self.predictor in choices.TRAINING_PREDICTORS, "sampling.predictor",
                  self.predictor, f"must be {' or '.join(choices.TRAINING_PREDICTORS)} (oracle "
                  "and noisy know the true lengths: bench and simulate only)")

@@ -17,6 +17,10 @@ POLICIES = {  # every policy, and length_aware with each predictor training can 
     "length_aware-none": ["--sampling.policy", "length_aware", "--sampling.predictor", "none"],
     "length_aware-hidden": ["--sampling.policy", "length_aware", "--sampling.predictor", "hidden",
                             "--sampling.predictor_prefix_tokens", "2"],  # parks every step
+    # probes of 3 tokens in about the budget of g = 4 whole samples beside two ~13-token prompts:
+    # all 8 at once, and the ones that reach 3 tokens without room parked
+    "probe-online": ["--sampling.policy", "probe", "--sampling.predictor", "online",
+                     "--sampling.probe_tokens", "3", "--sampling.kv_budget", "80"],
 }
 
 

@@ -59,9 +59,11 @@ def test_every_policy_and_predictor_resumes_exactly(runner, reference, tiny_mode
     so is the hidden predictor's probe, and runs that park samples resume exactly too."""
     kill_then_resume(runner, tiny_model_dir, tmp_path / "run", "state@4", *POLICIES[policy])
     assert_same_run(tmp_path / "run", reference(policy))
-    if policy in ("length_aware-online", "length_aware-hidden"):  # both park after k tokens
+    if policy in ("length_aware-online", "length_aware-hidden", "probe-online"):
         rows = [json.loads(line) for line in (reference(policy) / "metrics.jsonl").open()]
-        assert sum(row["sampling/num_preemptions"] for row in rows) > 0
+        assert sum(row["sampling/num_preemptions"] for row in rows) > 0  # parks after k tokens
+        if policy.startswith("probe"):  # wider than g = 4
+            assert max(row["sampling/peak_rows"] for row in rows) > 4
 
 
 def test_killed_twice_in_a_row(runner, reference, tiny_model_dir, tmp_path):

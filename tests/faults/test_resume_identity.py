@@ -12,6 +12,8 @@ import itertools
 import json
 import shutil
 
+from infsamp.sampling.policies import uses_predictor
+
 from fault_harness import rows
 from fault_runs import HARNESS, POLICIES, run_args
 from test_checkpoint_files import rehash
@@ -140,5 +142,5 @@ def test_every_policy_and_predictor_resumes_into_every_other(runner, tiny_model_
         name = policy.split("-")[0]
         assert state["counters"]["policy"] == name, (policy, state["counters"])
         assert state["counters"]["micro_group"] == 4 >> step % 2
-        assert (state["predictor"] is None) == (name != "length_aware"), policy
+        assert (state["predictor"] is None) == (not uses_predictor(name)), policy
     assert [row["step"] for row in rows(out / "metrics.jsonl")] == list(range(1, len(circuit) + 1))

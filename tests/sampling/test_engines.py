@@ -52,7 +52,7 @@ def test_top_k_one_is_greedy():
 
 
 def test_prompt_table_add_and_drop():
-    cache = SlotKVCache(num_layers=1, micro_group=2, slot_capacity=4, kv_heads=1, head_dim=2,
+    cache = SlotKVCache(num_layers=1, pool_tokens=8, kv_heads=1, head_dim=2,
                         dtype=torch.float32, device=torch.device("cpu"))
     for group_id, length in ((10, 3), (11, 5), (12, 2)):
         kv = [torch.full((1, 1, length, 2), float(group_id))]
@@ -93,9 +93,9 @@ def test_parked_sample_resumes_where_it_stopped(model, keep_kv):
     for _ in range(3):
         engine.decode_step({0: second})
     engine.start(1, first)
-    for _ in range(3):
-        ended = engine.decode_step({0: second, 1: first})
-    assert ended == [second, first] and first.num_tokens == 5
+    assert engine.decode_step({0: second, 1: first}) == []
+    assert engine.decode_step({0: second, 1: first}) == [second]
+    assert engine.decode_step({1: first}) == [first] and first.num_tokens == 5
     alone = _spec(0)
     reference, _ = engine_for(model, [[4, 5, 6]], [alone], 1, options)
     reference.start(0, alone)
@@ -162,11 +162,12 @@ def decode_logits(model, prompts, samples, split: bool, steps: int = 3) -> list[
         engine.start(slot, sample)
     logits = []
     for _ in range(steps):
-        inputs, positions, write_index, rows = engine._step_layout()
-        mask = engine.cache.prepare_step(rows, write_index, engine.eager_mask)
+        inputs, positions, write_index, rows = engine._step_layout(samples)
+        mask = engine.cache.prepare_step([s.sample_id for s in samples], rows, write_index,
+                                         engine.eager_mask)
         with torch.inference_mode():
             logits.append(engine._forward(inputs, positions, mask)[0])
-        engine._record(list(range(len(samples))), logits[-1].argmax(-1).tolist())
+        engine._record(samples, logits[-1].argmax(-1).tolist())
     return logits
 
 
@@ -193,7 +194,8 @@ def test_attention_beyond_plain_falls_back_to_the_models_own(model):
                            DecodeOptions(temperature=0.0, eos_token_ids=()))
     for slot, sample in enumerate(samples):
         engine.start(slot, sample)
-    mask = engine.cache.prepare_step([0, 1], [0, 0], False)  # [S, 1, 1, P_max + 1]
+    _, _, write_index, rows = engine._step_layout(samples)  # each sample's first column
+    mask = engine.cache.prepare_step([0, 1], rows, write_index, False)  # [S, 1, 1, P_max + 1]
     layer = model.model.layers[0].self_attn
     query = torch.randn(2, 2, 1, 16)  # [S, H, 1, D]
     key, value = torch.randn(2, 1, 1, 16), torch.randn(2, 1, 1, 16)  # [S, H_kv, W, D]

@@ -55,7 +55,7 @@ def token_ids(result):
 
 def test_greedy_policies_agree_with_generate(model):
     results = {p: sampler(model, policy=p).sample(PROMPTS, 5)
-               for p in ("full", "rounds", "continuous")}
+               for p in ("full", "rounds", "continuous", "probe")}
     reference = token_ids(results["full"])
     for policy, result in results.items():
         assert token_ids(result) == reference, policy
@@ -68,11 +68,16 @@ def test_greedy_policies_agree_with_generate(model):
 
 def test_sampling_is_independent_of_schedule(model):
     runs = []
-    for policy, g in (("full", 0), ("rounds", 2), ("continuous", 3), ("continuous", 7)):
+    for policy, g in (("full", 0), ("rounds", 2), ("continuous", 3), ("continuous", 7),
+                      ("probe", 3)):
         gen = torch.Generator().manual_seed(123)
-        result = sampler(model, policy=policy, micro_group=g, temperature=1.0).sample(
+        # probe: a budget of 3 whole samples, so 3-token probes run 12 at once and park
+        result = sampler(model, policy=policy, micro_group=g, temperature=1.0, probe_tokens=3,
+                         kv_budget=str(3 * 12 + 8) if policy == "probe" else "100000").sample(
             PROMPTS, 6, logits_processor_factory=EosBoost, generator=gen)
         runs.append(token_ids(result))
+        if policy == "probe":
+            assert result.stats.peak_rows > 3 and result.stats.num_preemptions > 0
     assert all(run == runs[0] for run in runs[1:])
     group = runs[0][0]
     assert len({tuple(t) for t in group}) > 1  # samples of a group differ
@@ -113,14 +118,15 @@ def test_peak_kv_flat_in_group_size_and_within_budget(model):
     assert per_token == 2 * 2 * 2 * 16 * 4
     budget = 3 * 12 + 8
     peaks = {}
-    for policy in ("full", "rounds", "continuous"):
+    for policy in ("full", "rounds", "continuous", "probe"):
         for group_size in (4, 16):
-            stats = sampler(model, policy=policy, micro_group=0, kv_budget=str(budget)).sample(
-                [PROMPTS[0]], group_size).stats
+            stats = sampler(model, policy=policy, micro_group=0, kv_budget=str(budget),
+                            probe_tokens=4).sample([PROMPTS[0]], group_size).stats
             peaks[policy, group_size] = stats.peak_kv_bytes
             if policy != "full":
                 assert stats.micro_group == 3 and stats.peak_kv_tokens <= budget
     assert peaks["rounds", 16] == peaks["rounds", 4] == peaks["continuous", 16]
+    assert peaks["probe", 16] == peaks["probe", 4]  # its pool: the whole budget beside the prompt
     assert peaks["full", 16] > 3.5 * peaks["full", 4]  # 16 vs 4 slots, one shared prompt
 
 

@@ -14,7 +14,7 @@ from infsamp.sampling.scheduler import SlotScheduler
 from infsamp.sampling.simulator import run_call
 from infsamp.sampling.types import Sample, make_samples
 
-POLICIES = ["full", "rounds", "continuous", "length_aware"]
+POLICIES = ["full", "rounds", "continuous", "length_aware", "probe"]
 
 
 def specs_for(groups, prompt_tokens=10, max_new=64):
@@ -68,7 +68,9 @@ def checked_run(specs, lengths, policy, micro_group, budget=None, predictor=None
             started.add(spec.sample_id)
             open_groups.add(spec.group_id)
         active = sched.active()
-        assert 0 < len(active) <= sched.micro_group
+        assert 0 < len(active) <= sched.num_slots
+        if budget is not None and policy != "full":  # the engine's pool: what running KV may hold
+            assert sum(s.num_tokens for s in active.values()) <= sched.max_running_tokens
         for spec in running.values():  # a sample leaves its slot only by finishing or parking
             assert spec.status in ("running", "parked")
         running = {s.sample_id: s for s in active.values()}
@@ -96,7 +98,9 @@ def checked_run(specs, lengths, policy, micro_group, budget=None, predictor=None
     stats = sched.stats
     assert stats.peak_kv_tokens_used == peak
     assert stats.generated_tokens == sum(lengths)
-    assert stats.decode_steps >= stats.lower_bound == lower_bound(lengths, sched.micro_group)
+    assert stats.lower_bound == lower_bound(lengths, sched.micro_group)
+    assert stats.decode_steps >= lower_bound(lengths, sched.num_slots)  # g-slot bound if not wide
+    assert stats.row_steps == sum(lengths) and stats.peak_rows <= sched.num_slots
     return stats
 
 
@@ -240,12 +244,57 @@ def test_every_sample_once_and_budget_kept(groups, policy, micro_group, prompt_t
                                             predictor, refill, prefix_tokens, keep_parked_kv):
     specs, lengths = specs_for(groups, prompt_tokens=prompt_tokens, max_new=40)
     budget = None if extra_budget is None else prompt_tokens + 40 + extra_budget
+    if policy == "probe" and budget is None:  # it needs one: what g whole samples need
+        budget = prompt_tokens * min(len(groups), micro_group) + 40 * micro_group
     length_predictor = PrefixOracle(lengths) if predictor == "prefix_oracle" else \
         make_predictor(predictor)
     if isinstance(length_predictor, OraclePredictor):
         length_predictor.set_lengths(dict(enumerate(lengths)))
-    checked_run(specs, lengths, policy, micro_group, budget, length_predictor, refill=refill,
-                prefix_tokens=prefix_tokens, keep_parked_kv=keep_parked_kv)
+    options = ({"probe_tokens": prefix_tokens} if policy == "probe"
+               else {"refill": refill, "prefix_tokens": prefix_tokens})
+    checked_run(specs, lengths, policy, micro_group, budget, length_predictor,
+                keep_parked_kv=keep_parked_kv, **options)
+
+
+def test_probes_run_wider_than_g_and_park_what_does_not_fit():
+    """g = 2 in a budget of 2 x 40 beside the prompt, probes of 4 tokens: all 6 samples start at
+    once and the 3s end inside their probes; at 4 tokens the first 12 and the 30 take the
+    budget's two whole reservations (in arrival order: the second 12 does not fit beside the
+    first and the 30's probe, the 30 then does), the second 12 is parked (4 tokens recomputed)
+    and resumes when the first ends (step 12), ending at 20; the 30 ends at step 30, below the
+    2-slot bound of 32."""
+    specs, lengths = specs_for([[3, 12, 3, 12, 30, 3]], prompt_tokens=5, max_new=40)
+    stats = checked_run(specs, lengths, "probe", 2, 5 + 2 * 40, probe_tokens=4)
+    continuous = checked_run(specs, lengths, "continuous", 2, 5 + 2 * 40)
+    assert stats.peak_rows == 6 and stats.micro_group == 2
+    assert (stats.num_preemptions, stats.recomputed_tokens) == (1, 4)
+    assert (stats.decode_steps, stats.lower_bound, continuous.decode_steps) == (30, 32, 42)
+
+
+def test_probes_of_a_whole_reservation_are_continuous():
+    """k = max_new: continuous on as many slots as the budget holds (g, or more with room)."""
+    specs, lengths = specs_for([[5, 1, 3, 2, 9, 4, 4]], prompt_tokens=5, max_new=10)
+    for budget, slots in ((5 + 2 * 10, 2), (5 + 3 * 10 + 7, 3)):
+        probe = checked_run(specs, lengths, "probe", 2, budget, probe_tokens=10)
+        same = checked_run(specs, lengths, "continuous", slots, budget)
+        assert (probe.decode_steps, probe.peak_rows) == (same.decode_steps, slots)
+
+
+def test_probe_needs_a_budget_and_a_positive_k():
+    specs, _ = specs_for([[3, 3]])
+    with pytest.raises(SamplingError, match="policy probe needs a KV budget"):
+        SlotScheduler(specs, "probe", 2)
+    with pytest.raises(SamplingError, match="probe_tokens must be >= 1"):
+        SlotScheduler(specs, "probe", 2, 100, probe_tokens=0)
+
+
+def test_probe_runs_the_likely_longest_first_with_a_predictor():
+    """With a token-conditioned predictor the probes at k are grown longest first."""
+    specs, lengths = specs_for([[3, 20, 3, 30, 25, 3]], prompt_tokens=5, max_new=40)
+    plain = checked_run(specs, lengths, "probe", 2, 5 + 2 * 40, probe_tokens=4)
+    ranked = checked_run(specs, lengths, "probe", 2, 5 + 2 * 40, PrefixOracle(lengths),
+                         probe_tokens=4)
+    assert ranked.decode_steps < plain.decode_steps
 
 
 def test_short_samples_are_parked_after_their_first_tokens():

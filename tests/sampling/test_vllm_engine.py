@@ -185,6 +185,40 @@ def test_parked_requests_resume_losslessly_and_the_simulator_replays_them(embedd
     assert real.stats.num_preemptions > 0 and real.stats.peak_kv_tokens <= BUDGET
 
 
+@pytest.mark.parametrize("predictor_name", [None, "online"])
+def test_probes_run_wider_than_g_inside_the_budget_and_replay(embedded, engine, prompts,
+                                                              predictor_name):
+    """probe, k = 4, in the block budget of g = 4 whole samples: more than 4 requests run at once
+    (up to max_num_seqs, 16), those that reach 4 tokens without room are parked (vLLM's own
+    preemption), the pool stays within the budget, the completions and log-probs are
+    continuous's, and the replay in blocks takes the same decisions."""
+    from infsamp.sampling.types import kv_tokens_needed
+
+    reference = sample(embedded, engine, prompts, 6)
+    lengths = [c.length for c in reference.completions]
+    budget = kv_tokens_needed(4, MAX_NEW, max(map(len, prompts)), 3, 32) + 32  # + the null block
+    real_predictor = make_predictor(predictor_name) if predictor_name else None
+    replay_predictor = make_predictor(predictor_name) if predictor_name else None
+    for _call in range(2):
+        real = sample(embedded, engine, prompts, 6, "probe", real_predictor,
+                      kv_budget=str(budget), probe_tokens=4)
+        assert [c.token_ids for c in real.completions] == [c.token_ids for c in
+                                                           reference.completions]
+        assert [c.logprobs for c in real.completions] == [c.logprobs for c in
+                                                          reference.completions]
+        samples = make_samples([len(p) for p in prompts], 6, MAX_NEW)
+        replay = run_call(samples, lengths, "probe", 4, real.stats.kv_budget_tokens,
+                          replay_predictor, kv_block_size=32, keep_parked_kv=False,
+                          max_slots=16, probe_tokens=4,
+                          first_tokens=[c.token_ids[:4] for c in real.completions])
+        for key in ("decode_steps", "num_preemptions", "recomputed_tokens", "peak_rows",
+                    "peak_kv_tokens_used"):
+            assert getattr(replay, key) == getattr(real.stats, key), key
+    stats = real.stats
+    assert stats.peak_rows > stats.micro_group == 4 and stats.num_preemptions > 0
+    assert stats.peak_kv_tokens <= stats.kv_budget_tokens
+
+
 def decode_all(engine, prompts, samples, options, park_after: int | None = None) -> list[int]:
     """Drive the engine as the sampler's loop does, all samples at once; with `park_after`, park
     them all after that many steps, drop the cached prompts, resume them all. Returns how many

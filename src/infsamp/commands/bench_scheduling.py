@@ -13,8 +13,10 @@ sampler call (= one training step, `-B`, default 1), G samples per prompt and th
 and KV budget for every policy. Epoch 1 warms the learning predictors (online, hidden) up as a
 training run's first epoch would (every such variant runs every prompt, each with a predictor of
 its own); the last epoch is measured. Per prompt and with one seed it runs `continuous` (arrival
-order), `rounds`, `length_aware` + `online`, + `hidden` and + `oracle`. The sampler draws each
-sample's noise from its own key, so every policy produces the same completions for the same seed
+order), `rounds`, `length_aware` + `online`, + `hidden` and + `oracle`, and `probe` (more
+samples than g start as k-token probes in the same budget) alone and + `online`. The sampler
+draws each sample's noise from its own key, so every policy produces the same completions for the
+same seed
 (the bench checks the lengths); the oracle is handed the lengths of the `continuous` call.
 `--seeds` repeats the whole measurement per seed (its own prompts, sampling seeds and
 predictors); the report has totals over all seeds and each seed's share of the oracle's gain.
@@ -36,11 +38,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from infsamp.choices import WIDE_POLICIES
 from infsamp.commands.engine_choice import ENGINE_HELP, close_engines, parse_engines, start_engines
+from infsamp.sampling.policies import PROBE_TOKENS
 
 VARIANTS = ("continuous", "rounds", "length_aware:online", "length_aware:hidden",
-            "length_aware:oracle")
+            "length_aware:oracle", "probe", "probe:online")
 LEARNING = ("online", "hidden")  # predictors that learn inside the run (warmed up by epoch 1)
+TRACE_ONLY = ("first_tokens", "prompt_texts")  # kept in the traces, not in scheduling.json's rows
 
 
 @dataclass(frozen=True)
@@ -82,6 +87,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="sampling temperature (the demo's)")
     parser.add_argument("--prefix-tokens", type=int, default=8,
                         help="k: a running sample is re-predicted every k tokens")
+    parser.add_argument("--probe-tokens", type=int, default=PROBE_TOKENS,
+                        help="probe: KV tokens a new sample first reserves (sampling.probe_tokens)")
     parser.add_argument("--kv-slack", type=int, default=0,
                         help="KV tokens every variant's budget gets beyond g full samples (room to "
                              "keep parked samples' KV; 0: parked KV is recomputed)")
@@ -133,7 +140,8 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     for name, path in write_traces(rows, out).items():
         report.setdefault("traces", {})[name] = str(path)
-    (out / "scheduling.json").write_text(json.dumps({**report, "rows": rows}, indent=1))
+    kept = [{k: v for k, v in r.items() if k not in TRACE_ONLY} for r in rows]  # in the traces
+    (out / "scheduling.json").write_text(json.dumps({**report, "rows": kept}, indent=1))
     print_report(report)
     print(f"wrote {out / 'scheduling.json'}")
     return 0
@@ -148,6 +156,8 @@ def check_arguments(args: argparse.Namespace) -> list[Variant]:
         if getattr(args, name) < 1:
             raise SamplingError(f"--{name.replace('_', '-')} must be >= 1, got "
                                 f"{getattr(args, name)}")
+    if getattr(args, "probe_tokens", PROBE_TOKENS) < 1:
+        raise SamplingError(f"--probe-tokens must be >= 1, got {args.probe_tokens}")
     if args.temperature < 0 or args.prefix_tokens < 0:
         raise SamplingError(f"--temperature and --prefix-tokens must be >= 0, got "
                             f"{args.temperature}, {args.prefix_tokens}")
@@ -215,7 +225,14 @@ def sampling_config(variant: Variant, args, budget: int):
     return SamplingConfig(policy=variant.policy, micro_group=args.micro_group,
                           kv_budget=str(budget), max_new_tokens=args.max_new_tokens,
                           temperature=args.temperature, refill=variant.refill,
-                          predictor_prefix_tokens=args.prefix_tokens)
+                          predictor_prefix_tokens=args.prefix_tokens,
+                          probe_tokens=getattr(args, "probe_tokens", PROBE_TOKENS))
+
+
+def first_tokens_kept(args) -> int:
+    """Each completion's first tokens a trace keeps: enough for every prediction point a replay
+    meets (k of the predictor, k of the probes)."""
+    return max(args.prefix_tokens, getattr(args, "probe_tokens", 0))
 
 
 def call_budget(args, max_prompt_tokens: int, block_size: int = 1) -> int:
@@ -228,14 +245,17 @@ def call_budget(args, max_prompt_tokens: int, block_size: int = 1) -> int:
 
 
 def engine_sizes_for(prompts, args):
-    """Enough for every call: the longest prompt, g at once, the largest budget (vLLM blocks)."""
+    """Enough for every call: the longest prompt, g at once (a wide policy: every sample of a
+    call), the largest budget (vLLM blocks)."""
     from infsamp.planner.sizes import RunSizes
     from infsamp.sampling.types import VLLM_BLOCK_SIZE
 
     longest = max(len(p[1]) for p in prompts)
     budget = max(call_budget(args, longest, block) for block in (1, *VLLM_BLOCK_SIZE.values()))
+    wide = any(Variant.parse(v).policy in WIDE_POLICIES for v in args.variants.split(","))
+    most = args.num_generations * args.prompts_per_step if wide else args.micro_group
     return RunSizes(kv_budget_tokens=budget, micro_group=args.micro_group,
-                    max_micro_group=args.micro_group, max_prompt_tokens=longest,
+                    max_micro_group=most, max_prompt_tokens=longest,
                     max_new_tokens=args.max_new_tokens)
 
 
@@ -293,8 +313,9 @@ class Runner:
                 "num_preemptions": s.num_preemptions, "prefill_tokens": s.prefill_tokens,
                 "kendall_tau": s.predictor_kendall_tau, "mae": s.predictor_mae,
                 "lengths": [[c.length for c in g] for g in result.groups],
-                "first_tokens": [[c.token_ids[:self.args.prefix_tokens] for c in g]
+                "first_tokens": [[c.token_ids[:first_tokens_kept(self.args)] for c in g]
                                  for g in result.groups],
+                "peak_rows": s.peak_rows, "row_steps": s.row_steps,
                 "prompt_tokens": [len(p[1]) for p in prompts]}
 
 
@@ -379,6 +400,8 @@ def totals(rows: list[dict]) -> dict:
     total["calls"] = len(rows)
     total["identical_lengths"] = all(r["same_lengths_as_continuous"] for r in rows)
     total["peak_kv_tokens"] = max(r["peak_kv_tokens"] for r in rows)
+    total["peak_rows"] = max(r.get("peak_rows", 0) for r in rows)
+    total["mean_rows"] = sum(r.get("row_steps", 0) for r in rows) / max(1, total["decode_steps"])
     return total
 
 
@@ -425,14 +448,15 @@ def targets(t: dict) -> dict:
             oracle["decode_steps"] / oracle["lower_bound"])
         out["length_aware:oracle decode steps / pigeonhole bound"] = (
             oracle["decode_steps"] / oracle["opt_lower_bound"])
-    for name in (n for n in t if n.split(":")[-1] in LEARNING):
+    for name in (n for n in t if n.split(":")[-1] in LEARNING or n.startswith("probe")):
         out.update(learning_targets(name, t[name], cont, rounds, oracle))
     return out
 
 
 def learning_targets(name: str, v: dict, cont: dict | None, rounds: dict | None,
                      oracle: dict | None) -> dict:
-    """One learning predictor's variant against continuous, rounds and the oracle."""
+    """One learning predictor's (or the probe policy's) variant against continuous, rounds and
+    the oracle."""
     out = {}
     if cont:
         out[f"{name} / continuous decode steps (< 1)"] = v["decode_steps"] / cont["decode_steps"]
@@ -450,6 +474,8 @@ def learning_targets(name: str, v: dict, cont: dict | None, rounds: dict | None,
             v["tokens_per_second"] / rounds["tokens_per_second"])
     out[f"{name} scheduling + prediction share of sampling wall time (<= 0.03)"] = (
         v["schedule_share"])
+    if v["peak_rows"] > 0:
+        out[f"{name} rows per decode step, mean (widest: {v['peak_rows']})"] = v["mean_rows"]
     if v["kendall_tau"] is not None:
         out[f"{name} predictor Kendall tau, measured epoch"] = v["kendall_tau"]
         out[f"{name} predictor MAE (tokens)"] = v["mae"]

@@ -28,13 +28,13 @@ SHORT_FLAGS = {  # short flag -> (config key, help)
     "model": ("model.name_or_path", "checkpoint folder or 'embedded'"),
     "prompts": ("data.dataset", ".txt (one prompt per line) or any data.dataset source"),
     "num-generations": ("sampling.num_generations", "G"),
-    "policy": ("sampling.policy", "full, rounds, continuous, length_aware"),
+    "policy": ("sampling.policy", "full, rounds, continuous, length_aware, probe"),
     "kv-budget": ("sampling.kv_budget", "tokens, bytes ('2GiB') or auto"),
     "micro-group": ("sampling.micro_group", "g (0: from the budget)"),
     "max-new-tokens": ("sampling.max_new_tokens", "completion limit"),
     "temperature": ("sampling.temperature", "0: greedy"),
     "predictor": ("sampling.predictor",
-                  "length predictor for length_aware: online, hidden or none"),
+                  "length predictor for length_aware and probe: online, hidden or none"),
     "engine": ("sampling.engine", "slots, vllm or auto"),
     "seed": ("training.seed", "sampling seed"),
 }
@@ -75,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
 
     from infsamp.models.device import check_device
     from infsamp.models.loading import load_model_and_tokenizer, load_tokenizer
+    from infsamp.sampling.policies import uses_predictor
     from infsamp.sampling.predictors import make_predictor
     from infsamp.sampling.sampler import GroupSampler
 
@@ -89,8 +90,8 @@ def run(args: argparse.Namespace) -> int:
     from infsamp.run.setup import set_num_threads
 
     set_num_threads(cfg.training.num_threads, model, next(model.parameters()).device)
-    length_aware = cfg.sampling.policy == "length_aware"
-    predictor = make_predictor(cfg.sampling.predictor) if length_aware else None
+    predictor = (make_predictor(cfg.sampling.predictor) if uses_predictor(cfg.sampling.policy)
+                 else None)
     prompt_ids, texts = [p.token_ids for p in prompts], [p.text for p in prompts]
     sizes, engine = _engine(cfg.sampling, model, prompt_ids)
     try:
@@ -148,7 +149,10 @@ def format_stats(stats) -> str:
             ("decode steps", stats.decode_steps), ("lower bound", stats.lower_bound),
             ("prefill tokens", stats.prefill_tokens), ("generated tokens", stats.generated_tokens),
             ("peak kv tokens", stats.peak_kv_tokens), ("peak kv bytes", stats.peak_kv_bytes),
-            ("preemptions", stats.num_preemptions), ("wall time (s)", f"{stats.wall_time_s:.2f}"),
+            ("preemptions", stats.num_preemptions),
+            ("rows per step", f"{stats.row_steps / max(1, stats.decode_steps):.1f} mean, "
+                              f"{stats.peak_rows} at most"),
+            ("wall time (s)", f"{stats.wall_time_s:.2f}"),
             ("tokens / s", f"{stats.tokens_per_second:.1f}"),
             ("sampler overhead", f"{100 * stats.overhead_fraction:.1f}% of wall time")]
     return "\n".join(f"{name:>20}: {value}" for name, value in rows)

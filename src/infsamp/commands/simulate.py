@@ -21,7 +21,7 @@ from pathlib import Path
 from infsamp.choices import REFILL_ORDERS
 from infsamp.commands.output_files import check_output_files
 from infsamp.errors import SamplingError
-from infsamp.sampling.policies import PARK_RATIO, POLICIES
+from infsamp.sampling.policies import PARK_RATIO, POLICIES, PROBE_TOKENS
 from infsamp.sampling.simulator import (
     arithmetic_trace,
     read_trace,
@@ -77,6 +77,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--park-ratio", type=float, default=PARK_RATIO,
                         help="length_aware: park a sample at its first point when the best waiting "
                              "one is predicted this many times its remaining length")
+    parser.add_argument("--probe-tokens", type=int, default=PROBE_TOKENS,
+                        help="probe: k, the KV tokens a new sample first reserves")
     parser.add_argument("--warmup-steps", type=int, default=0,
                         help="replay the first N training steps (the predictor learns) but leave "
                              "them out of the figures, as bench scheduling measures its last epoch")
@@ -107,8 +109,10 @@ def _check_arguments(args) -> None:
     """Options that would fail after the simulation, or make it meaningless, fail first."""
     if not args.epsilon > 0:
         raise SamplingError(f"--epsilon must be > 0, got {args.epsilon}")
-    if args.prefix_tokens < 1:
-        raise SamplingError(f"--prefix-tokens must be >= 1, got {args.prefix_tokens}")
+    for flag, value in (("--prefix-tokens", args.prefix_tokens),
+                        ("--probe-tokens", args.probe_tokens)):
+        if value < 1:
+            raise SamplingError(f"{flag} must be >= 1, got {value}")
     if args.warmup_steps < 0 or not args.park_ratio > 0:
         raise SamplingError(f"--warmup-steps must be >= 0 and --park-ratio > 0, got "
                             f"{args.warmup_steps}, {args.park_ratio}")
@@ -157,11 +161,14 @@ def _policy_options(args) -> dict:
                 "preempt": not args.no_preempt, "park_ratio": args.park_ratio}
     if args.policy == "rounds" and args.length_sorted:
         return {"length_sorted": True}
+    if args.policy == "probe":
+        return {"probe_tokens": args.probe_tokens}
     return {}
 
 
 SCHEDULE_KEYS = ("decode_steps", "lower_bound", "opt_lower_bound", "peak_kv_tokens_used",
-                 "num_samples", "generated_tokens", "num_calls", "micro_group",
+                 "num_samples", "generated_tokens", "num_calls", "micro_group", "peak_rows",
+                 "row_steps",
                  "num_preemptions", "recomputed_tokens", "predictor_kendall_tau", "predictor_mae")
 
 
@@ -180,6 +187,9 @@ def _print(result: SamplerStats, args) -> None:
     if result.num_preemptions:
         print(f"parked {result.num_preemptions} times, {result.recomputed_tokens} tokens "
               "recomputed")
+    if result.peak_rows > result.micro_group:
+        print(f"rows per decode step: {result.row_steps / max(1, result.decode_steps):.1f} mean, "
+              f"{result.peak_rows} at most")
     if result.predictor_kendall_tau is not None:
         print(f"predictor: Kendall tau {result.predictor_kendall_tau:.3f}, "
               f"MAE {result.predictor_mae:.1f} tokens")
@@ -193,6 +203,8 @@ def _plot(groups, args) -> None:
 
     def run_one(policy, predictor, refill="auto"):
         options = {**_policy_options(args), "refill": refill} if policy == "length_aware" else {}
+        if policy == "probe":
+            options = _policy_options(args)
         return simulate(groups, policy, args.micro_group, args.kv_budget, predictor,
                         args.prompts_per_step, args.max_new_tokens, warmup_steps=args.warmup_steps,
                         **options)

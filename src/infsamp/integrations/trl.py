@@ -118,7 +118,9 @@ class InfsampRollout:
                     "max_new_tokens": trainer.max_completion_length, "top_k": trainer.top_k or 0}
         self.cfg = replace(SamplingConfig(), **{**from_trl, **self.sampling})
         self.cfg.validate()
-        if self.cfg.policy == "length_aware":  # validate() allowed online or none only
+        from infsamp.sampling.policies import uses_predictor
+
+        if uses_predictor(self.cfg.policy):  # validate() allowed online or none only
             from infsamp.sampling.predictors import make_predictor
 
             self.predictor = make_predictor(self.cfg.predictor)

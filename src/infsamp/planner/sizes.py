@@ -25,7 +25,7 @@ import importlib.util
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from infsamp.choices import ENGINES
+from infsamp.choices import ENGINES, WIDE_POLICIES
 from infsamp.config import VLLM_MAX_TEMPERATURE, Config, ConfigError, parse_size, size_is_bytes
 from infsamp.planner.estimate import kv_bytes_per_token
 from infsamp.planner.kv_budget import (
@@ -146,6 +146,8 @@ def sampling_sizes(*, policy: str, micro_group: int, kv_budget_tokens: int | Non
     `full`: g is all of a call's samples. A given budget: g is `micro_group` capped by what the
     budget holds for the longest prompt (0: all it holds). No budget (`auto`): g is `micro_group`
     (0: `memory_micro_group`, the planner's largest that fits) and the budget is what g needs.
+    A wide policy (`probe`) may run every sample of a call at once inside that budget: the
+    engine's concurrency is then the call's samples.
     `budget_is_pool`: the engine is started for this budget (a paged one keeps a null block of
     it); False for a sampler given an engine started apart (its pool caps the budget per call).
     """
@@ -165,7 +167,8 @@ def sampling_sizes(*, policy: str, micro_group: int, kv_budget_tokens: int | Non
         null_block = block_size if block_size > 1 else 0  # vLLM's pool keeps one block unused
         budget = kv_tokens_needed(g, max_new_tokens, max_prompt_tokens, num_prompts,
                                   block_size) + null_block
-    return RunSizes(kv_budget_tokens=budget, micro_group=g, max_micro_group=g or num_samples,
+    most = num_samples if policy in WIDE_POLICIES else g or num_samples  # wide: up to all
+    return RunSizes(kv_budget_tokens=budget, micro_group=g, max_micro_group=most,
                     max_prompt_tokens=max_prompt_tokens, max_new_tokens=max_new_tokens)
 
 

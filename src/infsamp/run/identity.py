@@ -201,13 +201,16 @@ def restored_counters(cfg: Config, found: ckpt.Checkpoint, counters: dict[str, A
 
 
 def restore_predictor(predictor, state: dict | None, found: ckpt.Checkpoint) -> None:
-    """The length predictor's learned state, when the checkpoint's run used the same one; a
-    resume into another policy or predictor starts it fresh."""
+    """The length predictor's learned state, when the checkpoint's run used the same one (under a
+    policy that takes one: it learnt from the same completions); another predictor, or a policy
+    without one, starts it fresh."""
+    from infsamp.sampling.policies import uses_predictor
+
     if predictor is None or state is None:
         return
     then = saved_config(found)
-    if then is not None and (then["sampling.policy"], then["sampling.predictor"]) != \
-            ("length_aware", predictor.name):
+    if then is not None and (not uses_predictor(then["sampling.policy"])
+                             or then["sampling.predictor"] != predictor.name):
         return
     try:
         predictor.load_state_dict(state)

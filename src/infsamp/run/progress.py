@@ -68,14 +68,16 @@ class RunProgress:
             self.phase_bar.refresh()  # a phase's end is always drawn (update() waits 0.1 s)
 
     def sampling(self, stats: SamplerStats, finished: int, running: int) -> None:
-        """The sampler's per-decode-step callback: samples done, tokens/s, slots in use."""
+        """The sampler's per-decode-step callback: samples done, tokens/s, slots in use (a wide
+        policy's probes may run more samples than g)."""
         now = time.perf_counter()
         if not self.bars_shown or (now - self._last_refresh < REFRESH_S
                                    and finished < stats.num_samples):
             return
         self._last_refresh = now
         self.phase_bar.n = finished
-        slots = f"slots {running}/{stats.micro_group}"
+        slots = (f"slots {running}/{stats.micro_group}" if running <= stats.micro_group
+                 else f"{running} running (g={stats.micro_group})")
         self.phase_bar.set_postfix_str(f"{stats.tokens_per_second:,.0f} tok/s, {slots}",
                                        refresh=True)
 

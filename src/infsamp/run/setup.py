@@ -101,8 +101,11 @@ def load_prompts(cfg: Config, tokenizer) -> tuple[EncodedSplit, EncodedSplit]:
 
 
 def length_predictor(cfg: Config):
-    """The length_aware policy's predictor, kept for the run so it learns across epochs."""
-    if cfg.sampling.policy != "length_aware":
+    """The policy's length predictor (length_aware, probe), kept for the run so it learns across
+    epochs."""
+    from infsamp.sampling.policies import uses_predictor
+
+    if not uses_predictor(cfg.sampling.policy):
         return None
     return make_predictor(cfg.sampling.predictor)  # online or none (Config.validate)
 

@@ -27,6 +27,14 @@ A policy only orders pending samples; `SlotScheduler` owns the slots and the KV 
   the likely long ones keep their slots and the short ones wait for the end, where they fill the
   gaps (longest remaining predicted first). Later points only re-rank the waiting samples.
 
+- `probe`: more samples than g at once, each new one a probe reserving only `probe_tokens` (k) of
+  KV (the scheduler's books: `scheduler.py`, "Probes"). A probe that reaches k tokens is grown to
+  its whole reservation when the budget holds it, else parked (its KV dropped); parked samples
+  resume before new probes start. Without a predictor both orders are arrival order; with one
+  (re-predicted at k tokens) the likely longest probes are grown first and the likely longest
+  parked samples resume first (LJF). Measured (docs/scheduling.md): the short samples, most of
+  them, end inside their probe, and the long ones are known after k tokens and run early.
+
 Simplification: a policy parks only at a sample's first prediction point, and never for a sample
 that could not start in the freed slot; the scheduler's conservative reservation keeps that safe.
 """
@@ -47,15 +55,20 @@ CanAllocate = Callable[[Sample], bool]
 
 # options any policy accepts (so callers may pass the config uniformly); unknown names are an error
 KNOWN_OPTIONS = {"refill", "epsilon", "prefix_tokens", "length_sorted", "max_states", "preempt",
-                 "park_ratio"}
+                 "park_ratio", "probe_tokens"}
 DEFAULT_REFILL = "ljf"  # what `refill: auto` means; measured in docs/scheduling.md
 PARK_RATIO = 1.0  # park a sample predicted to need less than the best waiting one (measured)
+PROBE_TOKENS = 12  # the probe policy's k: the smallest that took the oracle's whole gain (measured)
 
 
 class AdmissionPolicy:
     name = ""
     uses_budget = True
     prefix_tokens_wanted = 0
+    probe_tokens = 0  # > 0: a new sample first reserves only this many tokens (the scheduler's)
+    needs_budget = False  # without a KV budget it would not know how many samples to run
+    uses_predictor = False  # orders samples by a length predictor (`sampling.predictor`)
+    keeps_parked_kv = True  # a parked sample's KV may be kept (when the engine and budget can)
 
     def __init__(self, samples: Sequence[Sample], micro_group: int,
                  predictor: LengthPredictor | None, **options):
@@ -90,6 +103,10 @@ class AdmissionPolicy:
 
     def on_parked(self, sample: Sample) -> None:
         pass
+
+    def commit_order(self, samples: Sequence[Sample]) -> list[Sample]:
+        """Probes at k tokens in the order they claim their whole reservation."""
+        return sorted(samples, key=lambda s: s.sample_id)
 
 
 class ContinuousPolicy(AdmissionPolicy):
@@ -138,6 +155,7 @@ class RoundsPolicy(ContinuousPolicy):
 
 class LengthAwarePolicy(AdmissionPolicy):
     name = "length_aware"
+    uses_predictor = True
 
     def __init__(self, samples, micro_group, predictor, refill: str = "auto", epsilon: float = 0.1,
                  prefix_tokens: int = 8, max_states: int = DEFAULT_MAX_STATES,
@@ -323,9 +341,58 @@ class LengthAwarePolicy(AdmissionPolicy):
                       key=lambda s: -work(s))
 
 
+class ProbePolicy(AdmissionPolicy):
+    name = "probe"
+    needs_budget = True  # the budget decides how many probes run at once
+    uses_predictor = True  # optional: without one, arrival order
+    keeps_parked_kv = False  # measured: kept probes crowd new ones out (docs/scheduling.md)
+
+    def __init__(self, samples, micro_group, predictor, probe_tokens: int = PROBE_TOKENS,
+                 **options):
+        super().__init__(samples, micro_group, predictor, **options)
+        if int(probe_tokens) < 1:
+            raise SamplingError(f"policy probe: probe_tokens must be >= 1, got {probe_tokens}")
+        self.probe_tokens = int(probe_tokens)
+        uses_prefix = predictor is not None and predictor.uses_prefix
+        self.prefix_tokens_wanted = self.probe_tokens if uses_prefix else 0
+        self._pending = deque(samples)  # arrival order
+        self._parked: list[Sample] = []  # in the order they resume
+        self._total: dict[int, float] = {}  # sample_id -> re-predicted total length
+
+    def pick(self, slot, can_allocate):
+        """A parked sample first (it runs to its end), else the next new probe."""
+        for waiting in (self._parked, self._pending):
+            if waiting and can_allocate(waiting[0]):
+                return self._parked.pop(0) if waiting is self._parked else waiting.popleft()
+        return None
+
+    def on_tokens(self, sample):
+        remaining = self.predictor.predict_remaining(sample, sample.token_ids)
+        self._total[sample.sample_id] = sample.num_tokens + max(1.0, float(remaining))
+        return self._total[sample.sample_id]
+
+    def commit_order(self, samples):
+        return sorted(samples, key=self._longest_first)
+
+    def on_parked(self, sample):
+        self._parked.append(sample)
+        if self._total:
+            self._parked.sort(key=self._longest_first)
+
+    def _longest_first(self, sample: Sample) -> tuple[float, int]:
+        """Longest predicted total first; without predictions, arrival order."""
+        return (-self._total.get(sample.sample_id, 0.0), sample.sample_id)
+
+
 POLICIES: dict[str, type[AdmissionPolicy]] = {
-    cls.name: cls for cls in (FullPolicy, RoundsPolicy, ContinuousPolicy, LengthAwarePolicy)
+    cls.name: cls for cls in (FullPolicy, RoundsPolicy, ContinuousPolicy, LengthAwarePolicy,
+                              ProbePolicy)
 }
+
+
+def uses_predictor(policy: str) -> bool:
+    """Whether `policy` takes the run's length predictor (`sampling.predictor`)."""
+    return policy in POLICIES and POLICIES[policy].uses_predictor
 
 
 def make_policy(name: str, samples: Sequence[Sample], micro_group: int,

@@ -13,8 +13,9 @@ runs the one loop shared with the simulator, on the engine it was given (`engine
 
 The scheduler (`scheduler.py`, `policies.py`) decides who runs; the engine runs them and appends
 their tokens. Policies differ only in admission: `full` (all samples at once), `rounds`,
-`continuous`, `length_aware`. Each sample draws its random numbers from its own seed, so every
-policy and every engine schedule return the same completions.
+`continuous`, `length_aware`, `probe` (more than g at once, as short probes). Each sample draws
+its random numbers from its own seed, so every policy and every engine schedule return the same
+completions.
 
 Deliberately simple: one device; a sampler given no sizes (used alone: tests, scripts) sizes each
 call for its own prompts with the same rule (`sampler_sizes`), its `sampling.kv_budget` read once.
@@ -106,7 +107,10 @@ def sampler_sizes(cfg: SamplingConfig, model, max_prompt_tokens: int, num_prompt
 
 
 def policy_options(cfg: SamplingConfig, policy: str) -> dict:
-    """The `sampling.*` settings a policy takes (length_aware: refill, epsilon, k, preemption)."""
+    """The `sampling.*` settings a policy takes (length_aware: refill, epsilon, k, preemption;
+    probe: its k)."""
+    if policy == "probe":
+        return {"probe_tokens": cfg.probe_tokens}
     if policy != "length_aware":
         return {}
     return {"refill": cfg.refill, "epsilon": cfg.grouping_epsilon,
@@ -183,11 +187,13 @@ class GroupSampler:
         sched = SlotScheduler(samples, policy, micro_group, max_kv_tokens=budget,
                               predictor=self.predictor, kv_block_size=self.engine.kv_block_size,
                               keep_parked_kv=self.engine.keeps_parked_kv,
+                              max_slots=self.engine.max_micro_group,
                               **policy_options(self.cfg, policy))
         processor = logits_processor_factory(samples) if logits_processor_factory else None
         stats = sched.stats
         stats.kv_budget_tokens, stats.engine = budget, self.engine.name
-        self.engine.begin_call(prompt_ids, samples, sched.micro_group, options, stats, processor)
+        self.engine.begin_call(prompt_ids, samples, sched.num_slots, options, stats, processor,
+                               pool_tokens=sched.max_running_tokens)
         stats.wall_time_s = self._run(sched, progress)
         return SampleResult(self._completions(samples, num_generations), stats)
 

@@ -28,8 +28,17 @@ parked sample as one missing from `active()`; `start` on a sample that has token
 Every `prefix_tokens_wanted` generated tokens (k, 2k, ...) a running sample is shown to the policy
 (`on_tokens`), which re-predicts its remaining length.
 
+Probes (a policy's `probe_tokens`, k > 0: `policies.ProbePolicy`). A new sample reserves only k
+tokens, so more samples than g run at once (`num_slots`: as many k-token reservations as the
+budget holds beside every prompt of the call, at most one per sample and `max_slots`). A probe
+that ends within k tokens never needed more; one that reaches k is grown to its whole
+reservation at the next `admit()` when the budget holds that, else parked (KV dropped). A parked
+sample always resumes with its whole reservation. So the budget still holds every running sample
+to its end, and nothing has to be preempted by the engine.
+
 Simplifications: one call = one training step (every sample of the call finishes before `done`);
-slots are identical; the reservation is the worst case (`max_new_tokens`), not the predicted length.
+slots are identical; the reservation is the worst case (`max_new_tokens`, or a probe's k), not the
+predicted length.
 """
 
 from __future__ import annotations
@@ -53,22 +62,34 @@ from infsamp.sampling.types import (
 class SlotScheduler:
     def __init__(self, samples: Sequence[Sample], policy: str, micro_group: int,
                  max_kv_tokens: int | None = None, predictor: LengthPredictor | None = None,
-                 kv_block_size: int = 1, keep_parked_kv: bool = True, **policy_options):
+                 kv_block_size: int = 1, keep_parked_kv: bool = True,
+                 max_slots: int | None = None, **policy_options):
         self._samples = list(samples)
         _check_samples(self._samples, micro_group)
         self.predictor = predictor
         self._policy = make_policy(policy, self._samples, micro_group, predictor, **policy_options)
         self.micro_group = self._policy.micro_group
         self.max_kv_tokens = max_kv_tokens if self._policy.uses_budget else None
+        if self._policy.needs_budget and max_kv_tokens is None:
+            raise SamplingError(f"policy {policy} needs a KV budget (it decides how many samples "
+                                "run at once)")
         self._shared = [shared_prompt_tokens(s.prompt_tokens, kv_block_size)
                         for s in self._samples]
         self._reserve = [reserved_tokens(s.prompt_tokens, s.max_new_tokens, kv_block_size)
                          for s in self._samples]
         self._max_reserve = max(self._reserve, default=0)
+        probe = self._policy.probe_tokens
+        self._probe_reserve = [reserved_tokens(s.prompt_tokens, min(probe, s.max_new_tokens),
+                                               kv_block_size) if probe else self._reserve[i]
+                               for i, s in enumerate(self._samples)]
         self._check_budget(kv_block_size)
         self.prefix_tokens_wanted = self._policy.prefix_tokens_wanted
-        self._free_slots = list(range(self.micro_group))  # a heap: lowest free slot first
+        room = self._running_room()
+        self.num_slots = self._slots_within(room, max_slots)
+        self.max_running_tokens = self._running_capacity(room)  # the slot engine's pool
+        self._free_slots = list(range(self.num_slots))  # a heap: lowest free slot first
         self._active: dict[int, Sample] = {}
+        self._running_reserve: dict[int, int] = {}  # sample_id -> what it reserves now
         self._seen_tokens: dict[int, int] = {}  # sample_id -> tokens counted so far
         self._last_point: dict[int, int] = {}  # sample_id -> tokens at its latest prediction point
         self._group_open = [0] * (max((s.group_id for s in self._samples), default=-1) + 1)
@@ -78,7 +99,7 @@ class SlotScheduler:
         self._held_prompt_tokens = 0
         self._unopened_prompt_tokens = sum({s.group_id: self._shared[s.sample_id]
                                             for s in self._samples}.values())
-        self.keep_parked_kv = keep_parked_kv
+        self.keep_parked_kv = keep_parked_kv and self._policy.keeps_parked_kv
         self._parked_kv_tokens = 0  # KV the engine keeps for parked samples
         self._reserved_tokens = 0  # reservations of running samples
         self._active_tokens = 0  # tokens generated so far by running samples
@@ -91,6 +112,8 @@ class SlotScheduler:
     def admit(self) -> list[tuple[int, Sample]]:
         """(slot, sample) pairs to start now, before the next decode step."""
         all_free = not self._active
+        if self._active and self._policy.probe_tokens:
+            self._grow_or_park()
         if self._active:
             for sample in self._policy.to_park(self.active(), len(self._free_slots),
                                                self.can_allocate):
@@ -116,6 +139,8 @@ class SlotScheduler:
         if not self._active:
             raise RuntimeError("step() called with no active sample; call admit() first")
         self.stats.decode_steps += 1
+        self.stats.row_steps += len(self._active)
+        self.stats.peak_rows = max(self.stats.peak_rows, len(self._active))
         for sample in self._active.values():
             grown = sample.num_tokens - self._seen_tokens[sample.sample_id]
             if grown not in (0, 1):
@@ -157,25 +182,75 @@ class SlotScheduler:
         held = self._held_prompt_tokens + (self._shared[sample.sample_id] if opens_group else 0)
         own = sample.num_tokens if sample.status == "parked" and sample.parked_kv else 0
         held += self._parked_kv_tokens - own
-        freed = self._reserve[instead_of.sample_id] if instead_of is not None else 0
-        reserved = self._reserved_tokens - freed + self._reserve[sample.sample_id]
-        if held + reserved > self.max_kv_tokens:
+        freed = self._running_reserve[instead_of.sample_id] if instead_of is not None else 0
+        reserved = self._reserved_tokens - freed + self._start_reserve(sample)
+        if held + reserved > self.max_kv_tokens or reserved > self.max_running_tokens:
             return False
         # never open a group whose prompt would leave too little room to run any one sample alone
         return not opens_group or held + self._max_reserve <= self.max_kv_tokens
+
+    def _start_reserve(self, sample: Sample) -> int:
+        """What a sample reserves when it starts: a probe's k tokens when new, else its whole
+        reservation (a parked sample resumes to run to its end)."""
+        return self._probe_reserve[sample.sample_id] if sample.status == "pending" \
+            else self._reserve[sample.sample_id]
+
+    def _running_room(self) -> int | None:
+        """KV the running samples may hold beside the prompts that can be open at once (the
+        largest, one per group up to g, as `kv_tokens_needed` counts them; with probes, every
+        group of the call); None: no budget."""
+        if self.max_kv_tokens is None or not self._samples:
+            return None
+        prompts = sorted({s.group_id: self._shared[s.sample_id] for s in self._samples}.values())
+        num_open = len(prompts) if self._policy.probe_tokens else self.micro_group
+        return self.max_kv_tokens - sum(prompts[::-1][:num_open])
+
+    def _slots_within(self, room: int | None, max_slots: int | None) -> int:
+        """Slots: g, or with probes as many probes as the room holds (at least g, at most one
+        per sample and `max_slots`)."""
+        if not self._policy.probe_tokens or room is None:
+            return self.micro_group
+        slots = max(self.micro_group, min(len(self._samples), room // min(self._probe_reserve)))
+        return min(slots, max_slots or slots)
+
+    def _running_capacity(self, room: int | None) -> int:
+        """The most KV the running samples may hold at once: g whole reservations, or with
+        probes what the room holds of `num_slots` whole ones (what the engine allocates)."""
+        whole = self.num_slots * self._max_reserve
+        if room is None:
+            return whole
+        return max(self.micro_group * self._max_reserve, min(whole, room))
+
+    def _grow_or_park(self) -> None:
+        """Each probe that reached its k tokens (and did not end) grows to its whole reservation
+        if the budget holds it, else is parked, in the policy's order (`commit_order`)."""
+        due = [s for s in self._active.values()
+               if self._running_reserve[s.sample_id] < self._reserve[s.sample_id]
+               and s.num_tokens >= min(self._policy.probe_tokens, s.max_new_tokens)]
+        for sample in self._policy.commit_order(due):
+            own = self._running_reserve[sample.sample_id]
+            grown = self._reserved_tokens - own + self._reserve[sample.sample_id]
+            held = self._held_prompt_tokens + self._parked_kv_tokens
+            if self.max_kv_tokens is None or (held + grown <= self.max_kv_tokens
+                                              and grown <= self.max_running_tokens):
+                self._reserved_tokens = grown
+                self._running_reserve[sample.sample_id] = self._reserve[sample.sample_id]
+            else:
+                self._park(sample)
 
     def _allocate(self, slot: int, sample: Sample) -> None:
         if not self._group_open[sample.group_id]:
             self._group_open[sample.group_id] = 1
             self._held_prompt_tokens += self._shared[sample.sample_id]
             self._unopened_prompt_tokens -= self._shared[sample.sample_id]
+        self._running_reserve[sample.sample_id] = self._start_reserve(sample)
+        self._reserved_tokens += self._running_reserve[sample.sample_id]
         if sample.status == "parked":
             self._resume(sample)
         sample.status, sample.slot = "running", slot
         self._active[slot] = sample
         self._seen_tokens[sample.sample_id] = sample.num_tokens
         self._active_tokens += sample.num_tokens
-        self._reserved_tokens += self._reserve[sample.sample_id]
         if self.predictor is not None and sample.sample_id not in self._predicted:
             self._predicted[sample.sample_id] = float(self.predictor.predict(sample))
         self._policy.on_started(slot, sample)
@@ -189,7 +264,7 @@ class SlotScheduler:
         heapq.heappush(self._free_slots, sample.slot)
         sample.status, sample.slot = "parked", -1
         self._active_tokens -= sample.num_tokens
-        self._reserved_tokens -= self._reserve[sample.sample_id]
+        self._reserved_tokens -= self._running_reserve.pop(sample.sample_id)
         sample.parked_kv = self.keep_parked_kv and self._can_keep(sample.num_tokens)
         if sample.parked_kv:
             self._parked_kv_tokens += sample.num_tokens
@@ -223,7 +298,7 @@ class SlotScheduler:
         heapq.heappush(self._free_slots, sample.slot)
         sample.status = "finished"
         self._active_tokens -= length
-        self._reserved_tokens -= self._reserve[sample.sample_id]
+        self._reserved_tokens -= self._running_reserve.pop(sample.sample_id)
         self._group_unfinished[sample.group_id] -= 1
         if self._group_unfinished[sample.group_id] == 0:
             self._held_prompt_tokens -= self._shared[sample.sample_id]

@@ -26,11 +26,13 @@ from pathlib import Path
 
 from infsamp.errors import DataError, SamplingError
 from infsamp.sampling.length_predictor import LengthPredictor, OraclePredictor
+from infsamp.sampling.policies import POLICIES, uses_predictor
 from infsamp.sampling.predictors import make_predictor
 from infsamp.sampling.scheduler import SlotScheduler
 from infsamp.sampling.types import (
     Sample,
     SamplerStats,
+    kv_tokens_needed,
     max_new_tokens_within,
     micro_group_within,
 )
@@ -252,7 +254,10 @@ def simulate(groups: Sequence[TraceGroup], policy: str, micro_group: int | None 
         raise SamplingError(f"prompt {too_long.prompt_id} has a length {max(too_long.lengths)} "
                             f"> --max-new-tokens {max_new}")
     micro_group = _micro_group(micro_group, kv_budget, groups, max_new, prompts_per_step)
-    wants_predictor = policy == "length_aware" or predictor != "none"
+    if kv_budget is None and POLICIES[policy].needs_budget:  # what g whole samples need
+        kv_budget = kv_tokens_needed(micro_group, max_new, max(g.prompt_tokens for g in groups),
+                                     prompts_per_step)
+    wants_predictor = uses_predictor(policy) or predictor != "none"
     length_predictor = make_predictor(predictor) if wants_predictor else None
     calls = []
     for start in range(0, len(groups), prompts_per_step):

@@ -110,6 +110,7 @@ COMBINED: dict[str, tuple[str, str]] = {  # name: (over calls, over ranks), each
     "peak_kv_blocks": ("max", "mean"), "peak_kv_bytes": ("max", "max"),
     "micro_group": ("max", "max"), "kv_budget_tokens": ("max", "max"),
     "kv_block_size": ("max", "mean"), "tokens_per_second": ("", "sum"),
+    "row_steps": ("sum", "sum"), "peak_rows": ("max", "max"),
 }
 COMBINE = {"sum": sum, "max": max, "mean": lambda values: sum(values) / len(values)}
 
@@ -128,6 +129,8 @@ class SamplerStats:
     num_rounds: int = 0  # admissions that started from an empty engine (rounds policy: its rounds)
     micro_group: int = 0  # g: samples decoded at once
     peak_kv_tokens_used: int = 0  # occupied KV tokens at the peak (open prompts + tokens)
+    row_steps: int = 0  # samples running, summed over decode steps (/ decode_steps: mean width)
+    peak_rows: int = 0  # the most samples running in one decode step (its widest forward)
     predictor_kendall_tau: float | None = None  # prediction the plan last used vs real lengths
     predictor_mae: float | None = None
     # what the engine held and computed (engine)

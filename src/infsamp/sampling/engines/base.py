@@ -79,9 +79,12 @@ class Engine(Protocol):
     hands_hidden_states: bool  # fills Sample.hidden_state when DecodeOptions.hidden_states
 
     def begin_call(self, prompts: Sequence[Sequence[int]], samples: Sequence[Sample],
-                   micro_group: int, options: DecodeOptions, stats: SamplerStats,
-                   processor: SlotLogitsProcessor | None = None) -> None:
-        """Prepare one sampler call; the engine's counters go to `stats`."""
+                   num_slots: int, options: DecodeOptions, stats: SamplerStats,
+                   processor: SlotLogitsProcessor | None = None,
+                   pool_tokens: int | None = None) -> None:
+        """Prepare one sampler call of up to `num_slots` samples running at once, holding up to
+        `pool_tokens` KV beside their prompts (the scheduler's `max_running_tokens`); the
+        engine's counters go to `stats`."""
 
     def start(self, slot: int, sample: Sample) -> None:
         """Begin decoding `sample` in `slot` before the next decode step; a sample that has tokens

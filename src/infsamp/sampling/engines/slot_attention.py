@@ -1,21 +1,23 @@
-"""Decode attention straight from the slot cache: the shared prompt rows and the slot buffers are
-read where they are, never concatenated or repeated per query head.
+"""Decode attention straight from the slot cache: the shared prompt rows are read where they are,
+never repeated per slot, concatenated, or repeated per query head.
 
 The model's own attention (sdpa, eager) wants one key tensor per sequence, so the plain path
-builds `cat(prompt rows, slot columns)` in every layer and step and, with grouped-query attention,
+builds `cat(prompt rows, sample columns)` in every layer and step and, with grouped-query attention,
 repeats it per query head (`repeat_kv`): per layer up to (1 + heads / kv_heads) times that
 layer's whole slot KV in temporaries. Here the scores are computed in two parts, q.K_prompt and
 q.K_slots, with the query heads grouped under their KV head ([S, H, 1, D] -> [S, H_kv, r, D]), one
 softmax over both, and the two value products summed: the only temporaries are the scores
-([S, H, P + W]) and, when slots belong to different groups, each slot's prompt row.
+([S, H, P + W]), the samples' own columns (gathered from the pool by `SlotKVCache.update`) and,
+when samples belong to different groups, each one's prompt row.
 
 `slot_attention(model, cache)` switches the model's attention to this function for one decode
-forward and back; `SlotKVCache.update` then returns the slot columns only (views). A layer that
+forward and back; `SlotKVCache.update` then returns the samples' own columns only. A layer that
 asks for more than plain attention (a sliding window, logit soft-capping, attention sinks) gets
 the model's own attention function over the concatenated keys, as before.
 
-Shapes: S = g (`micro_group`), every slot has a row, running or not; H, H_kv query and KV heads,
-r = H / H_kv, P the widest prompt row, W the slot columns attended this step.
+Shapes: S = the samples running this step (one row each); H, H_kv query and KV heads,
+r = H / H_kv, P the widest prompt row, W the sample columns attended this step (gathered from the
+slot engine's pool).
 
 Deliberately simple: one query position per slot (decode); prefill runs the model's own attention.
 """

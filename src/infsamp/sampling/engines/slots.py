@@ -1,36 +1,41 @@
-"""The slot engine: g decode slots over a transformers causal LM, with each group's prompt KV held
-once.
+"""The slot engine: decode slots over a transformers causal LM, with each group's prompt KV held
+once and every sample's own KV in one pool of token positions.
 
 Memory layout (per layer, keys and values alike):
 
     prompt table  [R, H_kv, P_max, D]   one row per group alive now (prompt minus its last token)
-    slot buffers  [S, H_kv, C, D]       one row per slot, C = max_new_tokens; preallocated,
-                                        never regrown
+    column pool   [H_kv, N, D]          N token positions, preallocated for the call (the
+                                        scheduler's `max_running_tokens`), never regrown
 
-A sample of length L occupies its slot for exactly L decode steps: step 1 feeds the prompt's last
-token, step n writes the KV of its input at column n-1 of the slot row. Each step attention sees,
-through the cache object below, the prompt rows of the slots' groups and the slot columns [0, W)
-under a [S, 1, 1, P_max + W] mask: the group's shared prompt plus the slot's own tokens and nothing
-else. `slot_attention.py` reads both in place (no per-step copy); a model whose attention is neither
-sdpa nor eager gets `cat(prompt rows, slot columns)` from `update` instead. Rotary
-positions are explicit (`position_ids = prompt_len - 1 + n`), so the order of key columns is free.
+A running sample owns a list of pool positions, one per KV column it has written (`columns`): a
+sample of length L writes L columns (step 1 feeds the prompt's last token, step n writes the KV of
+its input as column n-1), each taken from the free list when written and all given back when it
+ends or is parked. So the pool holds what samples have written, not a row of max_new_tokens per
+slot, and a slot is only a number: more samples than g can run as long as the scheduler's books
+(which never reserve more than the pool) hold them. Each step runs the running samples only:
+attention sees, through the cache object below, each one's prompt row and its columns gathered
+from the pool ([S, H_kv, W, D]) under a [S, 1, 1, P_max + W] mask: the group's shared prompt plus
+the sample's own tokens and nothing else. `slot_attention.py` reads the prompt rows in place; a
+model whose attention is neither sdpa nor eager gets `cat(prompt rows, columns)` from `update`
+instead. Rotary positions are explicit (`position_ids = prompt_len - 1 + n`), so the order of key
+columns is free.
 
 Why not transformers' continuous batching (checked on 5.24): its loop runs in a background thread,
 draws tokens with one global `torch.multinomial` (no per-sample random streams, so policies could
 not agree sample for sample), accepts only its fixed temperature/top-k/top-p processors (no
 per-sample forced lengths), and forks the `num_return_sequences` children of a request all at
 prefill time, so a slot refilled later with the 20th sample of a group has no parent whose prompt
-blocks it can share. This file is the missing piece: under 300 lines over the model's ordinary
+blocks it can share. This file is the missing piece: a few hundred lines over the model's ordinary
 forward.
 
 Parking: a sample the scheduler takes out of its slot keeps its tokens; with `Sample.parked_kv` its
-slot row's columns are copied out (`parked` store, counted in the held KV) and copied back into
-whichever slot it resumes in, else they are dropped and recomputed at resume by one forward over
-its tokens against its group's prompt row.
+columns are copied out (`parked` store, counted in the held KV) and back into fresh positions when
+it resumes, else they are given back and recomputed at resume by one forward over its tokens
+against its group's prompt row. Both happen at the next decode step, after every sample parked in
+that admission has given its positions back.
 
-Deliberately simple: rectangular slot buffers (a slot reserves max_new_tokens columns; a paged pool
-would hold only what samples have written); rows of inactive slots are computed and ignored, as
-`generate` does.
+Deliberately simple: positions of one token each (no blocks: the gather is per token); one gather
+of each sample's columns per layer and step.
 """
 
 from __future__ import annotations
@@ -55,12 +60,18 @@ class SlotKVCache:
     """Duck-typed transformers cache: the model calls `update(k, v, layer_idx)` once per layer and
     step."""
 
-    def __init__(self, num_layers: int, micro_group: int, slot_capacity: int, kv_heads: int,
-                 head_dim: int, dtype: torch.dtype, device: torch.device):
-        shape = (micro_group, kv_heads, slot_capacity, head_dim)
-        self.slot_keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.slot_values = [torch.zeros(shape, dtype=dtype, device=device)
+    def __init__(self, num_layers: int, pool_tokens: int, kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device, num_samples: int = 1,
+                 max_columns: int = 1):
+        shape = (kv_heads, pool_tokens, head_dim)  # a gather of positions: [H, S, W, D]
+        self.pool_keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.pool_values = [torch.zeros(shape, dtype=dtype, device=device)
                             for _ in range(num_layers)]
+        self._free = list(range(pool_tokens - 1, -1, -1))  # a stack: the lowest position on top
+        self.columns: dict[int, list[int]] = {}  # sample id -> pool position of each KV column
+        # the same as a table the steps index on the device: [samples, columns] (stale past a
+        # sample's written columns: masked)
+        self.table = torch.zeros((num_samples, max_columns), dtype=torch.long, device=device)
         empty = (0, kv_heads, 0, head_dim)
         self.prompt_keys = [torch.zeros(empty, dtype=dtype, device=device)
                             for _ in range(num_layers)]
@@ -69,11 +80,12 @@ class SlotKVCache:
         self.parked: dict[int, tuple[list, list]] = {}  # sample id -> kept (keys, values) per layer
         self.group_rows: dict[int, int] = {}  # group id -> row of the prompt table
         self.prompt_lengths: list[int] = []  # KV tokens of each row (prompt length - 1)
-        self.slot_index = torch.arange(micro_group, device=device)
-        # [S] prompt row of each slot this step; None: one row
+        self.device = device
+        # this step's layout (`prepare_step`): prompt row of each sample (None: one row), the
+        # position each one writes, and the positions of its columns (padded)
         self.step_rows: torch.Tensor | None = None
-        self.write_index = torch.zeros(micro_group, dtype=torch.long, device=device)  # [S]
-        self.width = 1  # slot columns attended this step
+        self.write_positions = torch.zeros(0, dtype=torch.long, device=device)  # [S]
+        self.read_positions = torch.zeros((0, 1), dtype=torch.long, device=device)  # [S, W]
         self.split_from: str | None = None  # set while slot_attention reads the cache in place
 
     # ---- prompt table
@@ -97,72 +109,97 @@ class SlotKVCache:
 
     def held_tensors(self) -> list[torch.Tensor]:
         parked = [t for keys, values in self.parked.values() for t in (*keys, *values)]
-        return self.slot_keys + self.slot_values + self.prompt_keys + self.prompt_values + parked
+        return self.pool_keys + self.pool_values + self.prompt_keys + self.prompt_values + parked
 
     def held_tokens(self) -> int:
-        micro_group, _, capacity, _ = self.slot_keys[0].shape
         num_rows, _, prompt_width, _ = self.prompt_keys[0].shape
         parked = sum(keys[0].shape[1] for keys, _ in self.parked.values())
-        return micro_group * capacity + num_rows * prompt_width + parked
+        return self.pool_keys[0].shape[1] + num_rows * prompt_width + parked
+
+    # ---- a sample's columns
+    def allocate(self, sample_id: int, num_columns: int = 1) -> list[int]:
+        """`num_columns` more pool positions for a sample (its next KV columns)."""
+        if len(self._free) < num_columns:
+            raise RuntimeError(f"slot KV pool full ({self.pool_keys[0].shape[1]} tokens): the "
+                               "scheduler's books let more KV run than the pool was sized for")
+        positions = [self._free.pop() for _ in range(num_columns)]
+        columns = self.columns.setdefault(sample_id, [])
+        if num_columns == 1:
+            self.table[sample_id, len(columns)] = positions[0]
+        else:
+            self.table[sample_id, len(columns):len(columns) + num_columns] = torch.tensor(positions)
+        columns.extend(positions)
+        return positions
+
+    def release(self, sample_id: int) -> None:
+        """A sample's positions back to the free list (it ended, or was parked)."""
+        self._free.extend(reversed(self.columns.pop(sample_id, [])))
+
+    def write(self, sample_id: int, keys: Sequence[torch.Tensor],
+              values: Sequence[torch.Tensor]) -> None:
+        """Per layer [H, n, D] as a sample's first n columns (a resumed sample's KV)."""
+        positions = torch.tensor(self.allocate(sample_id, keys[0].shape[1]), device=self.device)
+        for layer, (k, v) in enumerate(zip(keys, values)):
+            self.pool_keys[layer][:, positions] = k.to(self.pool_keys[layer].dtype)
+            self.pool_values[layer][:, positions] = v.to(self.pool_values[layer].dtype)
 
     # ---- parked samples
-    def park(self, sample_id: int, slot: int, num_tokens: int) -> None:
-        """Copy a slot row's first `num_tokens` columns out (per layer [H, n, D])."""
-        self.parked[sample_id] = ([k[slot, :, :num_tokens].clone() for k in self.slot_keys],
-                                  [v[slot, :, :num_tokens].clone() for v in self.slot_values])
+    def park(self, sample_id: int) -> None:
+        """Copy a sample's columns out (per layer [H, n, D]) and give its positions back."""
+        positions = torch.tensor(self.columns[sample_id], device=self.device)
+        self.parked[sample_id] = ([k[:, positions] for k in self.pool_keys],  # copies
+                                  [v[:, positions] for v in self.pool_values])
+        self.release(sample_id)
 
-    def unpark(self, sample_id: int, slot: int) -> bool:
-        """Copy a parked sample's columns into `slot`'s row; False if none were kept."""
+    def unpark(self, sample_id: int) -> bool:
+        """A parked sample's kept columns back into the pool; False if none were kept."""
         if sample_id not in self.parked:
             return False
-        keys, values = self.parked.pop(sample_id)
-        for layer, (k, v) in enumerate(zip(keys, values)):
-            self.slot_keys[layer][slot, :, : k.shape[1]] = k
-            self.slot_values[layer][slot, :, : v.shape[1]] = v
+        self.write(sample_id, *self.parked.pop(sample_id))
         return True
 
-    def move(self, source: int, slot: int, num_tokens: int) -> None:
-        for table in (*self.slot_keys, *self.slot_values):
-            table[slot, :, :num_tokens] = table[source, :, :num_tokens]
-
     # ---- per step
-    def prepare_step(self, slot_rows: list[int], write_index: list[int],
+    def prepare_step(self, sample_ids: list[int], slot_rows: list[int], write_index: list[int],
                      is_causal_eager: bool) -> torch.Tensor:
-        """Set this step's layout; returns the attention mask [S, 1, 1, P_max + W] (bool, or
-        additive)."""
-        self.write_index = torch.tensor(write_index, device=self.slot_index.device)  # [S]
-        self.width = max(write_index) + 1
+        """Set this step's layout for the running samples (each has its column `write_index`
+        allocated); returns the attention mask [S, 1, 1, P_max + W] (bool, or additive)."""
+        device = self.device
+        width = max(write_index) + 1
+        ids = torch.tensor(sample_ids, device=device)  # [S]
+        written = torch.tensor(write_index, device=device)  # [S]
+        self.write_positions = self.table[ids, written]  # [S]
+        self.read_positions = self.table[ids, :width]  # [S, W]
         num_rows = len(self.prompt_lengths)
-        self.step_rows = (None if num_rows <= 1
-                          else torch.tensor(slot_rows, device=self.slot_index.device))
+        self.step_rows = None if num_rows <= 1 else torch.tensor(slot_rows, device=device)
         lengths = torch.tensor([self.prompt_lengths[r] if num_rows else 0 for r in slot_rows],
-                               device=self.slot_index.device)  # [S]
-        prompt_cols = torch.arange(self.prompt_keys[0].shape[2], device=lengths.device)
-        slot_cols = torch.arange(self.width, device=lengths.device)
+                               device=device)  # [S]
+        prompt_cols = torch.arange(self.prompt_keys[0].shape[2], device=device)
+        slot_cols = torch.arange(width, device=device)
         mask = torch.cat([prompt_cols[None, :] < lengths[:, None],
-                          slot_cols[None, :] <= self.write_index[:, None]], dim=1)  # [S, P_max + W]
+                          slot_cols[None, :] <= written[:, None]], dim=1)  # [S, P_max + W]
         mask = mask[:, None, None, :]
         if is_causal_eager:
-            return torch.zeros(mask.shape, dtype=self.slot_keys[0].dtype,
-                               device=mask.device).masked_fill(
-                ~mask, torch.finfo(self.slot_keys[0].dtype).min)
+            dtype = self.pool_keys[0].dtype
+            return torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill(
+                ~mask, torch.finfo(dtype).min)
         return mask
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
                **_: Any):
-        """Write the step's K/V [S, H, 1, D] at each slot's column; return prompt + slot K/V to
-        attend."""
-        slot_k, slot_v = self.slot_keys[layer_idx], self.slot_values[layer_idx]
+        """Write the step's K/V [S, H, 1, D] at each sample's new position; return its columns
+        (prompt included unless slot_attention reads the prompt rows itself) to attend."""
+        pool_k, pool_v = self.pool_keys[layer_idx], self.pool_values[layer_idx]
         # under autocast (precision mixed) K/V come in bf16 or fp32: store the cache's dtype
-        slot_k[self.slot_index, :, self.write_index] = key_states[:, :, 0].to(slot_k.dtype)
-        slot_v[self.slot_index, :, self.write_index] = value_states[:, :, 0].to(slot_v.dtype)
-        keys, values = slot_k[:, :, : self.width], slot_v[:, :, : self.width]  # [S, H, W, D] views
+        pool_k[:, self.write_positions] = key_states[:, :, 0].transpose(0, 1).to(pool_k.dtype)
+        pool_v[:, self.write_positions] = value_states[:, :, 0].transpose(0, 1).to(pool_v.dtype)
+        keys = pool_k[:, self.read_positions].transpose(0, 1)  # [H, S, W, D] -> [S, H, W, D]
+        values = pool_v[:, self.read_positions].transpose(0, 1)
         if self.split_from is not None:  # slot_attention reads the prompt rows itself
             return keys, values
         return self.joined(layer_idx, keys, values)
 
     def joined(self, layer_idx: int, keys: torch.Tensor, values: torch.Tensor):
-        """Each slot's prompt row and its slot columns as one tensor: [S, H, P_max + W, D] each."""
+        """Each sample's prompt row and its columns as one tensor: [S, H, P_max + W, D] each."""
         return (self._with_prompt(self.prompt_keys[layer_idx], keys),
                 self._with_prompt(self.prompt_values[layer_idx], values))
 
@@ -192,7 +229,7 @@ class SlotEngine:
 
     name = "slots"
     kv_block_size = 1
-    keeps_parked_kv = True  # a parked sample's KV can be held (copied out of its slot row)
+    keeps_parked_kv = True  # a parked sample's KV can be held (copied out of the pool)
     hands_hidden_states = True
     copies_weights = False  # decodes with the trainer's model itself
     max_micro_group = None
@@ -210,15 +247,19 @@ class SlotEngine:
 
     # ---- Engine protocol
     def begin_call(self, prompts: Sequence[Sequence[int]], samples: Sequence[Sample],
-                   micro_group: int, options: DecodeOptions, stats: SamplerStats,
-                   processor: SlotLogitsProcessor | None = None) -> None:
+                   num_slots: int, options: DecodeOptions, stats: SamplerStats,
+                   processor: SlotLogitsProcessor | None = None,
+                   pool_tokens: int | None = None) -> None:
+        """`pool_tokens`: the KV positions running samples may hold at once (the scheduler's
+        `max_running_tokens`); None: a whole completion per slot."""
         config, param = self.model.config, next(self.model.parameters())
         head_dim = getattr(config, "head_dim",
                            None) or config.hidden_size // config.num_attention_heads
         kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-        capacity = max(s.max_new_tokens for s in samples)
-        self.cache = SlotKVCache(config.num_hidden_layers, micro_group, capacity, kv_heads,
-                                 head_dim, param.dtype, param.device)
+        pool = pool_tokens or num_slots * max(s.max_new_tokens for s in samples)
+        self.cache = SlotKVCache(config.num_hidden_layers, pool, kv_heads, head_dim, param.dtype,
+                                 param.device, len(samples),
+                                 max(s.max_new_tokens for s in samples))
         self.device, self.prompts, self.options, self.stats = param.device, prompts, options, stats
         if processor is None and options.target_lengths is not None:
             processor = ForcedLengths(options.target_lengths, options.eos_token_ids[0])
@@ -226,7 +267,8 @@ class SlotEngine:
         self.warpers = build_warpers(options)
         self.eos_ids = set(options.eos_token_ids)
         self.remaining = Counter(s.group_id for s in samples)  # samples of a group not yet ended
-        self.slot_sample: list[Sample | None] = [None] * micro_group
+        self.slot_sample: list[Sample | None] = [None] * num_slots
+        self.to_restore: list[Sample] = []  # resumed samples whose KV is not in the pool yet
         self.was_training = self.model.training
         self.split = supports_split(self.model)  # decode attention reads the cache in place
         self.model.eval()
@@ -239,22 +281,28 @@ class SlotEngine:
         if sample.group_id not in self.cache.group_rows:
             self._prefill(sample.group_id)
         if sample.token_ids and previous is not sample:
-            self._resume(slot, sample)
+            self._resume(sample)
         self.slot_sample[slot] = sample
 
     def decode_step(self, active: dict[int, Sample]) -> list[Sample]:
         self._drop_taken_back(active)
-        slots = sorted(active)
-        inputs, positions, write_index, rows = self._step_layout()
-        mask = self.cache.prepare_step(rows, write_index, self.eager_mask)
+        for sample in self.to_restore:  # after every parked sample gave its positions back
+            if not self.cache.unpark(sample.sample_id):
+                self._recompute(sample)
+        self.to_restore = []
+        running = [active[slot] for slot in sorted(active)]
+        inputs, positions, write_index, rows = self._step_layout(running)
+        mask = self.cache.prepare_step([s.sample_id for s in running], rows, write_index,
+                                       self.eager_mask)
         start = time.perf_counter()
         with torch.inference_mode():
             logits, hidden = self._forward(inputs, positions, mask)  # [S, V], [S, H] or None
-            tokens = self._select(logits, write_index).tolist()
+            tokens = self._select(logits, running, write_index).tolist()
         self.stats.model_time_s += time.perf_counter() - start
         if hidden is not None:
-            self._hand_hidden_states(slots, hidden.float().cpu().numpy())
-        return self._record(slots, tokens)
+            for sample, state in zip(running, hidden.float().cpu().numpy()):
+                sample.hidden_state = state  # the last layer at its latest token
+        return self._record(running, tokens)
 
     def end_call(self) -> None:
         self.model.train(self.was_training)
@@ -274,18 +322,17 @@ class SlotEngine:
         self.reset()
 
     # ---- internals
-    def _step_layout(self):
+    def _step_layout(self, running: list[Sample]):
+        """Each running sample's input token, position and new column (allocated here)."""
         inputs, positions, write_index, rows = [], [], [], []
-        for sample in self.slot_sample:
-            if sample is None or sample.finish_reason is not None:
-                inputs.append(0), positions.append(0), write_index.append(0), rows.append(0)
-                continue
-            done = sample.token_ids
-            prompt = self.prompts[sample.group_id]
+        for sample in running:
+            done, prompt = sample.token_ids, self.prompts[sample.group_id]
             inputs.append(done[-1] if done else prompt[-1])
             positions.append(len(prompt) - 1 + len(done))
             write_index.append(len(done))
             rows.append(self.cache.group_rows[sample.group_id])
+            if len(self.cache.columns.get(sample.sample_id, ())) == len(done):
+                self.cache.allocate(sample.sample_id)
         return inputs, positions, write_index, rows
 
     def _forward(self, inputs: list[int], positions: list[int], mask: torch.Tensor):
@@ -298,27 +345,22 @@ class SlotEngine:
         hidden = out.hidden_states[-1][:, -1] if self.options.hidden_states else None  # [S, H]
         return out.logits[:, -1].float(), hidden  # [S, V]
 
-    def _hand_hidden_states(self, slots: list[int], hidden) -> None:
-        """Each running sample gets the last layer's hidden state at its latest token (numpy)."""
-        for slot in slots:
-            self.slot_sample[slot].hidden_state = hidden[slot]
-
-    def _select(self, logits: torch.Tensor, write_index: list[int]) -> torch.Tensor:
-        sample_ids = torch.tensor([s.sample_id if s is not None else 0 for s in self.slot_sample],
-                                  device=self.device)  # [S]
+    def _select(self, logits: torch.Tensor, running: list[Sample],
+                write_index: list[int]) -> torch.Tensor:
+        sample_ids = torch.tensor([s.sample_id for s in running], device=self.device)  # [S]
         num_generated = torch.tensor(write_index, device=self.device)  # [S]
         if self.processor is not None:
             logits = self.processor(sample_ids, num_generated, logits)
         return select_tokens(logits, sample_ids, num_generated, self.options, self.warpers)
 
-    def _record(self, slots: list[int], tokens: list[int]) -> list[Sample]:
+    def _record(self, running: list[Sample], tokens: list[int]) -> list[Sample]:
         ended = []
-        for slot in slots:
-            sample = self.slot_sample[slot]
-            sample.token_ids.append(tokens[slot])
-            if tokens[slot] in self.eos_ids or sample.num_tokens >= sample.max_new_tokens:
-                sample.finish_reason = "eos" if tokens[slot] in self.eos_ids else "length"
+        for sample, token in zip(running, tokens):
+            sample.token_ids.append(token)
+            if token in self.eos_ids or sample.num_tokens >= sample.max_new_tokens:
+                sample.finish_reason = "eos" if token in self.eos_ids else "length"
                 ended.append(sample)
+                self.cache.release(sample.sample_id)
                 self._release_group(sample.group_id)
         return ended
 
@@ -355,26 +397,28 @@ class SlotEngine:
                 self._take_back(slot)
 
     def _take_back(self, slot: int) -> None:
-        """A parked sample leaves its slot: its KV is copied out if the books keep it."""
+        """A parked sample leaves its slot: its KV is copied out if the books keep it, else its
+        positions are given back."""
         sample = self.slot_sample[slot]
         if sample.parked_kv:
-            self.cache.park(sample.sample_id, slot, sample.num_tokens)
+            self.cache.park(sample.sample_id)
             self._track_peak()
+        else:
+            self.cache.release(sample.sample_id)
         self.slot_sample[slot] = None
 
-    def _resume(self, slot: int, sample: Sample) -> None:
-        """A parked sample's KV into `slot`: from the slot it still sits in, the parked store,
-        or recomputed (one forward over its tokens against the group's prompt)."""
+    def _resume(self, sample: Sample) -> None:
+        """A parked sample starts again: still in the slot it was parked from in this very
+        admission (its columns intact: it only changes slot), else its KV is restored at the
+        next decode step (`to_restore`)."""
         for source, other in enumerate(self.slot_sample):
-            if other is sample:  # parked in this very admission: its row is still intact
-                self.cache.move(source, slot, sample.num_tokens)
+            if other is sample:
                 self.slot_sample[source] = None
                 return
-        if not self.cache.unpark(sample.sample_id, slot):
-            self._recompute(slot, sample)
+        self.to_restore.append(sample)
 
-    def _recompute(self, slot: int, sample: Sample) -> None:
-        """KV of the inputs [prompt's last token, tokens[:-1]] into the slot row's first columns."""
+    def _recompute(self, sample: Sample) -> None:
+        """KV of the inputs [prompt's last token, tokens[:-1]] as the sample's first columns."""
         row, prompt = self.cache.group_rows[sample.group_id], self.prompts[sample.group_id]
         width = self.cache.prompt_lengths[row]
         cache = DynamicCache(config=self.model.config)
@@ -391,9 +435,9 @@ class SlotEngine:
             self.model(input_ids=inputs, position_ids=positions, use_cache=True, logits_to_keep=1,
                        **{self.cache_kwarg: cache})
         self.stats.model_time_s += time.perf_counter() - start
-        for layer, cached in enumerate(cache.layers):
-            self.cache.slot_keys[layer][slot, :, :num_tokens] = cached.keys[0, :, width:]
-            self.cache.slot_values[layer][slot, :, :num_tokens] = cached.values[0, :, width:]
+        self.cache.write(sample.sample_id,
+                         [c.keys[0, :, width:] for c in cache.layers],  # [H, n, D] per layer
+                         [c.values[0, :, width:] for c in cache.layers])
 
     def _track_peak(self) -> None:
         held = sum(t.numel() * t.element_size() for t in self.cache.held_tensors())

@@ -236,8 +236,11 @@ class VLLMEngine:
 
     # ---- Engine protocol
     def begin_call(self, prompts: Sequence[Sequence[int]], samples: Sequence[Sample],
-                   micro_group: int, options: DecodeOptions, stats: SamplerStats,
-                   processor: SlotLogitsProcessor | None = None) -> None:
+                   num_slots: int, options: DecodeOptions, stats: SamplerStats,
+                   processor: SlotLogitsProcessor | None = None,
+                   pool_tokens: int | None = None) -> None:
+        """`num_slots` <= max_num_seqs (the sampler caps it); `pool_tokens` is not used: vLLM's
+        pool is fixed at start, and the budget the scheduler keeps is within it."""
         if processor is not None:
             raise SamplingError("the vllm engine takes no logits processor; use --sampling.engine "
                                 "slots")
