@@ -28,6 +28,17 @@ def test_every_registry_holds_exactly_its_names(names, module, table):
     assert set(registry(module, table)) == set(names)
 
 
+def test_wide_policies_are_the_ones_that_probe():
+    """`choices.WIDE_POLICIES` (read by the planner and the simulator) names exactly the
+    policies whose samples start as probes (`probe_tokens` > 0, the scheduler's)."""
+    from infsamp.sampling.policies import POLICIES, make_policy
+    from infsamp.sampling.types import make_samples
+
+    samples = make_samples([4], 2, 8)
+    probing = {name for name in POLICIES if make_policy(name, samples, 1, None).probe_tokens > 0}
+    assert probing == set(choices.WIDE_POLICIES)
+
+
 def test_training_predictors_are_predictors():
     assert set(choices.TRAINING_PREDICTORS) <= set(choices.PREDICTORS)
 

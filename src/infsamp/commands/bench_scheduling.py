@@ -156,8 +156,8 @@ def check_arguments(args: argparse.Namespace) -> list[Variant]:
         if getattr(args, name) < 1:
             raise SamplingError(f"--{name.replace('_', '-')} must be >= 1, got "
                                 f"{getattr(args, name)}")
-    if getattr(args, "probe_tokens", PROBE_TOKENS) < 1:
-        raise SamplingError(f"--probe-tokens must be >= 1, got {args.probe_tokens}")
+    if probe_tokens(args) < 1:
+        raise SamplingError(f"--probe-tokens must be >= 1, got {probe_tokens(args)}")
     if args.temperature < 0 or args.prefix_tokens < 0:
         raise SamplingError(f"--temperature and --prefix-tokens must be >= 0, got "
                             f"{args.temperature}, {args.prefix_tokens}")
@@ -226,13 +226,18 @@ def sampling_config(variant: Variant, args, budget: int):
                           kv_budget=str(budget), max_new_tokens=args.max_new_tokens,
                           temperature=args.temperature, refill=variant.refill,
                           predictor_prefix_tokens=args.prefix_tokens,
-                          probe_tokens=getattr(args, "probe_tokens", PROBE_TOKENS))
+                          probe_tokens=probe_tokens(args))
+
+
+def probe_tokens(args) -> int:
+    """`--probe-tokens` (callers that build their own arguments may leave it out)."""
+    return getattr(args, "probe_tokens", PROBE_TOKENS)
 
 
 def first_tokens_kept(args) -> int:
     """Each completion's first tokens a trace keeps: enough for every prediction point a replay
     meets (k of the predictor, k of the probes)."""
-    return max(args.prefix_tokens, getattr(args, "probe_tokens", 0))
+    return max(args.prefix_tokens, probe_tokens(args))
 
 
 def call_budget(args, max_prompt_tokens: int, block_size: int = 1) -> int:

@@ -150,8 +150,7 @@ def format_stats(stats) -> str:
             ("prefill tokens", stats.prefill_tokens), ("generated tokens", stats.generated_tokens),
             ("peak kv tokens", stats.peak_kv_tokens), ("peak kv bytes", stats.peak_kv_bytes),
             ("preemptions", stats.num_preemptions),
-            ("rows per step", f"{stats.row_steps / max(1, stats.decode_steps):.1f} mean, "
-                              f"{stats.peak_rows} at most"),
+            ("rows per step", f"{stats.mean_rows:.1f} mean, {stats.peak_rows} at most"),
             ("wall time (s)", f"{stats.wall_time_s:.2f}"),
             ("tokens / s", f"{stats.tokens_per_second:.1f}"),
             ("sampler overhead", f"{100 * stats.overhead_fraction:.1f}% of wall time")]

@@ -188,7 +188,7 @@ def _print(result: SamplerStats, args) -> None:
         print(f"parked {result.num_preemptions} times, {result.recomputed_tokens} tokens "
               "recomputed")
     if result.peak_rows > result.micro_group:
-        print(f"rows per decode step: {result.row_steps / max(1, result.decode_steps):.1f} mean, "
+        print(f"rows per decode step: {result.mean_rows:.1f} mean, "
               f"{result.peak_rows} at most")
     if result.predictor_kendall_tau is not None:
         print(f"predictor: Kendall tau {result.predictor_kendall_tau:.3f}, "
@@ -203,8 +203,6 @@ def _plot(groups, args) -> None:
 
     def run_one(policy, predictor, refill="auto"):
         options = {**_policy_options(args), "refill": refill} if policy == "length_aware" else {}
-        if policy == "probe":
-            options = _policy_options(args)
         return simulate(groups, policy, args.micro_group, args.kv_budget, predictor,
                         args.prompts_per_step, args.max_new_tokens, warmup_steps=args.warmup_steps,
                         **options)

@@ -65,8 +65,9 @@ class AdmissionPolicy:
     name = ""
     uses_budget = True
     prefix_tokens_wanted = 0
-    probe_tokens = 0  # > 0: a new sample first reserves only this many tokens (the scheduler's)
-    needs_budget = False  # without a KV budget it would not know how many samples to run
+    # > 0: a new sample first reserves only this many tokens, so the budget (which it needs)
+    # decides how many run at once: choices.WIDE_POLICIES names these policies
+    probe_tokens = 0
     uses_predictor = False  # orders samples by a length predictor (`sampling.predictor`)
     keeps_parked_kv = True  # a parked sample's KV may be kept (when the engine and budget can)
 
@@ -343,7 +344,6 @@ class LengthAwarePolicy(AdmissionPolicy):
 
 class ProbePolicy(AdmissionPolicy):
     name = "probe"
-    needs_budget = True  # the budget decides how many probes run at once
     uses_predictor = True  # optional: without one, arrival order
     keeps_parked_kv = False  # measured: kept probes crowd new ones out (docs/scheduling.md)
 

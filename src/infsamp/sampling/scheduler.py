@@ -70,7 +70,7 @@ class SlotScheduler:
         self._policy = make_policy(policy, self._samples, micro_group, predictor, **policy_options)
         self.micro_group = self._policy.micro_group
         self.max_kv_tokens = max_kv_tokens if self._policy.uses_budget else None
-        if self._policy.needs_budget and max_kv_tokens is None:
+        if self._policy.probe_tokens and max_kv_tokens is None:
             raise SamplingError(f"policy {policy} needs a KV budget (it decides how many samples "
                                 "run at once)")
         self._shared = [shared_prompt_tokens(s.prompt_tokens, kv_block_size)
@@ -228,13 +228,10 @@ class SlotScheduler:
                if self._running_reserve[s.sample_id] < self._reserve[s.sample_id]
                and s.num_tokens >= min(self._policy.probe_tokens, s.max_new_tokens)]
         for sample in self._policy.commit_order(due):
-            own = self._running_reserve[sample.sample_id]
-            grown = self._reserved_tokens - own + self._reserve[sample.sample_id]
-            held = self._held_prompt_tokens + self._parked_kv_tokens
-            if self.max_kv_tokens is None or (held + grown <= self.max_kv_tokens
-                                              and grown <= self.max_running_tokens):
-                self._reserved_tokens = grown
-                self._running_reserve[sample.sample_id] = self._reserve[sample.sample_id]
+            if self.can_allocate(sample, instead_of=sample):  # its probe for its whole reserve
+                whole = self._reserve[sample.sample_id]
+                self._reserved_tokens += whole - self._running_reserve[sample.sample_id]
+                self._running_reserve[sample.sample_id] = whole
             else:
                 self._park(sample)
 

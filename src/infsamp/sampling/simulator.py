@@ -24,9 +24,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from infsamp.choices import WIDE_POLICIES
 from infsamp.errors import DataError, SamplingError
 from infsamp.sampling.length_predictor import LengthPredictor, OraclePredictor
-from infsamp.sampling.policies import POLICIES, uses_predictor
+from infsamp.sampling.policies import uses_predictor
 from infsamp.sampling.predictors import make_predictor
 from infsamp.sampling.scheduler import SlotScheduler
 from infsamp.sampling.types import (
@@ -254,7 +255,7 @@ def simulate(groups: Sequence[TraceGroup], policy: str, micro_group: int | None 
         raise SamplingError(f"prompt {too_long.prompt_id} has a length {max(too_long.lengths)} "
                             f"> --max-new-tokens {max_new}")
     micro_group = _micro_group(micro_group, kv_budget, groups, max_new, prompts_per_step)
-    if kv_budget is None and POLICIES[policy].needs_budget:  # what g whole samples need
+    if kv_budget is None and policy in WIDE_POLICIES:  # they need one: what g whole samples need
         kv_budget = kv_tokens_needed(micro_group, max_new, max(g.prompt_tokens for g in groups),
                                      prompts_per_step)
     wants_predictor = uses_predictor(policy) or predictor != "none"

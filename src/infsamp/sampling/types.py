@@ -155,6 +155,11 @@ class SamplerStats:
         return self.generated_tokens / max(self.wall_time_s, 1e-9)
 
     @property
+    def mean_rows(self) -> float:
+        """Samples running in a decode step, on average (its width; g at most but for probes)."""
+        return self.row_steps / max(1, self.decode_steps)
+
+    @property
     def overhead_fraction(self) -> float:
         if not self.wall_time_s:
             return 0.0

@@ -7,7 +7,7 @@ Memory layout (per layer, keys and values alike):
     column pool   [H_kv, N, D]          N token positions, preallocated for the call (the
                                         scheduler's `max_running_tokens`), never regrown
 
-A running sample owns a list of pool positions, one per KV column it has written (`columns`): a
+A running sample owns pool positions, one per KV column it has written (`table`): a
 sample of length L writes L columns (step 1 feeds the prompt's last token, step n writes the KV of
 its input as column n-1), each taken from the free list when written and all given back when it
 ends or is parked. So the pool holds what samples have written, not a row of max_new_tokens per
@@ -68,10 +68,10 @@ class SlotKVCache:
         self.pool_values = [torch.zeros(shape, dtype=dtype, device=device)
                             for _ in range(num_layers)]
         self._free = list(range(pool_tokens - 1, -1, -1))  # a stack: the lowest position on top
-        self.columns: dict[int, list[int]] = {}  # sample id -> pool position of each KV column
-        # the same as a table the steps index on the device: [samples, columns] (stale past a
-        # sample's written columns: masked)
+        # the pool position of each sample's KV columns, [samples, columns] (stale past the ones
+        # it has written, `num_columns`: masked)
         self.table = torch.zeros((num_samples, max_columns), dtype=torch.long, device=device)
+        self.num_columns: dict[int, int] = {}  # sample id -> KV columns it holds in the pool
         empty = (0, kv_heads, 0, head_dim)
         self.prompt_keys = [torch.zeros(empty, dtype=dtype, device=device)
                             for _ in range(num_layers)]
@@ -123,17 +123,22 @@ class SlotKVCache:
             raise RuntimeError(f"slot KV pool full ({self.pool_keys[0].shape[1]} tokens): the "
                                "scheduler's books let more KV run than the pool was sized for")
         positions = [self._free.pop() for _ in range(num_columns)]
-        columns = self.columns.setdefault(sample_id, [])
+        held = self.num_columns.get(sample_id, 0)
         if num_columns == 1:
-            self.table[sample_id, len(columns)] = positions[0]
+            self.table[sample_id, held] = positions[0]
         else:
-            self.table[sample_id, len(columns):len(columns) + num_columns] = torch.tensor(positions)
-        columns.extend(positions)
+            self.table[sample_id, held:held + num_columns] = torch.tensor(positions)
+        self.num_columns[sample_id] = held + num_columns
         return positions
+
+    def positions(self, sample_id: int) -> torch.Tensor:
+        """The pool positions of a sample's columns, in order: [n]."""
+        return self.table[sample_id, :self.num_columns.get(sample_id, 0)]
 
     def release(self, sample_id: int) -> None:
         """A sample's positions back to the free list (it ended, or was parked)."""
-        self._free.extend(reversed(self.columns.pop(sample_id, [])))
+        self._free.extend(reversed(self.positions(sample_id).tolist()))
+        self.num_columns.pop(sample_id, None)
 
     def write(self, sample_id: int, keys: Sequence[torch.Tensor],
               values: Sequence[torch.Tensor]) -> None:
@@ -146,7 +151,7 @@ class SlotKVCache:
     # ---- parked samples
     def park(self, sample_id: int) -> None:
         """Copy a sample's columns out (per layer [H, n, D]) and give its positions back."""
-        positions = torch.tensor(self.columns[sample_id], device=self.device)
+        positions = self.positions(sample_id)
         self.parked[sample_id] = ([k[:, positions] for k in self.pool_keys],  # copies
                                   [v[:, positions] for v in self.pool_values])
         self.release(sample_id)
@@ -256,10 +261,10 @@ class SlotEngine:
         head_dim = getattr(config, "head_dim",
                            None) or config.hidden_size // config.num_attention_heads
         kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-        pool = pool_tokens or num_slots * max(s.max_new_tokens for s in samples)
-        self.cache = SlotKVCache(config.num_hidden_layers, pool, kv_heads, head_dim, param.dtype,
-                                 param.device, len(samples),
-                                 max(s.max_new_tokens for s in samples))
+        max_new = max(s.max_new_tokens for s in samples)
+        self.cache = SlotKVCache(config.num_hidden_layers, pool_tokens or num_slots * max_new,
+                                 kv_heads, head_dim, param.dtype, param.device, len(samples),
+                                 max_new)
         self.device, self.prompts, self.options, self.stats = param.device, prompts, options, stats
         if processor is None and options.target_lengths is not None:
             processor = ForcedLengths(options.target_lengths, options.eos_token_ids[0])
@@ -331,7 +336,7 @@ class SlotEngine:
             positions.append(len(prompt) - 1 + len(done))
             write_index.append(len(done))
             rows.append(self.cache.group_rows[sample.group_id])
-            if len(self.cache.columns.get(sample.sample_id, ())) == len(done):
+            if self.cache.num_columns.get(sample.sample_id, 0) == len(done):
                 self.cache.allocate(sample.sample_id)
         return inputs, positions, write_index, rows
 
