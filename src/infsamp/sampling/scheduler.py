@@ -196,14 +196,15 @@ class SlotScheduler:
             else self._reserve[sample.sample_id]
 
     def _running_room(self) -> int | None:
-        """KV the running samples may hold beside the prompts that can be open at once (the
-        largest, one per group up to g, as `kv_tokens_needed` counts them; with probes, every
-        group of the call); None: no budget."""
+        """KV the running samples may hold beside the prompts that can be open at once, each
+        counted as the longest (as `kv_tokens_needed` counts them, and as the slot engine's
+        prompt table pads its rows): one per group up to g, with probes every group of the
+        call; None: no budget."""
         if self.max_kv_tokens is None or not self._samples:
             return None
-        prompts = sorted({s.group_id: self._shared[s.sample_id] for s in self._samples}.values())
-        num_open = len(prompts) if self._policy.probe_tokens else self.micro_group
-        return self.max_kv_tokens - sum(prompts[::-1][:num_open])
+        num_groups = len({s.group_id for s in self._samples})
+        num_open = num_groups if self._policy.probe_tokens else min(num_groups, self.micro_group)
+        return self.max_kv_tokens - num_open * max(self._shared)
 
     def _slots_within(self, room: int | None, max_slots: int | None) -> int:
         """Slots: g, or with probes as many probes as the room holds (at least g, at most one
