@@ -30,7 +30,8 @@ Every `prefix_tokens_wanted` generated tokens (k, 2k, ...) a running sample is s
 
 Probes (a policy's `probe_tokens`, k > 0: `policies.ProbePolicy`). A new sample reserves only k
 tokens, so more samples than g run at once (`num_slots`: as many k-token reservations as the
-budget holds beside every prompt of the call, at most one per sample and `max_slots`). A probe
+budget holds beside every prompt of the call, each counted at the longest's length, at most one
+per sample and `max_slots`). A probe
 that ends within k tokens never needed more; one that reaches k is grown to its whole
 reservation at the next `admit()` when the budget holds that, else parked (KV dropped). A parked
 sample always resumes with its whole reservation. So the budget still holds every running sample
