@@ -30,7 +30,8 @@ Every `prefix_tokens_wanted` generated tokens (k, 2k, ...) a running sample is s
 
 Probes (a policy's `probe_tokens`, k > 0: `policies.ProbePolicy`). A new sample reserves only k
 tokens, so more samples than g run at once (`num_slots`: as many k-token reservations as the
-budget holds beside every prompt of the call, at most one per sample and `max_slots`). A probe
+budget holds beside every prompt of the call, each counted at the longest's length, at most one
+per sample and `max_slots`). A probe
 that ends within k tokens never needed more; one that reaches k is grown to its whole
 reservation at the next `admit()` when the budget holds that, else parked (KV dropped). A parked
 sample always resumes with its whole reservation. So the budget still holds every running sample
@@ -196,14 +197,15 @@ class SlotScheduler:
             else self._reserve[sample.sample_id]
 
     def _running_room(self) -> int | None:
-        """KV the running samples may hold beside the prompts that can be open at once (the
-        largest, one per group up to g, as `kv_tokens_needed` counts them; with probes, every
-        group of the call); None: no budget."""
+        """KV the running samples may hold beside the prompts that can be open at once, each
+        counted as the longest (as `kv_tokens_needed` counts them, and as the slot engine's
+        prompt table pads its rows): one per group up to g, with probes every group of the
+        call; None: no budget."""
         if self.max_kv_tokens is None or not self._samples:
             return None
-        prompts = sorted({s.group_id: self._shared[s.sample_id] for s in self._samples}.values())
-        num_open = len(prompts) if self._policy.probe_tokens else self.micro_group
-        return self.max_kv_tokens - sum(prompts[::-1][:num_open])
+        num_groups = len({s.group_id for s in self._samples})
+        num_open = num_groups if self._policy.probe_tokens else min(num_groups, self.micro_group)
+        return self.max_kv_tokens - num_open * max(self._shared)
 
     def _slots_within(self, room: int | None, max_slots: int | None) -> int:
         """Slots: g, or with probes as many probes as the room holds (at least g, at most one
