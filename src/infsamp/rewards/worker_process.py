@@ -17,7 +17,6 @@ thread (a function whose import starts threads is forked all the same).
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import functools
 import importlib
 import json
@@ -27,7 +26,7 @@ import socket
 import sys
 from multiprocessing import reduction
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, NoReturn
 
 from infsamp.errors import RewardError, first_line
 from infsamp.rewards.builtin import RewardFunction
@@ -39,8 +38,16 @@ from infsamp.rewards.calling import (
     is_async_callable,
 )
 from infsamp.rewards.loading import FILE_MODULE_PREFIX, load_file_module
+from infsamp.rewards.process_tree import (
+    PR_SET_CHILD_SUBREAPER,
+    PR_SET_PDEATHSIG,
+    end_descendants,
+    prctl,
+)
 
-PR_SET_PDEATHSIG = 1
+# what a loader gets when the trainer dies (PR_SET_PDEATHSIG) or closes it: end every process
+# below it, then exit (a real-time signal: no library's handler takes it over)
+END_SIGNAL = signal.SIGRTMIN + 2 if hasattr(signal, "SIGRTMIN") else signal.SIGUSR2
 UNSENDABLE = ("define it at the top level of a module or a .py file (a lambda, a closure, a "
               "callable object or a function of the script being run cannot be sent), or set "
               "rewards.timeout_s 0")
@@ -113,24 +120,26 @@ def resolve_reference(reference: dict[str, Any]) -> RewardFunction:
 
 
 def load_and_fork(fd: int, parent_pid: int) -> None:
-    """The loader: import the function, then fork a worker for each request until EOF."""
-    _detach(parent_pid)
+    """The loader: import the function, then fork a worker for each request until EOF; every
+    process below it ends with its worker, and all of them when the loader ends."""
+    _detach_loader(parent_pid)
     conn = Connection(fd)
     try:
         func = resolve_reference(receive(conn))
     except BaseException as err:  # noqa: BLE001 - user code at import
         send(conn, ["error", describe_error(err)])
-        return
+        _end_everything()
     send(conn, ["loaded"])
     while True:
         try:
             message = receive(conn)
         except (EOFError, OSError):
-            return
+            _end_everything()
         if message[0] == "fork":
             _fork_worker(conn, func)
-        else:  # ["exit_code", pid]: reap a worker that ended
-            send(conn, ["exit_code", os.waitstatus_to_exitcode(os.waitpid(message[1], 0)[1])])
+        else:  # ["end", pid]: the worker (past its time, or it ended) and all below it
+            code = end_descendants(group=message[1]).get(message[1], -signal.SIGKILL)
+            send(conn, ["exit_code", code])
 
 
 def _fork_worker(conn: Connection, func: RewardFunction) -> None:
@@ -140,7 +149,7 @@ def _fork_worker(conn: Connection, func: RewardFunction) -> None:
         conn.close()
         ours.close()
         try:
-            _detach(os.getppid())
+            _detach_worker(os.getppid())
             serve(Connection(theirs.detach()), func)
         finally:
             os._exit(0)
@@ -182,14 +191,32 @@ def _reply(outcome: Outcome) -> bytes:
         return encode(["error", why])
 
 
-def _detach(parent_pid: int) -> None:
-    """Stops are the trainer's to decide; die with the parent."""
+def _ignore_stops(parent_pid: int, death_signal: int) -> None:
+    """Stops are the trainer's to decide; `death_signal` when the parent dies."""
     for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(number, signal.SIG_IGN)
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        except (OSError, AttributeError):
-            pass
+    prctl(PR_SET_PDEATHSIG, death_signal)
     if os.getppid() != parent_pid:  # the parent died before the line above
         os._exit(1)
+
+
+def _detach_loader(parent_pid: int) -> None:
+    """A loader: the processes its workers leave behind are handed to it (a subreaper), and
+    when the trainer dies or stops it (END_SIGNAL), it ends all of them before it exits."""
+    signal.signal(END_SIGNAL, lambda number, frame: _end_everything())
+    prctl(PR_SET_CHILD_SUBREAPER, 1)
+    _ignore_stops(parent_pid, END_SIGNAL)
+
+
+def _detach_worker(parent_pid: int) -> None:
+    """A worker: a process group of its own (killed whole), dies with its loader."""
+    os.setpgid(0, 0)
+    signal.signal(END_SIGNAL, signal.SIG_DFL)
+    _ignore_stops(parent_pid, signal.SIGKILL)
+
+
+def _end_everything() -> NoReturn:
+    end_descendants()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(0)

@@ -18,6 +18,12 @@ per step and never more (`tests/faults`). The processes' side, and what crosses 
 (JSON only), is `worker_process.py`. Workers and loaders ignore SIGINT, SIGTERM and SIGHUP (the
 trainer decides how a run stops) and die with their parent (Linux `PR_SET_PDEATHSIG`).
 
+A killed call takes its whole process tree with it: the loader kills the worker's process group
+and every process below itself (`process_tree.py`: the loader is a child subreaper, so a child
+in a session of its own or a double-forked daemon is still below it), and a loader that ends
+(closed by the trainer, or its trainer died) ends everything below it first. A loader runs in a
+process group of its own, so a `kill -9` of the trainer's group leaves it the time to do so.
+
 Deliberately simple: one loader and one worker per function, even for cheap built-ins (a
 reward-model folder, our own code over a model on the run's device, stays in the trainer's
 process, without a timeout); the loader's start-up does not count against `timeout_s` (up to
@@ -28,7 +34,6 @@ from __future__ import annotations
 
 import multiprocessing.connection
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -40,9 +45,10 @@ from typing import Any
 from infsamp.errors import RewardError, first_line
 from infsamp.rewards.builtin import RewardFunction
 from infsamp.rewards.calling import CallError, InProcess, Outcome
-from infsamp.rewards.worker_process import encode, function_reference, receive, send
+from infsamp.rewards.worker_process import END_SIGNAL, encode, function_reference, receive, send
 
 START_TIMEOUT_S = 120.0  # a loader's start: its interpreter and the function's imports
+STOP_TIMEOUT_S = 5.0  # a loader's end: killing and reaping every process below it
 
 
 def reward_runner(funcs: list[tuple[str, RewardFunction]], timeout_s: float):
@@ -125,7 +131,8 @@ class _Loader:
         code = f"from infsamp.rewards.worker_process import load_and_fork; " \
                f"load_and_fork({theirs.fileno()}, {os.getpid()})"
         self.popen = subprocess.Popen([sys.executable, "-c", code], pass_fds=(theirs.fileno(),),
-                                      stdin=subprocess.DEVNULL, env=_worker_environment())
+                                      stdin=subprocess.DEVNULL, env=_worker_environment(),
+                                      process_group=0)
         theirs.close()
         self.conn, self.loaded = Connection(ours.detach()), False
         send(self.conn, reference)
@@ -147,9 +154,10 @@ class _Loader:
         _, pid = self._ask(["fork"])
         return pid, Connection(reduction.recv_handle(self.conn))
 
-    def exit_code(self, pid: int) -> int:
-        """Wait for worker `pid` to end (it was killed, or it died): its exit code."""
-        return self._ask(["exit_code", pid])[1]
+    def end(self, pid: int) -> int:
+        """Kill worker `pid` (if it still runs) and every process below the loader: its exit
+        code."""
+        return self._ask(["end", pid])[1]
 
     def _ask(self, message) -> tuple:
         try:
@@ -160,9 +168,14 @@ class _Loader:
             return ["died", f"exit code {self.popen.wait(5)}"]
 
     def stop(self) -> None:
+        """End the loader and everything below it (it kills them, then exits)."""
         if self.popen.poll() is None:
-            self.popen.kill()  # its workers die with it (PR_SET_PDEATHSIG)
-        self.popen.wait(5)
+            self.popen.send_signal(END_SIGNAL)
+        try:
+            self.popen.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()  # its workers die with it (PR_SET_PDEATHSIG), not what they started
+            self.popen.wait(5)
         self.conn.close()
 
 
@@ -196,20 +209,17 @@ class _Worker:
         try:
             message = receive(self.conn)
         except (EOFError, OSError):
-            code = self._forget()
+            code = self.replace()
             return Outcome(error=WorkerDied(f"its worker process ended (exit code {code})"))
         if message[0] == "ok":
             return Outcome(value=message[1])
         return Outcome(error=CallError(message[1]))
 
-    def replace(self) -> None:
-        """Kill the worker (past its timeout); the next call gets a new fork."""
-        os.kill(self.pid, signal.SIGKILL)
-        self._forget()
-
-    def _forget(self) -> int:
+    def replace(self) -> int:
+        """Kill the worker (past its timeout, or it ended) and all it started; the next call gets
+        a new fork. Its exit code."""
         self.conn.close()
-        code, self.pid, self.conn = self.loader.exit_code(self.pid), 0, None
+        code, self.pid, self.conn = self.loader.end(self.pid), 0, None
         return code
 
     def stop(self) -> None:
