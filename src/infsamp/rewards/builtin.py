@@ -87,6 +87,28 @@ def accuracy_reward(completions: Sequence[Any], answer: Sequence[Any],
 MATH_VERIFY_INSTALL = "pip install math-verify==0.9.0, or pip install 'infsamp[real]'"
 
 
+LOG_LINE_CHARS = 200
+MATH_VERIFY_LOGGERS = ("math_verify.parser", "math_verify.grader")
+
+
+class _ShortLines(logging.Filter):
+    """math-verify logs the whole completion on a parsing timeout ("Timeout during parsing:
+    <text>": 10 MB of run log for a 10 MB completion): one line of LOG_LINE_CHARS at most."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if len(text) > LOG_LINE_CHARS or "\n" in text:
+            record.msg, record.args = text.splitlines()[0][:LOG_LINE_CHARS] + " ...", None
+        return True
+
+
+def _shorten_math_verify_logs() -> None:
+    for name in MATH_VERIFY_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _ShortLines) for f in logger.filters):
+            logger.addFilter(_ShortLines())
+
+
 def math_verify_reward(completions: Sequence[Any], answer: Sequence[Any],
                        **kwargs: Any) -> list[float | None]:
     """1.0 when math-verify's `verify` finds the completion's answer equal to the reference, else
@@ -102,10 +124,11 @@ def math_verify_reward(completions: Sequence[Any], answer: Sequence[Any],
     except ImportError:
         raise RewardError(f"reward function 'math_verify' needs math-verify "
                           f"({MATH_VERIFY_INSTALL})") from None
+    _shorten_math_verify_logs()
     main = threading.current_thread() is threading.main_thread()
     parse_timeout, verify_timeout = (10, 5) if main else (None, None)
     if not main:  # its 'timeout is disabled' warnings: we disabled them on purpose
-        for name in ("math_verify.parser", "math_verify.grader"):
+        for name in MATH_VERIFY_LOGGERS:
             logging.getLogger(name).setLevel(logging.ERROR)
     latex = LatexExtractionConfig(normalization_config=NormalizationConfig(units=True),
                                   boxed_match_priority=0, try_extract_without_anchor=False)
