@@ -39,6 +39,10 @@ def check_device(cfg: ModelConfig) -> None:
                           f"device(s) (got {cfg.device!r})")
 
 
+def is_4bit(model) -> bool:
+    return bool(getattr(base_model(model), "is_loaded_in_4bit", False))
+
+
 def base_model(model):
     """The transformers model itself: a peft model's base, or `model` when it has no adapters."""
     return model.get_base_model() if hasattr(model, "get_base_model") else model

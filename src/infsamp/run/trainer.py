@@ -63,9 +63,9 @@ from infsamp.run.evaluation import (
 )
 from infsamp.run.folder import rewind_run_logs
 from infsamp.run.identity import check_data, data_fingerprint
-from infsamp.run.logs import RunLogger, problem_records
+from infsamp.run.logs import NullLogger, RunLogger, problem_records
 from infsamp.run.prompt_stream import PromptStream
-from infsamp.run.rank_checkpoint import NullLogger, prepare_run_folder_on_ranks, save_checkpoint
+from infsamp.run.rank_checkpoint import prepare_run_folder_on_ranks, save_checkpoint
 from infsamp.run.scoring import RunRewards
 from infsamp.run.setup import (
     check_environment,
