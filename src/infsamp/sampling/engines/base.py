@@ -25,9 +25,7 @@ import torch
 
 from infsamp.config import ConfigError
 from infsamp.errors import SamplingError
-from infsamp.models.device import base_model, is_4bit
-from infsamp.planner.estimate import kv_bytes_per_token
-from infsamp.planner.presets import shape_from_config
+from infsamp.models.device import is_4bit
 from infsamp.planner.sizes import (
     RunSizes,
     resolve_engine,
@@ -108,12 +106,6 @@ class Engine(Protocol):
 
     def close(self) -> None:
         """Free the engine."""
-
-
-def model_kv_bytes_per_token(model) -> int:
-    """KV bytes of one token for a transformers model (its shape, its parameters' dtype)."""
-    dtype_bytes = next(model.parameters()).element_size()
-    return kv_bytes_per_token(shape_from_config(base_model(model).config), dtype_bytes)
 
 
 ENGINES = {  # name -> "module:class"; imported only when chosen (importing vLLM takes seconds)
