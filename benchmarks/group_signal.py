@@ -64,7 +64,7 @@ def sample_groups(recipe: str | None, num_prompts: int, group: int, out: Path,
     per_prompt, peak_kv, decode_steps = [], 0, 0
     try:
         for prompt in trainer.train_prompts.prompts[:num_prompts]:
-            _, metrics, _, records = trainer._rollout([(0, prompt)], RunProgress(0, 0, False))
+            _, metrics, _, records = trainer.steps.rollout([(0, prompt)], RunProgress(0, 0, False))
             per_prompt.append([record["reward"] for record in records])
             peak_kv = max(peak_kv, metrics["sampling/peak_kv_bytes"])
             decode_steps += metrics["sampling/decode_steps"]

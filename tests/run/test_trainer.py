@@ -100,21 +100,6 @@ def test_loss_types_masks_and_logged_completions_resume_exactly(tiny_config, tmp
     assert resumed == straight and sorted({r["step"] for r in resumed}) == [1, 2, 3, 4]
 
 
-def test_checkpoint_written_before_run_sizes_resumes(tiny_config, tmp_path, monkeypatch):
-    """A checkpoint whose counters are those written before the sizes had their own object
-    (micro_group, policy, micro_batch_tokens in the counters) resumes exactly."""
-    from infsamp.run import train_state
-
-    def old_counters(trainer):
-        return {"sampling_oom_retries": 0, "micro_group": trainer.cfg.sampling.micro_group,
-                "policy": trainer.cfg.sampling.policy, "train_oom_retries": 0,
-                "micro_batch_tokens": trainer.grpo.micro_batch_tokens,
-                "skipped_updates": trainer.grpo.num_skipped_updates}
-
-    monkeypatch.setattr(train_state, "sampler_counters", old_counters)
-    assert_resume_after_kill_matches(tiny_config, tmp_path)
-
-
 def test_training_oom_splits_micro_batch_and_keeps_gradient(tiny_config, tmp_path, monkeypatch):
     clean = GRPOTrainer(tiny_config(**{"logging.output_dir": str(tmp_path / "a"),
                                        "training.max_steps": 2}))

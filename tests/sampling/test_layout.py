@@ -13,7 +13,8 @@ import torch
 
 import infsamp.sampling
 from infsamp.errors import SamplingError
-from infsamp.sampling.engines.base import ENGINE_NAMES, ENGINES, resolve_engine_name
+from infsamp.planner.sizes import ENGINE_CHOICES
+from infsamp.sampling.engines.base import ENGINES, resolve_engine_name
 from infsamp.sampling.types import (
     kv_tokens_needed,
     micro_group_within,
@@ -89,7 +90,7 @@ def test_paged_budget_counts_whole_blocks():
 
 
 def test_engine_registry_and_auto():
-    assert set(ENGINE_NAMES) == {"auto", "slots", "vllm"} and set(ENGINES) == {"slots", "vllm"}
+    assert set(ENGINE_CHOICES) == {"auto", "slots", "vllm"} and set(ENGINES) == {"slots", "vllm"}
     assert resolve_engine_name("auto", torch.device("cpu")) == "slots"
     assert resolve_engine_name("vllm", torch.device("cpu")) == "vllm"
     with pytest.raises(SamplingError, match="unknown engine 'hf'"):

@@ -9,9 +9,9 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from infsamp.config import SamplingConfig
 from infsamp.errors import SamplingError
+from infsamp.models.device import model_kv_bytes_per_token
 from infsamp.sampling.sampler import (
     GroupSampler,
-    model_kv_bytes_per_token,
     resolve_budget,
     sampler_sizes,
 )

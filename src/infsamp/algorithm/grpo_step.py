@@ -64,7 +64,6 @@ from infsamp.errors import NonFiniteError, first_non_finite
 from infsamp.planner.sizes import MIN_TRAIN_MICRO_BATCH_TOKENS, RunSizes
 
 DEFAULT_MICRO_BATCH_TOKENS = 8192
-MIN_MICRO_BATCH_TOKENS = MIN_TRAIN_MICRO_BATCH_TOKENS
 
 
 @dataclass
@@ -297,7 +296,7 @@ class GRPOStep:
             torch.cuda.empty_cache()
         padded = mb.input_ids.numel()
         return self.accumulate_gradients(rollout, inputs, indices=mb.indices,
-                                         max_tokens=max(MIN_MICRO_BATCH_TOKENS, padded // 2),
+                                         max_tokens=max(MIN_TRAIN_MICRO_BATCH_TOKENS, padded // 2),
                                          sync_last=sync_last)
 
     def _micro_batch_backward(self, mb, rollout: Rollout,

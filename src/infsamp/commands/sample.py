@@ -126,7 +126,8 @@ def read_prompts(data_cfg: DataConfig, split: str, tokenizer, num_prompts: int =
 def _engine(cfg, model, prompt_ids: list[list[int]]):
     """(sizes, engine): the sizes for these prompts (`sampler_sizes`) and the `sampling.engine`
     (`--engine`) engine started for them."""
-    from infsamp.sampling.engines.base import is_4bit, make_engine, resolve_engine_name
+    from infsamp.models.device import is_4bit
+    from infsamp.sampling.engines.base import make_engine, resolve_engine_name
     from infsamp.sampling.sampler import sampler_sizes
 
     longest = max((len(p) for p in prompt_ids), default=1)

@@ -156,7 +156,8 @@ class InfsampRollout:
 
     def _engine(self, model, num_prompts: int):
         """The run's engine (built once), holding the trainer's current weights."""
-        from infsamp.sampling.engines.base import is_4bit, make_engine, resolve_engine_name
+        from infsamp.models.device import is_4bit
+        from infsamp.sampling.engines.base import make_engine, resolve_engine_name
         from infsamp.sampling.sampler import sampler_sizes
 
         if self.engine is None:  # built from the model's current weights, sized once

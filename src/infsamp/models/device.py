@@ -13,6 +13,8 @@ import re
 import torch
 
 from infsamp.config import ConfigError, ModelConfig
+from infsamp.planner.estimate import kv_bytes_per_token
+from infsamp.planner.presets import shape_from_config
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -37,6 +39,16 @@ def check_device(cfg: ModelConfig) -> None:
     if int(index or 0) >= torch.cuda.device_count():
         raise ConfigError(f"model.device: this machine has {torch.cuda.device_count()} CUDA "
                           f"device(s) (got {cfg.device!r})")
+
+
+def model_kv_bytes_per_token(model) -> int:
+    """KV bytes of one token for a transformers model (its shape, its parameters' dtype)."""
+    dtype_bytes = next(model.parameters()).element_size()
+    return kv_bytes_per_token(shape_from_config(base_model(model).config), dtype_bytes)
+
+
+def is_4bit(model) -> bool:
+    return bool(getattr(base_model(model), "is_loaded_in_4bit", False))
 
 
 def base_model(model):

@@ -220,8 +220,3 @@ def check_lora_targets(cfg: ModelConfig) -> None:
                               f"adapt in this model (it has {', '.join(known)}; or all-linear)")
 
 
-def context_length(model) -> int:
-    config = model.config
-    return int(getattr(config, "max_position_embeddings", 2048) or 2048)
-
-

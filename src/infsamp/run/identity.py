@@ -195,8 +195,7 @@ def restored_counters(cfg: Config, found: ckpt.Checkpoint, counters: dict[str, A
         now = getattr(cfg.sampling, key.split(".")[1])
         if then.get(key) != now:
             kept[name] = now
-            if "sizes" in kept:  # its g was halved under the old setting: g as planned now
-                kept["sizes"] = {**kept["sizes"], "micro_group": 0}
+            kept["sizes"] = {**kept["sizes"], "micro_group": 0}  # g as planned now
     return kept
 
 

@@ -110,6 +110,16 @@ def _step_of(line: str) -> float:
     return record.get("step", 0) if isinstance(record, dict) else math.inf
 
 
+class NullLogger:
+    """What ranks other than 0 log: nothing (every RunLogger method is a no-op, no progress)."""
+
+    def __init__(self) -> None:
+        self.progress = RunProgress(0, 0, enabled=False)
+
+    def __getattr__(self, name: str):
+        return lambda *args, **kwargs: None
+
+
 class RunLogger:
     def __init__(self, output_dir: Path, max_steps: int, start_step: int, log_every: int,
                  progress_bar: bool):

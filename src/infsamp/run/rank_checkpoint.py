@@ -38,21 +38,10 @@ from infsamp.errors import CheckpointError, InfsampError
 from infsamp.run import checkpoint as ckpt
 from infsamp.run.folder import prepare_run_folder
 from infsamp.run.ownership import check_still_held
-from infsamp.run.progress import RunProgress
 from infsamp.run.rank_shards import local_shards, write_shard
 from infsamp.run.train_state import TrainState
 
 NUM_AGREEMENTS = 3  # folder ready, shards written, folder complete
-
-
-class NullLogger:
-    """What ranks other than 0 log: nothing (every RunLogger method is a no-op, no progress)."""
-
-    def __init__(self) -> None:
-        self.progress = RunProgress(0, 0, enabled=False)
-
-    def __getattr__(self, name: str):
-        return lambda *args, **kwargs: None
 
 
 # ---------------------------------------------------------------- the run folder

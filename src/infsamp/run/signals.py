@@ -5,7 +5,7 @@ Schedulers send SIGTERM some seconds before they kill a job, Ctrl-C sends SIGINT
 terminal (or an ssh session that drops) sends SIGHUP. torchrun and accelerate launch pass each of
 them on to every rank (SIGTERM / SIGINT / SIGHUP to the launcher: the ranks save once, together).
 Inside `StopSignals` the first of any only records the request and says so; the training loop checks
-`requested` between steps, saves a checkpoint (`checkpointing.save_on_signal`) and raises
+`received` between steps, saves a checkpoint (`checkpointing.save_on_signal`) and raises
 `RunStopped` (exit code 128 + the signal number). A second signal raises `StopNow` where the
 program is: the step in flight is abandoned and nothing more is saved (a checkpoint being written
 is removed, earlier ones stay).
@@ -44,10 +44,6 @@ class StopSignals:
         self.received: int | None = None
         self._previous: dict[int, Any] = {}
         self._streams: tuple[Any, Any] = (sys.stdout, sys.stderr)
-
-    @property
-    def requested(self) -> bool:
-        return self.received is not None
 
     @property
     def name(self) -> str:

@@ -21,11 +21,10 @@ from dataclasses import dataclass
 import torch
 
 from infsamp.config import Config
-from infsamp.models.device import base_model, memory_bytes, runtime_bytes
+from infsamp.models.device import base_model, is_4bit, memory_bytes, runtime_bytes
 from infsamp.planner import shape_from_config
 from infsamp.planner.estimate import DEVICES
 from infsamp.planner.sizes import RunSizes, plan_line, plan_run_sizes
-from infsamp.sampling.engines.base import is_4bit
 
 RUNTIME_ROUND_BYTES = 32 * 2**20
 

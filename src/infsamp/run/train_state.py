@@ -11,9 +11,7 @@ the step last saved); the objects it holds (optimizer, scheduler, generator, pro
 evaluation, run sizes, GRPO step, length predictor, rank steps) change themselves. Everything
 written is data (tensors, numbers, strings: `state_data.py` writes it); the counters are the run's
 sizes (`RunSizes`, which the out-of-memory retries halve) and the skipped updates, so a resumed run
-continues with the same g and micro-batch and logs the same rows. A checkpoint written before the
-sizes had their own object (its counters name `micro_group`, `policy` and `micro_batch_tokens`)
-resumes: its values are read into the sizes.
+continues with the same g and micro-batch and logs the same rows.
 
 Deliberately simple: the on-disk layout is the one checkpoints have always had (flat keys).
 """
@@ -21,7 +19,7 @@ Deliberately simple: the on-disk layout is the one checkpoints have always had (
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -32,6 +30,14 @@ from infsamp.run.identity import restore_predictor, restored_counters, run_ident
 from infsamp.run.rank_shards import load_shards
 from infsamp.run.state_data import from_data, rng_state, set_rng_state, to_data
 
+if TYPE_CHECKING:
+    from infsamp.algorithm.grpo_step import GRPOStep
+    from infsamp.distributed.rank_step import RankSteps
+    from infsamp.planner.sizes import RunSizes
+    from infsamp.run.evaluation import BestEvaluation
+    from infsamp.run.prompt_stream import PromptStream
+    from infsamp.sampling.length_predictor import LengthPredictor
+
 
 @dataclass
 class TrainState:
@@ -41,15 +47,15 @@ class TrainState:
     data_fingerprint: dict[str, Any]
     horizon: int  # the learning-rate schedule's length, kept from the run's first start
     model: torch.nn.Module
-    optimizer: Any
-    scheduler: Any
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
     generator: torch.Generator
-    stream: Any  # PromptStream
-    best: Any  # BestEvaluation
-    sizes: Any  # RunSizes
-    grpo: Any  # GRPOStep: its skipped updates
-    predictor: Any  # the length_aware policy's predictor, or None
-    rank_steps: Any  # RankSteps: the assignment's cost predictor
+    stream: PromptStream
+    best: BestEvaluation
+    sizes: RunSizes
+    grpo: GRPOStep  # its skipped updates
+    predictor: LengthPredictor | None  # the length_aware policy's predictor
+    rank_steps: RankSteps  # the assignment's cost predictor
     rank: int = 0
     world_size: int = 1
     step: int = 0
@@ -132,15 +138,5 @@ def sampler_counters(state: TrainState) -> dict[str, Any]:
 
 
 def set_sampler_counters(state: TrainState, counters: dict[str, Any]) -> None:
-    state.sizes.load_state_dict(counters["sizes"] if "sizes" in counters
-                                else sizes_of_old_counters(state.sizes, counters))
+    state.sizes.load_state_dict(counters["sizes"])
     state.grpo.num_skipped_updates = counters["skipped_updates"]
-
-
-def sizes_of_old_counters(planned, counters: dict[str, Any]) -> dict[str, Any]:
-    """The sizes a checkpoint of before `RunSizes` held: its (halved) micro_group, 0 when no
-    retry changed the configured one (then the planned g), and its micro-batch."""
-    return {"micro_group": counters["micro_group"] or planned.micro_group,
-            "train_micro_batch_tokens": counters["micro_batch_tokens"],
-            "oom_retries": {"sampling": counters["sampling_oom_retries"],
-                            "training": counters["train_oom_retries"]}}

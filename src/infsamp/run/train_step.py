@@ -1,11 +1,20 @@
-"""One training step of `GRPOTrainer`: sample, score, normalise, update (`train_step`).
+"""One training step: sample, score, normalise, update (`TrainStep.run`).
 
-    batch of prompts --rank_steps.share--> this rank's groups --sampler (retried on out of
-    memory with g halved)--> completions --rewards--> advantages --GRPO step--> one update
+    TrainStep.run(logger)
+      stream.next_batch                the step's prompts
+      rollout
+        rank_steps.share               this rank's whole groups
+        sample_with_retry              sampler.sample (g halved on out of memory: RunSizes.halve)
+        score                          rewards.score, as TRL calls the reward functions
+        rank_steps.combine             the whole step's rewards and completions
+        compute_advantages             [B*G], this rank's rows kept
+      grpo.optimize                    micro-batches, backward, optimizer and schedule step
+      push_weights                     the engine samples the next step from the new policy
+      rank_steps.finish_metrics        the step's metrics, over every rank
 
-A mixin: `GRPOTrainer` (trainer.py) builds every part these methods read (the sampler, the GRPO
-step, the run's sizes, the rewards, the state) and owns them; this file holds only what one step
-does with them, so the trainer's file keeps start-up, the loop, evaluation and saving.
+`TrainStep` receives in its constructor everything it reads (the trainer builds these parts once
+and hands them over); it keeps no state of its own beyond them: the step counter is the run's
+`TrainState.step`.
 
 Deliberately simple: one step samples every group of its prompts before any update.
 """
@@ -19,62 +28,85 @@ from typing import Any
 import torch
 
 from infsamp.algorithm.advantages import compute_advantages
-from infsamp.algorithm.grpo_step import Rollout, is_out_of_memory
+from infsamp.algorithm.grpo_step import GRPOStep, Rollout, is_out_of_memory
+from infsamp.config import TrainingConfig
+from infsamp.distributed.rank_step import RankSteps
+from infsamp.distributed.strategies import Strategy
 from infsamp.errors import NonFiniteError, RewardError
+from infsamp.planner.sizes import RunSizes
 from infsamp.run.logs import RunLogger, completion_records
 from infsamp.run.progress import RunProgress
+from infsamp.run.prompt_stream import PromptStream
+from infsamp.run.scoring import RunRewards
 from infsamp.run.step_metrics import check_finite, rollout_metrics
+from infsamp.run.train_state import TrainState
+from infsamp.sampling.engines.base import Engine
+from infsamp.sampling.sampler import GroupSampler
 from infsamp.tasks.prompts import EncodedPrompt
 
 
 class TrainStep:
-    """The step's methods of `GRPOTrainer` (see the module docstring)."""
+    """One step of the run, over the parts the trainer built (see the module docstring)."""
 
-    def train_step(self, logger: RunLogger | None = None) -> dict[str, Any]:
+    def __init__(self, *, state: TrainState, training: TrainingConfig, num_generations: int,
+                 completions_every: int, stream: PromptStream, rank_steps: RankSteps,
+                 sampler: GroupSampler, engine: Engine, strategy: Strategy,
+                 generator: torch.Generator, sizes: RunSizes, rewards: RunRewards, tokenizer,
+                 grpo: GRPOStep, optimizer, scheduler, num_dropped_prompts: int):
+        self.state, self.training, self.G = state, training, num_generations
+        self.completions_every = completions_every
+        self.stream, self.rank_steps = stream, rank_steps
+        self.sampler, self.engine, self.strategy = sampler, engine, strategy
+        self.generator, self.sizes = generator, sizes
+        self.rewards, self.tokenizer = rewards, tokenizer
+        self.grpo, self.optimizer, self.scheduler = grpo, optimizer, scheduler
+        self.num_dropped_prompts = num_dropped_prompts
+
+    def run(self, logger: RunLogger | None = None) -> dict[str, Any]:
         start = time.perf_counter()
         progress = logger.progress if logger is not None else RunProgress(0, 0, enabled=False)
         batch = self.stream.next_batch()
-        rollout, sample_metrics, groups, records = self._rollout(batch, progress)
+        rollout, sample_metrics, groups, records = self.rollout(batch, progress)
         if logger is not None:
-            logger.log_lengths(self.step + 1, groups)
-            logger.log_completions(self.step + 1, records)
+            logger.log_lengths(self.state.step + 1, groups)
+            logger.log_completions(self.state.step + 1, records)
         try:
             check_finite(sample_metrics, rollout.advantages)
             self.engine.sleep()  # vLLM on CUDA: free its KV pool and weights while training
-            num_updates = len(rollout.completion_ids) * self.cfg.training.num_iterations
+            num_updates = len(rollout.completion_ids) * self.training.num_iterations
             progress.phase("update", num_updates, "sequences")
             self.grpo.on_micro_batch = progress.advance
             loss_metrics = self.grpo.optimize(rollout, self.optimizer, self.scheduler)
         except NonFiniteError as err:
-            loss_metrics = self._on_non_finite(err)
-        self._push_weights()  # the next step samples from the updated policy
-        self.train_state.step += 1
+            loss_metrics = self.on_non_finite(err)
+        self.push_weights()  # the next step samples from the updated policy
+        self.state.step += 1
         learning_rate = float(self.scheduler.get_last_lr()[0])  # torchao keeps it as a tensor
         metrics = {**sample_metrics, **loss_metrics, "learning_rate": learning_rate,
                    "epoch": self.stream.epoch, "step_time": round(time.perf_counter() - start, 3)}
         return self.rank_steps.finish_metrics(metrics)
 
-    def _rollout(self, batch: list[tuple[int, EncodedPrompt]], progress: RunProgress):
+    def rollout(self, batch: list[tuple[int, EncodedPrompt]], progress: RunProgress):
         """Sample, score and normalise this rank's groups of the step (all of them in one
         process); returns (Rollout, the step's metrics, its trace lines, its completion records:
         rank 0 alone writes them)."""
-        G = self.cfg.sampling.num_generations
+        G = self.G
         share = self.rank_steps.share(batch)  # indices into batch: this rank's whole groups
         mine = [batch[i][1] for i in share]
         prompt_ids = [p.token_ids for p in mine]
         keys, texts = [str(p.index) for p in mine], [p.text for p in mine]
         progress.phase("sampling", len(mine) * G, "samples")
-        result = self._sample_with_retry(prompt_ids, G, keys, texts, share, progress)
+        result = self.sample_with_retry(prompt_ids, G, keys, texts, share, progress)
         completions = [c for group in result.groups for c in group]  # group-major, N = b*G
         examples = [p.example for p in mine for _ in range(G)]
         progress.phase("scoring", len(completions), "completions")
-        rewards = self._score(examples, [c.text for c in completions],
+        rewards = self.score(examples, [c.text for c in completions],
                               [c.token_ids for c in completions])
         progress.advance(len(completions))
         step = self.rank_steps.combine(batch, share, result.groups, rewards,
                                        result.stats.to_metrics())  # the whole step's values
         adv = compute_advantages(torch.tensor(step.rewards.total, dtype=torch.float32), G,
-                                 self.cfg.training.scale_rewards)
+                                 self.training.scale_rewards)
         advantages = adv.advantages[step.local_rows]  # [b*G]: this rank's rows
         engine_logprobs = ([torch.tensor(c.logprobs, dtype=torch.float32) for c in completions]
                            if all(c.logprobs is not None for c in completions) else None)
@@ -86,28 +118,24 @@ class TrainStep:
                           totals=self.grpo.totals_of(  # the whole step's loss normaliser
                               [c.length for c in step.completions],
                               [c.finish_reason == "length" for c in step.completions]))
-        metrics = self._sample_metrics(step.rewards, adv, step.completions, step.sampler_metrics)
-        every = self.cfg.logging.completions_every
-        records = [] if not every or (self.step + 1) % every else self.rank_steps.gather_records(
+        metrics = self.sample_metrics(step.rewards, adv, step.completions, step.sampler_metrics)
+        every, step_no = self.completions_every, self.state.step + 1
+        records = [] if not every or step_no % every else self.rank_steps.gather_records(
             share, completion_records(keys, texts, completions, rewards.per_function,
                                       rewards.total, advantages))
         return rollout, metrics, step.groups, records
 
-    def _on_non_finite(self, err: NonFiniteError) -> dict[str, Any]:
+    def on_non_finite(self, err: NonFiniteError) -> dict[str, Any]:
         """training.nonfinite: stop with one line naming step and quantity, or skip the update."""
-        where = f"step {self.step + 1}: {err}"
-        if self.cfg.training.nonfinite == "stop":
+        where = f"step {self.state.step + 1}: {err}"
+        if self.training.nonfinite == "stop":
             raise NonFiniteError(f"{where}; stopped before applying it (checkpoints untouched; "
                                  "training.nonfinite skip skips such updates instead)") from None
         self.grpo.skip_update(self.optimizer, self.scheduler)
         print(f"{where}: update skipped ({self.grpo.num_skipped_updates} so far)", file=sys.stderr)
         return {"train/skipped_updates": self.grpo.num_skipped_updates}
 
-    @property
-    def num_sampling_oom_retries(self) -> int:
-        return self.sizes.oom_retries["sampling"]
-
-    def _sample_with_retry(self, prompt_ids, G: int, keys: list[str], texts: list[str],
+    def sample_with_retry(self, prompt_ids, G: int, keys: list[str], texts: list[str],
                            share: list[int], progress: RunProgress):
         """On out-of-memory, halve g (`RunSizes.halve`; `full` becomes `continuous`) and sample
         the step again."""
@@ -125,18 +153,28 @@ class TrainStep:
                 g = self.sizes.halve("sampling")
                 print(f"out of memory while sampling: retrying with micro_group={g}")
 
-    def _score(self, examples: list[dict[str, Any]], texts: list[str],
+    def score(self, examples: list[dict[str, Any]], texts: list[str],
                completion_ids: list[list[int]], training: bool = True):
         """Every reward function on these completions (one per example), as TRL calls them."""
         try:
             return self.rewards.score(self.tokenizer, examples, texts, completion_ids)
         except RewardError as err:  # nothing of this step is applied
-            when = (f"step {self.step + 1}: {err}; the step was not applied" if training else
-                    f"evaluation at step {self.step}: {err}")
+            when = (f"step {self.state.step + 1}: {err}; the step was not applied" if training else
+                    f"evaluation at step {self.state.step}: {err}")
             raise RewardError(f"{when} (the checkpoints are as they were)") from None
 
-    def _sample_metrics(self, rewards, adv, completions,
+    def sample_metrics(self, rewards, adv, completions,
                         sampler_metrics: dict[str, Any]) -> dict[str, Any]:
         return {**rollout_metrics(rewards, adv, completions), **sampler_metrics,
-                "sampling/oom_retries": self.num_sampling_oom_retries,
-                "data/dropped_prompts": self.train_prompts.num_dropped}
+                "sampling/oom_retries": self.sizes.oom_retries["sampling"],
+                "data/dropped_prompts": self.num_dropped_prompts}
+
+    def push_weights(self) -> None:
+        """The engine takes the current weights: the slot engine decodes with the strategy's
+        sampling model; an engine with its own copy (vLLM) gets the whole weights pushed (FSDP:
+        gathered from the shards, a collective every rank enters)."""
+        if not self.engine.copies_weights:
+            self.engine.load_weights(self.strategy.sampling_model())
+            return
+        with self.strategy.inference_model() as model:
+            self.engine.load_weights(model)

@@ -9,7 +9,8 @@ One step, laid out in time:
 
 Everything configurable comes from `infsamp.config.Config`; loss types, advantage scaling and
 sampling policies are registries in their own modules. The trainer only wires them together, logs,
-evaluates and checkpoints (one step's work: `train_step.py`). Start-up is `__init__`, one named
+evaluates and checkpoints (one step's work: `TrainStep` in `train_step.py`, built once with the
+parts it reads). Start-up is `__init__`, one named
 step a line: the reward functions and the run folder (`run/folder.py`, `run/identity.py`) before
 anything loads, then the data (encoded once by `tasks.prompts`, checked against the resumed
 checkpoint's rows), the weights, the run's sizes (`run/sizes.py`), the sampler, the update, and
@@ -62,9 +63,9 @@ from infsamp.run.evaluation import (
 )
 from infsamp.run.folder import rewind_run_logs
 from infsamp.run.identity import check_data, data_fingerprint
-from infsamp.run.logs import RunLogger, problem_records
+from infsamp.run.logs import NullLogger, RunLogger, problem_records
 from infsamp.run.prompt_stream import PromptStream
-from infsamp.run.rank_checkpoint import NullLogger, prepare_run_folder_on_ranks, save_checkpoint
+from infsamp.run.rank_checkpoint import prepare_run_folder_on_ranks, save_checkpoint
 from infsamp.run.scoring import RunRewards
 from infsamp.run.setup import (
     check_environment,
@@ -92,7 +93,7 @@ class TrainResult:
     eval_reward: str = ""  # the reward function eval/accuracy counts with (eval.reward)
 
 
-class GRPOTrainer(TrainStep):
+class GRPOTrainer:
     """`GRPOTrainer(cfg).train()`; pass `reward_funcs` to use Python callables instead of names."""
 
     @ownership.released_on_failure
@@ -118,6 +119,7 @@ class GRPOTrainer(TrainStep):
         self._build_sampler()
         self._build_update()
         self.train_state = self._build_state(found)
+        self.steps = self._build_step()  # one training step: `TrainStep.run`
         self._resume(found)
         self._write_config()
         print(planned.note)
@@ -194,6 +196,19 @@ class GRPOTrainer(TrainStep):
             grpo=self.grpo, predictor=self.sampler.predictor, rank_steps=self.rank_steps,
             rank=self.ranks.rank, world_size=self.ranks.world_size)
 
+    def _build_step(self) -> TrainStep:
+        """The step object: every part one step reads, handed over by name."""
+        cfg = self.cfg
+        return TrainStep(
+            state=self.train_state, training=cfg.training,
+            num_generations=cfg.sampling.num_generations,
+            completions_every=cfg.logging.completions_every, stream=self.stream,
+            rank_steps=self.rank_steps, sampler=self.sampler, engine=self.engine,
+            strategy=self.strategy, generator=self.generator, sizes=self.sizes,
+            rewards=self.rewards, tokenizer=self.tokenizer, grpo=self.grpo,
+            optimizer=self.optimizer, scheduler=self.scheduler,
+            num_dropped_prompts=self.train_prompts.num_dropped)
+
     def _resume(self, found: Checkpoint | None) -> None:
         """Restore the checkpoint found at start-up (its tensors are copied in; not kept)."""
         self.resumed = found is not None
@@ -201,7 +216,7 @@ class GRPOTrainer(TrainStep):
             if self.ranks.is_main:
                 rewind_run_logs(self.output_dir, found.step)  # this run's rows after it go
             self.train_state.load_state_dict(found)
-            self._push_weights()  # the engine samples from the restored policy
+            self.steps.push_weights()  # the engine samples from the restored policy
 
     def _write_config(self) -> None:
         try:
@@ -215,6 +230,14 @@ class GRPOTrainer(TrainStep):
     def step(self) -> int:
         """The optimizer steps taken (the run's state holds it)."""
         return self.train_state.step
+
+    @property
+    def num_sampling_oom_retries(self) -> int:
+        return self.sizes.oom_retries["sampling"]
+
+    def train_step(self, logger: RunLogger | None = None) -> dict[str, Any]:
+        """One step: `TrainStep.run` (run/train_step.py)."""
+        return self.steps.run(logger)
 
     # ------------------------------------------------------------------ loop
 
@@ -310,7 +333,7 @@ class GRPOTrainer(TrainStep):
                 model, self.tokenizer, [p.token_ids for p in mine],
                 stop_token_ids=self.stop_token_ids, temperature=cfg.temperature,
                 max_new_tokens=cfg.max_new_tokens or self.cfg.sampling.max_new_tokens)
-        scores = (self._score([p.example for p in mine], texts, ids, training=False)
+        scores = (self.steps.score([p.example for p in mine], texts, ids, training=False)
                   if mine else None)
         sums = self.ranks.sum(tally(scores, self.rewards.names, self.eval_reward,
                                     cfg.accuracy_threshold))
@@ -336,16 +359,6 @@ class GRPOTrainer(TrainStep):
     def _save(self) -> Path:
         """checkpoint-<step>, once per step: `rank_checkpoint.save_checkpoint`."""
         return save_checkpoint(self.train_state, self.ranks, self.strategy, self.tokenizer)
-
-    def _push_weights(self) -> None:
-        """The engine takes the current weights: the slot engine decodes with the strategy's
-        sampling model; an engine with its own copy (vLLM) gets the whole weights pushed (FSDP:
-        gathered from the shards, a collective every rank enters)."""
-        if not self.engine.copies_weights:
-            self.engine.load_weights(self.strategy.sampling_model())
-            return
-        with self.strategy.inference_model() as model:
-            self.engine.load_weights(model)
 
     def close(self) -> None:
         """Free the sampling engine (vLLM's pool and weights), the reward workers and the run

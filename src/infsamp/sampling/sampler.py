@@ -31,7 +31,7 @@ import torch
 
 from infsamp.config import ConfigError, SamplingConfig
 from infsamp.errors import SamplingError
-from infsamp.models.device import base_model, memory_bytes
+from infsamp.models.device import base_model, memory_bytes, model_kv_bytes_per_token
 from infsamp.models.loading import stop_token_ids
 from infsamp.planner import plan_memory, shape_from_config
 from infsamp.planner.sizes import RunSizes, kv_block_size, parse_kv_budget, sampling_sizes
@@ -39,7 +39,6 @@ from infsamp.sampling.engines.base import (
     DecodeOptions,
     Engine,
     LogitsProcessorFactory,
-    model_kv_bytes_per_token,
 )
 from infsamp.sampling.engines.slots import SlotEngine
 from infsamp.sampling.scheduler import SlotScheduler

@@ -25,11 +25,8 @@ import torch
 
 from infsamp.config import ConfigError
 from infsamp.errors import SamplingError
-from infsamp.models.device import base_model
-from infsamp.planner.estimate import kv_bytes_per_token
-from infsamp.planner.presets import shape_from_config
+from infsamp.models.device import is_4bit
 from infsamp.planner.sizes import (
-    ENGINE_CHOICES,
     RunSizes,
     resolve_engine,
     vllm_installed,  # noqa: F401 (engines and tests read it here)
@@ -111,17 +108,10 @@ class Engine(Protocol):
         """Free the engine."""
 
 
-def model_kv_bytes_per_token(model) -> int:
-    """KV bytes of one token for a transformers model (its shape, its parameters' dtype)."""
-    dtype_bytes = next(model.parameters()).element_size()
-    return kv_bytes_per_token(shape_from_config(base_model(model).config), dtype_bytes)
-
-
 ENGINES = {  # name -> "module:class"; imported only when chosen (importing vLLM takes seconds)
     "slots": "infsamp.sampling.engines.slots:SlotEngine",
     "vllm": "infsamp.sampling.engines.vllm:VLLMEngine",
 }
-ENGINE_NAMES = ENGINE_CHOICES
 
 
 def resolve_engine_name(name: str, device: torch.device, quantized: bool = False,
@@ -131,11 +121,6 @@ def resolve_engine_name(name: str, device: torch.device, quantized: bool = False
         return resolve_engine(name, device.type, quantized, temperature)
     except ConfigError as err:
         raise SamplingError(str(err)) from None
-
-
-def is_4bit(model) -> bool:
-    base = base_model(model)
-    return bool(getattr(base, "is_loaded_in_4bit", False))
 
 
 def make_engine(name: str, model, cfg: SamplingConfig, sizes: RunSizes) -> Engine:

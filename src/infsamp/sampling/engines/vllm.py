@@ -55,13 +55,12 @@ import torch
 
 from infsamp.config import SamplingConfig
 from infsamp.errors import SamplingError, first_line
-from infsamp.models.device import base_model, memory_bytes
+from infsamp.models.device import base_model, memory_bytes, model_kv_bytes_per_token
 from infsamp.planner.estimate import vllm_step_tokens
 from infsamp.planner.sizes import RunSizes
 from infsamp.sampling.engines.base import (
     DecodeOptions,
     SlotLogitsProcessor,
-    model_kv_bytes_per_token,
     vllm_installed,
 )
 from infsamp.sampling.types import (
