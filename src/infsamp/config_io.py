@@ -8,7 +8,6 @@ Deliberately simple: defaults <- one YAML file <- overrides, in that order; no i
 from __future__ import annotations
 
 import dataclasses
-import os
 import types
 import typing
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 import yaml
 
 from infsamp.config import Config, ConfigError, _field
+from infsamp.files import write_text
 
 
 def _coerce(value: Any, annotation: Any, key: str) -> Any:
@@ -169,9 +169,7 @@ def save_config(cfg: Config, path: str | Path) -> None:
     records the sha256 of the settings, so that an edit by hand is recognised (`config_edits`)."""
     path = Path(path)
     body = yaml.safe_dump(cfg.to_dict(), sort_keys=False)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(f"{CONFIG_HEADER}{_SHA_LINE}{_sha256(body)}\n{body}")
-    os.replace(tmp, path)
+    write_text(path, f"{CONFIG_HEADER}{_SHA_LINE}{_sha256(body)}\n{body}")
 
 
 def config_edits(path: Path, cfg: Config) -> list[tuple[str, Any, Any]] | None:

@@ -87,15 +87,15 @@ def run(args: argparse.Namespace) -> int:
 
 def check_target(out: Path) -> None:
     """`out` is new or empty, and not inside a run folder that a live run holds (its lock)."""
-    from infsamp.run.ownership import describe, live_holder
+    from infsamp.run.ownership import describe, live_run_around
 
-    for folder in (p for p in [out, *out.absolute().parents] if p.is_dir()):
-        holder = live_holder(folder)
-        if holder is not None:
-            where = "is" if folder == out else f"is inside {folder}, which is"
-            raise ExportError(f"--out {out}: {where} the run folder of a live run: "
-                              f"{describe(holder)} (nothing was written); export to a folder "
-                              "outside it")
+    around = live_run_around(out)
+    if around is not None:
+        folder, holder = around
+        where = "is" if folder == out else f"is inside {folder}, which is"
+        raise ExportError(f"--out {out}: {where} the run folder of a live run: "
+                          f"{describe(holder)} (nothing was written); export to a folder "
+                          "outside it")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ExportError(f"--out {out}: exists and is not empty (nothing was written)")
 

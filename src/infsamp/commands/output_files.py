@@ -31,6 +31,9 @@ def check_output_files(outputs: dict[str, str | None], inputs: list[str | None],
     for flag, path in given.items():
         if not path.resolve().parent.is_dir():
             raise ConfigError(f"{flag}: folder {path.parent} does not exist")
+        if path.is_symlink():
+            raise ConfigError(f"{flag} {path}: is a symbolic link (nothing was written); infsamp "
+                              "never writes through a link: give another file name")
         if path.is_dir():
             raise ConfigError(f"{flag}: {path} is a folder; give a file name")
         source = next((s for s in sources if _same_or_inside(path, s)), None)

@@ -23,6 +23,7 @@ from infsamp.commands.output_files import check_output_files
 from infsamp.commands.train import add_config_flags, check_sources, config_overrides
 from infsamp.config import ConfigError, DataConfig
 from infsamp.config_io import load_config
+from infsamp.files import create_text
 
 SHORT_FLAGS = {  # short flag -> (config key, help)
     "model": ("model.name_or_path", "checkpoint folder or 'embedded'"),
@@ -159,7 +160,7 @@ def format_stats(stats) -> str:
 
 
 def write_completions(path: str, texts: list[str], result) -> None:
-    with open(path, "w") as handle:
+    with create_text(path) as handle:
         for text, group in zip(texts, result.groups):
             for c in group:
                 row = {"prompt": text, "group_id": c.group_id, "index_in_group": c.index_in_group,

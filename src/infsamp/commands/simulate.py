@@ -21,6 +21,7 @@ from pathlib import Path
 from infsamp.choices import REFILL_ORDERS
 from infsamp.commands.output_files import check_output_files
 from infsamp.errors import SamplingError
+from infsamp.files import replace_with
 from infsamp.sampling.policies import PARK_RATIO, POLICIES, PROBE_TOKENS
 from infsamp.sampling.simulator import (
     arithmetic_trace,
@@ -232,5 +233,6 @@ def _plot(groups, args) -> None:
                  f"prompt(s)/step")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(args.plot, dpi=120)
+    fmt = Path(args.plot).suffix.lstrip(".") or "png"
+    replace_with(args.plot, lambda tmp: fig.savefig(tmp, dpi=120, format=fmt))
     plt.close(fig)

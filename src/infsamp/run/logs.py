@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from infsamp.errors import DataError, RunFolderError
+from infsamp.files import open_for_writing, replace_with, write_text
 from infsamp.run.ownership import check_still_held
 from infsamp.run.progress import RunProgress, format_value
 from infsamp.run.trackers import Trackers, open_trackers
@@ -58,7 +59,7 @@ def append_jsonl(path: Path, records: dict[str, Any] | list[dict[str, Any]]) -> 
     text = "".join(json.dumps({k: _clean(v) for k, v in r.items()}) + "\n" for r in records)
     data = memoryview(text.encode())
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = open_for_writing(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         try:
             while data:
                 data = data[os.write(fd, data):]
@@ -96,9 +97,7 @@ def rewind(path: Path, step: int) -> int:
     kept = [line for line in lines[:-1] if line.strip() and _step_of(line) <= step]
     dropped = len([line for line in lines if line.strip()]) - len(kept)
     if dropped:
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text("".join(line + "\n" for line in kept))
-        os.replace(tmp, path)
+        write_text(path, "".join(line + "\n" for line in kept))
     return dropped
 
 
@@ -262,6 +261,6 @@ def plot_run(output_dir: Path) -> Path | None:
     fig.tight_layout()
     path = output_dir / "plots" / "training.png"
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    replace_with(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
     plt.close(fig)
     return path

@@ -4,8 +4,9 @@
                                   (`fcntl.flock`, exclusive, not blocking), record who holds it
     RunFolderLock.release(undo)   unlock; `undo` also removes what the claim created (a refused
                                   run leaves the folder as it found it)
-    live_holder(folder)           who holds a folder's lock now, or None (for commands that
-                                  write next to a run: `infsamp export`)
+    live_holder(folder)           who holds a folder's lock now, or None
+    live_run_around(path)         the live run whose folder holds `path` (a run or an export
+                                  inside a live run's folder is refused)
     check_still_held(folder)      before each write: the folder is still the one claimed (not
                                   removed, nor removed and made again by another run)
 
@@ -43,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from infsamp.errors import RunFolderError
+from infsamp.files import open_for_writing
 
 LOCK_NAME = ".infsamp.lock"
 _LOCK_RETRY_S = 0.3  # a short-lived probe (live_holder) may hold the lock for a moment
@@ -83,6 +85,11 @@ def claim_run_folder(folder: Path, what: str = "logging.output_dir",
     if _key(folder) in _held:
         raise RunFolderError(f"{what} {folder}: in use by this process (an earlier run on it "
                              "has not ended: call its close())")
+    around = live_run_around(folder.absolute().parent)
+    if around is not None:
+        raise RunFolderError(f"{what} {folder}: is inside {around[0]}, the run folder of a live "
+                             f"run: {describe(around[1])} (nothing was changed); choose a folder "
+                             "outside it")
     created_folder = not folder.exists()
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -160,6 +167,15 @@ def live_holder(folder: Path) -> dict | None:
     return None
 
 
+def live_run_around(path: Path) -> tuple[Path, dict] | None:
+    """The nearest folder at or above `path` that a live run holds, with its holder's record."""
+    for folder in (p for p in [path, *path.absolute().parents] if p.is_dir()):
+        holder = live_holder(folder)
+        if holder is not None:
+            return folder, holder
+    return None
+
+
 def describe(holder: dict | None) -> str:
     """'infsamp train (PID 1234, rank 0 of 2, on host gpu1, started 2026-12-01 10:00:03)'."""
     if not holder:
@@ -180,10 +196,10 @@ def _lock(folder: Path, created_folder: bool, command: str) -> RunFolderLock | N
     path = folder / LOCK_NAME
     while True:
         try:
-            fd, created = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644), True
+            fd, created = open_for_writing(path, os.O_RDWR | os.O_CREAT | os.O_EXCL), True
         except FileExistsError:
             try:
-                fd, created = os.open(path, os.O_RDWR), False
+                fd, created = open_for_writing(path, os.O_RDWR), False
             except FileNotFoundError:  # removed meanwhile by a refused claim: create it
                 continue
         if not _try_lock(fd, path):

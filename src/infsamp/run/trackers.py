@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from infsamp.config import ConfigError
+from infsamp.files import write_text
 
 TRACKING_EXTRA = "pip install 'infsamp[tracking]'"
 STATE_FILE = "trackers.json"
@@ -316,9 +317,7 @@ def open_trackers(names: list[str], output_dir: Path, project: str, run_name: st
     run = RunInfo(output_dir, project, name, state["run_id"], config, resumed=resumed,
                   state=state)
     trackers = Trackers(names, run, report)
-    tmp = path.with_name(STATE_FILE + ".tmp")
-    tmp.write_text(json.dumps(state, indent=1))
-    os.replace(tmp, path)  # atomic: a crash never leaves a half-written file to resume from
+    write_text(path, json.dumps(state, indent=1))  # atomic: never half a file to resume from
     if trackers.active:
         report(trackers.describe())
     return trackers

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from infsamp.choices import WIDE_POLICIES
 from infsamp.errors import DataError, SamplingError
+from infsamp.files import create_text
 from infsamp.sampling.length_predictor import LengthPredictor, OraclePredictor
 from infsamp.sampling.policies import uses_predictor
 from infsamp.sampling.predictors import make_predictor
@@ -121,7 +122,7 @@ def _is_int(value) -> bool:
 
 
 def write_trace(groups: Iterable[TraceGroup], path: str | Path) -> None:
-    with open(path, "w") as handle:
+    with create_text(path) as handle:
         for group in groups:
             row = {"prompt_id": group.prompt_id, "prompt_tokens": group.prompt_tokens,
                    "lengths": group.lengths}
