@@ -469,6 +469,7 @@ class Config:
     def validate(self) -> Config:
         for section in dataclasses.fields(self):
             _require_finite(section.name, getattr(self, section.name))
+            _require_bounded(section.name, getattr(self, section.name))
             getattr(self, section.name).validate()
         _require(not self.checkpointing.keep_best or self.eval.num_problems > 0,
                  "checkpointing.keep_best", self.checkpointing.keep_best,
@@ -488,6 +489,23 @@ class Config:
 def _require(ok: bool, key: str, value: Any, why: str) -> None:
     if not ok:
         raise ConfigError(f"{key}: {why} (got {value!r})")
+
+
+MAX_INTEGER = 2**32 - 1  # every integer option: sizes, counts, steps and seeds fit 32 bits
+MAX_DURATION_S = 7 * 24 * 3600.0  # every option in seconds (*_s): the OS's waits take a week
+
+
+def _require_bounded(section_name: str, section: Any) -> None:
+    """Every integer option within +-MAX_INTEGER, every duration within MAX_DURATION_S: beyond
+    them a value is a typo, and the libraries below would overflow or never end."""
+    for f in dataclasses.fields(section):
+        value, key = getattr(section, f.name), f"{section_name}.{f.name}"
+        if isinstance(value, int) and not isinstance(value, bool):
+            _require(abs(value) <= MAX_INTEGER, key, value,
+                     f"must be between -{MAX_INTEGER} and {MAX_INTEGER}")
+        if f.name.endswith("_s") and isinstance(value, (int, float)):
+            _require(value <= MAX_DURATION_S, key, value,
+                     f"must be at most {MAX_DURATION_S:.0f} seconds (a week)")
 
 
 def _require_finite(section_name: str, section: Any) -> None:
@@ -527,7 +545,8 @@ def _check_choice(key: str, value: str, names: tuple[str, ...]) -> None:
 
 
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9,
-               "t": 1e12, "tb": 1e12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+               "t": 1e12, "tb": 1e12, "p": 1e15, "pb": 1e15, "kib": 2**10, "mib": 2**20,
+               "gib": 2**30, "tib": 2**40, "pib": 2**50}
 
 
 def parse_size(text: str | int) -> int:

@@ -43,9 +43,7 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
             return value.lower() in ("true", "1", "yes")
         raise ConfigError(f"{key}: expected true or false, got {value!r}")
     if annotation is int:
-        if isinstance(value, bool) or not _is_intlike(value):
-            raise ConfigError(f"{key}: expected an integer, got {value!r}")
-        return int(float(value)) if isinstance(value, str) else int(value)
+        return _integer(value, key)
     if annotation is float:
         try:
             if isinstance(value, bool):
@@ -73,17 +71,14 @@ def _coerce_mapping(value: Any, key: str) -> dict[str, Any]:
     return dict(value)
 
 
-def _is_intlike(value: Any) -> bool:
-    if isinstance(value, int):
-        return True
-    if isinstance(value, float):
-        return value.is_integer()
-    if isinstance(value, str):
-        try:
-            return float(value).is_integer()
-        except ValueError:
-            return False
-    return False
+def _integer(value: Any, key: str) -> int:
+    """An integer literal only ('90', 90): '1e30', 10.0 and 'three' are refused, never rounded."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    text = value.strip() if isinstance(value, str) else ""
+    if text.lstrip("+-").isdigit() and len(text) <= 40:
+        return int(text)
+    raise ConfigError(f"{key}: expected an integer literal such as 90, got {value!r}")
 
 
 def _section_types(cls: type) -> dict[str, Any]:
@@ -123,16 +118,45 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+MAX_CONFIG_BYTES = 1 << 20  # a config is settings, not data: 1 MiB holds thousands of them
+
+
+class _DuplicateKey(yaml.YAMLError):
+    pass
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (YAML would keep the last)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            if not isinstance(key, typing.Hashable):
+                continue  # refused later as a key that is not a name
+            if key in seen:
+                raise _DuplicateKey(f"line {line}: {key!r} is given twice (lines {seen[key]} "
+                                    f"and {line}); keep one")
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"config file {path}: does not exist")
     if path.is_dir():
         raise ConfigError(f"config file {path}: is a folder, not a YAML file")
+    if path.stat().st_size > MAX_CONFIG_BYTES:
+        raise ConfigError(f"config file {path}: {path.stat().st_size} bytes, more than a config "
+                          f"holds (at most {MAX_CONFIG_BYTES}); put data in a dataset file")
     try:
-        tree = yaml.safe_load(path.read_text())
+        tree = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
     except UnicodeDecodeError:
         raise ConfigError(f"config file {path}: not a text file") from None
+    except _DuplicateKey as err:
+        raise ConfigError(f"config file {path} {err}") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""

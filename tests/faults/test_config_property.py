@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import io
 import tempfile
+import time
 import typing
 from pathlib import Path
 from unittest import mock
@@ -22,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from infsamp import cli
-from infsamp.config import Config, parse_size
+from infsamp.config import MAX_DURATION_S, Config, parse_size
 from infsamp.config_io import iter_options
 
 OPTIONS = {key: (annotation, default) for key, annotation, default, _ in iter_options()}
@@ -97,9 +98,12 @@ def bad_values(key: str) -> st.SearchStrategy[tuple[str, typing.Any]]:
     annotation, _ = OPTIONS[key]
     flags: list[st.SearchStrategy[str]] = []
     if annotation is int:
-        flags.append(st.sampled_from(["abc", "1.5", "nan", "", "true", "1e400"]))
+        flags.append(st.sampled_from(["abc", "1.5", "nan", "", "true", "1e400", "1e30", "10.0",
+                                      "99999999999", "-99999999999", "inf"]))
     if annotation is float:
         flags.append(st.sampled_from(["abc", "nan", "inf", "-inf", "", "1e400"]))
+        if key.endswith("_s"):  # a duration: beyond what the OS's waits take
+            flags.append(st.sampled_from(["1e30", "1e10", str(MAX_DURATION_S * 2)]))
     if annotation is bool:
         flags.append(outside({"true", "1", "yes", "false", "0", "no"}))
     if annotation == list[float]:
@@ -158,7 +162,10 @@ def test_random_bad_values_through_every_option(data):
     key = data.draw(st.sampled_from(sorted(OPTIONS)))
     route, value = data.draw(bad_values(key))
     with tempfile.TemporaryDirectory() as folder:
+        start = time.monotonic()
         code, stderr = run_train(key, route, value, Path(folder))
+        assert time.monotonic() - start < 10, (key, value)
+        assert not (Path(folder) / "run").exists(), (key, value)  # the folder as it was
     assert_one_line_naming(key, code, stderr)
 
 

@@ -14,7 +14,6 @@ import time
 
 import pytest
 
-from fault_runs import run_args
 from infsamp.commands.output_files import check_output_files
 from infsamp.config import Config, ConfigError
 from infsamp.config_io import save_config
@@ -22,6 +21,8 @@ from infsamp.errors import RunFolderError
 from infsamp.files import create_text, write_text
 from infsamp.run.logs import append_jsonl
 from infsamp.run.ownership import LOCK_NAME, claim_run_folder, release_run_folder
+
+from fault_runs import run_args
 from test_run_folder import last_line, snapshot
 
 SECRET = "a file of the user's, outside the run\n"
