@@ -45,7 +45,6 @@ from infsamp.algorithm.logprobs import (
     make_micro_batch,
     micro_batch_logprobs,
     micro_batch_logprobs_and_entropy,
-    plan_sequence_batches,
     sequence_logprobs,
     sequence_logprobs_and_entropy,
 )
@@ -56,6 +55,7 @@ from infsamp.algorithm.losses import (
     high_entropy_masks,
     per_token_loss,
 )
+from infsamp.algorithm.shared_prompt import LAYOUTS, supports_shared_prompt
 from infsamp.choices import clip_range
 from infsamp.config import TrainingConfig
 from infsamp.distributed.ranks import Ranks
@@ -130,6 +130,9 @@ class GRPOStep:
         self.importance_sampling_cap = importance_sampling_cap
         self.mismatch = MismatchStats()
         self._first_pass = True
+        # the prompt once per group where the model's attention takes the block mask
+        self.forwarded_tokens = 0  # the training passes' real tokens, summed over the run
+        self.layout = LAYOUTS[cfg.share_prompt and supports_shared_prompt(model)]
 
     @property
     def micro_batch_tokens(self) -> int:
@@ -145,7 +148,7 @@ class GRPOStep:
         return sequence_logprobs(model, rollout.prompt_ids, rollout.completion_ids,
                                  max_tokens=self.micro_batch_tokens, pad_token_id=self.pad_token_id,
                                  temperature=self.temperature, grad=False,
-                                 chunked=self.cfg.chunked_lm_head)
+                                 chunked=self.cfg.chunked_lm_head, build=self.layout.build)
 
     def reference_logprobs(self, rollout: Rollout, model) -> list[Tensor] | None:
         """The KL reference's log-probs: a separate model, or `model` with its adapters off."""
@@ -181,7 +184,8 @@ class GRPOStep:
                 logps, entropies = sequence_logprobs_and_entropy(
                     model, rollout.prompt_ids, rollout.completion_ids,
                     max_tokens=self.micro_batch_tokens, pad_token_id=self.pad_token_id,
-                    temperature=self.temperature, chunked=self.cfg.chunked_lm_head)
+                    temperature=self.temperature, chunked=self.cfg.chunked_lm_head,
+                    build=self.layout.build)
                 token_masks = high_entropy_masks(entropies, keep, self.cfg.top_entropy_quantile,
                                                  gather=self.parallel.ranks.gather_values)
                 old = logps if self.cfg.num_iterations > 1 else None
@@ -195,6 +199,7 @@ class GRPOStep:
     def optimize(self, rollout: Rollout, optimizer, scheduler) -> dict[str, Any]:
         """num_iterations optimizer steps on one rollout; returns TRL-named metrics."""
         self.model.train()
+        forwarded_before = self.forwarded_tokens
         inputs = self.step_inputs(rollout)
         metrics: dict[str, Any] = {}
         self.mismatch = MismatchStats()
@@ -216,6 +221,7 @@ class GRPOStep:
             optimizer.zero_grad(set_to_none=True)
         metrics.update(self._mismatch_metrics())
         metrics["train/micro_batch_tokens"] = self.micro_batch_tokens
+        metrics["train/forwarded_tokens"] = self.forwarded_tokens - forwarded_before
         metrics["train/oom_retries"] = self.num_oom_retries
         metrics["train/skipped_updates"] = self.num_skipped_updates
         return metrics
@@ -258,12 +264,13 @@ class GRPOStep:
         """Backward over micro-batches of `indices`; returns (summed loss value, summed stats)."""
         total_loss, total_stats = 0.0, LossStats()
         device = next(self.model.parameters()).device
-        plan = plan_sequence_batches(rollout.prompt_ids, rollout.completion_ids,
-                                     max_tokens or self.micro_batch_tokens, indices)
+        plan = self.layout.plan(rollout.prompt_ids, rollout.completion_ids,
+                                max_tokens or self.micro_batch_tokens, indices)
         padding = 0 if indices is not None else self.parallel.padding_batches(len(plan))
         for k, batch in enumerate(plan):  # each micro-batch's tensors built when it is reached
-            mb = make_micro_batch(rollout.prompt_ids, rollout.completion_ids, batch,
+            mb = self.layout.make(rollout.prompt_ids, rollout.completion_ids, batch,
                                   self.pad_token_id, device)
+            self.forwarded_tokens += mb.num_tokens
             last = k == len(plan) - 1
             sync = last and sync_last and not padding  # DDP: only the rank's last backward reduces
             try:
