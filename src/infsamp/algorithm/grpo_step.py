@@ -131,6 +131,7 @@ class GRPOStep:
         self.mismatch = MismatchStats()
         self._first_pass = True
         # the prompt once per group where the model's attention takes the block mask
+        self.skipped_sequences = 0  # not forwarded in a training pass (zero gradient), summed
         self.forwarded_tokens = 0  # the training passes' real tokens, summed over the run
         self.layout = LAYOUTS[cfg.share_prompt and supports_shared_prompt(model)]
 
@@ -199,7 +200,7 @@ class GRPOStep:
     def optimize(self, rollout: Rollout, optimizer, scheduler) -> dict[str, Any]:
         """num_iterations optimizer steps on one rollout; returns TRL-named metrics."""
         self.model.train()
-        forwarded_before = self.forwarded_tokens
+        forwarded_before, skipped_before = self.forwarded_tokens, self.skipped_sequences
         inputs = self.step_inputs(rollout)
         metrics: dict[str, Any] = {}
         self.mismatch = MismatchStats()
@@ -222,6 +223,8 @@ class GRPOStep:
         metrics.update(self._mismatch_metrics())
         metrics["train/micro_batch_tokens"] = self.micro_batch_tokens
         metrics["train/forwarded_tokens"] = self.forwarded_tokens - forwarded_before
+        passes = max(len(rollout.completion_ids) * self.cfg.num_iterations, 1)
+        metrics["train/skipped_sequences_frac"] = (self.skipped_sequences - skipped_before) / passes
         metrics["train/oom_retries"] = self.num_oom_retries
         metrics["train/skipped_updates"] = self.num_skipped_updates
         return metrics
@@ -264,9 +267,15 @@ class GRPOStep:
         """Backward over micro-batches of `indices`; returns (summed loss value, summed stats)."""
         total_loss, total_stats = 0.0, LossStats()
         device = next(self.model.parameters()).device
+        whole = indices is None
+        if whole:
+            indices = self.carrying_gradient(rollout)
+            self.skipped_sequences += len(rollout.completion_ids) - len(indices)
         plan = self.layout.plan(rollout.prompt_ids, rollout.completion_ids,
                                 max_tokens or self.micro_batch_tokens, indices)
-        padding = 0 if indices is not None else self.parallel.padding_batches(len(plan))
+        padding = self.parallel.padding_batches(len(plan)) if whole else 0
+        if whole and not plan and not padding:
+            padding = 1  # every sequence skipped: zero gradients still reach the optimizer
         for k, batch in enumerate(plan):  # each micro-batch's tensors built when it is reached
             mb = self.layout.make(rollout.prompt_ids, rollout.completion_ids, batch,
                                   self.pad_token_id, device)
@@ -287,6 +296,22 @@ class GRPOStep:
         for _ in range(padding):  # FSDP: as many forward/backward collectives as the other ranks
             self._padding_backward(rollout, device)
         return total_loss, total_stats
+
+    def skips_zero_advantages(self) -> bool:
+        """Whether a sequence of advantage 0 carries exactly no gradient: no KL term (beta 0), no
+        high-entropy mask (it thresholds over every token), one iteration (no old log-probs
+        kept), and no entropy bonus (losses.py has none)."""
+        cfg = self.cfg
+        return cfg.beta == 0 and cfg.top_entropy_quantile == 1.0 and cfg.num_iterations == 1
+
+    def carrying_gradient(self, rollout: Rollout) -> list[int]:
+        """The sequences the training pass forwards: all, or those of non-zero advantage where
+        the others carry exactly no gradient (`skips_zero_advantages`). The loss normaliser is
+        the step's totals either way, so the update is unchanged."""
+        every = list(range(len(rollout.completion_ids)))
+        if not self.skips_zero_advantages():
+            return every
+        return [i for i in every if float(rollout.advantages[i]) != 0.0]
 
     def _padding_backward(self, rollout: Rollout, device) -> None:
         """A zero-weight micro-batch (one sequence): its collectives run, gradients stay."""
