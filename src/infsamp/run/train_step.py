@@ -35,6 +35,7 @@ class TrainStep:
         progress = logger.progress if logger is not None else RunProgress(0, 0, enabled=False)
         batch = self.stream.next_batch()
         rollout, sample_metrics, groups, records = self._rollout(batch, progress)
+        sample_metrics.update(self.step_timer.metrics())  # time/sampling, time/rewards
         if logger is not None:
             logger.log_lengths(self.step + 1, groups)
             logger.log_completions(self.step + 1, records)
@@ -64,12 +65,14 @@ class TrainStep:
         prompt_ids = [p.token_ids for p in mine]
         keys, texts = [str(p.index) for p in mine], [p.text for p in mine]
         progress.phase("sampling", len(mine) * G, "samples")
-        result = self._sample_with_retry(prompt_ids, G, keys, texts, share, progress)
+        with self.step_timer.phase("sampling"):
+            result = self._sample_with_retry(prompt_ids, G, keys, texts, share, progress)
         completions = [c for group in result.groups for c in group]  # group-major, N = b*G
         examples = [p.example for p in mine for _ in range(G)]
         progress.phase("scoring", len(completions), "completions")
-        rewards = self._score(examples, [c.text for c in completions],
-                              [c.token_ids for c in completions])
+        with self.step_timer.phase("rewards"):
+            rewards = self._score(examples, [c.text for c in completions],
+                                  [c.token_ids for c in completions])
         progress.advance(len(completions))
         step = self.rank_steps.combine(batch, share, result.groups, rewards,
                                        result.stats.to_metrics())  # the whole step's values

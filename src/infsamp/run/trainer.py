@@ -77,6 +77,7 @@ from infsamp.run.setup import (
 )
 from infsamp.run.signals import StopSignals
 from infsamp.run.sizes import plan_run
+from infsamp.run.step_timer import StepTimer
 from infsamp.run.train_state import TrainState
 from infsamp.run.train_step import TrainStep
 from infsamp.sampling.engines.base import make_engine
@@ -169,6 +170,7 @@ class GRPOTrainer(TrainStep):
     def _build_update(self) -> None:
         """The GRPO step, the division of each step between the ranks and the optimizer."""
         cfg = self.cfg
+        self.step_timer = StepTimer()  # time/<phase> of each step (run/step_timer.py)
         self.grpo = GRPOStep(self.train_model, cfg.training,
                              pad_token_id=self.tokenizer.pad_token_id,
                              temperature=cfg.sampling.temperature or 1.0, ref_model=self.ref_model,
@@ -321,7 +323,8 @@ class GRPOTrainer(TrainStep):
         logger.progress.advance(len(prompts))
         logger.log_eval(self.step, {**metrics, "eval/num_problems": len(prompts),
                                     "eval/dropped_prompts": self.eval_prompts.num_dropped,
-                                    "eval/time_s": round(time.perf_counter() - start, 2)})
+                                    "eval/time_s": round(time.perf_counter() - start, 2),
+                                    "time/eval": round(time.perf_counter() - start, 2)})
         self.best.offer(self.step, metrics)
         state = self.train_state
         state.last_eval, state.last_eval_step = metrics["eval/accuracy"], self.step
