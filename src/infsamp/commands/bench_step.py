@@ -35,7 +35,8 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="infsamp-bench-step-") as folder:
         overrides = {**config_overrides(args), "logging.output_dir": folder,
                      "training.max_steps": args.steps, "eval.every_steps": 0,
-                     "eval.num_problems": 0, "checkpointing.save_every": 0}
+                     "eval.num_problems": 0, "checkpointing.save_every": 0,
+                     "checkpointing.keep_best": ""}
         cfg = load_config(args.config, overrides)
         check_sources(cfg)
         rows = _timed_steps(cfg, args.steps)
