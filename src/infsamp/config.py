@@ -302,6 +302,12 @@ class TrainingConfig:
                                 "applied per chunk (no [tokens x vocabulary] logits); false: the "
                                 "model's full logits, as before (more memory; the planner "
                                 "assumes true)")
+    share_prompt: bool = opt(True, "training forwards each group's prompt once, its completions "
+                             "packed behind it with a block attention mask "
+                             "(algorithm/shared_prompt.py); same log-probs and gradients. Runs "
+                             "unshared where the model's attention takes no custom 4D mask "
+                             "(flash_attention_2, kernels hub ids, models without a transformers "
+                             "config)")
     seed: int = opt(0, "seed for sampling, shuffling and initialisation")
     num_threads: int = opt(0,
                            "torch CPU threads (0: auto, 1 on CPU for models under 50M parameters)")

@@ -101,21 +101,24 @@ def test_loss_types_masks_and_logged_completions_resume_exactly(tiny_config, tmp
 
 
 def test_training_oom_splits_micro_batch_and_keeps_gradient(tiny_config, tmp_path, monkeypatch):
+    # num_iterations 2: every sequence is forwarded (none skipped), so micro-batches hold several
     clean = GRPOTrainer(tiny_config(**{"logging.output_dir": str(tmp_path / "a"),
-                                       "training.max_steps": 2}))
+                                       "training.max_steps": 2,
+                                       "training.num_iterations": 2}))
     clean.train()
     original = grpo_step.GRPOStep._micro_batch_backward
     calls = {"n": 0}
 
-    def flaky(self, mb, *args):
-        calls["n"] += 1
-        if calls["n"] == 1 and len(mb.indices) > 1:
+    def flaky(self, mb, *args):  # the first micro-batch of several sequences fails once
+        if calls["n"] == 0 and len(mb.indices) > 1:
+            calls["n"] += 1
             raise torch.OutOfMemoryError("CUDA out of memory (injected)")
         return original(self, mb, *args)
 
     monkeypatch.setattr(grpo_step.GRPOStep, "_micro_batch_backward", flaky)
     retried = GRPOTrainer(tiny_config(**{"logging.output_dir": str(tmp_path / "b"),
-                                         "training.max_steps": 2}))
+                                         "training.max_steps": 2,
+                                       "training.num_iterations": 2}))
     retried.train()
     assert retried.grpo.num_oom_retries == 1
     assert_same_weights(weights(retried.model), weights(clean.model))

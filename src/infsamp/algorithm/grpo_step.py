@@ -32,6 +32,7 @@ each iteration from the current policy).
 from __future__ import annotations
 
 import contextlib
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
@@ -45,7 +46,6 @@ from infsamp.algorithm.logprobs import (
     make_micro_batch,
     micro_batch_logprobs,
     micro_batch_logprobs_and_entropy,
-    plan_sequence_batches,
     sequence_logprobs,
     sequence_logprobs_and_entropy,
 )
@@ -56,6 +56,7 @@ from infsamp.algorithm.losses import (
     high_entropy_masks,
     per_token_loss,
 )
+from infsamp.algorithm.shared_prompt import LAYOUTS, supports_shared_prompt
 from infsamp.choices import clip_range
 from infsamp.config import TrainingConfig
 from infsamp.distributed.ranks import Ranks
@@ -129,6 +130,10 @@ class GRPOStep:
         self.importance_sampling_cap = importance_sampling_cap
         self.mismatch = MismatchStats()
         self._first_pass = True
+        # the prompt once per group where the model's attention takes the block mask
+        self.skipped_sequences = 0  # not forwarded in a training pass (zero gradient), summed
+        self.forwarded_tokens = 0  # the training passes' real tokens, summed over the run
+        self.layout = LAYOUTS[cfg.share_prompt and supports_shared_prompt(model)]
 
     @property
     def micro_batch_tokens(self) -> int:
@@ -144,7 +149,7 @@ class GRPOStep:
         return sequence_logprobs(model, rollout.prompt_ids, rollout.completion_ids,
                                  max_tokens=self.micro_batch_tokens, pad_token_id=self.pad_token_id,
                                  temperature=self.temperature, grad=False,
-                                 chunked=self.cfg.chunked_lm_head)
+                                 chunked=self.cfg.chunked_lm_head, build=self.layout.build)
 
     def reference_logprobs(self, rollout: Rollout, model) -> list[Tensor] | None:
         """The KL reference's log-probs: a separate model, or `model` with its adapters off."""
@@ -180,7 +185,8 @@ class GRPOStep:
                 logps, entropies = sequence_logprobs_and_entropy(
                     model, rollout.prompt_ids, rollout.completion_ids,
                     max_tokens=self.micro_batch_tokens, pad_token_id=self.pad_token_id,
-                    temperature=self.temperature, chunked=self.cfg.chunked_lm_head)
+                    temperature=self.temperature, chunked=self.cfg.chunked_lm_head,
+                    build=self.layout.build)
                 token_masks = high_entropy_masks(entropies, keep, self.cfg.top_entropy_quantile,
                                                  gather=self.parallel.ranks.gather_values)
                 old = logps if self.cfg.num_iterations > 1 else None
@@ -194,12 +200,18 @@ class GRPOStep:
     def optimize(self, rollout: Rollout, optimizer, scheduler) -> dict[str, Any]:
         """num_iterations optimizer steps on one rollout; returns TRL-named metrics."""
         self.model.train()
+        forwarded_before, skipped_before = self.forwarded_tokens, self.skipped_sequences
+        clock = {"time/logprobs": -time.perf_counter(), "time/train": 0.0, "time/optimizer": 0.0}
         inputs = self.step_inputs(rollout)
+        clock["time/logprobs"] += time.perf_counter()
         metrics: dict[str, Any] = {}
         self.mismatch = MismatchStats()
         for iteration in range(self.cfg.num_iterations):
             self._first_pass = iteration == 0
+            start = time.perf_counter()
             loss, stats = self._summed(*self.accumulate_gradients(rollout, inputs))
+            clock["time/train"] += time.perf_counter() - start
+            start = time.perf_counter()
             grad_norm = self._clip()
             metrics = {"loss": loss, "grad_norm": grad_norm, **stats.metrics()}
             checked = {"loss": loss, "gradient norm": grad_norm}
@@ -213,8 +225,13 @@ class GRPOStep:
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
+            clock["time/optimizer"] += time.perf_counter() - start
         metrics.update(self._mismatch_metrics())
+        metrics.update({name: round(value, 4) for name, value in clock.items()})
         metrics["train/micro_batch_tokens"] = self.micro_batch_tokens
+        metrics["train/forwarded_tokens"] = self.forwarded_tokens - forwarded_before
+        passes = max(len(rollout.completion_ids) * self.cfg.num_iterations, 1)
+        metrics["train/skipped_sequences_frac"] = (self.skipped_sequences - skipped_before) / passes
         metrics["train/oom_retries"] = self.num_oom_retries
         metrics["train/skipped_updates"] = self.num_skipped_updates
         return metrics
@@ -257,12 +274,19 @@ class GRPOStep:
         """Backward over micro-batches of `indices`; returns (summed loss value, summed stats)."""
         total_loss, total_stats = 0.0, LossStats()
         device = next(self.model.parameters()).device
-        plan = plan_sequence_batches(rollout.prompt_ids, rollout.completion_ids,
-                                     max_tokens or self.micro_batch_tokens, indices)
-        padding = 0 if indices is not None else self.parallel.padding_batches(len(plan))
+        whole = indices is None
+        if whole:
+            indices = self.carrying_gradient(rollout)
+            self.skipped_sequences += len(rollout.completion_ids) - len(indices)
+        plan = self.layout.plan(rollout.prompt_ids, rollout.completion_ids,
+                                max_tokens or self.micro_batch_tokens, indices)
+        padding = self.parallel.padding_batches(len(plan)) if whole else 0
+        if whole and not plan and not padding:
+            padding = 1  # every sequence skipped: zero gradients still reach the optimizer
         for k, batch in enumerate(plan):  # each micro-batch's tensors built when it is reached
-            mb = make_micro_batch(rollout.prompt_ids, rollout.completion_ids, batch,
+            mb = self.layout.make(rollout.prompt_ids, rollout.completion_ids, batch,
                                   self.pad_token_id, device)
+            self.forwarded_tokens += mb.num_tokens
             last = k == len(plan) - 1
             sync = last and sync_last and not padding  # DDP: only the rank's last backward reduces
             try:
@@ -279,6 +303,22 @@ class GRPOStep:
         for _ in range(padding):  # FSDP: as many forward/backward collectives as the other ranks
             self._padding_backward(rollout, device)
         return total_loss, total_stats
+
+    def skips_zero_advantages(self) -> bool:
+        """Whether a sequence of advantage 0 carries exactly no gradient: no KL term (beta 0), no
+        high-entropy mask (it thresholds over every token), one iteration (no old log-probs
+        kept), and no entropy bonus (losses.py has none)."""
+        cfg = self.cfg
+        return cfg.beta == 0 and cfg.top_entropy_quantile == 1.0 and cfg.num_iterations == 1
+
+    def carrying_gradient(self, rollout: Rollout) -> list[int]:
+        """The sequences the training pass forwards: all, or those of non-zero advantage where
+        the others carry exactly no gradient (`skips_zero_advantages`). The loss normaliser is
+        the step's totals either way, so the update is unchanged."""
+        every = list(range(len(rollout.completion_ids)))
+        if not self.skips_zero_advantages():
+            return every
+        return [i for i in every if float(rollout.advantages[i]) != 0.0]
 
     def _padding_backward(self, rollout: Rollout, device) -> None:
         """A zero-weight micro-batch (one sequence): its collectives run, gradients stay."""

@@ -30,7 +30,7 @@ output head gets its full logits, log-softmaxed in row chunks (correct, but no m
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -62,6 +62,27 @@ class MicroBatch:
     @property
     def num_completion_positions(self) -> int:
         return self.completion_ids.shape[1]
+
+    @property
+    def logits_to_keep(self) -> int:
+        """The last T_c + 1 positions: every completion token's predictor (and one more)."""
+        return self.num_completion_positions + 1
+
+    @property
+    def num_tokens(self) -> int:
+        """Real (not padding) tokens the forward reads."""
+        return int(self.attention_mask.sum())
+
+    def forward_inputs(self, model: torch.nn.Module) -> dict[str, Tensor]:
+        return {"input_ids": self.input_ids, "attention_mask": self.attention_mask,
+                "position_ids": self.position_ids}
+
+    def select(self, kept: Tensor) -> Tensor:
+        """The kept positions' outputs [b, >= T_c + 1, X] -> those predicting each real
+        completion token [n, X]."""
+        keep = self.logits_to_keep
+        states = kept[:, -keep:-1].reshape(-1, kept.shape[-1])  # [b * T_c, X]
+        return states[self.completion_mask.reshape(-1).nonzero().squeeze(-1)]
 
     def rows(self, values: Tensor) -> Tensor:
         """Pick this micro-batch's rows from a per-sequence tensor of the whole step ([N, ...] ->
@@ -145,47 +166,46 @@ def build_micro_batches(prompt_ids: Sequence[Sequence[int]],
 # --- log-probs ------------------------------------------------------------------------------------
 
 
-def _forward(model: torch.nn.Module, mb: MicroBatch, keep: int):
-    """The model's forward on the micro-batch, asking for the last `keep` positions only."""
-    inputs = {"input_ids": mb.input_ids, "attention_mask": mb.attention_mask,
-              "position_ids": mb.position_ids, "use_cache": False}
+def _forward(model: torch.nn.Module, mb: MicroBatch):
+    """The model's forward on the micro-batch, asking for the positions it reads only."""
+    inputs = {**mb.forward_inputs(model), "use_cache": False}
     try:
-        return model(**inputs, logits_to_keep=keep)
+        return model(**inputs, logits_to_keep=mb.logits_to_keep)
     except TypeError:  # a model without logits_to_keep: every position, sliced afterwards
         return model(**inputs)
 
 
-def completion_logprobs(model: torch.nn.Module, mb: MicroBatch, temperature: float = 1.0,
-                        with_entropy: bool = False,
+def completion_logprobs(model: torch.nn.Module, mb: MicroBatch,
+                        temperature: float = 1.0, with_entropy: bool = False,
                         chunked: bool = True) -> tuple[Tensor, Tensor | None]:
     """Per-token log-probs [b, T_c] (fp32; grad follows torch's mode) of the micro-batch's
     completions and, when asked, each position's token entropy [b, T_c] (no grad).
 
-    `chunked`: the LM head runs per chunk on the final hidden states of the real completion
-    tokens (`algorithm/lm_head.py`), padded completion positions get 0; else (or for a model
-    without a hookable head) the model's full logits, log-softmaxed in row chunks. Either way
-    multiply by `mb.completion_mask`.
+    Either layout (`MicroBatch`, or `shared_prompt.SharedMicroBatch`: the prompt once per
+    group). `chunked`: the LM head runs per chunk on the final hidden states of the real
+    completion tokens (`algorithm/lm_head.py`); else (or for a model without a hookable head)
+    the model's full logits, log-softmaxed in row chunks. Padded completion positions get 0
+    either way.
     """
-    keep = mb.num_completion_positions + 1
     rows = mb.completion_mask.reshape(-1).nonzero().squeeze(-1)  # [n] real completion tokens
     targets = mb.completion_ids.reshape(-1)[rows]  # [n]
     spec = HeadSpec(temperature, logit_transform(getattr(unwrapped(model), "config", None)),
                     with_entropy)
 
     def compute(head: torch.nn.Module, hidden: Tensor) -> tuple[Tensor, Tensor]:
-        states = hidden[:, -keep:-1].reshape(-1, hidden.shape[-1])  # [b * T_c, H]
-        return head_log_probs(head, states[rows], targets, spec)  # [n] each
+        return head_log_probs(head, mb.select(hidden), targets, spec)  # [n] each
 
     call = HeadCall(compute)
     with head_hook(model, call) if chunked else contextlib.nullcontext():
-        out = _forward(model, mb, keep)
+        out = _forward(model, mb)
     if call.result is None:  # no head to hook: the model's full logits
-        logits = HeadSpec(temperature).scale(out.logits[:, -keep:-1])  # [b, T_c, V]
-        return logits_log_softmax(logits, mb.completion_ids, with_entropy=with_entropy)
-    logps, entropy = call.result
-    if torch.is_grad_enabled() and getattr(out, "logits", None) is not None:
-        logps = logps + out.logits.sum()  # + 0 ([b, 0, V]): the backward passes the model's
-        # output, so wrappers hooking it (FSDP2's pre-backward) see this backward as usual
+        logits = HeadSpec(temperature).scale(mb.select(out.logits))  # [n, V]
+        logps, entropy = logits_log_softmax(logits, targets, with_entropy=with_entropy)
+    else:
+        logps, entropy = call.result
+        if torch.is_grad_enabled() and getattr(out, "logits", None) is not None:
+            logps = logps + out.logits.sum()  # + 0 ([b, 0, V]): the backward passes the model's
+            # output, so wrappers hooking it (FSDP2's pre-backward) see this backward as usual
     shape = mb.completion_ids.shape
     return _at(logps, rows, shape), _at(entropy, rows, shape) if with_entropy else None
 
@@ -217,36 +237,40 @@ def micro_batch_logprobs_and_entropy(model: torch.nn.Module, mb: MicroBatch,
 def sequence_logprobs(model: torch.nn.Module, prompt_ids: Sequence[Sequence[int]],
                       completion_ids: Sequence[Sequence[int]], *, max_tokens: int,
                       pad_token_id: int, temperature: float = 1.0, grad: bool = False,
-                      chunked: bool = True) -> list[Tensor]:
+                      chunked: bool = True, build: Callable | None = None) -> list[Tensor]:
     """Log-probs of every completion token, one 1-D fp32 tensor per sequence, in the input order.
 
     For old / reference log-probs (grad=False). With grad=True every micro-batch's graph stays
     alive; for training use the build_micro_batches loop in the module docstring instead.
+    `build`: the layout's micro-batch builder (`shared_prompt.LAYOUTS`; default: unshared).
     """
     return _sequence_pass(model, prompt_ids, completion_ids, max_tokens, pad_token_id, temperature,
-                          grad=grad, with_entropy=False, chunked=chunked)[0]
+                          grad=grad, with_entropy=False, chunked=chunked, build=build)[0]
 
 
 def sequence_logprobs_and_entropy(model: torch.nn.Module, prompt_ids: Sequence[Sequence[int]],
                                   completion_ids: Sequence[Sequence[int]], *, max_tokens: int,
                                   pad_token_id: int,
-                                  temperature: float = 1.0,
-                                  chunked: bool = True) -> tuple[list[Tensor], list[Tensor]]:
+                                  temperature: float = 1.0, chunked: bool = True,
+                                  build: Callable | None = None,
+                                  ) -> tuple[list[Tensor], list[Tensor]]:
     """(log-probs, token entropies) of every completion, 1-D fp32 tensors per sequence; no grad."""
     logps, entropies = _sequence_pass(model, prompt_ids, completion_ids, max_tokens, pad_token_id,
-                                      temperature, grad=False, with_entropy=True, chunked=chunked)
+                                      temperature, grad=False, with_entropy=True, chunked=chunked,
+                                      build=build)
     return logps, entropies  # type: ignore[return-value]
 
 
 def _sequence_pass(model, prompt_ids, completion_ids, max_tokens: int, pad_token_id: int,
-                   temperature: float, *, grad: bool, with_entropy: bool, chunked: bool):
+                   temperature: float, *, grad: bool, with_entropy: bool, chunked: bool,
+                   build: Callable | None):
     """Per-sequence log-probs (and entropies) over token-budget micro-batches, in input order."""
     device = next(model.parameters()).device
     logps_out: list[Tensor] = [torch.empty(0)] * len(completion_ids)
     entropy_out: list[Tensor] = [torch.empty(0)] * len(completion_ids)
     with torch.set_grad_enabled(grad):
-        for mb in build_micro_batches(prompt_ids, completion_ids, max_tokens=max_tokens,
-                                      pad_token_id=pad_token_id, device=device):
+        for mb in (build or build_micro_batches)(prompt_ids, completion_ids, max_tokens=max_tokens,
+                                                 pad_token_id=pad_token_id, device=device):
             logps, entropy = completion_logprobs(model, mb, temperature, with_entropy,
                                                  chunked)  # [b, T_c] each
             for row, index in enumerate(mb.indices):

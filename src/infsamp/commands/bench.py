@@ -2,8 +2,9 @@
 
     infsamp bench sampling ...     # full / rounds / continuous side by side (bench_sampling.py)
     infsamp bench scheduling ...   # length-aware scheduler, real engine (bench_scheduling.py)
+    infsamp bench step --config F  # a step's time split by phase (bench_step.py)
 
-This file only wires the two up; each benchmark lives in its own module.
+This file only wires them up; each benchmark lives in its own module.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ BENCHMARKS = {
     "sampling": "all sampling policies side by side: memory, decode steps and tokens/s against G",
     "scheduling": "length_aware (online and oracle predictor) against rounds "
                   "and continuous, real engine",
+    "step": "where a training step's time goes: sampling, rewards, log-probs, train, optimizer",
 }
 
 

@@ -80,3 +80,33 @@ def plan_prompt_completion_batches(prompt_lengths: Sequence[int],
     """As plan_micro_batches, for the left/right-padded layout: count * (max prompt + max
     completion)."""
     return pack_micro_batches(list(zip(prompt_lengths, completion_lengths)), max_tokens)
+
+
+def shared_prompt_rows(prompt_length: int, completion_lengths: Sequence[int],
+                       max_tokens: int) -> list[list[int]]:
+    """One group's completions (indices into `completion_lengths`) cut into rows of one prompt
+    plus as many completions, longest first, as fit under `max_tokens` (at least one each)."""
+    rows: list[list[int]] = []
+    size = 0
+    for j in sorted(range(len(completion_lengths)), key=lambda j: -completion_lengths[j]):
+        if rows and size + completion_lengths[j] <= max_tokens:
+            rows[-1].append(j)
+            size += completion_lengths[j]
+        else:
+            rows.append([j])
+            size = prompt_length + completion_lengths[j]
+    return rows
+
+
+def plan_shared_prompt_batches(prompt_lengths: Sequence[int],
+                               completion_lengths: Sequence[Sequence[int]],
+                               max_tokens: int) -> list[list[tuple[int, list[int]]]]:
+    """The shared-prompt layout (`algorithm/shared_prompt.py`): each group (one prompt, its
+    completions) becomes rows of prompt + completions, P + sum of R tokens each, and the rows are
+    packed as sequences of that length are (count * longest row <= max_tokens). Returns, per
+    micro-batch, its rows as (group index, completion indices within the group)."""
+    rows = [(g, row) for g, (prompt, lengths) in enumerate(zip(prompt_lengths, completion_lengths))
+            for row in shared_prompt_rows(prompt, lengths, max_tokens)]
+    widths = [(prompt_lengths[g] + sum(completion_lengths[g][j] for j in row),) for g, row in rows]
+    return [[rows[k] for k in batch] for batch in pack_micro_batches(widths, max_tokens)]
+

@@ -39,6 +39,7 @@ from infsamp.run.progress import RunProgress
 from infsamp.run.prompt_stream import PromptStream
 from infsamp.run.scoring import RunRewards
 from infsamp.run.step_metrics import check_finite, rollout_metrics
+from infsamp.run.step_timer import StepTimer
 from infsamp.run.train_state import TrainState
 from infsamp.sampling.engines.base import Engine
 from infsamp.sampling.sampler import GroupSampler
@@ -61,12 +62,14 @@ class TrainStep:
         self.rewards, self.tokenizer = rewards, tokenizer
         self.grpo, self.optimizer, self.scheduler = grpo, optimizer, scheduler
         self.num_dropped_prompts = num_dropped_prompts
+        self.step_timer = StepTimer()  # time/sampling, time/rewards of each step
 
     def run(self, logger: RunLogger | None = None) -> dict[str, Any]:
         start = time.perf_counter()
         progress = logger.progress if logger is not None else RunProgress(0, 0, enabled=False)
         batch = self.stream.next_batch()
         rollout, sample_metrics, groups, records = self.rollout(batch, progress)
+        sample_metrics.update(self.step_timer.metrics())  # time/sampling, time/rewards
         if logger is not None:
             logger.log_lengths(self.state.step + 1, groups)
             logger.log_completions(self.state.step + 1, records)
@@ -96,12 +99,14 @@ class TrainStep:
         prompt_ids = [p.token_ids for p in mine]
         keys, texts = [str(p.index) for p in mine], [p.text for p in mine]
         progress.phase("sampling", len(mine) * G, "samples")
-        result = self.sample_with_retry(prompt_ids, G, keys, texts, share, progress)
+        with self.step_timer.phase("sampling"):
+            result = self.sample_with_retry(prompt_ids, G, keys, texts, share, progress)
         completions = [c for group in result.groups for c in group]  # group-major, N = b*G
         examples = [p.example for p in mine for _ in range(G)]
         progress.phase("scoring", len(completions), "completions")
-        rewards = self.score(examples, [c.text for c in completions],
-                              [c.token_ids for c in completions])
+        with self.step_timer.phase("rewards"):
+            rewards = self.score(examples, [c.text for c in completions],
+                                 [c.token_ids for c in completions])
         progress.advance(len(completions))
         step = self.rank_steps.combine(batch, share, result.groups, rewards,
                                        result.stats.to_metrics())  # the whole step's values

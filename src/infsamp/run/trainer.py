@@ -344,7 +344,8 @@ class GRPOTrainer:
         logger.progress.advance(len(prompts))
         logger.log_eval(self.step, {**metrics, "eval/num_problems": len(prompts),
                                     "eval/dropped_prompts": self.eval_prompts.num_dropped,
-                                    "eval/time_s": round(time.perf_counter() - start, 2)})
+                                    "eval/time_s": round(time.perf_counter() - start, 2),
+                                    "time/eval": round(time.perf_counter() - start, 2)})
         self.best.offer(self.step, metrics)
         state = self.train_state
         state.last_eval, state.last_eval_step = metrics["eval/accuracy"], self.step
