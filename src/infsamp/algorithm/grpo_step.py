@@ -277,7 +277,10 @@ class GRPOStep:
         whole = indices is None
         if whole:
             indices = self.carrying_gradient(rollout)
-            self.skipped_sequences += len(rollout.completion_ids) - len(indices)
+            skipped = len(rollout.completion_ids) - len(indices)
+            self.skipped_sequences += skipped
+            if skipped and self.on_micro_batch is not None:
+                self.on_micro_batch(skipped)  # done: they carry no gradient
         plan = self.layout.plan(rollout.prompt_ids, rollout.completion_ids,
                                 max_tokens or self.micro_batch_tokens, indices)
         padding = self.parallel.padding_batches(len(plan)) if whole else 0
