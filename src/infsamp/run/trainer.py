@@ -309,7 +309,8 @@ class GRPOTrainer(TrainStep):
             ids, texts = held_out_completions(
                 model, self.tokenizer, [p.token_ids for p in mine],
                 stop_token_ids=self.stop_token_ids, temperature=cfg.temperature,
-                max_new_tokens=cfg.max_new_tokens or self.cfg.sampling.max_new_tokens)
+                max_new_tokens=cfg.max_new_tokens or self.cfg.sampling.max_new_tokens,
+                sampler=self.sampler)
         scores = (self._score([p.example for p in mine], texts, ids, training=False)
                   if mine else None)
         sums = self.ranks.sum(tally(scores, self.rewards.names, self.eval_reward,
@@ -319,9 +320,10 @@ class GRPOTrainer(TrainStep):
             self._log_problems(logger, problem_records(
                 mine, texts, ids, scores, self.eval_reward, cfg.accuracy_threshold) if mine else [])
         logger.progress.advance(len(prompts))
+        seconds = round(time.perf_counter() - start, 2)
         logger.log_eval(self.step, {**metrics, "eval/num_problems": len(prompts),
                                     "eval/dropped_prompts": self.eval_prompts.num_dropped,
-                                    "eval/time_s": round(time.perf_counter() - start, 2)})
+                                    "eval/time_s": seconds, "time/eval": seconds})
         self.best.offer(self.step, metrics)
         state = self.train_state
         state.last_eval, state.last_eval_step = metrics["eval/accuracy"], self.step
