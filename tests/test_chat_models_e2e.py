@@ -59,18 +59,24 @@ def gsm8k_folder(tmp_path):
 def seen_prompts(monkeypatch):
     """Records the prompt ids every sampler call and every evaluation batch receives."""
     seen = {"sampler": [], "eval": []}
-    sample, generate = GroupSampler.sample, evaluation.generate_completions
+    sample, evaluate = GroupSampler.sample, evaluation.engine_completions
+    evaluating = []
 
     def spy_sample(self, prompt_ids, *args, **kwargs):
-        seen["sampler"].extend(tuple(p) for p in prompt_ids)
+        if not evaluating:  # evaluation's own sampler call is recorded as "eval"
+            seen["sampler"].extend(tuple(p) for p in prompt_ids)
         return sample(self, prompt_ids, *args, **kwargs)
 
-    def spy_generate(model, prompt_ids, **kwargs):
+    def spy_evaluate(sampler, prompt_ids, **kwargs):
         seen["eval"].extend(tuple(p) for p in prompt_ids)
-        return generate(model, prompt_ids, **kwargs)
+        evaluating.append(True)
+        try:
+            return evaluate(sampler, prompt_ids, **kwargs)
+        finally:
+            evaluating.pop()
 
     monkeypatch.setattr(GroupSampler, "sample", spy_sample)
-    monkeypatch.setattr(evaluation, "generate_completions", spy_generate)
+    monkeypatch.setattr(evaluation, "engine_completions", spy_evaluate)
     return seen
 
 

@@ -1,5 +1,7 @@
 """Evaluation helpers: left padding of token-id prompts and cutting at the first stop token."""
 
+import pytest
+
 from infsamp.run.evaluation import evaluate_accuracy, left_padded, until_stop
 
 
@@ -33,3 +35,36 @@ def test_evaluate_accuracy_feeds_the_given_ids(tiny_model_dir, monkeypatch):
                                  stop_token_ids=stop_token_ids(model, tokenizer))
     assert seen == [[5, 6], [7]] and accuracy == 0.5
     assert model.training  # restored after evaluating in eval mode
+
+
+def _engine_and_generate(model_name: str, num_prompts: int, max_new_tokens: int,
+                         kv_budget: str):
+    """Held-out completions of `num_prompts` embedded-task problems both ways: through the
+    sampler's slot engine (one call, under `kv_budget`) and through `generate` (the reference)."""
+    from infsamp.commands.bench_sampling import bench_prompts
+    from infsamp.config import ModelConfig, SamplingConfig
+    from infsamp.models.loading import load_model_and_tokenizer, stop_token_ids
+    from infsamp.run.evaluation import held_out_completions
+    from infsamp.sampling.sampler import GroupSampler
+
+    model, tokenizer = load_model_and_tokenizer(ModelConfig(name_or_path=model_name))
+    prompts = bench_prompts(tokenizer, num_prompts, seed=0)
+    stops = stop_token_ids(model, tokenizer)
+    sampler = GroupSampler(model, tokenizer, SamplingConfig(kv_budget=kv_budget, temperature=1.0,
+                                                            max_new_tokens=8))
+    kwargs = {"stop_token_ids": stops, "max_new_tokens": max_new_tokens}
+    engine = held_out_completions(model, tokenizer, prompts, sampler=sampler, **kwargs)
+    reference = held_out_completions(model, tokenizer, prompts, **kwargs)
+    return engine, reference
+
+
+def test_held_out_completions_through_the_engine_equal_generate():
+    (engine_ids, engine_texts), (ids, texts) = _engine_and_generate("embedded", 24, 24, "600")
+    assert engine_ids == ids and engine_texts == texts
+    assert len({len(c) for c in ids}) > 1  # completions of several lengths: slots refilled
+
+
+@pytest.mark.slow
+def test_held_out_completions_through_the_engine_equal_generate_on_smollm2():
+    (engine_ids, _), (ids, _) = _engine_and_generate("smollm2-135m", 16, 48, "2000")
+    assert engine_ids == ids

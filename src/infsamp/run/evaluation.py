@@ -2,9 +2,12 @@
 reward functions.
 
 Takes the prompts as token ids, the same ids the sampler gets for the same example
-(`infsamp.tasks.prompts.encode_prompt`), and stops on the same tokens (`stop_token_ids`). Runs
-transformers `generate` in batches left-padded with the pad token (never re-tokenising text); each
-completion is cut at its first stop token (`held_out_completions`). The trainer scores them with
+(`infsamp.tasks.prompts.encode_prompt`), and stops on the same tokens (`stop_token_ids`). Given the
+run's sampler, `held_out_completions` decodes every problem as one completion of one sampler call
+through the run's engine (`engine_completions`: the scheduler keeps the call under the run's KV
+budget, as in sampling); without one it runs transformers `generate` in batches left-padded with the
+pad token (`generate_completions`, never re-tokenising text; the reference the tests compare the
+engine with). Each completion is cut at its first stop token. The trainer scores them with
 the run's own reward functions, as in training (`eval.reward` picks the one that says "solved":
 `eval_reward_name`), and logs to eval.jsonl (`eval_metrics`):
 
@@ -75,18 +78,37 @@ def generate_completions(model, prompt_ids: Sequence[Sequence[int]], *, pad_toke
     return completions
 
 
+def engine_completions(sampler, prompt_ids: Sequence[Sequence[int]], *,
+                       stop_token_ids: Sequence[int], max_new_tokens: int,
+                       temperature: float = 0.0) -> list[list[int]]:
+    """Each prompt's completion ids, cut before its first stop token: one sampler call of one
+    completion per prompt on the run's engine (greedy at temperature 0, as `generate`)."""
+    groups = sampler.sample([list(p) for p in prompt_ids], 1, max_new_tokens=max_new_tokens,
+                            temperature=temperature,
+                            generator=torch.Generator().manual_seed(0)).groups
+    return [until_stop(group[0].token_ids, stop_token_ids) for group in groups]
+
+
 def held_out_completions(model, tokenizer, prompt_ids: Sequence[Sequence[int]], *,
                          stop_token_ids: Sequence[int], max_new_tokens: int = 256,
-                         temperature: float = 0.0) -> tuple[list[list[int]], list[str]]:
-    """(completion ids, their texts) of each prompt, decoded in eval mode (restored after)."""
+                         temperature: float = 0.0,
+                         sampler=None) -> tuple[list[list[int]], list[str]]:
+    """(completion ids, their texts) of each prompt, decoded in eval mode (restored after):
+    through `sampler`'s engine when given, else with `generate`."""
     if not prompt_ids:
         return [], []
     was_training = model.training
     model.eval()
     try:
-        completions = generate_completions(model, prompt_ids, pad_token_id=tokenizer.pad_token_id,
-                                           stop_token_ids=stop_token_ids,
-                                           max_new_tokens=max_new_tokens, temperature=temperature)
+        if sampler is not None:
+            completions = engine_completions(sampler, prompt_ids, stop_token_ids=stop_token_ids,
+                                             max_new_tokens=max_new_tokens,
+                                             temperature=temperature)
+        else:
+            completions = generate_completions(
+                model, prompt_ids, pad_token_id=tokenizer.pad_token_id,
+                stop_token_ids=stop_token_ids, max_new_tokens=max_new_tokens,
+                temperature=temperature)
     finally:
         model.train(was_training)
     return completions, tokenizer.batch_decode(completions, skip_special_tokens=True)

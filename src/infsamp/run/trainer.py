@@ -332,7 +332,8 @@ class GRPOTrainer:
             ids, texts = held_out_completions(
                 model, self.tokenizer, [p.token_ids for p in mine],
                 stop_token_ids=self.stop_token_ids, temperature=cfg.temperature,
-                max_new_tokens=cfg.max_new_tokens or self.cfg.sampling.max_new_tokens)
+                max_new_tokens=cfg.max_new_tokens or self.cfg.sampling.max_new_tokens,
+                sampler=self.sampler)
         scores = (self.steps.score([p.example for p in mine], texts, ids, training=False)
                   if mine else None)
         sums = self.ranks.sum(tally(scores, self.rewards.names, self.eval_reward,
