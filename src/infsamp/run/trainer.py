@@ -117,6 +117,7 @@ class GRPOTrainer:
         self.sizes = planned.sizes  # decided once; read by the engine, the sampler, the GRPO step
         self.ref_model = reference_model(cfg, self.model)  # before FSDP shards the model
         self._build_sampler()
+        self.sampler.check_budget([p.token_ids for p in self.train_prompts.prompts])  # refused now
         self._build_update()
         self.train_state = self._build_state(found)
         self.steps = self._build_step()  # one training step: `TrainStep.run`

@@ -240,6 +240,15 @@ class GroupSampler:
                 raise SamplingError(f"prompt {index} has {len(prompt)} tokens; the model context "
                                     f"is {self.max_context}, so at most {self.max_context - 1} fit")
 
+    def check_budget(self, prompt_ids: list[list[int]]) -> None:
+        """A run's start: the KV budget holds its longest prompt plus one token (SamplingError,
+        one line, before anything is sampled or written)."""
+        budget, block = self.budget_tokens(self.sizes), self.engine.kv_block_size
+        longest = max(len(p) for p in prompt_ids)
+        if max_new_tokens_within(budget, longest, self.cfg.max_new_tokens, block) < 1:
+            raise SamplingError(f"sampling.kv_budget={self.cfg.kv_budget!r} ({budget} tokens) "
+                                f"cannot hold the longest prompt ({longest} tokens) plus one token")
+
     def _fit_budget(self, prompt_ids: list[list[int]], max_new: int, budget: int) -> int:
         """Budget must hold the longest prompt plus one token; a smaller max_new_tokens than asked
         is used (with a warning) when it cannot hold a whole completion."""
