@@ -1,5 +1,6 @@
-"""No file a run writes is reached through a link it did not create (issue 32, item 1), and a run
-inside a live run's folder is refused (item 2).
+"""No file a run writes is reached through a link it did not create (issue 32, item 1), a run
+inside a live run's folder is refused (item 2), and a start whose KV budget holds no prompt is
+refused before it writes anything (item 10).
 
 A symbolic link planted where the run writes (its lock, its logs, `config.yaml`, a plot, the
 `--out` of `infsamp sample`, a trace) is refused in one line or replaced by the run's own file;
@@ -129,3 +130,20 @@ def test_a_claim_inside_a_folder_this_process_holds_is_refused(tmp_path):
         assert not (outer / "inner").exists()
     finally:
         release_run_folder(outer)
+
+
+@pytest.mark.parametrize("settings", [
+    ("--sampling.policy", "probe", "--sampling.kv_budget", "1"),
+    ("--sampling.policy", "continuous", "--sampling.kv_budget", "10"),
+])
+def test_a_budget_that_holds_no_prompt_is_refused_before_anything_is_written(
+        runner, tiny_model_dir, tmp_path, settings):
+    """Issue 32, item 10: it was refused at step 1, after the step-0 evaluation had written its
+    logs, so the next run into the folder was refused as a folder of other files."""
+    new, existing = tmp_path / "new", tmp_path / "existing"
+    existing.mkdir()  # made by the user, empty: it stays, empty
+    for out in (new, existing):
+        code, output = runner.run(run_args(tiny_model_dir, out, *settings))
+        assert code == 2 and "cannot hold the longest prompt" in last_line(output), output
+        assert "eval @" not in output
+        assert not new.exists() and list(existing.iterdir()) == []

@@ -243,20 +243,22 @@ class GroupSampler:
     def check_budget(self, prompt_ids: list[list[int]]) -> None:
         """A run's start: the KV budget holds its longest prompt plus one token (SamplingError,
         one line, before anything is sampled or written)."""
-        budget, block = self.budget_tokens(self.sizes), self.engine.kv_block_size
-        longest = max(len(p) for p in prompt_ids)
-        if max_new_tokens_within(budget, longest, self.cfg.max_new_tokens, block) < 1:
-            raise SamplingError(f"sampling.kv_budget={self.cfg.kv_budget!r} ({budget} tokens) "
-                                f"cannot hold the longest prompt ({longest} tokens) plus one token")
+        self._tokens_within(prompt_ids, self.cfg.max_new_tokens, self.budget_tokens(self.sizes))
 
-    def _fit_budget(self, prompt_ids: list[list[int]], max_new: int, budget: int) -> int:
-        """Budget must hold the longest prompt plus one token; a smaller max_new_tokens than asked
-        is used (with a warning) when it cannot hold a whole completion."""
+    def _tokens_within(self, prompt_ids: list[list[int]], max_new: int, budget: int) -> int:
+        """The new tokens per sample `budget` holds beside the longest prompt (at most max_new);
+        SamplingError when it cannot hold that prompt plus one token."""
         longest, block = max(len(p) for p in prompt_ids), self.engine.kv_block_size
         fits = max_new_tokens_within(budget, longest, max_new, block)
         if fits < 1:
             raise SamplingError(f"sampling.kv_budget={self.cfg.kv_budget!r} ({budget} tokens) "
                                 f"cannot hold the longest prompt ({longest} tokens) plus one token")
+        return fits
+
+    def _fit_budget(self, prompt_ids: list[list[int]], max_new: int, budget: int) -> int:
+        """Budget must hold the longest prompt plus one token; a smaller max_new_tokens than asked
+        is used (with a warning) when it cannot hold a whole completion."""
+        fits = self._tokens_within(prompt_ids, max_new, budget)
         if fits < max_new:
             warnings.warn(f"sampling.kv_budget={self.cfg.kv_budget!r} ({budget} tokens) holds at "
                           f"most {fits} new tokens per sample; "
