@@ -2,7 +2,7 @@
 itself back through others. Every import counts, including those inside functions (they run
 later, but they are still a dependency).
 
-    errors, hub, files, console, checkpoint_folders < choices < config
+    errors, hub, files, console, timing, checkpoint_folders < choices < config
       < config_io, planner, tasks, models < sampling, rewards < distributed < algorithm < run
       < commands, integrations, cli
 
@@ -18,7 +18,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "infsamp"
 
 LAYERS = [
-    {"errors", "hub", "files", "console", "checkpoint_folders", "__init__"},
+    {"errors", "hub", "files", "console", "timing", "checkpoint_folders", "__init__"},
     {"choices"},
     {"config"},
     {"config_io", "planner", "tasks", "models"},

@@ -63,6 +63,7 @@ from infsamp.distributed.ranks import Ranks
 from infsamp.distributed.strategies import Strategy
 from infsamp.errors import NonFiniteError, first_non_finite
 from infsamp.planner.sizes import MIN_TRAIN_MICRO_BATCH_TOKENS, RunSizes
+from infsamp.timing import StepTimer
 
 DEFAULT_MICRO_BATCH_TOKENS = 8192
 
@@ -201,17 +202,16 @@ class GRPOStep:
         """num_iterations optimizer steps on one rollout; returns TRL-named metrics."""
         self.model.train()
         forwarded_before, skipped_before = self.forwarded_tokens, self.skipped_sequences
-        clock = {"time/logprobs": -time.perf_counter(), "time/train": 0.0, "time/optimizer": 0.0}
-        inputs = self.step_inputs(rollout)
-        clock["time/logprobs"] += time.perf_counter()
+        timer = StepTimer("logprobs", "train", "optimizer")
+        with timer.phase("logprobs"):
+            inputs = self.step_inputs(rollout)
         metrics: dict[str, Any] = {}
         self.mismatch = MismatchStats()
         for iteration in range(self.cfg.num_iterations):
             self._first_pass = iteration == 0
-            start = time.perf_counter()
-            loss, stats = self._summed(*self.accumulate_gradients(rollout, inputs))
-            clock["time/train"] += time.perf_counter() - start
-            start = time.perf_counter()
+            with timer.phase("train"):
+                loss, stats = self._summed(*self.accumulate_gradients(rollout, inputs))
+            start = time.perf_counter()  # the optimizer phase ends at zero_grad, if reached
             grad_norm = self._clip()
             metrics = {"loss": loss, "grad_norm": grad_norm, **stats.metrics()}
             checked = {"loss": loss, "gradient norm": grad_norm}
@@ -225,9 +225,9 @@ class GRPOStep:
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
-            clock["time/optimizer"] += time.perf_counter() - start
+            timer.add("optimizer", time.perf_counter() - start)
         metrics.update(self._mismatch_metrics())
-        metrics.update({name: round(value, 4) for name, value in clock.items()})
+        metrics.update(timer.metrics())
         metrics["train/micro_batch_tokens"] = self.micro_batch_tokens
         metrics["train/forwarded_tokens"] = self.forwarded_tokens - forwarded_before
         passes = max(len(rollout.completion_ids) * self.cfg.num_iterations, 1)

@@ -1,7 +1,7 @@
 """`infsamp bench step --config FILE [--steps N]`: where a step's time goes, for any config.
 
 Runs N training steps of the config (no evaluation, no checkpoint, a temporary run folder) and
-prints each step's `time/<phase>` split (run/step_timer.py), the training tokens forwarded and the
+prints each step's `time/<phase>` split (timing.py), the training tokens forwarded and the
 share of sequences skipped, then the median of each phase.
 
 Deliberately simple: one process; the steps are real updates of a fresh run (step 1 included, so
@@ -15,7 +15,7 @@ import statistics
 import tempfile
 
 from infsamp.commands.train import add_config_flags, check_sources, config_overrides
-from infsamp.run.step_timer import PHASES
+from infsamp.timing import PHASES
 
 COLUMNS = [f"time/{p}" for p in PHASES if p != "eval"] + ["step_time", "train/forwarded_tokens",
                                                           "train/skipped_sequences_frac"]

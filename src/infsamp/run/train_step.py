@@ -39,11 +39,11 @@ from infsamp.run.progress import RunProgress
 from infsamp.run.prompt_stream import PromptStream
 from infsamp.run.scoring import RunRewards
 from infsamp.run.step_metrics import check_finite, rollout_metrics
-from infsamp.run.step_timer import StepTimer
 from infsamp.run.train_state import TrainState
 from infsamp.sampling.engines.base import Engine
 from infsamp.sampling.sampler import GroupSampler
 from infsamp.tasks.prompts import EncodedPrompt
+from infsamp.timing import StepTimer
 
 
 class TrainStep:
