@@ -40,7 +40,10 @@ def engine_vs_trainer_logprobs(trainer) -> float:
 @pytest.mark.slow
 @pytest.mark.parametrize("lora_rank", [0, 4])
 def test_engine_samples_from_the_trained_weights(tiny_config, lora_rank):
-    cfg = tiny_config(**VLLM, **{"model.lora_rank": lora_rank, "training.max_steps": 2})
+    # beta > 0: every sequence is forwarded (none skipped for a zero advantage), so the mismatch
+    # is measured on every token of both steps
+    cfg = tiny_config(**VLLM, **{"model.lora_rank": lora_rank, "training.max_steps": 2,
+                                 "training.beta": 0.04})
     trainer = GRPOTrainer(cfg)
     try:
         assert trainer.engine.name == "vllm"
@@ -49,6 +52,7 @@ def test_engine_samples_from_the_trained_weights(tiny_config, lora_rank):
         moved = [k for k, v in trainer.model.state_dict().items() if not torch.equal(v, start[k])]
         assert moved and (lora_rank == 0 or all("lora_" in k for k in moved))
         for step in metrics:  # the rollout of step 2 came from the weights after step 1
+            assert step["train/skipped_sequences_frac"] == 0
             assert step["sampling/logprob_abs_diff_max"] < 1e-4
             assert step["sampling/importance_weight_mean"] == pytest.approx(1.0, abs=1e-4)
         assert engine_vs_trainer_logprobs(trainer) < 1e-4
