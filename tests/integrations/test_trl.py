@@ -168,3 +168,34 @@ def test_trl_trains_with_the_vllm_engine_on_the_current_weights(tmp_path, monkey
                                        torch.tensor(out["logprobs"][row]), atol=1e-4, rtol=0)
     assert all(stats.peak_kv_tokens <= KV_BUDGET for _, _, stats in calls)
     assert weights_moved(trainer, before)
+
+
+@pytest.mark.parametrize("share_prompt", [True, False])
+def test_rollout_logprobs_in_the_shared_layout_equal_the_unshared(monkeypatch, share_prompt):
+    """The plug-in's log-prob pass forwards each group's prompt once (the training step's
+    layout, `share_prompt=True`, the default) with the same values as one forward per row."""
+    from transformers import AutoModelForCausalLM
+
+    from infsamp.algorithm import shared_prompt
+    from infsamp.models.loading import EMBEDDED_DIR, load_tokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(EMBEDDED_DIR, dtype=torch.float32,
+                                                 attn_implementation="sdpa")
+    tokenizer = load_tokenizer("embedded")
+    used = []
+    layouts = {key: shared_prompt.Layout(layout.plan, lambda *a, _k=key, _m=layout.make, **kw:
+                                         used.append(_k) or _m(*a, **kw))
+               for key, layout in shared_prompt.LAYOUTS.items()}
+    monkeypatch.setattr(shared_prompt, "LAYOUTS", layouts)
+    prompts = [tokenizer("What is 12 + 30?")["input_ids"], tokenizer("Add 7 and 8.")["input_ids"]]
+    rows_prompt = [prompts[0]] * 3 + [prompts[1]] * 2
+    rows_completion = [[5, 6, 7], [8], [9, 10], [11, 12, 13, 14], [15, 16]]
+    rollout = infsamp_rollout(share_prompt=share_prompt)
+    rollout.sizes = SimpleNamespace(kv_budget_tokens=4096)
+    trainer = SimpleNamespace(processing_class=tokenizer, temperature=0.7)
+    got = rollout._logprobs(model, trainer, rows_prompt, rows_completion)
+    assert set(used) == {share_prompt}
+    for prompt, completion, values in zip(rows_prompt, rows_completion, got):
+        torch.testing.assert_close(torch.tensor(values),
+                                   policy_logprobs(model, prompt, completion, 0.7),
+                                   atol=1e-5, rtol=1e-5)

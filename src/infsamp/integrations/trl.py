@@ -74,7 +74,7 @@ class InfsampRollout:
     """`(prompts, trainer) -> {"prompt_ids", "completion_ids", "logprobs"}` for GRPOTrainer."""
 
     def __init__(self, logprobs: bool = True, logprob_micro_batch_tokens: int = 0,
-                 max_prompt_tokens: int = 256, **sampling: Any):
+                 max_prompt_tokens: int = 256, share_prompt: bool = True, **sampling: Any):
         allowed = set(SamplingConfig.__dataclass_fields__) - {"num_generations"}
         unknown = sorted(set(sampling) - allowed)
         if unknown:
@@ -87,6 +87,7 @@ class InfsampRollout:
             raise RolloutError(f"infsamp_rollout: {err}") from None
         self.want_logprobs, self.max_prompt_tokens = logprobs, max_prompt_tokens
         self.logprob_tokens = logprob_micro_batch_tokens  # 0: the KV budget, in tokens
+        self.share_prompt = share_prompt  # each group's prompt forwarded once for the log-probs
         self.cfg: SamplingConfig | None = None
         self.predictor = None
         self.generator: torch.Generator | None = None
@@ -197,8 +198,11 @@ class InfsampRollout:
             self.engine = None
 
     def _logprobs(self, model, trainer, prompt_ids, completion_ids) -> list[list[float]]:
-        """No-grad, in micro-batches of at most the KV budget's tokens (one sequence at least)."""
+        """No-grad, in micro-batches of at most the KV budget's tokens (one sequence at least);
+        with `share_prompt` (where the model takes the block mask) in the training step's shared
+        layout: each group's prompt forwarded once, its completions behind it."""
         from infsamp.algorithm.logprobs import sequence_logprobs
+        from infsamp.algorithm.shared_prompt import LAYOUTS, supports_shared_prompt
 
         tokens = self.logprob_tokens or self.sizes.kv_budget_tokens
         pad = trainer.processing_class.pad_token_id
@@ -208,7 +212,9 @@ class InfsampRollout:
         try:
             values = sequence_logprobs(model, prompt_ids, completion_ids,
                                        max_tokens=tokens, pad_token_id=pad,
-                                       temperature=trainer.temperature or 1.0)
+                                       temperature=trainer.temperature or 1.0,
+                                       build=LAYOUTS[self.share_prompt and
+                                                     supports_shared_prompt(model)].build)
         finally:
             model.train(was_training)
         return [v.tolist() for v in values]
