@@ -1,0 +1,68 @@
+"""Summarise `versus_commit.sh`'s two runs: wall and CPU seconds, the median step time and
+phase split, the evaluations (accuracy and time) and the largest relative difference of the
+weights of every checkpoint both runs saved."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+SIDES = ("base", "head")
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def side_summary(out: Path, side: str) -> dict:
+    wall, user, system = (float(v) for v in (out / f"{side}.time").read_text().split()[-3:])
+    steps = read_jsonl(out / side / "metrics.jsonl")
+    evals = read_jsonl(out / side / "eval.jsonl")
+    row = {"wall_s": wall, "cpu_s": round(user + system, 1), "steps": len(steps),
+           "median_step_s": statistics.median(s["step_time"] for s in steps) if steps else None,
+           "evals": [(e["step"], e.get("eval/accuracy"), e.get("eval/time_s")) for e in evals]}
+    for name in ("time/sampling", "time/rewards", "time/logprobs", "time/train",
+                 "time/optimizer", "train/forwarded_tokens"):
+        values = [s[name] for s in steps if name in s]
+        row[name] = statistics.median(values) if values else None
+    row["rewards"] = [s.get("reward") for s in steps]
+    row["grad_norm"] = [s.get("grad_norm") for s in steps]
+    return row
+
+
+def weight_difference(out: Path, checkpoint: str) -> float:
+    """The largest |a - b| / max|b| over the tensors both checkpoints hold."""
+    from safetensors.torch import load_file
+
+    files = [sorted((out / side / checkpoint).glob("*.safetensors")) for side in SIDES]
+    worst = 0.0
+    for base_file, head_file in zip(*files):
+        base, head = load_file(base_file), load_file(head_file)
+        for name in base.keys() & head.keys():
+            scale = float(base[name].abs().max()) or 1.0
+            worst = max(worst, float((head[name] - base[name]).abs().max()) / scale)
+    return worst
+
+
+def main(out: Path) -> None:
+    rows = {side: side_summary(out, side) for side in SIDES}
+    for side, row in rows.items():
+        print(side, json.dumps(row))
+    base, head = rows["base"], rows["head"]
+    print(f"wall ratio head/base: {head['wall_s'] / base['wall_s']:.3f}")
+    if base["median_step_s"] and head["median_step_s"]:
+        print(f"median step ratio head/base: {head['median_step_s'] / base['median_step_s']:.3f}")
+    for (step, _, base_s), (_, _, head_s) in zip(base["evals"], head["evals"]):
+        if base_s and head_s:
+            print(f"evaluation at step {step}: time ratio head/base {head_s / base_s:.3f}")
+    shared = {p.name for p in (out / "base").glob("checkpoint-*")} & \
+        {p.name for p in (out / "head").glob("checkpoint-*")}
+    for checkpoint in sorted(shared):
+        print(f"{checkpoint}: weights' largest relative difference "
+              f"{weight_difference(out, checkpoint):.3g}")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
