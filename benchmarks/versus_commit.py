@@ -1,6 +1,6 @@
 """Summarise `versus_commit.sh`'s two runs: wall and CPU seconds, the median step time and
-phase split, the evaluations (accuracy and time) and the largest relative difference of the
-weights of every checkpoint both runs saved."""
+phase split, the evaluations (accuracy and time) and, for every checkpoint both runs saved, the
+largest relative difference (norm of the difference over the norm) of a weight tensor."""
 
 from __future__ import annotations
 
@@ -32,18 +32,21 @@ def side_summary(out: Path, side: str) -> dict:
     return row
 
 
-def weight_difference(out: Path, checkpoint: str) -> float:
-    """The largest |a - b| / max|b| over the tensors both checkpoints hold."""
+def weight_difference(out: Path, checkpoint: str) -> tuple[float, str]:
+    """The largest ||a - b|| / ||b|| over the weight tensors both checkpoints hold (the model's
+    files, not the optimizer state), and its tensor's name."""
     from safetensors.torch import load_file
 
-    files = [sorted((out / side / checkpoint).glob("*.safetensors")) for side in SIDES]
-    worst = 0.0
-    for base_file, head_file in zip(*files):
-        base, head = load_file(base_file), load_file(head_file)
+    base_dir, head_dir = (out / side / checkpoint / "model" for side in SIDES)
+    worst, worst_name = 0.0, ""
+    for base_file in sorted(base_dir.rglob("*.safetensors")):
+        base = load_file(base_file)
+        head = load_file(head_dir / base_file.relative_to(base_dir))
         for name in base.keys() & head.keys():
-            scale = float(base[name].abs().max()) or 1.0
-            worst = max(worst, float((head[name] - base[name]).abs().max()) / scale)
-    return worst
+            a, b = head[name].double(), base[name].double()
+            relative = float((a - b).norm() / b.norm()) if b.norm() > 0 else float((a - b).norm())
+            worst, worst_name = max((worst, worst_name), (relative, name))
+    return worst, worst_name
 
 
 def main(out: Path) -> None:
@@ -60,8 +63,8 @@ def main(out: Path) -> None:
     shared = {p.name for p in (out / "base").glob("checkpoint-*")} & \
         {p.name for p in (out / "head").glob("checkpoint-*")}
     for checkpoint in sorted(shared):
-        print(f"{checkpoint}: weights' largest relative difference "
-              f"{weight_difference(out, checkpoint):.3g}")
+        worst, name = weight_difference(out, checkpoint)
+        print(f"{checkpoint}: weights' largest relative difference {worst:.3g} ({name})")
 
 
 if __name__ == "__main__":
