@@ -12,8 +12,9 @@ the `none` and `online` predictors) under `length_aware` and draws decode steps 
 Kendall tau, with `continuous` and the lower bound as lines and `rounds` as a number.
 
 Bounds, stated before any work: a synthetic workload holds at most MAX_SAMPLES samples (groups x
-G x epochs: 200,000 lognormal samples replay in ~30 CPU seconds), every integer option at most config.MAX_INTEGER. A replay
-that runs longer than PROGRESS_EVERY_S prints a progress line on stderr that often.
+G x epochs; 200,000 lognormal samples replay in ~30 CPU seconds), every integer option at most
+config.MAX_INTEGER. A replay that runs longer than PROGRESS_EVERY_S prints a progress line on
+stderr that often.
 """
 
 from __future__ import annotations
