@@ -1,4 +1,9 @@
-"""Lines other libraries print that are not ours (nor the user's) to fix, kept off the console.
+"""What the console shows: infsamp's notices once each, and not the lines other libraries print
+that are not ours (nor the user's) to fix.
+
+`Notices.say(kind, line)` prints a notice (a setting infsamp adjusted, not an error) as one line on
+stderr the first time its kind comes up, never as a Python warning with its source line: a
+sampler lowering max_new_tokens each step says so once.
 
 Each entry names the logger that emits a line and a pattern of that line; a `logging.Filter` on
 that logger drops the matching records only, so every other warning of the same library still
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import re
+import sys
 import warnings
 
 LIBRARY_NOISE: dict[str, tuple[str, ...]] = {
@@ -61,3 +67,15 @@ def quiet_library_noise() -> None:
             logger.addFilter(_DropNoise(patterns))
     for pattern in WARNING_NOISE:
         warnings.filterwarnings("ignore", message=pattern, category=FutureWarning)
+
+
+class Notices:
+    """One line per kind of notice, printed the first time only (one holder per run)."""
+
+    def __init__(self):
+        self.said: set[str] = set()
+
+    def say(self, kind: str, line: str) -> None:
+        if kind not in self.said:
+            self.said.add(kind)
+            print(line, file=sys.stderr, flush=True)

@@ -30,6 +30,26 @@ def test_new_run_into_a_used_folder_is_refused_and_touches_nothing(runner, refer
     assert snapshot(out) == before
 
 
+def test_a_checkpoint_is_not_a_run_folder(runner, reference, tiny_model_dir, tmp_path):
+    """A checkpoint, a folder inside one, or a checkpoint-N not written yet (issue 32: training
+    went into them; the refusal suggested --resume of the checkpoint): one line naming the run."""
+    run = tmp_path / "run"
+    shutil.copytree(reference("continuous"), run)
+    before = snapshot(run)
+    advice = f"to continue that run: --logging.output_dir {run} --resume (nothing was changed)"
+    for out, where in [(run / "checkpoint-6", ""), (run / "checkpoint-6" / "sub", "inside "
+                       "checkpoint-6, "), (run / "checkpoint-6" / "model", "inside checkpoint-6, "),
+                       (run / "checkpoint-9", "")]:
+        for resume in ([], ["--resume"], ["--checkpointing.resume", "auto"]):
+            code, output = runner.run(run_args(tiny_model_dir, out, "--training.max_steps", "2",
+                                               *resume))
+            assert code == 2 and "Traceback" not in output, output
+            assert last_line(output) == (f"infsamp train: error: logging.output_dir {out}: "
+                                         f"{where}a checkpoint of the run {run}, not a run "
+                                         f"folder; {advice}")
+    assert snapshot(run) == before and not (run / "checkpoint-9").exists()
+
+
 def test_a_folder_of_other_files_is_refused(runner, tiny_model_dir, tmp_path):
     out = tmp_path / "mine"
     out.mkdir()

@@ -3,6 +3,8 @@ early."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -10,6 +12,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from infsamp.config import SamplingConfig
 from infsamp.errors import SamplingError
 from infsamp.models.device import model_kv_bytes_per_token
+from infsamp.sampling.engines.slots import SlotEngine
+from infsamp.sampling.predictors import make_predictor
 from infsamp.sampling.sampler import (
     GroupSampler,
     resolve_budget,
@@ -162,11 +166,31 @@ def test_bad_requests_fail_before_work(model, prompts, group_size, budget, match
         bad.sample(prompts, group_size)
 
 
-def test_small_budget_lowers_max_new_tokens(model):
-    with pytest.warns(UserWarning, match="max_new_tokens lowered"):
-        result = sampler(model, kv_budget="8", max_new_tokens=12).sample([[5, 6, 7, 8, 9]], 2)
+def test_small_budget_lowers_max_new_tokens_and_says_so_once(model, capsys):
+    """One plain line on stderr, the first time only: not a Python warning with its source."""
+    small = sampler(model, kv_budget="8", max_new_tokens=12)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        result = small.sample([[5, 6, 7, 8, 9]], 2)
+        small.sample([[5, 6, 7, 8, 9]], 2)
     assert all(c.length <= 3 for c in result.completions)
     assert result.stats.micro_group == 1
+    assert capsys.readouterr().err == ("sampling.kv_budget='8' (8 tokens) holds at most 3 new "
+                                       "tokens per sample: max_new_tokens lowered from 12 "
+                                       "(said once)\n")
+
+
+def test_a_hidden_predictor_on_an_engine_without_hidden_states_says_so_in_one_line(model, capsys):
+    class NoHidden(SlotEngine):
+        hands_hidden_states = False
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        GroupSampler(model, None, SamplingConfig(), predictor=make_predictor("hidden"),
+                     engine=NoHidden(model))
+    assert capsys.readouterr().err == ("sampling.predictor hidden: the slots engine hands out no "
+                                       "hidden states; its token-level part (as online) predicts "
+                                       "instead\n")
 
 
 @pytest.mark.parametrize("policy", ["continuous", "length_aware"])

@@ -156,7 +156,7 @@ def test_cli_replays_first_tokens_with_warmup_and_parking(tmp_path, capsys):
 @pytest.mark.parametrize("flags, message", [
     (["--predictor", "hidden"], "--predictor hidden needs the model's hidden states"),
     (["--warmup-steps", "1"], "--warmup-steps 1 leaves none of the trace's 1 steps"),
-    (["--prefix-tokens", "0"], "--prefix-tokens must be >= 1"),
+    (["--prefix-tokens", "0"], "--prefix-tokens must be between 1 and"),
 ])
 def test_cli_new_flags_fail_in_one_line(tmp_path, capsys, flags, message):
     trace = write_lines(tmp_path, [GOOD])

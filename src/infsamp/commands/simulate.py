@@ -10,16 +10,25 @@
 `--plot` sweeps predictor quality (the true length times a log-normal error, sigma 0 .. 1.5, plus
 the `none` and `online` predictors) under `length_aware` and draws decode steps against the measured
 Kendall tau, with `continuous` and the lower bound as lines and `rounds` as a number.
+
+Bounds, stated before any work: a synthetic workload holds at most MAX_SAMPLES samples (groups x
+G x epochs; 200,000 lognormal samples replay in ~30 CPU seconds), every integer option at most
+config.MAX_INTEGER. A replay that runs longer than PROGRESS_EVERY_S prints a progress line on
+stderr that often.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import sys
+import time
 from pathlib import Path
 
 from infsamp.choices import REFILL_ORDERS
 from infsamp.commands.output_files import check_output_files
+from infsamp.config import MAX_INTEGER
 from infsamp.errors import SamplingError
 from infsamp.files import replace_with
 from infsamp.sampling.policies import PARK_RATIO, POLICIES, PROBE_TOKENS
@@ -34,6 +43,9 @@ from infsamp.sampling.types import SamplerStats
 
 SYNTHETIC = {"lognormal": synthetic_trace, "arithmetic": arithmetic_trace}
 PLOT_SIGMAS = (0.0, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5)
+PLOT_REPLAYS = 2 * len(PLOT_SIGMAS) + 4  # _plot's: two refills per sigma, online, none, 2 lines
+MAX_SAMPLES = 1_000_000  # a synthetic workload's groups x G x epochs: ~2.5 CPU-minutes of replay
+PROGRESS_EVERY_S = 5.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -96,27 +108,58 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     _check_arguments(args)
     groups = _load(args)
+    replays = 1 + (PLOT_REPLAYS if args.plot else 0)
+    progress = Progress(replays * sum(sum(g.lengths) for g in groups))
     result = simulate(groups, args.policy, args.micro_group, args.kv_budget, args.predictor,
                       args.prompts_per_step, args.max_new_tokens, warmup_steps=args.warmup_steps,
-                      **_policy_options(args))
+                      on_tokens=progress, **_policy_options(args))
     _print(result, args)
     if args.plot:
-        _plot(groups, args)
+        _plot(groups, args, progress)
         print(f"wrote {args.plot}")
     return 0
 
 
+class Progress:
+    """A line on stderr every PROGRESS_EVERY_S seconds of a long replay (a short one prints
+    none): tokens replayed of all the replays will decode, and about how long is left."""
+
+    def __init__(self, total_tokens: int):
+        self.total_tokens, self.done_tokens = total_tokens, 0
+        self.started = time.monotonic()
+        self.next_line = self.started + PROGRESS_EVERY_S
+
+    def __call__(self, num_tokens: int) -> None:
+        self.done_tokens += num_tokens
+        now = time.monotonic()
+        if now < self.next_line:
+            return
+        self.next_line = now + PROGRESS_EVERY_S
+        share = self.done_tokens / max(1, self.total_tokens)
+        left = (now - self.started) * (1 - share) / max(share, 1e-9)
+        print(f"simulate: {share:.0%} ({self.done_tokens:,} of {self.total_tokens:,} tokens "
+              f"replayed), {now - self.started:.0f} s, about {left:.0f} s left",
+              file=sys.stderr, flush=True)
+
+
+INTEGER_FLAGS = ("groups", "num_generations", "epochs", "prompts_per_step", "micro_group",
+                 "kv_budget", "max_new_tokens", "prefix_tokens", "probe_tokens", "warmup_steps")
+
+
 def _check_arguments(args) -> None:
     """Options that would fail after the simulation, or make it meaningless, fail first."""
-    if not args.epsilon > 0:
-        raise SamplingError(f"--epsilon must be > 0, got {args.epsilon}")
-    for flag, value in (("--prefix-tokens", args.prefix_tokens),
-                        ("--probe-tokens", args.probe_tokens)):
-        if value < 1:
-            raise SamplingError(f"{flag} must be >= 1, got {value}")
-    if args.warmup_steps < 0 or not args.park_ratio > 0:
-        raise SamplingError(f"--warmup-steps must be >= 0 and --park-ratio > 0, got "
-                            f"{args.warmup_steps}, {args.park_ratio}")
+    for name in INTEGER_FLAGS + ("seed",):
+        value = getattr(args, name)
+        low = -MAX_INTEGER if name == "seed" else 0 if name == "warmup_steps" else 1
+        if value is not None and not low <= value <= MAX_INTEGER:
+            raise SamplingError(f"--{name.replace('_', '-')} must be between {low} and "
+                                f"{MAX_INTEGER}, got {value}")
+    if args.micro_group is None and args.kv_budget is None:
+        raise SamplingError("give --micro-group or --kv-budget (or both)")
+    if not 0 < args.epsilon < math.inf:
+        raise SamplingError(f"--epsilon must be > 0 and finite, got {args.epsilon}")
+    if not args.park_ratio > 0:
+        raise SamplingError(f"--park-ratio must be > 0, got {args.park_ratio}")
     if args.predictor.partition(":")[0] == "hidden":
         raise SamplingError("--predictor hidden needs the model's hidden states, which a trace "
                             "does not keep; replay online, or run infsamp bench scheduling")
@@ -142,10 +185,11 @@ def _check_plot_format(name: str) -> None:
 def _load(args):
     if args.trace:
         return read_trace(args.trace)
-    for name in ("groups", "num_generations", "epochs"):
-        if getattr(args, name) < 1:
-            raise SamplingError(f"--{name.replace('_', '-')} must be >= 1, got "
-                                f"{getattr(args, name)}")
+    num_samples = args.groups * args.num_generations * args.epochs
+    if num_samples > MAX_SAMPLES:
+        raise SamplingError(f"--groups {args.groups} x --num-generations {args.num_generations} x "
+                            f"--epochs {args.epochs} is {num_samples:,} samples; a synthetic "
+                            f"workload holds at most {MAX_SAMPLES:,}")
     if not 0.0 <= args.direct_share <= 1.0:
         raise SamplingError(f"--direct-share must be between 0 and 1, got {args.direct_share}")
     options = {"direct_share": args.direct_share} if args.synthetic == "arithmetic" else {}
@@ -196,7 +240,7 @@ def _print(result: SamplerStats, args) -> None:
               f"MAE {result.predictor_mae:.1f} tokens")
 
 
-def _plot(groups, args) -> None:
+def _plot(groups, args, progress: Progress) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -206,7 +250,7 @@ def _plot(groups, args) -> None:
         options = {**_policy_options(args), "refill": refill} if policy == "length_aware" else {}
         return simulate(groups, policy, args.micro_group, args.kv_budget, predictor,
                         args.prompts_per_step, args.max_new_tokens, warmup_steps=args.warmup_steps,
-                        **options)
+                        on_tokens=progress, **options)
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for refill, marker in (("sjf", "o"), ("ljf", "s")):

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from infsamp.config import SamplingConfig
+from infsamp.console import Notices
 from infsamp.errors import InfsampError
 
 LOGGED_STATS = ("decode_steps", "micro_group", "peak_kv_bytes", "tokens_per_second",
@@ -93,6 +94,7 @@ class InfsampRollout:
         self.generator: torch.Generator | None = None
         self.engine = None  # built at the first call, kept for the run
         self.sizes = None  # the run's sizes (RunSizes), decided with the engine
+        self.notices = Notices()  # a sampler per step; each notice said once per run
         self.last_stats = None  # SamplerStats of the latest call (for callers and tests)
 
     def __call__(self, prompts: list[Any], trainer) -> dict[str, list | None]:
@@ -178,7 +180,7 @@ class InfsampRollout:
 
         engine = self._engine(model, len(runs))
         sampler = GroupSampler(model, trainer.processing_class, self.cfg, predictor=self.predictor,
-                               engine=engine, sizes=self.sizes)
+                               engine=engine, sizes=self.sizes, notices=self.notices)
         groups: list[list] = [[] for _ in runs]
         for size in sorted({n for _, n in runs}, reverse=True):
             chosen = [i for i, (_, n) in enumerate(runs) if n == size]

@@ -24,6 +24,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from infsamp.checkpoint_folders import checkpoint_around, is_run_folder
 from infsamp.config import Config
 from infsamp.config_io import config_edits
 from infsamp.errors import RunFolderError
@@ -39,6 +40,7 @@ def prepare_run_folder(cfg: Config, check=None) -> ckpt.Checkpoint | None:
     The claim is held until the run ends (`ownership.release_run_folder`); a refusal undoes it."""
     out = Path(cfg.logging.output_dir)
     resume = cfg.checkpointing.resume
+    _refuse_a_checkpoint(out)
     if resume == "latest" and not out.exists():
         return _nothing_to_resume(out, resume)
     lock = claim_run_folder(out)
@@ -70,6 +72,19 @@ def _prepare(cfg: Config, out: Path, check) -> ckpt.Checkpoint | None:
     _remove_unfinished(out)
     print(f"resuming from {found.path} (step {found.step})")
     return found
+
+
+def _refuse_a_checkpoint(out: Path) -> None:
+    """A checkpoint (or a folder inside one) is not a run folder: name the run to resume."""
+    found = checkpoint_around(out)
+    if found is None:
+        return
+    where = "" if found == out.absolute() else f"inside {found.name}, "
+    run = found.parent
+    todo = (f"to continue that run: --logging.output_dir {run} --resume" if is_run_folder(run)
+            else f"to start from it: --checkpointing.resume {found} with a new logging.output_dir")
+    raise RunFolderError(f"logging.output_dir {out}: {where}a checkpoint of the run {run}, not a "
+                         f"run folder; {todo} (nothing was changed)")
 
 
 def _files_in(out: Path) -> list[str]:

@@ -43,10 +43,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from infsamp.checkpoint_folders import LOCK_NAME
 from infsamp.errors import RunFolderError
 from infsamp.files import open_for_writing
 
-LOCK_NAME = ".infsamp.lock"
 _LOCK_RETRY_S = 0.3  # a short-lived probe (live_holder) may hold the lock for a moment
 
 

@@ -24,12 +24,12 @@ call for its own prompts with the same rule (`sampler_sizes`), its `sampling.kv_
 from __future__ import annotations
 
 import time
-import warnings
 from collections.abc import Callable, Sequence
 
 import torch
 
 from infsamp.config import ConfigError, SamplingConfig
+from infsamp.console import Notices
 from infsamp.errors import SamplingError
 from infsamp.models.device import base_model, memory_bytes, model_kv_bytes_per_token
 from infsamp.models.loading import stop_token_ids
@@ -130,16 +130,19 @@ def _timed(sched: SlotScheduler, call, *args):
 
 class GroupSampler:
     """`sizes`: the run's (only read here: the out-of-memory retry halves them, `RunSizes.halve`);
-    None: each call is sized for its own prompts (`sampler_sizes`)."""
+    None: each call is sized for its own prompts (`sampler_sizes`). `notices`: the run's, when it
+    makes a sampler per step (each notice is said once)."""
 
     def __init__(self, model, tokenizer, cfg: SamplingConfig, predictor=None,
-                 engine: Engine | None = None, sizes: RunSizes | None = None):
+                 engine: Engine | None = None, sizes: RunSizes | None = None,
+                 notices: Notices | None = None):
         self.model, self.tokenizer, self.cfg, self.predictor = model, tokenizer, cfg, predictor
         self.engine = engine if engine is not None else SlotEngine(model)
+        self.notices = notices if notices is not None else Notices()
         if getattr(predictor, "uses_hidden", False) and not self.engine.hands_hidden_states:
-            warnings.warn(f"sampling.predictor {predictor.name}: the {self.engine.name} engine "
-                          "hands out no hidden states; its token-level part (as online) predicts "
-                          "instead", stacklevel=1)
+            self.notices.say("hidden", f"sampling.predictor {predictor.name}: the "
+                             f"{self.engine.name} engine hands out no hidden states; its "
+                             "token-level part (as online) predicts instead")
         self.sizes = sizes
         # a sampler used alone reads `sampling.kv_budget` once (a bad one fails here)
         self._kv_budget = resolve_budget(cfg.kv_budget, model) if sizes is None else None
@@ -257,12 +260,12 @@ class GroupSampler:
 
     def _fit_budget(self, prompt_ids: list[list[int]], max_new: int, budget: int) -> int:
         """Budget must hold the longest prompt plus one token; a smaller max_new_tokens than asked
-        is used (with a warning) when it cannot hold a whole completion."""
+        is used (said once per sampler) when it cannot hold a whole completion."""
         fits = self._tokens_within(prompt_ids, max_new, budget)
         if fits < max_new:
-            warnings.warn(f"sampling.kv_budget={self.cfg.kv_budget!r} ({budget} tokens) holds at "
-                          f"most {fits} new tokens per sample; "
-                          f"max_new_tokens lowered from {max_new}", stacklevel=1)
+            self.notices.say("budget", f"sampling.kv_budget={self.cfg.kv_budget!r} ({budget} "
+                             f"tokens) holds at most {fits} new tokens per sample: max_new_tokens "
+                             f"lowered from {max_new} (said once)")
         return fits
 
     def _samples(self, prompt_ids, num_generations, max_new, prompt_keys,

@@ -88,7 +88,8 @@ class SlotScheduler:
         room = self._running_room()
         self.num_slots = self._slots_within(room, max_slots)
         self.max_running_tokens = self._running_capacity(room)  # the slot engine's pool
-        self._free_slots = list(range(self.num_slots))  # a heap: lowest free slot first
+        # a heap, lowest free slot first; no more than one per sample is ever taken
+        self._free_slots = list(range(min(self.num_slots, len(self._samples))))
         self._active: dict[int, Sample] = {}
         self._running_reserve: dict[int, int] = {}  # sample_id -> what it reserves now
         self._seen_tokens: dict[int, int] = {}  # sample_id -> tokens counted so far

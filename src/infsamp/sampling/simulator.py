@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import math
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -215,8 +215,9 @@ class TraceEngine:
 def run_call(samples: Sequence[Sample], lengths: Sequence[int], policy: str, micro_group: int,
              max_kv_tokens: int | None = None, predictor: LengthPredictor | None = None,
              kv_block_size: int = 1, first_tokens: Sequence[Sequence[int]] = (),
-             **policy_options) -> SamplerStats:
-    """One sampler call through the engine loop; returns the scheduler's statistics."""
+             on_tokens: Callable[[int], None] | None = None, **policy_options) -> SamplerStats:
+    """One sampler call through the engine loop; returns the scheduler's statistics.
+    `on_tokens(n)` after each decode step of n samples (progress)."""
     if isinstance(predictor, OraclePredictor):
         predictor.set_lengths(dict(enumerate(lengths)))
     scheduler = SlotScheduler(samples, policy, micro_group, max_kv_tokens, predictor,
@@ -225,7 +226,11 @@ def run_call(samples: Sequence[Sample], lengths: Sequence[int], policy: str, mic
     while not scheduler.done:
         for slot, sample in scheduler.admit():
             engine.start(slot, sample)
-        scheduler.step(engine.decode_step(scheduler.active()))
+        active = scheduler.active()
+        num_decoded = len(active)
+        scheduler.step(engine.decode_step(active))
+        if on_tokens is not None:
+            on_tokens(num_decoded)
     return scheduler.stats
 
 
@@ -245,11 +250,16 @@ def micro_group_for_budget(kv_budget: int, groups: Sequence[TraceGroup], max_new
 def simulate(groups: Sequence[TraceGroup], policy: str, micro_group: int | None = None,
              kv_budget: int | None = None, predictor: str = "none", prompts_per_step: int = 1,
              max_new_tokens: int | None = None, warmup_steps: int = 0,
-             **policy_options) -> SamplerStats:
+             on_tokens: Callable[[int], None] | None = None, **policy_options) -> SamplerStats:
     """Replay a whole trace, `prompts_per_step` groups per training step; statistics summed
-    over the steps after the first `warmup_steps` (those only teach the predictor)."""
+    over the steps after the first `warmup_steps` (those only teach the predictor).
+    `on_tokens(n)`: n more tokens replayed (the trace's lengths sum to the total)."""
     if prompts_per_step < 1:
         raise SamplingError(f"--prompts-per-step must be >= 1, got {prompts_per_step}")
+    num_steps = math.ceil(len(groups) / prompts_per_step)
+    if warmup_steps >= num_steps:
+        raise SamplingError(f"--warmup-steps {warmup_steps} leaves none of the trace's "
+                            f"{num_steps} steps to measure")
     max_new = max_new_tokens or max(max(g.lengths) for g in groups)
     too_long = next((g for g in groups if max(g.lengths) > max_new), None)
     if too_long is not None:
@@ -266,10 +276,8 @@ def simulate(groups: Sequence[TraceGroup], policy: str, micro_group: int | None 
         step_groups = groups[start:start + prompts_per_step]
         samples, lengths = _call_samples(step_groups, max_new)
         calls.append(run_call(samples, lengths, policy, micro_group, kv_budget, length_predictor,
-                              first_tokens=_call_first_tokens(step_groups), **policy_options))
-    if warmup_steps >= len(calls):
-        raise SamplingError(f"--warmup-steps {warmup_steps} leaves none of the trace's "
-                            f"{len(calls)} steps to measure")
+                              first_tokens=_call_first_tokens(step_groups), on_tokens=on_tokens,
+                              **policy_options))
     return SamplerStats.merge(calls[warmup_steps:])
 
 
