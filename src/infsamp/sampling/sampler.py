@@ -59,8 +59,8 @@ ProgressCallback = Callable[[SamplerStats, int, int], None]
 # ---------------------------------------------------------------- sizes
 
 
-def resolve_budget(kv_budget: str, model) -> int | None:
-    """`sampling.kv_budget` -> KV tokens: '8192' is tokens, '2GiB' bytes; None for 'auto' (the
+def resolve_budget(kv_budget: str, model) -> int:
+    """`sampling.kv_budget` -> KV tokens: '8192' is tokens, '2GiB' bytes; 0 for 'auto' (the
     planner sizes it for g: `planner.sizes.sampling_sizes`)."""
     try:
         return parse_kv_budget(kv_budget, model_kv_bytes_per_token(model))
@@ -87,15 +87,15 @@ def memory_micro_group(cfg: SamplingConfig, model, max_prompt_tokens: int, num_p
 def sampler_sizes(cfg: SamplingConfig, model, max_prompt_tokens: int, num_prompts: int,
                   engine: str = "slots", num_generations: int | None = None,
                   max_new_tokens: int | None = None, budget_is_pool: bool = True,
-                  budget: int | None | str = "read") -> RunSizes:
+                  budget: int | str = "read") -> RunSizes:
     """The sizes of a sampler that runs alone (no training run planned them), for calls of up to
     `num_prompts` prompts x G of up to `max_prompt_tokens` tokens on `engine` (slots or vllm):
     the rule a run's plan uses (`planner.sizes.sampling_sizes`). `budget`: `sampling.kv_budget`
-    in tokens when already read (None: auto)."""
+    in tokens when already read (0: auto)."""
     G, max_new = num_generations or cfg.num_generations, max_new_tokens or cfg.max_new_tokens
     budget = resolve_budget(cfg.kv_budget, model) if budget == "read" else budget
     memory_g = 0
-    if budget is None and not cfg.micro_group and cfg.policy != "full":
+    if not budget and not cfg.micro_group and cfg.policy != "full":
         memory_g = memory_micro_group(cfg, model, max_prompt_tokens, num_prompts, engine)
     device = "cuda" if next(model.parameters()).device.type == "cuda" else "cpu"
     return sampling_sizes(policy=cfg.policy, micro_group=cfg.micro_group, kv_budget_tokens=budget,
