@@ -32,6 +32,7 @@ from infsamp.planner.kv_budget import (
     VLLM_BLOCK_SIZE,
     auto_budget_tokens,
     micro_group_within,
+    spare_block_tokens,
     usable_kv_tokens,
 )
 from infsamp.planner.plan import MemoryPlan, plan_memory
@@ -127,6 +128,12 @@ def kv_block_size(engine: str, device: str) -> int:
     return VLLM_BLOCK_SIZE[device] if engine == "vllm" else 1
 
 
+def pool_holding(budget_tokens: int, block_size: int) -> int:
+    """The KV budget to start an engine with whose pool holds `budget_tokens` for its samples:
+    whole blocks, and the spare one."""
+    return -(-budget_tokens // block_size) * block_size + spare_block_tokens(block_size)
+
+
 def parse_kv_budget(text: str, bytes_per_token: int) -> int:
     """`sampling.kv_budget` in tokens: '8192' is tokens, '2GiB' bytes; 0 for 'auto'."""
     if text == "auto":
@@ -172,6 +179,14 @@ def sampling_sizes(*, policy: str, micro_group: int, kv_budget_tokens: int,
     most = num_samples if policy in WIDE_POLICIES else g or num_samples  # wide: up to all
     return RunSizes(kv_budget_tokens=budget, micro_group=g, max_micro_group=most,
                     max_prompt_tokens=max_prompt_tokens, max_new_tokens=max_new_tokens)
+
+
+def training_sizes(train_micro_batch_tokens: int, max_new_tokens: int) -> RunSizes:
+    """The sizes of a GRPO step used alone (no sampler planned beside it): its micro-batch, which
+    an out-of-memory retry halves; no sampling part (0: none)."""
+    return RunSizes(kv_budget_tokens=0, micro_group=0, max_micro_group=0, max_prompt_tokens=0,
+                    max_new_tokens=max_new_tokens,
+                    train_micro_batch_tokens=train_micro_batch_tokens)
 
 
 def prompts_per_rank(cfg: Config, num_ranks: int) -> int:
