@@ -78,6 +78,7 @@ def whole_step(model, plan, profile, prompt: list[int], deadline: float) -> dict
     from infsamp.algorithm.optim import build_optimizer
     from infsamp.config import TrainingConfig
     from infsamp.planner import PRECISIONS
+    from infsamp.planner.kv_budget import auto_budget_tokens
 
     C, vocab = profile.planner_completion, model.config.vocab_size
     cfg = TrainingConfig(learning_rate=1e-6)
@@ -87,7 +88,8 @@ def whole_step(model, plan, profile, prompt: list[int], deadline: float) -> dict
                     micro_batch_tokens=plan.train_micro_batch_tokens)
     step.optimize(random_rollout(vocab, 1, 4, 4), optimizer, scheduler)  # states, compile
     peak = Peak(profile.device)
-    sampler = sampler_for(model, "continuous", plan.micro_group, plan.kv_budget_tokens, C)
+    sampler = sampler_for(model, "continuous", plan.micro_group, plan.inputs.kv_budget_tokens
+                          or auto_budget_tokens(plan.micro_group, C, plan.inputs.max_prompt, 1), C)
     stats, complete = sample_until(sampler, prompt, profile.planner_group, deadline)
     generation = peak.absolute().get("allocated", peak.above_start())
     peak.reset()

@@ -13,6 +13,7 @@ from infsamp.planner.estimate import (
     activation_bytes_per_token,
     embedding_parameters,
     generation_breakdown,
+    inference_workspace_bytes,
     logits_chunk_rows,
     train_logits_bytes,
     training_breakdown,
@@ -69,10 +70,13 @@ def test_no_reference_with_beta_zero_and_no_gradients_while_generating():
 
 
 def test_kv_cache_shared_prompt_once():
+    """The slot engine's KV: g completions in its pool and the prompt once (minus its last token,
+    the sample's first column); one layer's K/V concatenation per step is a workspace."""
     p = plan(micro_group=4).inputs
-    kv = generation_breakdown(p, 4)["kv_cache"]
-    concat = -(-4 * 1042 // 16)  # one layer's K/V concatenation per step
-    assert kv == (256 + 4 * 786 + concat) * 32_768
+    generation = generation_breakdown(p, 4)
+    concat = -(-4 * 1042 // 16)
+    assert generation["kv_cache"] == (255 + 4 * 786) * 32_768
+    assert generation["activations"] == inference_workspace_bytes(p, 256) + concat * 32_768
 
 
 def test_training_peak_does_not_grow_with_group_size():

@@ -39,7 +39,7 @@ def test_chosen_g_and_micro_batch_are_the_largest_that_fit():
     limit = p.gpu_memory_bytes
     assert (training_breakdown(p, tokens)["peak"] <= limit
             < training_breakdown(p, tokens + p.seq_len)["peak"])
-    assert result.kv_budget_tokens == 256 + g * 1024
+    assert result.kv_cache_tokens == 255 + g * 1024  # the slot engine: pool + one prompt row
 
 
 def test_user_fixed_g_too_large_gets_smaller_g_advice():

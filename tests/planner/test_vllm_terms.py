@@ -21,8 +21,9 @@ def test_generation_column_holds_vllm_weights_pool_and_graphs():
     assert slots.generation["vllm_weights"] == slots.generation["vllm_graphs"] == 0
     assert vllm.generation["vllm_weights"] == count_parameters(shape) * 2  # a bf16 weight copy
     assert vllm.generation["vllm_graphs"] == VLLM_GRAPH_BYTES["cuda"]
-    pool = kv_tokens_needed(32, 1024, 256, 1, block_size=16)  # whole blocks of 16 on CUDA
-    assert vllm.kv_budget_tokens == pool and pool % 16 == 0
+    # whole blocks of 16 on CUDA, and the spare one
+    pool = kv_tokens_needed(32, 1024, 256, 1, block_size=16) + 16
+    assert vllm.kv_cache_tokens == pool and pool % 16 == 0
     assert vllm.generation["kv_cache"] == pool * kv_bytes_per_token(shape, "bf16")
     assert vllm.generation["peak"] > slots.generation["peak"]  # the second weight copy costs
 

@@ -138,7 +138,8 @@ def test_budget_in_bytes(model):
     per_token = model_kv_bytes_per_token(model)
     assert resolve_budget("8192", model) == 8192
     assert resolve_budget("1MiB", model) == 2**20 // per_token
-    assert sampler_sizes(SamplingConfig(), model, 16, 1).kv_budget_tokens > 0  # "auto": for g
+    auto = sampler_sizes(SamplingConfig(), model, 16, 1, "slots", 8, 16, kv_budget_tokens=0)
+    assert auto.kv_budget_tokens > 0  # "auto": for g
 
 
 class ExplodingModel(torch.nn.Module):

@@ -62,7 +62,7 @@ from infsamp.config import TrainingConfig
 from infsamp.distributed.ranks import Ranks
 from infsamp.distributed.strategies import Strategy
 from infsamp.errors import NonFiniteError, first_non_finite
-from infsamp.planner.sizes import MIN_TRAIN_MICRO_BATCH_TOKENS, RunSizes
+from infsamp.planner.sizes import MIN_TRAIN_MICRO_BATCH_TOKENS, RunSizes, training_sizes
 from infsamp.timing import StepTimer
 
 DEFAULT_MICRO_BATCH_TOKENS = 8192
@@ -118,9 +118,7 @@ class GRPOStep:
         if sizes is None:
             tokens = (micro_batch_tokens or cfg.train_micro_batch_tokens
                       or DEFAULT_MICRO_BATCH_TOKENS)
-            sizes = RunSizes(kv_budget_tokens=0, micro_group=0, max_micro_group=0,
-                             max_prompt_tokens=0, max_new_tokens=max_completion_length,
-                             train_micro_batch_tokens=tokens)
+            sizes = training_sizes(tokens, max_completion_length)
         self.sizes = sizes
         self.epsilon_low, self.epsilon_high = clip_range(cfg.loss_type, cfg.epsilon,
                                                          cfg.epsilon_high)

@@ -34,7 +34,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from infsamp.commands.engine_choice import ENGINE_HELP, close_engines, parse_engines, start_engines
+from infsamp.commands.engine_choice import (
+    ENGINE_HELP,
+    close_engines,
+    engine_to_size,
+    parse_engines,
+    start_engines,
+)
 from infsamp.errors import SamplingError
 
 POLICIES = ("full", "rounds", "continuous")
@@ -109,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
                 or w.name in args.workload]
     prompts = {w.name: bench_prompts(tokenizer, max(w.prompts_per_size.values()), args.seed)
                for w in selected}
-    sizes = engine_sizes_for(selected, prompts, micro_groups)
+    sizes = engine_sizes_for(model, names, selected, prompts, micro_groups)
     cfg = cell_config("continuous", micro_groups[0], sizes.kv_budget_tokens,
                       sizes.max_new_tokens)
     engines, startup = start_engines(names, model, cfg, sizes, prompts[selected[0].name][0])
@@ -174,10 +180,12 @@ def cell_config(policy: str, g: int, budget: int, max_new_tokens: int):
                           max_new_tokens=max_new_tokens, temperature=1.0)
 
 
-def engine_sizes_for(selected, prompts, micro_groups):
+def engine_sizes_for(model, names, selected, prompts, micro_groups):
     """One engine serves every cell: longest prompt and completion, all G of `full` admitted at
-    once, the largest g budget (whole vLLM blocks)."""
-    from infsamp.planner.sizes import RunSizes
+    once, a pool holding the largest g budget (whole vLLM blocks), planned as a run of them."""
+    from dataclasses import replace
+
+    from infsamp.run.sizes import sampler_run_sizes
     from infsamp.sampling.types import VLLM_BLOCK_SIZE
 
     blocks = (1, *VLLM_BLOCK_SIZE.values())
@@ -185,9 +193,9 @@ def engine_sizes_for(selected, prompts, micro_groups):
                  for w in selected for g in micro_groups for block in blocks)
     longest = max(len(p) for ps in prompts.values() for p in ps)
     most = max(max(w.group_sizes) for w in selected)
-    return RunSizes(kv_budget_tokens=budget, micro_group=most, max_micro_group=most,
-                    max_prompt_tokens=longest,
-                    max_new_tokens=max(w.max_new_tokens for w in selected))
+    cfg = replace(cell_config("full", most, budget, max(w.max_new_tokens for w in selected)),
+                  num_generations=most, engine=engine_to_size(names))
+    return sampler_run_sizes(cfg, model, longest, 1, call_budget_tokens=budget)
 
 
 # ---------------------------------------------------------------- workloads

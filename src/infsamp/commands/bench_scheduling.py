@@ -39,7 +39,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from infsamp.choices import WIDE_POLICIES
-from infsamp.commands.engine_choice import ENGINE_HELP, close_engines, parse_engines, start_engines
+from infsamp.commands.engine_choice import (
+    ENGINE_HELP,
+    close_engines,
+    engine_to_size,
+    parse_engines,
+    start_engines,
+)
 from infsamp.sampling.policies import PROBE_TOKENS
 
 VARIANTS = ("continuous", "rounds", "length_aware:online", "length_aware:hidden",
@@ -125,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
     seeds = parse_seeds(args)
     prompts = {seed: bench_prompts(tokenizer, args.prompts, seed, args, data_cfg)
                for seed in seeds}
-    sizes = engine_sizes_for([p for chunk in prompts.values() for p in chunk], args)
+    sizes = engine_sizes_for(model, names, [p for chunk in prompts.values() for p in chunk], args)
     cfg = sampling_config(Variant("continuous"), args, sizes.kv_budget_tokens)
     engines, startup = start_engines(names, model, cfg, sizes, prompts[seeds[0]][0][1])
     try:
@@ -249,19 +255,21 @@ def call_budget(args, max_prompt_tokens: int, block_size: int = 1) -> int:
                             args.prompts_per_step, block_size) + getattr(args, "kv_slack", 0)
 
 
-def engine_sizes_for(prompts, args):
+def engine_sizes_for(model, names, prompts, args):
     """Enough for every call: the longest prompt, g at once (a wide policy: every sample of a
-    call), the largest budget (vLLM blocks)."""
-    from infsamp.planner.sizes import RunSizes
+    call), a pool holding the largest budget (vLLM blocks), planned as a run of these calls."""
+    from dataclasses import replace
+
+    from infsamp.run.sizes import sampler_run_sizes
     from infsamp.sampling.types import VLLM_BLOCK_SIZE
 
     longest = max(len(p[1]) for p in prompts)
     budget = max(call_budget(args, longest, block) for block in (1, *VLLM_BLOCK_SIZE.values()))
     wide = any(Variant.parse(v).policy in WIDE_POLICIES for v in args.variants.split(","))
-    most = args.num_generations * args.prompts_per_step if wide else args.micro_group
-    return RunSizes(kv_budget_tokens=budget, micro_group=args.micro_group,
-                    max_micro_group=most, max_prompt_tokens=longest,
-                    max_new_tokens=args.max_new_tokens)
+    cfg = replace(sampling_config(Variant("probe" if wide else "continuous"), args, budget),
+                  num_generations=args.num_generations, engine=engine_to_size(names))
+    return sampler_run_sizes(cfg, model, longest, args.prompts_per_step,
+                             call_budget_tokens=budget)
 
 
 class Runner:

@@ -2,7 +2,8 @@
 timed apart from the measurements) and close them at the end.
 
 Deliberately simple: vLLM keeps one engine per process, so a benchmark runs at most one vLLM
-engine, sized (`RunSizes`) for every cell it will serve.
+engine, sized (`run.sizes.sampler_run_sizes`, the planner's `plan_run_sizes`) for every cell it
+will serve.
 """
 
 from __future__ import annotations
@@ -29,21 +30,21 @@ def parse_engines(text: str, single: bool = False) -> list[str]:
     return names
 
 
+def engine_to_size(names: list[str]) -> str:
+    """The `sampling.engine` the shared sizes are planned for: vLLM's when it is one of them (the
+    slot engine allocates per call and reads no sizes)."""
+    return "vllm" if "vllm" in names else "auto" if "auto" in names else "slots"
+
+
 def start_engines(names: list[str], model, cfg, sizes,
                   warmup_prompt: list[int]) -> tuple[dict, dict[str, float]]:
-    """{name: engine} started and warmed up now (one call of g samples, not measured), and
-    {name: start-up seconds}. Each pool gets one block more than `sizes` asks: vLLM keeps one
-    (its null block)."""
-    import dataclasses
-
+    """{name: engine} started for `sizes` (`engine_to_size`'s) and warmed up now (one call of g
+    samples, not measured), and {name: start-up seconds}."""
     import torch
 
     from infsamp.sampling.engines.base import make_engine
     from infsamp.sampling.sampler import GroupSampler
-    from infsamp.sampling.types import VLLM_BLOCK_SIZE
 
-    null_block = max(VLLM_BLOCK_SIZE.values())
-    sizes = dataclasses.replace(sizes, kv_budget_tokens=sizes.kv_budget_tokens + null_block)
     engines, startup = {}, {}
     for name in names:
         began = time.perf_counter()

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
-from infsamp.choices import OPTIMIZERS, PRECISION_CHOICES, STRATEGIES
+from infsamp.choices import OPTIMIZERS, POLICIES, PRECISION_CHOICES, STRATEGIES
 from infsamp.config import Config, ConfigError, parse_size, size_is_bytes
 from infsamp.planner import PRESETS, load_shape
 from infsamp.planner.estimate import DEVICES
@@ -50,6 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-budget", default=DEFAULTS.sampling.kv_budget,
                         help="KV-cache budget: tokens (8192), bytes ('2GiB') or auto (default: "
                              "what g needs)")
+    parser.add_argument("--policy", default=DEFAULTS.sampling.policy,
+                        help=f"sampling policy: {' | '.join(POLICIES)} (default "
+                             f"{DEFAULTS.sampling.policy}); it decides what the engine allocates")
     parser.add_argument("--optimizer", default="adamw",
                         help=f"{' | '.join(OPTIMIZERS)} (default adamw)")
     parser.add_argument("--gradient-checkpointing", action="store_true",
@@ -169,6 +172,7 @@ def run_config(args: argparse.Namespace, ints: dict[str, int]) -> Config:
     sampling = replace(DEFAULTS.sampling, num_generations=ints["num_generations"],
                        max_new_tokens=ints["max_completion"], micro_group=micro_group,
                        kv_budget=_read_kv_budget(args.kv_budget),
+                       policy=_read_choice(args.policy, "policy", POLICIES),
                        engine=_read_engine(args.engine),
                        temperature=_read_non_negative(args.temperature, "temperature"),
                        vllm_sleep="auto" if args.vllm_sleep == "on" else "off")

@@ -125,16 +125,13 @@ def read_prompts(data_cfg: DataConfig, split: str, tokenizer, num_prompts: int =
 
 
 def _engine(cfg, model, prompt_ids: list[list[int]]):
-    """(sizes, engine): the sizes for these prompts (`sampler_sizes`) and the `sampling.engine`
-    (`--engine`) engine started for them."""
-    from infsamp.models.device import is_4bit
-    from infsamp.sampling.engines.base import make_engine, resolve_engine_name
-    from infsamp.sampling.sampler import sampler_sizes
+    """(sizes, engine): the sizes for these prompts (`run.sizes.sampler_run_sizes`, the planner's
+    `plan_run_sizes`) and the `sampling.engine` (`--engine`) engine started for them."""
+    from infsamp.run.sizes import sampler_run_sizes
+    from infsamp.sampling.engines.base import make_engine
 
     longest = max((len(p) for p in prompt_ids), default=1)
-    name = resolve_engine_name(cfg.engine, next(model.parameters()).device, is_4bit(model),
-                               cfg.temperature)
-    sizes = sampler_sizes(cfg, model, longest, len(prompt_ids), name)
+    sizes = sampler_run_sizes(cfg, model, longest, len(prompt_ids))
     return sizes, make_engine(cfg.engine, model, cfg, sizes)
 
 

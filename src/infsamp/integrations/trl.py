@@ -159,16 +159,12 @@ class InfsampRollout:
 
     def _engine(self, model, num_prompts: int):
         """The run's engine (built once), holding the trainer's current weights."""
-        from infsamp.models.device import is_4bit
-        from infsamp.sampling.engines.base import make_engine, resolve_engine_name
-        from infsamp.sampling.sampler import sampler_sizes
+        from infsamp.run.sizes import sampler_run_sizes
+        from infsamp.sampling.engines.base import make_engine
 
         if self.engine is None:  # built from the model's current weights, sized once
-            device = next(model.parameters()).device
-            engine = resolve_engine_name(self.cfg.engine, device, is_4bit(model),
-                                         self.cfg.temperature)
-            self.sizes = sampler_sizes(self.cfg, model, self.max_prompt_tokens, num_prompts,
-                                       engine)
+            self.sizes = sampler_run_sizes(self.cfg, model, self.max_prompt_tokens, num_prompts,
+                                           optimizer="adamw")  # beside TRL's AdamW states
             self.engine = make_engine(self.cfg.engine, model, self.cfg, self.sizes)
         else:
             self.engine.load_weights(model)

@@ -17,8 +17,9 @@ AdamW 8, 8-bit AdamW 4) with these refinements, each stated in docs/planner.md:
   whatever the micro-batch. Activations are counted tensor by tensor from what autograd saves per
   layer;
 - optimizer states stay resident during generation (zero_grad frees the gradients);
-- KV cache: g * max_completion tokens plus each prompt that can be open at once (min(B, g) of the
-  step's B prompts) held once, shared by its samples: the sampler's own rule.
+- KV cache: what the engine allocates for the run's sizes (`kv_cache_tokens`): vLLM's pool, or the
+  slot engine's pool of running KV and one prompt row per group open at once (min(B, g) of the
+  step's B prompts, every one under `probe`), each shared by its samples.
 - the runtime (Python, torch, the CUDA context: what the process holds outside the tensors) is
   one part of both phases, the caller's measurement (a run measures it at start-up) or the
   device's default; CUDA adds 10% of the tensors for its caching allocator's slack.
@@ -35,8 +36,9 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from infsamp.choices import WIDE_POLICIES
 from infsamp.planner.inputs import ADAPTER_BYTES, DTYPE_BYTES, PlanInputs
-from infsamp.planner.kv_budget import VLLM_BLOCK_SIZE, kv_tokens_needed
+from infsamp.planner.kv_budget import auto_budget_tokens, paged_pool_blocks, slot_pool_tokens
 from infsamp.planner.parallel import per_device_parts, shard_fraction
 from infsamp.planner.presets import ModelShape, embedding_parameters
 
@@ -274,15 +276,28 @@ def _with_overhead(parts: dict[str, int], p: PlanInputs) -> dict[str, int]:
     return {**parts, "peak": sum(parts.values())}
 
 
-def plan_kv_tokens(p: PlanInputs, micro_group: int) -> int:
-    """KV tokens of g samples decoded at once: the sampler's own rule (`types.kv_tokens_needed`:
-    each of the B prompts that can be open at once held once, shared by its samples; vLLM's pool
-    in whole blocks), or a prompt per sample."""
-    block = VLLM_BLOCK_SIZE[p.device] if p.engine == "vllm" else 1
-    if p.shared_prompt_kv:
-        return kv_tokens_needed(micro_group, p.max_completion, p.max_prompt,
-                                num_prompts=p.num_prompts, block_size=block)
-    return micro_group * p.seq_len
+def kv_cache_tokens(p: PlanInputs, micro_group: int) -> tuple[int, int]:
+    """(pool, prompt rows): the KV tokens the engine allocates when the run decodes g at once, for
+    the run's budget (`auto`: what g needs, `kv_budget.auto_budget_tokens`). vLLM: its whole pool
+    (`paged_pool_blocks`: the prompts and the spare block are in it) and no rows; the slot engine:
+    its pool of running KV (`slot_pool_tokens`, the scheduler's `max_running_tokens`) and one
+    prompt row per group open at once (every group with probes, else min(B, g)), each the prompt
+    minus its last token (whose KV is the sample's first column)."""
+    block, wide = p.kv_block_size, p.policy in WIDE_POLICIES
+    budget = p.kv_budget_tokens or auto_budget_tokens(micro_group, p.max_completion, p.max_prompt,
+                                                      p.num_prompts, block)
+    if p.engine == "vllm":
+        most = p.num_samples if wide else micro_group
+        return paged_pool_blocks(budget, most, p.max_completion, p.max_prompt, block) * block, 0
+    probe = p.probe_tokens if wide else 0
+    pool = slot_pool_tokens(budget, micro_group, p.num_samples, p.num_prompts, p.max_prompt,
+                            p.max_completion, probe)
+    num_rows = p.num_prompts if probe else min(p.num_prompts, micro_group)
+    return pool, num_rows * (p.max_prompt - 1)
+
+
+def kv_cache_bytes(p: PlanInputs, micro_group: int) -> int:
+    return sum(kv_cache_tokens(p, micro_group)) * kv_bytes_per_token(p.shape, p.dtype)
 
 
 VLLM_GRAPH_BYTES = {"cuda": 512 * 2**20, "cpu": 0}  # vLLM's CUDA graphs (none on CPU): assumed
@@ -300,7 +315,7 @@ def vllm_parts(p: PlanInputs, micro_group: int) -> dict[str, int]:
     """vLLM's resident memory: its weight copy, its KV pool, its graph pool."""
     return dict(vllm_weights=p.num_parameters * p.dtype_bytes,
                 vllm_graphs=VLLM_GRAPH_BYTES[p.device],
-                kv_cache=plan_kv_tokens(p, micro_group) * kv_bytes_per_token(p.shape, p.dtype))
+                kv_cache=kv_cache_bytes(p, micro_group))
 
 
 def vllm_generation_breakdown(p: PlanInputs, micro_group: int) -> dict[str, int]:
@@ -318,15 +333,14 @@ def generation_breakdown(p: PlanInputs, micro_group: int) -> dict[str, int]:
     """Bytes while decoding `micro_group` samples at once (optimizer states stay resident)."""
     if p.engine == "vllm":
         return vllm_generation_breakdown(p, micro_group)
-    kv_tokens = plan_kv_tokens(p, micro_group)
-    # one layer's K/V concat per step
-    kv_tokens += math.ceil(micro_group * p.seq_len / p.shape.num_hidden_layers)
-    prefill_tokens = p.max_prompt if p.shared_prompt_kv else micro_group * p.max_prompt
+    # one layer's K/V concat per step: a workspace beside the engine's KV
+    concat = math.ceil(micro_group * p.seq_len / p.shape.num_hidden_layers)
     parts = dict(weights=weights_bytes(p), reference=reference_bytes(p), gradients=0,
                  optimizer=optimizer_bytes(p), compute_copies=compute_copy_bytes(p),
-                 activations=inference_workspace_bytes(p, max(prefill_tokens, micro_group)),
+                 activations=inference_workspace_bytes(p, max(p.max_prompt, micro_group))
+                 + concat * kv_bytes_per_token(p.shape, p.dtype),
                  logits=max(micro_group * decode_logits_bytes_per_row(p), prefill_logits_bytes(p)),
-                 kv_cache=kv_tokens * kv_bytes_per_token(p.shape, p.dtype), vllm_weights=0,
+                 kv_cache=kv_cache_bytes(p, micro_group), vllm_weights=0,
                  vllm_graphs=0)
     return _with_overhead(per_device_parts(p, parts, "generation"), p)
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from infsamp.config import SamplingConfig
+from infsamp.planner.kv_budget import VLLM_BLOCK_SIZE
 from infsamp.planner.precisions import PRECISIONS, PrecisionMode, base_dtype
 from infsamp.planner.presets import (
     LORA_TARGETS_ALL_LINEAR,
@@ -19,6 +21,7 @@ from infsamp.planner.presets import (
 )
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+PROBE_TOKENS = SamplingConfig.probe_tokens
 ADAPTER_BYTES = 4  # peft keeps LoRA weights in fp32 (autocast_adapter_dtype)
 
 
@@ -38,7 +41,6 @@ class PlanInputs:
     beta: float = 0.0
     precision: str = "bf16"  # a name of planner.precisions.PRECISIONS ('auto' is resolved before)
     device: str = "cuda"
-    shared_prompt_kv: bool = True
     micro_group: int = 0  # 0: the largest g <= G that fits
     train_micro_batch_tokens: int = 0  # 0: the largest budget that fits
     load_in_4bit: bool = False  # QLoRA: NF4 base (needs LoRA and CUDA)
@@ -50,6 +52,14 @@ class PlanInputs:
     # the runtime's resident memory outside the tensors, as the caller measured it (a run, at
     # start-up); None: the device's default (estimate.DEVICES)
     runtime_bytes: int | None = None
+    kv_budget_tokens: int = 0  # the run's KV budget (RunSizes'); 0: `auto`, what g needs
+    policy: str = "continuous"  # the sampling policy (`probe` runs more than g at once)
+    probe_tokens: int = PROBE_TOKENS  # probe: KV tokens a new sample first reserves (k)
+
+    @property
+    def kv_block_size(self) -> int:
+        """Tokens per KV allocation unit: 1 on the slot engine, vLLM's block on vLLM."""
+        return VLLM_BLOCK_SIZE[self.device] if self.engine == "vllm" else 1
 
     @property
     def num_samples(self) -> int:

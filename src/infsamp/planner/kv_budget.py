@@ -8,6 +8,10 @@ blocks of `block_size` tokens: 1 for the slot engine (a group's prompt held once
 `max_new_tokens`), vLLM's block size for its paged pool with prefix caching (a group's full prompt
 blocks shared, the rest private).
 
+What an engine allocates for a run's sizes: vLLM its pool (`paged_pool_blocks`, one spare block
+in it: `spare_block_tokens`, the one place that counts it); the slot engine its pool of running KV
+(`slot_pool_tokens`) beside one prompt row per group open at once.
+
 Deliberately simple: the reservation is the worst case (`max_new_tokens` per running sample).
 """
 
@@ -57,12 +61,45 @@ def largest_fitting(high: int, fits) -> int:
     return best
 
 
+def spare_block_tokens(block_size: int = 1) -> int:
+    """The one rule for vLLM's spare block: a paged pool (block_size > 1) keeps one block that no
+    sample holds (vLLM's null block); the slot engine keeps none."""
+    return block_size if block_size > 1 else 0
+
+
 def usable_kv_tokens(budget_tokens: int, block_size: int = 1) -> int:
-    """KV tokens samples may hold within a budget: all of it, or in a paged pool (vLLM) its whole
-    blocks but one (vLLM's null block)."""
-    if block_size == 1:
-        return budget_tokens
-    return max(0, budget_tokens // block_size - 1) * block_size
+    """KV tokens samples may hold within a budget: its whole blocks but the spare one."""
+    return max(0, budget_tokens // block_size * block_size - spare_block_tokens(block_size))
+
+
+def auto_budget_tokens(micro_group: int, max_new_tokens: int, max_prompt_tokens: int,
+                       num_prompts: int, block_size: int = 1) -> int:
+    """`sampling.kv_budget: auto`: what g samples need at most, and the pool's spare block."""
+    return kv_tokens_needed(micro_group, max_new_tokens, max_prompt_tokens, num_prompts,
+                            block_size) + spare_block_tokens(block_size)
+
+
+def paged_pool_blocks(budget_tokens: int, max_micro_group: int, max_new_tokens: int,
+                      max_prompt_tokens: int, block_size: int) -> int:
+    """Blocks of vLLM's pool: what `max_micro_group` samples need at most (each maybe of its own
+    prompt) and the spare block, never more than the budget's whole blocks."""
+    wanted = kv_tokens_needed(max_micro_group, max_new_tokens, max_prompt_tokens, max_micro_group,
+                              block_size) + spare_block_tokens(block_size)
+    return min(budget_tokens // block_size, -(-wanted // block_size))
+
+
+def slot_pool_tokens(budget_tokens: int, micro_group: int, num_samples: int, num_prompts: int,
+                     max_prompt_tokens: int, max_new_tokens: int, probe_tokens: int = 0) -> int:
+    """The slot engine's pool of running KV for a call of `num_prompts` prompts of the longest
+    length (the scheduler's `max_running_tokens`): g whole completions; with probes (k > 0) what
+    the budget holds beside every prompt of the call of as many k-token probes as it fits, in
+    whole completions (at least g)."""
+    whole = micro_group * max_new_tokens
+    if not probe_tokens:
+        return whole
+    room = budget_tokens - num_prompts * max_prompt_tokens
+    num_slots = max(micro_group, min(num_samples, room // min(probe_tokens, max_new_tokens)))
+    return max(whole, min(num_slots * max_new_tokens, room))
 
 
 def max_new_tokens_within(budget_tokens: int, prompt_tokens: int, max_new_tokens: int,

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from infsamp.choices import PRECISION_CHOICES, STRATEGIES
+from infsamp.choices import POLICIES, PRECISION_CHOICES, STRATEGIES
 from infsamp.config import ConfigError
 from infsamp.planner.estimate import (
     DEVICES,
@@ -26,13 +26,13 @@ from infsamp.planner.estimate import (
     OPTIMIZERS,
     bytes_per_parameter,
     generation_breakdown,
+    kv_cache_tokens,
     largest_micro_batch_sequences,
     largest_micro_group,
     peak_training_moment,
-    plan_kv_tokens,
     training_breakdown,
 )
-from infsamp.planner.inputs import PlanInputs
+from infsamp.planner.inputs import PROBE_TOKENS, PlanInputs
 from infsamp.planner.precisions import PRECISIONS, resolve_precision_name
 from infsamp.planner.presets import LORA_TARGETS_ALL_LINEAR, ModelShape
 
@@ -47,7 +47,7 @@ class MemoryPlan:
     micro_group: int  # g: samples decoded at once (0: not even one fits)
     # padded tokens per training micro-batch (0: not even one sequence fits)
     train_micro_batch_tokens: int
-    kv_budget_tokens: int  # KV tokens of the plan: g * max_completion + min(B, g) shared prompts
+    kv_cache_tokens: int  # KV tokens the engine allocates at g (estimate.kv_cache_tokens)
     generation: dict[str, int]
     training: dict[str, int]
     peak_bytes: int
@@ -68,7 +68,7 @@ class MemoryPlan:
         return dict(fits=self.fits, micro_group=self.micro_group,
                     train_micro_batch_tokens=self.train_micro_batch_tokens,
                     train_micro_batch_sequences=self.train_micro_batch_sequences,
-                    kv_budget_tokens=self.kv_budget_tokens, generation=self.generation,
+                    kv_cache_tokens=self.kv_cache_tokens, generation=self.generation,
                     training=self.training,
                     peak_bytes=self.peak_bytes, gpu_memory_bytes=self.inputs.gpu_memory_bytes,
                     training_peak_moment=self.training_peak_moment,
@@ -95,7 +95,7 @@ def validate_inputs(p: PlanInputs) -> None:
     _check(p.gpu_memory_bytes > 0, "gpu_memory", p.gpu_memory_bytes, "must be > 0")
     for key in ("num_generations", "num_prompts", "max_prompt", "max_completion"):
         _check(getattr(p, key) > 0, key, getattr(p, key), "must be > 0")
-    for key in ("lora_rank", "micro_group", "train_micro_batch_tokens"):
+    for key in ("lora_rank", "micro_group", "train_micro_batch_tokens", "kv_budget_tokens"):
         _check(getattr(p, key) >= 0, key, getattr(p, key), "must be >= 0")
     _check(p.micro_group <= p.num_samples, "micro_group", p.micro_group,
            f"must be <= the step's {p.num_samples} samples")
@@ -106,6 +106,8 @@ def validate_inputs(p: PlanInputs) -> None:
            f"must be one of {', '.join(PRECISION_CHOICES)}")
     _check(p.device in DEVICES, "device", p.device, f"must be one of {', '.join(DEVICES)}")
     _check(p.engine in ("slots", "vllm"), "engine", p.engine, "must be slots or vllm")
+    _check(p.policy in POLICIES, "policy", p.policy, f"must be one of {', '.join(POLICIES)}")
+    _check(p.probe_tokens >= 1, "probe_tokens", p.probe_tokens, "must be >= 1")
     if p.load_in_4bit:
         _check(p.lora_rank > 0, "load_in_4bit", True,
                "trains LoRA adapters over the 4-bit base: set a LoRA rank")
@@ -146,12 +148,13 @@ def _shown_sizes(p: PlanInputs, g: int, tokens: int) -> tuple[int, int]:
 def plan_memory(shape: ModelShape, *, gpu_memory_bytes: int, num_generations: int, max_prompt: int,
                 max_completion: int, lora_rank: int = 0, optimizer: str = "adamw",
                 gradient_checkpointing: bool = False, beta: float = 0.0, precision: str = "auto",
-                device: str = "cuda", shared_prompt_kv: bool = True, micro_group: int = 0,
-                train_micro_batch_tokens: int = 0, load_in_4bit: bool = False,
+                device: str = "cuda", micro_group: int = 0, train_micro_batch_tokens: int = 0,
+                load_in_4bit: bool = False,
                 lora_targets: tuple[str, ...] = LORA_TARGETS_ALL_LINEAR, engine: str = "slots",
                 engine_sleep: bool = True, num_devices: int = 1,
                 strategy: str = "single", num_prompts: int = 1,
-                runtime_bytes: int | None = None) -> MemoryPlan:
+                runtime_bytes: int | None = None, kv_budget_tokens: int = 0,
+                policy: str = "continuous", probe_tokens: int = PROBE_TOKENS) -> MemoryPlan:
     """Estimate both phases, choose g and the micro-batch, and advise when it does not fit.
 
     One device's step samples `num_prompts` (B) prompts x `num_generations` (G).
@@ -159,20 +162,26 @@ def plan_memory(shape: ModelShape, *, gpu_memory_bytes: int, num_generations: in
     A micro_group above G x B means all of the step's samples at once. With `num_devices`
     and `strategy` (ddp, fsdp) every figure is one device's (planner/parallel.py).
     `runtime_bytes`: the runtime's resident memory outside the tensors, measured by the caller
-    (None: the device's assumed default)."""
-    p = PlanInputs(shape, int(gpu_memory_bytes), num_generations, max_prompt, max_completion,
-                   lora_rank, tuple(lora_targets), optimizer, gradient_checkpointing, float(beta),
-                   resolve_precision_name(precision, device), device, shared_prompt_kv,
-                   min(micro_group, num_generations * num_prompts), train_micro_batch_tokens,
-                   load_in_4bit, engine, engine_sleep, num_devices, strategy, num_prompts,
-                   None if runtime_bytes is None else int(runtime_bytes))
+    (None: the device's assumed default). The run's `kv_budget_tokens` (0: what g needs),
+    `policy` and `probe_tokens` decide what the engine allocates (`estimate.kv_cache_tokens`)."""
+    p = PlanInputs(
+        shape, int(gpu_memory_bytes), num_generations, max_prompt, max_completion,
+        lora_rank=lora_rank, lora_targets=tuple(lora_targets), optimizer=optimizer,
+        gradient_checkpointing=gradient_checkpointing, beta=float(beta),
+        precision=resolve_precision_name(precision, device), device=device,
+        micro_group=min(micro_group, num_generations * num_prompts),
+        train_micro_batch_tokens=train_micro_batch_tokens, load_in_4bit=load_in_4bit,
+        engine=engine, engine_sleep=engine_sleep, num_devices=num_devices, strategy=strategy,
+        num_prompts=num_prompts,
+        runtime_bytes=None if runtime_bytes is None else int(runtime_bytes),
+        kv_budget_tokens=kv_budget_tokens, policy=policy, probe_tokens=probe_tokens)
     validate_inputs(p)
     g, tokens = _choose(p)
     shown_g, shown_tokens = _shown_sizes(p, g, tokens)
     generation, training = generation_breakdown(p, shown_g), training_breakdown(p, shown_tokens)
     fits = g > 0 and tokens > 0
     return MemoryPlan(fits=fits, micro_group=g, train_micro_batch_tokens=tokens,
-                      kv_budget_tokens=plan_kv_tokens(p, shown_g),
+                      kv_cache_tokens=sum(kv_cache_tokens(p, shown_g)),
                       generation=generation, training=training,
                       peak_bytes=max(generation["peak"], training["peak"]),
                       advice=[] if fits else advise(p, g, tokens),

@@ -17,9 +17,12 @@ from infsamp.planner.estimate import (
     bytes_per_parameter,
     completion_rows,
     kv_bytes_per_token,
+    kv_cache_bytes,
+    kv_cache_tokens,
     train_logits_bytes_per_row,
     train_logits_chunk_bytes,
 )
+from infsamp.planner.inputs import PlanInputs
 from infsamp.planner.plan import MemoryPlan
 from infsamp.planner.sizes import RunSizes
 
@@ -81,15 +84,27 @@ def breakdown_lines(plan: MemoryPlan) -> list[str]:
     return lines
 
 
+def kv_allocation(p: PlanInputs, g: int) -> str:
+    """What the engine allocates for the run's KV budget (`estimate.kv_cache_tokens`)."""
+    pool, prompts = kv_cache_tokens(p, g)
+    budget = f"KV budget {p.kv_budget_tokens:,} tokens" if p.kv_budget_tokens else "KV budget auto"
+    if p.engine == "vllm":
+        block = p.kv_block_size
+        return (f"vLLM's pool {pool // block:,} blocks x {block} = {pool:,} tokens (one spare "
+                f"block), {_gib(pool * kv_bytes_per_token(p.shape, p.dtype)).strip()}; {budget}")
+    rows = prompts // max(p.max_prompt - 1, 1)
+    return (f"pool {pool:,} tokens for the running samples + {rows} prompt row(s) x "
+            f"{p.max_prompt - 1} = {pool + prompts:,} tokens, "
+            f"{_gib(kv_cache_bytes(p, g)).strip()}; {budget}, policy {p.policy}")
+
+
 def sizes_lines(plan: MemoryPlan) -> list[str]:
     p = plan.inputs
     kv_token = kv_bytes_per_token(p.shape, p.dtype)
     g_text = (f"micro-group g = {plan.micro_group} of the step's {p.num_samples} samples decoded "
               "at once" if plan.micro_group else
               "micro-group: not even g = 1 fits (breakdown shows g = 1)")
-    kv = (f"KV cache {_kib(kv_token)}/token: min(B, g) x {p.max_prompt} prompt tokens + g x "
-          f"{p.max_completion}" if p.shared_prompt_kv
-          else f"KV cache {_kib(kv_token)}/token: g x {p.seq_len}")
+    kv = f"KV cache {_kib(kv_token)}/token: {kv_allocation(p, plan.micro_group or 1)}"
     per_token = _kib(activation_bytes_per_token(p))
     logits_row = _kib(train_logits_bytes_per_row(p))
     chunks = _mib(LOGITS_CHUNK_BUFFERS * train_logits_chunk_bytes(

@@ -30,11 +30,13 @@ from infsamp.config import VLLM_MAX_TEMPERATURE, Config, ConfigError, parse_size
 from infsamp.planner.estimate import kv_bytes_per_token
 from infsamp.planner.kv_budget import (
     VLLM_BLOCK_SIZE,
-    kv_tokens_needed,
+    auto_budget_tokens,
     micro_group_within,
+    spare_block_tokens,
     usable_kv_tokens,
 )
 from infsamp.planner.plan import MemoryPlan, plan_memory
+from infsamp.planner.precisions import PRECISIONS, base_dtype, resolve_precision_name
 from infsamp.planner.presets import ModelShape
 
 OOM_PARTS = ("sampling", "training")  # what an out-of-memory retry halves: g, or the micro-batch
@@ -126,50 +128,65 @@ def kv_block_size(engine: str, device: str) -> int:
     return VLLM_BLOCK_SIZE[device] if engine == "vllm" else 1
 
 
-def parse_kv_budget(text: str, bytes_per_token: int) -> int | None:
-    """`sampling.kv_budget` in tokens: '8192' is tokens, '2GiB' bytes; None for 'auto'."""
+def pool_holding(budget_tokens: int, block_size: int) -> int:
+    """The KV budget to start an engine with whose pool holds `budget_tokens` for its samples:
+    whole blocks, and the spare one."""
+    return -(-budget_tokens // block_size) * block_size + spare_block_tokens(block_size)
+
+
+def parse_kv_budget(text: str, bytes_per_token: int) -> int:
+    """`sampling.kv_budget` in tokens: '8192' is tokens, '2GiB' bytes; 0 for 'auto'."""
     if text == "auto":
-        return None
+        return 0
     try:
         size = parse_size(text)
     except ValueError as err:
         raise ConfigError(f"sampling.kv_budget: {err}") from None
-    return size // bytes_per_token if size_is_bytes(text) else size
+    tokens = size // bytes_per_token if size_is_bytes(text) else size
+    if tokens < 1:
+        raise ConfigError(f"sampling.kv_budget: {text!r} holds no KV token (one takes "
+                          f"{bytes_per_token} bytes)")
+    return tokens
 
 
-def sampling_sizes(*, policy: str, micro_group: int, kv_budget_tokens: int | None,
+def sampling_sizes(*, policy: str, micro_group: int, kv_budget_tokens: int,
                    num_generations: int, num_prompts: int, max_prompt_tokens: int,
                    max_new_tokens: int, block_size: int = 1, memory_micro_group: int = 0,
                    budget_is_pool: bool = True) -> RunSizes:
     """g, the KV budget and the engine's concurrency for calls of B prompts x G samples.
 
     `full`: g is all of a call's samples. A given budget: g is `micro_group` capped by what the
-    budget holds for the longest prompt (0: all it holds). No budget (`auto`): g is `micro_group`
-    (0: `memory_micro_group`, the planner's largest that fits) and the budget is what g needs.
-    A wide policy (`probe`) may run every sample of a call at once inside that budget: the
-    engine's concurrency is then the call's samples.
-    `budget_is_pool`: the engine is started for this budget (a paged one keeps a null block of
-    it); False for a sampler given an engine started apart (its pool caps the budget per call).
+    budget holds for the longest prompt (0: all it holds). No budget (0, `auto`): g is
+    `micro_group` (0: `memory_micro_group`, the planner's largest that fits) and the budget is
+    what g needs (`auto_budget_tokens`). A wide policy (`probe`) may run every sample of a call
+    at once inside that budget: the engine's concurrency is then the call's samples.
+    `budget_is_pool`: the engine is started for this budget (a paged one keeps its spare block
+    in it); False for a sampler given an engine started apart (its pool caps the budget per call).
     """
     num_samples = num_generations * num_prompts
     if policy == "full":
         g = num_samples
-    elif kv_budget_tokens is None:
+    elif not kv_budget_tokens:
         g = min(micro_group or memory_micro_group or num_samples, num_samples)
     else:
         usable = usable_kv_tokens(kv_budget_tokens, block_size) if budget_is_pool \
             else kv_budget_tokens
         holds = micro_group_within(usable, max_new_tokens, max_prompt_tokens, num_prompts,
-                                       num_samples, block_size)
+                                   num_samples, block_size)
         g = min(micro_group or holds, max(holds, 1))
-    budget = kv_budget_tokens
-    if budget is None:
-        null_block = block_size if block_size > 1 else 0  # vLLM's pool keeps one block unused
-        budget = kv_tokens_needed(g, max_new_tokens, max_prompt_tokens, num_prompts,
-                                  block_size) + null_block
+    budget = kv_budget_tokens or auto_budget_tokens(g, max_new_tokens, max_prompt_tokens,
+                                                    num_prompts, block_size)
     most = num_samples if policy in WIDE_POLICIES else g or num_samples  # wide: up to all
     return RunSizes(kv_budget_tokens=budget, micro_group=g, max_micro_group=most,
                     max_prompt_tokens=max_prompt_tokens, max_new_tokens=max_new_tokens)
+
+
+def training_sizes(train_micro_batch_tokens: int, max_new_tokens: int) -> RunSizes:
+    """The sizes of a GRPO step used alone (no sampler planned beside it): its micro-batch, which
+    an out-of-memory retry halves; no sampling part (0: none)."""
+    return RunSizes(kv_budget_tokens=0, micro_group=0, max_micro_group=0, max_prompt_tokens=0,
+                    max_new_tokens=max_new_tokens,
+                    train_micro_batch_tokens=train_micro_batch_tokens)
 
 
 def prompts_per_rank(cfg: Config, num_ranks: int) -> int:
@@ -184,6 +201,9 @@ def plan_run_sizes(cfg: Config, shape: ModelShape, memory_bytes: int, *, device:
     """The memory plan and the sizes of one rank of a run, on the engine `run_engine` picks
     (`quantized`: the base is 4-bit).
 
+    The sizes come first (`sampling_sizes`; only `micro_group: 0` with `kv_budget: auto` asks
+    the memory for g), then the plan prices exactly them: its g, the KV budget and policy (so
+    its KV cache is what the engine allocates) and the micro-batch.
     `memory_bytes`: what the plan may use on one device; `dtype_bytes`: the loaded weights'
     element size (the KV cache's), else the planner's precision decides it; `runtime_bytes`:
     the runtime's resident memory outside the tensors as the caller measured it (None: the
@@ -192,25 +212,31 @@ def plan_run_sizes(cfg: Config, shape: ModelShape, memory_bytes: int, *, device:
     engine = run_engine(cfg, device, quantized)
     sampling, data, training, model = cfg.sampling, cfg.data, cfg.training, cfg.model
     num_prompts = prompts_per_rank(cfg, num_ranks)
-    full = sampling.policy == "full"  # every sample of the step at once
-    plan = plan_memory(
-        shape, gpu_memory_bytes=memory_bytes, num_generations=sampling.num_generations,
+    settings = dict(
+        gpu_memory_bytes=memory_bytes, num_generations=sampling.num_generations,
         num_prompts=num_prompts, max_prompt=data.max_prompt_length,
         max_completion=sampling.max_new_tokens, lora_rank=model.lora_rank,
         optimizer=training.optimizer, gradient_checkpointing=model.gradient_checkpointing,
         beta=training.beta, precision=training.precision, load_in_4bit=model.load_in_4bit,
         device=device, engine=engine,
-        micro_group=sampling.num_generations * num_prompts if full else sampling.micro_group,
         train_micro_batch_tokens=training.train_micro_batch_tokens,  # 0: the plan picks it
         engine_sleep=sampling.vllm_sleep != "off" and device == "cuda",
-        num_devices=num_ranks, strategy=strategy, runtime_bytes=runtime_bytes)
-    per_token = kv_bytes_per_token(shape, dtype_bytes or plan.inputs.dtype)
+        num_devices=num_ranks, strategy=strategy, runtime_bytes=runtime_bytes,
+        policy=sampling.policy, probe_tokens=sampling.probe_tokens)
+    precision = resolve_precision_name(training.precision, device)
+    per_token = kv_bytes_per_token(shape, dtype_bytes or base_dtype(
+        PRECISIONS[precision], model.lora_rank > 0))
+    budget = parse_kv_budget(sampling.kv_budget, per_token)
+    memory_g = 0
+    if not (budget or sampling.micro_group or sampling.policy == "full"):
+        memory_g = plan_memory(shape, **settings).micro_group or 1
     sizes = sampling_sizes(
-        policy=sampling.policy, micro_group=sampling.micro_group,
-        kv_budget_tokens=parse_kv_budget(sampling.kv_budget, per_token),
+        policy=sampling.policy, micro_group=sampling.micro_group, kv_budget_tokens=budget,
         num_generations=sampling.num_generations, num_prompts=num_prompts,
         max_prompt_tokens=data.max_prompt_length, max_new_tokens=sampling.max_new_tokens,
-        block_size=kv_block_size(engine, device), memory_micro_group=plan.micro_group or 1)
+        block_size=kv_block_size(engine, device), memory_micro_group=memory_g)
+    plan = plan_memory(shape, micro_group=sizes.micro_group,
+                       kv_budget_tokens=sizes.kv_budget_tokens, **settings)
     seq_len = data.max_prompt_length + sampling.max_new_tokens
     sizes.train_micro_batch_tokens = (training.train_micro_batch_tokens
                                       or max(plan.train_micro_batch_tokens, seq_len))

@@ -10,21 +10,32 @@ the machine: the same command gives the same weights whatever else runs. `auto` 
 free at start (plus what the model holds) instead. A plan that does not fit is reported with the
 planner's advice and the run continues with the configured g and one sequence per micro-batch.
 
+A sampler outside a training run (`infsamp sample`, the TRL plug-in, the benchmarks' engines)
+is sized by the same function (`sampler_run_sizes`): its calls planned as a run's steps, for the
+memory free at start.
+
 Deliberately simple: planned once at start-up; the out-of-memory retries halve the sizes later
 if the estimate was too optimistic (`RunSizes.halve`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
-from infsamp.config import Config
+from infsamp.config import Config, SamplingConfig
 from infsamp.models.device import base_model, is_4bit, memory_bytes, runtime_bytes
 from infsamp.planner import shape_from_config
 from infsamp.planner.estimate import DEVICES
-from infsamp.planner.sizes import RunSizes, plan_line, plan_run_sizes
+from infsamp.planner.sizes import (
+    RunSizes,
+    kv_block_size,
+    plan_line,
+    plan_run_sizes,
+    pool_holding,
+    run_engine,
+)
 
 RUNTIME_ROUND_BYTES = 32 * 2**20
 
@@ -65,3 +76,25 @@ def plan_run(cfg: Config, model: torch.nn.Module, device: torch.device,
         dtype_bytes=next(model.parameters()).element_size(),
         runtime_bytes=measured_runtime_bytes(device, model))
     return PlannedRun(sizes, plan_line(plan, sizes))
+
+
+def sampler_run_sizes(sampling: SamplingConfig, model: torch.nn.Module, max_prompt_tokens: int,
+                      num_prompts: int, optimizer: str = "sgd",
+                      call_budget_tokens: int = 0) -> RunSizes:
+    """The sizes of a sampler outside a training run, through `plan_run`: `sampling`'s calls of up
+    to `num_prompts` prompts of up to `max_prompt_tokens` tokens, for the memory free now (plus
+    what the model holds) beside `optimizer`'s states (`sgd`: none; the TRL plug-in: TRL's
+    AdamW). `call_budget_tokens`: an engine for calls of up to that KV budget each (the
+    benchmarks), started with the pool that holds it (`planner.sizes.pool_holding`)."""
+    device = next(model.parameters()).device
+    cfg = Config()
+    cfg = replace(cfg, sampling=sampling,
+                  data=replace(cfg.data, max_prompt_length=max_prompt_tokens),
+                  training=replace(cfg.training, prompts_per_step=num_prompts, optimizer=optimizer,
+                                   micro_batch_memory="auto"))
+    if call_budget_tokens:
+        kind = "cuda" if device.type == "cuda" else "cpu"
+        block = kv_block_size(run_engine(cfg, kind, is_4bit(model)), kind)
+        cfg = replace(cfg, sampling=replace(
+            sampling, kv_budget=str(pool_holding(call_budget_tokens, block))))
+    return plan_run(cfg, model, device).sizes

@@ -59,8 +59,8 @@ ProgressCallback = Callable[[SamplerStats, int, int], None]
 # ---------------------------------------------------------------- sizes
 
 
-def resolve_budget(kv_budget: str, model) -> int | None:
-    """`sampling.kv_budget` -> KV tokens: '8192' is tokens, '2GiB' bytes; None for 'auto' (the
+def resolve_budget(kv_budget: str, model) -> int:
+    """`sampling.kv_budget` -> KV tokens: '8192' is tokens, '2GiB' bytes; 0 for 'auto' (the
     planner sizes it for g: `planner.sizes.sampling_sizes`)."""
     try:
         return parse_kv_budget(kv_budget, model_kv_bytes_per_token(model))
@@ -85,24 +85,21 @@ def memory_micro_group(cfg: SamplingConfig, model, max_prompt_tokens: int, num_p
 
 
 def sampler_sizes(cfg: SamplingConfig, model, max_prompt_tokens: int, num_prompts: int,
-                  engine: str = "slots", num_generations: int | None = None,
-                  max_new_tokens: int | None = None, budget_is_pool: bool = True,
-                  budget: int | None | str = "read") -> RunSizes:
-    """The sizes of a sampler that runs alone (no training run planned them), for calls of up to
-    `num_prompts` prompts x G of up to `max_prompt_tokens` tokens on `engine` (slots or vllm):
-    the rule a run's plan uses (`planner.sizes.sampling_sizes`). `budget`: `sampling.kv_budget`
-    in tokens when already read (None: auto)."""
-    G, max_new = num_generations or cfg.num_generations, max_new_tokens or cfg.max_new_tokens
-    budget = resolve_budget(cfg.kv_budget, model) if budget == "read" else budget
+                  engine: str, num_generations: int, max_new_tokens: int, *,
+                  kv_budget_tokens: int) -> RunSizes:
+    """The sizes of one call of a sampler used alone (no run planned them), given an engine started
+    apart (its pool caps the budget per call): the planner's rule (`planner.sizes.sampling_sizes`)
+    for `num_prompts` prompts x G of up to `max_prompt_tokens` tokens on `engine`;
+    `kv_budget_tokens`: `sampling.kv_budget` read once (0: auto)."""
     memory_g = 0
-    if budget is None and not cfg.micro_group and cfg.policy != "full":
+    if not kv_budget_tokens and not cfg.micro_group and cfg.policy != "full":
         memory_g = memory_micro_group(cfg, model, max_prompt_tokens, num_prompts, engine)
     device = "cuda" if next(model.parameters()).device.type == "cuda" else "cpu"
-    return sampling_sizes(policy=cfg.policy, micro_group=cfg.micro_group, kv_budget_tokens=budget,
-                          num_generations=G, num_prompts=num_prompts,
-                          max_prompt_tokens=max_prompt_tokens, max_new_tokens=max_new,
-                          block_size=kv_block_size(engine, device), memory_micro_group=memory_g,
-                          budget_is_pool=budget_is_pool)
+    return sampling_sizes(policy=cfg.policy, micro_group=cfg.micro_group,
+                          kv_budget_tokens=kv_budget_tokens, num_generations=num_generations,
+                          num_prompts=num_prompts, max_prompt_tokens=max_prompt_tokens,
+                          max_new_tokens=max_new_tokens, block_size=kv_block_size(engine, device),
+                          memory_micro_group=memory_g, budget_is_pool=False)
 
 
 def policy_options(cfg: SamplingConfig, policy: str) -> dict:
@@ -145,7 +142,7 @@ class GroupSampler:
                              "token-level part (as online) predicts instead")
         self.sizes = sizes
         # a sampler used alone reads `sampling.kv_budget` once (a bad one fails here)
-        self._kv_budget = resolve_budget(cfg.kv_budget, model) if sizes is None else None
+        self._kv_budget = resolve_budget(cfg.kv_budget, model) if sizes is None else 0
 
     @property
     def max_context(self) -> int:
@@ -203,8 +200,8 @@ class GroupSampler:
                    max_new: int) -> RunSizes:
         """A sampler used alone: the sizes of one call, for its own prompts."""
         return sampler_sizes(self.cfg, self.model, max(len(p) for p in prompt_ids), len(prompt_ids),
-                             self.engine.name, num_generations, max_new, budget_is_pool=False,
-                             budget=self._kv_budget)
+                             self.engine.name, num_generations, max_new,
+                             kv_budget_tokens=self._kv_budget)
 
     def budget_tokens(self, sizes: RunSizes) -> int:
         """The KV budget in tokens, capped by the engine's fixed KV pool (vLLM)."""

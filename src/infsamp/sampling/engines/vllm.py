@@ -8,8 +8,9 @@ after every update.
 
 Sizing (the run's `RunSizes`, decided once by the planner): the KV pool (`kv_cache_memory_bytes`)
 is the KV budget rounded down to whole blocks and never more (one block of it is vLLM's null
-block); vLLM's `max_num_seqs` is the run's largest g (`max_micro_group`). Prefix
-caching is on, so a group's full prompt blocks are computed once and shared by its samples
+block: `planner.kv_budget.paged_pool_blocks`, the plan's rule too); vLLM's `max_num_seqs` is
+the run's largest g (`max_micro_group`). Prefix caching is on, so a group's full prompt blocks
+are computed once and shared by its samples
 (`prefill_tokens` counts what was computed); the scheduler's books count KV in these blocks
 (`types.reserved_tokens`), so admission keeps the pool's worst case within it and vLLM has no
 reason to preempt (it may under `full`, whose g ignores the budget: preemptions are counted).
@@ -57,6 +58,7 @@ from infsamp.config import SamplingConfig
 from infsamp.errors import SamplingError, first_line
 from infsamp.models.device import base_model, memory_bytes, model_kv_bytes_per_token
 from infsamp.planner.estimate import vllm_step_tokens
+from infsamp.planner.kv_budget import paged_pool_blocks
 from infsamp.planner.sizes import RunSizes
 from infsamp.sampling.engines.base import (
     DecodeOptions,
@@ -143,7 +145,8 @@ class VLLMEngine:
         self.max_micro_group = max(1, sizes.max_micro_group)
         self.kv_bytes_per_token = model_kv_bytes_per_token(base_model(model))
         num_blocks = self._pool_blocks(cfg, sizes)
-        self.kv_capacity_tokens = (num_blocks - 1) * self.kv_block_size  # block 0: vLLM's null
+        self.kv_capacity_tokens = usable_kv_tokens(num_blocks * self.kv_block_size,
+                                                   self.kv_block_size)  # but its spare block
         self.sleep_level = _sleep_level(cfg, self.device)
         check_no_live_engine()
         self._config_dir = tempfile.mkdtemp(prefix="infsamp-vllm-")
@@ -173,7 +176,8 @@ class VLLMEngine:
                                 "--sampling.engine slots")
 
     def _pool_blocks(self, cfg: SamplingConfig, sizes: RunSizes) -> int:
-        """Blocks of the KV pool: what the run's largest g needs at most, never over the budget."""
+        """Blocks of the KV pool (`paged_pool_blocks`: what the run's largest g needs at most,
+        never over the budget)."""
         block, prompt, new = self.kv_block_size, sizes.max_prompt_tokens, sizes.max_new_tokens
         budget = sizes.kv_budget_tokens
         if max_new_tokens_within(usable_kv_tokens(budget, block), prompt, new, block) < new:
@@ -183,9 +187,7 @@ class VLLMEngine:
                 f"below one full sequence on vLLM ({one_sequence} tokens in blocks of {block}: "
                 f"prompt {prompt} + max_new_tokens {new}); raise sampling.kv_budget or lower "
                 "sampling.max_new_tokens / data.max_prompt_length")
-        most = self.max_micro_group
-        wanted = kv_tokens_needed(most, new, prompt, most, block)
-        return min(budget // block, -(-wanted // block) + 1)
+        return paged_pool_blocks(budget, self.max_micro_group, new, prompt, block)
 
     def _start(self, vllm, dtype: torch.dtype, num_blocks: int):
         from vllm.engine.arg_utils import EngineArgs
