@@ -23,7 +23,7 @@ demo: $(STAMP)
 	$(BIN)/infsamp train --logging.output_dir runs/demo-$$(date +%Y%m%d-%H%M%S)
 
 # SmolLM2-135M on reasoning-gym's basic_arithmetic with LoRA (examples/smollm2_reasoning_gym.yaml;
-# measured in docs/benchmarks.md, "A SmolLM2 recipe")
+# measured in docs/benchmarks/smollm2.md, "A SmolLM2 recipe")
 demo-real: $(STAMP)
 	$(BIN)/infsamp train examples/smollm2_reasoning_gym.yaml \
 		--logging.output_dir runs/demo-real-$$(date +%Y%m%d-%H%M%S)

@@ -11,7 +11,7 @@
 # cannot reach a package index: the wheels in .whl/ (TRL, datasets and its dill/multiprocess,
 # torchao, torch-optimi; built for Python 3.12 manylinux x86_64) are installed with --no-index
 # into a folder of their own first. vLLM is left out of this plan: its CUDA wheel is far larger
-# than the 64 MiB a device call carries (benchmarks/gpu_vllm.py measures it where installed).
+# than the 64 MiB a device call carries.
 # Models are public shapes (Qwen3-1.7B, Qwen3-0.6B, Llama-3.2-1B) with random weights built from
 # their configs; completions run to their full length (no EOS).
 set -euo pipefail

@@ -216,7 +216,7 @@ class Peak:
     on CUDA also the absolute peaks (allocated and reserved) since the last `reset`."""
 
     def __init__(self, device: str):
-        from memory import PeakMeter  # benchmarks/memory.py
+        from peak_meter import PeakMeter  # benchmarks/peak_meter.py
 
         synchronize(device)
         self.device = device

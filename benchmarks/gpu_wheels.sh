@@ -10,7 +10,7 @@
 #                torch >= 2.11)
 #   torch-optimi part 4's bf16_kahan candidate (benchmarks/precision.py)
 # vLLM's CUDA wheel (hundreds of MB with its CUDA kernels) cannot travel in the 64 MiB the device
-# call carries, so the suite leaves vLLM out (benchmarks/gpu_vllm.py measures it where installed).
+# call carries, so the suite leaves vLLM out.
 #   bash benchmarks/gpu_wheels.sh            # -> .whl/*.whl, sizes printed, limit checked
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from infsamp.planner import load_shape, plan_memory, with_layers  # noqa: E402
 from infsamp.planner.presets import ModelShape, shape_from_config  # noqa: E402
 
-from proc_memory import peak_resident_bytes, reset_peak, resident_bytes  # noqa: E402  (benchmarks/)
+from peak_meter import PeakMeter  # noqa: E402  (benchmarks/)
 
 MIB = 2**20
 NO_LIMIT = 2**50
@@ -221,40 +221,6 @@ def measure_training_step(model, optimizer, prompts, completions, *, max_tokens:
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-
-
-# --- peak memory ----------------------------------------------------------------------------------
-
-
-class PeakMeter:
-    """Peak bytes above a baseline: CPU resident set (VmHWM) or CUDA max_memory_allocated."""
-
-    def __init__(self, device: str):
-        self.device = device
-        self.baseline = self._current()
-        self.reset()
-
-    def _current(self) -> int:
-        if self.device == "cuda":
-            import torch
-
-            return torch.cuda.memory_allocated()
-        return resident_bytes()
-
-    def reset(self) -> None:
-        if self.device == "cuda":
-            import torch
-
-            torch.cuda.reset_peak_memory_stats()
-        else:
-            reset_peak()
-
-    def peak(self) -> int:
-        if self.device == "cuda":
-            import torch
-
-            return torch.cuda.max_memory_allocated() - self.baseline
-        return peak_resident_bytes() - self.baseline
 
 
 def run_child(name: str, phase: str, precision: str) -> dict:

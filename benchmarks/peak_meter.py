@@ -1,10 +1,14 @@
-"""Peak-memory meters for the training benchmarks: the whole step's peak and one phase's own peak.
+"""The benchmarks' memory meters, in one place: the process's resident set from /proc, and peaks.
 
-`PeakRss` (CPU: the process's resident set from /proc) and `CudaPeak` (CUDA: torch's allocator)
-share one interface: `start()` takes the baseline (after a warm-up step) and resets the peak,
-`peak_bytes()` is the run-wide peak above that baseline, and `phase(fn)` wraps a function so that
-each call's own peak above the memory in use at its start lands in `phase_peaks` (calls before
-`start()`, the warm-up, are not measured). Used by `vs_trl.py` and the GPU suite's part 3.
+- `resident_bytes`, `peak_resident_bytes`, `reset_peak`: this Linux process's VmRSS, VmHWM, and
+  VmHWM := VmRSS from now on.
+- `PeakMeter(device)` (`memory.py`, the GPU suite): peak bytes above the memory in use when it is
+  built, CPU resident set or CUDA `max_memory_allocated`; `reset()` restarts the peak.
+- `PeakRss` / `CudaPeak` (`make_meter(device)`; `vs_trl.py`, `vs_trl_real.py`, the GPU suite's
+  part 3): `start()` takes the baseline (after a warm-up step) and resets the peak, `peak_bytes()`
+  is the run-wide peak above that baseline, and `phase(fn)` wraps a function so that each call's
+  own peak above the memory in use at its start lands in `phase_peaks` (calls before `start()`,
+  the warm-up, are not measured).
 
 Deliberately simple: Linux only on the CPU (VmHWM is reset through /proc/self/clear_refs), one
 CUDA device.
@@ -14,8 +18,28 @@ from __future__ import annotations
 
 import ctypes
 import gc
+from pathlib import Path
 
-from proc_memory import peak_resident_bytes, reset_peak, resident_bytes
+
+def status_kib(field: str) -> int:
+    """A `kB` field of /proc/self/status (VmRSS, VmHWM, ...)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def resident_bytes() -> int:
+    return status_kib("VmRSS") * 1024
+
+
+def peak_resident_bytes() -> int:
+    return status_kib("VmHWM") * 1024
+
+
+def reset_peak() -> None:
+    """VmHWM := VmRSS from now on."""
+    Path("/proc/self/clear_refs").write_text("5")
 
 
 class PeakRss:
@@ -29,34 +53,34 @@ class PeakRss:
     def start(self) -> None:
         gc.collect()
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-        self.baseline = self._in_use()
+        self.baseline = self.in_use()
         self.earlier_peak = 0
-        self._reset()
+        self.reset_peak()
 
     def peak_bytes(self) -> int:
-        return max(self.earlier_peak, self._peak()) - (self.baseline or 0)
+        return max(self.earlier_peak, self.peak_since_reset()) - (self.baseline or 0)
 
     def phase(self, fn):
         """`fn` wrapped: once started, each call's peak growth goes to `phase_peaks`."""
         def measured(*args, **kwargs):
             if self.baseline is None:  # the warm-up step
                 return fn(*args, **kwargs)
-            self.earlier_peak = max(self.earlier_peak, self._peak())
-            before = self._in_use()
-            self._reset()
+            self.earlier_peak = max(self.earlier_peak, self.peak_since_reset())
+            before = self.in_use()
+            self.reset_peak()
             result = fn(*args, **kwargs)
-            self.phase_peaks.append(self._peak() - before)
+            self.phase_peaks.append(self.peak_since_reset() - before)
             return result
         return measured
 
     # the memory counters; CudaPeak overrides these three
-    def _in_use(self) -> int:
+    def in_use(self) -> int:
         return resident_bytes()
 
-    def _peak(self) -> int:
+    def peak_since_reset(self) -> int:
         return peak_resident_bytes()
 
-    def _reset(self) -> None:
+    def reset_peak(self) -> None:
         reset_peak()
 
 
@@ -69,23 +93,23 @@ class CudaPeak(PeakRss):
         gc.collect()
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
-        self.baseline = self._in_use()
+        self.baseline = self.in_use()
         self.earlier_peak = 0
-        self._reset()
+        self.reset_peak()
 
-    def _in_use(self) -> int:
+    def in_use(self) -> int:
         import torch
 
         torch.cuda.synchronize()
         return torch.cuda.memory_allocated()
 
-    def _peak(self) -> int:
+    def peak_since_reset(self) -> int:
         import torch
 
         torch.cuda.synchronize()
         return torch.cuda.max_memory_allocated()
 
-    def _reset(self) -> None:
+    def reset_peak(self) -> None:
         import torch
 
         torch.cuda.reset_peak_memory_stats()
@@ -93,3 +117,19 @@ class CudaPeak(PeakRss):
 
 def make_meter(device: str) -> PeakRss:
     return CudaPeak() if device == "cuda" else PeakRss()
+
+
+class PeakMeter:
+    """Peak bytes above the memory in use at construction, on the device's counters."""
+
+    def __init__(self, device: str):
+        self.device = device
+        self.counters = make_meter(device)
+        self.baseline = self.counters.in_use()
+        self.reset()
+
+    def reset(self) -> None:
+        self.counters.reset_peak()
+
+    def peak(self) -> int:
+        return self.counters.peak_since_reset() - self.baseline

@@ -243,11 +243,12 @@ def trl_dataset(rows: list, tokenizer, data_cfg):
 
 def run_trl(cfg, args) -> dict:
     import torch
-    from peak_meter import make_meter
 
     from infsamp.models.loading import load_model_and_tokenizer, load_tokenizer, require_stop_tokens
     from infsamp.run.scoring import RunRewards
     from infsamp.run.setup import check_environment, load_prompts, seed_everything, set_num_threads
+
+    from peak_meter import make_meter
 
     device = torch.device("cpu")
     precision = check_environment(cfg, device)

@@ -26,7 +26,7 @@ RECIPE = {
     "sampling.num_generations": 2, "sampling.max_new_tokens": 12, "sampling.kv_budget": "2048",
     "training.prompts_per_step": 1, "training.learning_rate": 1e-5, "training.warmup_ratio": 0.0,
     "eval.max_new_tokens": 12, "logging.progress_bar": False, "logging.plot": False,
-    "training.num_threads": 1,  # beside other jobs one thread is faster (docs/benchmarks.md)
+    "training.num_threads": 1,  # faster beside other jobs (docs/benchmarks/smollm2.md)
     "checkpointing.keep_best": "eval/accuracy",
 }
 

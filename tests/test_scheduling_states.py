@@ -1,8 +1,8 @@
 """benchmarks/scheduling_states.py replay on the committed SmolLM2-135M traces: `continuous`
 replays to the engine's decode steps (checked inside the replay), and the figures that
-docs/scheduling.md and docs/benchmarks.md give for `online`, the first-point ceilings and the
-oracle come out of the code as it is (issue 22). The hidden states are not committed, so `hidden`
-is not replayed here (and says so in one line)."""
+docs/benchmarks/scheduling.md gives for `online`, the first-point ceilings and the oracle come out
+of the code as it is (issue 22). The hidden states are not committed, so `hidden` is not replayed
+here (and says so in one line)."""
 
 import argparse
 from pathlib import Path

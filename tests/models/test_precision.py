@@ -150,7 +150,8 @@ def test_bf16_and_mixed_updates_follow_fp32_and_plain_bf16_adamw_does_not(load_b
     projects out, so stochastic rounding (exact on average) or a compensated optimizer (exact
     within one bf16 step) is not penalised for the noise, only for lost or biased updates. 300
     steps take the fp32 update past a bf16 rounding step of typical weights, which is when lost
-    updates show and a compensated buffer has carried over (docs/benchmarks.md: 10 to 300 steps).
+    updates show and a compensated buffer has carried over (docs/benchmarks/memory.md: 10 to 300
+    steps).
     """
     bench = load_benchmark("precision")
     torch.set_num_threads(1)

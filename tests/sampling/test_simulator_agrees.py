@@ -147,7 +147,7 @@ def test_b1_bench_trace_replays_and_length_aware_beats_arrival_order(seed):
     the replay of the bench's trace takes the engine's decode steps and parks for continuous,
     length_aware + online and the oracle, and length_aware + online, which parks samples after
     their first tokens, takes at least 60% of the oracle's decode-step gain over arrival order
-    (docs/benchmarks.md, "Decisions after the first tokens")."""
+    (docs/benchmarks/scheduling.md, "Decisions after the first tokens")."""
     report = json.loads((BENCH_B1 / "scheduling.json").read_text())
     groups = read_trace(BENCH_B1 / f"trace_slots_seed{seed}.jsonl")
     budget = 8 * 256 + max(g.prompt_tokens for g in groups)  # B=1: g full samples + one prompt
