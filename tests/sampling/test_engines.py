@@ -8,7 +8,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from infsamp.sampling.engines.base import DecodeOptions
 from infsamp.sampling.engines.select import build_warpers, select_tokens, uniform_noise
-from infsamp.sampling.engines.slots import SlotEngine, SlotKVCache
+from infsamp.sampling.engines.slot_cache import SlotKVCache
+from infsamp.sampling.engines.slots import SlotEngine
 from infsamp.sampling.types import Sample, SamplerStats
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -162,6 +163,7 @@ def decode_logits(model, prompts, samples, split: bool, steps: int = 3) -> list[
         engine.start(slot, sample)
     logits = []
     for _ in range(steps):
+        samples = engine._allocate(samples)
         inputs, positions, write_index, rows = engine._step_layout(samples)
         mask = engine.cache.prepare_step([s.sample_id for s in samples], rows, write_index,
                                          engine.eager_mask)
@@ -194,7 +196,8 @@ def test_attention_beyond_plain_falls_back_to_the_models_own(model):
                            DecodeOptions(temperature=0.0, eos_token_ids=()))
     for slot, sample in enumerate(samples):
         engine.start(slot, sample)
-    _, _, write_index, rows = engine._step_layout(samples)  # each sample's first column
+    samples = engine._allocate(samples)  # each sample's first column
+    _, _, write_index, rows = engine._step_layout(samples)
     mask = engine.cache.prepare_step([0, 1], rows, write_index, False)  # [S, 1, 1, P_max + 1]
     layer = model.model.layers[0].self_attn
     query = torch.randn(2, 2, 1, 16)  # [S, H, 1, D]

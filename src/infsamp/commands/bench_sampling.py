@@ -98,6 +98,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads (1 is fastest for tiny models)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--bound", action="store_true",
+                        help="beside each slot-engine cell, the decode step's bound: the model's "
+                             "own forward of the same rows over a ready cache (decode_bound.py)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -243,6 +246,9 @@ def run_cell(model, tokenizer, workload: Workload, prompts, group_size: int, pol
     budget = cell_budget(workload.max_new_tokens, prompts[:num_prompts], g, block)
     cfg = cell_config(policy, g, budget, workload.max_new_tokens)
     sampler = GroupSampler(model, tokenizer, cfg, engine=engine)
+    logs_steps = getattr(args, "bound", False) and hasattr(engine, "step_log")
+    if logs_steps:
+        engine.step_log = []
     total = {"decode_steps": 0, "lower_bound": 0, "generated_tokens": 0, "wall_time_s": 0.0,
              "model_time_s": 0.0, "cpu_time_s": 0.0, "num_preemptions": 0, "prefill_tokens": 0}
     peaks = dict.fromkeys(("peak_kv_bytes", "peak_kv_tokens", "peak_kv_blocks",
@@ -258,13 +264,42 @@ def run_cell(model, tokenizer, workload: Workload, prompts, group_size: int, pol
                     "model_time_s", "num_preemptions", "prefill_tokens"):
             total[key] += getattr(stats, key)
         peaks = {k: max(v, getattr(stats, k)) for k, v in peaks.items()}
+    bound = {}
+    if logs_steps:
+        bound, engine.step_log = decode_bound_figures(model, engine.step_log), None
     return {"engine": stats.engine, "workload": workload.name, "G": group_size, "policy": policy,
             "micro_group": g, "g": stats.micro_group, "kv_budget_tokens": budget,
             "num_prompts": num_prompts,
             **total, **peaks,
             "tokens_per_second": total["generated_tokens"] / max(total["wall_time_s"], 1e-9),
             "tokens_per_cpu_second": total["generated_tokens"] / max(total["cpu_time_s"], 1e-9),
-            "overhead_fraction": 1 - total["model_time_s"] / max(total["wall_time_s"], 1e-9)}
+            "overhead_fraction": 1 - total["model_time_s"] / max(total["wall_time_s"], 1e-9),
+            **bound}
+
+
+BOUND_STEPS = 24  # decode steps of a cell replayed for its bound (evenly spaced)
+
+
+def decode_bound_figures(model, step_log: list[tuple[float, float, list[int]]]) -> dict:
+    """The engine's decode steps beside two bounds of the same steps (`decode_bound.py`): the
+    model's own forward over a ready cache and its matrix products alone; up to BOUND_STEPS of the
+    cell's steps, evenly spaced, replayed right after it. Per step means in ms, wall and CPU."""
+    from infsamp.sampling.engines.decode_bound import bound_seconds, matmul_seconds
+
+    chosen = step_log[::max(1, math.ceil(len(step_log) / BOUND_STEPS))]
+    parts = {"step": [(wall, cpu) for wall, cpu, _ in chosen],
+             "forward": [bound_seconds(model, lengths) for _, _, lengths in chosen],
+             "matmul": [matmul_seconds(model, len(lengths)) for _, _, lengths in chosen]}
+    figures = {"bound_steps": len(chosen),
+               "decode_step_ms": 1000 * sum(w for w, _, _ in step_log) / len(step_log)}
+    for name, times in parts.items():
+        figures[f"{name}_ms"] = 1000 * sum(w for w, _ in times) / len(times)
+        figures[f"{name}_cpu_ms"] = 1000 * sum(c for _, c in times) / len(times)
+    for name in ("forward", "matmul"):
+        figures[f"step_over_{name}"] = figures["step_ms"] / max(figures[f"{name}_ms"], 1e-9)
+        figures[f"step_over_{name}_cpu"] = (figures["step_cpu_ms"]
+                                            / max(figures[f"{name}_cpu_ms"], 1e-9))
+    return figures
 
 
 # ---------------------------------------------------------------- targets, profile, output
@@ -285,6 +320,12 @@ def check_targets(rows: list[dict]) -> dict:
         subset = [r for r in rows if (r["engine"], r["micro_group"]) == (engine, g)]
         targets.update({prefix + k: v for k, v in policy_targets(subset).items()})
     for r in rows:
+        if "step_over_forward" in r:
+            cell = f"{r['workload']} G={r['G']} g={r['micro_group']} {r['policy']}: decode step"
+            for name, what in (("forward", "model forward over a ready cache"),
+                               ("matmul", "its matrix products alone")):
+                targets[f"{cell} / {what} (wall)"] = r[f"step_over_{name}"]
+                targets[f"{cell} / {what} (CPU)"] = r[f"step_over_{name}_cpu"]
         other = next((o for o in rows if o["engine"] == "slots" and r["engine"] == "vllm" and all(
             o[k] == r[k] for k in ("workload", "G", "micro_group", "policy"))), None)
         if other is not None:
@@ -366,6 +407,9 @@ def profile_overhead(model, tokenizer, workload: Workload, args, micro_group: in
 HEADER = (f"{'engine':<7}{'workload':<11}{'G':>5} {'policy':<11}{'g':>4}{'steps':>8}{'bound':>8}"
           f"{'peak KV':>11}{'prefill':>8}{'preempt':>8}{'tokens':>8}{'wall s':>8}{'tok/s':>8}"
           f"{'tok/cpu-s':>10}{'ovh':>6}")
+# --bound, CPU ms per step: the engine's replayed steps, the model's own forward of them over a
+# ready cache, their matrix products alone, and the ratios (wall figures in sampling.json)
+BOUND_HEADER = (f"{'step ms':>9}{'fwd ms':>9}{'step/fwd':>9}{'mm ms':>9}{'step/mm':>9}")
 
 
 def format_row(r: dict) -> str:
@@ -373,11 +417,14 @@ def format_row(r: dict) -> str:
             f"{r['decode_steps']:>8}{r['lower_bound']:>8}{r['peak_kv_bytes'] / 2**20:>9.2f}Mi"
             f"{r['prefill_tokens']:>8}{r['num_preemptions']:>8}{r['generated_tokens']:>8}"
             f"{r['wall_time_s']:>8.1f}{r['tokens_per_second']:>8.0f}"
-            f"{r['tokens_per_cpu_second']:>10.0f}{100 * r['overhead_fraction']:>5.1f}%")
+            f"{r['tokens_per_cpu_second']:>10.0f}{100 * r['overhead_fraction']:>5.1f}%"
+            + (f"{r['step_cpu_ms']:>9.1f}{r['forward_cpu_ms']:>9.1f}"
+               f"{r['step_over_forward_cpu']:>8.2f}x{r['matmul_cpu_ms']:>9.1f}"
+               f"{r['step_over_matmul_cpu']:>8.2f}x" if "step_over_forward" in r else ""))
 
 
 def print_report(rows: list[dict], report: dict) -> None:
-    print("\n" + HEADER)
+    print("\n" + HEADER + (BOUND_HEADER if any("step_over_forward" in r for r in rows) else ""))
     for r in rows:
         print(format_row(r))
     print("\ntargets:")

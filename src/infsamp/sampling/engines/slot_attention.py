@@ -7,17 +7,16 @@ repeats it per query head (`repeat_kv`): per layer up to (1 + heads / kv_heads) 
 layer's whole slot KV in temporaries. Here the scores are computed in two parts, q.K_prompt and
 q.K_slots, with the query heads grouped under their KV head ([S, H, 1, D] -> [S, H_kv, r, D]), one
 softmax over both, and the two value products summed: the only temporaries are the scores
-([S, H, P + W]), the samples' own columns (gathered from the pool by `SlotKVCache.update`) and,
+([S, H, P + W]), the samples' own columns (viewed or gathered by the cache's `update`) and,
 when samples belong to different groups, each one's prompt row.
 
 `slot_attention(model, cache)` switches the model's attention to this function for one decode
-forward and back; `SlotKVCache.update` then returns the samples' own columns only. A layer that
+forward and back; the cache's `update` then returns the samples' own columns only. A layer that
 asks for more than plain attention (a sliding window, logit soft-capping, attention sinks) gets
 the model's own attention function over the concatenated keys, as before.
 
 Shapes: S = the samples running this step (one row each); H, H_kv query and KV heads,
-r = H / H_kv, P the widest prompt row, W the sample columns attended this step (gathered from the
-slot engine's pool).
+r = H / H_kv, P the widest prompt row, W the sample columns attended this step.
 
 Deliberately simple: one query position per slot (decode); prefill runs the model's own attention.
 """
@@ -34,7 +33,7 @@ from infsamp.models.device import base_model
 
 NAME = "infsamp_slots"
 SPECIAL_KWARGS = ("sliding_window", "softcap", "s_aux", "sinks")  # beyond plain attention
-_active: list = []  # the SlotKVCache of the decode forward in progress
+_active: list = []  # the slot cache of the decode forward in progress
 
 
 def supports_split(model) -> bool:

@@ -1,24 +1,13 @@
 """The slot engine: decode slots over a transformers causal LM, with each group's prompt KV held
-once and every sample's own KV in one pool of token positions.
+once and every running sample's own KV in `slot_cache.py`'s layouts.
 
-Memory layout (per layer, keys and values alike):
-
-    prompt table  [R, H_kv, P_max, D]   one row per group alive now (prompt minus its last token)
-    column pool   [H_kv, N, D]          N token positions, preallocated for the call (the
-                                        scheduler's `max_running_tokens`), never regrown
-
-A running sample owns pool positions, one per KV column it has written (`table`): a
-sample of length L writes L columns (step 1 feeds the prompt's last token, step n writes the KV of
-its input as column n-1), each taken from the free list when written and all given back when it
-ends or is parked. So the pool holds what samples have written, not a row of max_new_tokens per
-slot, and a slot is only a number: more samples than g can run as long as the scheduler's books
-(which never reserve more than the pool) hold them. Each step runs the running samples only:
-attention sees, through the cache object below, each one's prompt row and its columns gathered
-from the pool ([S, H_kv, W, D]) under a [S, 1, 1, P_max + W] mask: the group's shared prompt plus
-the sample's own tokens and nothing else. `slot_attention.py` reads the prompt rows in place; a
-model whose attention is neither sdpa nor eager gets `cat(prompt rows, columns)` from `update`
-instead. Rotary positions are explicit (`position_ids = prompt_len - 1 + n`), so the order of key
-columns is free.
+Layout per call (`begin_call`): where the scheduler's pool holds a whole completion per slot (the
+g-slot policies: `full`, `rounds`, `continuous`, `length_aware`), one row of max_new_tokens columns
+per slot (`SlotRowCache`): the running samples' columns are read as a view, no per-step copy;
+where it holds less (`probe`: more samples than g running, each holding what it has written), a
+pool of token positions gathered per layer and step (`SlotKVCache`). Each step runs the running
+samples only, in the cache's row order (`arrange`: a row's numbers do not depend on its place in
+the batch), with explicit rotary positions (`position_ids = prompt_len - 1 + n`).
 
 Why not transformers' continuous batching (checked on 5.24): its loop runs in a background thread,
 draws tokens with one global `torch.multinomial` (no per-sample random streams, so policies could
@@ -34,8 +23,7 @@ it resumes, else they are given back and recomputed at resume by one forward ove
 against its group's prompt row. Both happen at the next decode step, after every sample parked in
 that admission has given its positions back.
 
-Deliberately simple: positions of one token each (no blocks: the gather is per token); one gather
-of each sample's columns per layer and step.
+Deliberately simple: two layouts, chosen per call; the token pool gathers per token (no blocks).
 """
 
 from __future__ import annotations
@@ -44,7 +32,6 @@ import contextlib
 import time
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 from transformers import DynamicCache
@@ -53,177 +40,8 @@ from infsamp.models.device import base_model
 from infsamp.sampling.engines.base import DecodeOptions, SlotLogitsProcessor
 from infsamp.sampling.engines.select import ForcedLengths, build_warpers, select_tokens
 from infsamp.sampling.engines.slot_attention import slot_attention, supports_split
+from infsamp.sampling.engines.slot_cache import SlotKVCache, SlotRowCache
 from infsamp.sampling.types import Sample, SamplerStats
-
-
-class SlotKVCache:
-    """Duck-typed transformers cache: the model calls `update(k, v, layer_idx)` once per layer and
-    step."""
-
-    def __init__(self, num_layers: int, pool_tokens: int, kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device, num_samples: int = 1,
-                 max_columns: int = 1):
-        shape = (kv_heads, pool_tokens, head_dim)  # a gather of positions: [H, S, W, D]
-        self.pool_keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.pool_values = [torch.zeros(shape, dtype=dtype, device=device)
-                            for _ in range(num_layers)]
-        self._free = list(range(pool_tokens - 1, -1, -1))  # a stack: the lowest position on top
-        # the pool position of each sample's KV columns, [samples, columns] (stale past the ones
-        # it has written, `num_columns`: masked)
-        self.table = torch.zeros((num_samples, max_columns), dtype=torch.long, device=device)
-        self.num_columns: dict[int, int] = {}  # sample id -> KV columns it holds in the pool
-        empty = (0, kv_heads, 0, head_dim)
-        self.prompt_keys = [torch.zeros(empty, dtype=dtype, device=device)
-                            for _ in range(num_layers)]
-        self.prompt_values = [torch.zeros(empty, dtype=dtype, device=device)
-                              for _ in range(num_layers)]
-        self.parked: dict[int, tuple[list, list]] = {}  # sample id -> kept (keys, values) per layer
-        self.group_rows: dict[int, int] = {}  # group id -> row of the prompt table
-        self.prompt_lengths: list[int] = []  # KV tokens of each row (prompt length - 1)
-        self.device = device
-        # this step's layout (`prepare_step`): prompt row of each sample (None: one row), the
-        # position each one writes, and the positions of its columns (padded)
-        self.step_rows: torch.Tensor | None = None
-        self.write_positions = torch.zeros(0, dtype=torch.long, device=device)  # [S]
-        self.read_positions = torch.zeros((0, 1), dtype=torch.long, device=device)  # [S, W]
-        self.split_from: str | None = None  # set while slot_attention reads the cache in place
-
-    # ---- prompt table
-    def add_prompt(self, group_id: int, keys: Sequence[torch.Tensor],
-                   values: Sequence[torch.Tensor]) -> None:
-        """Append a group's prompt KV (per layer [1, H, P-1, D]) as a new row of the table."""
-        self.group_rows[group_id] = len(self.prompt_lengths)
-        self.prompt_lengths.append(keys[0].shape[2])
-        self.prompt_keys = [_append_row(t, k.to(t.dtype)) for t, k in zip(self.prompt_keys, keys)]
-        self.prompt_values = [_append_row(t, v.to(t.dtype))
-                              for t, v in zip(self.prompt_values, values)]
-
-    def drop_prompt(self, group_id: int) -> None:
-        row = self.group_rows.pop(group_id)
-        del self.prompt_lengths[row]
-        self.group_rows = {g: r - (r > row) for g, r in self.group_rows.items()}
-        width = max(self.prompt_lengths, default=0)
-        keep = [r for r in range(len(self.prompt_lengths) + 1) if r != row]
-        self.prompt_keys = [t[keep, :, :width].contiguous() for t in self.prompt_keys]
-        self.prompt_values = [t[keep, :, :width].contiguous() for t in self.prompt_values]
-
-    def held_tensors(self) -> list[torch.Tensor]:
-        parked = [t for keys, values in self.parked.values() for t in (*keys, *values)]
-        return self.pool_keys + self.pool_values + self.prompt_keys + self.prompt_values + parked
-
-    def held_tokens(self) -> int:
-        num_rows, _, prompt_width, _ = self.prompt_keys[0].shape
-        parked = sum(keys[0].shape[1] for keys, _ in self.parked.values())
-        return self.pool_keys[0].shape[1] + num_rows * prompt_width + parked
-
-    # ---- a sample's columns
-    def allocate(self, sample_id: int, num_columns: int = 1) -> list[int]:
-        """`num_columns` more pool positions for a sample (its next KV columns)."""
-        if len(self._free) < num_columns:
-            raise RuntimeError(f"slot KV pool full ({self.pool_keys[0].shape[1]} tokens): the "
-                               "scheduler's books let more KV run than the pool was sized for")
-        positions = [self._free.pop() for _ in range(num_columns)]
-        held = self.num_columns.get(sample_id, 0)
-        if num_columns == 1:
-            self.table[sample_id, held] = positions[0]
-        else:
-            self.table[sample_id, held:held + num_columns] = torch.tensor(positions)
-        self.num_columns[sample_id] = held + num_columns
-        return positions
-
-    def positions(self, sample_id: int) -> torch.Tensor:
-        """The pool positions of a sample's columns, in order: [n]."""
-        return self.table[sample_id, :self.num_columns.get(sample_id, 0)]
-
-    def release(self, sample_id: int) -> None:
-        """A sample's positions back to the free list (it ended, or was parked)."""
-        self._free.extend(reversed(self.positions(sample_id).tolist()))
-        self.num_columns.pop(sample_id, None)
-
-    def write(self, sample_id: int, keys: Sequence[torch.Tensor],
-              values: Sequence[torch.Tensor]) -> None:
-        """Per layer [H, n, D] as a sample's first n columns (a resumed sample's KV)."""
-        positions = torch.tensor(self.allocate(sample_id, keys[0].shape[1]), device=self.device)
-        for layer, (k, v) in enumerate(zip(keys, values)):
-            self.pool_keys[layer][:, positions] = k.to(self.pool_keys[layer].dtype)
-            self.pool_values[layer][:, positions] = v.to(self.pool_values[layer].dtype)
-
-    # ---- parked samples
-    def park(self, sample_id: int) -> None:
-        """Copy a sample's columns out (per layer [H, n, D]) and give its positions back."""
-        positions = self.positions(sample_id)
-        self.parked[sample_id] = ([k[:, positions] for k in self.pool_keys],  # copies
-                                  [v[:, positions] for v in self.pool_values])
-        self.release(sample_id)
-
-    def unpark(self, sample_id: int) -> bool:
-        """A parked sample's kept columns back into the pool; False if none were kept."""
-        if sample_id not in self.parked:
-            return False
-        self.write(sample_id, *self.parked.pop(sample_id))
-        return True
-
-    # ---- per step
-    def prepare_step(self, sample_ids: list[int], slot_rows: list[int], write_index: list[int],
-                     is_causal_eager: bool) -> torch.Tensor:
-        """Set this step's layout for the running samples (each has its column `write_index`
-        allocated); returns the attention mask [S, 1, 1, P_max + W] (bool, or additive)."""
-        device = self.device
-        width = max(write_index) + 1
-        ids = torch.tensor(sample_ids, device=device)  # [S]
-        written = torch.tensor(write_index, device=device)  # [S]
-        self.write_positions = self.table[ids, written]  # [S]
-        self.read_positions = self.table[ids, :width]  # [S, W]
-        num_rows = len(self.prompt_lengths)
-        self.step_rows = None if num_rows <= 1 else torch.tensor(slot_rows, device=device)
-        lengths = torch.tensor([self.prompt_lengths[r] if num_rows else 0 for r in slot_rows],
-                               device=device)  # [S]
-        prompt_cols = torch.arange(self.prompt_keys[0].shape[2], device=device)
-        slot_cols = torch.arange(width, device=device)
-        mask = torch.cat([prompt_cols[None, :] < lengths[:, None],
-                          slot_cols[None, :] <= written[:, None]], dim=1)  # [S, P_max + W]
-        mask = mask[:, None, None, :]
-        if is_causal_eager:
-            dtype = self.pool_keys[0].dtype
-            return torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill(
-                ~mask, torch.finfo(dtype).min)
-        return mask
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
-               **_: Any):
-        """Write the step's K/V [S, H, 1, D] at each sample's new position; return its columns
-        (prompt included unless slot_attention reads the prompt rows itself) to attend."""
-        pool_k, pool_v = self.pool_keys[layer_idx], self.pool_values[layer_idx]
-        # under autocast (precision mixed) K/V come in bf16 or fp32: store the cache's dtype
-        pool_k[:, self.write_positions] = key_states[:, :, 0].transpose(0, 1).to(pool_k.dtype)
-        pool_v[:, self.write_positions] = value_states[:, :, 0].transpose(0, 1).to(pool_v.dtype)
-        keys = pool_k[:, self.read_positions].transpose(0, 1)  # [H, S, W, D] -> [S, H, W, D]
-        values = pool_v[:, self.read_positions].transpose(0, 1)
-        if self.split_from is not None:  # slot_attention reads the prompt rows itself
-            return keys, values
-        return self.joined(layer_idx, keys, values)
-
-    def joined(self, layer_idx: int, keys: torch.Tensor, values: torch.Tensor):
-        """Each sample's prompt row and its columns as one tensor: [S, H, P_max + W, D] each."""
-        return (self._with_prompt(self.prompt_keys[layer_idx], keys),
-                self._with_prompt(self.prompt_values[layer_idx], values))
-
-    def _with_prompt(self, table: torch.Tensor, slot_part: torch.Tensor) -> torch.Tensor:
-        if table.shape[0] == 0 or table.shape[2] == 0:
-            return slot_part
-        rows = table.expand(slot_part.shape[0], -1, -1,
-                            -1) if self.step_rows is None else table[self.step_rows]
-        return torch.cat([rows, slot_part], dim=2)
-
-    # transformers' mask helpers look for these on cache objects
-    is_sliding = is_linear = is_dummy = ()
-
-
-def _append_row(table: torch.Tensor, row: torch.Tensor) -> torch.Tensor:
-    width = max(table.shape[2], row.shape[2])
-    table = torch.nn.functional.pad(table, (0, 0, 0, width - table.shape[2]))
-    row = torch.nn.functional.pad(row, (0, 0, 0, width - row.shape[2]))
-    return torch.cat([table, row], dim=0)
 
 
 class SlotEngine:
@@ -244,7 +62,10 @@ class SlotEngine:
         self.model = model
         self.eager_mask = getattr(model.config, "_attn_implementation", "sdpa") == "eager"
         self.cache_kwarg = _cache_kwarg_name(model)
-        self.cache: SlotKVCache | None = None
+        self.cache: SlotKVCache | SlotRowCache | None = None
+        # when a list: (wall seconds, CPU seconds, KV length of each row) of every decode step
+        # (the bound's replay, `decode_bound.py`)
+        self.step_log: list[tuple[float, float, list[int]]] | None = None
 
     @property
     def max_context(self) -> int:
@@ -262,9 +83,12 @@ class SlotEngine:
                            None) or config.hidden_size // config.num_attention_heads
         kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         max_new = max(s.max_new_tokens for s in samples)
-        self.cache = SlotKVCache(config.num_hidden_layers, pool_tokens or num_slots * max_new,
-                                 kv_heads, head_dim, param.dtype, param.device, len(samples),
-                                 max_new)
+        if pool_tokens is None or pool_tokens >= num_slots * max_new:  # a whole row per slot
+            self.cache = SlotRowCache(config.num_hidden_layers, num_slots, max_new, kv_heads,
+                                      head_dim, param.dtype, param.device)
+        else:
+            self.cache = SlotKVCache(config.num_hidden_layers, pool_tokens, kv_heads, head_dim,
+                                     param.dtype, param.device, len(samples), max_new)
         self.device, self.prompts, self.options, self.stats = param.device, prompts, options, stats
         if processor is None and options.target_lengths is not None:
             processor = ForcedLengths(options.target_lengths, options.eos_token_ids[0])
@@ -290,12 +114,13 @@ class SlotEngine:
         self.slot_sample[slot] = sample
 
     def decode_step(self, active: dict[int, Sample]) -> list[Sample]:
+        step_start, cpu_start = time.perf_counter(), time.process_time()
         self._drop_taken_back(active)
         for sample in self.to_restore:  # after every parked sample gave its positions back
             if not self.cache.unpark(sample.sample_id):
                 self._recompute(sample)
         self.to_restore = []
-        running = [active[slot] for slot in sorted(active)]
+        running = self._allocate([active[slot] for slot in sorted(active)])
         inputs, positions, write_index, rows = self._step_layout(running)
         mask = self.cache.prepare_step([s.sample_id for s in running], rows, write_index,
                                        self.eager_mask)
@@ -307,7 +132,11 @@ class SlotEngine:
         if hidden is not None:
             for sample, state in zip(running, hidden.float().cpu().numpy()):
                 sample.hidden_state = state  # the last layer at its latest token
-        return self._record(running, tokens)
+        ended = self._record(running, tokens)
+        if self.step_log is not None:
+            self.step_log.append((time.perf_counter() - step_start,
+                                  time.process_time() - cpu_start, [p + 1 for p in positions]))
+        return ended
 
     def end_call(self) -> None:
         self.model.train(self.was_training)
@@ -327,8 +156,15 @@ class SlotEngine:
         self.reset()
 
     # ---- internals
+    def _allocate(self, running: list[Sample]) -> list[Sample]:
+        """Each running sample's new column; the samples in the cache's batch order."""
+        for sample in running:
+            if self.cache.num_columns.get(sample.sample_id, 0) == len(sample.token_ids):
+                self.cache.allocate(sample.sample_id)
+        return self.cache.arrange(running)
+
     def _step_layout(self, running: list[Sample]):
-        """Each running sample's input token, position and new column (allocated here)."""
+        """Each running sample's input token, position, column and prompt row."""
         inputs, positions, write_index, rows = [], [], [], []
         for sample in running:
             done, prompt = sample.token_ids, self.prompts[sample.group_id]
@@ -336,8 +172,6 @@ class SlotEngine:
             positions.append(len(prompt) - 1 + len(done))
             write_index.append(len(done))
             rows.append(self.cache.group_rows[sample.group_id])
-            if self.cache.num_columns.get(sample.sample_id, 0) == len(done):
-                self.cache.allocate(sample.sample_id)
         return inputs, positions, write_index, rows
 
     def _forward(self, inputs: list[int], positions: list[int], mask: torch.Tensor):

@@ -1,0 +1,117 @@
+"""The decode step's bound: the model's own forward of the same rows over a ready cache.
+
+A slot engine step does more than the model's forward: it lays the step out (which samples run,
+where each writes), gathers or views each sample's KV, builds the mask and selects tokens. The
+bound is what is left when none of that is needed: the same rows (one query token each, each row
+attending to as many KV columns as it does in the engine: its prompt plus its own tokens) run
+through the model's own forward and its own attention (sdpa or eager) over a contiguous cache that
+is already laid out, `ReadyCache`: each layer's keys and values are one [S, H_kv, W, D] tensor per
+call, the step's new column written in place, the rest a view. No scheduling, no gather, no token
+selection; the LM head is included (it is part of the forward).
+
+A tighter floor beside it, `matmul_seconds`: the step's matrix products alone, every linear layer
+of the model (the LM head included) applied to S rows once, nothing else: what any engine running
+these weights in this precision must at least do.
+
+`SlotEngine.step_log` records each decode step's wall time and the KV length of each row;
+`bound_seconds` replays a step's rows here, so `infsamp bench sampling --bound` prints the engine's
+decode-step time beside the bound of the very same steps, measured in the same run.
+
+Deliberately simple: the prompt is held per row (a plain batch: what transformers' generate holds;
+the engine shares it per group, so its attention reads less); random cache contents (the time of
+a forward does not depend on them); one timing per step, as the
+engine's (wall and CPU seconds: the machine may be shared).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from infsamp.models.device import base_model
+
+
+class ReadyCache:
+    """Duck-typed transformers cache over preallocated contiguous K/V: [S, H_kv, W, D] per layer,
+    row i holding `lengths[i]` columns (its last one written by the step)."""
+
+    def __init__(self, model, lengths: Sequence[int], generator: torch.Generator):
+        config, param = base_model(model).config, next(model.parameters())
+        head_dim = getattr(config, "head_dim",
+                           None) or config.hidden_size // config.num_attention_heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        width = max(lengths)
+        shape = (len(lengths), kv_heads, width, head_dim)
+        self.keys = [torch.randn(shape, generator=generator).to(param.dtype)
+                     for _ in range(config.num_hidden_layers)]
+        self.values = [torch.randn(shape, generator=generator).to(param.dtype)
+                       for _ in range(config.num_hidden_layers)]
+        self.write_index = torch.tensor(lengths) - 1  # [S] the column the step writes
+        self.rows = torch.arange(len(lengths))  # [S]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
+               **_: Any):
+        """Write the step's K/V [S, H, 1, D] at each row's last column; return the whole cache."""
+        keys, values = self.keys[layer_idx], self.values[layer_idx]
+        keys[self.rows, :, self.write_index] = key_states[:, :, 0].to(keys.dtype)
+        values[self.rows, :, self.write_index] = value_states[:, :, 0].to(values.dtype)
+        return keys, values
+
+    # transformers' mask helpers look for these on cache objects
+    is_sliding = is_linear = is_dummy = ()
+
+
+def ready_step_inputs(model, lengths: Sequence[int], seed: int = 0) -> dict:
+    """The model's keyword arguments for one decode step of rows with these KV lengths."""
+    generator = torch.Generator().manual_seed(seed)
+    config = base_model(model).config
+    device = next(model.parameters()).device
+    lengths_t = torch.tensor(lengths, device=device)  # [S]
+    columns = torch.arange(max(lengths), device=device)  # [W]
+    mask = (columns[None, :] < lengths_t[:, None])[:, None, None, :]  # [S, 1, 1, W]
+    if getattr(config, "_attn_implementation", "sdpa") == "eager":
+        dtype = next(model.parameters()).dtype
+        mask = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill(
+            ~mask, torch.finfo(dtype).min)
+    input_ids = torch.randint(0, config.vocab_size, (len(lengths), 1), generator=generator)
+    return {"input_ids": input_ids.to(device),  # [S, 1]
+            "position_ids": (lengths_t - 1)[:, None],  # [S, 1]
+            "attention_mask": mask, "use_cache": True,
+            _cache_kwarg(model): ReadyCache(model, lengths, generator)}
+
+
+def bound_seconds(model, lengths: Sequence[int]) -> tuple[float, float]:
+    """Wall and CPU seconds of one forward of rows with these KV lengths over a ready cache."""
+    inputs = ready_step_inputs(model, lengths)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            start, cpu_start = time.perf_counter(), time.process_time()
+            model(**inputs).logits[:, -1].float()  # [S, V], as the engine takes them
+            return time.perf_counter() - start, time.process_time() - cpu_start
+    finally:
+        model.train(was_training)
+
+
+def matmul_seconds(model, num_rows: int) -> tuple[float, float]:
+    """Wall and CPU seconds of the step's matrix products: each linear layer of the model on
+    `num_rows` rows (inputs [S, in_features], random)."""
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    param = next(model.parameters())
+    inputs = {m.in_features: torch.randn(num_rows, m.in_features, dtype=param.dtype,
+                                         device=param.device) for m in linears}  # [S, in]
+    with torch.inference_mode():
+        start, cpu_start = time.perf_counter(), time.process_time()
+        for layer in linears:
+            torch.nn.functional.linear(inputs[layer.in_features], layer.weight, layer.bias)
+        return time.perf_counter() - start, time.process_time() - cpu_start
+
+
+def _cache_kwarg(model) -> str:
+    from infsamp.sampling.engines.slots import _cache_kwarg_name
+
+    return _cache_kwarg_name(model)
