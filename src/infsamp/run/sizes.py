@@ -25,6 +25,7 @@ from infsamp.models.device import base_model, is_4bit, memory_bytes, runtime_byt
 from infsamp.planner import shape_from_config
 from infsamp.planner.estimate import DEVICES
 from infsamp.planner.sizes import RunSizes, plan_line, plan_run_sizes
+from infsamp.run.dynamic_sampling import plan_note
 
 RUNTIME_ROUND_BYTES = 32 * 2**20
 
@@ -64,4 +65,4 @@ def plan_run(cfg: Config, model: torch.nn.Module, device: torch.device,
         device=kind, quantized=is_4bit(model), num_ranks=num_ranks, strategy=strategy,
         dtype_bytes=next(model.parameters()).element_size(),
         runtime_bytes=measured_runtime_bytes(device, model))
-    return PlannedRun(sizes, plan_line(plan, sizes))
+    return PlannedRun(sizes, plan_line(plan, sizes) + plan_note(cfg.sampling, cfg.training))
