@@ -107,18 +107,11 @@ def reference_group_advantages(rewards: torch.Tensor, sizes: list[int], scale: s
     divides the centred rewards by the std of every reward of the step."""
     parts, start = [], 0
     for size in sizes:
-        parts.append(compute_advantages(rewards[start:start + size], size, "none").advantages)
+        own = "none" if scale == "batch" else scale
+        parts.append(compute_advantages(rewards[start:start + size], size, own).advantages)
         start += size
-    centred = torch.cat(parts)
-    if scale == "none":
-        return centred
-    if scale == "batch":
-        return centred / (nanstd(rewards) + STD_EPS)
-    start, out = 0, []
-    for size, part in zip(sizes, parts):
-        out.append(compute_advantages(rewards[start:start + size], size, "group").advantages)
-        start += size
-    return torch.cat(out)
+    whole = torch.cat(parts)
+    return whole / (nanstd(rewards) + STD_EPS) if scale == "batch" else whole
 
 
 @pytest.mark.parametrize("scale", sorted(REWARD_SCALERS))
