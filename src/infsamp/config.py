@@ -30,6 +30,7 @@ from infsamp.hub import looks_like_path
 EMBEDDED_MODEL = "embedded"
 EMBEDDED_TASK = "embedded:arithmetic"
 REASONING_GYM_PREFIX = "reasoning_gym:"
+DYNAMIC_CAP_FACTOR = 4  # sampling.max_num_generations 0: this many times num_generations
 
 
 class ConfigError(InfsampError, ValueError):
@@ -229,6 +230,17 @@ class SamplingConfig:
         choices=("token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "off"))
     vllm_importance_sampling_cap: float = opt(
         3.0, "vllm engine: the cap of those weights (TRL's C_max)")
+    dynamic: bool = opt(False, "dynamic sampling: a prompt whose G rewards all tie gets more "
+                        "completions, a chunk per sampler call, up to max_num_generations; one "
+                        "still without spread there is dropped from the update and replaced by "
+                        "the next prompt of the stream (run/dynamic_sampling.py). The KV budget "
+                        "and g do not change")
+    max_num_generations: int = opt(0, "dynamic: the most completions one prompt gets (0: "
+                                   f"{DYNAMIC_CAP_FACTOR} x num_generations)")
+    dynamic_chunk: int = opt(0, "dynamic: completions added to an undecided prompt per round "
+                             "(0: num_generations)")
+    max_replaced_prompts: int = opt(-1, "dynamic: prompts dropped without spread that are "
+                                    "replaced per step (-1: training.prompts_per_step; 0: none)")
 
     def validate(self) -> None:
         _require(self.num_generations >= 2, "sampling.num_generations", self.num_generations,
@@ -265,6 +277,30 @@ class SamplingConfig:
                 parse_size(self.kv_budget)
             except ValueError as err:
                 raise ConfigError(f"sampling.kv_budget: {err}") from None
+        self._validate_dynamic()
+
+    def _validate_dynamic(self) -> None:
+        _require(self.max_num_generations >= 0, "sampling.max_num_generations",
+                 self.max_num_generations, "must be >= 0 (0: "
+                 f"{DYNAMIC_CAP_FACTOR} x num_generations)")
+        _require(self.dynamic_chunk >= 0, "sampling.dynamic_chunk", self.dynamic_chunk,
+                 "must be >= 0 (0: num_generations)")
+        _require(self.max_replaced_prompts >= -1, "sampling.max_replaced_prompts",
+                 self.max_replaced_prompts, "must be >= -1 (-1: training.prompts_per_step)")
+        _require(not self.dynamic or self.generations_cap >= self.num_generations,
+                 "sampling.max_num_generations", self.max_num_generations,
+                 f"must be >= sampling.num_generations ({self.num_generations}) with "
+                 "sampling.dynamic")
+
+    @property
+    def generations_cap(self) -> int:
+        """dynamic: the most completions one prompt gets (`max_num_generations`, resolved)."""
+        return self.max_num_generations or DYNAMIC_CAP_FACTOR * self.num_generations
+
+    @property
+    def chunk_generations(self) -> int:
+        """dynamic: completions one round adds to an undecided prompt (resolved)."""
+        return self.dynamic_chunk or self.num_generations
 
 
 @dataclass
@@ -314,6 +350,11 @@ class TrainingConfig:
     nonfinite: str = opt("stop", "a NaN/inf loss, gradient norm or reward: stop (one line naming "
                          "step and quantity, nothing applied or saved) or skip the update "
                          "(counted as train/skipped_updates)", choices=("stop", "skip"))
+    completions_per_step: int = opt(0, "a fixed sampling budget (needs sampling.dynamic): the "
+                                    "step samples at most this many completions, G per prompt "
+                                    "first, the rest in chunks to the prompts whose rewards still "
+                                    "tie (none to decided ones), so runs compare at equal "
+                                    "sampling cost (0: off)")
     micro_batch_memory: str = opt("total", "memory the planner sizes the training micro-batch "
                                   "for: total (the device's total memory: the same command gives "
                                   "the same weights) or auto (memory free at start: results vary "
@@ -329,6 +370,8 @@ class TrainingConfig:
         _require(self.max_steps > 0, "training.max_steps", self.max_steps, "must be > 0")
         _require(self.prompts_per_step > 0, "training.prompts_per_step", self.prompts_per_step,
                  "must be > 0")
+        _require(self.completions_per_step >= 0, "training.completions_per_step",
+                 self.completions_per_step, "must be >= 0 (0: off)")
         _require(self.learning_rate >= 0, "training.learning_rate", self.learning_rate,
                  "must be >= 0")
         _require(0 <= self.warmup_ratio < 1, "training.warmup_ratio", self.warmup_ratio,
@@ -480,10 +523,22 @@ class Config:
         _require(not self.checkpointing.keep_best or self.eval.num_problems > 0,
                  "checkpointing.keep_best", self.checkpointing.keep_best,
                  "needs evaluations (eval.num_problems > 0)")
+        self._validate_sample_budget()
         _require(not (self.distributed.strategy == "fsdp" and self.model.lora_rank > 0),
                  "distributed.strategy", self.distributed.strategy,
                  "fsdp shards full fine-tuning; with LoRA (model.lora_rank > 0) use ddp")
         return self
+
+    def _validate_sample_budget(self) -> None:
+        budget, first = self.training.completions_per_step, (self.training.prompts_per_step
+                                                             * self.sampling.num_generations)
+        if not budget:
+            return
+        _require(self.sampling.dynamic, "training.completions_per_step", budget,
+                 "spreads completions by observed spread: set sampling.dynamic true")
+        _require(budget >= first, "training.completions_per_step", budget,
+                 f"must be >= prompts_per_step x num_generations ({first}): every prompt's "
+                 "first chunk")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

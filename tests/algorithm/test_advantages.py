@@ -5,7 +5,13 @@ import math
 import pytest
 import torch
 
-from infsamp.algorithm.advantages import REWARD_SCALERS, STD_EPS, compute_advantages, nanstd
+from infsamp.algorithm.advantages import (
+    REWARD_SCALERS,
+    STD_EPS,
+    compute_advantages,
+    compute_group_advantages,
+    nanstd,
+)
 
 NAN = float("nan")
 # two groups of G=3: [1, 2, 3] (mean 2, unbiased std 1) and [5, 5, 5] (a tie)
@@ -91,3 +97,48 @@ def test_bad_arguments_raise():
         compute_advantages(REWARDS, 3, "median")
     with pytest.raises(ValueError, match="num_generations"):
         compute_advantages(REWARDS, 4, "group")
+
+
+# ---- groups of unequal size (dynamic sampling)
+
+
+def reference_group_advantages(rewards: torch.Tensor, sizes: list[int], scale: str):
+    """The per-group loop: each group on its own (compute_advantages, G = its size); "batch"
+    divides the centred rewards by the std of every reward of the step."""
+    parts, start = [], 0
+    for size in sizes:
+        own = "none" if scale == "batch" else scale
+        parts.append(compute_advantages(rewards[start:start + size], size, own).advantages)
+        start += size
+    whole = torch.cat(parts)
+    return whole / (nanstd(rewards) + STD_EPS) if scale == "batch" else whole
+
+
+@pytest.mark.parametrize("scale", sorted(REWARD_SCALERS))
+def test_groups_of_any_size_match_the_per_group_loop(scale):
+    generator = torch.Generator().manual_seed(3)
+    sizes = [2, 8, 3, 16, 5, 8]
+    rewards = torch.randint(0, 3, (sum(sizes),), generator=generator).float()
+    rewards[4:7] = 1.0  # a tie inside the second group does not make it tied
+    rewards[10:13] = 2.0  # the third group ties: exactly 0
+    rewards[14] = NAN  # a reward no function gave
+    result = compute_group_advantages(rewards, sizes, scale)
+    torch.testing.assert_close(result.advantages,
+                               reference_group_advantages(rewards, sizes, scale))
+    assert torch.equal(result.advantages[10:13], torch.zeros(3)) and result.advantages[14] == 0
+    ties = [bool(compute_advantages(rewards[a:a + n], n, scale).zero_std_fraction)
+            for a, n in zip([0, 2, 10, 13, 29, 34], sizes)]
+    assert result.zero_std_fraction == pytest.approx(sum(ties) / len(sizes))
+    assert result.reward_std == pytest.approx(nanstd(rewards).item())
+
+
+@pytest.mark.parametrize("scale", sorted(REWARD_SCALERS))
+def test_equal_groups_agree_with_compute_advantages(scale):
+    rewards = torch.randn(24, generator=torch.Generator().manual_seed(1))
+    same = compute_group_advantages(rewards, [8, 8, 8], scale)
+    assert torch.equal(same.advantages, compute_advantages(rewards, 8, scale).advantages)
+
+
+def test_group_sizes_must_cover_the_rewards():
+    with pytest.raises(ValueError, match="do not cover"):
+        compute_group_advantages(torch.zeros(5), [2, 2], "group")

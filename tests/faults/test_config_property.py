@@ -68,6 +68,8 @@ BELOW = {  # int and float options -> their smallest valid value (values below i
     "training.warmup_ratio": 0, "eval.every_steps": 0, "eval.num_problems": 0,
     "eval.temperature": 0, "eval.max_new_tokens": 0, "logging.log_every": 1,
     "checkpointing.save_every": 0, "checkpointing.keep_last": 1,
+    "sampling.max_num_generations": 0, "sampling.dynamic_chunk": 0,
+    "sampling.max_replaced_prompts": -1, "training.completions_per_step": 0,
 }
 ABOVE = {"training.adam_beta1": 1, "training.adam_beta2": 1, "training.warmup_ratio": 1,
          "model.lora_dropout": 1, "sampling.top_p": 1.0000001, "training.seed": 2**32,

@@ -47,6 +47,8 @@ def test_unknown_or_conflicting_options_are_refused_at_once():
         infsamp_rollout(num_generations=4)
     with pytest.raises(RolloutError, match="sampling.engine.*'gpu'"):
         infsamp_rollout(engine="gpu")
+    with pytest.raises(RolloutError, match="dynamic sampling does not apply"):
+        infsamp_rollout(dynamic=True)
 
 
 def policy_logprobs(model, prompt, completion, temperature):

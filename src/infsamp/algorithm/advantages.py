@@ -15,11 +15,15 @@ Deliberate choices:
 - NaN rewards (every reward function returned None) are left out of means and stds and get advantage
   0.
 - A std over fewer than two values is 0, not NaN, so G = 1 (evaluation) never produces NaN.
+- Groups of unequal size (dynamic sampling: `compute_group_advantages`) are laid out padded with
+  NaN to the largest, so every scale treats the padding as missing rewards: each group is centred
+  on its own mean and scaled by its own std ("group"), and "batch" divides by the std of every
+  reward of the step (each completion counts once, so a larger group weighs more in it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import torch
@@ -75,13 +79,36 @@ def group_ties(grouped: Tensor) -> Tensor:
 
 def compute_advantages(rewards: Tensor, num_generations: int, scale: str) -> AdvantageResult:
     """Group-mean-centred rewards divided by the scale named `scale` (a key of REWARD_SCALERS)."""
-    if scale not in REWARD_SCALERS:
-        raise ValueError(f"scale_rewards: unknown {scale!r}; expected one of "
-                         f"{sorted(REWARD_SCALERS)}")
+    _check_scale(scale)
     if num_generations < 1 or rewards.numel() % num_generations:
         raise ValueError(f"num_generations: {num_generations} does not divide {rewards.numel()} "
                          f"rewards")
-    grouped = rewards.float().reshape(-1, num_generations)  # [P, G]
+    return _grouped_advantages(rewards.float().reshape(-1, num_generations), scale)  # [P, G]
+
+
+def compute_group_advantages(rewards: Tensor, group_sizes: Sequence[int],
+                             scale: str) -> AdvantageResult:
+    """`compute_advantages` for groups of any sizes: rewards [N] group-major, N = sum of sizes
+    (each group padded with NaN to the largest, which no mean or std counts)."""
+    _check_scale(scale)
+    if min(group_sizes, default=0) < 1 or sum(group_sizes) != rewards.numel():
+        raise ValueError(f"group sizes {list(group_sizes)} do not cover {rewards.numel()} rewards")
+    sizes = torch.as_tensor(list(group_sizes))  # [P]
+    real = torch.arange(int(sizes.max())).unsqueeze(0) < sizes.unsqueeze(1)  # [P, G_max]
+    grouped = torch.full(real.shape, float("nan"))  # [P, G_max]
+    grouped[real] = rewards.float()
+    result = _grouped_advantages(grouped, scale)
+    return result._replace(advantages=result.advantages[real.reshape(-1)])  # [N]
+
+
+def _check_scale(scale: str) -> None:
+    if scale not in REWARD_SCALERS:
+        raise ValueError(f"scale_rewards: unknown {scale!r}; expected one of "
+                         f"{sorted(REWARD_SCALERS)}")
+
+
+def _grouped_advantages(grouped: Tensor, scale: str) -> AdvantageResult:
+    """Advantages of rewards laid out [P, G] (NaN: missing)."""
     group_std = nanstd(grouped, dim=1)  # [P]
     centred = grouped - torch.nanmean(grouped, dim=1, keepdim=True)  # [P, G]
     advantages = centred / REWARD_SCALERS[scale](grouped, group_std)  # [P, G]

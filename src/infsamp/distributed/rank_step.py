@@ -198,10 +198,11 @@ def _make_cost_predictor():
 def _records(batch, share: list[int], groups, rewards: RewardResult,
              sampler_metrics: dict[str, float], prefix_tokens: int = 0) -> dict[str, Any]:
     """This rank's groups as JSON-able records (a lengths.jsonl line + what the metrics need)."""
-    records = []
-    for k, (position, group) in enumerate(zip(share, groups)):
+    records, start = [], 0
+    for position, group in zip(share, groups):  # groups of any sizes (dynamic sampling)
         _, prompt = batch[position]
-        rows = slice(k * len(group), (k + 1) * len(group))
+        rows = slice(start, start + len(group))
+        start += len(group)
         first = {"first_tokens": [list(c.token_ids[:prefix_tokens]) for c in group]} \
             if prefix_tokens else {}
         records.append({"prompt_id": str(prompt.index), "prompt_tokens": len(prompt.token_ids),

@@ -27,6 +27,8 @@ logs as `infsamp/*`.
 Deliberately simple: text prompts (plain or chat) only; no tools, environments or images;
 TRL's own `use_vllm` must be off (the rollout is the generation backend); `repetition_penalty`,
 `min_p` and `generation_kwargs` are not supported: each is one error line at the first call.
+Dynamic sampling (`sampling.dynamic`) does not apply: TRL fixes the group size and scores the
+completions after the rollout returns; its options are refused in one line.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ from infsamp.config import SamplingConfig
 from infsamp.console import Notices
 from infsamp.errors import InfsampError
 
+# sampling.* options of `infsamp train`'s dynamic sampling, refused here (one line)
+DYNAMIC_OPTIONS = ("dynamic", "max_num_generations", "dynamic_chunk", "max_replaced_prompts")
 LOGGED_STATS = ("decode_steps", "micro_group", "peak_kv_bytes", "tokens_per_second",
                 "wall_time_s")
 
@@ -76,8 +80,12 @@ class InfsampRollout:
 
     def __init__(self, logprobs: bool = True, logprob_micro_batch_tokens: int = 0,
                  max_prompt_tokens: int = 256, share_prompt: bool = True, **sampling: Any):
-        allowed = set(SamplingConfig.__dataclass_fields__) - {"num_generations"}
+        allowed = set(SamplingConfig.__dataclass_fields__) - {"num_generations", *DYNAMIC_OPTIONS}
         unknown = sorted(set(sampling) - allowed)
+        if set(sampling) & set(DYNAMIC_OPTIONS):
+            raise RolloutError("infsamp_rollout: dynamic sampling does not apply here: TRL fixes "
+                               "each group at GRPOConfig.num_generations and scores the "
+                               "completions itself (`infsamp train` has sampling.dynamic)")
         if unknown:
             raise RolloutError(f"infsamp_rollout: unknown sampling option(s) {', '.join(unknown)} "
                                "(G is GRPOConfig.num_generations)")

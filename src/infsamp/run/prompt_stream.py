@@ -27,16 +27,18 @@ class PromptStream:
 
     def next_batch(self) -> list[tuple[int, Any]]:
         """(example index, example) for the next step; wraps into a new epoch when needed."""
-        batch = []
-        while len(batch) < self.prompts_per_step:
-            if self.position >= len(self._order):
-                self.epoch += 1
-                self.position = 0
-                self._order = self._shuffled(self.epoch)
-            index = self._order[self.position]
-            batch.append((index, self.examples[index]))
-            self.position += 1
-        return batch
+        return [self.next_prompt() for _ in range(self.prompts_per_step)]
+
+    def next_prompt(self) -> tuple[int, Any]:
+        """The stream's next (example index, example): a step's, or a replacement for a prompt
+        dynamic sampling dropped (the position counts it either way)."""
+        if self.position >= len(self._order):
+            self.epoch += 1
+            self.position = 0
+            self._order = self._shuffled(self.epoch)
+        index = self._order[self.position]
+        self.position += 1
+        return index, self.examples[index]
 
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "position": self.position}

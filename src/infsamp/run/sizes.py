@@ -36,6 +36,7 @@ from infsamp.planner.sizes import (
     pool_holding,
     run_engine,
 )
+from infsamp.run.dynamic_sampling import plan_note
 
 RUNTIME_ROUND_BYTES = 32 * 2**20
 
@@ -75,7 +76,7 @@ def plan_run(cfg: Config, model: torch.nn.Module, device: torch.device,
         device=kind, quantized=is_4bit(model), num_ranks=num_ranks, strategy=strategy,
         dtype_bytes=next(model.parameters()).element_size(),
         runtime_bytes=measured_runtime_bytes(device, model))
-    return PlannedRun(sizes, plan_line(plan, sizes))
+    return PlannedRun(sizes, plan_line(plan, sizes) + plan_note(cfg.sampling, cfg.training))
 
 
 def sampler_run_sizes(sampling: SamplingConfig, model: torch.nn.Module, max_prompt_tokens: int,

@@ -12,6 +12,10 @@
       push_weights                     the engine samples the next step from the new policy
       rank_steps.finish_metrics        the step's metrics, over every rank
 
+With `sampling.dynamic` the rollout is `dynamic_rollout`: rounds of sampler calls and scoring
+(`run/dynamic_sampling.py`) until each prompt's rewards differ or it reaches its cap, then the
+same combine -> advantages (groups of their own sizes) -> Rollout.
+
 `TrainStep` receives in its constructor everything it reads (the trainer builds these parts once
 and hands them over); it keeps no state of its own beyond them: the step counter is the run's
 `TrainState.step`.
@@ -27,13 +31,14 @@ from typing import Any
 
 import torch
 
-from infsamp.algorithm.advantages import compute_advantages
+from infsamp.algorithm.advantages import compute_advantages, compute_group_advantages
 from infsamp.algorithm.grpo_step import GRPOStep, Rollout, is_out_of_memory
 from infsamp.config import TrainingConfig
 from infsamp.distributed.rank_step import RankSteps
 from infsamp.distributed.strategies import Strategy
 from infsamp.errors import NonFiniteError, RewardError
 from infsamp.planner.sizes import RunSizes
+from infsamp.run.dynamic_sampling import DynamicSampler
 from infsamp.run.logs import RunLogger, completion_records
 from infsamp.run.progress import RunProgress
 from infsamp.run.prompt_stream import PromptStream
@@ -41,7 +46,7 @@ from infsamp.run.scoring import RunRewards
 from infsamp.run.step_metrics import check_finite, rollout_metrics
 from infsamp.run.train_state import TrainState
 from infsamp.sampling.engines.base import Engine
-from infsamp.sampling.sampler import GroupSampler
+from infsamp.sampling.sampler import GroupSampler, draw_seed
 from infsamp.tasks.prompts import EncodedPrompt
 from infsamp.timing import StepTimer
 
@@ -53,7 +58,8 @@ class TrainStep:
                  completions_every: int, stream: PromptStream, rank_steps: RankSteps,
                  sampler: GroupSampler, engine: Engine, strategy: Strategy,
                  generator: torch.Generator, sizes: RunSizes, rewards: RunRewards, tokenizer,
-                 grpo: GRPOStep, optimizer, scheduler, num_dropped_prompts: int):
+                 grpo: GRPOStep, optimizer, scheduler, num_dropped_prompts: int,
+                 dynamic: DynamicSampler | None = None):
         self.state, self.training, self.G = state, training, num_generations
         self.completions_every = completions_every
         self.stream, self.rank_steps = stream, rank_steps
@@ -62,13 +68,15 @@ class TrainStep:
         self.rewards, self.tokenizer = rewards, tokenizer
         self.grpo, self.optimizer, self.scheduler = grpo, optimizer, scheduler
         self.num_dropped_prompts = num_dropped_prompts
+        self.dynamic = dynamic  # sampling.dynamic: the step's rounds; None: one sampler call
         self.step_timer = StepTimer()  # time/sampling, time/rewards of each step
 
     def run(self, logger: RunLogger | None = None) -> dict[str, Any]:
         start = time.perf_counter()
         progress = logger.progress if logger is not None else RunProgress(0, 0, enabled=False)
         batch = self.stream.next_batch()
-        rollout, sample_metrics, groups, records = self.rollout(batch, progress)
+        rollout_of = self.rollout if self.dynamic is None else self.dynamic_rollout
+        rollout, sample_metrics, groups, records = rollout_of(batch, progress)
         sample_metrics.update(self.step_timer.metrics())  # time/sampling, time/rewards
         if logger is not None:
             logger.log_lengths(self.state.step + 1, groups)
@@ -113,16 +121,8 @@ class TrainStep:
         adv = compute_advantages(torch.tensor(step.rewards.total, dtype=torch.float32), G,
                                  self.training.scale_rewards)
         advantages = adv.advantages[step.local_rows]  # [b*G]: this rank's rows
-        engine_logprobs = ([torch.tensor(c.logprobs, dtype=torch.float32) for c in completions]
-                           if all(c.logprobs is not None for c in completions) else None)
-        rollout = Rollout(prompt_ids=[p for p in prompt_ids for _ in range(G)],
-                          completion_ids=[c.token_ids for c in completions],
-                          advantages=advantages,
-                          truncated=[c.finish_reason == "length" for c in completions],
-                          engine_logprobs=engine_logprobs,
-                          totals=self.grpo.totals_of(  # the whole step's loss normaliser
-                              [c.length for c in step.completions],
-                              [c.finish_reason == "length" for c in step.completions]))
+        rollout = self.make_rollout(prompt_ids, [G] * len(prompt_ids), completions, advantages,
+                                    step)
         metrics = self.sample_metrics(step.rewards, adv, step.completions, step.sampler_metrics)
         every, step_no = self.completions_every, self.state.step + 1
         records = [] if not every or step_no % every else self.rank_steps.gather_records(
@@ -140,17 +140,73 @@ class TrainStep:
         print(f"{where}: update skipped ({self.grpo.num_skipped_updates} so far)", file=sys.stderr)
         return {"train/skipped_updates": self.grpo.num_skipped_updates}
 
-    def sample_with_retry(self, prompt_ids, G: int, keys: list[str], texts: list[str],
-                           share: list[int], progress: RunProgress):
+    def dynamic_rollout(self, batch: list[tuple[int, EncodedPrompt]], progress: RunProgress):
+        """`rollout` with dynamic sampling (one process): the step's rounds, then its groups with
+        spread, each of its own size, normalised and laid out as `rollout`'s."""
+        seed, stride = draw_seed(self.generator), self.dynamic.cap  # one seed for every chunk
+
+        def sample(prompts, counts, first_index, positions):
+            progress.phase("sampling", sum(counts), "samples")
+            with self.step_timer.phase("sampling"):
+                return self.sample_with_retry(
+                    [p.token_ids for p in prompts], counts, [str(p.index) for p in prompts],
+                    [p.text for p in prompts], positions, progress, first_index=first_index,
+                    seed=seed, key_stride=stride)
+
+        def score(examples, texts, ids):
+            progress.phase("scoring", len(texts), "completions")
+            with self.step_timer.phase("rewards"):
+                rewards = self.score(examples, texts, ids)
+            progress.advance(len(texts))
+            return rewards
+
+        found = self.dynamic.run(batch, self.stream.next_prompt, sample, score,
+                                 len(self.stream.examples))
+        trained = found.trained
+        groups, rewards = [g.completions for g in trained], found.rewards()
+        sizes = [len(group) for group in groups]
+        step = self.rank_steps.combine([(g.index, g.prompt) for g in trained],
+                                       list(range(len(trained))), groups, rewards,
+                                       found.metrics())
+        adv = compute_group_advantages(torch.tensor(step.rewards.total, dtype=torch.float32),
+                                       sizes, self.training.scale_rewards)
+        completions = [c for group in groups for c in group]
+        rollout = self.make_rollout([g.prompt.token_ids for g in trained], sizes, completions,
+                                    adv.advantages, step)
+        metrics = self.sample_metrics(step.rewards, adv, step.completions, step.sampler_metrics)
+        every, step_no = self.completions_every, self.state.step + 1
+        records = [] if not every or step_no % every else completion_records(
+            [str(g.prompt.index) for g in trained for _ in g.completions],
+            [g.prompt.text for g in trained for _ in g.completions], completions,
+            rewards.per_function, rewards.total, adv.advantages)
+        return rollout, metrics, step.groups, records
+
+    def make_rollout(self, prompt_ids: list[list[int]], sizes: list[int],
+                     completions: list, advantages: torch.Tensor, step) -> Rollout:
+        """This rank's completions (group-major, `sizes[i]` of prompt i) as the GRPO step's
+        input; the loss normaliser counts the whole step's (`step.completions`)."""
+        engine_logprobs = ([torch.tensor(c.logprobs, dtype=torch.float32) for c in completions]
+                           if all(c.logprobs is not None for c in completions) else None)
+        return Rollout(prompt_ids=[p for p, n in zip(prompt_ids, sizes) for _ in range(n)],
+                       completion_ids=[c.token_ids for c in completions],
+                       advantages=advantages,
+                       truncated=[c.finish_reason == "length" for c in completions],
+                       engine_logprobs=engine_logprobs,
+                       totals=self.grpo.totals_of(  # the whole step's loss normaliser
+                           [c.length for c in step.completions],
+                           [c.finish_reason == "length" for c in step.completions]))
+
+    def sample_with_retry(self, prompt_ids, G, keys: list[str], texts: list[str],
+                           share: list[int], progress: RunProgress, **chunks):
         """On out-of-memory, halve g (`RunSizes.halve`; `full` becomes `continuous`) and sample
-        the step again."""
+        the step again (`chunks`: dynamic sampling's `first_index`, `seed`, `key_stride`)."""
         while True:
             state = self.generator.get_state()
             try:
                 with self.strategy.inference_model():  # FSDP: whole weights while sampling
                     return self.sampler.sample(prompt_ids, G, prompt_keys=keys, prompt_texts=texts,
                                                generator=self.generator, global_group_ids=share,
-                                               progress=progress.sampling)
+                                               progress=progress.sampling, **chunks)
             except (torch.OutOfMemoryError, RuntimeError) as err:
                 if not is_out_of_memory(err) or self.sizes.micro_group <= 1:
                     raise

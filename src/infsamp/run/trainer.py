@@ -53,6 +53,7 @@ from infsamp.models.loading import (
 from infsamp.run import checkpoint as ckpt
 from infsamp.run import ownership
 from infsamp.run.checkpoint import Checkpoint
+from infsamp.run.dynamic_sampling import DynamicSampler, check_dynamic_sampling
 from infsamp.run.evaluation import (
     BestEvaluation,
     check_best_metric,
@@ -103,6 +104,7 @@ class GRPOTrainer:
         self.cfg = cfg.validate()
         self.ranks = ranks or init_ranks(cfg)  # one process, or this rank of a launch
         self.device = self.ranks.device(cfg.model.device)
+        check_dynamic_sampling(cfg, self.ranks.world_size)
         self.precision = check_environment(cfg, self.device)  # before anything loads or is written
         self.output_dir = Path(cfg.logging.output_dir)
         self.step_callback = step_callback
@@ -208,7 +210,8 @@ class GRPOTrainer:
             strategy=self.strategy, generator=self.generator, sizes=self.sizes,
             rewards=self.rewards, tokenizer=self.tokenizer, grpo=self.grpo,
             optimizer=self.optimizer, scheduler=self.scheduler,
-            num_dropped_prompts=self.train_prompts.num_dropped)
+            num_dropped_prompts=self.train_prompts.num_dropped,
+            dynamic=DynamicSampler(cfg.sampling, cfg.training) if cfg.sampling.dynamic else None)
 
     def _resume(self, found: Checkpoint | None) -> None:
         """Restore the checkpoint found at start-up (its tensors are copied in; not kept)."""

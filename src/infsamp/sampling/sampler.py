@@ -113,6 +113,11 @@ def policy_options(cfg: SamplingConfig, policy: str) -> dict:
             "prefix_tokens": cfg.predictor_prefix_tokens, "preempt": cfg.preempt}
 
 
+def draw_seed(generator: torch.Generator | None) -> int:
+    """A sampler call's seed (the base of every sample's random stream), drawn from `generator`."""
+    return int(torch.randint(0, 2**31 - 1, (1,), generator=generator).item())
+
+
 def _timed(sched: SlotScheduler, call, *args):
     """A scheduler call (which runs the policy and the predictor), its time in the call's stats."""
     start = time.perf_counter()
@@ -148,7 +153,7 @@ class GroupSampler:
     def max_context(self) -> int:
         return self.engine.max_context
 
-    def sample(self, prompt_ids: list[list[int]], num_generations: int,
+    def sample(self, prompt_ids: list[list[int]], num_generations: int | Sequence[int],
                prompt_keys: list[str] | None = None,
                prompt_texts: list[str] | None = None, max_new_tokens: int | None = None,
                temperature: float | None = None,
@@ -156,7 +161,9 @@ class GroupSampler:
                generator: torch.Generator | None = None, policy: str | None = None,
                target_lengths: Sequence[int] | None = None,
                global_group_ids: Sequence[int] | None = None,
-               progress: ProgressCallback | None = None) -> SampleResult:
+               progress: ProgressCallback | None = None,
+               first_index: Sequence[int] | None = None, seed: int | None = None,
+               key_stride: int = 0) -> SampleResult:
         """Every completion of every prompt, grouped by prompt, plus the sampler's statistics.
 
         `target_lengths` (one per sample, group-major) makes each sample end after exactly that
@@ -165,22 +172,30 @@ class GroupSampler:
         share of it; sample j of prompt i then draws the random stream a single process gives it
         (key `global_group_ids[i] * G + j`), so the completions do not depend on the process count.
         `progress`, if given, is called after every decode step (see `ProgressCallback`).
+        Chunks of a group (dynamic sampling): `num_generations` one count per prompt,
+        `first_index` the index in its group of each prompt's first sample, `seed` the step's
+        seed (else one is drawn from `generator`) and `key_stride` the keys' G (global id *
+        key_stride + index); chunks then draw exactly what one call of the whole group does.
         """
         max_new = max_new_tokens or self.cfg.max_new_tokens
-        self._check_request(prompt_ids, num_generations, max_new, logits_processor_factory)
-        sizes = self.sizes or self.call_sizes(prompt_ids, num_generations, max_new)
+        counts = ([num_generations] * len(prompt_ids) if isinstance(num_generations, int)
+                  else list(num_generations))
+        self._check_request(prompt_ids, min(counts, default=1), max_new, logits_processor_factory)
+        sizes = self.sizes or self.call_sizes(prompt_ids, max(counts), max_new)
         policy = policy or sizes.sampling_policy(self.cfg.policy)
         budget = self.budget_tokens(sizes)
         max_new = self._fit_budget(prompt_ids, max_new, budget)
-        samples = self._samples(prompt_ids, num_generations, max_new, prompt_keys, prompt_texts)
+        samples = self._samples(prompt_ids, counts, max_new, prompt_keys, prompt_texts,
+                                first_index)
         lengths = [len(p) for p in prompt_ids]
         micro_group = self.micro_group(policy, sizes, budget, lengths, max_new, len(samples))
-        options = self._decode_options(temperature, generator)
+        options = self._decode_options(temperature, generator, seed)
         if target_lengths is not None:
             options.target_lengths = tuple(int(n) for n in target_lengths)
-        if global_group_ids is not None:
-            options.sample_keys = tuple(global_group_ids[s.group_id] * num_generations
-                                        + s.index_in_group for s in samples)
+        if global_group_ids is not None or key_stride:
+            ids, stride = global_group_ids or range(len(prompt_ids)), key_stride or max(counts)
+            options.sample_keys = tuple(ids[s.group_id] * stride + s.index_in_group
+                                        for s in samples)
         options.hidden_states = getattr(self.predictor, "uses_hidden", False) and \
             self.engine.hands_hidden_states
         sched = SlotScheduler(samples, policy, micro_group, max_kv_tokens=budget,
@@ -194,7 +209,7 @@ class GroupSampler:
         self.engine.begin_call(prompt_ids, samples, sched.num_slots, options, stats, processor,
                                pool_tokens=sched.max_running_tokens)
         stats.wall_time_s = self._run(sched, progress)
-        return SampleResult(self._completions(samples, num_generations), stats)
+        return SampleResult(self._completions(samples, len(prompt_ids)), stats)
 
     def call_sizes(self, prompt_ids: list[list[int]], num_generations: int,
                    max_new: int) -> RunSizes:
@@ -265,18 +280,19 @@ class GroupSampler:
                              f"lowered from {max_new} (said once)")
         return fits
 
-    def _samples(self, prompt_ids, num_generations, max_new, prompt_keys,
-                 prompt_texts) -> list[Sample]:
-        samples = make_samples([len(p) for p in prompt_ids], num_generations, max_new, prompt_keys,
-                               prompt_texts)
+    def _samples(self, prompt_ids, counts, max_new, prompt_keys, prompt_texts,
+                 first_index=None) -> list[Sample]:
+        samples = make_samples([len(p) for p in prompt_ids], counts, max_new, prompt_keys,
+                               prompt_texts, first_index)
         for sample in samples:  # a sample stops at the context: prompt + completion <= max_context
             sample.max_new_tokens = min(sample.max_new_tokens,
                                         self.max_context - sample.prompt_tokens)
         return samples
 
-    def _decode_options(self, temperature: float | None,
-                        generator: torch.Generator | None) -> DecodeOptions:
-        seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator).item())
+    def _decode_options(self, temperature: float | None, generator: torch.Generator | None,
+                        seed: int | None = None) -> DecodeOptions:
+        if seed is None:
+            seed = draw_seed(generator)
         temp = self.cfg.temperature if temperature is None else temperature
         return DecodeOptions(temperature=temp, top_p=self.cfg.top_p, top_k=self.cfg.top_k,
                              seed=seed, eos_token_ids=stop_token_ids(self.model, self.tokenizer))
@@ -301,8 +317,8 @@ class GroupSampler:
         return time.perf_counter() - start
 
     # ---- results
-    def _completions(self, samples: list[Sample], num_generations: int) -> list[list[Completion]]:
-        groups: list[list[Completion]] = [[] for _ in range(len(samples) // num_generations)]
+    def _completions(self, samples: list[Sample], num_groups: int) -> list[list[Completion]]:
+        groups: list[list[Completion]] = [[] for _ in range(num_groups)]
         for sample in samples:
             ids = sample.token_ids
             text_ids = ids[:-1] if sample.finish_reason == "eos" else ids

@@ -22,6 +22,7 @@ Deliberately simple: the reservation is the worst case (`max_new_tokens` per run
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
@@ -66,15 +67,19 @@ class Sample:
 
 
 
-def make_samples(prompt_tokens: list[int], group_size: int, max_new_tokens: int,
-                 prompt_keys: list[str] | None = None,
-                 prompt_texts: list[str] | None = None) -> list[Sample]:
-    """Group-major samples for B prompts x G samples (the layout every sampler call uses)."""
+def make_samples(prompt_tokens: list[int], group_size: int | Sequence[int], max_new_tokens: int,
+                 prompt_keys: list[str] | None = None, prompt_texts: list[str] | None = None,
+                 first_index: Sequence[int] | None = None) -> list[Sample]:
+    """Group-major samples for B prompts x G samples (the layout every sampler call uses);
+    `group_size` one G or one per prompt, `first_index` (per prompt) the index in its group of
+    a prompt's first sample here (a later chunk of a group: dynamic sampling)."""
+    sizes = [group_size] * len(prompt_tokens) if isinstance(group_size, int) else group_size
     samples = []
-    for group_id, num_prompt in enumerate(prompt_tokens):
+    for group_id, (num_prompt, size) in enumerate(zip(prompt_tokens, sizes)):
         key = prompt_keys[group_id] if prompt_keys else ""
         text = prompt_texts[group_id] if prompt_texts else ""
-        for index in range(group_size):
+        start = first_index[group_id] if first_index else 0
+        for index in range(start, start + size):
             samples.append(Sample(len(samples), group_id, index, int(num_prompt), max_new_tokens,
                                   key, text))
     return samples
