@@ -205,6 +205,9 @@ class SamplingConfig:
     preempt: bool = opt(True, "length_aware: after a sample's first k tokens, park it (tokens "
                               "kept, KV kept or recomputed) when it is predicted much shorter "
                               "than a waiting one, which takes its slot")
+    max_turns: int = opt(4, "tool calls (turns that end in one) an episode may make; the "
+                         "episode's tokens, the model's and the tools' answers, stay within "
+                         "max_new_tokens (TRL's max_tool_calling_iterations)")
     probe_tokens: int = opt(12, "probe: KV tokens a new sample first reserves; at that many "
                             "tokens it is given its whole reservation, or parked (KV dropped)")
     refill: str = opt("auto",
@@ -248,6 +251,7 @@ class SamplingConfig:
         _check_choice("sampling.policy", self.policy, choices.POLICIES)
         _require(self.probe_tokens >= 1, "sampling.probe_tokens", self.probe_tokens,
                  "must be >= 1")
+        _require(self.max_turns >= 0, "sampling.max_turns", self.max_turns, "must be >= 0")
         _require(self.predictor in choices.TRAINING_PREDICTORS, "sampling.predictor",
                  self.predictor, f"must be {' or '.join(choices.TRAINING_PREDICTORS)} (oracle "
                  "and noisy know the true lengths: bench and simulate only)")

@@ -42,6 +42,7 @@ from infsamp.sampling.engines.base import (
 )
 from infsamp.sampling.engines.slots import SlotEngine
 from infsamp.sampling.scheduler import SlotScheduler
+from infsamp.sampling.turns import TurnHandler, TurnLoop
 from infsamp.sampling.types import (
     Completion,
     Sample,
@@ -156,7 +157,8 @@ class GroupSampler:
                generator: torch.Generator | None = None, policy: str | None = None,
                target_lengths: Sequence[int] | None = None,
                global_group_ids: Sequence[int] | None = None,
-               progress: ProgressCallback | None = None) -> SampleResult:
+               progress: ProgressCallback | None = None,
+               turns: TurnHandler | None = None) -> SampleResult:
         """Every completion of every prompt, grouped by prompt, plus the sampler's statistics.
 
         `target_lengths` (one per sample, group-major) makes each sample end after exactly that
@@ -165,6 +167,7 @@ class GroupSampler:
         share of it; sample j of prompt i then draws the random stream a single process gives it
         (key `global_group_ids[i] * G + j`), so the completions do not depend on the process count.
         `progress`, if given, is called after every decode step (see `ProgressCallback`).
+        `turns`: multi-turn episodes (tool calls, `turns.py`), up to `sampling.max_turns` each.
         """
         max_new = max_new_tokens or self.cfg.max_new_tokens
         self._check_request(prompt_ids, num_generations, max_new, logits_processor_factory)
@@ -191,9 +194,11 @@ class GroupSampler:
         processor = logits_processor_factory(samples) if logits_processor_factory else None
         stats = sched.stats
         stats.kv_budget_tokens, stats.engine = budget, self.engine.name
+        loop = TurnLoop(turns, sched, stats, self.cfg.max_turns) if turns is not None else None
+        options.turn_ends = loop.continues if loop is not None else None
         self.engine.begin_call(prompt_ids, samples, sched.num_slots, options, stats, processor,
                                pool_tokens=sched.max_running_tokens)
-        stats.wall_time_s = self._run(sched, progress)
+        stats.wall_time_s = self._run(sched, progress, loop)
         return SampleResult(self._completions(samples, num_generations), stats)
 
     def call_sizes(self, prompt_ids: list[list[int]], num_generations: int,
@@ -282,15 +287,23 @@ class GroupSampler:
                              seed=seed, eos_token_ids=stop_token_ids(self.model, self.tokenizer))
 
     # ---- the loop
-    def _run(self, sched: SlotScheduler, progress: ProgressCallback | None = None) -> float:
+    def _run(self, sched: SlotScheduler, progress: ProgressCallback | None = None,
+             turns: TurnLoop | None = None) -> float:
         start = time.perf_counter()
         try:
             while not sched.done:
+                if turns is not None:
+                    turns.resume_answered()
                 for slot, sample in _timed(sched, sched.admit):
                     self.engine.start(slot, sample)
                 running = sched.active()
+                if not running:  # every sample left waits on a tool call
+                    turns.wait_for_answer()
+                    continue
                 finished = self.engine.decode_step(running)
-                _timed(sched, sched.step, finished)
+                _timed(sched, sched.step, [s for s in finished if s.finish_reason != "tool_call"])
+                if turns is not None:
+                    turns.park_calls(finished)
                 if progress is not None:
                     sched.stats.wall_time_s = time.perf_counter() - start  # so far
                     progress(sched.stats, sched.num_finished, len(running))
@@ -310,5 +323,6 @@ class GroupSampler:
                     if self.tokenizer else "")
             groups[sample.group_id].append(Completion(
                 list(ids), text, len(ids), sample.finish_reason, sample.group_id,
-                sample.index_in_group, sample.logprobs))
+                sample.index_in_group, sample.logprobs, list(sample.context_spans),
+                sample.num_turns, sample.num_context_tokens))
         return groups
