@@ -115,14 +115,17 @@ class TrainStep:
         advantages = adv.advantages[step.local_rows]  # [b*G]: this rank's rows
         engine_logprobs = ([torch.tensor(c.logprobs, dtype=torch.float32) for c in completions]
                            if all(c.logprobs is not None for c in completions) else None)
+        model_masks = ([torch.tensor(c.model_mask(), dtype=torch.float32) for c in completions]
+                       if any(c.context_spans for c in completions) else None)  # tool answers
         rollout = Rollout(prompt_ids=[p for p in prompt_ids for _ in range(G)],
                           completion_ids=[c.token_ids for c in completions],
                           advantages=advantages,
                           truncated=[c.finish_reason == "length" for c in completions],
                           engine_logprobs=engine_logprobs,
                           totals=self.grpo.totals_of(  # the whole step's loss normaliser
-                              [c.length for c in step.completions],
-                              [c.finish_reason == "length" for c in step.completions]))
+                              [c.num_model_tokens for c in step.completions],
+                              [c.finish_reason == "length" for c in step.completions]),
+                          model_masks=model_masks)
         metrics = self.sample_metrics(step.rewards, adv, step.completions, step.sampler_metrics)
         every, step_no = self.completions_every, self.state.step + 1
         records = [] if not every or step_no % every else self.rank_steps.gather_records(
