@@ -187,6 +187,33 @@ class RewardsConfig:
 
 
 @dataclass
+class ToolsConfig:
+    functions: list[str] = opt([], "tools the model may call (TRL's `tools`): 'module:function' "
+                               "or 'file.py:function', plain functions with type hints and a "
+                               "docstring (their JSON schema); offered through the chat template")
+    environment_factory: str = opt("", "TRL's environment_factory: 'module:Class' or "
+                                   "'file.py:Class', instantiated per episode; reset(**row) may "
+                                   "return the first observation, its public methods are tools, "
+                                   "its get_reward() an extra reward (empty: none)")
+    timeout_s: float = opt(10.0, "seconds one tool call may take; past it the call is stopped "
+                                 "(functions run in worker processes) and the model gets a tool "
+                                 "error; 0: no limit, functions run in the trainer's process")
+    max_workers: int = opt(8, "tool calls running at once, per function (worker processes)")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.functions or self.environment_factory)
+
+    def validate(self) -> None:
+        _require(self.timeout_s >= 0, "tools.timeout_s", self.timeout_s,
+                 "must be >= 0 (0: no limit)")
+        _require(self.max_workers >= 1, "tools.max_workers", self.max_workers, "must be >= 1")
+        for spec in [*self.functions, self.environment_factory]:
+            _require(not spec or ":" in spec.strip(":"), "tools", spec,
+                     "a tool is 'module:function' or 'file.py:function'")
+
+
+@dataclass
 class SamplingConfig:
     num_generations: int = opt(8, "G: completions sampled per prompt (the group size)")
     policy: str = opt("continuous", "full, rounds, continuous, length_aware or probe (more "
@@ -469,6 +496,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     rewards: RewardsConfig = field(default_factory=RewardsConfig)
+    tools: ToolsConfig = field(default_factory=ToolsConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
