@@ -3,7 +3,8 @@ itself back through others. Every import counts, including those inside function
 later, but they are still a dependency).
 
     errors, hub, files, console, timing, checkpoint_folders < choices < config
-      < config_io, planner, tasks, models < sampling, rewards < distributed < algorithm < run
+      < config_io, planner, tasks, models < sampling, rewards < tools < distributed < algorithm
+      < run
       < commands, integrations, cli
 
 A module of a lower layer importing one of a higher layer, or any import cycle, fails here with
@@ -23,6 +24,7 @@ LAYERS = [
     {"config"},
     {"config_io", "planner", "tasks", "models"},
     {"sampling", "rewards"},
+    {"tools"},
     {"distributed"},
     {"algorithm"},
     {"run"},

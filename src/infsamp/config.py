@@ -188,6 +188,33 @@ class RewardsConfig:
 
 
 @dataclass
+class ToolsConfig:
+    functions: list[str] = opt([], "tools the model may call (TRL's `tools`): 'module:function' "
+                               "or 'file.py:function', plain functions with type hints and a "
+                               "docstring (their JSON schema); offered through the chat template")
+    environment_factory: str = opt("", "TRL's environment_factory: 'module:Class' or "
+                                   "'file.py:Class', instantiated per episode; reset(**row) may "
+                                   "return the first observation, its public methods are tools, "
+                                   "its get_reward() an extra reward (empty: none)")
+    timeout_s: float = opt(10.0, "seconds one tool call may take; past it the call is stopped "
+                                 "(functions run in worker processes) and the model gets a tool "
+                                 "error; 0: no limit, functions run in the trainer's process")
+    max_workers: int = opt(8, "tool calls running at once, per function (worker processes)")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.functions or self.environment_factory)
+
+    def validate(self) -> None:
+        _require(self.timeout_s >= 0, "tools.timeout_s", self.timeout_s,
+                 "must be >= 0 (0: no limit)")
+        _require(self.max_workers >= 1, "tools.max_workers", self.max_workers, "must be >= 1")
+        for spec in [*self.functions, self.environment_factory]:
+            _require(not spec or ":" in spec.strip(":"), "tools", spec,
+                     "a tool is 'module:function' or 'file.py:function'")
+
+
+@dataclass
 class SamplingConfig:
     num_generations: int = opt(8, "G: completions sampled per prompt (the group size)")
     policy: str = opt("continuous", "full, rounds, continuous, length_aware or probe (more "
@@ -206,6 +233,9 @@ class SamplingConfig:
     preempt: bool = opt(True, "length_aware: after a sample's first k tokens, park it (tokens "
                               "kept, KV kept or recomputed) when it is predicted much shorter "
                               "than a waiting one, which takes its slot")
+    max_turns: int = opt(4, "tool calls (turns that end in one) an episode may make; the "
+                         "episode's tokens, the model's and the tools' answers, stay within "
+                         "max_new_tokens (TRL's max_tool_calling_iterations)")
     probe_tokens: int = opt(12, "probe: KV tokens a new sample first reserves; at that many "
                             "tokens it is given its whole reservation, or parked (KV dropped)")
     refill: str = opt("auto",
@@ -260,6 +290,7 @@ class SamplingConfig:
         _check_choice("sampling.policy", self.policy, choices.POLICIES)
         _require(self.probe_tokens >= 1, "sampling.probe_tokens", self.probe_tokens,
                  "must be >= 1")
+        _require(self.max_turns >= 0, "sampling.max_turns", self.max_turns, "must be >= 0")
         _require(self.predictor in choices.TRAINING_PREDICTORS, "sampling.predictor",
                  self.predictor, f"must be {' or '.join(choices.TRAINING_PREDICTORS)} (oracle "
                  "and noisy know the true lengths: bench and simulate only)")
@@ -508,6 +539,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     rewards: RewardsConfig = field(default_factory=RewardsConfig)
+    tools: ToolsConfig = field(default_factory=ToolsConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)

@@ -20,6 +20,10 @@ class RewardError(InfsampError):
     """A reward function that raised, returned the wrong count, or returned NaN."""
 
 
+class ToolError(InfsampError):
+    """A tool or environment that cannot be offered to the model (bad reference, no schema)."""
+
+
 class ModelError(InfsampError):
     """A model path or checkpoint that cannot be loaded."""
 

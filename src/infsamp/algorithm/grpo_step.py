@@ -24,6 +24,12 @@ A NaN or inf loss or gradient norm is never applied: the gradients are dropped a
 `NonFiniteError` raised (`training.nonfinite: stop`), or the update is skipped and counted
 (`skip`).
 
+Multi-turn completions (`Rollout.model_masks`): a tool's answer inside a completion is context,
+not an action; every micro-batch's `completion_mask` holds the model's tokens only
+(`logprobs.model_token_rows`), so those tokens get no log-prob and stay out of the loss, the KL,
+the entropy statistics, the high-entropy threshold and every normaliser (`totals`: the step's
+model tokens).
+
 Deliberately simple: the LR scheduler advances once per optimizer step; no sequence packing; with
 num_iterations > 1 the high-entropy masks come from the policy that sampled (TRL recomputes them
 each iteration from the current policy).
@@ -79,6 +85,9 @@ class Rollout:
     importance_weights: list[Tensor] | None = None
     engine_logprobs: list[Tensor] | None = None  # per completion [T_i]: the sampling engine's
     totals: BatchTotals | None = None  # the whole step's (one rank's share); None: its own
+    # per completion [L_i], 1 on the tokens the model sampled, 0 on context it did not (a tool's
+    # answer in a multi-turn episode): no log-prob, loss, entropy, KL or count there; None: all 1
+    model_masks: list[Tensor] | None = None
 
 
 class StepInputs(NamedTuple):
@@ -89,6 +98,13 @@ class StepInputs(NamedTuple):
     old: list[Tensor] | None = None  # old log-probs [L_i] (num_iterations > 1)
     ref: list[Tensor] | None = None  # reference log-probs [L_i] (beta > 0)
     token_masks: list[Tensor] | None = None  # high-entropy token masks [L_i] (quantile < 1)
+
+
+def model_lengths(rollout: Rollout) -> list[int]:
+    """Each completion's tokens that the model sampled (all of them without model masks)."""
+    if rollout.model_masks is None:
+        return [len(c) for c in rollout.completion_ids]
+    return [int(torch.as_tensor(m).sum()) for m in rollout.model_masks]
 
 
 def is_out_of_memory(err: BaseException) -> bool:
@@ -148,7 +164,8 @@ class GRPOStep:
         return sequence_logprobs(model, rollout.prompt_ids, rollout.completion_ids,
                                  max_tokens=self.micro_batch_tokens, pad_token_id=self.pad_token_id,
                                  temperature=self.temperature, grad=False,
-                                 chunked=self.cfg.chunked_lm_head, build=self.layout.build)
+                                 chunked=self.cfg.chunked_lm_head, build=self.layout.build,
+                                 model_masks=rollout.model_masks)
 
     def reference_logprobs(self, rollout: Rollout, model) -> list[Tensor] | None:
         """The KL reference's log-probs: a separate model, or `model` with its adapters off."""
@@ -176,8 +193,7 @@ class GRPOStep:
         """Masks, totals and the no-grad passes of one step (each pass only when needed), run
         through the strategy's whole-weights module (its forward is this rank's alone)."""
         keep = self.carries_loss(rollout.truncated, len(rollout.completion_ids))
-        totals = rollout.totals or self.totals_of([len(c) for c in rollout.completion_ids],
-                                                  rollout.truncated)
+        totals = rollout.totals or self.totals_of(model_lengths(rollout), rollout.truncated)
         old = token_masks = None
         with self.parallel.inference_model() as model:
             if self.cfg.top_entropy_quantile < 1.0:  # one pass: entropies and old log-probs
@@ -185,9 +201,10 @@ class GRPOStep:
                     model, rollout.prompt_ids, rollout.completion_ids,
                     max_tokens=self.micro_batch_tokens, pad_token_id=self.pad_token_id,
                     temperature=self.temperature, chunked=self.cfg.chunked_lm_head,
-                    build=self.layout.build)
+                    build=self.layout.build, model_masks=rollout.model_masks)
                 token_masks = high_entropy_masks(entropies, keep, self.cfg.top_entropy_quantile,
-                                                 gather=self.parallel.ranks.gather_values)
+                                                 gather=self.parallel.ranks.gather_values,
+                                                 model_masks=rollout.model_masks)
                 old = logps if self.cfg.num_iterations > 1 else None
             elif self.cfg.num_iterations > 1:
                 old = self._logprobs(model, rollout)
@@ -286,7 +303,7 @@ class GRPOStep:
             padding = 1  # every sequence skipped: zero gradients still reach the optimizer
         for k, batch in enumerate(plan):  # each micro-batch's tensors built when it is reached
             mb = self.layout.make(rollout.prompt_ids, rollout.completion_ids, batch,
-                                  self.pad_token_id, device)
+                                  self.pad_token_id, device, rollout.model_masks)
             self.forwarded_tokens += mb.num_tokens
             last = k == len(plan) - 1
             sync = last and sync_last and not padding  # DDP: only the rank's last backward reduces

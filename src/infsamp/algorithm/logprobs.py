@@ -23,6 +23,12 @@ Training loop these pieces are made for (one micro-batch of activations alive at
                                      loss_type=loss_type, mask=mb.completion_mask, ...)
         LOSS_TYPES[loss_type].aggregate(loss, mb.completion_mask, totals).backward()  # sums .grad
 
+Multi-turn completions (tool calls): a completion's tokens include context the model did not
+sample (a tool's answer). `model_masks` (per sequence, 1 on the model's own tokens) keep those
+out of `completion_mask`: they are read by the forward (attention sees them) but the LM head never
+runs on their positions, so they get no log-prob, no loss, no entropy, no KL and no count in any
+normaliser.
+
 Simplifications: sequences are never packed end to end (padding only); a model without a hookable
 output head gets its full logits, log-softmaxed in row chunks (correct, but no memory saving).
 """
@@ -57,7 +63,7 @@ class MicroBatch:
     attention_mask: Tensor  # [b, T_p + T_c]
     position_ids: Tensor  # [b, T_p + T_c]
     completion_ids: Tensor  # [b, T_c]
-    completion_mask: Tensor  # [b, T_c] float, 1 on real completion tokens
+    completion_mask: Tensor  # [b, T_c] float, 1 on real completion tokens the model sampled
 
     @property
     def num_completion_positions(self) -> int:
@@ -116,10 +122,25 @@ def _lengths_mask(lengths: list[int], width: int, left: bool) -> Tensor:
     return (positions >= width - sizes) if left else (positions < sizes)  # [b, width] bool
 
 
+def model_token_rows(completion_mask: Tensor, indices: Sequence[int],
+                     model_masks: Sequence[Tensor] | None) -> Tensor:
+    """`completion_mask` [b, T_c] (1 on real tokens) times each sequence's model mask (1 on the
+    tokens the model sampled, 0 on tool answers); as it is without masks."""
+    if model_masks is None:
+        return completion_mask
+    own = torch.zeros(completion_mask.shape, dtype=completion_mask.dtype)  # [b, T_c]
+    for row, index in enumerate(indices):
+        mask = torch.as_tensor(model_masks[index])
+        own[row, : mask.shape[0]] = mask.to(own.dtype)
+    return completion_mask * own.to(completion_mask.device)
+
+
 def make_micro_batch(prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]],
                      indices: list[int], pad_token_id: int,
-                     device: torch.device | str = "cpu") -> MicroBatch:
-    """Left-pad the prompts and right-pad the completions of `indices` into one micro-batch."""
+                     device: torch.device | str = "cpu",
+                     model_masks: Sequence[Tensor] | None = None) -> MicroBatch:
+    """Left-pad the prompts and right-pad the completions of `indices` into one micro-batch
+    (`model_masks`: see the module docstring)."""
     prompts = [prompt_ids[i] for i in indices]
     completions = [completion_ids[i] for i in indices]
     if any(len(p) == 0 for p in prompts):
@@ -133,9 +154,9 @@ def make_micro_batch(prompt_ids: Sequence[Sequence[int]], completion_ids: Sequen
     input_ids = torch.cat([_pad_rows(prompts, width_p, pad_token_id, left=True), completion_tensor],
                           dim=1)
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # [b, T_p + T_c]
+    own = model_token_rows(completion_mask.float(), indices, model_masks)  # [b, T_c]
     return MicroBatch(indices, input_ids.to(device), attention_mask.to(device),
-                      position_ids.to(device),
-                      completion_tensor.to(device), completion_mask.float().to(device))
+                      position_ids.to(device), completion_tensor.to(device), own.to(device))
 
 
 def plan_sequence_batches(prompt_ids: Sequence[Sequence[int]],
@@ -152,7 +173,8 @@ def plan_sequence_batches(prompt_ids: Sequence[Sequence[int]],
 def build_micro_batches(prompt_ids: Sequence[Sequence[int]],
                         completion_ids: Sequence[Sequence[int]], *,
                         max_tokens: int, pad_token_id: int, device: torch.device | str = "cpu",
-                        indices: Sequence[int] | None = None):
+                        indices: Sequence[int] | None = None,
+                        model_masks: Sequence[Tensor] | None = None):
     """Yield MicroBatch objects covering `indices` (default: all) within the padded token budget.
 
     A generator: each micro-batch's tensors are built only when the loop reaches it. Re-calling it
@@ -160,7 +182,8 @@ def build_micro_batches(prompt_ids: Sequence[Sequence[int]],
     (out-of-memory retry).
     """
     for batch in plan_sequence_batches(prompt_ids, completion_ids, max_tokens, indices):
-        yield make_micro_batch(prompt_ids, completion_ids, batch, pad_token_id, device)
+        yield make_micro_batch(prompt_ids, completion_ids, batch, pad_token_id, device,
+                               model_masks)
 
 
 # --- log-probs ------------------------------------------------------------------------------------
@@ -237,15 +260,18 @@ def micro_batch_logprobs_and_entropy(model: torch.nn.Module, mb: MicroBatch,
 def sequence_logprobs(model: torch.nn.Module, prompt_ids: Sequence[Sequence[int]],
                       completion_ids: Sequence[Sequence[int]], *, max_tokens: int,
                       pad_token_id: int, temperature: float = 1.0, grad: bool = False,
-                      chunked: bool = True, build: Callable | None = None) -> list[Tensor]:
+                      chunked: bool = True, build: Callable | None = None,
+                      model_masks: Sequence[Tensor] | None = None) -> list[Tensor]:
     """Log-probs of every completion token, one 1-D fp32 tensor per sequence, in the input order.
 
     For old / reference log-probs (grad=False). With grad=True every micro-batch's graph stays
     alive; for training use the build_micro_batches loop in the module docstring instead.
     `build`: the layout's micro-batch builder (`shared_prompt.LAYOUTS`; default: unshared).
+    `model_masks`: tool answers' tokens get 0 (no log-prob computed for them).
     """
     return _sequence_pass(model, prompt_ids, completion_ids, max_tokens, pad_token_id, temperature,
-                          grad=grad, with_entropy=False, chunked=chunked, build=build)[0]
+                          grad=grad, with_entropy=False, chunked=chunked, build=build,
+                          model_masks=model_masks)[0]
 
 
 def sequence_logprobs_and_entropy(model: torch.nn.Module, prompt_ids: Sequence[Sequence[int]],
@@ -253,24 +279,26 @@ def sequence_logprobs_and_entropy(model: torch.nn.Module, prompt_ids: Sequence[S
                                   pad_token_id: int,
                                   temperature: float = 1.0, chunked: bool = True,
                                   build: Callable | None = None,
+                                  model_masks: Sequence[Tensor] | None = None,
                                   ) -> tuple[list[Tensor], list[Tensor]]:
     """(log-probs, token entropies) of every completion, 1-D fp32 tensors per sequence; no grad."""
     logps, entropies = _sequence_pass(model, prompt_ids, completion_ids, max_tokens, pad_token_id,
                                       temperature, grad=False, with_entropy=True, chunked=chunked,
-                                      build=build)
+                                      build=build, model_masks=model_masks)
     return logps, entropies  # type: ignore[return-value]
 
 
 def _sequence_pass(model, prompt_ids, completion_ids, max_tokens: int, pad_token_id: int,
                    temperature: float, *, grad: bool, with_entropy: bool, chunked: bool,
-                   build: Callable | None):
+                   build: Callable | None, model_masks: Sequence[Tensor] | None = None):
     """Per-sequence log-probs (and entropies) over token-budget micro-batches, in input order."""
     device = next(model.parameters()).device
     logps_out: list[Tensor] = [torch.empty(0)] * len(completion_ids)
     entropy_out: list[Tensor] = [torch.empty(0)] * len(completion_ids)
     with torch.set_grad_enabled(grad):
         for mb in (build or build_micro_batches)(prompt_ids, completion_ids, max_tokens=max_tokens,
-                                                 pad_token_id=pad_token_id, device=device):
+                                                 pad_token_id=pad_token_id, device=device,
+                                                 model_masks=model_masks):
             logps, entropy = completion_logprobs(model, mb, temperature, with_entropy,
                                                  chunked)  # [b, T_c] each
             for row, index in enumerate(mb.indices):

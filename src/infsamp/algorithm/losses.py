@@ -217,7 +217,8 @@ def quantile(values: Tensor, q: float) -> Tensor:
 
 def high_entropy_masks(entropies: Sequence[Tensor], carries_loss: Sequence[bool],
                        top_quantile: float,
-                       gather: Callable[[Tensor], Tensor] | None = None) -> list[Tensor]:
+                       gather: Callable[[Tensor], Tensor] | None = None,
+                       model_masks: Sequence[Tensor] | None = None) -> list[Tensor]:
     """Per sequence, 1.0 on tokens whose entropy is in the top `top_quantile` of the step's loss
     tokens.
 
@@ -225,9 +226,13 @@ def high_entropy_masks(entropies: Sequence[Tensor], carries_loss: Sequence[bool]
     loss (TRL `top_entropy_quantile`; "Beyond the 80/20 Rule", Wang et al. 2025), so it does not
     depend on how the step is split into micro-batches. Sequences that carry no loss get an
     all-zero mask. `gather` turns this rank's pool into every rank's (several processes), so the
-    threshold is the whole step's and the masks are those of one process.
+    threshold is the whole step's and the masks are those of one process. `model_masks` (1 on
+    the tokens the model sampled) keep a tool's answer out of the pool.
     """
-    pool = [e.float() for e, keep in zip(entropies, carries_loss) if keep and e.numel()]
+    own = [torch.ones_like(e, dtype=torch.bool) for e in entropies] if model_masks is None else \
+        [torch.as_tensor(m).bool().to(e.device) for m, e in zip(model_masks, entropies)]
+    pool = [e.float()[m] for e, m, keep in zip(entropies, own, carries_loss)
+            if keep and e.numel()]
     pool = torch.cat(pool) if pool else torch.zeros(0)  # [n]
     if gather is not None:
         pool = gather(pool)

@@ -33,7 +33,12 @@ import torch
 from torch import Tensor
 
 from infsamp.algorithm.lm_head import unwrapped
-from infsamp.algorithm.logprobs import MicroBatch, make_micro_batch, plan_sequence_batches
+from infsamp.algorithm.logprobs import (
+    MicroBatch,
+    make_micro_batch,
+    model_token_rows,
+    plan_sequence_batches,
+)
 from infsamp.planner.micro_batches import plan_shared_prompt_batches
 
 MASK_IMPLEMENTATIONS = ("sdpa", "eager")  # attention kernels that take a custom 4D mask
@@ -102,9 +107,11 @@ def block_mask(segments: Tensor) -> Tensor:
 
 def make_shared_micro_batch(prompt_ids: Sequence[Sequence[int]],
                             completion_ids: Sequence[Sequence[int]], rows: list[list[int]],
-                            pad_token_id: int,
-                            device: torch.device | str = "cpu") -> SharedMicroBatch:
-    """One micro-batch of `rows`, each a list of sequences sharing one prompt."""
+                            pad_token_id: int, device: torch.device | str = "cpu",
+                            model_masks: Sequence[Tensor] | None = None) -> SharedMicroBatch:
+    """One micro-batch of `rows`, each a list of sequences sharing one prompt; `model_masks`
+    (tool answers' tokens 0) leave those tokens out of `completion_mask` and of the predictors:
+    the head never runs on them."""
     layouts = [_row_layout(prompt_ids[row[0]], [completion_ids[i] for i in row]) for row in rows]
     width = max(len(ids) for ids, *_ in layouts)
     input_ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)  # [r, W]
@@ -123,10 +130,13 @@ def make_shared_micro_batch(prompt_ids: Sequence[Sequence[int]],
     for b, completion in enumerate(completions):
         completion_tensor[b, : len(completion)] = torch.as_tensor(list(completion))
     lengths = torch.as_tensor([len(c) for c in completions]).unsqueeze(1)  # [b, 1]
-    completion_mask = (torch.arange(width_c).unsqueeze(0) < lengths).float()  # [b, T_c]
+    real = (torch.arange(width_c).unsqueeze(0) < lengths).float()  # [b, T_c]
+    completion_mask = model_token_rows(real, indices, model_masks)  # [b, T_c]
+    own = completion_mask[real.bool()].bool()  # [n] per real token in predictor order
+    kept = torch.as_tensor(predictors, dtype=torch.long)[own]  # [n_model]
     return SharedMicroBatch(indices, input_ids.to(device), block_mask(segments).to(device),
                             positions.to(device), completion_tensor.to(device),
-                            completion_mask.to(device), torch.as_tensor(predictors).to(device),
+                            completion_mask.to(device), kept.to(device),
                             sum(len(ids) for ids, *_ in layouts))
 
 
@@ -154,10 +164,11 @@ class Layout(NamedTuple):
     make: Callable
 
     def build(self, prompt_ids, completion_ids, *, max_tokens: int, pad_token_id: int,
-              device: torch.device | str = "cpu", indices: Sequence[int] | None = None):
+              device: torch.device | str = "cpu", indices: Sequence[int] | None = None,
+              model_masks: Sequence[Tensor] | None = None):
         """Yield the micro-batches covering `indices` (default: all), each built when reached."""
         for batch in self.plan(prompt_ids, completion_ids, max_tokens, indices):
-            yield self.make(prompt_ids, completion_ids, batch, pad_token_id, device)
+            yield self.make(prompt_ids, completion_ids, batch, pad_token_id, device, model_masks)
 
 
 LAYOUTS = {False: Layout(plan_sequence_batches, make_micro_batch),

@@ -121,8 +121,10 @@ class RankSteps:
             for position, group in zip(record["share"], record["groups"]):
                 by_prompt[position] = group
         groups = [by_prompt[i] for i in range(num_prompts)]
-        completions = [Completion([], "", n, why, i, j) for i, g in enumerate(groups)
-                       for j, (n, why) in enumerate(zip(g["lengths"], g["finish"]))]
+        completions = [Completion([], "", n, why, i, j, num_context_tokens=context)
+                       for i, g in enumerate(groups)
+                       for j, (n, why, context) in enumerate(zip(
+                           g["lengths"], g["finish"], g["context_tokens"]))]
         total = [r for g in groups for r in g["total"]]
         per_function = {name: [v for g in groups for v in g["per_function"][name]]
                         for name in everyone[0]["functions"]}
@@ -208,6 +210,7 @@ def _records(batch, share: list[int], groups, rewards: RewardResult,
         records.append({"prompt_id": str(prompt.index), "prompt_tokens": len(prompt.token_ids),
                         "lengths": [c.length for c in group], **first,
                         "finish": [c.finish_reason for c in group],
+                        "context_tokens": [c.num_context_tokens for c in group],
                         "total": rewards.total[rows],
                         "per_function": {n: v[rows] for n, v in rewards.per_function.items()}})
     return {"share": share, "groups": records, "functions": list(rewards.per_function),

@@ -56,25 +56,40 @@ def load_file_module(path: str, name: str) -> Any:
     return module
 
 
-def _import_failure(spec: str, what: str, err: BaseException) -> RewardError:
+def _import_failure(spec: str, what: str, err: BaseException, kind: str) -> RewardError:
     why = f"{type(err).__name__}: {err}".splitlines()[0]
-    return RewardError(f"reward function {spec!r}: {what} ({why})")
+    return RewardError(f"{kind} {spec!r}: {what} ({why})")
 
 
-def _load_from_file(path: str, spec: str) -> Any:
+def _load_from_file(path: str, spec: str, kind: str) -> Any:
     if not Path(path).exists():
-        raise RewardError(f"reward function {spec!r}: file {path} does not exist")
+        raise RewardError(f"{kind} {spec!r}: file {path} does not exist")
     try:
         return load_file_module(path, file_module_name(path))
     except (Exception, SystemExit) as err:  # noqa: BLE001 - user code, sys.exit at import too
-        raise _import_failure(spec, f"importing {path} failed", err) from None
+        raise _import_failure(spec, f"importing {path} failed", err, kind) from None
 
 
-def _load_from_module(name: str, spec: str) -> Any:
+def _load_from_module(name: str, spec: str, kind: str) -> Any:
     try:
         return importlib.import_module(name)
     except (Exception, SystemExit) as err:  # noqa: BLE001
-        raise _import_failure(spec, f"cannot import module {name!r}", err) from None
+        raise _import_failure(spec, f"cannot import module {name!r}", err, kind) from None
+
+
+def load_reference(spec: str, kind: str = "reward function") -> tuple[str, Any]:
+    """'package.module:name' or 'path/to/file.py:name' -> (name, the callable it names);
+    RewardError (one line, naming the `kind` and the spec) otherwise."""
+    source, sep, attr = spec.rpartition(":")
+    if not sep or not source or not attr:
+        raise RewardError(f"{kind} {spec!r}: give 'module:name' or 'file.py:name'")
+    is_file = source.endswith(".py")
+    module = (_load_from_file(source, spec, kind) if is_file
+              else _load_from_module(source, spec, kind))
+    found = getattr(module, attr, None)
+    if not callable(found):
+        raise RewardError(f"{kind} {spec!r}: {source} has no function {attr!r}")
+    return attr, found
 
 
 def load_reward_function(spec: str, **model_options: Any) -> tuple[str, RewardFunction]:
@@ -92,12 +107,7 @@ def load_reward_function(spec: str, **model_options: Any) -> tuple[str, RewardFu
         raise RewardError(f"reward function {spec!r}: unknown (built-in: "
                           f"{', '.join(BUILTIN_REWARDS)}; or give 'module:function', "
                           "'file.py:function' or a reward model directory)")
-    is_file = source.endswith(".py")
-    module = _load_from_file(source, spec) if is_file else _load_from_module(source, spec)
-    func = getattr(module, attr, None)
-    if not callable(func):
-        raise RewardError(f"reward function {spec!r}: {source} has no function {attr!r}")
-    return attr, func
+    return load_reference(spec)
 
 
 def load_reward_functions(names: list[str],

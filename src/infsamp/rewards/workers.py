@@ -37,6 +37,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from multiprocessing import reduction
 from multiprocessing.connection import Connection
@@ -68,7 +69,7 @@ class RewardWorkers:
     def __init__(self, funcs: list[tuple[str, RewardFunction]], timeout_s: float):
         self.timeout_s = timeout_s
         self.local = InProcess()
-        self.workers = {name: _Worker(name, function_reference(name, func))
+        self.workers = {name: FunctionWorker(name, function_reference(name, func))
                         for name, func in funcs if not runs_in_process(func)}
 
     def call(self, name: str, func: RewardFunction, kwargs: dict[str, Any]) -> Outcome:
@@ -87,7 +88,7 @@ class RewardWorkers:
         outcomes = {**local, **self._collect(remote)}
         return {name: outcomes[name] for name, _ in funcs}
 
-    def _collect(self, remote: list[_Worker]) -> dict[str, Outcome]:
+    def _collect(self, remote: list[FunctionWorker]) -> dict[str, Outcome]:
         outcomes: dict[str, Outcome] = {}
         waiting = {worker.conn: worker for worker in remote}
         while waiting:
@@ -123,7 +124,7 @@ def _encoded_arguments(kwargs: dict[str, Any]) -> bytes:
                           "0") from None
 
 
-class _Loader:
+class FunctionLoader:
     """The process that has imported one function and forks its workers."""
 
     def __init__(self, reference: dict[str, Any]):
@@ -135,6 +136,7 @@ class _Loader:
                                       process_group=0)
         theirs.close()
         self.conn, self.loaded = Connection(ours.detach()), False
+        self.lock = threading.Lock()  # several workers of one loader (tools) ask from threads
         send(self.conn, reference)
 
     def wait_loaded(self, name: str) -> None:
@@ -151,8 +153,10 @@ class _Loader:
 
     def fork(self) -> tuple[int, Connection]:
         """A new worker: its process id and the connection to it."""
-        _, pid = self._ask(["fork"])
-        return pid, Connection(reduction.recv_handle(self.conn))
+        with self.lock:
+            send(self.conn, ["fork"])
+            _, pid = receive(self.conn)
+            return pid, Connection(reduction.recv_handle(self.conn))
 
     def end(self, pid: int) -> int:
         """Kill worker `pid` (if it still runs) and every process below the loader: its exit
@@ -160,12 +164,13 @@ class _Loader:
         return self._ask(["end", pid])[1]
 
     def _ask(self, message) -> tuple:
-        try:
-            if message is not None:
-                send(self.conn, message)
-            return receive(self.conn)
-        except (EOFError, OSError):
-            return ["died", f"exit code {self.popen.wait(5)}"]
+        with self.lock:
+            try:
+                if message is not None:
+                    send(self.conn, message)
+                return receive(self.conn)
+            except (EOFError, OSError):
+                return ["died", f"exit code {self.popen.wait(5)}"]
 
     def stop(self) -> None:
         """End the loader and everything below it (it kills them, then exits)."""
@@ -179,18 +184,18 @@ class _Loader:
         self.conn.close()
 
 
-class _Worker:
+class FunctionWorker:
     """One function: its loader, and the worker that answers its calls (replaced after a
     timeout or a crash by a new fork of the loader)."""
 
     def __init__(self, name: str, reference: dict[str, Any]):
         self.name, self.reference = name, reference
-        self.loader: _Loader | None = None
+        self.loader: FunctionLoader | None = None
         self.pid, self.conn, self.sent_at = 0, None, 0.0
 
     def wait_ready(self) -> None:
         if self.loader is None:
-            self.loader = _Loader(self.reference)
+            self.loader = FunctionLoader(self.reference)
         try:
             self.loader.wait_loaded(self.name)
         except RewardError:

@@ -187,14 +187,17 @@ class TrainStep:
         input; the loss normaliser counts the whole step's (`step.completions`)."""
         engine_logprobs = ([torch.tensor(c.logprobs, dtype=torch.float32) for c in completions]
                            if all(c.logprobs is not None for c in completions) else None)
+        model_masks = ([torch.tensor(c.model_mask(), dtype=torch.float32) for c in completions]
+                       if any(c.context_spans for c in completions) else None)  # tool answers
         return Rollout(prompt_ids=[p for p, n in zip(prompt_ids, sizes) for _ in range(n)],
                        completion_ids=[c.token_ids for c in completions],
                        advantages=advantages,
                        truncated=[c.finish_reason == "length" for c in completions],
                        engine_logprobs=engine_logprobs,
                        totals=self.grpo.totals_of(  # the whole step's loss normaliser
-                           [c.length for c in step.completions],
-                           [c.finish_reason == "length" for c in step.completions]))
+                           [c.num_model_tokens for c in step.completions],
+                           [c.finish_reason == "length" for c in step.completions]),
+                       model_masks=model_masks)
 
     def sample_with_retry(self, prompt_ids, G, keys: list[str], texts: list[str],
                            share: list[int], progress: RunProgress, **chunks):

@@ -105,6 +105,9 @@ class AdmissionPolicy:
     def on_parked(self, sample: Sample) -> None:
         pass
 
+    def on_waiting(self, sample: Sample) -> None:
+        """A running sample left its slot to wait on a tool call (the scheduler resumes it)."""
+
     def commit_order(self, samples: Sequence[Sample]) -> list[Sample]:
         """Probes at k tokens in the order they claim their whole reservation."""
         return sorted(samples, key=lambda s: s.sample_id)
@@ -243,6 +246,9 @@ class LengthAwarePolicy(AdmissionPolicy):
             waiting.remove(choice)
             parks.append(sample)
         return parks
+
+    def on_waiting(self, sample):
+        self._drop_running(sample.sample_id)
 
     def on_parked(self, sample):
         self._drop_running(sample.sample_id)

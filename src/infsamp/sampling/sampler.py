@@ -42,6 +42,7 @@ from infsamp.sampling.engines.base import (
 )
 from infsamp.sampling.engines.slots import SlotEngine
 from infsamp.sampling.scheduler import SlotScheduler
+from infsamp.sampling.turns import TurnHandler, TurnLoop
 from infsamp.sampling.types import (
     Completion,
     Sample,
@@ -163,7 +164,7 @@ class GroupSampler:
                global_group_ids: Sequence[int] | None = None,
                progress: ProgressCallback | None = None,
                first_index: Sequence[int] | None = None, seed: int | None = None,
-               key_stride: int = 0) -> SampleResult:
+               key_stride: int = 0, turns: TurnHandler | None = None) -> SampleResult:
         """Every completion of every prompt, grouped by prompt, plus the sampler's statistics.
 
         `target_lengths` (one per sample, group-major) makes each sample end after exactly that
@@ -176,6 +177,7 @@ class GroupSampler:
         `first_index` the index in its group of each prompt's first sample, `seed` the step's
         seed (else one is drawn from `generator`) and `key_stride` the keys' G (global id *
         key_stride + index); chunks then draw exactly what one call of the whole group does.
+        `turns`: multi-turn episodes (tool calls, `turns.py`), up to `sampling.max_turns` each.
         """
         max_new = max_new_tokens or self.cfg.max_new_tokens
         counts = ([num_generations] * len(prompt_ids) if isinstance(num_generations, int)
@@ -206,9 +208,11 @@ class GroupSampler:
         processor = logits_processor_factory(samples) if logits_processor_factory else None
         stats = sched.stats
         stats.kv_budget_tokens, stats.engine = budget, self.engine.name
+        loop = TurnLoop(turns, sched, stats, self.cfg.max_turns) if turns is not None else None
+        options.turn_ends = loop.continues if loop is not None else None
         self.engine.begin_call(prompt_ids, samples, sched.num_slots, options, stats, processor,
                                pool_tokens=sched.max_running_tokens)
-        stats.wall_time_s = self._run(sched, progress)
+        stats.wall_time_s = self._run(sched, progress, loop)
         return SampleResult(self._completions(samples, len(prompt_ids)), stats)
 
     def call_sizes(self, prompt_ids: list[list[int]], num_generations: int,
@@ -298,15 +302,23 @@ class GroupSampler:
                              seed=seed, eos_token_ids=stop_token_ids(self.model, self.tokenizer))
 
     # ---- the loop
-    def _run(self, sched: SlotScheduler, progress: ProgressCallback | None = None) -> float:
+    def _run(self, sched: SlotScheduler, progress: ProgressCallback | None = None,
+             turns: TurnLoop | None = None) -> float:
         start = time.perf_counter()
         try:
             while not sched.done:
+                if turns is not None:
+                    turns.resume_answered()
                 for slot, sample in _timed(sched, sched.admit):
                     self.engine.start(slot, sample)
                 running = sched.active()
+                if not running:  # every sample left waits on a tool call
+                    turns.wait_for_answer()
+                    continue
                 finished = self.engine.decode_step(running)
-                _timed(sched, sched.step, finished)
+                _timed(sched, sched.step, [s for s in finished if s.finish_reason != "tool_call"])
+                if turns is not None:
+                    turns.park_calls(finished)
                 if progress is not None:
                     sched.stats.wall_time_s = time.perf_counter() - start  # so far
                     progress(sched.stats, sched.num_finished, len(running))
@@ -326,5 +338,6 @@ class GroupSampler:
                     if self.tokenizer else "")
             groups[sample.group_id].append(Completion(
                 list(ids), text, len(ids), sample.finish_reason, sample.group_id,
-                sample.index_in_group, sample.logprobs))
+                sample.index_in_group, sample.logprobs, list(sample.context_spans),
+                sample.num_turns, sample.num_context_tokens))
         return groups

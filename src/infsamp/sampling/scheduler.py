@@ -37,6 +37,12 @@ reservation at the next `admit()` when the budget holds that, else parked (KV dr
 sample always resumes with its whole reservation. So the budget still holds every running sample
 to its end, and nothing has to be preempted by the engine.
 
+Turns (multi-turn episodes, `turns.py`). A running sample whose turn ended in a tool call
+leaves its slot like a parked one (`wait`: its KV kept or dropped by the same rule), but the
+policy never sees it; once its call answered and the answer's tokens are on it (`resume`), it
+starts again ahead of the policy's picks, with its whole reservation (`max_new_tokens` counts the
+whole episode, tool tokens included, so the reservation still holds it to its end).
+
 Simplifications: one call = one training step (every sample of the call finishes before `done`);
 slots are identical; the reservation is the worst case (`max_new_tokens`, or a probe's k), not the
 predicted length.
@@ -45,6 +51,7 @@ predicted length.
 from __future__ import annotations
 
 import heapq
+from collections import deque
 from collections.abc import Sequence
 
 from infsamp.errors import SamplingError
@@ -103,6 +110,9 @@ class SlotScheduler:
                                             for s in self._samples}.values())
         self.keep_parked_kv = keep_parked_kv and self._policy.keeps_parked_kv
         self._parked_kv_tokens = 0  # KV the engine keeps for parked samples
+        self._parked_tokens: dict[int, int] = {}  # sample_id -> its tokens when it was parked
+        self._returning: deque[Sample] = deque()  # answered tool calls, waiting for a slot
+        self._num_waiting = 0  # samples waiting on a tool call
         self._reserved_tokens = 0  # reservations of running samples
         self._active_tokens = 0  # tokens generated so far by running samples
         self._num_finished = 0
@@ -122,6 +132,10 @@ class SlotScheduler:
                 self._park(sample)
         self._policy.begin_admit(all_free)
         started = []
+        while self._free_slots and self._returning and self.can_allocate(self._returning[0]):
+            slot = heapq.heappop(self._free_slots)
+            self._allocate(slot, self._returning.popleft())
+            started.append((slot, self._active[slot]))
         while self._free_slots:
             sample = self._policy.pick(self._free_slots[0], self.can_allocate)
             if sample is None:
@@ -131,7 +145,7 @@ class SlotScheduler:
             started.append((slot, sample))
         if all_free and started:
             self.stats.num_rounds += 1
-        if not self._active and not self.done:
+        if not self._active and not self.done and not self._num_waiting:
             raise RuntimeError(f"scheduler stalled: policy {self._policy.name!r} admitted nothing "
                                f"with {len(self._samples) - self._num_finished} samples left")
         return started
@@ -162,6 +176,26 @@ class SlotScheduler:
         if self.done:
             self._finish_call()
 
+    def wait(self, sample: Sample) -> None:
+        """A running sample whose turn ended in a tool call leaves its slot until `resume`."""
+        self._take_out(sample, "waiting")
+        self._num_waiting += 1
+        self._policy.on_waiting(sample)
+
+    def resume(self, sample: Sample) -> None:
+        """Its call answered (the answer's tokens are on it): it starts at the next `admit`
+        that has room, before the policy's picks."""
+        if sample.status != "waiting":
+            raise ValueError(f"resume: sample {sample.sample_id} is not waiting")
+        sample.status = "parked"
+        self._num_waiting -= 1
+        self._returning.append(sample)
+
+    @property
+    def num_waiting(self) -> int:
+        """Samples waiting on a tool call (not running, not admissible yet)."""
+        return self._num_waiting
+
     def active(self) -> dict[int, Sample]:
         """slot -> running sample."""
         return dict(self._active)
@@ -182,7 +216,8 @@ class SlotScheduler:
             return True
         opens_group = not self._group_open[sample.group_id]
         held = self._held_prompt_tokens + (self._shared[sample.sample_id] if opens_group else 0)
-        own = sample.num_tokens if sample.status == "parked" and sample.parked_kv else 0
+        own = self._parked_tokens[sample.sample_id] if sample.parked_kv and \
+            sample.status == "parked" else 0
         held += self._parked_kv_tokens - own
         freed = self._running_reserve[instead_of.sample_id] if instead_of is not None else 0
         reserved = self._reserved_tokens - freed + self._start_reserve(sample)
@@ -258,18 +293,23 @@ class SlotScheduler:
     def _park(self, sample: Sample) -> None:
         """Take a running sample out of its slot: it keeps its tokens, and its KV if the books
         can hold it beside every slot's reservation."""
+        self._take_out(sample, "parked")
+        self.stats.num_preemptions += 1
+        self._policy.on_parked(sample)
+
+    def _take_out(self, sample: Sample, status: str) -> None:
+        """Out of its slot (parked, or waiting on a tool call), its tokens and maybe its KV kept."""
         if sample.status != "running" or self._active.get(sample.slot) is not sample:
-            raise ValueError(f"park: sample {sample.sample_id} is not running")
+            raise ValueError(f"{status}: sample {sample.sample_id} is not running")
         del self._active[sample.slot]
         heapq.heappush(self._free_slots, sample.slot)
-        sample.status, sample.slot = "parked", -1
+        sample.status, sample.slot = status, -1
         self._active_tokens -= sample.num_tokens
         self._reserved_tokens -= self._running_reserve.pop(sample.sample_id)
         sample.parked_kv = self.keep_parked_kv and self._can_keep(sample.num_tokens)
+        self._parked_tokens[sample.sample_id] = sample.num_tokens
         if sample.parked_kv:
             self._parked_kv_tokens += sample.num_tokens
-        self.stats.num_preemptions += 1
-        self._policy.on_parked(sample)
 
     def _can_keep(self, num_tokens: int) -> bool:
         """Whether `num_tokens` more held KV still leave room for every slot's reservation and
@@ -282,10 +322,11 @@ class SlotScheduler:
 
     def _resume(self, sample: Sample) -> None:
         """A parked sample starts again: its kept KV becomes running KV, or is recomputed."""
+        parked_with = self._parked_tokens.pop(sample.sample_id)  # tool tokens came after
         if sample.parked_kv:
-            self._parked_kv_tokens -= sample.num_tokens
+            self._parked_kv_tokens -= parked_with
         else:
-            self.stats.recomputed_tokens += sample.num_tokens
+            self.stats.recomputed_tokens += parked_with
 
     def _release(self, sample: Sample) -> None:
         if sample.status != "running" or self._active.get(sample.slot) is not sample:
@@ -324,7 +365,7 @@ class SlotScheduler:
                 self._predicted[sample_id] = float(total)
 
     def _finish_call(self) -> None:
-        lengths = [s.num_tokens for s in self._samples]
+        lengths = [s.num_tokens - s.num_context_tokens for s in self._samples]  # decoded
         self.stats.generated_tokens = sum(lengths)
         self.stats.lower_bound = lower_bound(lengths, self.micro_group)
         self.stats.opt_lower_bound = pigeonhole_bound(lengths, self.micro_group)

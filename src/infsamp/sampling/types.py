@@ -37,8 +37,10 @@ from infsamp.planner.kv_budget import (  # noqa: F401 (the budget arithmetic, re
     usable_kv_tokens,
 )
 
-FinishReason = Literal["eos", "length"]
-SampleStatus = Literal["pending", "running", "parked", "finished"]
+# "tool_call": a turn that ended in a tool call (the sample waits for it, then resumes); a
+# finished episode ends by "eos" or "length" only
+FinishReason = Literal["eos", "length", "tool_call"]
+SampleStatus = Literal["pending", "running", "parked", "waiting", "finished"]
 
 
 @dataclass(eq=False)
@@ -60,10 +62,36 @@ class Sample:
     # predictor asks for it (`DecodeOptions.hidden_states`); else None
     hidden_state: Any = None
     parked_kv: bool = False  # parked with its KV kept by the engine (else recomputed on resume)
+    # multi-turn episodes (`turns.py`): [start, end) of `token_ids` that are context, not the
+    # model's (a tool's answer as the chat template renders it), and the tool turns so far
+    context_spans: list[tuple[int, int]] = field(default_factory=list)
+    num_turns: int = 0
 
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def num_context_tokens(self) -> int:
+        return sum(end - start for start, end in self.context_spans)
+
+    def append_context(self, token_ids: list[int]) -> None:
+        """Tokens the model did not sample (a tool's answer) after its tokens so far; the
+        engine's log-prob of each is 0.0 (a placeholder: they carry no loss)."""
+        start = self.num_tokens
+        self.token_ids.extend(token_ids)
+        if self.logprobs is not None:
+            self.logprobs.extend([0.0] * len(token_ids))
+        if token_ids:
+            self.context_spans.append((start, self.num_tokens))
+
+
+def model_token_mask(length: int, context_spans: list[tuple[int, int]]) -> list[bool]:
+    """Per token of a completion: True where the model sampled it, False on context spans."""
+    mask = [True] * length
+    for start, end in context_spans:
+        mask[start:end] = [False] * (end - start)
+    return mask
 
 
 
@@ -97,6 +125,17 @@ class Completion:
     group_id: int
     index_in_group: int
     logprobs: list[float] | None = None  # the engine's log-prob of each token (vLLM), else None
+    context_spans: list[tuple[int, int]] = field(default_factory=list)  # tool answers' tokens
+    num_turns: int = 0  # tool turns of the episode (its model turns: num_turns + 1)
+    num_context_tokens: int = 0  # tokens in context_spans (other ranks' completions: the count)
+
+    @property
+    def num_model_tokens(self) -> int:
+        """The tokens the model sampled (what carries loss)."""
+        return self.length - self.num_context_tokens
+
+    def model_mask(self) -> list[bool]:
+        return model_token_mask(len(self.token_ids), self.context_spans)
 
 
 # How each statistic combines, the one table: over calls one after another (`SamplerStats.merge`:
@@ -116,6 +155,8 @@ COMBINED: dict[str, tuple[str, str]] = {  # name: (over calls, over ranks), each
     "micro_group": ("max", "max"), "kv_budget_tokens": ("max", "max"),
     "kv_block_size": ("max", "mean"), "tokens_per_second": ("", "sum"),
     "row_steps": ("sum", "sum"), "peak_rows": ("max", "max"),
+    "context_tokens": ("sum", "sum"), "num_tool_turns": ("sum", "sum"),
+    "engine_idle_s": ("sum", "max"),
 }
 COMBINE = {"sum": sum, "max": max, "mean": lambda values: sum(values) / len(values)}
 
@@ -147,6 +188,11 @@ class SamplerStats:
     num_preemptions: int = 0  # samples taken out of their slot unfinished (parked, or by vLLM)
     recomputed_tokens: int = 0  # generated tokens whose KV is computed again after that
     model_time_s: float = 0.0  # forward passes and token selection (the rest is overhead)
+    # multi-turn episodes (the sampler's turn loop): tool answers' tokens appended, turns that
+    # ended in a tool call, and time the loop waited on tool calls with nothing to decode
+    context_tokens: int = 0
+    num_tool_turns: int = 0
+    engine_idle_s: float = 0.0
     # the call (sampler)
     schedule_time_s: float = 0.0  # in the scheduler, its policy and predictor (admit and step)
     wall_time_s: float = 0.0

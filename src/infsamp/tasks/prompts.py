@@ -16,6 +16,10 @@ prompt is never cut through its template): the count is reported (`data/dropped_
 `prompt_for_rewards` / `completion_for_rewards` give reward functions TRL's shapes: chat messages in
 chat mode, strings otherwise.
 
+With tools (`tools=` schemas, `tasks/tool_format.py`): a chat template that renders tools gets
+them (`apply_chat_template(..., tools=...)`); otherwise the fallback format's instructions end
+the system prompt (plain-text mode: they open the prompt).
+
 Deliberately simple: a prompt is one turn (system + user) unless the dataset stores conversations.
 """
 
@@ -26,6 +30,9 @@ from typing import Any
 
 from infsamp.config import DataConfig
 from infsamp.errors import DataError
+from infsamp.tasks.tool_format import fallback_instructions, supports_tools
+
+Schemas = list[dict[str, Any]] | None  # tools' JSON schemas (transformers' get_json_schema)
 
 
 @dataclass(frozen=True)
@@ -92,17 +99,35 @@ def build_prompt(example: dict[str, Any], data_cfg: DataConfig,
     return messages
 
 
-def render_prompt(example: dict[str, Any], tokenizer: Any, data_cfg: DataConfig) -> str:
-    """The text of the prompt fed to the model for `example` (its tokens: `encode_prompt`)."""
+def _with_fallback_tools(prompt: str | list[dict[str, Any]],
+                        schemas: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
+    """The fallback format's tool instructions at the end of the system prompt (a new system
+    turn if there is none; plain text: before the question)."""
+    note = fallback_instructions(schemas)
+    if isinstance(prompt, str):
+        return f"{note}\n\n{prompt}"
+    if prompt and prompt[0].get("role") == "system":
+        return [dict(prompt[0], content=f"{prompt[0]['content']}\n\n{note}"), *prompt[1:]]
+    return [{"role": "system", "content": note}, *prompt]
+
+
+def render_prompt(example: dict[str, Any], tokenizer: Any, data_cfg: DataConfig,
+                  tools: Schemas = None) -> str:
+    """The text of the prompt fed to the model for `example` (its tokens: `encode_prompt`),
+    offering `tools` (JSON schemas) when given."""
     chat = uses_chat_template(tokenizer, data_cfg)
     prompt = build_prompt(example, data_cfg, chat)
+    native = bool(tools) and chat and supports_tools(tokenizer)
+    if tools and not native:
+        prompt = _with_fallback_tools(prompt, tools)
     if not chat:
         return prompt  # type: ignore[return-value]
     if not getattr(tokenizer, "chat_template", None):
         raise DataError("data.use_chat_template: 'always' but the tokenizer has no chat template")
+    extra = {"tools": tools} if native else {}
     try:
         return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True,
-                                             **data_cfg.chat_template_kwargs)
+                                             **extra, **data_cfg.chat_template_kwargs)
     except Exception as err:  # noqa: BLE001 - jinja errors of a model's template: one line
         why = f"{type(err).__name__}: {err}".splitlines()[0]
         raise DataError(f"the tokenizer's chat template failed on {prompt!r:.80} ({why})") from None
@@ -115,22 +140,22 @@ def _without_repeated_bos(ids: list[int], bos_token_id: int | None) -> list[int]
     return ids[start:]
 
 
-def encode_prompt(example: dict[str, Any], tokenizer: Any,
-                  data_cfg: DataConfig) -> tuple[str, list[int]]:
+def encode_prompt(example: dict[str, Any], tokenizer: Any, data_cfg: DataConfig,
+                  tools: Schemas = None) -> tuple[str, list[int]]:
     """(rendered text, token ids) of `example`'s prompt, exactly as every consumer feeds it."""
-    text = render_prompt(example, tokenizer, data_cfg)
+    text = render_prompt(example, tokenizer, data_cfg, tools)
     add_special = not uses_chat_template(tokenizer, data_cfg)
     ids = list(tokenizer(text, add_special_tokens=add_special)["input_ids"])
     return text, _without_repeated_bos(ids, getattr(tokenizer, "bos_token_id", None))
 
 
 def encode_examples(examples: list[dict[str, Any]], tokenizer: Any, data_cfg: DataConfig,
-                    what: str = "prompts") -> EncodedSplit:
+                    what: str = "prompts", tools: Schemas = None) -> EncodedSplit:
     """Every example's prompt ids; prompts over `data.max_prompt_length` tokens are skipped and
     counted. Raises DataError when none is left."""
     kept, dropped, longest = [], 0, 0
     for index, example in enumerate(examples):
-        text, ids = encode_prompt(example, tokenizer, data_cfg)
+        text, ids = encode_prompt(example, tokenizer, data_cfg, tools)
         if len(ids) > data_cfg.max_prompt_length:
             dropped, longest = dropped + 1, max(longest, len(ids))
             continue

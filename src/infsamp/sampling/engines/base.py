@@ -59,6 +59,9 @@ class DecodeOptions:
     eos_token_ids: tuple[int, ...] = ()
     target_lengths: tuple[int, ...] | None = None  # per sample id: end after exactly this many
     hidden_states: bool = False  # hand each running sample its last hidden state (Sample's)
+    # multi-turn episodes (`sampling/turns.py`): asked at a stop token whether the sample's turn
+    # ends in a tool call, i.e. it ends its decode as "tool_call" (KV and prompt kept); None: never
+    turn_ends: Callable[[Sample], bool] | None = None
 
     def stream_key(self, sample_id: int) -> int:
         """The key of a sample's random stream: its place in the whole step (`sample_keys`)."""

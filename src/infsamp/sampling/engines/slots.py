@@ -95,6 +95,7 @@ class SlotEngine:
         self.processor = processor
         self.warpers = build_warpers(options)
         self.eos_ids = set(options.eos_token_ids)
+        self.turn_ends = options.turn_ends
         self.remaining = Counter(s.group_id for s in samples)  # samples of a group not yet ended
         self.slot_sample: list[Sample | None] = [None] * num_slots
         self.to_restore: list[Sample] = []  # resumed samples whose KV is not in the pool yet
@@ -109,7 +110,7 @@ class SlotEngine:
             self._take_back(slot)
         if sample.group_id not in self.cache.group_rows:
             self._prefill(sample.group_id)
-        if sample.token_ids and previous is not sample:
+        if sample.token_ids:  # parked, or back from a tool call (maybe to the slot it left)
             self._resume(sample)
         self.slot_sample[slot] = sample
 
@@ -117,8 +118,8 @@ class SlotEngine:
         step_start, cpu_start = time.perf_counter(), time.process_time()
         self._drop_taken_back(active)
         for sample in self.to_restore:  # after every parked sample gave its positions back
-            if not self.cache.unpark(sample.sample_id):
-                self._recompute(sample)
+            self.cache.unpark(sample.sample_id)
+            self._recompute(sample)  # what it lacks: all, or the tool tokens appended since
         self.to_restore = []
         running = self._allocate([active[slot] for slot in sorted(active)])
         inputs, positions, write_index, rows = self._step_layout(running)
@@ -196,6 +197,10 @@ class SlotEngine:
         ended = []
         for sample, token in zip(running, tokens):
             sample.token_ids.append(token)
+            if token in self.eos_ids and self.turn_ends is not None and self.turn_ends(sample):
+                sample.finish_reason = "tool_call"  # the sampler parks it while its call runs
+                ended.append(sample)
+                continue
             if token in self.eos_ids or sample.num_tokens >= sample.max_new_tokens:
                 sample.finish_reason = "eos" if token in self.eos_ids else "length"
                 ended.append(sample)
@@ -248,26 +253,39 @@ class SlotEngine:
 
     def _resume(self, sample: Sample) -> None:
         """A parked sample starts again: still in the slot it was parked from in this very
-        admission (its columns intact: it only changes slot), else its KV is restored at the
-        next decode step (`to_restore`)."""
+        admission (its columns intact: it only changes slot; tool tokens appended since are
+        computed at the next decode step), else its KV is restored at the next decode step
+        (`to_restore`)."""
         for source, other in enumerate(self.slot_sample):
             if other is sample:
                 self.slot_sample[source] = None
+                if self.cache.num_columns.get(sample.sample_id, 0) < sample.num_tokens:
+                    self.to_restore.append(sample)
                 return
         self.to_restore.append(sample)
 
     def _recompute(self, sample: Sample) -> None:
-        """KV of the inputs [prompt's last token, tokens[:-1]] as the sample's first columns."""
+        """KV of the inputs [prompt's last token, tokens[:-1]] the sample's columns lack (all of
+        them, or those after its kept columns: tool tokens appended while it waited), attending
+        to its group's prompt row and its kept columns."""
+        held = self.cache.num_columns.get(sample.sample_id, 0)
+        num_tokens = sample.num_tokens
+        if held >= num_tokens:
+            return
         row, prompt = self.cache.group_rows[sample.group_id], self.prompts[sample.group_id]
         width = self.cache.prompt_lengths[row]
+        kept = self.cache.positions(sample.sample_id)  # [held]
         cache = DynamicCache(config=self.model.config)
-        if width:
+        if width or held:
             for layer, (k, v) in enumerate(zip(self.cache.prompt_keys, self.cache.prompt_values)):
-                cache.update(k[row:row + 1, :, :width].clone(), v[row:row + 1, :, :width].clone(),
+                own_k = self.cache.pool_keys[layer][:, kept][None]  # [1, H, held, D]
+                own_v = self.cache.pool_values[layer][:, kept][None]
+                cache.update(torch.cat([k[row:row + 1, :, :width], own_k.to(k.dtype)], dim=2),
+                             torch.cat([v[row:row + 1, :, :width], own_v.to(v.dtype)], dim=2),
                              layer)
-        num_tokens = sample.num_tokens
-        inputs = torch.tensor([[prompt[-1], *sample.token_ids[:-1]]], device=self.device)  # [1, n]
-        positions = torch.arange(len(prompt) - 1, len(prompt) - 1 + num_tokens,
+        inputs = torch.tensor([[prompt[-1], *sample.token_ids[:-1]][held:]],
+                              device=self.device)  # [1, n]
+        positions = torch.arange(len(prompt) - 1 + held, len(prompt) - 1 + num_tokens,
                                  device=self.device)[None, :]  # [1, n]
         start = time.perf_counter()
         with torch.inference_mode():
@@ -275,8 +293,8 @@ class SlotEngine:
                        **{self.cache_kwarg: cache})
         self.stats.model_time_s += time.perf_counter() - start
         self.cache.write(sample.sample_id,
-                         [c.keys[0, :, width:] for c in cache.layers],  # [H, n, D] per layer
-                         [c.values[0, :, width:] for c in cache.layers])
+                         [c.keys[0, :, width + held:] for c in cache.layers],  # [H, n, D]
+                         [c.values[0, :, width + held:] for c in cache.layers])
 
     def _track_peak(self) -> None:
         held = sum(t.numel() * t.element_size() for t in self.cache.held_tensors())

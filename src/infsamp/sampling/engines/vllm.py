@@ -256,27 +256,32 @@ class VLLMEngine:
         self.internal_ids: dict[str, str] = {}  # ours -> vLLM's (it appends a random suffix)
         self.preemptions: dict[str, int] = {}
         self.parked: dict[int, tuple[str, object]] = {}  # sample id -> (our id, vLLM's Request)
+        self._prompt_tokens: dict[str, int] = {}  # our id -> tokens of its request's prompt
         stats.kv_block_size = self.kv_block_size
 
     def start(self, slot: int, sample: Sample) -> None:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        request_id = f"{self._calls}-{sample.sample_id}"
-        options, length = self.options, sample.max_new_tokens
-        targets = options.target_lengths
-        params = SamplingParams(
-            temperature=options.temperature, top_p=options.top_p, top_k=options.top_k,
-            seed=sample_seed(options.seed, options.stream_key(sample.sample_id)),
-            max_tokens=targets[sample.sample_id] if targets else length,
-            min_tokens=targets[sample.sample_id] if targets else 0,
-            stop_token_ids=list(options.eos_token_ids), logprobs=0, detokenize=False,
-            output_kind=RequestOutputKind.DELTA)
         if sample.sample_id in self.parked:
             self._resume(sample)
             return
-        sample.logprobs = []
-        prompt = self._tokens_input(list(self.prompts[sample.group_id]))
+        done = sample.num_tokens  # > 0: its turn ended in a tool call; the episode so far
+        request_id = f"{self._calls}-{sample.sample_id}" + (f"-{done}" if done else "")
+        options, length = self.options, sample.max_new_tokens - done
+        targets = options.target_lengths
+        seed = sample_seed(options.seed, options.stream_key(sample.sample_id))
+        params = SamplingParams(
+            temperature=options.temperature, top_p=options.top_p, top_k=options.top_k,
+            seed=sample_seed(seed, done) if done else seed,
+            max_tokens=targets[sample.sample_id] - done if targets else length,
+            min_tokens=targets[sample.sample_id] - done if targets else 0,
+            stop_token_ids=list(options.eos_token_ids), logprobs=0, detokenize=False,
+            output_kind=RequestOutputKind.DELTA)
+        if not done:
+            sample.logprobs = []
+        self._prompt_tokens[request_id] = len(self.prompts[sample.group_id]) + done
+        prompt = self._tokens_input([*self.prompts[sample.group_id], *sample.token_ids])
         self.internal_ids[request_id] = self.engine.add_request(request_id, prompt, params)
         self.running[request_id] = sample
 
@@ -292,7 +297,7 @@ class VLLMEngine:
                 continue
             if output.outputs[0].token_ids:
                 advanced.add(output.request_id)
-            self._record(sample, output)
+            self._record(sample, output, output.request_id)
             if output.finished:
                 del self.running[output.request_id]
                 finished.append(sample)
@@ -370,16 +375,21 @@ class VLLMEngine:
         self.running[request_id] = sample
 
     # ---- internals
-    def _record(self, sample: Sample, output) -> None:
+    def _record(self, sample: Sample, output, request_id: str) -> None:
         completion = output.outputs[0]
-        if not sample.token_ids and output.num_cached_tokens is not None:
-            self.stats.prefill_tokens += sample.prompt_tokens - output.num_cached_tokens
+        prompt_tokens = self._prompt_tokens.pop(request_id, None)  # its first output only
+        if prompt_tokens is not None and output.num_cached_tokens is not None:
+            self.stats.prefill_tokens += prompt_tokens - output.num_cached_tokens
         sample.token_ids.extend(completion.token_ids)
         if completion.logprobs:
             pairs = zip(completion.logprobs, completion.token_ids)
             sample.logprobs.extend(entry[token].logprob for entry, token in pairs)
         if output.finished:
-            sample.finish_reason = FINISH_REASONS.get(completion.finish_reason, "length")
+            reason = FINISH_REASONS.get(completion.finish_reason, "length")
+            turn_ends = self.options.turn_ends
+            if reason == "eos" and turn_ends is not None and turn_ends(sample):
+                reason = "tool_call"  # the request is done; the episode resumes as a new one
+            sample.finish_reason = reason
 
     def _count_preemptions(self, advanced: set[str]) -> None:
         """Samples that got no token this step: count the ones vLLM preempted (to recompute)."""
