@@ -190,19 +190,23 @@ class SlotRowCache(PromptTable):
             self.row_sample[row], self.row_of[last] = last, row
 
     def columns(self, sample_id: int) -> tuple[list, list]:
-        """Copies of a sample's columns, per layer [H, n, D]."""
+        """Copies of a sample's columns, per layer [H, n, D] (n = 0 for a sample holding none)."""
+        if sample_id not in self.row_of:
+            empty = self.keys[:, 0, :, :0]  # [L, H, 0, D]
+            return list(empty), list(empty)
         row, written = self.row_of[sample_id], self.num_columns[sample_id]
         return ([k.clone() for k in self.keys[:, row, :, :written]],
                 [v.clone() for v in self.values[:, row, :, :written]])
 
     def write(self, sample_id: int, keys: Sequence[torch.Tensor],
               values: Sequence[torch.Tensor]) -> None:
-        """Per layer [H, n, D] as a sample's first n columns (a resumed sample's KV)."""
-        written = keys[0].shape[1]
+        """Per layer [H, n, D] as a sample's next n columns (a resumed sample's KV, or the
+        tokens appended to its kept columns)."""
+        held, written = self.num_columns.get(sample_id, 0), keys[0].shape[1]
         self.allocate(sample_id, written)
         row = self.row_of[sample_id]
-        self.keys[:, row, :, :written] = torch.stack(keys).to(self.dtype)  # [L, H, n, D]
-        self.values[:, row, :, :written] = torch.stack(values).to(self.dtype)
+        self.keys[:, row, :, held:held + written] = torch.stack(keys).to(self.dtype)  # [L,H,n,D]
+        self.values[:, row, :, held:held + written] = torch.stack(values).to(self.dtype)
 
     def arrange(self, samples: list) -> list:
         """The step's batch order: the samples' rows, so that rows [0, S) are read as a view."""

@@ -274,12 +274,11 @@ class SlotEngine:
             return
         row, prompt = self.cache.group_rows[sample.group_id], self.prompts[sample.group_id]
         width = self.cache.prompt_lengths[row]
-        kept = self.cache.positions(sample.sample_id)  # [held]
+        kept_keys, kept_values = self.cache.columns(sample.sample_id)  # per layer [H, held, D]
         cache = DynamicCache(config=self.model.config)
         if width or held:
             for layer, (k, v) in enumerate(zip(self.cache.prompt_keys, self.cache.prompt_values)):
-                own_k = self.cache.pool_keys[layer][:, kept][None]  # [1, H, held, D]
-                own_v = self.cache.pool_values[layer][:, kept][None]
+                own_k, own_v = kept_keys[layer][None], kept_values[layer][None]  # [1, H, held, D]
                 cache.update(torch.cat([k[row:row + 1, :, :width], own_k.to(k.dtype)], dim=2),
                              torch.cat([v[row:row + 1, :, :width], own_v.to(v.dtype)], dim=2),
                              layer)
