@@ -144,7 +144,7 @@ def test_undecided_prompts_get_chunks_and_dropped_ones_are_replaced_and_logged()
     assert [g.index for g in step.dropped] == [2, 3]
     metrics = step.metrics()
     assert metrics["sampling/dropped_prompts"] == 2
-    assert metrics["sampling/replaced_prompts"] == 2
+    assert metrics["sampling/replaced_prompts"] == 2 and metrics["sampling/trained_groups"] == 3
     assert metrics["sampling/completions"] == 4 + 8 + 12 + 12 + 4
     assert metrics["sampling/zero_std_groups_before"] == pytest.approx(3 / 5)  # 1, 2, 3
     assert metrics["sampling/extra_completions_frac"] == pytest.approx((40 - 12) / 40)

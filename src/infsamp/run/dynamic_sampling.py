@@ -107,6 +107,7 @@ class DynamicResult:
         return {**SamplerStats.merge(self.calls).to_metrics(),
                 "sampling/completions": sampled,
                 "sampling/dropped_prompts": len(self.dropped),
+                "sampling/trained_groups": len(self.trained),
                 "sampling/replaced_prompts": len(self.groups) - self.num_prompts,
                 "sampling/zero_std_groups_before":
                     sum(g.tied_first for g in self.groups) / len(self.groups),
