@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from infsamp.config import DataConfig, ToolsConfig
-from infsamp.config import ConfigError
+from infsamp.config import ConfigError, DataConfig, ToolsConfig
 from infsamp.errors import ToolError
 from infsamp.tasks.prompts import encode_prompt
 from infsamp.tasks.tool_format import (

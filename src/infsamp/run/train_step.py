@@ -39,6 +39,7 @@ from infsamp.run.progress import RunProgress
 from infsamp.run.prompt_stream import PromptStream
 from infsamp.run.scoring import RunRewards
 from infsamp.run.step_metrics import check_finite, rollout_metrics
+from infsamp.run.tooling import RunTools
 from infsamp.run.train_state import TrainState
 from infsamp.sampling.engines.base import Engine
 from infsamp.sampling.sampler import GroupSampler
@@ -53,7 +54,8 @@ class TrainStep:
                  completions_every: int, stream: PromptStream, rank_steps: RankSteps,
                  sampler: GroupSampler, engine: Engine, strategy: Strategy,
                  generator: torch.Generator, sizes: RunSizes, rewards: RunRewards, tokenizer,
-                 grpo: GRPOStep, optimizer, scheduler, num_dropped_prompts: int):
+                 grpo: GRPOStep, optimizer, scheduler, num_dropped_prompts: int,
+                 tools: RunTools | None = None):
         self.state, self.training, self.G = state, training, num_generations
         self.completions_every = completions_every
         self.stream, self.rank_steps = stream, rank_steps
@@ -62,6 +64,7 @@ class TrainStep:
         self.rewards, self.tokenizer = rewards, tokenizer
         self.grpo, self.optimizer, self.scheduler = grpo, optimizer, scheduler
         self.num_dropped_prompts = num_dropped_prompts
+        self.tools = tools  # multi-turn episodes (tools.*); None: single-turn
         self.step_timer = StepTimer()  # time/sampling, time/rewards of each step
 
     def run(self, logger: RunLogger | None = None) -> dict[str, Any]:
@@ -99,8 +102,13 @@ class TrainStep:
         prompt_ids = [p.token_ids for p in mine]
         keys, texts = [str(p.index) for p in mine], [p.text for p in mine]
         progress.phase("sampling", len(mine) * G, "samples")
+        turns_for = None
+        if self.tools is not None:  # new episodes (environments) at every try
+            def turns_for():
+                return self.tools.episodes([p.example for p in mine], prompt_ids, G)
         with self.step_timer.phase("sampling"):
-            result = self.sample_with_retry(prompt_ids, G, keys, texts, share, progress)
+            result, prompt_ids = self.sample_with_retry(prompt_ids, G, keys, texts, share,
+                                                        progress, turns_for)
         completions = [c for group in result.groups for c in group]  # group-major, N = b*G
         examples = [p.example for p in mine for _ in range(G)]
         progress.phase("scoring", len(completions), "completions")
@@ -127,6 +135,8 @@ class TrainStep:
                               [c.finish_reason == "length" for c in step.completions]),
                           model_masks=model_masks)
         metrics = self.sample_metrics(step.rewards, adv, step.completions, step.sampler_metrics)
+        if self.tools is not None:
+            metrics.update(self.tools.metrics(completions))
         every, step_no = self.completions_every, self.state.step + 1
         records = [] if not every or step_no % every else self.rank_steps.gather_records(
             share, completion_records(keys, texts, completions, rewards.per_function,
@@ -144,16 +154,18 @@ class TrainStep:
         return {"train/skipped_updates": self.grpo.num_skipped_updates}
 
     def sample_with_retry(self, prompt_ids, G: int, keys: list[str], texts: list[str],
-                           share: list[int], progress: RunProgress):
+                           share: list[int], progress: RunProgress, turns_for=None):
         """On out-of-memory, halve g (`RunSizes.halve`; `full` becomes `continuous`) and sample
-        the step again."""
+        the step again. `turns_for()`: each try's prompts and turn handler (tools). Returns the
+        result and the prompts sampled from."""
         while True:
             state = self.generator.get_state()
+            ids, turns = turns_for() if turns_for is not None else (prompt_ids, None)
             try:
                 with self.strategy.inference_model():  # FSDP: whole weights while sampling
-                    return self.sampler.sample(prompt_ids, G, prompt_keys=keys, prompt_texts=texts,
+                    return self.sampler.sample(ids, G, prompt_keys=keys, prompt_texts=texts,
                                                generator=self.generator, global_group_ids=share,
-                                               progress=progress.sampling)
+                                               progress=progress.sampling, turns=turns), ids
             except (torch.OutOfMemoryError, RuntimeError) as err:
                 if not is_out_of_memory(err) or self.sizes.micro_group <= 1:
                     raise
