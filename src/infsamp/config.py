@@ -208,9 +208,10 @@ class ToolsConfig:
         _require(self.timeout_s >= 0, "tools.timeout_s", self.timeout_s,
                  "must be >= 0 (0: no limit)")
         _require(self.max_workers >= 1, "tools.max_workers", self.max_workers, "must be >= 1")
-        for spec in [*self.functions, self.environment_factory]:
-            _require(not spec or ":" in spec.strip(":"), "tools", spec,
-                     "a tool is 'module:function' or 'file.py:function'")
+        named = [("tools.functions", spec) for spec in self.functions]
+        for key, spec in [*named, ("tools.environment_factory", self.environment_factory)]:
+            _require(not spec or ":" in spec.strip(":"), key, spec,
+                     "give 'module:name' or 'file.py:name'")
 
 
 @dataclass
