@@ -179,3 +179,30 @@ def test_an_environment_gives_each_episode_its_instance_and_reward(tiny_config, 
     trainer.close()
     assert metrics["tools/calls"] == 4 and metrics["tools/errors"] == 0
     assert "rewards/GuessNumber/mean" in metrics
+
+
+@pytest.mark.parametrize("name, words", [
+    ("fails", "ZeroDivisionError"), ("hangs", "longer than 0.5 s"), ("huge", "bytes of text"),
+    ("not_text", "bytes"), ("nope", "Tool nope not found.")])
+def test_a_failing_call_is_a_tool_error_and_the_episode_goes_on(tiny_dir, name, words):
+    tokenizer = build_tokenizer()
+    model = LlamaForCausalLM.from_pretrained(tiny_dir).eval()
+    data = DataConfig(use_chat_template="never")
+    tools = load_tools([f"{FUNCTIONS}:{n}" for n in ("fails", "hangs", "huge", "not_text")])
+    box = Toolbox(tools, None, tokenizer, data, [tokenizer.eos_token_id], timeout_s=0.5,
+                  max_workers=2)
+    call = f'<tool_call>{{"name": "{name}", "arguments": {{"a": 1}}}}</tool_call>'
+    try:
+        cfg = SamplingConfig(num_generations=2, micro_group=2, max_new_tokens=160,
+                             kv_budget="100000", temperature=1.0, predictor="none", max_turns=1)
+        result = GroupSampler(model, tokenizer, cfg).sample(
+            [tokenizer("Go.")["input_ids"]], 2, generator=torch.Generator().manual_seed(1),
+            turns=box.episodes(), logits_processor_factory=forcing(tokenizer, call))
+    finally:
+        box.close()
+    called = result.completions[0]
+    (start, end), = called.context_spans
+    answer = tokenizer.decode(called.token_ids[start:end])
+    assert '{"error": ' in answer and words in answer
+    assert box.counters.errors == box.counters.calls == 1
+    assert called.finish_reason in ("eos", "length") and called.length > end  # it went on
