@@ -209,9 +209,10 @@ class ToolsConfig:
         _require(self.timeout_s >= 0, "tools.timeout_s", self.timeout_s,
                  "must be >= 0 (0: no limit)")
         _require(self.max_workers >= 1, "tools.max_workers", self.max_workers, "must be >= 1")
-        for spec in [*self.functions, self.environment_factory]:
-            _require(not spec or ":" in spec.strip(":"), "tools", spec,
-                     "a tool is 'module:function' or 'file.py:function'")
+        named = [("tools.functions", spec) for spec in self.functions]
+        for key, spec in [*named, ("tools.environment_factory", self.environment_factory)]:
+            _require(not spec or ":" in spec.strip(":"), key, spec,
+                     "give 'module:name' or 'file.py:name'")
 
 
 @dataclass
@@ -559,6 +560,10 @@ class Config:
         _require(not (self.distributed.strategy == "fsdp" and self.model.lora_rank > 0),
                  "distributed.strategy", self.distributed.strategy,
                  "fsdp shards full fine-tuning; with LoRA (model.lora_rank > 0) use ddp")
+        _require(not (self.sampling.dynamic and self.tools.enabled), "sampling.dynamic",
+                 self.sampling.dynamic, "is not yet combined with tools (tools.functions / "
+                 "tools.environment_factory): an episode's chunks would need their own "
+                 "environments; use one or the other")
         return self
 
     def _validate_sample_budget(self) -> None:

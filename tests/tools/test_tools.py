@@ -79,8 +79,10 @@ def test_a_bad_tool_is_refused_in_one_line(spec, words):
 
 
 def test_config_refuses_a_tool_without_a_function_name():
-    with pytest.raises(ConfigError, match="tools"):
+    with pytest.raises(ConfigError, match="tools.functions: give 'module:name'"):
         ToolsConfig(functions=["calculator"]).validate()
+    with pytest.raises(ConfigError, match="tools.max_workers"):
+        ToolsConfig(max_workers=0).validate()
 
 
 # ---------------------------------------------------------------- calls in the model's text

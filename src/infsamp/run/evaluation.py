@@ -80,21 +80,26 @@ def generate_completions(model, prompt_ids: Sequence[Sequence[int]], *, pad_toke
 
 def engine_completions(sampler, prompt_ids: Sequence[Sequence[int]], *,
                        stop_token_ids: Sequence[int], max_new_tokens: int,
-                       temperature: float = 0.0) -> list[list[int]]:
+                       temperature: float = 0.0, turns=None) -> list[list[int]]:
     """Each prompt's completion ids, cut before its first stop token: one sampler call of one
-    completion per prompt on the run's engine (greedy at temperature 0, as `generate`)."""
+    completion per prompt on the run's engine (greedy at temperature 0, as `generate`). With
+    `turns` (tools) an episode holds the stop tokens of its tool turns: only its last goes."""
     groups = sampler.sample([list(p) for p in prompt_ids], 1, max_new_tokens=max_new_tokens,
-                            temperature=temperature,
-                            generator=torch.Generator().manual_seed(0)).groups
+                            temperature=temperature, generator=torch.Generator().manual_seed(0),
+                            turns=turns).groups
+    if turns is not None:
+        return [list(g[0].token_ids[:-1] if g[0].finish_reason == "eos" else g[0].token_ids)
+                for g in groups]
     return [until_stop(group[0].token_ids, stop_token_ids) for group in groups]
 
 
 def held_out_completions(model, tokenizer, prompt_ids: Sequence[Sequence[int]], *,
                          stop_token_ids: Sequence[int], max_new_tokens: int = 256,
-                         temperature: float = 0.0,
-                         sampler=None) -> tuple[list[list[int]], list[str]]:
+                         temperature: float = 0.0, sampler=None,
+                         turns=None) -> tuple[list[list[int]], list[str]]:
     """(completion ids, their texts) of each prompt, decoded in eval mode (restored after):
-    through `sampler`'s engine when given, else with `generate`."""
+    through `sampler`'s engine when given (with `turns`: tool episodes), else with
+    `generate`."""
     if not prompt_ids:
         return [], []
     was_training = model.training
@@ -103,7 +108,7 @@ def held_out_completions(model, tokenizer, prompt_ids: Sequence[Sequence[int]], 
         if sampler is not None:
             completions = engine_completions(sampler, prompt_ids, stop_token_ids=stop_token_ids,
                                              max_new_tokens=max_new_tokens,
-                                             temperature=temperature)
+                                             temperature=temperature, turns=turns)
         else:
             completions = generate_completions(
                 model, prompt_ids, pad_token_id=tokenizer.pad_token_id,

@@ -21,13 +21,16 @@ from infsamp.tasks.prompts import completion_for_rewards, prompt_for_rewards, us
 class RunRewards:
     """`reward_funcs` (name, callable) pairs instead of the config's `rewards.functions`."""
 
-    def __init__(self, cfg: Config, reward_funcs: list[tuple[str, Callable]] | None = None):
+    def __init__(self, cfg: Config, reward_funcs: list[tuple[str, Callable]] | None = None,
+                 extra: list[tuple[str, Callable]] | None = None):
+        """`extra`: rewards owned by an environment (weight 1), after the functions."""
         self.data_cfg = cfg.data
-        self.funcs = reward_funcs or load_rewards(cfg)
+        own = reward_funcs or load_rewards(cfg)
+        self.funcs = [*own, *(extra or [])]
         check_async_allowed(self.funcs, cfg.rewards.allow_async)
         self.runner = reward_runner(self.funcs, cfg.rewards.timeout_s)  # lazy
         self.names = [name for name, _ in self.funcs]
-        self.weights = cfg.rewards.weights or [1.0] * len(self.funcs)
+        self.weights = [*(cfg.rewards.weights or [1.0] * len(own)), *[1.0] * len(extra or [])]
 
     def score(self, tokenizer, examples: list[dict[str, Any]], texts: list[str],
               completion_ids: list[list[int]]) -> RewardResult:

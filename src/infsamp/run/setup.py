@@ -81,13 +81,15 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def load_prompts(cfg: Config, tokenizer) -> tuple[EncodedSplit, EncodedSplit]:
-    """Training and held-out prompts as token ids, checked against the settings before the
-    weights load; says in the run log which rows evaluate and how many prompts were skipped."""
+def load_prompts(cfg: Config, tokenizer,
+                 tools: list[dict] | None = None) -> tuple[EncodedSplit, EncodedSplit]:
+    """Training and held-out prompts as token ids (offering `tools`, JSON schemas), checked
+    against the settings before the weights load; says in the run log which rows evaluate and
+    how many prompts were skipped."""
     splits = load_splits(cfg.data, cfg.eval.num_problems)
-    train = encode_examples(splits.train, tokenizer, cfg.data, "training prompts")
-    held_out = encode_examples(splits.eval, tokenizer, cfg.data, "evaluation prompts") \
-        if splits.eval else EncodedSplit([], 0)
+    train = encode_examples(splits.train, tokenizer, cfg.data, "training prompts", tools)
+    held_out = encode_examples(splits.eval, tokenizer, cfg.data, "evaluation prompts",
+                               tools) if splits.eval else EncodedSplit([], 0)
     if cfg.training.prompts_per_step > len(train.prompts):
         wanted = cfg.training.prompts_per_step
         raise ConfigError(f"training.prompts_per_step: {wanted} is more than the "

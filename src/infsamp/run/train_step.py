@@ -44,6 +44,7 @@ from infsamp.run.progress import RunProgress
 from infsamp.run.prompt_stream import PromptStream
 from infsamp.run.scoring import RunRewards
 from infsamp.run.step_metrics import check_finite, rollout_metrics
+from infsamp.run.tooling import RunTools
 from infsamp.run.train_state import TrainState
 from infsamp.sampling.engines.base import Engine
 from infsamp.sampling.sampler import GroupSampler, draw_seed
@@ -59,7 +60,7 @@ class TrainStep:
                  sampler: GroupSampler, engine: Engine, strategy: Strategy,
                  generator: torch.Generator, sizes: RunSizes, rewards: RunRewards, tokenizer,
                  grpo: GRPOStep, optimizer, scheduler, num_dropped_prompts: int,
-                 dynamic: DynamicSampler | None = None):
+                 dynamic: DynamicSampler | None = None, tools: RunTools | None = None):
         self.state, self.training, self.G = state, training, num_generations
         self.completions_every = completions_every
         self.stream, self.rank_steps = stream, rank_steps
@@ -69,6 +70,7 @@ class TrainStep:
         self.grpo, self.optimizer, self.scheduler = grpo, optimizer, scheduler
         self.num_dropped_prompts = num_dropped_prompts
         self.dynamic = dynamic  # sampling.dynamic: the step's rounds; None: one sampler call
+        self.tools = tools  # multi-turn episodes (tools.*); None: single-turn
         self.step_timer = StepTimer()  # time/sampling, time/rewards of each step
 
     def run(self, logger: RunLogger | None = None) -> dict[str, Any]:
@@ -107,8 +109,13 @@ class TrainStep:
         prompt_ids = [p.token_ids for p in mine]
         keys, texts = [str(p.index) for p in mine], [p.text for p in mine]
         progress.phase("sampling", len(mine) * G, "samples")
+        turns_for = None
+        if self.tools is not None:  # new episodes (environments) at every try
+            def turns_for():
+                return self.tools.episodes([p.example for p in mine], prompt_ids, G)
         with self.step_timer.phase("sampling"):
-            result = self.sample_with_retry(prompt_ids, G, keys, texts, share, progress)
+            result, prompt_ids = self.sample_with_retry(prompt_ids, G, keys, texts, share,
+                                                        progress, turns_for)
         completions = [c for group in result.groups for c in group]  # group-major, N = b*G
         examples = [p.example for p in mine for _ in range(G)]
         progress.phase("scoring", len(completions), "completions")
@@ -124,6 +131,8 @@ class TrainStep:
         rollout = self.make_rollout(prompt_ids, [G] * len(prompt_ids), completions, advantages,
                                     step)
         metrics = self.sample_metrics(step.rewards, adv, step.completions, step.sampler_metrics)
+        if self.tools is not None:
+            metrics.update(self.tools.metrics(completions))
         every, step_no = self.completions_every, self.state.step + 1
         records = [] if not every or step_no % every else self.rank_steps.gather_records(
             share, completion_records(keys, texts, completions, rewards.per_function,
@@ -151,7 +160,7 @@ class TrainStep:
                 return self.sample_with_retry(
                     [p.token_ids for p in prompts], counts, [str(p.index) for p in prompts],
                     [p.text for p in prompts], positions, progress, first_index=first_index,
-                    seed=seed, key_stride=stride)
+                    seed=seed, key_stride=stride)[0]
 
         def score(examples, texts, ids):
             progress.phase("scoring", len(texts), "completions")
@@ -200,16 +209,20 @@ class TrainStep:
                        model_masks=model_masks)
 
     def sample_with_retry(self, prompt_ids, G, keys: list[str], texts: list[str],
-                           share: list[int], progress: RunProgress, **chunks):
+                           share: list[int], progress: RunProgress, turns_for=None, **chunks):
         """On out-of-memory, halve g (`RunSizes.halve`; `full` becomes `continuous`) and sample
-        the step again (`chunks`: dynamic sampling's `first_index`, `seed`, `key_stride`)."""
+        the step again. `turns_for()`: each try's prompts and turn handler (tools); `chunks`:
+        dynamic sampling's `first_index`, `seed`, `key_stride`. Returns the result and the
+        prompts sampled from."""
         while True:
             state = self.generator.get_state()
+            ids, turns = turns_for() if turns_for is not None else (prompt_ids, None)
             try:
                 with self.strategy.inference_model():  # FSDP: whole weights while sampling
-                    return self.sampler.sample(prompt_ids, G, prompt_keys=keys, prompt_texts=texts,
+                    return self.sampler.sample(ids, G, prompt_keys=keys, prompt_texts=texts,
                                                generator=self.generator, global_group_ids=share,
-                                               progress=progress.sampling, **chunks)
+                                               progress=progress.sampling, turns=turns,
+                                               **chunks), ids
             except (torch.OutOfMemoryError, RuntimeError) as err:
                 if not is_out_of_memory(err) or self.sizes.micro_group <= 1:
                     raise

@@ -79,6 +79,7 @@ from infsamp.run.setup import (
 )
 from infsamp.run.signals import StopSignals
 from infsamp.run.sizes import plan_run
+from infsamp.run.tooling import RunTools
 from infsamp.run.train_state import TrainState
 from infsamp.run.train_step import TrainStep
 from infsamp.sampling.engines.base import make_engine
@@ -95,12 +96,14 @@ class TrainResult:
 
 
 class GRPOTrainer:
-    """`GRPOTrainer(cfg).train()`; pass `reward_funcs` to use Python callables instead of names."""
+    """`GRPOTrainer(cfg).train()`; pass `reward_funcs` to use Python callables instead of names,
+    `tools` (callables or references) and `environment_factory` instead of `tools.*`."""
 
     @ownership.released_on_failure
     def __init__(self, cfg: Config, reward_funcs: list[tuple[str, Callable]] | None = None,
                  step_callback: Callable[[int, dict[str, Any]], None] | None = None,
-                 ranks: Ranks | None = None):
+                 ranks: Ranks | None = None, tools: list[str | Callable] | None = None,
+                 environment_factory: str | Callable | None = None):
         self.cfg = cfg.validate()
         self.ranks = ranks or init_ranks(cfg)  # one process, or this rank of a launch
         self.device = self.ranks.device(cfg.model.device)
@@ -108,7 +111,7 @@ class GRPOTrainer:
         self.precision = check_environment(cfg, self.device)  # before anything loads or is written
         self.output_dir = Path(cfg.logging.output_dir)
         self.step_callback = step_callback
-        self._load_rewards(reward_funcs)
+        self._load_rewards(reward_funcs, tools, environment_factory)
         found = prepare_run_folder_on_ranks(cfg, self.ranks)  # before anything loads
         warn_about_settings(cfg)
         seed_everything(cfg.training.seed)
@@ -129,10 +132,13 @@ class GRPOTrainer:
 
     # ------------------------------------------------------------------ start-up steps
 
-    def _load_rewards(self, reward_funcs: list[tuple[str, Callable]] | None) -> None:
-        """The reward functions, checked before anything loads, and the held-out evaluation's
-        reward and best-checkpoint metric."""
-        self.rewards = RunRewards(self.cfg, reward_funcs)
+    def _load_rewards(self, reward_funcs: list[tuple[str, Callable]] | None, tools=None,
+                      environment_factory=None) -> None:
+        """The tools and the reward functions (an environment's reward among them), checked
+        before anything loads, and the held-out evaluation's reward and best-checkpoint
+        metric."""
+        self.tools = RunTools(self.cfg, tools, environment_factory)
+        self.rewards = RunRewards(self.cfg, reward_funcs, self.tools.reward_functions())
         self.eval_reward = eval_reward_name(self.cfg.eval.reward, self.rewards.names)
         check_best_metric(self.cfg.checkpointing.keep_best, self.rewards.names)
         self.best = BestEvaluation(self.cfg.checkpointing.keep_best)
@@ -144,7 +150,8 @@ class GRPOTrainer:
         self.tokenizer = load_tokenizer(self.cfg.model.name_or_path,
                                         self.cfg.model.trust_remote_code)
         with self.ranks.main_first():
-            self.train_prompts, self.eval_prompts = load_prompts(self.cfg, self.tokenizer)
+            self.train_prompts, self.eval_prompts = load_prompts(self.cfg, self.tokenizer,
+                                                                 self.tools.schemas)
         self.data_fingerprint = data_fingerprint(self.train_prompts, self.eval_prompts)
         check_data(found, self.cfg, self.data_fingerprint)
 
@@ -154,6 +161,8 @@ class GRPOTrainer:
                                                  precision=self.precision)
         self.stop_token_ids = require_stop_tokens(self.model, self.tokenizer,
                                                   cfg.model.name_or_path)
+        if self.tools.enabled:
+            self.tools.start(self.tokenizer, self.stop_token_ids)
         set_num_threads(cfg.training.num_threads, self.model, self.device)
         self.stream = PromptStream(self.train_prompts.prompts, cfg.training.prompts_per_step,
                                    cfg.training.seed)
@@ -211,7 +220,8 @@ class GRPOTrainer:
             rewards=self.rewards, tokenizer=self.tokenizer, grpo=self.grpo,
             optimizer=self.optimizer, scheduler=self.scheduler,
             num_dropped_prompts=self.train_prompts.num_dropped,
-            dynamic=DynamicSampler(cfg.sampling, cfg.training) if cfg.sampling.dynamic else None)
+            dynamic=DynamicSampler(cfg.sampling, cfg.training) if cfg.sampling.dynamic else None,
+            tools=self.tools if self.tools.enabled else None)
 
     def _resume(self, found: Checkpoint | None) -> None:
         """Restore the checkpoint found at start-up (its tensors are copied in; not kept)."""
@@ -332,12 +342,16 @@ class GRPOTrainer:
         logger.progress.phase("evaluating", len(prompts), "problems")
         cfg = self.cfg.eval
         mine = prompts[self.ranks.rank::self.ranks.world_size]  # each rank a share, then summed
+        prompt_ids, turns = [p.token_ids for p in mine], None
+        if self.tools.enabled and mine:
+            prompt_ids, turns = self.tools.episodes([p.example for p in mine], prompt_ids, 1)
         with self.strategy.inference_model() as model:
             ids, texts = held_out_completions(
-                model, self.tokenizer, [p.token_ids for p in mine],
+                model, self.tokenizer, prompt_ids,
                 stop_token_ids=self.stop_token_ids, temperature=cfg.temperature,
                 max_new_tokens=cfg.max_new_tokens or self.cfg.sampling.max_new_tokens,
-                sampler=self.sampler)
+                sampler=self.sampler, turns=turns)
+        tool_metrics = self.tools.eval_metrics(len(mine)) if self.tools.enabled else {}
         scores = (self.steps.score([p.example for p in mine], texts, ids, training=False)
                   if mine else None)
         sums = self.ranks.sum(tally(scores, self.rewards.names, self.eval_reward,
@@ -348,7 +362,7 @@ class GRPOTrainer:
                 mine, texts, ids, scores, self.eval_reward, cfg.accuracy_threshold) if mine else [])
         logger.progress.advance(len(prompts))
         seconds = round(time.perf_counter() - start, 2)  # eval/time_s kept for older readers
-        logger.log_eval(self.step, {**metrics, "eval/num_problems": len(prompts),
+        logger.log_eval(self.step, {**metrics, **tool_metrics, "eval/num_problems": len(prompts),
                                     "eval/dropped_prompts": self.eval_prompts.num_dropped,
                                     "eval/time_s": seconds, "time/eval": seconds})
         self.best.offer(self.step, metrics)
@@ -371,4 +385,5 @@ class GRPOTrainer:
         folder; no sampling afterwards."""
         self.engine.close()
         self.rewards.close()
+        self.tools.close()
         ownership.release_run_folder(self.output_dir)

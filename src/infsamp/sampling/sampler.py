@@ -12,7 +12,9 @@ runs the one loop shared with the simulator, on the engine it was given (`engine
         sched.step(finished)
 
 The scheduler (`scheduler.py`, `policies.py`) decides who runs; the engine runs them and appends
-their tokens. Policies differ only in admission: `full` (all samples at once), `rounds`,
+their tokens. With a `TurnHandler` (tools, `turns.py`) the loop also resumes answered tool
+calls before each admission and parks the samples whose turn ended in a call after each step.
+Policies differ only in admission: `full` (all samples at once), `rounds`,
 `continuous`, `length_aware`, `probe` (more than g at once, as short probes). Each sample draws
 its random numbers from its own seed, so every policy and every engine schedule return the same
 completions.

@@ -5,7 +5,10 @@ budget arithmetic. Pure Python (no torch), imported by every other module of `sa
 group, prompt length, limit) and where it stands (status, slot, generated tokens, the engine's
 log-probs). The scheduler moves it through pending -> running -> finished, and may park a running
 sample (running -> parked -> running: its tokens are kept, its KV kept or recomputed); an engine
-only appends tokens (and, when asked, the hidden state of the latest one). `SamplerStats` is the
+only appends tokens (and, when asked, the hidden state of the latest one). In a multi-turn
+episode (`turns.py`) a sample whose turn ended in a tool call waits (running -> waiting -> parked
+-> running) and gets the tool's answer as context tokens (`context_spans`: not the model's, so
+they carry no loss; `max_new_tokens` counts them). `SamplerStats` is the
 one statistics type: the scheduler, the engine and the sampler each fill their own fields;
 `COMBINED` says how each one adds up over calls (`merge`: the simulator, the benchmarks) and over
 ranks.

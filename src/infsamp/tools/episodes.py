@@ -42,6 +42,7 @@ class ToolCounters:
     calls: int = 0
     errors: int = 0
     time_s: float = 0.0
+    valid_episodes: int = 0  # episodes with at least one call answered without error
 
     def metrics(self) -> dict[str, float]:
         return {"tools/calls": self.calls, "tools/errors": self.errors,
@@ -77,10 +78,13 @@ class Toolbox:
                            contents, self.stop_texts)
         return answer_token_ids(self.tokenizer, text)
 
+    def take_counters(self) -> ToolCounters:
+        """The counters since the last take (reset for the next step or evaluation)."""
+        counters, self.counters = self.counters, ToolCounters()
+        return counters
+
     def take_metrics(self) -> dict[str, float]:
-        """This step's counters (reset for the next)."""
-        metrics, self.counters = self.counters.metrics(), ToolCounters()
-        return metrics
+        return self.take_counters().metrics()
 
     def close(self) -> None:
         self.runner.close()
@@ -100,6 +104,7 @@ class ToolEpisodes:
         self.box, self.instances = box, instances
         self.turns: dict[int, _Turn] = {}
         self.broken: set[int] = set()  # episodes whose environment call was abandoned
+        self.valid: set[int] = set()  # episodes with a call answered without error
 
     def continues(self, sample: Sample) -> bool:
         start = sample.context_spans[-1][1] if sample.context_spans else 0
@@ -131,6 +136,9 @@ class ToolEpisodes:
             turn.answers[index] = answer
             self.box.counters.errors += answer.failed
             self.box.counters.time_s += answer.seconds
+            if not answer.failed and sample_id not in self.valid:
+                self.valid.add(sample_id)
+                self.box.counters.valid_episodes += 1
             if self.instances is not None and answer.timed_out:
                 self.broken.add(sample_id)
             if len(turn.answers) == len(turn.calls):
