@@ -157,8 +157,7 @@ class DynamicSampler:
     def __init__(self, sampling: SamplingConfig, training: TrainingConfig):
         self.G, self.cap, self.chunk = (sampling.num_generations, sampling.generations_cap,
                                         sampling.chunk_generations)
-        self.max_replaced = (training.prompts_per_step if sampling.max_replaced_prompts < 0
-                             else sampling.max_replaced_prompts)
+        self.max_replaced = max_replaced_prompts(sampling, training)
         self.budget = training.completions_per_step or math.inf  # completions per step
 
     def run(self, batch: Sequence[tuple[int, EncodedPrompt]],
@@ -275,6 +274,12 @@ class DynamicSampler:
             if index not in in_step:
                 return index, prompt
         return None
+
+
+def max_replaced_prompts(sampling: SamplingConfig, training: TrainingConfig) -> int:
+    """`sampling.max_replaced_prompts` resolved (-1: `training.prompts_per_step`)."""
+    limit = sampling.max_replaced_prompts
+    return training.prompts_per_step if limit < 0 else limit
 
 
 def plan_note(sampling: SamplingConfig, training: TrainingConfig) -> str:
