@@ -6,7 +6,8 @@ sampled where the group it replaces was); sample keys are by place in the step. 
 processes draw every completion one process draws, log the same groups (dropped ones marked)
 and metrics, and end within 1e-6 of its weights (fp32 sums in another order), for dapo with
 `scale_rewards: batch` (one std over groups of unequal sizes, the token normaliser over both
-ranks) and for grpo with a fixed completion budget and an uneven B of 3.
+ranks), for grpo with a fixed completion budget and an uneven B of 3, and for a step where one
+rank's groups are all dropped.
 """
 
 from __future__ import annotations
@@ -23,7 +24,13 @@ DYNAMIC = {"rewards.functions": REWARD, "sampling.dynamic": True, "sampling.num_
            "sampling.max_num_generations": 12, "logging.completions_every": 1}
 CASES = {"dapo-batch": ("dapo", "batch", {}),
          "grpo-budget-b3": ("grpo", "group", {"training.completions_per_step": 40,
-                                              "training.prompts_per_step": 3})}
+                                              "training.prompts_per_step": 3}),
+         # B = 2 by round robin, no replacements: at step 3 rank 0's one group is dropped and it
+         # trains on nothing (its zero backward meets rank 1's reduction); step 2 has no group
+         # with spread (both train on their dropped groups, all advantages 0)
+         "dapo-empty-rank": ("dapo", "group", {"training.prompts_per_step": 2,
+                                               "sampling.max_replaced_prompts": 0,
+                                               "distributed.assignment": "round_robin"})}
 SAME_METRICS = ("reward", "reward_std", "frac_reward_zero_std", "completions/mean_length",
                 "rewards/first_token_reward/mean", "loss", "grad_norm", "learning_rate",
                 "sampling/completions", "sampling/dropped_prompts", "sampling/trained_groups",
@@ -70,4 +77,8 @@ def test_two_processes_with_dynamic_sampling_equal_one_process(tiny_model_dir, t
             for key in SAME_METRICS:
                 noise = 1e-6 if key == "loss" else 1e-8
                 assert row_two[key] == pytest.approx(row_one[key], rel=1e-5, abs=noise), key
-        assert sum(m["sampling/replaced_prompts"] for m in metrics(one)) > 0
+        if name == "dapo-empty-rank":
+            assert [m["sampling/trained_groups"] for m in metrics(one)] == [2, 2, 1]
+            assert [m["sampling/dropped_prompts"] for m in metrics(one)] == [0, 2, 1]
+        else:
+            assert sum(m["sampling/replaced_prompts"] for m in metrics(one)) > 0
