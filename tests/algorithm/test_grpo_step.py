@@ -95,3 +95,25 @@ def test_entropy_metric_is_the_mean_token_entropy():
 def test_truncation_flags_must_match_the_completions():
     with pytest.raises(ValueError, match="Rollout.truncated"):
         make_step(mask_truncated_completions=True).step_inputs(make_rollout(truncated=[True]))
+
+
+@pytest.mark.parametrize("options", [{}, {"beta": 0.04}, {"top_entropy_quantile": 0.5},
+                                     {"num_iterations": 2, "loss_type": "grpo"}])
+def test_a_rank_with_nothing_to_train_runs_one_zero_backward(options):
+    """Dynamic sampling over ranks: every group a rank sampled may be dropped. Its empty rollout
+    (the step's totals from the other ranks) still runs a backward, so DDP's reduction meets the
+    other ranks', and adds exactly nothing."""
+    step = make_step(**options)
+    if options.get("beta"):
+        step.ref_model = tiny_model()
+    optimizer = torch.optim.SGD(step.model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    before = {n: p.detach().clone() for n, p in step.model.named_parameters()}
+    backwards = []
+    next(step.model.parameters()).register_hook(lambda grad: backwards.append(grad.abs().max()))
+    empty = Rollout([], [], torch.zeros(0), truncated=[], totals=step.totals_of([5, 6], None))
+    metrics = step.optimize(empty, optimizer, scheduler)
+    assert metrics["loss"] == 0.0 and metrics["grad_norm"] == 0.0
+    assert backwards == [0.0] * step.cfg.num_iterations  # one backward a pass, of zeros
+    for name, value in step.model.named_parameters():
+        torch.testing.assert_close(value, before[name], rtol=0, atol=0)

@@ -43,3 +43,12 @@ def fails_on_rank_1(prompts, completions, **kwargs):
     if os.environ.get("RANK") == "1" and _calls["n"] == 2:
         raise ValueError("a reward server that went away")
     return [len(c) / 10 for c in completions]
+
+
+def first_token_reward(prompts, completions, completion_ids=None, **kwargs):
+    """Records as `length_reward`; 1 where a completion's first token id is a multiple of 7,
+    else 0, and 0 throughout for a quarter of the prompts (by their text): many groups tie, so
+    dynamic sampling gives them more completions, or drops and replaces them."""
+    length_reward(prompts, completions, completion_ids)
+    return [float(sum(map(ord, str(p))) % 4 != 0 and ids[0] % 7 == 0)
+            for p, ids in zip(prompts, completion_ids)]

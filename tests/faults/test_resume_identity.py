@@ -144,3 +144,45 @@ def test_every_policy_and_predictor_resumes_into_every_other(runner, tiny_model_
         assert state["counters"]["micro_group"] == 4 >> step % 2
         assert (state["predictor"] is None) == (not uses_predictor(name)), policy
     assert [row["step"] for row in rows(out / "metrics.jsonl")] == list(range(1, len(circuit) + 1))
+
+
+DYNAMIC = ["--sampling.dynamic", "true", "--sampling.max_num_generations", "8",
+           "--training.max_steps", "2", "--checkpointing.save_every", "1",
+           "--eval.num_problems", "0", "--sampling.max_new_tokens", "4"]
+
+
+def test_a_resume_that_switches_dynamic_sampling_is_one_line(runner, reference, tiny_model_dir,
+                                                             tmp_path):
+    """Dynamic sampling draws replacements from the prompt stream and trains on other groups: a
+    resume that turns it on or off, or changes its cap, chunk, replacement limit or budget, is
+    refused in one line; the same settings resume (a cap given as its default too)."""
+    out = stopped_at_4(reference, tmp_path)
+    before = snapshot(out)
+    code, output = runner.run(run_args(tiny_model_dir, out, "--sampling.dynamic", "true",
+                                       "--resume"))
+    assert code == 2 and "Traceback" not in output, output
+    assert ("checkpoint-4 was trained with sampling.dynamic False (this run: True); a resume "
+            "continues the same run") in last_line(output)
+    assert snapshot(out) == before
+    dynamic = tmp_path / "dynamic"
+    code, output = runner.run(run_args(tiny_model_dir, dynamic, *DYNAMIC))  # 2 steps
+    assert code == 0, output
+    shutil.rmtree(dynamic / "checkpoint-2")
+    before = snapshot(dynamic)
+    for extra, expected in (
+            (["--sampling.dynamic", "false"], "sampling.dynamic True (this run: False)"),
+            (["--sampling.max_num_generations", "12"],
+             "sampling.max_num_generations 8 (this run: 12)"),
+            (["--sampling.dynamic_chunk", "2"], "sampling.dynamic_chunk 4 (this run: 2)"),
+            (["--sampling.max_replaced_prompts", "0"],
+             "sampling.max_replaced_prompts 2 (this run: 0)"),
+            (["--training.completions_per_step", "12"],
+             "training.completions_per_step 0 (this run: 12)")):
+        code, output = runner.run(run_args(tiny_model_dir, dynamic, *DYNAMIC, *extra,
+                                           "--resume"))
+        assert code == 2 and "Traceback" not in output, output
+        assert f"checkpoint-1 was trained with {expected}; a resume" in last_line(output)
+        assert snapshot(dynamic) == before
+    code, output = runner.run(run_args(tiny_model_dir, dynamic, *DYNAMIC,
+                                       "--sampling.dynamic_chunk", "4", "--resume"))
+    assert code == 0 and "resuming from" in output, output

@@ -217,15 +217,15 @@ def test_trainer_trains_on_groups_with_spread_only(tiny_config, monkeypatch):
         assert len({g.index for g in step.groups}) == len(step.groups)  # never one twice
     records = read_jsonl(trainer.output_dir / "completions.jsonl")
     trained = {(s, str(g.prompt.index)) for s, step in enumerate(seen, 1) for g in step.trained}
-    assert {(r["step"], r["prompt_id"]) for r in records} == trained
-    assert len(records) == sum(len(g.completions) for step in seen for g in step.trained)
-
-
-def test_two_processes_are_refused_in_one_line(tiny_config):
-    from infsamp.run.dynamic_sampling import check_dynamic_sampling
-
-    with pytest.raises(ConfigError, match="sampling.dynamic: runs in one process"):
-        check_dynamic_sampling(dynamic_config(tiny_config), world_size=2)
+    dropped = {(s, str(g.prompt.index)) for s, step in enumerate(seen, 1) for g in step.dropped}
+    assert {(r["step"], r["prompt_id"]) for r in records if "dropped" not in r} == trained
+    assert {(r["step"], r["prompt_id"]) for r in records if r.get("dropped")} == dropped
+    assert all(r["advantage"] == 0 for r in records if r.get("dropped"))
+    assert len(records) == sum(len(g.completions) for step in seen for g in step.groups)
+    lines = read_jsonl(trainer.output_dir / "lengths.jsonl")  # every group sampled, in order
+    assert [(r["step"], r["prompt_id"], len(r["lengths"]), r.get("dropped", False))
+            for r in lines] == [(s, str(g.prompt.index), g.size, g.status == "dropped")
+                                for s, step in enumerate(seen, 1) for g in step.groups]
 
 
 def test_resume_in_the_middle_of_a_dynamic_run_continues_the_same_stream(tiny_config, tmp_path):

@@ -339,9 +339,13 @@ class GRPOStep:
         return [i for i in every if float(rollout.advantages[i]) != 0.0]
 
     def _padding_backward(self, rollout: Rollout, device) -> None:
-        """A zero-weight micro-batch (one sequence): its collectives run, gradients stay."""
-        mb = make_micro_batch(rollout.prompt_ids, rollout.completion_ids, [0], self.pad_token_id,
-                              device)
+        """A zero-weight micro-batch (one sequence): its collectives run, gradients stay. A rank
+        with nothing to train (dynamic sampling: every group it sampled was dropped) forwards a
+        one-token stand-in."""
+        one = [[self.pad_token_id]]
+        prompts, completions = ((rollout.prompt_ids, rollout.completion_ids)
+                                if rollout.completion_ids else (one, one))
+        mb = make_micro_batch(prompts, completions, [0], self.pad_token_id, device)
         logps = micro_batch_logprobs(self.model, mb, self.temperature, self.cfg.chunked_lm_head)
         (logps.sum() * 0.0).backward()
 

@@ -5,7 +5,9 @@
                         learns its share (one small broadcast)
     combine(...)        after sampling and scoring its own groups, every rank sends what the
                         step's statistics need (lengths, finish reasons, rewards per function,
-                        the sampler's statistics): B*G numbers, one gather. Every rank then holds
+                        the sampler's statistics): B*G numbers, one gather (groups of any
+                        sizes: dynamic sampling, whose rounds also use `shares` and `gather`,
+                        and `lines` for the groups it dropped). Every rank then holds
                         the whole step's rewards, so its advantages come from the same function
                         on the same values as in one process (`scale_rewards: batch` included)
                         and its loss normaliser (`BatchTotals`) counts the whole step's tokens.
@@ -77,11 +79,19 @@ class RankSteps:
         self.wait_s = 0.0
         self._predicted = 1.0
 
+    @property
+    def rank(self) -> int:
+        return self.ranks.rank
+
     # ---- before sampling
     def share(self, batch: list[tuple[int, Any]]) -> list[int]:
         """This rank's prompts: indices into `batch`, ascending."""
+        return self.shares(batch)[self.ranks.rank]
+
+    def shares(self, batch: list[tuple[int, Any]]) -> list[list[int]]:
+        """Every rank's prompts (indices into `batch`, ascending), the same on every rank."""
         if not self.ranks.distributed:
-            return list(range(len(batch)))
+            return [list(range(len(batch)))]
         plan = None
         if self.ranks.is_main:
             costs = [self.G * self.costs.predict(s) for s in self._samples(batch, 1)]
@@ -89,10 +99,15 @@ class RankSteps:
             plan = {"shares": shares, "predicted": imbalance(rank_loads(shares, costs))}
         plan = self._timed(self.ranks.broadcast_json, plan)
         self._predicted = plan["predicted"]
-        return plan["shares"][self.ranks.rank]
+        return plan["shares"]
 
-    def _samples(self, batch: list[tuple[int, Any]], group_size: int) -> list:
-        """The step's samples as the sampler lays them out (group_size 1: one per prompt)."""
+    def gather(self, value: Any) -> list[Any]:
+        """Every rank's JSON-able `value`, in rank order (one process: its own); timed as a wait."""
+        return self._timed(self.ranks.gather_json, value)
+
+    def _samples(self, batch: list[tuple[int, Any]], group_size: int | list[int]) -> list:
+        """The step's samples as the sampler lays them out (group_size 1: one per prompt; a list:
+        each prompt's own)."""
         from infsamp.sampling.types import make_samples
 
         return make_samples([len(p.token_ids) for _, p in batch], group_size, self.max_new,
@@ -111,16 +126,20 @@ class RankSteps:
         data = self._merge(everyone, len(batch), share)
         if self.costs is not None:
             lengths = [length for g in data.groups for length in g["lengths"]]
-            self.costs.update(self._samples(batch, self.G), lengths)
+            self.costs.update(self._samples(batch, [len(g["lengths"]) for g in data.groups]),
+                              lengths)
         return data
+
+    def lines(self, batch, share: list[int], groups) -> list[dict[str, Any]]:
+        """The lengths.jsonl lines of `batch`'s groups (this rank's: `share`, `groups`), step
+        order, on every rank: one gather (dynamic sampling's dropped groups)."""
+        mine = _records(batch, share, groups, RewardResult([], {}), {}, self.trace_prefix_tokens)
+        everyone = self.gather(mine) if self.ranks.distributed else [mine]
+        return [_line(g) for g in _in_step_order(everyone, len(batch))]
 
     def _merge(self, everyone: list[dict[str, Any]], num_prompts: int,
                share: list[int]) -> StepData:
-        by_prompt: dict[int, dict[str, Any]] = {}
-        for record in everyone:
-            for position, group in zip(record["share"], record["groups"]):
-                by_prompt[position] = group
-        groups = [by_prompt[i] for i in range(num_prompts)]
+        groups = _in_step_order(everyone, num_prompts)
         completions = [Completion([], "", n, why, i, j, num_context_tokens=context)
                        for i, g in enumerate(groups)
                        for j, (n, why, context) in enumerate(zip(
@@ -128,7 +147,8 @@ class RankSteps:
         total = [r for g in groups for r in g["total"]]
         per_function = {name: [v for g in groups for v in g["per_function"][name]]
                         for name in everyone[0]["functions"]}
-        rows = [i * self.G + j for i in share for j in range(self.G)]
+        starts = _starts([len(g["lengths"]) for g in groups])  # groups of any sizes
+        rows = [starts[i] + j for i in share for j in range(len(groups[i]["lengths"]))]
         return StepData(RewardResult(total, per_function), completions, rows,
                         self._sampler_metrics(everyone), [_line(g) for g in groups])
 
@@ -149,15 +169,17 @@ class RankSteps:
         finally:
             self.wait_s += time.perf_counter() - start
 
-    def gather_records(self, share: list[int], records: list[Any]) -> list[Any]:
-        """Every rank's completion records (G per prompt of `share`) in step order, on every
-        rank (one process: its own); rank 0 writes them."""
+    def gather_records(self, share: list[int], records: list[Any],
+                       sizes: list[int] | None = None) -> list[Any]:
+        """Every rank's completion records (`sizes[k]` for prompt `share[k]`, default G each) in
+        step order, on every rank (one process: its own); rank 0 writes them."""
         if not self.ranks.distributed:
             return records
+        sizes = [self.G] * len(share) if sizes is None else sizes
         by_prompt: dict[int, list[Any]] = {}
-        for their_share, theirs in self._timed(self.ranks.gather_json, [share, records]):
-            for k, position in enumerate(their_share):
-                by_prompt[position] = theirs[k * self.G:(k + 1) * self.G]
+        for their_share, theirs, counts in self.gather([share, records, sizes]):
+            for position, start, count in zip(their_share, _starts(counts), counts):
+                by_prompt[position] = theirs[start:start + count]
         return [r for position in sorted(by_prompt) for r in by_prompt[position]]
 
     # ---- after the update
@@ -215,6 +237,24 @@ def _records(batch, share: list[int], groups, rewards: RewardResult,
                         "per_function": {n: v[rows] for n, v in rewards.per_function.items()}})
     return {"share": share, "groups": records, "functions": list(rewards.per_function),
             "metrics": sampler_metrics}
+
+
+def _in_step_order(everyone: list[dict[str, Any]], num_prompts: int) -> list[dict[str, Any]]:
+    """Every rank's group records (`_records`) by their place in the step."""
+    by_prompt: dict[int, dict[str, Any]] = {}
+    for record in everyone:
+        for position, group in zip(record["share"], record["groups"]):
+            by_prompt[position] = group
+    return [by_prompt[i] for i in range(num_prompts)]
+
+
+def _starts(sizes: list[int]) -> list[int]:
+    """Each group's first row when groups of `sizes` lie one after the other."""
+    starts, row = [], 0
+    for size in sizes:
+        starts.append(row)
+        row += size
+    return starts
 
 
 def _line(record: dict[str, Any]) -> dict[str, Any]:

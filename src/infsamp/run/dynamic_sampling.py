@@ -12,6 +12,15 @@
                 (every prompt's first G, then chunks to undecided prompts in step order, then
                 replacements while a whole first chunk still fits)
 
+Several processes: each rank samples and scores its own whole groups (the step's B shared by
+`RankSteps.shares`, as without dynamic sampling), and after each round one gather hands every rank
+every group's new rewards (`RankSteps.gather`), so every rank takes the same decisions, draws the
+same replacements from its copy of the stream and numbers them alike; a replacement is sampled by
+the rank whose dropped group it replaces (in the order they were dropped). Sample keys are by
+place in the step, so the completions do not depend on the process count. A rank whose groups
+were all dropped trains on nothing that step: it runs one zero backward, so the gradient
+reduction still meets the other ranks' (`GRPOStep._padding_backward`).
+
 Memory stays flat: each round is one ordinary sampler call under the run's sizes (`RunSizes`:
 the same KV budget and g), so a group of 32 costs no more KV than a group of 8, only more calls.
 Every chunk of a prompt draws from the step's one seed with the key global id x
@@ -20,9 +29,9 @@ completions one call of its final size would give (any policy, either engine).
 
 Deliberately simple: decisions are taken at chunk boundaries, each round one sampler call that
 runs to its end (continuous refill inside it), not while a call is running; rewards are scored
-per round, as the reward functions are called today; one process only (the trainer refuses
-`sampling.dynamic` over several ranks); when no group of the step has spread the step trains on
-the dropped groups (all advantages 0), as a step without dynamic sampling would.
+per round, as the reward functions are called today; a rank sits a round out when none of its
+groups needs a chunk (it still joins the round's gather); when no group of the step has spread the
+step trains on the dropped groups (all advantages 0), as a step without dynamic sampling would.
 """
 
 from __future__ import annotations
@@ -35,7 +44,7 @@ from typing import Any
 import torch
 
 from infsamp.algorithm.advantages import group_ties
-from infsamp.config import Config, ConfigError, SamplingConfig, TrainingConfig
+from infsamp.config import SamplingConfig, TrainingConfig
 from infsamp.rewards.compute import RewardResult
 from infsamp.sampling.types import Completion, SampleResult, SamplerStats
 from infsamp.tasks.prompts import EncodedPrompt
@@ -45,6 +54,18 @@ SampleChunks = Callable[[list[EncodedPrompt], list[int], list[int], list[int]], 
 Score = Callable[[list[Any], list[str], list[list[int]]], RewardResult]
 
 
+class OneProcess:
+    """The rounds' view of the ranks in one process (`RankSteps` offers the same three)."""
+
+    rank = 0
+
+    def shares(self, batch: Sequence[Any]) -> list[list[int]]:
+        return [list(range(len(batch)))]
+
+    def gather(self, value: Any) -> list[Any]:
+        return [value]
+
+
 @dataclass
 class Group:
     """One prompt of the step and what it has so far."""
@@ -52,17 +73,22 @@ class Group:
     position: int  # its place in the step (its global id: the base of its sample keys)
     index: int  # the example's index in the training split
     prompt: EncodedPrompt
+    owner: int = 0  # the rank that samples it (the completions and per-function rewards: there)
     completions: list[Completion] = field(default_factory=list)
-    total: list[float] = field(default_factory=list)
+    total: list[float] = field(default_factory=list)  # every rank: one per completion so far
     per_function: dict[str, list[float]] = field(default_factory=dict)
     tied_first: bool = False  # no spread after its first chunk
     status: str = "open"  # open, decided (spread), dropped (none at its end)
 
     def add(self, completions: list[Completion], rewards: RewardResult, rows: slice) -> None:
+        """Its chunk's completions and rewards per function (on its owner)."""
         self.completions += completions
-        self.total += rewards.total[rows]
         for name, values in rewards.per_function.items():
             self.per_function.setdefault(name, []).extend(values[rows])
+
+    @property
+    def size(self) -> int:
+        return len(self.total)
 
     @property
     def tied(self) -> bool:
@@ -76,14 +102,20 @@ class DynamicResult:
     groups: list[Group]  # every group begun, step order (the step's B first, then replacements)
     num_prompts: int  # the step's B
     num_generations: int  # G
-    calls: list[SamplerStats] = field(default_factory=list)  # one per round
-    timeouts: dict[str, int] = field(default_factory=dict)
+    calls: list[SamplerStats] = field(default_factory=list)  # this rank's, one per round
+    num_rounds: int = 0
+    timeouts: dict[str, int] = field(default_factory=dict)  # every rank's
     rewarded: list[float] = field(default_factory=list)  # every sampled completion's reward
+    drops: list[Group] = field(default_factory=list)  # in the order they were dropped
 
     @property
     def trained(self) -> list[Group]:
         """The groups the update uses: those with spread (none: the dropped ones, all 0)."""
         return [g for g in self.groups if g.status == "decided"] or self.dropped
+
+    def drop(self, group: Group) -> None:
+        group.status = "dropped"
+        self.drops.append(group)
 
     @property
     def dropped(self) -> list[Group]:
@@ -91,28 +123,30 @@ class DynamicResult:
 
     @property
     def num_sampled(self) -> int:
-        return sum(len(g.completions) for g in self.groups)
+        return sum(g.size for g in self.groups)
 
-    def rewards(self) -> RewardResult:
-        """The trained groups' rewards, group-major."""
-        trained = self.trained
-        names = trained[0].per_function if trained else {}
-        return RewardResult([r for g in trained for r in g.total],
-                            {n: [v for g in trained for v in g.per_function[n]] for n in names},
+    def rewards(self, groups: list[Group], names: Sequence[str]) -> RewardResult:
+        """These groups' rewards (this rank's), group-major; `names`: the reward functions."""
+        return RewardResult([r for g in groups for r in g.total],
+                            {n: [v for g in groups for v in g.per_function[n]] for n in names},
                             dict(self.timeouts))
 
+    def sampler_metrics(self) -> dict[str, float]:
+        """This rank's rounds' sampler statistics, merged (`RankSteps.combine` merges ranks)."""
+        return SamplerStats.merge(self.calls).to_metrics()
+
     def metrics(self) -> dict[str, float]:
+        """The step's `sampling/*` decisions, the same on every rank."""
         sampled, first = self.num_sampled, self.num_prompts * self.num_generations
         scored = [r for r in self.rewarded if not math.isnan(r)]
-        return {**SamplerStats.merge(self.calls).to_metrics(),
-                "sampling/completions": sampled,
+        return {"sampling/completions": sampled,
                 "sampling/dropped_prompts": len(self.dropped),
                 "sampling/trained_groups": len(self.trained),
                 "sampling/replaced_prompts": len(self.groups) - self.num_prompts,
                 "sampling/zero_std_groups_before":
                     sum(g.tied_first for g in self.groups) / len(self.groups),
                 "sampling/extra_completions_frac": max(sampled - first, 0) / max(sampled, 1),
-                "sampling/dynamic_rounds": len(self.calls),
+                "sampling/dynamic_rounds": self.num_rounds,
                 "sampling/reward_sampled": sum(scored) / len(scored) if scored else math.nan}
 
 
@@ -123,68 +157,87 @@ class DynamicSampler:
     def __init__(self, sampling: SamplingConfig, training: TrainingConfig):
         self.G, self.cap, self.chunk = (sampling.num_generations, sampling.generations_cap,
                                         sampling.chunk_generations)
-        self.max_replaced = (training.prompts_per_step if sampling.max_replaced_prompts < 0
-                             else sampling.max_replaced_prompts)
+        self.max_replaced = max_replaced_prompts(sampling, training)
         self.budget = training.completions_per_step or math.inf  # completions per step
 
     def run(self, batch: Sequence[tuple[int, EncodedPrompt]],
             next_prompt: Callable[[], tuple[int, EncodedPrompt]], sample: SampleChunks,
-            score: Score, num_examples: int) -> DynamicResult:
+            score: Score, num_examples: int, ranks=None) -> DynamicResult:
         """Sample, score and decide until every group of the step is decided or dropped
-        (`num_examples`: the stream's, the most draws a replacement takes)."""
-        step = DynamicResult([Group(k, index, prompt) for k, (index, prompt) in enumerate(batch)],
-                             len(batch), self.G)
+        (`num_examples`: the stream's, the most draws a replacement takes; `ranks`: the step's
+        `RankSteps`, None in one process)."""
+        ranks = ranks or OneProcess()
+        owners = {i: rank for rank, share in enumerate(ranks.shares(batch)) for i in share}
+        step = DynamicResult([Group(k, index, prompt, owners[k])
+                              for k, (index, prompt) in enumerate(batch)], len(batch), self.G)
         requests = [(g, self.G) for g in step.groups]
         while requests:
-            self._round(requests, sample, score, step)
-            requests = self._within_budget(self._next_chunks(requests), step.num_sampled)
+            self._round(requests, sample, score, step, ranks)
+            requests = self._within_budget(self._next_chunks(requests, step), step)
             reserved = step.num_sampled + sum(n for _, n in requests)
             requests += self._replacements(step, next_prompt, reserved, num_examples)
         return step
 
     def _round(self, requests: list[tuple[Group, int]], sample: SampleChunks, score: Score,
-               step: DynamicResult) -> None:
-        """One sampler call over the requests, scored; each group gets its chunk."""
-        chosen = [g for g, _ in requests]
-        sampled = sample([g.prompt for g in chosen], [n for _, n in requests],
-                         [len(g.completions) for g in chosen], [g.position for g in chosen])
-        completions = [c for group in sampled.groups for c in group]
-        rewards = score([g.prompt.example for g, n in requests for _ in range(n)],
-                        [c.text for c in completions], [c.token_ids for c in completions])
-        start = 0
-        for group, chunk in zip(chosen, sampled.groups):
-            first = not group.completions
-            group.add(chunk, rewards, slice(start, start + len(chunk)))
-            start += len(chunk)
+               step: DynamicResult, ranks) -> None:
+        """One round: this rank's sampler call over its requests, scored; then every rank's
+        rewards of the round to every rank (one gather), so each group has its chunk's."""
+        mine = [(g, n) for g, n in requests if g.owner == ranks.rank]
+        totals, timeouts = self._sample_mine(mine, sample, score, step) if mine else ([], {})
+        found: dict[int, list[float]] = {}
+        for theirs in ranks.gather({"totals": totals, "timeouts": timeouts}):
+            found.update((position, values) for position, values in theirs["totals"])
+            for name, count in theirs["timeouts"].items():
+                step.timeouts[name] = step.timeouts.get(name, 0) + count
+        for group, _ in requests:  # request order: one process's order of the rewards
+            first = group.size == 0
+            group.total += found[group.position]
+            step.rewarded += found[group.position]
             group.tied_first = group.tied if first else group.tied_first
-        for name, count in rewards.timeouts.items():
-            step.timeouts[name] = step.timeouts.get(name, 0) + count
-        step.rewarded += rewards.total
-        step.calls.append(sampled.stats)
+        step.num_rounds += 1
 
-    def _next_chunks(self, requests: list[tuple[Group, int]]) -> list[tuple[Group, int]]:
+    def _sample_mine(self, mine: list[tuple[Group, int]], sample: SampleChunks, score: Score,
+                     step: DynamicResult) -> tuple[list, dict[str, int]]:
+        """This rank's sampler call and scoring; returns [position, chunk rewards] per group and
+        the reward timeouts."""
+        chosen = [g for g, _ in mine]
+        sampled = sample([g.prompt for g in chosen], [n for _, n in mine],
+                         [g.size for g in chosen], [g.position for g in chosen])
+        completions = [c for group in sampled.groups for c in group]
+        rewards = score([g.prompt.example for g, n in mine for _ in range(n)],
+                        [c.text for c in completions], [c.token_ids for c in completions])
+        totals, start = [], 0
+        for group, chunk in zip(chosen, sampled.groups):
+            rows = slice(start, start + len(chunk))
+            group.add(chunk, rewards, rows)
+            totals.append([group.position, rewards.total[rows]])
+            start += len(chunk)
+        step.calls.append(sampled.stats)
+        return totals, dict(rewards.timeouts)
+
+    def _next_chunks(self, requests: list[tuple[Group, int]],
+                     step: DynamicResult) -> list[tuple[Group, int]]:
         """Decide the groups just sampled: spread (decided), at the cap (dropped) or another
         chunk."""
         more = []
         for group, _ in requests:
-            size = len(group.completions)
             if not group.tied:
                 group.status = "decided"
-            elif size >= self.cap:
-                group.status = "dropped"
+            elif group.size >= self.cap:
+                step.drop(group)
             else:
-                more.append((group, min(self.chunk, self.cap - size)))
+                more.append((group, min(self.chunk, self.cap - group.size)))
         return more
 
     def _within_budget(self, requests: list[tuple[Group, int]],
-                       spent: int) -> list[tuple[Group, int]]:
+                       step: DynamicResult) -> list[tuple[Group, int]]:
         """`training.completions_per_step`: chunks in step order while the budget lasts; a group
         left without any is dropped."""
-        left, kept = self.budget - spent, []
+        left, kept = self.budget - step.num_sampled, []
         for group, count in requests:
             count = int(min(count, left))
             if count < 1:
-                group.status = "dropped"
+                step.drop(group)
                 continue
             kept.append((group, count))
             left -= count
@@ -194,19 +247,19 @@ class DynamicSampler:
                       num_examples: int) -> list[tuple[Group, int]]:
         """A new prompt of the stream for each dropped group not yet replaced, while the step's
         limit and the budget (a whole first chunk, beyond the `reserved` completions) allow;
-        never one already in the step."""
+        never one already in the step. It goes to the rank of the group it replaces."""
         added: list[tuple[Group, int]] = []
         in_step = {g.index for g in step.groups}
 
         def replaced() -> int:
             return len(step.groups) - step.num_prompts
 
-        while (len(step.dropped) > replaced() and replaced() < self.max_replaced
+        while (len(step.drops) > replaced() and replaced() < self.max_replaced
                and self.budget - reserved >= self.G):
             found = self._fresh_prompt(next_prompt, in_step, num_examples)
             if found is None:
                 break
-            group = Group(len(step.groups), *found)
+            group = Group(len(step.groups), *found, owner=step.drops[replaced()].owner)
             step.groups.append(group)
             in_step.add(group.index)
             added.append((group, self.G))
@@ -223,11 +276,10 @@ class DynamicSampler:
         return None
 
 
-def check_dynamic_sampling(cfg: Config, world_size: int) -> None:
-    """`sampling.dynamic` runs in one process (ConfigError, one line, before anything loads)."""
-    if cfg.sampling.dynamic and world_size > 1:
-        raise ConfigError(f"sampling.dynamic: runs in one process only (this launch has "
-                          f"{world_size}); set sampling.dynamic false or launch one process")
+def max_replaced_prompts(sampling: SamplingConfig, training: TrainingConfig) -> int:
+    """`sampling.max_replaced_prompts` resolved (-1: `training.prompts_per_step`)."""
+    limit = sampling.max_replaced_prompts
+    return training.prompts_per_step if limit < 0 else limit
 
 
 def plan_note(sampling: SamplingConfig, training: TrainingConfig) -> str:

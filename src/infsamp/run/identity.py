@@ -3,8 +3,10 @@
 A checkpoint's `training_state.json` holds `run`:
 
     settings   every setting that changes what the run computes (`RUN_SETTINGS`, resolved: the
-               precision mode, the reward weights, the clip range, LoRA's rank and targets), and
-               the learning-rate schedule's (`schedule`, checked with its horizon below)
+               precision mode, the reward weights, the clip range, LoRA's rank and targets,
+               dynamic sampling's cap, chunk, replacement limit and budget when it is on: they
+               change the prompt stream), and the learning-rate schedule's (`schedule`, checked
+               with its horizon below)
     data       sha256 of the training rows and of the evaluation rows as encoded (token ids and
                each example's columns), and their counts
     config     the data settings (named when the rows differ) and the sampling policy, predictor
@@ -37,13 +39,14 @@ from infsamp.config import Config
 from infsamp.config_io import flatten
 from infsamp.errors import CheckpointError
 from infsamp.run import checkpoint as ckpt
+from infsamp.run.dynamic_sampling import max_replaced_prompts
 
 RUN_SETTINGS = (
     "model.name_or_path", "model.lora_rank", "model.load_in_4bit",
     "rewards.functions", "rewards.weights", "rewards.format_think_block",
     "rewards.answer_extraction",
     "sampling.num_generations", "sampling.temperature", "sampling.top_p", "sampling.top_k",
-    "sampling.max_new_tokens", "sampling.max_turns",
+    "sampling.max_new_tokens", "sampling.max_turns", "sampling.dynamic",
     "tools.functions", "tools.environment_factory",
     "training.prompts_per_step", "training.seed", "training.loss_type", "training.epsilon",
     "training.epsilon_high", "training.beta", "training.scale_rewards", "training.num_iterations",
@@ -53,6 +56,10 @@ RUN_SETTINGS = (
     "eval.temperature", "eval.max_new_tokens",
 )
 LORA_SETTINGS = ("model.lora_target_modules", "model.lora_alpha", "model.lora_dropout")
+# sampling.dynamic's own, resolved, recorded when it is on: they decide which prompts the stream
+# hands out (replacements) and which completions a step trains on
+DYNAMIC_SETTINGS = ("sampling.max_num_generations", "sampling.dynamic_chunk",
+                    "sampling.max_replaced_prompts", "training.completions_per_step")
 SCHEDULE_SETTINGS = ("lr_scheduler", "learning_rate", "warmup_ratio")  # training.<key>
 DATA_SETTINGS = ("data.dataset", "data.dataset_config", "data.train_split", "data.eval_split",
                  "data.prompt_column", "data.answer_column", "data.answer_parser",
@@ -89,9 +96,19 @@ def run_settings(cfg: Config) -> dict[str, Any]:
         cfg.training.precision, resolve_device(cfg.model.device).type)
     if cfg.model.lora_rank > 0:
         settings.update({key: flat[key] for key in LORA_SETTINGS})
+    if cfg.sampling.dynamic:
+        settings.update(dynamic_settings(cfg))
     settings.update({f"training.{key}": value for key, value in
                      schedule_horizon(cfg.training).items() if key in SCHEDULE_SETTINGS})
     return settings
+
+
+def dynamic_settings(cfg: Config) -> dict[str, Any]:
+    """`DYNAMIC_SETTINGS` as the run uses them (0 and -1 resolved to what they stand for)."""
+    sampling, training = cfg.sampling, cfg.training
+    return dict(zip(DYNAMIC_SETTINGS, (sampling.generations_cap, sampling.chunk_generations,
+                                       max_replaced_prompts(sampling, training),
+                                       training.completions_per_step)))
 
 
 def data_fingerprint(train, held_out) -> dict[str, Any]:
@@ -137,9 +154,10 @@ def check_resume(cfg: Config, found: ckpt.Checkpoint) -> None:
                               f"the same run: resume with its settings, or {_new_run(found)}")
     unchecked = [key for key in wanted if key not in saved]
     if unchecked:
+        rows = " nor its data rows" if found.state.get("run", {}).get("data") is None else ""
         print(f"{found.path.name} was written by an older infsamp: it does not record "
-              f"{len(unchecked)} of the settings that define a run ({unchecked[0]}, ...) nor "
-              "its data rows; they are not checked", file=sys.stderr)
+              f"{len(unchecked)} of the settings that define a run ({unchecked[0]}, ...)"
+              f"{rows}; they are not checked", file=sys.stderr)
     check_schedule(cfg, found)
 
 

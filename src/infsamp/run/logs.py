@@ -3,10 +3,12 @@
 Files in the run folder: `metrics.jsonl` (one object per step, TRL metric names where they exist),
 `eval.jsonl` (held-out accuracy and each reward function's mean by step), `lengths.jsonl` (one line
 per sampled group, the trace that `infsamp simulate` replays: lengths, and each completion's first
-`sampling.predictor_prefix_tokens` token ids for token-conditioned predictors),
+`sampling.predictor_prefix_tokens` token ids for token-conditioned predictors; with
+`sampling.dynamic`, a group of its own size each, and the groups dropped from the update too,
+marked `"dropped": true`),
 `completions.jsonl` (with `logging.completions_every`: one line per completion of the logged
 steps: prompt, completion, per-function rewards, advantage; TRL's `log_completions`;
-`completion_records`),
+`completion_records`; dynamic sampling's dropped groups marked alike, advantage 0),
 `eval_completions.jsonl` (with `eval.log_completions`: one line per held-out problem of each
 evaluation: its completion, each function's score and whether it counted as solved;
 `problem_records`),
@@ -185,7 +187,8 @@ class RunLogger:
 def completion_records(prompt_ids: list[str], prompts: list[str], completions: list[Any],
                        rewards: dict[str, list[float]], totals: list[float],
                        advantages: Any) -> list[dict[str, Any]]:
-    """One record per completion (group-major, G per prompt): what the policy wrote and its score.
+    """One record per completion (group-major, the same number per prompt): what the policy wrote
+    and its score.
 
     `completions` carry `.text`, `.length`, `.finish_reason`; NaN rewards (None) become null.
     """

@@ -13,8 +13,9 @@
       rank_steps.finish_metrics        the step's metrics, over every rank
 
 With `sampling.dynamic` the rollout is `dynamic_rollout`: rounds of sampler calls and scoring
-(`run/dynamic_sampling.py`) until each prompt's rewards differ or it reaches its cap, then the
-same combine -> advantages (groups of their own sizes) -> Rollout.
+(`run/dynamic_sampling.py`; each rank its own groups, the rewards gathered after each round) until
+each prompt's rewards differ or it reaches its cap, then the same combine -> advantages (groups of
+their own sizes) -> Rollout; the dropped groups are logged too, marked.
 
 `TrainStep` receives in its constructor everything it reads (the trainer builds these parts once
 and hands them over); it keeps no state of its own beyond them: the step counter is the run's
@@ -150,9 +151,35 @@ class TrainStep:
         return {"train/skipped_updates": self.grpo.num_skipped_updates}
 
     def dynamic_rollout(self, batch: list[tuple[int, EncodedPrompt]], progress: RunProgress):
-        """`rollout` with dynamic sampling (one process): the step's rounds, then its groups with
-        spread, each of its own size, normalised and laid out as `rollout`'s."""
-        seed, stride = draw_seed(self.generator), self.dynamic.cap  # one seed for every chunk
+        """`rollout` with dynamic sampling: the step's rounds (each rank samples its own groups,
+        every rank takes the same decisions), then the groups with spread, each of its own size,
+        normalised over the whole step and laid out as `rollout`'s."""
+        found = self.dynamic.run(batch, self.stream.next_prompt, *self.chunk_calls(progress),
+                                 len(self.stream.examples), self.rank_steps)
+        trained, rank = found.trained, self.rank_steps.rank
+        share = [k for k, g in enumerate(trained) if g.owner == rank]  # indices into trained
+        mine = [trained[k] for k in share]
+        groups = [g.completions for g in mine]
+        step = self.rank_steps.combine([(g.index, g.prompt) for g in trained], share, groups,
+                                       found.rewards(mine, self.rewards.names),
+                                       found.sampler_metrics())  # the whole step's values
+        adv = compute_group_advantages(torch.tensor(step.rewards.total, dtype=torch.float32),
+                                       [g.size for g in trained], self.training.scale_rewards)
+        advantages = adv.advantages[step.local_rows]  # [n]: this rank's rows
+        completions = [c for group in groups for c in group]
+        rollout = self.make_rollout([g.prompt.token_ids for g in mine], [g.size for g in mine],
+                                    completions, advantages, step)
+        metrics = self.sample_metrics(step.rewards, adv, step.completions,
+                                      {**step.sampler_metrics, **found.metrics()})
+        every, step_no = self.completions_every, self.state.step + 1
+        records = [] if not every or step_no % every else self.dynamic_records(
+            found, dict(zip([g.position for g in mine], advantages.split([g.size for g in mine]))))
+        return rollout, metrics, self.dynamic_lines(found, step.groups), records
+
+    def chunk_calls(self, progress: RunProgress):
+        """Dynamic sampling's (sample, score) for this step: every chunk draws from one seed
+        (keys: place in the step x the cap + index in the group)."""
+        seed, stride = draw_seed(self.generator), self.dynamic.cap
 
         def sample(prompts, counts, first_index, positions):
             progress.phase("sampling", sum(counts), "samples")
@@ -169,26 +196,38 @@ class TrainStep:
             progress.advance(len(texts))
             return rewards
 
-        found = self.dynamic.run(batch, self.stream.next_prompt, sample, score,
-                                 len(self.stream.examples))
+        return sample, score
+
+    def dynamic_lines(self, found, trained_lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """lengths.jsonl: every group the step sampled, in step order, the dropped ones marked
+        `"dropped": true` (their lines gathered apart: one more gather when there are any)."""
         trained = found.trained
-        groups, rewards = [g.completions for g in trained], found.rewards()
-        sizes = [len(group) for group in groups]
-        step = self.rank_steps.combine([(g.index, g.prompt) for g in trained],
-                                       list(range(len(trained))), groups, rewards,
-                                       found.metrics())
-        adv = compute_group_advantages(torch.tensor(step.rewards.total, dtype=torch.float32),
-                                       sizes, self.training.scale_rewards)
-        completions = [c for group in groups for c in group]
-        rollout = self.make_rollout([g.prompt.token_ids for g in trained], sizes, completions,
-                                    adv.advantages, step)
-        metrics = self.sample_metrics(step.rewards, adv, step.completions, step.sampler_metrics)
-        every, step_no = self.completions_every, self.state.step + 1
-        records = [] if not every or step_no % every else completion_records(
-            [str(g.prompt.index) for g in trained for _ in g.completions],
-            [g.prompt.text for g in trained for _ in g.completions], completions,
-            rewards.per_function, rewards.total, adv.advantages)
-        return rollout, metrics, step.groups, records
+        kept = {g.position for g in trained}
+        left_out = [g for g in found.dropped if g.position not in kept]
+        lines = list(zip(trained, trained_lines))
+        if left_out:
+            rank = self.rank_steps.rank
+            share = [k for k, g in enumerate(left_out) if g.owner == rank]
+            lines += zip(left_out, self.rank_steps.lines(
+                [(g.index, g.prompt) for g in left_out], share,
+                [left_out[k].completions for k in share]))
+        return [{**line, "dropped": True} if g.status == "dropped" else line
+                for g, line in sorted(lines, key=lambda pair: pair[0].position)]
+
+    def dynamic_records(self, found, advantages: dict[int, torch.Tensor]) -> list[dict[str, Any]]:
+        """completions.jsonl: this rank's groups (trained: their `advantages` by position;
+        dropped: marked, advantage 0), gathered in step order."""
+        rank = self.rank_steps.rank
+        mine = [g for g in found.groups if g.owner == rank
+                and (g.position in advantages or g.status == "dropped")]
+        records = []
+        for g in mine:
+            rows = completion_records([str(g.prompt.index)], [g.prompt.text], g.completions,
+                                      g.per_function, g.total,
+                                      advantages.get(g.position, torch.zeros(g.size)))
+            records += [{**r, "dropped": True} for r in rows] if g.status == "dropped" else rows
+        return self.rank_steps.gather_records([g.position for g in mine], records,
+                                              [g.size for g in mine])
 
     def make_rollout(self, prompt_ids: list[list[int]], sizes: list[int],
                      completions: list, advantages: torch.Tensor, step) -> Rollout:

@@ -53,7 +53,7 @@ from infsamp.models.loading import (
 from infsamp.run import checkpoint as ckpt
 from infsamp.run import ownership
 from infsamp.run.checkpoint import Checkpoint
-from infsamp.run.dynamic_sampling import DynamicSampler, check_dynamic_sampling
+from infsamp.run.dynamic_sampling import DynamicSampler
 from infsamp.run.evaluation import (
     BestEvaluation,
     check_best_metric,
@@ -107,7 +107,6 @@ class GRPOTrainer:
         self.cfg = cfg.validate()
         self.ranks = ranks or init_ranks(cfg)  # one process, or this rank of a launch
         self.device = self.ranks.device(cfg.model.device)
-        check_dynamic_sampling(cfg, self.ranks.world_size)
         self.precision = check_environment(cfg, self.device)  # before anything loads or is written
         self.output_dir = Path(cfg.logging.output_dir)
         self.step_callback = step_callback
