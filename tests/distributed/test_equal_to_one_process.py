@@ -69,7 +69,6 @@ def assert_same_run(one, many, record_one, record_many, start=None):
             assert row_many[key] == pytest.approx(row_one[key], rel=1e-5, abs=noise), key
 
 
-@pytest.mark.slow
 def assert_cases_equal_one_process(cases, model_dir, tmp_path, tag: str, monkeypatch) -> None:
     """Each case run in this process equals its launched run `tag-NAME` (LoRA: adapters only)."""
     for name, (loss, scale, extra) in cases.items():
