@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 from infsamp.choices import WIDE_POLICIES
 from infsamp.planner.inputs import ADAPTER_BYTES, DTYPE_BYTES, PlanInputs
-from infsamp.planner.kv_budget import auto_budget_tokens, paged_pool_blocks, slot_pool_tokens
+from infsamp.planner.kv_budget import auto_budget_tokens, paged_pool_blocks, slot_pool
 from infsamp.planner.parallel import per_device_parts, shard_fraction
 from infsamp.planner.presets import ModelShape, embedding_parameters
 
@@ -280,7 +280,7 @@ def kv_cache_tokens(p: PlanInputs, micro_group: int) -> tuple[int, int]:
     """(pool, prompt rows): the KV tokens the engine allocates when the run decodes g at once, for
     the run's budget (`auto`: what g needs, `kv_budget.auto_budget_tokens`). vLLM: its whole pool
     (`paged_pool_blocks`: the prompts and the spare block are in it) and no rows; the slot engine:
-    its pool of running KV (`slot_pool_tokens`, the scheduler's `max_running_tokens`) and one
+    its pool of running KV (`kv_budget.slot_pool`, as the scheduler sizes it) and one
     prompt row per group open at once (every group with probes, else min(B, g)), each the prompt
     minus its last token (whose KV is the sample's first column)."""
     block, wide = p.kv_block_size, p.policy in WIDE_POLICIES
@@ -290,8 +290,8 @@ def kv_cache_tokens(p: PlanInputs, micro_group: int) -> tuple[int, int]:
         most = p.num_samples if wide else micro_group
         return paged_pool_blocks(budget, most, p.max_completion, p.max_prompt, block) * block, 0
     probe = p.probe_tokens if wide else 0
-    pool = slot_pool_tokens(budget, micro_group, p.num_samples, p.num_prompts, p.max_prompt,
-                            p.max_completion, probe)
+    _, pool = slot_pool(budget, micro_group, p.num_samples, p.num_prompts * p.max_prompt,
+                        p.max_completion, min(probe, p.max_completion))
     num_rows = p.num_prompts if probe else min(p.num_prompts, micro_group)
     return pool, num_rows * (p.max_prompt - 1)
 
