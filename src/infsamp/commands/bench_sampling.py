@@ -188,7 +188,7 @@ def engine_sizes_for(model, names, selected, prompts, micro_groups):
     once, a pool holding the largest g budget (whole vLLM blocks), planned as a run of them."""
     from dataclasses import replace
 
-    from infsamp.run.sizes import sampler_run_sizes
+    from infsamp.sampling.sizes import sampler_run_sizes
     from infsamp.sampling.types import VLLM_BLOCK_SIZE
 
     blocks = (1, *VLLM_BLOCK_SIZE.values())

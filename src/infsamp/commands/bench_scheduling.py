@@ -260,7 +260,7 @@ def engine_sizes_for(model, names, prompts, args):
     call), a pool holding the largest budget (vLLM blocks), planned as a run of these calls."""
     from dataclasses import replace
 
-    from infsamp.run.sizes import sampler_run_sizes
+    from infsamp.sampling.sizes import sampler_run_sizes
     from infsamp.sampling.types import VLLM_BLOCK_SIZE
 
     longest = max(len(p[1]) for p in prompts)

@@ -13,7 +13,7 @@ evaluates and checkpoints (one step's work: `TrainStep` in `train_step.py`, buil
 parts it reads). Start-up is `__init__`, one named
 step a line: the reward functions and the run folder (`run/folder.py`, `run/identity.py`) before
 anything loads, then the data (encoded once by `tasks.prompts`, checked against the resumed
-checkpoint's rows), the weights, the run's sizes (`run/sizes.py`), the sampler, the update, and
+checkpoint's rows), the weights, the run's sizes (`sampling/sizes.py`), the sampler, the update, and
 the resumable state (`run/train_state.py`), which the one save path (`run/rank_checkpoint.py`,
 several ranks or one) writes and a resume reads. While it runs, SIGTERM/SIGINT end the step and
 save (`signals.py`), and a non-finite loss, gradient norm or reward stops the run before it is
@@ -53,7 +53,7 @@ from infsamp.models.loading import (
 from infsamp.run import checkpoint as ckpt
 from infsamp.run import ownership
 from infsamp.run.checkpoint import Checkpoint
-from infsamp.run.dynamic_sampling import DynamicSampler, check_dynamic_sampling
+from infsamp.run.dynamic_sampling import DynamicSampler, check_dynamic_sampling, plan_note
 from infsamp.run.evaluation import (
     BestEvaluation,
     check_best_metric,
@@ -78,11 +78,11 @@ from infsamp.run.setup import (
     warn_about_settings,
 )
 from infsamp.run.signals import StopSignals
-from infsamp.run.sizes import plan_run
 from infsamp.run.train_state import TrainState
 from infsamp.run.train_step import TrainStep
 from infsamp.sampling.engines.base import make_engine
 from infsamp.sampling.sampler import GroupSampler
+from infsamp.sampling.sizes import plan_run
 
 
 @dataclass
@@ -125,7 +125,7 @@ class GRPOTrainer:
         self.steps = self._build_step()  # one training step: `TrainStep.run`
         self._resume(found)
         self._write_config()
-        print(planned.note)
+        print(planned.note + plan_note(cfg.sampling, cfg.training))
 
     # ------------------------------------------------------------------ start-up steps
 
