@@ -9,8 +9,8 @@ from infsamp.planner.estimate import VLLM_GRAPH_BYTES
 from infsamp.sampling.types import kv_tokens_needed
 
 GIB = 2**30
-SETTINGS = dict(gpu_memory_bytes=80 * GIB, num_generations=128, max_prompt=256, max_completion=1024,
-                micro_group=32)
+SETTINGS = dict(gpu_memory_bytes=80 * GIB, num_generations=128, max_prompt_tokens=256,
+                max_new_tokens=1024, micro_group=32)
 
 
 def test_generation_column_holds_vllm_weights_pool_and_graphs():

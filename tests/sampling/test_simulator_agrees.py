@@ -279,7 +279,7 @@ def test_probe_on_vllm_replays_in_blocks():
             row = rows.get(group.prompt_id) if index >= len(groups) // 2 else None
             budget = (row or next(iter(rows.values())))["kv_budget_tokens"]
             stats = run_call(samples, lengths, policy, 8, budget, predictor, kv_block_size=32,
-                             keep_parked_kv=False, max_slots=32,
+                             keep_parked_kv=False, max_micro_group=32,
                              first_tokens=_call_first_tokens([group]))
             if row is not None:
                 assert (stats.decode_steps, stats.num_preemptions) == (

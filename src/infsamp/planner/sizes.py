@@ -234,8 +234,8 @@ def plan_run_sizes(cfg: Config, shape: ModelShape, memory_bytes: int, *, device:
     num_prompts = prompts_per_rank(cfg, num_ranks)
     settings = dict(
         gpu_memory_bytes=memory_bytes, num_generations=sampling.num_generations,
-        num_prompts=num_prompts, max_prompt=data.max_prompt_length,
-        max_completion=sampling.max_new_tokens, lora_rank=model.lora_rank,
+        num_prompts=num_prompts, max_prompt_tokens=data.max_prompt_length,
+        max_new_tokens=sampling.max_new_tokens, lora_rank=model.lora_rank,
         optimizer=training.optimizer, gradient_checkpointing=model.gradient_checkpointing,
         beta=training.beta, precision=training.precision, load_in_4bit=model.load_in_4bit,
         device=device, engine=engine,

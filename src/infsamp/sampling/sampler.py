@@ -158,7 +158,7 @@ class GroupSampler:
         sched = SlotScheduler(samples, policy, micro_group, max_kv_tokens=budget,
                               predictor=self.predictor, kv_block_size=self.engine.kv_block_size,
                               keep_parked_kv=self.engine.keeps_parked_kv,
-                              max_slots=self.engine.max_micro_group,
+                              max_micro_group=self.engine.max_micro_group,
                               **policy_options(self.cfg, policy))
         processor = logits_processor_factory(samples) if logits_processor_factory else None
         stats = sched.stats
@@ -181,9 +181,8 @@ class GroupSampler:
 
     def budget_tokens(self, sizes: RunSizes) -> int:
         """The KV budget in tokens, capped by the engine's fixed KV pool (vLLM)."""
-        capacity = self.engine.kv_capacity_tokens
         budget = sizes.kv_budget_tokens
-        return budget if capacity is None else min(budget, capacity)
+        return min(budget, self.engine.kv_capacity_tokens or budget)
 
     def micro_group(self, policy: str, sizes: RunSizes, budget: int,
                     prompt_lengths: Sequence[int], max_new: int, num_samples: int) -> int:

@@ -67,16 +67,16 @@ from infsamp.sampling.types import (
 
 class SlotScheduler:
     def __init__(self, samples: Sequence[Sample], policy: str, micro_group: int,
-                 max_kv_tokens: int | None = None, predictor: LengthPredictor | None = None,
+                 max_kv_tokens: int = 0, predictor: LengthPredictor | None = None,
                  kv_block_size: int = 1, keep_parked_kv: bool = True,
-                 max_slots: int | None = None, **policy_options):
+                 max_micro_group: int = 0, **policy_options):
         self._samples = list(samples)
         _check_samples(self._samples, micro_group)
         self.predictor = predictor
         self._policy = make_policy(policy, self._samples, micro_group, predictor, **policy_options)
         self.micro_group = self._policy.micro_group
-        self.max_kv_tokens = max_kv_tokens if self._policy.uses_budget else None
-        if self._policy.probe_tokens and max_kv_tokens is None:
+        self.max_kv_tokens = max_kv_tokens if self._policy.uses_budget else 0  # 0: no budget
+        if self._policy.probe_tokens and not max_kv_tokens:
             raise SamplingError(f"policy {policy} needs a KV budget (it decides how many samples "
                                 "run at once)")
         self._shared = [shared_prompt_tokens(s.prompt_tokens, kv_block_size)
@@ -89,7 +89,7 @@ class SlotScheduler:
         self._check_budget(kv_block_size)
         self.prefix_tokens_wanted = self._policy.prefix_tokens_wanted
         # slots, and the most KV running samples hold at once (the slot engine's pool)
-        self.num_slots, self.max_running_tokens = self._slot_pool(max_slots)
+        self.num_slots, self.max_running_tokens = self._slot_pool(max_micro_group)
         # a heap, lowest free slot first; no more than one per sample is ever taken
         self._free_slots = list(range(min(self.num_slots, len(self._samples))))
         self._active: dict[int, Sample] = {}
@@ -212,7 +212,7 @@ class SlotScheduler:
     def can_allocate(self, sample: Sample, instead_of: Sample | None = None) -> bool:
         """Whether starting `sample` now keeps the worst-case KV within the budget (with the
         running sample `instead_of` parked first, if given)."""
-        if self.max_kv_tokens is None:
+        if not self.max_kv_tokens:
             return True
         opens_group = not self._group_open[sample.group_id]
         held = self._held_prompt_tokens + (self._shared[sample.sample_id] if opens_group else 0)
@@ -236,14 +236,14 @@ class SlotScheduler:
         """Whether a running sample still holds less than its whole reservation."""
         return self._running_reserve[sample.sample_id] < self._reserve[sample.sample_id]
 
-    def _slot_pool(self, max_slots: int | None) -> tuple[int, int]:
+    def _slot_pool(self, max_micro_group: int) -> tuple[int, int]:
         """`kv_budget.slot_pool` for this call: with probes, every group's prompt is held at once,
         each counted as the longest (as the slot engine's prompt table pads its rows)."""
-        probes = self._policy.probe_tokens and self.max_kv_tokens is not None and self._samples
+        probes = self._policy.probe_tokens and self.max_kv_tokens and self._samples
         held = len({s.group_id for s in self._samples}) * max(self._shared) if probes else 0
-        return slot_pool(self.max_kv_tokens or 0, self.micro_group, len(self._samples), held,
+        return slot_pool(self.max_kv_tokens, self.micro_group, len(self._samples), held,
                          self._max_reserve, min(self._new_reserve) if probes else 0,
-                         max_slots or 0)
+                         max_micro_group)
 
     def _allocate(self, slot: int, sample: Sample) -> None:
         if not self._group_open[sample.group_id]:
@@ -286,7 +286,7 @@ class SlotScheduler:
     def _can_keep(self, num_tokens: int) -> bool:
         """Whether `num_tokens` more held KV still leave room for every slot's reservation and
         every prompt still to open (kept KV must never cost a slot, nor a group its start)."""
-        if self.max_kv_tokens is None:
+        if not self.max_kv_tokens:
             return True
         held = (self._held_prompt_tokens + self._unopened_prompt_tokens + self._parked_kv_tokens
                 + num_tokens)
@@ -348,7 +348,7 @@ class SlotScheduler:
             self.predictor.end_call()
 
     def _check_budget(self, block_size: int) -> None:
-        if self.max_kv_tokens is None or not self._samples:
+        if not self.max_kv_tokens or not self._samples:
             return
         largest = max(self._samples, key=lambda s: self._shared[s.sample_id])
         max_new = max(s.max_new_tokens for s in self._samples)

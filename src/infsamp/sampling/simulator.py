@@ -213,7 +213,7 @@ class TraceEngine:
 
 
 def run_call(samples: Sequence[Sample], lengths: Sequence[int], policy: str, micro_group: int,
-             max_kv_tokens: int | None = None, predictor: LengthPredictor | None = None,
+             max_kv_tokens: int = 0, predictor: LengthPredictor | None = None,
              kv_block_size: int = 1, first_tokens: Sequence[Sequence[int]] = (),
              on_tokens: Callable[[int], None] | None = None, **policy_options) -> SamplerStats:
     """One sampler call through the engine loop; returns the scheduler's statistics.
