@@ -14,11 +14,11 @@ from infsamp.cli import main
 from infsamp.config import Config
 from infsamp.planner import PRESETS, kv_bytes_per_token, load_shape, plan_memory
 from infsamp.planner.estimate import GIB
+from infsamp.planner.kv_budget import kv_tokens_needed, micro_group_within
 from infsamp.planner.presets import shape_from_config
 from infsamp.planner.sizes import RunSizes, plan_line, plan_run_sizes, run_engine
 from infsamp.sampling import sizes as run_sizes
 from infsamp.sampling.sampler import GroupSampler
-from infsamp.sampling.types import kv_tokens_needed, micro_group_within
 
 LLAMA_1B = PRESETS["llama-3.2-1b"]
 

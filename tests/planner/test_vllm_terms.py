@@ -6,7 +6,7 @@ import json
 from infsamp.cli import main
 from infsamp.planner import PARTS, count_parameters, kv_bytes_per_token, load_shape, plan_memory
 from infsamp.planner.estimate import VLLM_GRAPH_BYTES
-from infsamp.sampling.types import kv_tokens_needed
+from infsamp.planner.kv_budget import kv_tokens_needed
 
 GIB = 2**30
 SETTINGS = dict(gpu_memory_bytes=80 * GIB, num_generations=128, max_prompt_tokens=256,

@@ -246,7 +246,7 @@ def test_probe_benches_replay_and_meet_the_goal(bench, num_prompts, max_new):
 def _replayed_steps(calls, num_measured: int, variant: str, max_new: int) -> int:
     """The bench's calls replayed one by one, each with its own budget (g whole samples beside
     its prompts), the predictor learning across them; the last `num_measured` counted."""
-    from infsamp.sampling.types import kv_tokens_needed
+    from infsamp.planner.kv_budget import kv_tokens_needed
 
     policy, _, predictor_name = variant.partition(":")
     predictor = make_predictor(predictor_name) if predictor_name else None  # the bench's

@@ -192,7 +192,7 @@ def test_probes_run_wider_than_g_inside_the_budget_and_replay(embedded, engine, 
     (up to max_num_seqs, 16), those that reach 4 tokens without room are parked (vLLM's own
     preemption), the pool stays within the budget, the completions and log-probs are
     continuous's, and the replay in blocks takes the same decisions."""
-    from infsamp.sampling.types import kv_tokens_needed
+    from infsamp.planner.kv_budget import kv_tokens_needed
 
     reference = sample(embedded, engine, prompts, 6)
     lengths = [c.length for c in reference.completions]

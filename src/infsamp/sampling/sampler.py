@@ -2,7 +2,7 @@
 
 `GroupSampler.sample` checks the request (before any work), reads g and the KV budget from the
 run's sizes (`planner.sizes.RunSizes`, decided once at start-up), caps g by what the budget holds
-for this call's prompts (`types.micro_group_within`: with the run's sizes it never binds), then
+for this call's prompts (`kv_budget.micro_group_within`: with the run's sizes it never binds), then
 runs the one loop shared with the simulator, on the engine it was given (`engines/`: `slots` or
 `vllm`):
 
@@ -33,6 +33,7 @@ from infsamp.config import SamplingConfig
 from infsamp.console import Notices
 from infsamp.errors import SamplingError
 from infsamp.models.loading import stop_token_ids
+from infsamp.planner.kv_budget import max_new_tokens_within, micro_group_within
 from infsamp.planner.sizes import RunSizes
 from infsamp.sampling.engines.base import (
     DecodeOptions,
@@ -43,15 +44,7 @@ from infsamp.sampling.engines.slots import SlotEngine
 from infsamp.sampling.scheduler import SlotScheduler
 from infsamp.sampling.sizes import sampler_run_sizes
 from infsamp.sampling.turns import TurnHandler, TurnLoop
-from infsamp.sampling.types import (
-    Completion,
-    Sample,
-    SampleResult,
-    SamplerStats,
-    make_samples,
-    max_new_tokens_within,
-    micro_group_within,
-)
+from infsamp.sampling.types import Completion, Sample, SampleResult, SamplerStats, make_samples
 
 # told after each decode step: the call's statistics so far, samples finished, samples running
 ProgressCallback = Callable[[SamplerStats, int, int], None]

@@ -15,8 +15,9 @@ sample until its last sample finishes (prefilled once per group, never per sampl
 sample holds its tokens. Admission is conservative: a sample starts only if the held prompts plus
 the reservation of every running sample (itself included) fit `max_kv_tokens`, so the budget is
 never exceeded and nothing has to be preempted. Prompts and reservations are whole blocks of
-`kv_block_size` tokens (`types.shared_prompt_tokens`, `types.reserved_tokens`). Which pending
-sample goes next is the admission policy's job (`policies.py`); this class only keeps the books.
+`kv_block_size` tokens (`kv_budget.shared_prompt_tokens`, `kv_budget.reserved_tokens`). Which
+pending sample goes next, and what it reserves, is the admission policy's (`policies.py`); this
+class only keeps the books.
 
 Parking (decisions after the first tokens). A policy may take running samples out of their slots at
 the start of `admit()` (`policy.to_park`): a parked sample keeps its tokens and its group's prompt
@@ -52,17 +53,16 @@ from collections import deque
 from collections.abc import Sequence
 
 from infsamp.errors import SamplingError
-from infsamp.planner.kv_budget import slot_pool
-from infsamp.sampling.grouping import lower_bound, pigeonhole_bound
-from infsamp.sampling.length_predictor import LengthPredictor, prediction_quality
-from infsamp.sampling.policies import make_policy
-from infsamp.sampling.types import (
-    Sample,
-    SamplerStats,
+from infsamp.planner.kv_budget import (
     max_new_tokens_within,
     reserved_tokens,
     shared_prompt_tokens,
+    slot_pool,
 )
+from infsamp.sampling.grouping import lower_bound, pigeonhole_bound
+from infsamp.sampling.length_predictor import LengthPredictor, prediction_quality
+from infsamp.sampling.policies import make_policy
+from infsamp.sampling.types import Sample, SamplerStats
 
 
 class SlotScheduler:

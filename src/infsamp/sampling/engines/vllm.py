@@ -12,7 +12,7 @@ block: `planner.sizes.vllm_pool`, the plan's rule too); vLLM's `max_num_seqs` is
 the run's largest g (`max_micro_group`). Prefix caching is on, so a group's full prompt blocks
 are computed once and shared by its samples
 (`prefill_tokens` counts what was computed); the scheduler's books count KV in these blocks
-(`types.reserved_tokens`), so admission keeps the pool's worst case within it and vLLM has no
+(`kv_budget.reserved_tokens`), so admission keeps the pool's worst case within it and vLLM has no
 reason to preempt (it may under `full`, whose g ignores the budget: preemptions are counted).
 One step may compute g full contexts (`planner.estimate.vllm_step_tokens`, at most 8192
 tokens), so requests resumed together recompute in the step that samples their next token, as
@@ -58,17 +58,14 @@ from infsamp.config import SamplingConfig
 from infsamp.errors import SamplingError, first_line
 from infsamp.models.device import base_model, memory_bytes, model_kv_bytes_per_token
 from infsamp.planner.estimate import vllm_step_tokens
+from infsamp.planner.kv_budget import VLLM_BLOCK_SIZE
 from infsamp.planner.sizes import RunSizes, vllm_pool
 from infsamp.sampling.engines.base import (
     DecodeOptions,
     SlotLogitsProcessor,
     vllm_installed,
 )
-from infsamp.sampling.types import (
-    VLLM_BLOCK_SIZE,
-    Sample,
-    SamplerStats,
-)
+from infsamp.sampling.types import Sample, SamplerStats
 
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 FINISH_REASONS = {"stop": "eos", "length": "length"}
