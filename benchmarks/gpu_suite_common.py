@@ -291,8 +291,8 @@ def slots_used(stats) -> int:
 
 
 def kv_tokens(g: int, max_new_tokens: int, prompt_tokens: int) -> int:
-    """KV budget of exactly g samples of one prompt on the slot engine (types.kv_tokens_needed)."""
-    from infsamp.sampling.types import kv_tokens_needed
+    """KV budget of exactly g samples of one prompt on the slot engine (kv_tokens_needed)."""
+    from infsamp.planner.kv_budget import kv_tokens_needed
 
     return kv_tokens_needed(g, max_new_tokens, prompt_tokens, 1, 1)
 

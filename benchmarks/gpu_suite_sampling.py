@@ -52,7 +52,7 @@ def planned_generation(shape, profile, group_size: int, micro_group: int = 0):
     """The planner's g (0: its choice) and generation tensor bytes at that g (no optimizer:
     this part samples only)."""
     result = plan(shape, group_size, gpu_memory_bytes=int(profile.plan_gib * GIB),
-                  max_prompt=profile.memory_prompt, max_completion=profile.memory_completion,
+                  max_prompt_tokens=profile.memory_prompt, max_new_tokens=profile.memory_completion,
                   precision=profile.precision, device=profile.device, micro_group=micro_group)
     parts = result.generation
     slack = parts["overhead"] if profile.device == "cuda" else 0  # not in max_memory_allocated
@@ -201,7 +201,7 @@ def micro_batch_peak(model, profile, cfg, tokens: int) -> dict:
                       torch.randint(1, vocab, (rows, C)).tolist(), torch.randn(rows))
     optimizer = build_optimizer(model, cfg, PRECISIONS[profile.precision])
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
-    step = GRPOStep(model, cfg, pad_token_id=0, temperature=1.0, max_completion_length=C,
+    step = GRPOStep(model, cfg, pad_token_id=0, temperature=1.0, max_new_tokens=C,
                     micro_batch_tokens=rows * (P + C))
     step.optimize(Rollout(rollout.prompt_ids[:1], rollout.completion_ids[:1], torch.ones(1)),
                   optimizer, scheduler)  # warm-up: optimizer states, compiled steps

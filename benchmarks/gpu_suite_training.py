@@ -62,7 +62,7 @@ def constant_schedule(optimizer):
 
 def plan_case(shape, profile, lora_rank: int):
     return plan(shape, profile.planner_group, gpu_memory_bytes=int(profile.planner_gib * GIB),
-                max_prompt=profile.planner_prompt, max_completion=profile.planner_completion,
+                max_prompt_tokens=profile.planner_prompt, max_new_tokens=profile.planner_completion,
                 lora_rank=lora_rank, precision=profile.precision, device=profile.device)
 
 
@@ -84,12 +84,13 @@ def whole_step(model, plan, profile, prompt: list[int], deadline: float) -> dict
     cfg = TrainingConfig(learning_rate=1e-6)
     optimizer = build_optimizer(model, cfg, PRECISIONS[profile.precision])
     scheduler = constant_schedule(optimizer)
-    step = GRPOStep(model, cfg, pad_token_id=0, temperature=1.0, max_completion_length=C,
+    step = GRPOStep(model, cfg, pad_token_id=0, temperature=1.0, max_new_tokens=C,
                     micro_batch_tokens=plan.train_micro_batch_tokens)
     step.optimize(random_rollout(vocab, 1, 4, 4), optimizer, scheduler)  # states, compile
     peak = Peak(profile.device)
-    sampler = sampler_for(model, "continuous", plan.micro_group, plan.inputs.kv_budget_tokens
-                          or auto_budget_tokens(plan.micro_group, C, plan.inputs.max_prompt, 1), C)
+    budget = plan.inputs.kv_budget_tokens or auto_budget_tokens(
+        plan.micro_group, C, plan.inputs.max_prompt_tokens, 1)
+    sampler = sampler_for(model, "continuous", plan.micro_group, budget, C)
     stats, complete = sample_until(sampler, prompt, profile.planner_group, deadline)
     generation = peak.absolute().get("allocated", peak.above_start())
     peak.reset()
@@ -173,7 +174,7 @@ def step_time(profile, mode: str) -> dict:
     scheduler = constant_schedule(optimizer)
     num, prompt, completion = profile.step_time_rollout
     step = GRPOStep(model, cfg.training, pad_token_id=0, temperature=1.0,
-                    max_completion_length=completion,
+                    max_new_tokens=completion,
                     micro_batch_tokens=num * (prompt + completion))
     rollout = random_rollout(shape.vocab_size, num, prompt, completion)
     started = time.perf_counter()

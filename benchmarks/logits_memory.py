@@ -121,7 +121,7 @@ def child_step(model_dir: str) -> None:
     completions = torch.randint(3, 100, (32, 256), generator=g).tolist()
     rollout = Rollout(prompts, completions, torch.randn(32, generator=g))
     cfg = TrainingConfig(loss_type="dapo", learning_rate=1e-5)
-    step = GRPOStep(model, cfg, pad_token_id=0, temperature=0.7, max_completion_length=256,
+    step = GRPOStep(model, cfg, pad_token_id=0, temperature=0.7, max_new_tokens=256,
                     micro_batch_tokens=4096)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)

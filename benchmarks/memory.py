@@ -284,7 +284,7 @@ def planned_bytes(case: Case, phase: str, precision: str, runtime_bytes: int | N
     its tensors (measured above the post-import baseline), or with `runtime_bytes` (that
     baseline) the whole process."""
     plan = plan_memory(case_shape(case), gpu_memory_bytes=NO_LIMIT, num_generations=case.group_size,
-                       max_prompt=case.max_prompt, max_completion=case.max_completion,
+                       max_prompt_tokens=case.max_prompt, max_new_tokens=case.max_completion,
                        micro_group=case.micro_group,
                        train_micro_batch_tokens=case.train_micro_batch_tokens,
                        optimizer="adamw", precision=precision, device=case.device,

@@ -111,7 +111,7 @@ def train_updates(mode: str, steps: list[int], device: str = "cpu") -> dict:
     scheduler = build_scheduler(optimizer, cfg.training)
     rollout = fixed_rollout(tokenizer)
     grpo = GRPOStep(model, cfg.training, pad_token_id=tokenizer.pad_token_id, temperature=1.0,
-                    max_completion_length=max(len(c) for c in rollout.completion_ids))
+                    max_new_tokens=max(len(c) for c in rollout.completion_ids))
     start, deltas, times, first_wall = forward_weights(model, mode), {}, [], 0.0
     for step in range(1, max(steps) + 1):
         begin, wall = clock(where), time.perf_counter()

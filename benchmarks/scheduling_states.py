@@ -152,9 +152,9 @@ def load_calls(folders: list[Path], seed: int, prompts_per_step: int) -> list[di
 
 def replay_call(call: dict, variant: str, predictor, args) -> object:
     """One call through the scheduler loop; its SamplerStats, with the replay's CPU time."""
+    from infsamp.planner.kv_budget import kv_tokens_needed
     from infsamp.sampling.scheduler import SlotScheduler
     from infsamp.sampling.simulator import TraceEngine, _call_first_tokens, _call_samples
-    from infsamp.sampling.types import kv_tokens_needed
 
     class StateEngine(TraceEngine):
         def decode_step(self, active):

@@ -22,7 +22,8 @@ def side_summary(out: Path, side: str) -> dict:
     evals = read_jsonl(out / side / "eval.jsonl")
     row = {"wall_s": wall, "cpu_s": round(user + system, 1), "steps": len(steps),
            "median_step_s": statistics.median(s["step_time"] for s in steps) if steps else None,
-           "evals": [(e["step"], e.get("eval/accuracy"), e.get("eval/time_s")) for e in evals]}
+           "evals": [(e["step"], e.get("eval/accuracy"), e.get("time/eval", e.get("eval/time_s")))
+                     for e in evals]}  # an older checkout logs eval/time_s
     for name in ("time/sampling", "time/rewards", "time/logprobs", "time/train",
                  "time/optimizer", "train/forwarded_tokens"):
         values = [s[name] for s in steps if name in s]

@@ -23,7 +23,7 @@ def make_rollout(**kw):
 def make_step(budget=10_000, **options):
     cfg = TrainingConfig(**options)
     cfg.validate()
-    return GRPOStep(tiny_model(), cfg, pad_token_id=PAD, temperature=0.9, max_completion_length=12,
+    return GRPOStep(tiny_model(), cfg, pad_token_id=PAD, temperature=0.9, max_new_tokens=12,
                     micro_batch_tokens=budget)
 
 

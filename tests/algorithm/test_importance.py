@@ -55,7 +55,7 @@ def test_mismatch_stats():
 
 def _step_gradients(model, rollout, mode="token_truncate"):
     cfg = TrainingConfig(learning_rate=0.0, max_grad_norm=0.0, loss_type="dapo")
-    step = GRPOStep(model, cfg, pad_token_id=0, temperature=0.7, max_completion_length=8,
+    step = GRPOStep(model, cfg, pad_token_id=0, temperature=0.7, max_new_tokens=8,
                     micro_batch_tokens=40, importance_sampling=mode)
     model.zero_grad()
     step.accumulate_gradients(rollout, step.step_inputs(rollout))

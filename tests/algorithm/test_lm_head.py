@@ -51,7 +51,7 @@ def trained(chunked: bool, temperature: float, **options):
     cfg.validate()
     ref = tiny_model(seed=1) if cfg.beta else None
     step = GRPOStep(model, cfg, pad_token_id=PAD, temperature=temperature,
-                    max_completion_length=12, micro_batch_tokens=100, ref_model=ref)
+                    max_new_tokens=12, micro_batch_tokens=100, ref_model=ref)
     advantages = torch.randn(len(COMPLETIONS), generator=torch.Generator().manual_seed(3))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)

@@ -134,7 +134,7 @@ def accumulated_gradients(model, prompts, completions, budget, loss_type, old, r
     """The trainer's loop: forward -> per-token loss -> aggregate with the step's totals ->
     backward."""
     model.zero_grad()
-    totals = BatchTotals.from_lengths([len(c) for c in completions], max_completion_length=12)
+    totals = BatchTotals.from_lengths([len(c) for c in completions], max_new_tokens=12)
     num_micro_batches = 0
     for mb in build_micro_batches(prompts, completions, max_tokens=budget, pad_token_id=PAD):
         logps = micro_batch_logprobs(model, mb, temperature=0.9)  # [b, T_c]

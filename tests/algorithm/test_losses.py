@@ -90,7 +90,7 @@ def test_loss_stats_add_up():
 
 LOSS = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
 MASK = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
-TOTALS = BatchTotals(num_sequences=2, num_tokens=3, max_completion_length=4)
+TOTALS = BatchTotals(num_sequences=2, num_tokens=3, max_new_tokens=4)
 
 
 def test_registry_names():
@@ -125,7 +125,7 @@ def test_sum_over_micro_batches_equals_full_batch(name):
     lengths = [5, 1, 3, 0, 4, 2]
     loss = torch.randn(6, 5, generator=torch.Generator().manual_seed(0))  # [N, T]
     mask = (torch.arange(5).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)).float()  # [N, T]
-    totals = BatchTotals.from_lengths(lengths, max_completion_length=8)
+    totals = BatchTotals.from_lengths(lengths, max_new_tokens=8)
     full = LOSS_TYPES[name].aggregate(loss, mask, totals)
     split = [[0, 3], [1, 2, 5], [4]]
     parts = []
@@ -149,7 +149,7 @@ def random_step(seed=0, rows=5, width=7, noise=0.05):
     old = -torch.rand(rows, width, generator=g) * 3  # [N, T]
     logps = (old + noise * torch.randn(rows, width, generator=g)).requires_grad_()  # [N, T]
     advantages = torch.randn(rows, generator=g)  # [N]
-    totals = BatchTotals.from_lengths(lengths.tolist(), max_completion_length=width)
+    totals = BatchTotals.from_lengths(lengths.tolist(), max_new_tokens=width)
     return logps, old, advantages, mask, totals
 
 

@@ -29,7 +29,7 @@ def make_step(share: bool, budget: int, lora: bool = False, **options):
         from peft import LoraConfig, get_peft_model
         model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
                                                  init_lora_weights=False))
-    return GRPOStep(model, cfg, pad_token_id=PAD, temperature=0.9, max_completion_length=12,
+    return GRPOStep(model, cfg, pad_token_id=PAD, temperature=0.9, max_new_tokens=12,
                     micro_batch_tokens=budget)
 
 

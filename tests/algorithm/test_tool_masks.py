@@ -48,7 +48,7 @@ def make_step(share=False, **options):
     cfg = TrainingConfig(share_prompt=share, **options)
     cfg.validate()
     return GRPOStep(tiny_model(), cfg, pad_token_id=PAD, temperature=0.9,
-                    max_completion_length=12, micro_batch_tokens=10_000,
+                    max_new_tokens=12, micro_batch_tokens=10_000,
                     ref_model=tiny_model(seed=1) if cfg.beta else None)
 
 

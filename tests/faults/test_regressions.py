@@ -148,7 +148,7 @@ def test_micro_batch_does_not_follow_free_memory(runner, reference, tiny_model_d
     real = os.sysconf
     monkeypatch.setattr(os, "sysconf",
                         lambda name: 2**20 // page if name == "SC_AVPHYS_PAGES" else real(name))
-    from infsamp.run.sizes import device_memory_bytes
+    from infsamp.sampling.sizes import device_memory_bytes
 
     assert device_memory_bytes(torch.device("cpu"), torch.nn.Linear(1, 1), "auto") < 2**21
     monkeypatch.undo()

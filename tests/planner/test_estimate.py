@@ -27,7 +27,8 @@ HUGE = 2**50
 
 
 def plan(**kw):
-    settings = dict(gpu_memory_bytes=HUGE, num_generations=4, max_prompt=256, max_completion=786)
+    settings = dict(gpu_memory_bytes=HUGE, num_generations=4, max_prompt_tokens=256,
+                    max_new_tokens=786)
     return plan_memory(LLAMA_1B, **{**settings, **kw})
 
 
@@ -103,7 +104,7 @@ def test_training_logits_are_a_few_chunks_whatever_the_micro_batch():
     for tokens, rows in ((1042, 786), (4168, 4 * 786)):
         expected = LOGITS_CHUNK_BUFFERS * chunk + rows * (2048 * (2 + 4) + 32)
         assert training_breakdown(p, tokens)["logits"] == expected
-    short = plan(max_prompt=2, max_completion=2).inputs  # 2 rows: fewer than a chunk's
+    short = plan(max_prompt_tokens=2, max_new_tokens=2).inputs  # 2 rows: fewer than a chunk's
     assert train_logits_bytes(short, 4) == LOGITS_CHUNK_BUFFERS * 2 * 128256 * 4 + 2 * (
         2048 * 6 + 32)  # (its peak is the end of the backward, without logits)
 
@@ -137,7 +138,7 @@ def test_runtime_is_the_callers_measurement_else_the_devices_default():
 
 def test_optimizer_step_can_be_the_peak():
     result = plan_memory(PRESETS["qwen3-8b"], gpu_memory_bytes=HUGE, num_generations=2,
-                         max_prompt=16, max_completion=16, train_micro_batch_tokens=32)
+                         max_prompt_tokens=16, max_new_tokens=16, train_micro_batch_tokens=32)
     assert result.training_peak_moment == "optimizer step"
     # 2 bf16 moments + a sqrt(v) temp
     assert result.training["optimizer"] == (4 + 2) * result.num_parameters
@@ -151,7 +152,7 @@ def test_embedding_grad_helper():
 def test_invalid_inputs_raise_config_error():
     from infsamp.config import ConfigError
 
-    for bad in (dict(max_completion=0), dict(num_generations=-1), dict(optimizer="adam"),
+    for bad in (dict(max_new_tokens=0), dict(num_generations=-1), dict(optimizer="adam"),
                 dict(precision="fp16"), dict(beta=-1.0), dict(micro_group=-1),
                 dict(load_in_4bit=True), dict(load_in_4bit=True, lora_rank=8, device="cpu")):
         with pytest.raises(ConfigError):

@@ -7,7 +7,7 @@ from infsamp.planner import PRESETS, plan_memory
 from infsamp.planner.estimate import GIB, gradients_bytes, weights_bytes
 
 QWEN3_8B = PRESETS["qwen3-8b"]
-RUN = dict(gpu_memory_bytes=24 * GIB, num_generations=8, max_prompt=256, max_completion=1024)
+RUN = dict(gpu_memory_bytes=24 * GIB, num_generations=8, max_prompt_tokens=256, max_new_tokens=1024)
 
 
 def test_one_device_plans_as_before():

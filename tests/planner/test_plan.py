@@ -10,7 +10,7 @@ from infsamp.planner.estimate import GIB, generation_breakdown, training_breakdo
 
 LLAMA_1B = PRESETS["llama-3.2-1b"]
 # the second seed's laptop
-SEED = dict(gpu_memory_bytes=16 * GIB, max_prompt=256, max_completion=786)
+SEED = dict(gpu_memory_bytes=16 * GIB, max_prompt_tokens=256, max_new_tokens=786)
 
 
 def test_seed_case_full_fine_tuning_with_reference_does_not_fit_and_each_advice_does():
@@ -30,8 +30,8 @@ def test_seed_case_full_fine_tuning_with_reference_does_not_fit_and_each_advice_
 
 def test_chosen_g_and_micro_batch_are_the_largest_that_fit():
     result = plan_memory(PRESETS["qwen3-1.7b"], gpu_memory_bytes=14 * GIB, num_generations=64,
-                         max_prompt=256,
-                         max_completion=1024, optimizer="adamw8bit", gradient_checkpointing=True)
+                         max_prompt_tokens=256,
+                         max_new_tokens=1024, optimizer="adamw8bit", gradient_checkpointing=True)
     p, g, tokens = result.inputs, result.micro_group, result.train_micro_batch_tokens
     assert 0 < g < 64 and tokens > 0 and tokens % p.seq_len == 0
     assert (generation_breakdown(p, g)["peak"] <= p.gpu_memory_bytes
@@ -44,16 +44,16 @@ def test_chosen_g_and_micro_batch_are_the_largest_that_fit():
 
 def test_user_fixed_g_too_large_gets_smaller_g_advice():
     free_g = plan_memory(PRESETS["qwen3-1.7b"], gpu_memory_bytes=12 * GIB, num_generations=64,
-                         max_prompt=256, max_completion=1024, lora_rank=16).micro_group
+                         max_prompt_tokens=256, max_new_tokens=1024, lora_rank=16).micro_group
     result = plan_memory(PRESETS["qwen3-1.7b"], gpu_memory_bytes=12 * GIB, num_generations=64,
-                         max_prompt=256, max_completion=1024, lora_rank=16, micro_group=64)
+                         max_prompt_tokens=256, max_new_tokens=1024, lora_rank=16, micro_group=64)
     assert not result.fits and result.micro_group == 0
     assert result.advice == [f"fits with a smaller g: --micro-group {free_g} (or 0 for auto)"]
 
 
 def test_nothing_fits_says_how_much_is_needed():
     result = plan_memory(PRESETS["qwen3-14b"], gpu_memory_bytes=4 * GIB, num_generations=8,
-                         max_prompt=256, max_completion=1024)
+                         max_prompt_tokens=256, max_new_tokens=1024)
     assert not result.fits and len(result.advice) == 1
     assert result.advice[0].startswith("does not fit even with every switch")
 

@@ -14,11 +14,11 @@ from infsamp.cli import main
 from infsamp.config import Config
 from infsamp.planner import PRESETS, kv_bytes_per_token, load_shape, plan_memory
 from infsamp.planner.estimate import GIB
+from infsamp.planner.kv_budget import kv_tokens_needed, micro_group_within
 from infsamp.planner.presets import shape_from_config
 from infsamp.planner.sizes import RunSizes, plan_line, plan_run_sizes, run_engine
-from infsamp.run import sizes as run_sizes
+from infsamp.sampling import sizes as run_sizes
 from infsamp.sampling.sampler import GroupSampler
-from infsamp.sampling.types import kv_tokens_needed, micro_group_within
 
 LLAMA_1B = PRESETS["llama-3.2-1b"]
 
@@ -72,8 +72,9 @@ def test_run_micro_batch_is_the_plans():
                  training={"prompts_per_step": 1, "optimizer": "adamw8bit"},
                  model={"gradient_checkpointing": True})
     plan, sizes = plan_run_sizes(cfg, LLAMA_1B, 16 * GIB, device="cuda")
-    alone = plan_memory(LLAMA_1B, gpu_memory_bytes=16 * GIB, num_generations=64, max_prompt=256,
-                        max_completion=786, optimizer="adamw8bit", gradient_checkpointing=True)
+    alone = plan_memory(LLAMA_1B, gpu_memory_bytes=16 * GIB, num_generations=64,
+                        max_prompt_tokens=256, max_new_tokens=786, optimizer="adamw8bit",
+                        gradient_checkpointing=True)
     assert sizes.train_micro_batch_tokens == plan.train_micro_batch_tokens
     assert sizes.train_micro_batch_tokens == alone.train_micro_batch_tokens > 0
 
@@ -115,7 +116,7 @@ def test_plan_command_sizes_as_train_does(capsys):
     plan, sizes = plan_run_sizes(Config(), load_shape("qwen3-0.6b"), 24 * GIB, device="cuda")
     assert data["run_sizes"] == sizes.state_dict() and data["micro_group"] == plan.micro_group
     settings = data["settings"]
-    assert (settings["max_completion"], settings["max_prompt"]) == (256, 256)
+    assert (settings["max_new_tokens"], settings["max_prompt_tokens"]) == (256, 256)
     assert (settings["num_generations"], settings["num_prompts"], settings["engine"]) == \
         (8, 4, run_engine(Config(), "cuda"))
     assert main(["plan", "--model", "qwen3-0.6b", "--engine", "slots"]) == 0

@@ -6,11 +6,11 @@ import json
 from infsamp.cli import main
 from infsamp.planner import PARTS, count_parameters, kv_bytes_per_token, load_shape, plan_memory
 from infsamp.planner.estimate import VLLM_GRAPH_BYTES
-from infsamp.sampling.types import kv_tokens_needed
+from infsamp.planner.kv_budget import kv_tokens_needed
 
 GIB = 2**30
-SETTINGS = dict(gpu_memory_bytes=80 * GIB, num_generations=128, max_prompt=256, max_completion=1024,
-                micro_group=32)
+SETTINGS = dict(gpu_memory_bytes=80 * GIB, num_generations=128, max_prompt_tokens=256,
+                max_new_tokens=1024, micro_group=32)
 
 
 def test_generation_column_holds_vllm_weights_pool_and_graphs():

@@ -216,7 +216,7 @@ def test_a_failing_tracker_is_reported_once_and_the_run_goes_on(tiny_config, loc
     points, _, _ = mlflow_data((local_trackers / "mlruns").as_uri())
     assert_same_points(points, expected_points(out))  # the other tracker missed nothing
     scalars, _, _ = tensorboard_data(out / "tensorboard")
-    assert {tag for tag, _ in scalars} == {"eval/accuracy", "eval/num_problems", "eval/time_s",
+    assert {tag for tag, _ in scalars} == {"eval/accuracy", "eval/num_problems",
                                          "time/eval", "eval/dropped_prompts", "eval/reward",
                                          "eval/rewards/format/mean", "eval/rewards/accuracy/mean"}
     assert {step for _, step in scalars} == {0}

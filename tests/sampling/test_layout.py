@@ -13,14 +13,14 @@ import torch
 
 import infsamp.sampling
 from infsamp.errors import SamplingError
-from infsamp.planner.sizes import ENGINE_CHOICES
-from infsamp.sampling.engines.base import ENGINES, resolve_engine_name
-from infsamp.sampling.types import (
+from infsamp.planner.kv_budget import (
     kv_tokens_needed,
     micro_group_within,
     reserved_tokens,
     shared_prompt_tokens,
 )
+from infsamp.planner.sizes import ENGINE_CHOICES
+from infsamp.sampling.engines.base import ENGINES, resolve_engine_name
 
 ROOT = Path(infsamp.sampling.__file__).parent
 PURE = ("types", "scheduler", "policies", "length_predictor", "hidden_predictor", "predictors",

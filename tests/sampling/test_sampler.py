@@ -12,13 +12,10 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from infsamp.config import SamplingConfig
 from infsamp.errors import SamplingError
 from infsamp.models.device import model_kv_bytes_per_token
+from infsamp.sampling import sizes as run_sizes
 from infsamp.sampling.engines.slots import SlotEngine
 from infsamp.sampling.predictors import make_predictor
-from infsamp.sampling.sampler import (
-    GroupSampler,
-    resolve_budget,
-    sampler_sizes,
-)
+from infsamp.sampling.sampler import GroupSampler
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 EOS = 1
@@ -136,10 +133,24 @@ def test_peak_kv_flat_in_group_size_and_within_budget(model):
 
 def test_budget_in_bytes(model):
     per_token = model_kv_bytes_per_token(model)
-    assert resolve_budget("8192", model) == 8192
-    assert resolve_budget("1MiB", model) == 2**20 // per_token
-    auto = sampler_sizes(SamplingConfig(), model, 16, 1, "slots", 8, 16, kv_budget_tokens=0)
-    assert auto.kv_budget_tokens > 0  # "auto": for g
+    prompts = [list(range(2, 18))]
+    sizes = {budget: sampler(model, micro_group=8, kv_budget=budget).call_sizes(
+        prompts, 8, 16).kv_budget_tokens for budget in ("8192", "1MiB", "auto")}
+    assert sizes["8192"] == 8192 and sizes["1MiB"] == 2**20 // per_token
+    assert sizes["auto"] == 8 * 16 + 16  # "auto": what g = 8 need beside the prompt
+
+
+def test_a_sampler_alone_sizes_each_call_through_the_run_path(model, monkeypatch):
+    """No sizes given: each call is planned by `plan_run_sizes` (the trainer's path), for an
+    engine started apart (no spare block off the budget)."""
+    planned = []
+    plan_run_sizes = run_sizes.plan_run_sizes
+    monkeypatch.setattr(run_sizes, "plan_run_sizes", lambda *args, **kwargs: planned.append(
+        kwargs["budget_is_pool"]) or plan_run_sizes(*args, **kwargs))
+    alone = sampler(model)
+    alone.sample([PROMPTS[0]], 4)
+    alone.sample(PROMPTS[:2], 2)
+    assert planned == [False, False]
 
 
 class ExplodingModel(torch.nn.Module):

@@ -246,7 +246,7 @@ def test_probe_benches_replay_and_meet_the_goal(bench, num_prompts, max_new):
 def _replayed_steps(calls, num_measured: int, variant: str, max_new: int) -> int:
     """The bench's calls replayed one by one, each with its own budget (g whole samples beside
     its prompts), the predictor learning across them; the last `num_measured` counted."""
-    from infsamp.sampling.types import kv_tokens_needed
+    from infsamp.planner.kv_budget import kv_tokens_needed
 
     policy, _, predictor_name = variant.partition(":")
     predictor = make_predictor(predictor_name) if predictor_name else None  # the bench's
@@ -279,7 +279,7 @@ def test_probe_on_vllm_replays_in_blocks():
             row = rows.get(group.prompt_id) if index >= len(groups) // 2 else None
             budget = (row or next(iter(rows.values())))["kv_budget_tokens"]
             stats = run_call(samples, lengths, policy, 8, budget, predictor, kv_block_size=32,
-                             keep_parked_kv=False, max_slots=32,
+                             keep_parked_kv=False, max_micro_group=32,
                              first_tokens=_call_first_tokens([group]))
             if row is not None:
                 assert (stats.decode_steps, stats.num_preemptions) == (

@@ -192,7 +192,7 @@ def test_probes_run_wider_than_g_inside_the_budget_and_replay(embedded, engine, 
     (up to max_num_seqs, 16), those that reach 4 tokens without room are parked (vLLM's own
     preemption), the pool stays within the budget, the completions and log-probs are
     continuous's, and the replay in blocks takes the same decisions."""
-    from infsamp.sampling.types import kv_tokens_needed
+    from infsamp.planner.kv_budget import kv_tokens_needed
 
     reference = sample(embedded, engine, prompts, 6)
     lengths = [c.length for c in reference.completions]
@@ -209,7 +209,7 @@ def test_probes_run_wider_than_g_inside_the_budget_and_replay(embedded, engine, 
         samples = make_samples([len(p) for p in prompts], 6, MAX_NEW)
         replay = run_call(samples, lengths, "probe", 4, real.stats.kv_budget_tokens,
                           replay_predictor, kv_block_size=32, keep_parked_kv=False,
-                          max_slots=16, probe_tokens=4,
+                          max_micro_group=16, probe_tokens=4,
                           first_tokens=[c.token_ids[:4] for c in real.completions])
         for key in ("decode_steps", "num_preemptions", "recomputed_tokens", "peak_rows",
                     "peak_kv_tokens_used"):

@@ -117,7 +117,7 @@ class GRPOStep:
     (else `training.train_micro_batch_tokens`, else 8192)."""
 
     def __init__(self, model, cfg: TrainingConfig, *, pad_token_id: int, temperature: float,
-                 max_completion_length: int, ref_model=None, micro_batch_tokens: int = 0,
+                 max_new_tokens: int, ref_model=None, micro_batch_tokens: int = 0,
                  importance_sampling: str = "token_truncate",
                  importance_sampling_cap: float = 3.0, parallel: Strategy | None = None,
                  sizes: RunSizes | None = None):
@@ -129,12 +129,12 @@ class GRPOStep:
         self.cfg = cfg
         self.pad_token_id = pad_token_id
         self.temperature = temperature
-        self.max_completion_length = max_completion_length
+        self.max_new_tokens = max_new_tokens
         self.ref_model = ref_model
         if sizes is None:
             tokens = (micro_batch_tokens or cfg.train_micro_batch_tokens
                       or DEFAULT_MICRO_BATCH_TOKENS)
-            sizes = training_sizes(tokens, max_completion_length)
+            sizes = training_sizes(tokens, max_new_tokens)
         self.sizes = sizes
         self.epsilon_low, self.epsilon_high = clip_range(cfg.loss_type, cfg.epsilon,
                                                          cfg.epsilon_high)
@@ -187,7 +187,7 @@ class GRPOStep:
         """The loss normaliser of a step whose completions have these lengths (every rank's)."""
         keep = self.carries_loss(truncated, len(lengths))
         return BatchTotals.from_lengths([n if k else 0 for n, k in zip(lengths, keep)],
-                                        self.max_completion_length)
+                                        self.max_new_tokens)
 
     def step_inputs(self, rollout: Rollout) -> StepInputs:
         """Masks, totals and the no-grad passes of one step (each pass only when needed), run

@@ -16,7 +16,7 @@ high-entropy token mask). Logits are divided by the sampling temperature first, 
 
 Training loop these pieces are made for (one micro-batch of activations alive at a time):
 
-    totals = BatchTotals.from_lengths([len(c) for c in completions], max_completion_length)
+    totals = BatchTotals.from_lengths([len(c) for c in completions], max_new_tokens)
     for mb in build_micro_batches(prompts, completions, max_tokens=budget, pad_token_id=pad):
         logps = micro_batch_logprobs(model, mb, temperature)              # [b, T_c], with grad
         loss, stats = per_token_loss(logps, mb.gather(old), mb.gather(ref), mb.rows(advantages),

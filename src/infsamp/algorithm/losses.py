@@ -50,12 +50,12 @@ class BatchTotals(NamedTuple):
 
     num_sequences: int  # completions in the step
     num_tokens: int  # completion tokens that carry loss in the step (sum of the loss mask)
-    max_completion_length: int  # sampling.max_new_tokens, the |o| of Dr. GRPO
+    max_new_tokens: int  # sampling.max_new_tokens, the |o| of Dr. GRPO
 
     @classmethod
     def from_lengths(cls, completion_lengths: Sequence[int],
-                     max_completion_length: int) -> BatchTotals:
-        return cls(len(completion_lengths), int(sum(completion_lengths)), max_completion_length)
+                     max_new_tokens: int) -> BatchTotals:
+        return cls(len(completion_lengths), int(sum(completion_lengths)), max_new_tokens)
 
 
 # --- per-token objectives ------------------------------------------------------------------------
@@ -150,9 +150,9 @@ def aggregate_grpo(loss: Tensor, mask: Tensor, totals: BatchTotals) -> Tensor:
 
 
 def aggregate_dr_grpo(loss: Tensor, mask: Tensor, totals: BatchTotals) -> Tensor:
-    """Token sum over (num_sequences * max_completion_length), a constant (Dr. GRPO; TRL
+    """Token sum over (num_sequences * max_new_tokens), a constant (Dr. GRPO; TRL
     'dr_grpo')."""
-    return _masked_sum(loss, mask) / max(totals.num_sequences * totals.max_completion_length, 1)
+    return _masked_sum(loss, mask) / max(totals.num_sequences * totals.max_new_tokens, 1)
 
 
 def aggregate_dapo(loss: Tensor, mask: Tensor, totals: BatchTotals) -> Tensor:

@@ -9,12 +9,12 @@ Which implementation runs, by optimizer and by the dtype of the trainable parame
     sgd         torch SGD                             torch-optimi SGD, Kahan-compensated
 
 For `bf16` AdamW, torchao's stochastic rounding was chosen over torch-optimi's Kahan summation by
-measurement (docs/benchmarks.md, "Precision modes"): its applied update follows the fp32 run from
-the first steps (follow ratio 0.97 at 10 steps, 0.99 at 300; Kahan 0.07 and 0.95: its bf16 buffer
-carries over late and rounds itself) and it keeps 4 bytes of state per parameter instead of 6. It
-costs a torch.compile of its step per tensor shape (once) and 1.7x the optimizer's CPU time on the
-embedded model. torchao has no SGD: bf16 SGD keeps its updates in torch-optimi's Kahan buffer.
-The schedule is transformers' `get_scheduler`.
+measurement (docs/benchmarks/memory.md, "Precision modes"): its applied update follows the fp32
+run from the first steps (follow ratio 0.97 at 10 steps, 0.99 at 300; Kahan 0.07 and 0.95: its
+bf16 buffer carries over late and rounds itself) and it keeps 4 bytes of state per parameter
+instead of 6. It costs a torch.compile of its step per tensor shape (once) and 1.7x the
+optimizer's CPU time on the embedded model. torchao has no SGD: bf16 SGD keeps its updates in
+torch-optimi's Kahan buffer. The schedule is transformers' `get_scheduler`.
 
 Deliberately simple: one parameter group (no per-layer learning rates).
 """

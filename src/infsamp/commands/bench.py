@@ -1,4 +1,4 @@
-"""`infsamp bench WHAT`: the benchmarks behind docs/benchmarks.md.
+"""`infsamp bench WHAT`: the benchmarks behind docs/results.md (index: docs/benchmarks.md).
 
     infsamp bench sampling ...     # full / rounds / continuous side by side (bench_sampling.py)
     infsamp bench scheduling ...   # length-aware scheduler, real engine (bench_scheduling.py)

@@ -11,7 +11,7 @@ Two workloads, one prompt per sampler call (= per training step):
       each prompt's median is log-normal around 180 tokens (sigma 0.7 across prompts), each sample's
       target log-normal around it (sigma 0.55), clipped to 16..1024 -- the paper's setting.
 g is fixed (`--micro-group`, a list) and `rounds` / `continuous` get the KV budget of exactly g
-samples (`types.kv_tokens_needed`: g slots of max_new_tokens plus one prompt; on vLLM in whole
+samples (`kv_budget.kv_tokens_needed`: g slots of max_new_tokens plus one prompt; on vLLM in whole
 blocks); `full` decodes all G at once (on vLLM within the pool the largest such budget sizes: it
 may preempt). With `--engine slots,vllm` every cell runs on both engines, interleaved; each engine
 is started and warmed up once before the measurements (start-up reported apart) and rows are tagged
@@ -171,7 +171,7 @@ def run_cells(model, tokenizer, selected, prompts, micro_groups, engines, args,
 
 def cell_budget(workload_max_new: int, prompts, g: int, block_size: int) -> int:
     """KV budget of exactly g samples at once on an engine with this block size."""
-    from infsamp.sampling.types import kv_tokens_needed
+    from infsamp.planner.kv_budget import kv_tokens_needed
 
     return kv_tokens_needed(g, workload_max_new, max(len(p) for p in prompts), 1, block_size)
 
@@ -188,8 +188,8 @@ def engine_sizes_for(model, names, selected, prompts, micro_groups):
     once, a pool holding the largest g budget (whole vLLM blocks), planned as a run of them."""
     from dataclasses import replace
 
-    from infsamp.run.sizes import sampler_run_sizes
-    from infsamp.sampling.types import VLLM_BLOCK_SIZE
+    from infsamp.planner.kv_budget import VLLM_BLOCK_SIZE
+    from infsamp.sampling.sizes import sampler_run_sizes
 
     blocks = (1, *VLLM_BLOCK_SIZE.values())
     budget = max(cell_budget(w.max_new_tokens, prompts[w.name], g, block)

@@ -249,7 +249,7 @@ def first_tokens_kept(args) -> int:
 def call_budget(args, max_prompt_tokens: int, block_size: int = 1) -> int:
     """The budget a call needs for exactly g samples at once, prompts and blocks counted as the
     sampler counts them on this engine."""
-    from infsamp.sampling.types import kv_tokens_needed
+    from infsamp.planner.kv_budget import kv_tokens_needed
 
     return kv_tokens_needed(args.micro_group, args.max_new_tokens, max_prompt_tokens,
                             args.prompts_per_step, block_size) + getattr(args, "kv_slack", 0)
@@ -260,8 +260,8 @@ def engine_sizes_for(model, names, prompts, args):
     call), a pool holding the largest budget (vLLM blocks), planned as a run of these calls."""
     from dataclasses import replace
 
-    from infsamp.run.sizes import sampler_run_sizes
-    from infsamp.sampling.types import VLLM_BLOCK_SIZE
+    from infsamp.planner.kv_budget import VLLM_BLOCK_SIZE
+    from infsamp.sampling.sizes import sampler_run_sizes
 
     longest = max(len(p[1]) for p in prompts)
     budget = max(call_budget(args, longest, block) for block in (1, *VLLM_BLOCK_SIZE.values()))

@@ -2,7 +2,7 @@
 timed apart from the measurements) and close them at the end.
 
 Deliberately simple: vLLM keeps one engine per process, so a benchmark runs at most one vLLM
-engine, sized (`run.sizes.sampler_run_sizes`, the planner's `plan_run_sizes`) for every cell it
+engine, sized (`sampling.sizes.sampler_run_sizes`, the planner's `plan_run_sizes`) for every cell it
 will serve.
 """
 

@@ -125,10 +125,10 @@ def read_prompts(data_cfg: DataConfig, split: str, tokenizer, num_prompts: int =
 
 
 def _engine(cfg, model, prompt_ids: list[list[int]]):
-    """(sizes, engine): the sizes for these prompts (`run.sizes.sampler_run_sizes`, the planner's
-    `plan_run_sizes`) and the `sampling.engine` (`--engine`) engine started for them."""
-    from infsamp.run.sizes import sampler_run_sizes
+    """(sizes, engine): the sizes for these prompts (`sampling.sizes.sampler_run_sizes`, the
+    planner's `plan_run_sizes`) and the `sampling.engine` (`--engine`) engine started for them."""
     from infsamp.sampling.engines.base import make_engine
+    from infsamp.sampling.sizes import sampler_run_sizes
 
     longest = max((len(p) for p in prompt_ids), default=1)
     sizes = sampler_run_sizes(cfg, model, longest, len(prompt_ids))

@@ -167,8 +167,8 @@ class InfsampRollout:
 
     def _engine(self, model, num_prompts: int):
         """The run's engine (built once), holding the trainer's current weights."""
-        from infsamp.run.sizes import sampler_run_sizes
         from infsamp.sampling.engines.base import make_engine
+        from infsamp.sampling.sizes import sampler_run_sizes
 
         if self.engine is None:  # built from the model's current weights, sized once
             self.sizes = sampler_run_sizes(self.cfg, model, self.max_prompt_tokens, num_prompts,

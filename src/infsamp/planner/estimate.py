@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 from infsamp.choices import WIDE_POLICIES
 from infsamp.planner.inputs import ADAPTER_BYTES, DTYPE_BYTES, PlanInputs
-from infsamp.planner.kv_budget import auto_budget_tokens, paged_pool_blocks, slot_pool_tokens
+from infsamp.planner.kv_budget import auto_budget_tokens, paged_pool_blocks, slot_pool
 from infsamp.planner.parallel import per_device_parts, shard_fraction
 from infsamp.planner.presets import ModelShape, embedding_parameters
 
@@ -254,7 +254,7 @@ def inference_workspace_bytes(p: PlanInputs, tokens: int) -> int:
 
 def completion_rows(p: PlanInputs, tokens: int) -> int:
     """Completion positions (logits rows) in a micro-batch of `tokens` padded tokens."""
-    return math.ceil(tokens * p.max_completion / p.seq_len)
+    return math.ceil(tokens * p.max_new_tokens / p.seq_len)
 
 
 # --- phases ---------------------------------------------------------------------------------------
@@ -280,20 +280,21 @@ def kv_cache_tokens(p: PlanInputs, micro_group: int) -> tuple[int, int]:
     """(pool, prompt rows): the KV tokens the engine allocates when the run decodes g at once, for
     the run's budget (`auto`: what g needs, `kv_budget.auto_budget_tokens`). vLLM: its whole pool
     (`paged_pool_blocks`: the prompts and the spare block are in it) and no rows; the slot engine:
-    its pool of running KV (`slot_pool_tokens`, the scheduler's `max_running_tokens`) and one
+    its pool of running KV (`kv_budget.slot_pool`, as the scheduler sizes it) and one
     prompt row per group open at once (every group with probes, else min(B, g)), each the prompt
     minus its last token (whose KV is the sample's first column)."""
     block, wide = p.kv_block_size, p.policy in WIDE_POLICIES
-    budget = p.kv_budget_tokens or auto_budget_tokens(micro_group, p.max_completion, p.max_prompt,
-                                                      p.num_prompts, block)
+    new, prompt = p.max_new_tokens, p.max_prompt_tokens
+    budget = p.kv_budget_tokens or auto_budget_tokens(micro_group, new, prompt, p.num_prompts,
+                                                      block)
     if p.engine == "vllm":
         most = p.num_samples if wide else micro_group
-        return paged_pool_blocks(budget, most, p.max_completion, p.max_prompt, block) * block, 0
+        return paged_pool_blocks(budget, most, new, prompt, block) * block, 0
     probe = p.probe_tokens if wide else 0
-    pool = slot_pool_tokens(budget, micro_group, p.num_samples, p.num_prompts, p.max_prompt,
-                            p.max_completion, probe)
+    _, pool = slot_pool(budget, micro_group, p.num_samples, p.num_prompts * prompt, new,
+                        min(probe, new))
     num_rows = p.num_prompts if probe else min(p.num_prompts, micro_group)
-    return pool, num_rows * (p.max_prompt - 1)
+    return pool, num_rows * (prompt - 1)
 
 
 def kv_cache_bytes(p: PlanInputs, micro_group: int) -> int:
@@ -337,7 +338,7 @@ def generation_breakdown(p: PlanInputs, micro_group: int) -> dict[str, int]:
     concat = math.ceil(micro_group * p.seq_len / p.shape.num_hidden_layers)
     parts = dict(weights=weights_bytes(p), reference=reference_bytes(p), gradients=0,
                  optimizer=optimizer_bytes(p), compute_copies=compute_copy_bytes(p),
-                 activations=inference_workspace_bytes(p, max(p.max_prompt, micro_group))
+                 activations=inference_workspace_bytes(p, max(p.max_prompt_tokens, micro_group))
                  + concat * kv_bytes_per_token(p.shape, p.dtype),
                  logits=max(micro_group * decode_logits_bytes_per_row(p), prefill_logits_bytes(p)),
                  kv_cache=kv_cache_bytes(p, micro_group), vllm_weights=0,

@@ -32,8 +32,8 @@ class PlanInputs:
     shape: ModelShape
     gpu_memory_bytes: int
     num_generations: int  # G: completions per prompt
-    max_prompt: int
-    max_completion: int
+    max_prompt_tokens: int
+    max_new_tokens: int
     lora_rank: int = 0
     lora_targets: tuple[str, ...] = LORA_TARGETS_ALL_LINEAR
     optimizer: str = "adamw"
@@ -86,7 +86,7 @@ class PlanInputs:
 
     @property
     def seq_len(self) -> int:
-        return self.max_prompt + self.max_completion
+        return self.max_prompt_tokens + self.max_new_tokens
 
     @property
     def num_parameters(self) -> int:

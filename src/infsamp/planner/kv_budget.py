@@ -10,7 +10,7 @@ blocks shared, the rest private).
 
 What an engine allocates for a run's sizes: vLLM its pool (`paged_pool_blocks`, one spare block
 in it: `spare_block_tokens`, the one place that counts it); the slot engine its pool of running KV
-(`slot_pool_tokens`) beside one prompt row per group open at once.
+(`slot_pool`) beside one prompt row per group open at once.
 
 Deliberately simple: the reservation is the worst case (`max_new_tokens` per running sample).
 """
@@ -88,18 +88,21 @@ def paged_pool_blocks(budget_tokens: int, max_micro_group: int, max_new_tokens: 
     return min(budget_tokens // block_size, -(-wanted // block_size))
 
 
-def slot_pool_tokens(budget_tokens: int, micro_group: int, num_samples: int, num_prompts: int,
-                     max_prompt_tokens: int, max_new_tokens: int, probe_tokens: int = 0) -> int:
-    """The slot engine's pool of running KV for a call of `num_prompts` prompts of the longest
-    length (the scheduler's `max_running_tokens`): g whole completions; with probes (k > 0) what
-    the budget holds beside every prompt of the call of as many k-token probes as it fits, in
-    whole completions (at least g)."""
-    whole = micro_group * max_new_tokens
-    if not probe_tokens:
-        return whole
-    room = budget_tokens - num_prompts * max_prompt_tokens
-    num_slots = max(micro_group, min(num_samples, room // min(probe_tokens, max_new_tokens)))
-    return max(whole, min(num_slots * max_new_tokens, room))
+def slot_pool(budget_tokens: int, micro_group: int, num_samples: int, held_prompt_tokens: int,
+              max_reserve: int, probe_reserve: int = 0,
+              max_micro_group: int = 0) -> tuple[int, int]:
+    """(slots, running KV tokens) of a call: the scheduler's `num_slots` and `max_running_tokens`,
+    the slot engine's pool. g slots of whole reservations (`max_reserve`); with probes (a new
+    sample reserves `probe_reserve` > 0, every prompt of the call held: `held_prompt_tokens`) as
+    many probes as the budget holds beside the prompts (at least g, at most one per sample and
+    `max_micro_group`, 0: no cap) and, of their whole reservations, what that room holds."""
+    whole = micro_group * max_reserve
+    if not probe_reserve:
+        return micro_group, whole
+    room = budget_tokens - held_prompt_tokens
+    slots = max(micro_group, min(num_samples, room // probe_reserve))
+    slots = min(slots, max_micro_group or slots)
+    return slots, max(whole, min(slots * max_reserve, room))
 
 
 def max_new_tokens_within(budget_tokens: int, prompt_tokens: int, max_new_tokens: int,

@@ -93,7 +93,7 @@ def _check(ok: bool, key: str, value: Any, why: str) -> None:
 def validate_inputs(p: PlanInputs) -> None:
     """One ConfigError line naming the first bad setting."""
     _check(p.gpu_memory_bytes > 0, "gpu_memory", p.gpu_memory_bytes, "must be > 0")
-    for key in ("num_generations", "num_prompts", "max_prompt", "max_completion"):
+    for key in ("num_generations", "num_prompts", "max_prompt_tokens", "max_new_tokens"):
         _check(getattr(p, key) > 0, key, getattr(p, key), "must be > 0")
     for key in ("lora_rank", "micro_group", "train_micro_batch_tokens", "kv_budget_tokens"):
         _check(getattr(p, key) >= 0, key, getattr(p, key), "must be >= 0")
@@ -145,8 +145,9 @@ def _shown_sizes(p: PlanInputs, g: int, tokens: int) -> tuple[int, int]:
     return g or p.micro_group or 1, tokens or max(p.train_micro_batch_tokens, p.seq_len)
 
 
-def plan_memory(shape: ModelShape, *, gpu_memory_bytes: int, num_generations: int, max_prompt: int,
-                max_completion: int, lora_rank: int = 0, optimizer: str = "adamw",
+def plan_memory(shape: ModelShape, *, gpu_memory_bytes: int, num_generations: int,
+                max_prompt_tokens: int, max_new_tokens: int, lora_rank: int = 0,
+                optimizer: str = "adamw",
                 gradient_checkpointing: bool = False, beta: float = 0.0, precision: str = "auto",
                 device: str = "cuda", micro_group: int = 0, train_micro_batch_tokens: int = 0,
                 load_in_4bit: bool = False,
@@ -165,7 +166,7 @@ def plan_memory(shape: ModelShape, *, gpu_memory_bytes: int, num_generations: in
     (None: the device's assumed default). The run's `kv_budget_tokens` (0: what g needs),
     `policy` and `probe_tokens` decide what the engine allocates (`estimate.kv_cache_tokens`)."""
     p = PlanInputs(
-        shape, int(gpu_memory_bytes), num_generations, max_prompt, max_completion,
+        shape, int(gpu_memory_bytes), num_generations, max_prompt_tokens, max_new_tokens,
         lora_rank=lora_rank, lora_targets=tuple(lora_targets), optimizer=optimizer,
         gradient_checkpointing=gradient_checkpointing, beta=float(beta),
         precision=resolve_precision_name(precision, device), device=device,

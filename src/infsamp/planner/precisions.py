@@ -9,9 +9,9 @@
 
 With LoRA the adapters and their optimizer states are fp32 in every mode; the frozen base is fp32
 in `fp32` mode and bf16 in the others (or NF4 with `model.load_in_4bit`). `auto` is fp32 on a CPU
-and bf16 on a GPU: of the modes whose updates follow an fp32 run (docs/benchmarks.md, "Precision
-modes"), bf16 needs the fewest bytes. `bf16_lossy` is the negative control: most updates round
-away.
+and bf16 on a GPU: of the modes whose updates follow an fp32 run (docs/benchmarks/memory.md,
+"Precision modes"), bf16 needs the fewest bytes. `bf16_lossy` is the negative control: most
+updates round away.
 
 Pure Python, shared by the planner (bytes) and `infsamp.models.precision` (dtypes, autocast,
 checks). Deliberately simple: bf16 is the only 16-bit type (no fp16 and its loss scaling).

@@ -70,7 +70,7 @@ def header_lines(plan: MemoryPlan) -> list[str]:
         precision_line(plan),
         f"{p.dtype} weights on {p.device} with {p.gpu_memory_bytes / GIB:.2f} GiB; "
         f"G = {p.num_generations} x B = {p.num_prompts} prompt(s) per step, prompt <= "
-        f"{p.max_prompt}, completion <= {p.max_completion} tokens, engine {p.engine}",
+        f"{p.max_prompt_tokens}, completion <= {p.max_new_tokens} tokens, engine {p.engine}",
         f"optimizer {p.optimizer}, {reference}, gradient checkpointing "
         f"{'on' if p.gradient_checkpointing else 'off'}",
     ] + ([f"per device: {p.num_devices} GPU(s), {p.strategy} (every figure below is one GPU's)"]
@@ -92,9 +92,9 @@ def kv_allocation(p: PlanInputs, g: int) -> str:
         block = p.kv_block_size
         return (f"vLLM's pool {pool // block:,} blocks x {block} = {pool:,} tokens (one spare "
                 f"block), {_gib(pool * kv_bytes_per_token(p.shape, p.dtype)).strip()}; {budget}")
-    rows = prompts // max(p.max_prompt - 1, 1)
+    rows = prompts // max(p.max_prompt_tokens - 1, 1)
     return (f"pool {pool:,} tokens for the running samples + {rows} prompt row(s) x "
-            f"{p.max_prompt - 1} = {pool + prompts:,} tokens, "
+            f"{p.max_prompt_tokens - 1} = {pool + prompts:,} tokens, "
             f"{_gib(kv_cache_bytes(p, g)).strip()}; {budget}, policy {p.policy}")
 
 

@@ -3,13 +3,13 @@
     RunSizes   the KV budget in tokens, g (samples decoded at once), the most samples the engine
                runs at once, the training micro-batch in tokens, and the out-of-memory retries
 
-`plan_run_sizes` is the one function that decides them for a run, from the config, the model's
-shape and the device's memory: `infsamp train` (`run/sizes.py`, for the loaded model) and
-`infsamp plan` (for a preset or a config.json) both call it, with the config's defaults.
-`sampling_sizes` is its sampling half, also used by a sampler that runs alone (`infsamp sample`,
-the TRL plug-in). Both size the KV budget with the sampler's own rule (`types.kv_tokens_needed`:
-g samples at their reservation plus each of the step's B prompts that can be open at once, min(B,
-g), held once), so the g the start-up line prints is the g every sampler call runs.
+`plan_run_sizes` is the one function that decides them, from the config, the model's shape and
+the device's memory: `infsamp train` and every sampler outside a run (`sampling/sizes.py`, for
+the loaded model) and `infsamp plan` (for a preset or a config.json), with the config's defaults.
+Its sampling half (`sampling_sizes`) sizes the KV budget with the sampler's own rule
+(`kv_budget.kv_tokens_needed`: g samples at their reservation plus each of the step's B prompts
+that can be open at once, min(B, g), held once), so the g the start-up line prints is the g every
+sampler call runs.
 
 Afterwards only the out-of-memory retry path changes them (`halve`): g after a failed sampling
 call, the micro-batch after a failed backward, each counted in `oom_retries`; the checkpoint stores
@@ -27,11 +27,15 @@ from typing import Any
 
 from infsamp.choices import ENGINES, WIDE_POLICIES
 from infsamp.config import VLLM_MAX_TEMPERATURE, Config, ConfigError, parse_size, size_is_bytes
+from infsamp.errors import SamplingError
 from infsamp.planner.estimate import kv_bytes_per_token
 from infsamp.planner.kv_budget import (
     VLLM_BLOCK_SIZE,
     auto_budget_tokens,
+    kv_tokens_needed,
+    max_new_tokens_within,
     micro_group_within,
+    paged_pool_blocks,
     spare_block_tokens,
     usable_kv_tokens,
 )
@@ -134,6 +138,21 @@ def pool_holding(budget_tokens: int, block_size: int) -> int:
     return -(-budget_tokens // block_size) * block_size + spare_block_tokens(block_size)
 
 
+def vllm_pool(sizes: RunSizes, block_size: int, kv_budget: str) -> tuple[int, int]:
+    """(blocks, KV tokens its samples may hold) of vLLM's pool for the run's sizes: what the run's
+    largest g needs at most, never over the budget (`kv_budget.paged_pool_blocks`), less its
+    spare block; SamplingError when the budget (`sampling.kv_budget`) holds no full sequence."""
+    budget, prompt, new = sizes.kv_budget_tokens, sizes.max_prompt_tokens, sizes.max_new_tokens
+    if max_new_tokens_within(usable_kv_tokens(budget, block_size), prompt, new, block_size) < new:
+        raise SamplingError(
+            f"sampling.kv_budget={kv_budget!r} ({budget} tokens) is below one full sequence on "
+            f"vLLM ({kv_tokens_needed(1, new, prompt, 1, block_size)} tokens in blocks of "
+            f"{block_size}: prompt {prompt} + max_new_tokens {new}); raise sampling.kv_budget or "
+            "lower sampling.max_new_tokens / data.max_prompt_length")
+    blocks = paged_pool_blocks(budget, max(1, sizes.max_micro_group), new, prompt, block_size)
+    return blocks, usable_kv_tokens(blocks * block_size, block_size)
+
+
 def parse_kv_budget(text: str, bytes_per_token: int) -> int:
     """`sampling.kv_budget` in tokens: '8192' is tokens, '2GiB' bytes; 0 for 'auto'."""
     if text == "auto":
@@ -196,8 +215,8 @@ def prompts_per_rank(cfg: Config, num_ranks: int) -> int:
 
 def plan_run_sizes(cfg: Config, shape: ModelShape, memory_bytes: int, *, device: str,
                    quantized: bool = False, num_ranks: int = 1, strategy: str = "single",
-                   dtype_bytes: int | None = None,
-                   runtime_bytes: int | None = None) -> tuple[MemoryPlan, RunSizes]:
+                   dtype_bytes: int | None = None, runtime_bytes: int | None = None,
+                   budget_is_pool: bool = True) -> tuple[MemoryPlan, RunSizes]:
     """The memory plan and the sizes of one rank of a run, on the engine `run_engine` picks
     (`quantized`: the base is 4-bit).
 
@@ -207,15 +226,16 @@ def plan_run_sizes(cfg: Config, shape: ModelShape, memory_bytes: int, *, device:
     `memory_bytes`: what the plan may use on one device; `dtype_bytes`: the loaded weights'
     element size (the KV cache's), else the planner's precision decides it; `runtime_bytes`:
     the runtime's resident memory outside the tensors as the caller measured it (None: the
-    device's default).
+    device's default); `budget_is_pool`: the engine is started for these sizes (False: a sampler
+    given an engine started apart, whose spare block is not taken off the budget).
     """
     engine = run_engine(cfg, device, quantized)
     sampling, data, training, model = cfg.sampling, cfg.data, cfg.training, cfg.model
     num_prompts = prompts_per_rank(cfg, num_ranks)
     settings = dict(
         gpu_memory_bytes=memory_bytes, num_generations=sampling.num_generations,
-        num_prompts=num_prompts, max_prompt=data.max_prompt_length,
-        max_completion=sampling.max_new_tokens, lora_rank=model.lora_rank,
+        num_prompts=num_prompts, max_prompt_tokens=data.max_prompt_length,
+        max_new_tokens=sampling.max_new_tokens, lora_rank=model.lora_rank,
         optimizer=training.optimizer, gradient_checkpointing=model.gradient_checkpointing,
         beta=training.beta, precision=training.precision, load_in_4bit=model.load_in_4bit,
         device=device, engine=engine,
@@ -234,7 +254,8 @@ def plan_run_sizes(cfg: Config, shape: ModelShape, memory_bytes: int, *, device:
         policy=sampling.policy, micro_group=sampling.micro_group, kv_budget_tokens=budget,
         num_generations=sampling.num_generations, num_prompts=num_prompts,
         max_prompt_tokens=data.max_prompt_length, max_new_tokens=sampling.max_new_tokens,
-        block_size=kv_block_size(engine, device), memory_micro_group=memory_g)
+        block_size=kv_block_size(engine, device), memory_micro_group=memory_g,
+        budget_is_pool=budget_is_pool)
     plan = plan_memory(shape, micro_group=sizes.micro_group,
                        kv_budget_tokens=sizes.kv_budget_tokens, **settings)
     seq_len = data.max_prompt_length + sampling.max_new_tokens

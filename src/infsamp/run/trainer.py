@@ -13,7 +13,7 @@ evaluates and checkpoints (one step's work: `TrainStep` in `train_step.py`, buil
 parts it reads). Start-up is `__init__`, one named
 step a line: the reward functions and the run folder (`run/folder.py`, `run/identity.py`) before
 anything loads, then the data (encoded once by `tasks.prompts`, checked against the resumed
-checkpoint's rows), the weights, the run's sizes (`run/sizes.py`), the sampler, the update, and
+checkpoint's rows), the weights, the run's sizes (`sampling/sizes.py`), the sampler, the update, and
 the resumable state (`run/train_state.py`), which the one save path (`run/rank_checkpoint.py`,
 several ranks or one) writes and a resume reads. While it runs, SIGTERM/SIGINT end the step and
 save (`signals.py`), and a non-finite loss, gradient norm or reward stops the run before it is
@@ -53,7 +53,7 @@ from infsamp.models.loading import (
 from infsamp.run import checkpoint as ckpt
 from infsamp.run import ownership
 from infsamp.run.checkpoint import Checkpoint
-from infsamp.run.dynamic_sampling import DynamicSampler
+from infsamp.run.dynamic_sampling import DynamicSampler, plan_note
 from infsamp.run.evaluation import (
     BestEvaluation,
     check_best_metric,
@@ -78,12 +78,12 @@ from infsamp.run.setup import (
     warn_about_settings,
 )
 from infsamp.run.signals import StopSignals
-from infsamp.run.sizes import plan_run
 from infsamp.run.tooling import RunTools
 from infsamp.run.train_state import TrainState
 from infsamp.run.train_step import TrainStep
 from infsamp.sampling.engines.base import make_engine
 from infsamp.sampling.sampler import GroupSampler
+from infsamp.sampling.sizes import plan_run
 
 
 @dataclass
@@ -127,7 +127,7 @@ class GRPOTrainer:
         self.steps = self._build_step()  # one training step: `TrainStep.run`
         self._resume(found)
         self._write_config()
-        print(planned.note)
+        print(planned.note + plan_note(cfg.sampling, cfg.training))
 
     # ------------------------------------------------------------------ start-up steps
 
@@ -185,7 +185,7 @@ class GRPOTrainer:
         self.grpo = GRPOStep(self.train_model, cfg.training,
                              pad_token_id=self.tokenizer.pad_token_id,
                              temperature=cfg.sampling.temperature or 1.0, ref_model=self.ref_model,
-                             max_completion_length=cfg.sampling.max_new_tokens,
+                             max_new_tokens=cfg.sampling.max_new_tokens,
                              sizes=self.sizes,
                              importance_sampling=cfg.sampling.vllm_importance_sampling,
                              importance_sampling_cap=cfg.sampling.vllm_importance_sampling_cap,
@@ -360,10 +360,9 @@ class GRPOTrainer:
             self._log_problems(logger, problem_records(
                 mine, texts, ids, scores, self.eval_reward, cfg.accuracy_threshold) if mine else [])
         logger.progress.advance(len(prompts))
-        seconds = round(time.perf_counter() - start, 2)  # eval/time_s kept for older readers
         logger.log_eval(self.step, {**metrics, **tool_metrics, "eval/num_problems": len(prompts),
                                     "eval/dropped_prompts": self.eval_prompts.num_dropped,
-                                    "eval/time_s": seconds, "time/eval": seconds})
+                                    "time/eval": round(time.perf_counter() - start, 2)})
         self.best.offer(self.step, metrics)
         state = self.train_state
         state.last_eval, state.last_eval_step = metrics["eval/accuracy"], self.step

@@ -14,7 +14,7 @@ the probe has seen too few examples yet), it predicts what `online` predicts: th
 prior, then the first tokens. At a sample's first point it also defers to `online` when the
 prompt's prefix memory knows similar starts of the same prompt (a per-prompt nearest neighbour
 is sharper than one linear probe over all prompts: on the embedded bench's traces this took
-`hidden` from 57/94/47% to 84/93/65% of the oracle's gain, `docs/scheduling.md`); the probe
+`hidden` from 57/94/47% to 84/93/65% of the oracle's gain, commit f6a7894); the probe
 predicts the first point of starts the memory does not know, and every later point.
 
 Simplifications: the hidden state of the current token only (no pooling over the tokens so far);

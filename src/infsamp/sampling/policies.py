@@ -27,9 +27,10 @@ A policy only orders pending samples; `SlotScheduler` owns the slots and the KV 
   the likely long ones keep their slots and the short ones wait for the end, where they fill the
   gaps (longest remaining predicted first). Later points only re-rank the waiting samples.
 
-- `probe`: more samples than g at once, each new one a probe reserving only `probe_tokens` (k) of
-  KV (the scheduler's books: `scheduler.py`, "Probes"). A probe that reaches k tokens is grown to
-  its whole reservation when the budget holds it, else parked (its KV dropped); parked samples
+- `probe`: more samples than g at once (as many as the budget holds: `kv_budget.slot_pool`), each
+  new one a probe reserving only `probe_tokens` (k) of KV (`start_tokens`). A probe that reaches k
+  tokens is due its whole reservation (`to_grow`): grown when the budget holds it, else parked
+  (its KV dropped; the scheduler's books decide which, `scheduler.py`, "Probes"); parked samples
   resume before new probes start. Without a predictor both orders are arrival order; with one
   (re-predicted at k tokens) the likely longest probes are grown first and the likely longest
   parked samples resume first (LJF). Measured (docs/scheduling.md): the short samples, most of
@@ -43,7 +44,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from infsamp.choices import REFILL_ORDERS
 from infsamp.errors import SamplingError
@@ -108,9 +109,15 @@ class AdmissionPolicy:
     def on_waiting(self, sample: Sample) -> None:
         """A running sample left its slot to wait on a tool call (the scheduler resumes it)."""
 
-    def commit_order(self, samples: Sequence[Sample]) -> list[Sample]:
-        """Probes at k tokens in the order they claim their whole reservation."""
-        return sorted(samples, key=lambda s: s.sample_id)
+    def start_tokens(self, sample: Sample) -> int:
+        """The new tokens a sample reserves when it first starts (a probe's k, else all)."""
+        return sample.max_new_tokens
+
+    def to_grow(self, running: Iterable[Sample],
+                probing: Callable[[Sample], bool]) -> list[Sample]:
+        """Running samples still on their first reservation (`probing`) that are due their whole
+        one, in order; the scheduler grows each the budget holds and parks the rest."""
+        return []
 
 
 class ContinuousPolicy(AdmissionPolicy):
@@ -377,8 +384,13 @@ class ProbePolicy(AdmissionPolicy):
         self._total[sample.sample_id] = sample.num_tokens + max(1.0, float(remaining))
         return self._total[sample.sample_id]
 
-    def commit_order(self, samples):
-        return sorted(samples, key=self._longest_first)
+    def start_tokens(self, sample):
+        return min(self.probe_tokens, sample.max_new_tokens)
+
+    def to_grow(self, running, probing):
+        """Probes that reached k tokens (and did not end), the longest predicted first."""
+        due = [s for s in running if probing(s) and s.num_tokens >= self.start_tokens(s)]
+        return sorted(due, key=self._longest_first)
 
     def on_parked(self, sample):
         self._parked.append(sample)

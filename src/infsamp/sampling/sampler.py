@@ -2,7 +2,7 @@
 
 `GroupSampler.sample` checks the request (before any work), reads g and the KV budget from the
 run's sizes (`planner.sizes.RunSizes`, decided once at start-up), caps g by what the budget holds
-for this call's prompts (`types.micro_group_within`: with the run's sizes it never binds), then
+for this call's prompts (`kv_budget.micro_group_within`: with the run's sizes it never binds), then
 runs the one loop shared with the simulator, on the engine it was given (`engines/`: `slots` or
 `vllm`):
 
@@ -20,23 +20,23 @@ its random numbers from its own seed, so every policy and every engine schedule 
 completions.
 
 Deliberately simple: one device; a sampler given no sizes (used alone: tests, scripts) sizes each
-call for its own prompts with the same rule (`sampler_sizes`), its `sampling.kv_budget` read once.
+call for its own prompts through the run's one path (`sampling.sizes.sampler_run_sizes`).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 import torch
 
-from infsamp.config import ConfigError, SamplingConfig
+from infsamp.config import SamplingConfig
 from infsamp.console import Notices
 from infsamp.errors import SamplingError
-from infsamp.models.device import base_model, memory_bytes, model_kv_bytes_per_token
 from infsamp.models.loading import stop_token_ids
-from infsamp.planner import plan_memory, shape_from_config
-from infsamp.planner.sizes import RunSizes, kv_block_size, parse_kv_budget, sampling_sizes
+from infsamp.planner.kv_budget import max_new_tokens_within, micro_group_within
+from infsamp.planner.sizes import RunSizes
 from infsamp.sampling.engines.base import (
     DecodeOptions,
     Engine,
@@ -44,65 +44,15 @@ from infsamp.sampling.engines.base import (
 )
 from infsamp.sampling.engines.slots import SlotEngine
 from infsamp.sampling.scheduler import SlotScheduler
+from infsamp.sampling.sizes import sampler_run_sizes
 from infsamp.sampling.turns import TurnHandler, TurnLoop
-from infsamp.sampling.types import (
-    Completion,
-    Sample,
-    SampleResult,
-    SamplerStats,
-    make_samples,
-    max_new_tokens_within,
-    micro_group_within,
-)
+from infsamp.sampling.types import Completion, Sample, SampleResult, SamplerStats, make_samples
 
 # told after each decode step: the call's statistics so far, samples finished, samples running
 ProgressCallback = Callable[[SamplerStats, int, int], None]
 
 
-# ---------------------------------------------------------------- sizes
-
-
-def resolve_budget(kv_budget: str, model) -> int:
-    """`sampling.kv_budget` -> KV tokens: '8192' is tokens, '2GiB' bytes; 0 for 'auto' (the
-    planner sizes it for g: `planner.sizes.sampling_sizes`)."""
-    try:
-        return parse_kv_budget(kv_budget, model_kv_bytes_per_token(model))
-    except ConfigError as err:
-        raise SamplingError(str(err)) from None
-
-
-def memory_micro_group(cfg: SamplingConfig, model, max_prompt_tokens: int, num_prompts: int,
-                       engine: str = "slots") -> int:
-    """The largest g the planner fits beside the loaded model in the device's memory (free now
-    plus what the model holds), for `micro_group: 0` with `kv_budget: auto`; at least 1."""
-    param = next(model.parameters())
-    device = "cuda" if param.device.type == "cuda" else "cpu"
-    held = sum(p.numel() * p.element_size() for p in model.parameters())
-    plan = plan_memory(shape_from_config(base_model(model).config),
-                       gpu_memory_bytes=memory_bytes(param.device)[0] + held,
-                       num_generations=cfg.num_generations, num_prompts=num_prompts,
-                       max_prompt=max_prompt_tokens, max_completion=cfg.max_new_tokens,
-                       optimizer="sgd", precision="fp32" if param.element_size() == 4 else "bf16",
-                       device=device, engine=engine)
-    return max(plan.micro_group, 1)
-
-
-def sampler_sizes(cfg: SamplingConfig, model, max_prompt_tokens: int, num_prompts: int,
-                  engine: str, num_generations: int, max_new_tokens: int, *,
-                  kv_budget_tokens: int) -> RunSizes:
-    """The sizes of one call of a sampler used alone (no run planned them), given an engine started
-    apart (its pool caps the budget per call): the planner's rule (`planner.sizes.sampling_sizes`)
-    for `num_prompts` prompts x G of up to `max_prompt_tokens` tokens on `engine`;
-    `kv_budget_tokens`: `sampling.kv_budget` read once (0: auto)."""
-    memory_g = 0
-    if not kv_budget_tokens and not cfg.micro_group and cfg.policy != "full":
-        memory_g = memory_micro_group(cfg, model, max_prompt_tokens, num_prompts, engine)
-    device = "cuda" if next(model.parameters()).device.type == "cuda" else "cpu"
-    return sampling_sizes(policy=cfg.policy, micro_group=cfg.micro_group,
-                          kv_budget_tokens=kv_budget_tokens, num_generations=num_generations,
-                          num_prompts=num_prompts, max_prompt_tokens=max_prompt_tokens,
-                          max_new_tokens=max_new_tokens, block_size=kv_block_size(engine, device),
-                          memory_micro_group=memory_g, budget_is_pool=False)
+# ---------------------------------------------------------------- settings
 
 
 def policy_options(cfg: SamplingConfig, policy: str) -> dict:
@@ -135,7 +85,7 @@ def _timed(sched: SlotScheduler, call, *args):
 
 class GroupSampler:
     """`sizes`: the run's (only read here: the out-of-memory retry halves them, `RunSizes.halve`);
-    None: each call is sized for its own prompts (`sampler_sizes`). `notices`: the run's, when it
+    None: each call is sized for its own prompts (`call_sizes`). `notices`: the run's, when it
     makes a sampler per step (each notice is said once)."""
 
     def __init__(self, model, tokenizer, cfg: SamplingConfig, predictor=None,
@@ -149,8 +99,6 @@ class GroupSampler:
                              f"{self.engine.name} engine hands out no hidden states; its "
                              "token-level part (as online) predicts instead")
         self.sizes = sizes
-        # a sampler used alone reads `sampling.kv_budget` once (a bad one fails here)
-        self._kv_budget = resolve_budget(cfg.kv_budget, model) if sizes is None else 0
 
     @property
     def max_context(self) -> int:
@@ -205,7 +153,7 @@ class GroupSampler:
         sched = SlotScheduler(samples, policy, micro_group, max_kv_tokens=budget,
                               predictor=self.predictor, kv_block_size=self.engine.kv_block_size,
                               keep_parked_kv=self.engine.keeps_parked_kv,
-                              max_slots=self.engine.max_micro_group,
+                              max_micro_group=self.engine.max_micro_group,
                               **policy_options(self.cfg, policy))
         processor = logits_processor_factory(samples) if logits_processor_factory else None
         stats = sched.stats
@@ -219,16 +167,17 @@ class GroupSampler:
 
     def call_sizes(self, prompt_ids: list[list[int]], num_generations: int,
                    max_new: int) -> RunSizes:
-        """A sampler used alone: the sizes of one call, for its own prompts."""
-        return sampler_sizes(self.cfg, self.model, max(len(p) for p in prompt_ids), len(prompt_ids),
-                             self.engine.name, num_generations, max_new,
-                             kv_budget_tokens=self._kv_budget)
+        """A sampler used alone: one call sized as a run's step of its prompts, for the engine it
+        was given, started apart (`sampling.sizes.sampler_run_sizes`)."""
+        sampling = replace(self.cfg, num_generations=num_generations, max_new_tokens=max_new,
+                           engine=self.engine.name)
+        return sampler_run_sizes(sampling, self.model, max(len(p) for p in prompt_ids),
+                                 len(prompt_ids), engine_apart=True)
 
     def budget_tokens(self, sizes: RunSizes) -> int:
         """The KV budget in tokens, capped by the engine's fixed KV pool (vLLM)."""
-        capacity = self.engine.kv_capacity_tokens
         budget = sizes.kv_budget_tokens
-        return budget if capacity is None else min(budget, capacity)
+        return min(budget, self.engine.kv_capacity_tokens or budget)
 
     def micro_group(self, policy: str, sizes: RunSizes, budget: int,
                     prompt_lengths: Sequence[int], max_new: int, num_samples: int) -> int:

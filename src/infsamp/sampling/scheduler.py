@@ -15,8 +15,9 @@ sample until its last sample finishes (prefilled once per group, never per sampl
 sample holds its tokens. Admission is conservative: a sample starts only if the held prompts plus
 the reservation of every running sample (itself included) fit `max_kv_tokens`, so the budget is
 never exceeded and nothing has to be preempted. Prompts and reservations are whole blocks of
-`kv_block_size` tokens (`types.shared_prompt_tokens`, `types.reserved_tokens`). Which pending
-sample goes next is the admission policy's job (`policies.py`); this class only keeps the books.
+`kv_block_size` tokens (`kv_budget.shared_prompt_tokens`, `kv_budget.reserved_tokens`). Which
+pending sample goes next, and what it reserves, is the admission policy's (`policies.py`); this
+class only keeps the books.
 
 Parking (decisions after the first tokens). A policy may take running samples out of their slots at
 the start of `admit()` (`policy.to_park`): a parked sample keeps its tokens and its group's prompt
@@ -28,14 +29,11 @@ parked sample as one missing from `active()`; `start` on a sample that has token
 Every `prefix_tokens_wanted` generated tokens (k, 2k, ...) a running sample is shown to the policy
 (`on_tokens`), which re-predicts its remaining length.
 
-Probes (a policy's `probe_tokens`, k > 0: `policies.ProbePolicy`). A new sample reserves only k
-tokens, so more samples than g run at once (`num_slots`: as many k-token reservations as the
-budget holds beside every prompt of the call, each counted at the longest's length, at most one
-per sample and `max_slots`). A probe
-that ends within k tokens never needed more; one that reaches k is grown to its whole
-reservation at the next `admit()` when the budget holds that, else parked (KV dropped). A parked
-sample always resumes with its whole reservation. So the budget still holds every running sample
-to its end, and nothing has to be preempted by the engine.
+Probes (`policies.ProbePolicy`, k > 0). The policy says what a new sample reserves
+(`start_tokens`: k) and which running probes are due their whole reservation (`to_grow`); the
+books grow each that the budget holds and park the rest (KV dropped). Slots and the running pool
+are the planner's rule (`kv_budget.slot_pool`): more than g run at once, so the budget still holds
+every running sample to its end and nothing has to be preempted by the engine.
 
 Turns (multi-turn episodes, `turns.py`). A running sample whose turn ended in a tool call
 leaves its slot like a parked one (`wait`: its KV kept or dropped by the same rule), but the
@@ -55,30 +53,30 @@ from collections import deque
 from collections.abc import Sequence
 
 from infsamp.errors import SamplingError
-from infsamp.sampling.grouping import lower_bound, pigeonhole_bound
-from infsamp.sampling.length_predictor import LengthPredictor, prediction_quality
-from infsamp.sampling.policies import make_policy
-from infsamp.sampling.types import (
-    Sample,
-    SamplerStats,
+from infsamp.planner.kv_budget import (
     max_new_tokens_within,
     reserved_tokens,
     shared_prompt_tokens,
+    slot_pool,
 )
+from infsamp.sampling.grouping import lower_bound, pigeonhole_bound
+from infsamp.sampling.length_predictor import LengthPredictor, prediction_quality
+from infsamp.sampling.policies import make_policy
+from infsamp.sampling.types import Sample, SamplerStats
 
 
 class SlotScheduler:
     def __init__(self, samples: Sequence[Sample], policy: str, micro_group: int,
-                 max_kv_tokens: int | None = None, predictor: LengthPredictor | None = None,
+                 max_kv_tokens: int = 0, predictor: LengthPredictor | None = None,
                  kv_block_size: int = 1, keep_parked_kv: bool = True,
-                 max_slots: int | None = None, **policy_options):
+                 max_micro_group: int = 0, **policy_options):
         self._samples = list(samples)
         _check_samples(self._samples, micro_group)
         self.predictor = predictor
         self._policy = make_policy(policy, self._samples, micro_group, predictor, **policy_options)
         self.micro_group = self._policy.micro_group
-        self.max_kv_tokens = max_kv_tokens if self._policy.uses_budget else None
-        if self._policy.probe_tokens and max_kv_tokens is None:
+        self.max_kv_tokens = max_kv_tokens if self._policy.uses_budget else 0  # 0: no budget
+        if self._policy.probe_tokens and not max_kv_tokens:
             raise SamplingError(f"policy {policy} needs a KV budget (it decides how many samples "
                                 "run at once)")
         self._shared = [shared_prompt_tokens(s.prompt_tokens, kv_block_size)
@@ -86,15 +84,12 @@ class SlotScheduler:
         self._reserve = [reserved_tokens(s.prompt_tokens, s.max_new_tokens, kv_block_size)
                          for s in self._samples]
         self._max_reserve = max(self._reserve, default=0)
-        probe = self._policy.probe_tokens
-        self._probe_reserve = [reserved_tokens(s.prompt_tokens, min(probe, s.max_new_tokens),
-                                               kv_block_size) if probe else self._reserve[i]
-                               for i, s in enumerate(self._samples)]
+        self._new_reserve = [reserved_tokens(s.prompt_tokens, self._policy.start_tokens(s),
+                                             kv_block_size) for s in self._samples]
         self._check_budget(kv_block_size)
         self.prefix_tokens_wanted = self._policy.prefix_tokens_wanted
-        room = self._running_room()
-        self.num_slots = self._slots_within(room, max_slots)
-        self.max_running_tokens = self._running_capacity(room)  # the slot engine's pool
+        # slots, and the most KV running samples hold at once (the slot engine's pool)
+        self.num_slots, self.max_running_tokens = self._slot_pool(max_micro_group)
         # a heap, lowest free slot first; no more than one per sample is ever taken
         self._free_slots = list(range(min(self.num_slots, len(self._samples))))
         self._active: dict[int, Sample] = {}
@@ -124,8 +119,13 @@ class SlotScheduler:
     def admit(self) -> list[tuple[int, Sample]]:
         """(slot, sample) pairs to start now, before the next decode step."""
         all_free = not self._active
-        if self._active and self._policy.probe_tokens:
-            self._grow_or_park()
+        for sample in self._policy.to_grow(self._active.values(), self._probing):
+            if self.can_allocate(sample, instead_of=sample):  # its probe for its whole reserve
+                self._reserved_tokens += self._reserve[sample.sample_id] - \
+                    self._running_reserve[sample.sample_id]
+                self._running_reserve[sample.sample_id] = self._reserve[sample.sample_id]
+            else:
+                self._park(sample)
         if self._active:
             for sample in self._policy.to_park(self.active(), len(self._free_slots),
                                                self.can_allocate):
@@ -212,7 +212,7 @@ class SlotScheduler:
     def can_allocate(self, sample: Sample, instead_of: Sample | None = None) -> bool:
         """Whether starting `sample` now keeps the worst-case KV within the budget (with the
         running sample `instead_of` parked first, if given)."""
-        if self.max_kv_tokens is None:
+        if not self.max_kv_tokens:
             return True
         opens_group = not self._group_open[sample.group_id]
         held = self._held_prompt_tokens + (self._shared[sample.sample_id] if opens_group else 0)
@@ -227,51 +227,23 @@ class SlotScheduler:
         return not opens_group or held + self._max_reserve <= self.max_kv_tokens
 
     def _start_reserve(self, sample: Sample) -> int:
-        """What a sample reserves when it starts: a probe's k tokens when new, else its whole
-        reservation (a parked sample resumes to run to its end)."""
-        return self._probe_reserve[sample.sample_id] if sample.status == "pending" \
+        """What a sample reserves when it starts: the policy's first reservation when new, else
+        its whole one (a parked sample resumes to run to its end)."""
+        return self._new_reserve[sample.sample_id] if sample.status == "pending" \
             else self._reserve[sample.sample_id]
 
-    def _running_room(self) -> int | None:
-        """KV the running samples may hold beside the prompts that can be open at once, each
-        counted as the longest (as `kv_tokens_needed` counts them, and as the slot engine's
-        prompt table pads its rows): one per group up to g, with probes every group of the
-        call; None: no budget."""
-        if self.max_kv_tokens is None or not self._samples:
-            return None
-        num_groups = len({s.group_id for s in self._samples})
-        num_open = num_groups if self._policy.probe_tokens else min(num_groups, self.micro_group)
-        return self.max_kv_tokens - num_open * max(self._shared)
+    def _probing(self, sample: Sample) -> bool:
+        """Whether a running sample still holds less than its whole reservation."""
+        return self._running_reserve[sample.sample_id] < self._reserve[sample.sample_id]
 
-    def _slots_within(self, room: int | None, max_slots: int | None) -> int:
-        """Slots: g, or with probes as many probes as the room holds (at least g, at most one
-        per sample and `max_slots`)."""
-        if not self._policy.probe_tokens or room is None:
-            return self.micro_group
-        slots = max(self.micro_group, min(len(self._samples), room // min(self._probe_reserve)))
-        return min(slots, max_slots or slots)
-
-    def _running_capacity(self, room: int | None) -> int:
-        """The most KV the running samples may hold at once: g whole reservations, or with
-        probes what the room holds of `num_slots` whole ones (what the engine allocates)."""
-        whole = self.num_slots * self._max_reserve
-        if room is None:
-            return whole
-        return max(self.micro_group * self._max_reserve, min(whole, room))
-
-    def _grow_or_park(self) -> None:
-        """Each probe that reached its k tokens (and did not end) grows to its whole reservation
-        if the budget holds it, else is parked, in the policy's order (`commit_order`)."""
-        due = [s for s in self._active.values()
-               if self._running_reserve[s.sample_id] < self._reserve[s.sample_id]
-               and s.num_tokens >= min(self._policy.probe_tokens, s.max_new_tokens)]
-        for sample in self._policy.commit_order(due):
-            if self.can_allocate(sample, instead_of=sample):  # its probe for its whole reserve
-                whole = self._reserve[sample.sample_id]
-                self._reserved_tokens += whole - self._running_reserve[sample.sample_id]
-                self._running_reserve[sample.sample_id] = whole
-            else:
-                self._park(sample)
+    def _slot_pool(self, max_micro_group: int) -> tuple[int, int]:
+        """`kv_budget.slot_pool` for this call: with probes, every group's prompt is held at once,
+        each counted as the longest (as the slot engine's prompt table pads its rows)."""
+        probes = self._policy.probe_tokens and self.max_kv_tokens and self._samples
+        held = len({s.group_id for s in self._samples}) * max(self._shared) if probes else 0
+        return slot_pool(self.max_kv_tokens, self.micro_group, len(self._samples), held,
+                         self._max_reserve, min(self._new_reserve) if probes else 0,
+                         max_micro_group)
 
     def _allocate(self, slot: int, sample: Sample) -> None:
         if not self._group_open[sample.group_id]:
@@ -314,7 +286,7 @@ class SlotScheduler:
     def _can_keep(self, num_tokens: int) -> bool:
         """Whether `num_tokens` more held KV still leave room for every slot's reservation and
         every prompt still to open (kept KV must never cost a slot, nor a group its start)."""
-        if self.max_kv_tokens is None:
+        if not self.max_kv_tokens:
             return True
         held = (self._held_prompt_tokens + self._unopened_prompt_tokens + self._parked_kv_tokens
                 + num_tokens)
@@ -376,7 +348,7 @@ class SlotScheduler:
             self.predictor.end_call()
 
     def _check_budget(self, block_size: int) -> None:
-        if self.max_kv_tokens is None or not self._samples:
+        if not self.max_kv_tokens or not self._samples:
             return
         largest = max(self._samples, key=lambda s: self._shared[s.sample_id])
         max_new = max(s.max_new_tokens for s in self._samples)

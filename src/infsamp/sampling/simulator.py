@@ -27,17 +27,12 @@ from pathlib import Path
 from infsamp.choices import WIDE_POLICIES
 from infsamp.errors import DataError, SamplingError
 from infsamp.files import create_text
+from infsamp.planner.kv_budget import kv_tokens_needed, max_new_tokens_within, micro_group_within
 from infsamp.sampling.length_predictor import LengthPredictor, OraclePredictor
 from infsamp.sampling.policies import uses_predictor
 from infsamp.sampling.predictors import make_predictor
 from infsamp.sampling.scheduler import SlotScheduler
-from infsamp.sampling.types import (
-    Sample,
-    SamplerStats,
-    kv_tokens_needed,
-    max_new_tokens_within,
-    micro_group_within,
-)
+from infsamp.sampling.types import Sample, SamplerStats
 
 
 @dataclass
@@ -213,7 +208,7 @@ class TraceEngine:
 
 
 def run_call(samples: Sequence[Sample], lengths: Sequence[int], policy: str, micro_group: int,
-             max_kv_tokens: int | None = None, predictor: LengthPredictor | None = None,
+             max_kv_tokens: int = 0, predictor: LengthPredictor | None = None,
              kv_block_size: int = 1, first_tokens: Sequence[Sequence[int]] = (),
              on_tokens: Callable[[int], None] | None = None, **policy_options) -> SamplerStats:
     """One sampler call through the engine loop; returns the scheduler's statistics.

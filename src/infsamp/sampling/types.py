@@ -1,5 +1,5 @@
-"""The sampler's plain data: the per-sample state, the one statistics type, the result, and the
-budget arithmetic. Pure Python (no torch), imported by every other module of `sampling/`.
+"""The sampler's plain data: the per-sample state, the one statistics type, the result. Pure
+Python (no torch), imported by every other module of `sampling/`.
 
 `Sample` is the one per-sample state type (as nano-vllm's `Sequence`): what a sample is (its
 group, prompt length, limit) and where it stands (status, slot, generated tokens, the engine's
@@ -14,8 +14,8 @@ one statistics type: the scheduler, the engine and the sampler each fill their o
 ranks.
 
 The budget arithmetic that turns a KV budget into concurrency lives with the planner
-(`planner/kv_budget.py`, below sampling in the layers) and is read from here by the sampler, the
-engines, the simulator and both benchmarks. An engine allocates KV in blocks of
+(`planner/kv_budget.py`, below sampling in the layers); the sampler, the engines, the simulator
+and both benchmarks import it from there. An engine allocates KV in blocks of
 `block_size` tokens: 1 for the slot engine (a group's prompt held once, each slot
 `max_new_tokens`), vLLM's block size for its paged pool with prefix caching (a group's full prompt
 blocks shared, the rest private).
@@ -28,17 +28,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
-
-from infsamp.planner.kv_budget import (  # noqa: F401 (the budget arithmetic, read here by sampling/)
-    VLLM_BLOCK_SIZE,
-    kv_tokens_needed,
-    largest_fitting,
-    max_new_tokens_within,
-    micro_group_within,
-    reserved_tokens,
-    shared_prompt_tokens,
-    usable_kv_tokens,
-)
 
 # "tool_call": a turn that ended in a tool call (the sample waits for it, then resumes); a
 # finished episode ends by "eos" or "length" only

@@ -72,8 +72,8 @@ class Engine(Protocol):
     name: str
     kv_block_size: int  # tokens per KV allocation unit (the slot engine: 1)
     max_context: int  # the most tokens (prompt + completion) one sample may hold
-    max_micro_group: int | None  # the most samples it runs at once (None: any)
-    kv_capacity_tokens: int | None  # its fixed KV pool in tokens (None: allocated per call)
+    max_micro_group: int  # the most samples it runs at once (0: any)
+    kv_capacity_tokens: int  # its fixed KV pool in tokens (0: allocated per call)
     copies_weights: bool  # holds its own copy of the weights (load_weights copies them in)
     keeps_parked_kv: bool  # can hold a parked sample's KV (else it recomputes it on resume)
     hands_hidden_states: bool  # fills Sample.hidden_state when DecodeOptions.hidden_states

@@ -55,8 +55,8 @@ class SlotEngine:
     keeps_parked_kv = True  # a parked sample's KV can be held (copied out of the pool)
     hands_hidden_states = True
     copies_weights = False  # decodes with the trainer's model itself
-    max_micro_group = None
-    kv_capacity_tokens = None
+    max_micro_group = 0
+    kv_capacity_tokens = 0
 
     def __init__(self, model, cfg=None, sizes=None):
         self.model = model

@@ -8,11 +8,11 @@ after every update.
 
 Sizing (the run's `RunSizes`, decided once by the planner): the KV pool (`kv_cache_memory_bytes`)
 is the KV budget rounded down to whole blocks and never more (one block of it is vLLM's null
-block: `planner.kv_budget.paged_pool_blocks`, the plan's rule too); vLLM's `max_num_seqs` is
+block: `planner.sizes.vllm_pool`, the plan's rule too); vLLM's `max_num_seqs` is
 the run's largest g (`max_micro_group`). Prefix caching is on, so a group's full prompt blocks
 are computed once and shared by its samples
 (`prefill_tokens` counts what was computed); the scheduler's books count KV in these blocks
-(`types.reserved_tokens`), so admission keeps the pool's worst case within it and vLLM has no
+(`kv_budget.reserved_tokens`), so admission keeps the pool's worst case within it and vLLM has no
 reason to preempt (it may under `full`, whose g ignores the budget: preemptions are counted).
 One step may compute g full contexts (`planner.estimate.vllm_step_tokens`, at most 8192
 tokens), so requests resumed together recompute in the step that samples their next token, as
@@ -58,21 +58,14 @@ from infsamp.config import SamplingConfig
 from infsamp.errors import SamplingError, first_line
 from infsamp.models.device import base_model, memory_bytes, model_kv_bytes_per_token
 from infsamp.planner.estimate import vllm_step_tokens
-from infsamp.planner.kv_budget import paged_pool_blocks
-from infsamp.planner.sizes import RunSizes
+from infsamp.planner.kv_budget import VLLM_BLOCK_SIZE
+from infsamp.planner.sizes import RunSizes, vllm_pool
 from infsamp.sampling.engines.base import (
     DecodeOptions,
     SlotLogitsProcessor,
     vllm_installed,
 )
-from infsamp.sampling.types import (
-    VLLM_BLOCK_SIZE,
-    Sample,
-    SamplerStats,
-    kv_tokens_needed,
-    max_new_tokens_within,
-    usable_kv_tokens,
-)
+from infsamp.sampling.types import Sample, SamplerStats
 
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 FINISH_REASONS = {"stop": "eos", "length": "length"}
@@ -144,9 +137,7 @@ class VLLMEngine:
                                int(getattr(config, "max_position_embeddings", 1 << 30)))
         self.max_micro_group = max(1, sizes.max_micro_group)
         self.kv_bytes_per_token = model_kv_bytes_per_token(base_model(model))
-        num_blocks = self._pool_blocks(cfg, sizes)
-        self.kv_capacity_tokens = usable_kv_tokens(num_blocks * self.kv_block_size,
-                                                   self.kv_block_size)  # but its spare block
+        num_blocks, self.kv_capacity_tokens = vllm_pool(sizes, self.kv_block_size, cfg.kv_budget)
         self.sleep_level = _sleep_level(cfg, self.device)
         check_no_live_engine()
         self._config_dir = tempfile.mkdtemp(prefix="infsamp-vllm-")
@@ -174,20 +165,6 @@ class VLLMEngine:
                                 f"the model is on {self.device.type}; install the matching build "
                                 "('infsamp[gpu]' for CUDA, 'infsamp[cpu-vllm]' for CPU) or use "
                                 "--sampling.engine slots")
-
-    def _pool_blocks(self, cfg: SamplingConfig, sizes: RunSizes) -> int:
-        """Blocks of the KV pool (`paged_pool_blocks`: what the run's largest g needs at most,
-        never over the budget)."""
-        block, prompt, new = self.kv_block_size, sizes.max_prompt_tokens, sizes.max_new_tokens
-        budget = sizes.kv_budget_tokens
-        if max_new_tokens_within(usable_kv_tokens(budget, block), prompt, new, block) < new:
-            one_sequence = kv_tokens_needed(1, new, prompt, 1, block)
-            raise SamplingError(
-                f"sampling.kv_budget={cfg.kv_budget!r} ({budget} tokens) is "
-                f"below one full sequence on vLLM ({one_sequence} tokens in blocks of {block}: "
-                f"prompt {prompt} + max_new_tokens {new}); raise sampling.kv_budget or lower "
-                "sampling.max_new_tokens / data.max_prompt_length")
-        return paged_pool_blocks(budget, self.max_micro_group, new, prompt, block)
 
     def _start(self, vllm, dtype: torch.dtype, num_blocks: int):
         from vllm.engine.arg_utils import EngineArgs

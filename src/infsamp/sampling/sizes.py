@@ -1,4 +1,4 @@
-"""Size the run, once, from the memory planner: the loaded model's shape and the device's memory.
+"""Size a run or a sampler, once, from the memory planner: the loaded model's shape and memory.
 
 `plan_run` reads what only torch knows (the model's shape and dtype, the device and its memory, the
 runtime's resident memory outside the tensors, measured once here) and hands it to
@@ -10,9 +10,9 @@ the machine: the same command gives the same weights whatever else runs. `auto` 
 free at start (plus what the model holds) instead. A plan that does not fit is reported with the
 planner's advice and the run continues with the configured g and one sequence per micro-batch.
 
-A sampler outside a training run (`infsamp sample`, the TRL plug-in, the benchmarks' engines)
-is sized by the same function (`sampler_run_sizes`): its calls planned as a run's steps, for the
-memory free at start.
+A sampler outside a training run (`infsamp sample`, the TRL plug-in, the benchmarks' engines, a
+`GroupSampler` given no sizes, per call) is sized by the same function (`sampler_run_sizes`): its
+calls planned as a run's steps, for the memory free now.
 
 Deliberately simple: planned once at start-up; the out-of-memory retries halve the sizes later
 if the estimate was too optimistic (`RunSizes.halve`).
@@ -36,7 +36,6 @@ from infsamp.planner.sizes import (
     pool_holding,
     run_engine,
 )
-from infsamp.run.dynamic_sampling import plan_note
 
 RUNTIME_ROUND_BYTES = 32 * 2**20
 
@@ -65,28 +64,30 @@ def measured_runtime_bytes(device: torch.device, model: torch.nn.Module) -> int 
     return -(-measured // RUNTIME_ROUND_BYTES) * RUNTIME_ROUND_BYTES
 
 
-def plan_run(cfg: Config, model: torch.nn.Module, device: torch.device,
-             num_ranks: int = 1, strategy: str = "single") -> PlannedRun:
+def plan_run(cfg: Config, model: torch.nn.Module, device: torch.device, num_ranks: int = 1,
+             strategy: str = "single", budget_is_pool: bool = True) -> PlannedRun:
     """Sizes for this process; with several ranks it samples about 1/num_ranks of the prompts and
-    holds what `strategy` (ddp, fsdp) leaves on one device."""
+    holds what `strategy` (ddp, fsdp) leaves on one device. `budget_is_pool`: as
+    `plan_run_sizes`."""
     kind = "cuda" if device.type == "cuda" else "cpu"
     plan, sizes = plan_run_sizes(
         cfg, shape_from_config(base_model(model).config),
         device_memory_bytes(device, model, cfg.training.micro_batch_memory),
         device=kind, quantized=is_4bit(model), num_ranks=num_ranks, strategy=strategy,
         dtype_bytes=next(model.parameters()).element_size(),
-        runtime_bytes=measured_runtime_bytes(device, model))
-    return PlannedRun(sizes, plan_line(plan, sizes) + plan_note(cfg.sampling, cfg.training))
+        runtime_bytes=measured_runtime_bytes(device, model), budget_is_pool=budget_is_pool)
+    return PlannedRun(sizes, plan_line(plan, sizes))
 
 
 def sampler_run_sizes(sampling: SamplingConfig, model: torch.nn.Module, max_prompt_tokens: int,
-                      num_prompts: int, optimizer: str = "sgd",
-                      call_budget_tokens: int = 0) -> RunSizes:
+                      num_prompts: int, optimizer: str = "sgd", call_budget_tokens: int = 0,
+                      engine_apart: bool = False) -> RunSizes:
     """The sizes of a sampler outside a training run, through `plan_run`: `sampling`'s calls of up
     to `num_prompts` prompts of up to `max_prompt_tokens` tokens, for the memory free now (plus
     what the model holds) beside `optimizer`'s states (`sgd`: none; the TRL plug-in: TRL's
     AdamW). `call_budget_tokens`: an engine for calls of up to that KV budget each (the
-    benchmarks), started with the pool that holds it (`planner.sizes.pool_holding`)."""
+    benchmarks), started with the pool that holds it (`planner.sizes.pool_holding`).
+    `engine_apart`: for an engine started apart, whose pool caps each call's budget."""
     device = next(model.parameters()).device
     cfg = Config()
     cfg = replace(cfg, sampling=sampling,
@@ -98,4 +99,4 @@ def sampler_run_sizes(sampling: SamplingConfig, model: torch.nn.Module, max_prom
         block = kv_block_size(run_engine(cfg, kind, is_4bit(model)), kind)
         cfg = replace(cfg, sampling=replace(
             sampling, kv_budget=str(pool_holding(call_budget_tokens, block))))
-    return plan_run(cfg, model, device).sizes
+    return plan_run(cfg, model, device, budget_is_pool=not engine_apart).sizes
