@@ -191,19 +191,31 @@ def adaptable_module_names(name_or_path: str, trust_remote_code: bool = False) -
     model built on the meta device (no weights read); None when its config cannot be read locally
     (a hub id without the hub: loading reports that itself)."""
     from accelerate import init_empty_weights
-    from transformers import AutoConfig
     from transformers.pytorch_utils import Conv1D
 
     nn = torch.nn
     kinds = (nn.Linear, nn.Embedding, nn.Conv1d, nn.Conv2d, nn.Conv3d, Conv1D)
+    config = config_before_loading(name_or_path, trust_remote_code)
+    if config is None:
+        return None
     try:
-        config = AutoConfig.from_pretrained(local_source(name_or_path).path, local_files_only=True,
-                                            trust_remote_code=trust_remote_code)
         with init_empty_weights():
             model = AutoModelForCausalLM.from_config(config)
     except Exception:  # noqa: BLE001 - any failure here is reported by the real load
         return None
     return {name for name, module in model.named_modules() if isinstance(module, kinds)}
+
+
+def config_before_loading(name_or_path: str, trust_remote_code: bool = False):
+    """The model's config (its shape) read from its folder, cache or converted GGUF, no weights;
+    None when it cannot be read locally (a hub id without the hub: loading reports that)."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(local_source(name_or_path).path, local_files_only=True,
+                                          trust_remote_code=trust_remote_code)
+    except Exception:  # noqa: BLE001 - any failure here is reported by the real load
+        return None
 
 
 def check_lora_targets(cfg: ModelConfig) -> None:
