@@ -90,15 +90,25 @@ def local_source(name_or_path: str) -> ModelSource:
 
 def load_tokenizer(name_or_path: str, trust_remote_code: bool = False):
     quiet_transformers()
-    path = local_source(name_or_path).tokenizer_path
+    source = local_source(name_or_path)
+    path = source.tokenizer_path
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     except Exception as err:  # transformers raises many types for a bad path
-        raise load_error(f"model.name_or_path {path!r}", "tokenizer", err) from None
+        raise _load_failure(source, "tokenizer", err) from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
     return tokenizer
+
+
+def _load_failure(source: ModelSource, what: str, err: BaseException) -> ModelError:
+    """One line; a GGUF file's converted copy that fails to load is named as the cache's."""
+    failure = load_error(f"model.name_or_path {source.path!r}", what, err)
+    if source.gguf_file is None:
+        return failure
+    return ModelError(f"{failure}; this is the cache's converted copy of {source.gguf_file}: "
+                      f"remove {source.path} to convert it again")
 
 
 def weight_kwargs(cfg: ModelConfig, device: torch.device, precision=None) -> dict:
@@ -135,7 +145,7 @@ def load_model_and_tokenizer(cfg: ModelConfig, device: torch.device | None = Non
             path, attn_implementation=cfg.attn_implementation,
             trust_remote_code=cfg.trust_remote_code, **weights)
     except Exception as err:
-        raise load_error(f"model.name_or_path {path!r}", "model", err) from None
+        raise _load_failure(source, "model", err) from None
     if "device_map" not in weights:  # a quantised model is placed by from_pretrained
         model.to(device)
     if cfg.gradient_checkpointing:
