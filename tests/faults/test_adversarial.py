@@ -19,6 +19,7 @@ from infsamp.models.loading import load_model_and_tokenizer, load_tokenizer
 from infsamp.rewards.workers import RewardWorkers
 
 from fault_harness import length_reward
+from test_config_property import run_train
 
 
 def test_a_reward_timeout_past_what_poll_takes_waits_and_scores():
@@ -123,3 +124,35 @@ def test_a_full_disk_while_converting_is_one_line_and_leaves_nothing(tiny_gguf_f
                                          r"INFSAMP_CACHE_DIR"):
         gguf.ensure_converted(tiny_gguf_file[0])
     assert [p.name for p in (cache / "gguf").iterdir() if not p.name.endswith(".lock")] == []
+
+
+# ---- reasoning-gym settings
+
+
+@pytest.mark.parametrize("dataset_config, message", [
+    ("{seed: abc}", "data.dataset_config: seed must be an integer between 0 and 4,294,967,295 "
+                    "(got 'abc')"),  # a ValueError traceback
+    ("{seed: -3}", "seed must be an integer between 0"),
+    ("{size: 100000000000}", "size must be an integer between 1 and 1,000,000 "
+                             "(got 100000000000)"),  # generated for ever
+    ("{size: 2.5}", "size must be an integer"),
+    ("{size: true}", "size must be an integer"),
+    ("{min_terms: abc}", "rejects {'min_terms': 'abc'}"),  # these held already
+    ("{min_terms: 99999999999}", "rejects {'min_terms': 99999999999}"),
+    ("{operators: 7}", "rejects {'operators': 7}"),
+])
+def test_reasoning_gym_options_of_the_wrong_type_or_size_are_one_line(dataset_config, message,
+                                                                       tmp_path):
+    code, stderr = run_train("data.dataset_config", "flag", dataset_config, tmp_path,
+                             "--data.dataset", "reasoning_gym:basic_arithmetic")
+    lines = stderr.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and message in lines[0], stderr
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("key", ["data.num_train_examples", "data.num_eval_examples"])
+def test_more_generated_problems_than_a_run_can_make_is_one_line(key, tmp_path):
+    code, stderr = run_train(key, "flag", "4000000000", tmp_path)  # generated for ever
+    assert code == 2 and stderr.strip() == (f"infsamp train: error: {key}: must be between "
+                                            f"{0 if 'eval' in key else 1} and 1,000,000 (got "
+                                            "4000000000)")
