@@ -132,10 +132,11 @@ class DataConfig:
         reserved = set(self.chat_template_kwargs) & TEMPLATE_ARGUMENTS
         _require(not reserved, "data.chat_template_kwargs", self.chat_template_kwargs,
                  f"{', '.join(sorted(reserved))} is set by infsamp, not by the recipe")
-        _require(self.num_eval_examples >= 0, "data.num_eval_examples", self.num_eval_examples,
-                 "must be >= 0")
-        _require(self.num_train_examples > 0, "data.num_train_examples", self.num_train_examples,
-                 "must be > 0")
+        _require(0 <= self.num_eval_examples <= MAX_GENERATED_EXAMPLES, "data.num_eval_examples",
+                 self.num_eval_examples, f"must be between 0 and {MAX_GENERATED_EXAMPLES:,}")
+        _require(0 < self.num_train_examples <= MAX_GENERATED_EXAMPLES,
+                 "data.num_train_examples", self.num_train_examples,
+                 f"must be between 1 and {MAX_GENERATED_EXAMPLES:,}")
         _require(0 <= self.seed < 2**32, "data.seed", self.seed, "must be in [0, 2**32)")
         task_source = self.dataset.startswith(("embedded:", REASONING_GYM_PREFIX))
         if not task_source and looks_like_path(self.dataset):
@@ -590,6 +591,9 @@ def _require(ok: bool, key: str, value: Any, why: str) -> None:
 
 
 MAX_INTEGER = 2**32 - 1  # every integer option: sizes, counts, steps and seeds fit 32 bits
+# problems a task generates per split: 1e5 embedded ones take 1.8 CPU s, 1e4 of reasoning-gym's
+# basic_arithmetic 0.9 s (2026-12-02); a million is a minute or two, more never starts
+MAX_GENERATED_EXAMPLES = 1_000_000
 MAX_DURATION_S = 7 * 24 * 3600.0  # every option in seconds (*_s): the OS's waits take a week
 
 

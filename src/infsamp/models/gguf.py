@@ -12,8 +12,12 @@ be written. Instead the file is converted once per machine into a plain transfor
 `<cache>` is `$INFSAMP_CACHE_DIR`, else `$XDG_CACHE_HOME/infsamp`, else `~/.cache/infsamp`. `<key>`
 hashes the file's size, modification time and its first and last MiB, so a changed or replaced file
 converts again, and no file is ever hashed whole. The folder is written under a temporary name and
-renamed when complete (two processes converting at once: the first rename wins, the other's copy
-is dropped). Runs then load the folder as any checkpoint, in the run's dtype.
+renamed when complete; `gguf_source.json`, written last, lists every file with its size, and a
+folder whose files are missing or of another size (a crash, a full disk, a hand edit) is converted
+again, saying so. Conversion holds an exclusive lock (`fcntl.flock` on `.<folder>.lock` beside it):
+two runs converting one file at once convert it once, the second waits and uses the first's. A
+full disk while writing is one line (the partial folder is removed). Runs then load the folder as
+any checkpoint, in the run's dtype.
 
 `check_gguf_file` reads the header alone (transformers' own reader: no tensor data, well under a
 second) and gives one `ModelError` line for a file transformers cannot load: not a GGUF file, a
@@ -26,6 +30,7 @@ converted weights are fp32 whatever the run's precision (the cast happens when a
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import hashlib
 import importlib.util
@@ -81,7 +86,13 @@ def converted_dir(path: Path) -> Path:
 
 
 def is_converted(folder: Path) -> bool:
-    return (folder / SOURCE_FILE).is_file()
+    """Complete: its source record lists every file it wrote, each there at its size."""
+    try:
+        files = json.loads((folder / SOURCE_FILE).read_text())["files"]
+        return bool(files) and all((folder / name).stat().st_size == size
+                                   for name, size in files.items())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
 
 
 def check_gguf_file(path: Path) -> None:
@@ -114,20 +125,49 @@ def ensure_converted(path: Path) -> Path:
     if is_converted(target):
         return target
     check_gguf_file(path)
-    print(f"converting {path.name} to a transformers folder, once per machine: {target}",
-          flush=True)
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
     try:
-        _convert(path, tmp)
-        _publish(tmp, target)
-    except OSError as err:
+        with _conversion_lock(target):
+            if is_converted(target):  # another process converted it while this one waited
+                return target
+            what = "again (the cached one is incomplete or damaged)" if target.exists() else \
+                "to a transformers folder, once per machine"
+            print(f"converting {path.name} {what}: {target}", flush=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+            _convert(path, tmp)
+            _publish(tmp, target)
+    except Exception as err:  # noqa: BLE001 - safetensors' own error type for a full disk
+        if not isinstance(err, OSError) and type(err).__name__ != "SafetensorError":
+            raise
         raise ModelError(f"model.name_or_path {str(path)!r}: cannot write the converted model to "
-                         f"{target.parent} ({err.strerror or err}); set INFSAMP_CACHE_DIR to a "
-                         "writable folder") from None
+                         f"{target.parent} ({_why(err)}); free space there or set "
+                         "INFSAMP_CACHE_DIR to a writable folder") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def _why(err: BaseException) -> str:
+    """'No space left on device', from an OSError or safetensors' message."""
+    if isinstance(err, OSError):
+        return err.strerror or str(err)
+    return first_line(err).rsplit("I/O error: ", 1)[-1].split(" (os error")[0]
+
+
+@contextlib.contextmanager
+def _conversion_lock(target: Path):
+    """Held while converting to `target`: a second process waits (and says so)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(target.with_name(f".{target.name}.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"waiting for another process converting to {target}", flush=True)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def _convert(path: Path, out: Path) -> None:
@@ -159,7 +199,8 @@ def _convert(path: Path, out: Path) -> None:
     tokenizer.save_pretrained(out)
     stat = path.stat()
     source = {"file": str(path.resolve()), "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns,
-              "key": file_key(path)}
+              "key": file_key(path),
+              "files": {p.name: p.stat().st_size for p in sorted(out.iterdir()) if p.is_file()}}
     (out / SOURCE_FILE).write_text(json.dumps(source, indent=1))
     for file in [*out.iterdir(), out]:
         fsync(file)
@@ -180,14 +221,7 @@ def _no_dequantising_bar():
 
 
 def _publish(tmp: Path, target: Path) -> None:
-    """Rename the finished folder into place; a complete one already there (another process's)
-    wins."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    if is_converted(target):
-        return
-    shutil.rmtree(target, ignore_errors=True)  # an incomplete one from a crash
-    try:
-        os.replace(tmp, target)
-    except OSError:
-        if not is_converted(target):
-            raise
+    """Rename the finished folder into place (under the conversion lock), over an incomplete or
+    damaged one."""
+    shutil.rmtree(target, ignore_errors=True)
+    os.replace(tmp, target)

@@ -90,15 +90,25 @@ def local_source(name_or_path: str) -> ModelSource:
 
 def load_tokenizer(name_or_path: str, trust_remote_code: bool = False):
     quiet_transformers()
-    path = local_source(name_or_path).tokenizer_path
+    source = local_source(name_or_path)
+    path = source.tokenizer_path
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     except Exception as err:  # transformers raises many types for a bad path
-        raise load_error(f"model.name_or_path {path!r}", "tokenizer", err) from None
+        raise _load_failure(source, "tokenizer", err) from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
     return tokenizer
+
+
+def _load_failure(source: ModelSource, what: str, err: BaseException) -> ModelError:
+    """One line; a GGUF file's converted copy that fails to load is named as the cache's."""
+    failure = load_error(f"model.name_or_path {source.path!r}", what, err)
+    if source.gguf_file is None:
+        return failure
+    return ModelError(f"{failure}; this is the cache's converted copy of {source.gguf_file}: "
+                      f"remove {source.path} to convert it again")
 
 
 def weight_kwargs(cfg: ModelConfig, device: torch.device, precision=None) -> dict:
@@ -135,7 +145,7 @@ def load_model_and_tokenizer(cfg: ModelConfig, device: torch.device | None = Non
             path, attn_implementation=cfg.attn_implementation,
             trust_remote_code=cfg.trust_remote_code, **weights)
     except Exception as err:
-        raise load_error(f"model.name_or_path {path!r}", "model", err) from None
+        raise _load_failure(source, "model", err) from None
     if "device_map" not in weights:  # a quantised model is placed by from_pretrained
         model.to(device)
     if cfg.gradient_checkpointing:
@@ -191,19 +201,31 @@ def adaptable_module_names(name_or_path: str, trust_remote_code: bool = False) -
     model built on the meta device (no weights read); None when its config cannot be read locally
     (a hub id without the hub: loading reports that itself)."""
     from accelerate import init_empty_weights
-    from transformers import AutoConfig
     from transformers.pytorch_utils import Conv1D
 
     nn = torch.nn
     kinds = (nn.Linear, nn.Embedding, nn.Conv1d, nn.Conv2d, nn.Conv3d, Conv1D)
+    config = config_before_loading(name_or_path, trust_remote_code)
+    if config is None:
+        return None
     try:
-        config = AutoConfig.from_pretrained(local_source(name_or_path).path, local_files_only=True,
-                                            trust_remote_code=trust_remote_code)
         with init_empty_weights():
             model = AutoModelForCausalLM.from_config(config)
     except Exception:  # noqa: BLE001 - any failure here is reported by the real load
         return None
     return {name for name, module in model.named_modules() if isinstance(module, kinds)}
+
+
+def config_before_loading(name_or_path: str, trust_remote_code: bool = False):
+    """The model's config (its shape) read from its folder, cache or converted GGUF, no weights;
+    None when it cannot be read locally (a hub id without the hub: loading reports that)."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(local_source(name_or_path).path, local_files_only=True,
+                                          trust_remote_code=trust_remote_code)
+    except Exception:  # noqa: BLE001 - any failure here is reported by the real load
+        return None
 
 
 def check_lora_targets(cfg: ModelConfig) -> None:

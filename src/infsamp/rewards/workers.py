@@ -50,6 +50,9 @@ from infsamp.rewards.worker_process import END_SIGNAL, encode, function_referenc
 
 START_TIMEOUT_S = 120.0  # a loader's start: its interpreter and the function's imports
 STOP_TIMEOUT_S = 5.0  # a loader's end: killing and reaping every process below it
+# the longest single wait: poll(2) takes milliseconds as a C int (2,147,483.647 s); a call's
+# longer timeout waits again until it is due
+MAX_WAIT_S = 24 * 3600.0
 
 
 def reward_runner(funcs: list[tuple[str, RewardFunction]], timeout_s: float):
@@ -93,8 +96,8 @@ class RewardWorkers:
         waiting = {worker.conn: worker for worker in remote}
         while waiting:
             deadline = min(worker.sent_at for worker in waiting.values()) + self.timeout_s
-            ready = multiprocessing.connection.wait(list(waiting),
-                                                    max(0.0, deadline - time.monotonic()))
+            wait_s = min(MAX_WAIT_S, max(0.0, deadline - time.monotonic()))
+            ready = multiprocessing.connection.wait(list(waiting), wait_s)
             for conn in ready:
                 worker = waiting.pop(conn)
                 outcomes[worker.name] = worker.receive()

@@ -13,7 +13,8 @@ evaluates and checkpoints (one step's work: `TrainStep` in `train_step.py`, buil
 parts it reads). Start-up is `__init__`, one named
 step a line: the reward functions and the run folder (`run/folder.py`, `run/identity.py`) before
 anything loads, then the data (encoded once by `tasks.prompts`, checked against the resumed
-checkpoint's rows), the weights, the run's sizes (`sampling/sizes.py`), the sampler, the update, and
+checkpoint's rows), a run that cannot fit refused from the model's config (`sampling/sizes.py`),
+the weights, the run's sizes (`sampling/sizes.py`), the sampler, the update, and
 the resumable state (`run/train_state.py`), which the one save path (`run/rank_checkpoint.py`,
 several ranks or one) writes and a resume reads. While it runs, SIGTERM/SIGINT end the step and
 save (`signals.py`), and a non-finite loss, gradient norm or reward stops the run before it is
@@ -83,7 +84,7 @@ from infsamp.run.train_state import TrainState
 from infsamp.run.train_step import TrainStep
 from infsamp.sampling.engines.base import make_engine
 from infsamp.sampling.sampler import GroupSampler
-from infsamp.sampling.sizes import plan_run
+from infsamp.sampling.sizes import check_fits_before_loading, plan_run
 
 
 @dataclass
@@ -115,6 +116,7 @@ class GRPOTrainer:
         warn_about_settings(cfg)
         seed_everything(cfg.training.seed)
         self._load_data(found)
+        check_fits_before_loading(cfg, self.device, self.ranks.world_size, self.ranks.strategy)
         self._load_model()
         planned = plan_run(cfg, self.model, self.device, self.ranks.world_size,
                            self.ranks.strategy)

@@ -7,8 +7,14 @@ engine, the sampler and the GRPO step use, and its line is what the run prints. 
 changes how gradients are summed (so the weights' last bits), so by default
 (`training.micro_batch_memory: total`) the plan is made for the device's total memory, a constant of
 the machine: the same command gives the same weights whatever else runs. `auto` plans for the memory
-free at start (plus what the model holds) instead. A plan that does not fit is reported with the
-planner's advice and the run continues with the configured g and one sequence per micro-batch.
+free at start (plus what the model holds) instead.
+
+A run that cannot fit is refused in one line with the planner's advice, before the weights load
+(`check_fits_before_loading`): the step's samples must fit in the machine's memory
+(SAMPLE_HOST_BYTES each, before a token is decoded), and the plan for the model's shape read from
+its config (a folder, the hub's cache, a converted GGUF file) must fit the device. A model whose
+config cannot be read before loading is planned right after, by `plan_run`, which refuses a plan
+that does not fit too.
 
 A sampler outside a training run (`infsamp sample`, the TRL plug-in, the benchmarks' engines, a
 `GroupSampler` given no sizes, per call) is sized by the same function (`sampler_run_sizes`): its
@@ -20,12 +26,14 @@ if the estimate was too optimistic (`RunSizes.halve`).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 
 import torch
 
-from infsamp.config import Config, SamplingConfig
+from infsamp.config import Config, ConfigError, SamplingConfig
 from infsamp.models.device import base_model, is_4bit, memory_bytes, runtime_bytes
+from infsamp.models.loading import config_before_loading
 from infsamp.planner import shape_from_config
 from infsamp.planner.estimate import DEVICES
 from infsamp.planner.sizes import (
@@ -34,10 +42,14 @@ from infsamp.planner.sizes import (
     plan_line,
     plan_run_sizes,
     pool_holding,
+    prompts_per_rank,
     run_engine,
 )
 
 RUNTIME_ROUND_BYTES = 32 * 2**20
+# a Sample before its first token: 321 bytes each (tracemalloc over make_samples of 10,000,
+# 2026-12-02); its completion, text, rewards and log-probs come on top
+SAMPLE_HOST_BYTES = 320
 
 
 @dataclass
@@ -65,17 +77,18 @@ def measured_runtime_bytes(device: torch.device, model: torch.nn.Module) -> int 
 
 
 def plan_run(cfg: Config, model: torch.nn.Module, device: torch.device, num_ranks: int = 1,
-             strategy: str = "single", budget_is_pool: bool = True) -> PlannedRun:
+             strategy: str = "single", budget_is_pool: bool = True,
+             refuse: bool = True) -> PlannedRun:
     """Sizes for this process; with several ranks it samples about 1/num_ranks of the prompts and
-    holds what `strategy` (ddp, fsdp) leaves on one device. `budget_is_pool`: as
+    holds what `strategy` (ddp, fsdp) leaves on one device; a plan that does not fit is refused
+    (`refuse`: a training run; a sampler used alone runs as planned). `budget_is_pool`: as
     `plan_run_sizes`."""
-    kind = "cuda" if device.type == "cuda" else "cpu"
-    plan, sizes = plan_run_sizes(
-        cfg, shape_from_config(base_model(model).config),
-        device_memory_bytes(device, model, cfg.training.micro_batch_memory),
-        device=kind, quantized=is_4bit(model), num_ranks=num_ranks, strategy=strategy,
-        dtype_bytes=next(model.parameters()).element_size(),
-        runtime_bytes=measured_runtime_bytes(device, model), budget_is_pool=budget_is_pool)
+    plan, sizes = _plan(cfg, shape_from_config(base_model(model).config), device, model,
+                        num_ranks, strategy, quantized=is_4bit(model),
+                        dtype_bytes=next(model.parameters()).element_size(),
+                        budget_is_pool=budget_is_pool)
+    if refuse:
+        _refuse_unless_fits(plan, sizes, device, "")
     return PlannedRun(sizes, plan_line(plan, sizes))
 
 
@@ -99,4 +112,61 @@ def sampler_run_sizes(sampling: SamplingConfig, model: torch.nn.Module, max_prom
         block = kv_block_size(run_engine(cfg, kind, is_4bit(model)), kind)
         cfg = replace(cfg, sampling=replace(
             sampling, kv_budget=str(pool_holding(call_budget_tokens, block))))
-    return plan_run(cfg, model, device, budget_is_pool=not engine_apart).sizes
+    return plan_run(cfg, model, device, budget_is_pool=not engine_apart,
+                    refuse=False).sizes
+
+
+def check_fits_before_loading(cfg: Config, device: torch.device, num_ranks: int = 1,
+                              strategy: str = "single") -> None:
+    """Refuse, before the weights load, a run that cannot fit (see the module docstring)."""
+    num_samples = cfg.sampling.num_generations * prompts_per_rank(cfg, num_ranks)
+    host = memory_bytes(torch.device("cpu"))[1]
+    if num_samples * SAMPLE_HOST_BYTES > host:
+        raise ConfigError(f"sampling.num_generations {cfg.sampling.num_generations} x "
+                          f"training.prompts_per_step {cfg.training.prompts_per_step}: the step's "
+                          f"{num_samples:,} samples need {_gib(num_samples * SAMPLE_HOST_BYTES)} "
+                          f"of memory before a token is decoded, more than this machine's "
+                          f"{_gib(host)}: at most {host // SAMPLE_HOST_BYTES:,} samples per step")
+    config = config_before_loading(cfg.model.name_or_path, cfg.model.trust_remote_code)
+    if config is None:
+        return  # its shape is known once it loaded: plan_run checks then
+    plan, sizes = _plan(cfg, shape_from_config(config), device, torch.nn.Module(), num_ranks,
+                        strategy, quantized=cfg.model.load_in_4bit, dtype_bytes=None)
+    _refuse_unless_fits(plan, sizes, device, " (planned from its config, before the weights "
+                                             "load)")
+
+
+def _plan(cfg: Config, shape, device: torch.device, model: torch.nn.Module, num_ranks: int,
+          strategy: str, quantized: bool, dtype_bytes: int | None, budget_is_pool: bool = True):
+    kind = "cuda" if device.type == "cuda" else "cpu"
+    return plan_run_sizes(
+        cfg, shape, device_memory_bytes(device, model, cfg.training.micro_batch_memory),
+        device=kind, quantized=quantized, num_ranks=num_ranks, strategy=strategy,
+        dtype_bytes=dtype_bytes, runtime_bytes=measured_runtime_bytes(device, model),
+        budget_is_pool=budget_is_pool)
+
+
+# the planner's advice names `infsamp plan` flags; a refused `infsamp train` names its options
+TRAIN_OPTIONS = {
+    "--lora-rank": "--model.lora_rank", "--strategy fsdp": "--distributed.strategy fsdp",
+    "--optimizer": "--training.optimizer",
+    "--gradient-checkpointing": "--model.gradient_checkpointing true",
+    "--beta": "--training.beta", "--precision": "--training.precision",
+    "--load-in-4bit": "--model.load_in_4bit true", "--micro-group": "--sampling.micro_group",
+    "--train-micro-batch-tokens": "--training.train_micro_batch_tokens",
+}
+
+
+def _refuse_unless_fits(plan, sizes: RunSizes, device: torch.device, when: str) -> None:
+    if plan.fits:
+        return
+    line = plan_line(plan, sizes)
+    for flag, option in TRAIN_OPTIONS.items():
+        line = re.sub(rf"{re.escape(flag)}\b", option, line)
+    what = "GPU" if device.type == "cuda" else "machine"
+    raise ConfigError(f"the run does not fit this {what}'s {_gib(plan.inputs.gpu_memory_bytes)}"
+                      f"{when}: {line}")
+
+
+def _gib(num_bytes: int) -> str:
+    return f"{num_bytes / 2**30:,.2f} GiB"

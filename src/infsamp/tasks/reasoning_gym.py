@@ -35,8 +35,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from infsamp.config import MAX_GENERATED_EXAMPLES, MAX_INTEGER, DataConfig
 from infsamp.config import REASONING_GYM_PREFIX as PREFIX
-from infsamp.config import DataConfig
 from infsamp.errors import DataError
 
 INSTALL = "pip install reasoning-gym==0.1.25, or pip install 'infsamp[real]'"
@@ -108,12 +108,23 @@ def _config(name: str, options: dict[str, Any], shown: dict[str, Any] | None = N
 
 def _split_options(data_cfg: DataConfig, options: dict[str, Any], split: str) -> dict[str, int]:
     """seed and size of a split (see the module docstring); 'check' gives the training split's."""
-    seed = int(options.get("seed", data_cfg.seed))
+    seed = _integer_option(options, "seed", data_cfg.seed, 0, MAX_INTEGER)
     num_held_out = data_cfg.num_eval_examples
     if split == data_cfg.eval_split:
         return {"seed": seed, "size": max(1, num_held_out)}
-    return {"seed": seed + num_held_out, "size": int(options.get("size",
-                                                                 data_cfg.num_train_examples))}
+    return {"seed": seed + num_held_out,
+            "size": _integer_option(options, "size", data_cfg.num_train_examples, 1,
+                                    MAX_GENERATED_EXAMPLES)}
+
+
+def _integer_option(options: dict[str, Any], key: str, default: int, low: int, high: int) -> int:
+    """`seed` or `size` of data.dataset_config: an integer in [low, high] (a word was a
+    traceback, a size of 1e11 generated for ever)."""
+    value = options.get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise DataError(f"data.dataset_config: {key} must be an integer between {low:,} and "
+                        f"{high:,} (got {value!r})")
+    return value
 
 
 def generate(data_cfg: DataConfig) -> Generated:
