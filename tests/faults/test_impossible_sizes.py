@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from infsamp.config import Config, ConfigError
-from infsamp.run import sizes as run_sizes
+from infsamp.sampling import sizes as run_sizes
 
 from test_config_property import run_train
 
