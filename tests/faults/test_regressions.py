@@ -143,7 +143,8 @@ def test_zero_temperature_training_warns(runner, tiny_model_dir, tmp_path):
 def test_micro_batch_does_not_follow_free_memory(runner, reference, tiny_model_dir, tmp_path,
                                                  monkeypatch):
     """The same command under memory pressure (free RAM faked to 1 MiB) gives the same weights;
-    `training.micro_batch_memory auto` follows free memory and says so in its plan line."""
+    `training.micro_batch_memory auto` follows free memory: with 1 MiB free its plan cannot fit,
+    and the run is refused in one line before the weights load (issue 32 item 3)."""
     page = os.sysconf("SC_PAGE_SIZE")
     real = os.sysconf
     monkeypatch.setattr(os, "sysconf",
@@ -157,8 +158,8 @@ def test_micro_batch_does_not_follow_free_memory(runner, reference, tiny_model_d
     assert_same_run(tmp_path / "run", reference("continuous"))
     auto = run_args(tiny_model_dir, tmp_path / "auto", "--training.micro_batch_memory", "auto")
     code, low = runner.run(auto, kill_at="lowmem@0")
-    plan = next(line for line in output.splitlines() if line.startswith("memory plan"))
-    assert code == 0 and plan not in low  # a smaller micro-batch (or a does-not-fit note)
+    assert code == 2 and "the run does not fit this machine's" in low, low[-2000:]
+    assert not (tmp_path / "auto" / "checkpoint-1").exists()
 
 
 # ---- item 9: a torn last line of a run log
