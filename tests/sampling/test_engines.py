@@ -279,3 +279,27 @@ def test_rows_layout_gives_the_pools_logits_and_reads_a_view(model):
     keys, _ = engine.cache.update(torch.ones(1, 1, 1, 16), torch.ones(1, 1, 1, 16), 0)
     assert keys.data_ptr() == engine.cache.keys[0].data_ptr()  # a view of row 0
     assert keys.shape == (1, 1, 1, 16) and keys.eq(1).all()
+
+
+def test_the_bounds_ready_cache_is_a_real_cache(model):
+    """One step over a ReadyCache holding a prompt's KV gives the logits of the model's forward
+    over the prompt and the token: the bound times a real decode step."""
+    from transformers import DynamicCache
+
+    from infsamp.sampling.engines.decode_bound import ready_step_inputs
+    from infsamp.sampling.engines.slots import _cache_kwarg_name
+
+    prompt, token = [4, 5, 6, 7], 9
+    prefix = DynamicCache(config=model.config)
+    with torch.inference_mode():
+        model(input_ids=torch.tensor([prompt]), past_key_values=prefix, use_cache=True)
+        inputs = ready_step_inputs(model, [len(prompt) + 1])
+        cache = inputs[_cache_kwarg_name(model)]
+        for layer, kv in enumerate(prefix.layers):
+            cache.keys[layer][0, :, :len(prompt)] = kv.keys[0]
+            cache.values[layer][0, :, :len(prompt)] = kv.values[0]
+        inputs["input_ids"] = torch.tensor([[token]])
+        step = model(**inputs).logits[0, -1]
+        whole = model(input_ids=torch.tensor([prompt + [token]])).logits[0, -1]
+    assert inputs["position_ids"].tolist() == [[len(prompt)]]
+    assert torch.allclose(step, whole, atol=1e-5)
