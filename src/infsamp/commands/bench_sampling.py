@@ -363,11 +363,12 @@ def policy_targets(rows: list[dict]) -> dict:
 
 PROFILE_PARTS = {  # part -> (file suffix, function) whose cumulative time it is
     "model forward (minus KV update)": [("slots.py", "_forward")],
-    "KV cache update + prompt/slot concat": [("slots.py", "update")],
+    "KV cache update + prompt/slot concat": [("slot_cache.py", "update")],
     "prompt prefill": [("slots.py", "_prefill")],
     "token selection + logits rule": [("slots.py", "_select")],
-    "engine bookkeeping": [("slots.py", "_step_layout"), ("slots.py", "prepare_step"),
-                           ("slots.py", "_record"), ("slots.py", "_drop_preempted")],
+    "engine bookkeeping": [("slots.py", "_allocate"), ("slots.py", "_step_layout"),
+                           ("slot_cache.py", "prepare_step"), ("slots.py", "_record"),
+                           ("slots.py", "_drop_taken_back")],
     "scheduler and policy": [("scheduler.py", "admit"), ("scheduler.py", "step")],
 }
 
