@@ -168,7 +168,8 @@ def decode_logits(model, prompts, samples, split: bool, steps: int = 3) -> list[
         mask = engine.cache.prepare_step([s.sample_id for s in samples], rows, write_index,
                                          engine.eager_mask)
         with torch.inference_mode():
-            logits.append(engine._forward(inputs, positions, mask)[0])
+            logits.append(engine._forward(torch.tensor(inputs)[:, None],
+                                          torch.tensor(positions)[:, None], mask)[0])
         engine._record(samples, logits[-1].argmax(-1).tolist())
     return logits
 
@@ -219,13 +220,14 @@ def _noise_int64(seed, sample_ids, num_generated, vocab_size):
     return ((bits >> 8).to(torch.float32) + 0.5) / float(1 << 24)
 
 
-@pytest.mark.parametrize("seed", [0, 7, 2**40 + 3])
-def test_int32_noise_has_the_int64_formulas_bits(seed):
+@pytest.mark.parametrize("seed, vocab_size", [(0, 30000), (7, 30000), (2**40 + 3, 30000), (7, 48)])
+def test_int32_noise_has_the_int64_formulas_bits(seed, vocab_size):
+    """Both paths (int32 in place from IN_PLACE_FROM entries, int64 below) give its bits."""
     generator = torch.Generator().manual_seed(seed % 1000)
     sample_ids = torch.randint(0, 10**6, (5,), generator=generator)
     num_generated = torch.randint(0, 5000, (5,), generator=generator)
-    assert torch.equal(uniform_noise(seed, sample_ids, num_generated, 3000),
-                       _noise_int64(seed, sample_ids, num_generated, 3000))
+    assert torch.equal(uniform_noise(seed, sample_ids, num_generated, vocab_size),
+                       _noise_int64(seed, sample_ids, num_generated, vocab_size))
 
 
 class RecordLogits:
