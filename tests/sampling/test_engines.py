@@ -168,7 +168,8 @@ def decode_logits(model, prompts, samples, split: bool, steps: int = 3) -> list[
         mask = engine.cache.prepare_step([s.sample_id for s in samples], rows, write_index,
                                          engine.eager_mask)
         with torch.inference_mode():
-            logits.append(engine._forward(inputs, positions, mask)[0])
+            logits.append(engine._forward(torch.tensor(inputs)[:, None],
+                                          torch.tensor(positions)[:, None], mask)[0])
         engine._record(samples, logits[-1].argmax(-1).tolist())
     return logits
 
@@ -206,3 +207,101 @@ def test_attention_beyond_plain_falls_back_to_the_models_own(model):
         plain, _ = split_attention_forward(layer, query, key, value, mask)
         windowed, _ = split_attention_forward(layer, query, key, value, mask, sliding_window=64)
     assert plain.shape == (2, 1, 2, 16) and torch.allclose(plain, windowed, atol=1e-6)
+
+
+def _noise_int64(seed, sample_ids, num_generated, vocab_size):
+    """The hash as first written, in int64 (the reference the int32 path must equal)."""
+    from infsamp.sampling.engines.select import _MASK32, _mix32
+
+    per_sample = _mix32((sample_ids * 0x9E3779B1 + (seed & _MASK32)) & _MASK32)
+    per_token = _mix32((per_sample + num_generated * 0x85EBCA77) & _MASK32)
+    vocab = torch.arange(vocab_size) * 0xC2B2AE3D
+    bits = _mix32((per_token[:, None] + vocab[None, :]) & _MASK32)
+    return ((bits >> 8).to(torch.float32) + 0.5) / float(1 << 24)
+
+
+@pytest.mark.parametrize("seed, vocab_size", [(0, 30000), (7, 30000), (2**40 + 3, 30000), (7, 48)])
+def test_int32_noise_has_the_int64_formulas_bits(seed, vocab_size):
+    """Both paths (int32 in place from IN_PLACE_FROM entries, int64 below) give its bits."""
+    generator = torch.Generator().manual_seed(seed % 1000)
+    sample_ids = torch.randint(0, 10**6, (5,), generator=generator)
+    num_generated = torch.randint(0, 5000, (5,), generator=generator)
+    assert torch.equal(uniform_noise(seed, sample_ids, num_generated, vocab_size),
+                       _noise_int64(seed, sample_ids, num_generated, vocab_size))
+
+
+class RecordLogits:
+    """A logits rule that changes nothing and keeps each (sample id, token index)'s logits."""
+
+    def __init__(self):
+        self.seen = {}
+
+    def __call__(self, sample_ids, num_generated, scores):
+        for sample_id, index, row in zip(sample_ids.tolist(), num_generated.tolist(), scores):
+            self.seen[sample_id, index] = row.clone()
+        return scores
+
+
+def _decode_with(model, cache_kind: str, steps: int = 6):
+    """Three samples (two groups), the middle one ending after 2 tokens: tokens and logits of
+    every step, with the rows layout or the token pool."""
+    prompts = [[4, 5, 6, 7], [8, 9]]
+    samples = [Sample(0, 0, 0, 4, steps), Sample(1, 1, 0, 2, 2), Sample(2, 0, 1, 4, steps)]
+    engine = SlotEngine(model)
+    options = DecodeOptions(temperature=1.0, seed=5, eos_token_ids=())
+    pool = None if cache_kind == "rows" else 3 * steps - 1  # less than 3 whole rows: the pool
+    logits = RecordLogits()
+    engine.begin_call(prompts, samples, 3, options, SamplerStats(), logits, pool_tokens=pool)
+    assert type(engine.cache).__name__ == ("SlotRowCache" if cache_kind == "rows"
+                                           else "SlotKVCache")
+    for slot, sample in enumerate(samples):
+        engine.start(slot, sample)
+    active = dict(enumerate(samples))
+    for _ in range(steps):
+        for ended in engine.decode_step(active):
+            active = {slot: s for slot, s in active.items() if s is not ended}
+    return [s.token_ids for s in samples], logits.seen, engine
+
+
+def test_rows_layout_gives_the_pools_logits_and_reads_a_view(model):
+    """The rows layout (after sample 1 ends, sample 2 moves into its row) gives the token pool's
+    logits, bit for bit, at every step; the step's columns are a view of the cache."""
+    rows_tokens, rows_logits, engine = _decode_with(model, "rows")
+    pool_tokens, pool_logits, _ = _decode_with(model, "pool")
+    assert rows_tokens == pool_tokens and rows_logits.keys() == pool_logits.keys()
+    assert all(torch.equal(rows_logits[key], pool_logits[key]) for key in pool_logits)
+    cache = engine.cache
+    assert cache.row_sample == [] and cache.read_rows is None  # all ended; rows [0, S) were read
+    sample = Sample(0, 0, 0, 4, 4)
+    engine.begin_call([[4, 5, 6, 7]], [sample], 2, DecodeOptions(temperature=0.0), SamplerStats())
+    engine.start(0, sample)
+    engine._allocate([sample])
+    engine.cache.prepare_step([0], [0], [0], False)
+    engine.cache.split_from = "sdpa"  # as under slot_attention: the columns alone
+    keys, _ = engine.cache.update(torch.ones(1, 1, 1, 16), torch.ones(1, 1, 1, 16), 0)
+    assert keys.data_ptr() == engine.cache.keys[0].data_ptr()  # a view of row 0
+    assert keys.shape == (1, 1, 1, 16) and keys.eq(1).all()
+
+
+def test_the_bounds_ready_cache_is_a_real_cache(model):
+    """One step over a ReadyCache holding a prompt's KV gives the logits of the model's forward
+    over the prompt and the token: the bound times a real decode step."""
+    from transformers import DynamicCache
+
+    from infsamp.sampling.engines.decode_bound import ready_step_inputs
+    from infsamp.sampling.engines.slots import _cache_kwarg_name
+
+    prompt, token = [4, 5, 6, 7], 9
+    prefix = DynamicCache(config=model.config)
+    with torch.inference_mode():
+        model(input_ids=torch.tensor([prompt]), past_key_values=prefix, use_cache=True)
+        inputs = ready_step_inputs(model, [len(prompt) + 1])
+        cache = inputs[_cache_kwarg_name(model)]
+        for layer, kv in enumerate(prefix.layers):
+            cache.keys[layer][0, :, :len(prompt)] = kv.keys[0]
+            cache.values[layer][0, :, :len(prompt)] = kv.values[0]
+        inputs["input_ids"] = torch.tensor([[token]])
+        step = model(**inputs).logits[0, -1]
+        whole = model(input_ids=torch.tensor([prompt + [token]])).logits[0, -1]
+    assert inputs["position_ids"].tolist() == [[len(prompt)]]
+    assert torch.allclose(step, whole, atol=1e-5)

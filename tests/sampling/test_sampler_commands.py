@@ -74,6 +74,30 @@ def test_bench_cells_and_targets(checkpoint):
     assert all(r["decode_steps"] >= r["lower_bound"] for r in rows)
 
 
+def test_bench_bound_replays_the_cells_steps(checkpoint):
+    """--bound: the cell's decode steps beside the model's own forward of the same rows over a
+    ready cache and their matrix products alone, each a positive time, in the targets."""
+    from infsamp.config import ModelConfig
+    from infsamp.models.loading import load_model_and_tokenizer
+    from infsamp.sampling.engines.decode_bound import BOUND_STEPS
+    from infsamp.sampling.engines.slots import SlotEngine
+
+    model, tokenizer = load_model_and_tokenizer(ModelConfig(name_or_path=str(checkpoint)))
+    workload = bench.Workload("embedded", (4,), 12, {4: 1})
+    args = argparse.Namespace(micro_group=2, seed=0, bound=True)
+    engine = SlotEngine(model)
+    row = bench.run_cell(model, tokenizer, workload, bench.bench_prompts(tokenizer, 1, 0), 4,
+                         "continuous", args, engine, 2)
+    assert engine.step_log is None and 0 < row["bound_steps"] <= min(row["decode_steps"],
+                                                                     BOUND_STEPS)
+    assert all(row[f"{name}_cpu_ms"] > 0 for name in ("step", "forward", "matmul"))
+    assert row["forward_ms"] > row["matmul_ms"]  # the forward does its matrix products and more
+    targets = bench.check_targets([row])
+    assert targets["embedded G=4 g=2 continuous: decode step / its matrix products alone (CPU)"] \
+        == row["step_over_matmul_cpu"]
+    assert "step ms" in bench.BOUND_HEADER and bench.format_row(row).endswith("x")
+
+
 # ---------------------------------------------------------------- bad flags: one line, before work
 
 

@@ -3,6 +3,7 @@
     infsamp bench sampling --quick            # < 2 minutes on a 2-core CPU
     infsamp bench sampling --out runs/bench   # G in 8, 32, 128, 512 (tens of minutes on a CPU)
     infsamp bench sampling --engine slots,vllm --micro-group 8,64   # both engines, two g
+    infsamp bench sampling --quick --bound    # each cell's decode step beside its bound
 
 Two workloads, one prompt per sampler call (= per training step):
   (a) `embedded`: the embedded arithmetic task, natural EOS, temperature 1;
@@ -16,7 +17,10 @@ blocks); `full` decodes all G at once (on vLLM within the pool the largest such 
 may preempt). With `--engine slots,vllm` every cell runs on both engines, interleaved; each engine
 is started and warmed up once before the measurements (start-up reported apart) and rows are tagged
 `engine`. Writes a table (stdout), `sampling.json` and `sampling.png` (peak KV bytes and decode
-steps against G), and a profile of where the slot engine's time goes at g=8.
+steps against G), and a profile of where the slot engine's time goes at g=8. With `--bound`, each
+slot-engine cell's decode steps (CPU ms) beside the model's own forward of the same rows over a
+ready cache and their matrix products alone, replayed right after the cell
+(`engines/decode_bound.py`).
 
 Deliberately simple: one run per cell (no repetitions); timings depend on the machine's load.
 """
@@ -266,7 +270,9 @@ def run_cell(model, tokenizer, workload: Workload, prompts, group_size: int, pol
         peaks = {k: max(v, getattr(stats, k)) for k, v in peaks.items()}
     bound = {}
     if logs_steps:
-        bound, engine.step_log = decode_bound_figures(model, engine.step_log), None
+        from infsamp.sampling.engines.decode_bound import step_figures
+
+        bound, engine.step_log = step_figures(model, engine.step_log), None
     return {"engine": stats.engine, "workload": workload.name, "G": group_size, "policy": policy,
             "micro_group": g, "g": stats.micro_group, "kv_budget_tokens": budget,
             "num_prompts": num_prompts,
@@ -275,31 +281,6 @@ def run_cell(model, tokenizer, workload: Workload, prompts, group_size: int, pol
             "tokens_per_cpu_second": total["generated_tokens"] / max(total["cpu_time_s"], 1e-9),
             "overhead_fraction": 1 - total["model_time_s"] / max(total["wall_time_s"], 1e-9),
             **bound}
-
-
-BOUND_STEPS = 24  # decode steps of a cell replayed for its bound (evenly spaced)
-
-
-def decode_bound_figures(model, step_log: list[tuple[float, float, list[int]]]) -> dict:
-    """The engine's decode steps beside two bounds of the same steps (`decode_bound.py`): the
-    model's own forward over a ready cache and its matrix products alone; up to BOUND_STEPS of the
-    cell's steps, evenly spaced, replayed right after it. Per step means in ms, wall and CPU."""
-    from infsamp.sampling.engines.decode_bound import bound_seconds, matmul_seconds
-
-    chosen = step_log[::max(1, math.ceil(len(step_log) / BOUND_STEPS))]
-    parts = {"step": [(wall, cpu) for wall, cpu, _ in chosen],
-             "forward": [bound_seconds(model, lengths) for _, _, lengths in chosen],
-             "matmul": [matmul_seconds(model, len(lengths)) for _, _, lengths in chosen]}
-    figures = {"bound_steps": len(chosen),
-               "decode_step_ms": 1000 * sum(w for w, _, _ in step_log) / len(step_log)}
-    for name, times in parts.items():
-        figures[f"{name}_ms"] = 1000 * sum(w for w, _ in times) / len(times)
-        figures[f"{name}_cpu_ms"] = 1000 * sum(c for _, c in times) / len(times)
-    for name in ("forward", "matmul"):
-        figures[f"step_over_{name}"] = figures["step_ms"] / max(figures[f"{name}_ms"], 1e-9)
-        figures[f"step_over_{name}_cpu"] = (figures["step_cpu_ms"]
-                                            / max(figures[f"{name}_cpu_ms"], 1e-9))
-    return figures
 
 
 # ---------------------------------------------------------------- targets, profile, output
@@ -371,11 +352,12 @@ def policy_targets(rows: list[dict]) -> dict:
 
 PROFILE_PARTS = {  # part -> (file suffix, function) whose cumulative time it is
     "model forward (minus KV update)": [("slots.py", "_forward")],
-    "KV cache update + prompt/slot concat": [("slots.py", "update")],
+    "KV cache update + prompt/slot concat": [("slot_cache.py", "update")],
     "prompt prefill": [("slots.py", "_prefill")],
     "token selection + logits rule": [("slots.py", "_select")],
-    "engine bookkeeping": [("slots.py", "_step_layout"), ("slots.py", "prepare_step"),
-                           ("slots.py", "_record"), ("slots.py", "_drop_preempted")],
+    "engine bookkeeping": [("slots.py", "_allocate"), ("slots.py", "_step_layout"),
+                           ("slot_cache.py", "prepare_step"), ("slots.py", "_record"),
+                           ("slots.py", "_drop_taken_back")],
     "scheduler and policy": [("scheduler.py", "admit"), ("scheduler.py", "step")],
 }
 

@@ -25,6 +25,7 @@ engine's (wall and CPU seconds: the machine may be shared).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -109,6 +110,29 @@ def matmul_seconds(model, num_rows: int) -> tuple[float, float]:
         for layer in linears:
             torch.nn.functional.linear(inputs[layer.in_features], layer.weight, layer.bias)
         return time.perf_counter() - start, time.process_time() - cpu_start
+
+
+BOUND_STEPS = 24  # decode steps of a cell replayed for its bound (evenly spaced)
+
+
+def step_figures(model, step_log: list[tuple[float, float, list[int]]]) -> dict:
+    """The engine's decode steps (`SlotEngine.step_log`) beside both bounds of the same steps:
+    the model's own forward over a ready cache and its matrix products alone; up to BOUND_STEPS
+    of the steps, evenly spaced, replayed now. Per step means in ms, wall and CPU."""
+    chosen = step_log[::max(1, math.ceil(len(step_log) / BOUND_STEPS))]
+    parts = {"step": [(wall, cpu) for wall, cpu, _ in chosen],
+             "forward": [bound_seconds(model, lengths) for _, _, lengths in chosen],
+             "matmul": [matmul_seconds(model, len(lengths)) for _, _, lengths in chosen]}
+    figures = {"bound_steps": len(chosen),
+               "decode_step_ms": 1000 * sum(w for w, _, _ in step_log) / len(step_log)}
+    for name, times in parts.items():
+        figures[f"{name}_ms"] = 1000 * sum(w for w, _ in times) / len(times)
+        figures[f"{name}_cpu_ms"] = 1000 * sum(c for _, c in times) / len(times)
+    for name in ("forward", "matmul"):
+        figures[f"step_over_{name}"] = figures["step_ms"] / max(figures[f"{name}_ms"], 1e-9)
+        figures[f"step_over_{name}_cpu"] = (figures["step_cpu_ms"]
+                                            / max(figures[f"{name}_cpu_ms"], 1e-9))
+    return figures
 
 
 def _cache_kwarg(model) -> str:

@@ -94,16 +94,15 @@ class PromptTable:
         return True
 
     # ---- per step
-    def step_mask(self, slot_rows: list[int], write_index: list[int],
-                  is_causal_eager: bool) -> torch.Tensor:
+    def step_mask(self, slot_rows: list[int], write_index: list[int], is_causal_eager: bool,
+                  written: torch.Tensor) -> torch.Tensor:
         """Set the step's prompt rows; the attention mask [S, 1, 1, P_max + W] (bool, or
-        additive): each sample's prompt row and its columns [0, write_index]."""
+        additive): each sample's prompt row and its columns [0, write_index] (`written`, [S])."""
         device = self.device
         num_rows = len(self.prompt_lengths)
         self.step_rows = None if num_rows <= 1 else torch.tensor(slot_rows, device=device)
         lengths = torch.tensor([self.prompt_lengths[r] if num_rows else 0 for r in slot_rows],
                                device=device)  # [S]
-        written = torch.tensor(write_index, device=device)  # [S]
         prompt_cols = torch.arange(self.prompt_keys[0].shape[2], device=device)
         slot_cols = torch.arange(max(write_index) + 1, device=device)
         mask = torch.cat([prompt_cols[None, :] < lengths[:, None],
@@ -213,15 +212,16 @@ class SlotRowCache(PromptTable):
         return sorted(samples, key=lambda s: self.row_of[s.sample_id])
 
     def prepare_step(self, sample_ids: list[int], slot_rows: list[int], write_index: list[int],
-                     is_causal_eager: bool) -> torch.Tensor:
+                     is_causal_eager: bool, written: torch.Tensor | None = None) -> torch.Tensor:
         """Set this step's layout for the running samples (each has its column `write_index`
-        allocated); returns the attention mask [S, 1, 1, P_max + W]."""
+        allocated, `written` the same as a tensor if at hand); returns the attention mask
+        [S, 1, 1, P_max + W]."""
         rows = [self.row_of[s] for s in sample_ids]
         self.write_rows = torch.tensor(rows, device=self.device)  # [S]
         self.read_rows = None if rows == list(range(len(rows))) else self.write_rows
-        self.write_columns = torch.tensor(write_index, device=self.device)  # [S]
+        self.write_columns = _as_tensor(written, write_index, self.device)  # [S]
         self.num_running, self.width = len(rows), max(write_index) + 1
-        return self.step_mask(slot_rows, write_index, is_causal_eager)
+        return self.step_mask(slot_rows, write_index, is_causal_eager, self.write_columns)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
                **_: Any):
@@ -304,14 +304,15 @@ class SlotKVCache(PromptTable):
         return samples  # any order: the step gathers
 
     def prepare_step(self, sample_ids: list[int], slot_rows: list[int], write_index: list[int],
-                     is_causal_eager: bool) -> torch.Tensor:
+                     is_causal_eager: bool, written: torch.Tensor | None = None) -> torch.Tensor:
         """Set this step's layout for the running samples (each has its column `write_index`
-        allocated); returns the attention mask [S, 1, 1, P_max + W]."""
+        allocated, `written` the same as a tensor if at hand); returns the attention mask
+        [S, 1, 1, P_max + W]."""
         ids = torch.tensor(sample_ids, device=self.device)  # [S]
-        written = torch.tensor(write_index, device=self.device)  # [S]
+        written = _as_tensor(written, write_index, self.device)  # [S]
         self.write_positions = self.table[ids, written]  # [S]
         self.read_positions = self.table[ids, :max(write_index) + 1]  # [S, W]
-        return self.step_mask(slot_rows, write_index, is_causal_eager)
+        return self.step_mask(slot_rows, write_index, is_causal_eager, written)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
                **_: Any):
@@ -324,6 +325,10 @@ class SlotKVCache(PromptTable):
         keys = pool_k[:, self.read_positions].transpose(0, 1)  # [H, S, W, D] -> [S, H, W, D]
         values = pool_v[:, self.read_positions].transpose(0, 1)
         return self._attended(layer_idx, keys, values)
+
+
+def _as_tensor(given: torch.Tensor | None, values: list[int], device) -> torch.Tensor:
+    return given if given is not None else torch.tensor(values, device=device)
 
 
 def _append_row(table: torch.Tensor, row: torch.Tensor) -> torch.Tensor:

@@ -115,7 +115,8 @@ class SlotEngine:
         self.slot_sample[slot] = sample
 
     def decode_step(self, active: dict[int, Sample]) -> list[Sample]:
-        step_start, cpu_start = time.perf_counter(), time.process_time()
+        logs = self.step_log is not None
+        step_start, cpu_start = (time.perf_counter(), time.process_time()) if logs else (0, 0)
         self._drop_taken_back(active)
         for sample in self.to_restore:  # after every parked sample gave its positions back
             self.cache.unpark(sample.sample_id)
@@ -123,18 +124,19 @@ class SlotEngine:
         self.to_restore = []
         running = self._allocate([active[slot] for slot in sorted(active)])
         inputs, positions, write_index, rows = self._step_layout(running)
-        mask = self.cache.prepare_step([s.sample_id for s in running], rows, write_index,
-                                       self.eager_mask)
+        ids = [s.sample_id for s in running]
+        step = torch.tensor([inputs, positions, write_index, ids], device=self.device)  # [4, S]
+        mask = self.cache.prepare_step(ids, rows, write_index, self.eager_mask, step[2])
         start = time.perf_counter()
         with torch.inference_mode():
-            logits, hidden = self._forward(inputs, positions, mask)  # [S, V], [S, H] or None
-            tokens = self._select(logits, running, write_index).tolist()
+            logits, hidden = self._forward(step[0, :, None], step[1, :, None], mask)  # [S, V]
+            tokens = self._select(logits, step[3], step[2]).tolist()
         self.stats.model_time_s += time.perf_counter() - start
         if hidden is not None:
             for sample, state in zip(running, hidden.float().cpu().numpy()):
                 sample.hidden_state = state  # the last layer at its latest token
         ended = self._record(running, tokens)
-        if self.step_log is not None:
+        if logs:
             self.step_log.append((time.perf_counter() - step_start,
                                   time.process_time() - cpu_start, [p + 1 for p in positions]))
         return ended
@@ -175,9 +177,9 @@ class SlotEngine:
             rows.append(self.cache.group_rows[sample.group_id])
         return inputs, positions, write_index, rows
 
-    def _forward(self, inputs: list[int], positions: list[int], mask: torch.Tensor):
-        input_ids = torch.tensor(inputs, device=self.device)[:, None]  # [S, 1]
-        position_ids = torch.tensor(positions, device=self.device)[:, None]  # [S, 1]
+    def _forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor):
+        """Logits [S, V] (and the last hidden states [S, H] if asked) of inputs [S, 1] at
+        positions [S, 1]."""
         with slot_attention(self.model, self.cache) if self.split else contextlib.nullcontext():
             out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
                              use_cache=True, output_hidden_states=self.options.hidden_states,
@@ -185,10 +187,8 @@ class SlotEngine:
         hidden = out.hidden_states[-1][:, -1] if self.options.hidden_states else None  # [S, H]
         return out.logits[:, -1].float(), hidden  # [S, V]
 
-    def _select(self, logits: torch.Tensor, running: list[Sample],
-                write_index: list[int]) -> torch.Tensor:
-        sample_ids = torch.tensor([s.sample_id for s in running], device=self.device)  # [S]
-        num_generated = torch.tensor(write_index, device=self.device)  # [S]
+    def _select(self, logits: torch.Tensor, sample_ids: torch.Tensor,
+                num_generated: torch.Tensor) -> torch.Tensor:  # [S, V], [S], [S] -> [S]
         if self.processor is not None:
             logits = self.processor(sample_ids, num_generated, logits)
         return select_tokens(logits, sample_ids, num_generated, self.options, self.warpers)
