@@ -156,3 +156,18 @@ def test_more_generated_problems_than_a_run_can_make_is_one_line(key, tmp_path):
     assert code == 2 and stderr.strip() == (f"infsamp train: error: {key}: must be between "
                                             f"{0 if 'eval' in key else 1} and 1,000,000 (got "
                                             "4000000000)")
+
+
+# ---- keep_best with a metric that never appears (held already: pinned here)
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["--checkpointing.keep_best", "eval/nonexistent"], "'eval/nonexistent' is not logged by "
+                                                        "evaluation (it logs eval/accuracy"),
+    (["--checkpointing.keep_best", "eval/accuracy", "--eval.num_problems", "0"],
+     "needs evaluations (eval.num_problems > 0)"),
+])
+def test_keep_best_with_a_metric_that_never_appears_is_one_line(extra, words, tmp_path):
+    code, stderr = run_train("checkpointing.keep_best", "flag", extra[1], tmp_path, *extra[2:])
+    assert code == 2 and len(stderr.strip().splitlines()) == 1 and words in stderr, stderr
+    assert not (tmp_path / "run").exists()

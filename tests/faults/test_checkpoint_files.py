@@ -51,6 +51,29 @@ def bad_json(checkpoint: Path) -> None:
     rehash(checkpoint, "training_state.json")
 
 
+def edit_state(change):
+    """Edit training_state.json by hand, hashes updated (issue 32: each resumed silently)."""
+    def edit(checkpoint: Path) -> None:
+        path = checkpoint / "training_state.json"
+        tree = json.loads(path.read_text())
+        change(tree)
+        path.write_text(json.dumps(tree))
+        rehash(checkpoint, "training_state.json")
+    return edit
+
+
+def edit_manifest(change):
+    def edit(checkpoint: Path) -> None:
+        manifest = json.loads((checkpoint / "manifest.json").read_text())
+        change(manifest)
+        (checkpoint / "manifest.json").write_text(json.dumps(manifest))
+    return edit
+
+
+def _nan_learning_rate(tree: dict) -> None:
+    tree["optimizer"]["param_groups"][0]["lr"] = float("nan")
+
+
 STATE = "training_state.safetensors"
 DAMAGE = {  # how checkpoint-6 is damaged -> words the skip line must contain
     "truncated weights": (lambda c: truncate(c / "model" / "model.safetensors"), "truncated"),
@@ -59,6 +82,20 @@ DAMAGE = {  # how checkpoint-6 is damaged -> words the skip line must contain
     "altered byte": (lambda c: flip_byte(c / STATE), "differs from its sha256"),
     "invalid state json": (bad_json, "training_state.json cannot be read"),
     "NaN weight": (nan_weight, "NaN or inf"),
+    # edited by hand, hashes updated (issue 32): a NaN learning rate trained NaN weights a step
+    # later; a step 'two' was a traceback; the rest resumed as if nothing had happened
+    "NaN learning rate": (edit_state(_nan_learning_rate),
+                          "optimizer.param_groups[0].lr is not a finite number"),
+    "inf in the scheduler": (edit_state(lambda t: t["scheduler"].update(_last_lr=[float("inf")])),
+                             "scheduler._last_lr[0] is not a finite number"),
+    "step 'two' in the state": (edit_state(lambda t: t.update(step="two")),
+                                "training_state.json is at step 'two', its manifest at step 6"),
+    "manifest of another step": (edit_manifest(lambda m: m.update(step=4)),
+                                 "its manifest is step 4's (copied or renamed"),
+    "manifest of another format": (edit_manifest(lambda m: m.update(format=9)),
+                                   "manifest.json is not a valid manifest"),
+    "a file taken out of the manifest": (edit_manifest(lambda m: m["files"].pop(
+        "model/config.json")), "holds model/config.json, which its manifest does not list"),
 }
 
 
@@ -112,6 +149,9 @@ def behind_valid_hash(name: str):
         shutil.copytree(checkpoint.parent / "checkpoint-6", checkpoint)
         (checkpoint / name).write_bytes(evil)
         rehash(checkpoint, name)
+        manifest = json.loads((checkpoint / "manifest.json").read_text())
+        manifest["step"] = 9  # its own step's (a copy of another step's is refused as such)
+        (checkpoint / "manifest.json").write_text(json.dumps(manifest))
     return craft
 
 

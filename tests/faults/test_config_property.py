@@ -70,10 +70,19 @@ BELOW = {  # int and float options -> their smallest valid value (values below i
     "checkpointing.save_every": 0, "checkpointing.keep_last": 1,
     "sampling.max_num_generations": 0, "sampling.dynamic_chunk": 0,
     "sampling.max_replaced_prompts": -1, "training.completions_per_step": 0,
+    "data.eval_fraction": 0, "distributed.failure_timeout_s": 1, "logging.completions_every": 0,
+    "rewards.timeout_s": 0, "sampling.grouping_epsilon": 0, "sampling.probe_tokens": 1,
+    "sampling.top_p": 0, "sampling.vllm_importance_sampling_cap": 1,
+    "training.top_entropy_quantile": 0,
 }
 ABOVE = {"training.adam_beta1": 1, "training.adam_beta2": 1, "training.warmup_ratio": 1,
          "model.lora_dropout": 1, "sampling.top_p": 1.0000001, "training.seed": 2**32,
-         "data.seed": 2**32, "training.num_threads": 4097}
+         "data.seed": 2**32, "training.num_threads": 4097, "data.eval_fraction": 1,
+         "training.top_entropy_quantile": 1.0000001, "data.num_train_examples": 1_000_001,
+         "data.num_eval_examples": 1_000_001}
+# every option that is a number has bad values below (or above) its range; these take any
+# finite number: a reward threshold (rewards may be negative) and sizes with no upper bound
+ANY_FINITE = {"eval.accuracy_threshold"}
 NAMED = {  # free-text options with a closed set of valid names
     "sampling.policy": lambda: outside(_names("infsamp.sampling.policies", "POLICIES")),
     "training.loss_type": lambda: outside(_names("infsamp.algorithm.losses", "LOSS_TYPES")),
@@ -189,3 +198,10 @@ def test_lora_targets_must_name_modules_of_the_model(target):
         code, stderr = run_train("model.lora_target_modules", "flag", target, Path(folder),
                                  "--model.lora_rank", "4")
     assert_one_line_naming("model.lora_target_modules", code, stderr)
+
+
+def test_every_numeric_option_gets_values_outside_its_range():
+    """The property test draws floats for integers, huge, negative, NaN and inf for every
+    option, and values just outside its range for each number that has one."""
+    numeric = {key for key, (annotation, _) in OPTIONS.items() if annotation in (int, float)}
+    assert numeric - set(BELOW) - ANY_FINITE == set()

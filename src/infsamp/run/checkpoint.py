@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -196,10 +197,21 @@ def set_aside(path: Path, suffix: str = ".damaged") -> Path:
 
 
 def verify_checkpoint(path: Path) -> None:
-    """Every file the manifest lists is there, whole and unaltered; CheckpointError says why not."""
+    """Every file the manifest lists is there, whole and unaltered, and it lists every file; a
+    checkpoint-N's manifest is step N's; CheckpointError says why not."""
     manifest = _read_manifest(path)
+    named = checkpoint_step(path)
+    if named is not None and manifest["step"] != named:
+        raise CheckpointError(f"{path}: its manifest is step {manifest['step']}'s (copied or "
+                              "renamed from another checkpoint)")
     for name, entry in manifest["files"].items():
         _verify_file(path, name, entry)
+    unlisted = sorted(str(p.relative_to(path)) for p in path.rglob("*")
+                      if p.is_file() and p.name != MANIFEST
+                      and str(p.relative_to(path)) not in manifest["files"])
+    if unlisted:
+        raise CheckpointError(f"{path}: holds {unlisted[0]}, which its manifest does not list "
+                              "(edited by hand, or added after saving)")
 
 
 def newest_verified(output_dir: Path, on_skip: Callable[[Path, str], None]) -> Path | None:
@@ -227,7 +239,35 @@ def load_checkpoint(path: Path) -> Checkpoint:
         model_tensors.update(read_tensors(file))
     if not model_tensors:
         raise CheckpointError(f"{path}: no weights in {MODEL_DIR}/")
-    return Checkpoint(path, int(state["step"]), state, model_tensors)
+    _check_state(path, state)
+    return Checkpoint(path, state["step"], state, model_tensors)
+
+
+def _check_state(path: Path, state: dict[str, Any]) -> None:
+    """The state names the manifest's step, and the optimizer's and scheduler's numbers are
+    finite (a NaN learning rate trains to NaN weights a step later)."""
+    step = state.get("step")
+    if not isinstance(step, int) or isinstance(step, bool) or step != _read_manifest(path)["step"]:
+        raise CheckpointError(f"{path}: {STATE_JSON} is at step {step!r}, its manifest at step "
+                              f"{_read_manifest(path)['step']}")
+    for part in ("optimizer", "scheduler"):
+        where = _non_finite_number(state.get(part), part)
+        if where is not None:
+            raise CheckpointError(f"{path}: {STATE_JSON}: {where} is not a finite number")
+
+
+def _non_finite_number(value: Any, where: str) -> str | None:
+    """Where in a nested state a float is NaN or inf (tensors are checked when read)."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else where
+    items = value.items() if isinstance(value, dict) else \
+        enumerate(value) if isinstance(value, (list, tuple)) else ()
+    for key, item in items:
+        found = _non_finite_number(item, f"{where}.{key}" if isinstance(key, str)
+                                   else f"{where}[{key}]")
+        if found is not None:
+            return found
+    return None
 
 
 def _read_manifest(path: Path) -> dict[str, Any]:
@@ -237,9 +277,11 @@ def _read_manifest(path: Path) -> dict[str, Any]:
         raise CheckpointError(f"{path}: no {MANIFEST}, the checkpoint is incomplete{old}")
     try:
         manifest = json.loads((path / MANIFEST).read_text())
-        files = manifest["files"]
+        files, step = manifest["files"], manifest["step"]
         if not isinstance(files, dict) or STATE_JSON not in files or STATE_TENSORS not in files:
             raise ValueError("files missing")
+        if manifest["format"] != FORMAT or not isinstance(step, int) or isinstance(step, bool):
+            raise ValueError("another format")
     except (ValueError, KeyError, TypeError, UnicodeDecodeError):
         raise CheckpointError(f"{path}: {MANIFEST} is not a valid manifest") from None
     return manifest
