@@ -70,6 +70,7 @@ BELOW = {  # int and float options -> their smallest valid value (values below i
     "checkpointing.save_every": 0, "checkpointing.keep_last": 1,
     "sampling.max_num_generations": 0, "sampling.dynamic_chunk": 0,
     "sampling.max_replaced_prompts": -1, "training.completions_per_step": 0,
+    "sampling.max_turns": 0, "tools.timeout_s": 0, "tools.max_workers": 1,
     "data.eval_fraction": 0, "distributed.failure_timeout_s": 1, "logging.completions_every": 0,
     "rewards.timeout_s": 0, "sampling.grouping_epsilon": 0, "sampling.probe_tokens": 1,
     "sampling.top_p": 0, "sampling.vllm_importance_sampling_cap": 1,
