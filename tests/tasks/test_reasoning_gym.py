@@ -138,3 +138,26 @@ def test_the_answer_instruction_follows_the_question():
                                     {"role": "assistant", "content": "ok"}]}, cfg, chat=True)
     assert chat[0]["content"] == "2+2?\n\nAnswer with <answer>N</answer>."
     assert chat[1]["content"] == "ok"
+
+
+def test_a_slow_generation_says_how_far_it_got(monkeypatch, capsys):
+    """A task that generates slowly (huge operands: `min_digits: 500` took minutes) prints its
+    progress on stderr instead of being silent."""
+    import time
+
+    from infsamp.tasks import reasoning_gym as rg
+
+    def slow(num):
+        for index in range(num):
+            time.sleep(0.02)
+            yield {"question": f"q{index}", "answer": "1", "metadata": {}}
+
+    monkeypatch.setattr(rg, "PROGRESS_EVERY_S", 0.05)
+    assert len(list(rg._with_progress(slow(10), "basic_arithmetic", 10))) == 10
+    lines = capsys.readouterr().err.splitlines()
+    assert lines and all(line.startswith("generating reasoning_gym:basic_arithmetic: ")
+                         for line in lines)
+    assert "of 10 problems" in lines[-1] and "s left)" in lines[-1]
+    monkeypatch.setattr(rg, "PROGRESS_EVERY_S", 60.0)  # a fast generation prints nothing
+    list(rg._with_progress(slow(3), "basic_arithmetic", 3))
+    assert capsys.readouterr().err == ""

@@ -32,6 +32,8 @@ import dataclasses
 import difflib
 import functools
 import json
+import sys
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +43,7 @@ from infsamp.errors import DataError
 
 INSTALL = "pip install reasoning-gym==0.1.25, or pip install 'infsamp[real]'"
 SPLIT_KEYS = ("seed", "size")  # decided here per split, from data.* when not given
+PROGRESS_EVERY_S = 5.0  # a generation this slow says how far it got
 
 
 @dataclass(frozen=True)
@@ -152,7 +155,22 @@ def _rows(name: str, options_json: str) -> list[dict[str, Any]]:
                                                  if k not in SPLIT_KEYS}}, sort_keys=True)
     return [{"prompt": entry["question"], "question": entry["question"],
              "answer": entry["answer"], "metadata": entry["metadata"], "task": task}
-            for entry in dataset]
+            for entry in _with_progress(dataset, name, int(options["size"]))]
+
+
+def _with_progress(dataset, name: str, size: int):
+    """The dataset's entries; a generation slower than PROGRESS_EVERY_S says how far it got
+    (one line on stderr each PROGRESS_EVERY_S), so a slow task (huge operands) is never silent."""
+    start = last = time.monotonic()
+    for index, entry in enumerate(dataset):
+        now = time.monotonic()
+        if now - last >= PROGRESS_EVERY_S:
+            last = now
+            done = index / size
+            left = (now - start) / done * (1 - done) if done else 0.0
+            print(f"generating reasoning_gym:{name}: {index:,} of {size:,} problems "
+                  f"({now - start:.0f} s, about {left:.0f} s left)", file=sys.stderr, flush=True)
+        yield entry
 
 
 @functools.lru_cache(maxsize=16)
