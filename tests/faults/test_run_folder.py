@@ -112,3 +112,31 @@ def test_resume_with_another_learning_rate_is_one_line(runner, reference, tiny_m
     assert code == 2
     assert "checkpoint-6 was trained with training.learning_rate 0.01 (this run: 0.5)" \
         in last_line(output)
+
+
+def test_a_read_only_run_folder_is_one_line(tmp_path, capsys):
+    """A run folder the user cannot write (read-only mount, another user's folder: faked, as the
+    test may run as root, where permissions do not apply) is one line at the claim, exit 2."""
+    import errno
+    import os
+    from unittest import mock
+
+    from infsamp import cli
+
+    folder = tmp_path / "read-only"
+    folder.mkdir()
+    real_open = os.open
+
+    def deny(path, flags, *args, **kwargs):
+        if str(path).startswith(str(folder)) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    with mock.patch("os.open", deny):
+        code = cli.main(["train", "--logging.output_dir", str(folder), "--training.max_steps", "1",
+                         "--eval.num_problems", "0"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert err[0] == (f"infsamp train: error: logging.output_dir {folder}: cannot create or lock "
+                      "it: Permission denied")
+    assert list(folder.iterdir()) == []
