@@ -24,8 +24,8 @@ import contextlib
 import functools
 import importlib.util
 import shutil
+import sys
 import types
-import warnings
 
 import torch
 
@@ -103,7 +103,7 @@ def resolve_precision(cfg: Config, device: torch.device | None = None) -> Precis
     _check_device(cfg, mode, device)
     _check_libraries(cfg, mode, lora, device)
     if mode.warning:
-        warnings.warn(mode.warning, stacklevel=1)
+        _say(mode.warning)
     return mode
 
 
@@ -129,9 +129,8 @@ def _check_device(cfg: Config, mode: PrecisionMode, device: torch.device) -> Non
             raise ConfigError(f"training.precision {mode.name}: this CPU / torch build cannot "
                               "compute in bf16; use training.precision fp32")
         if not cpu_has_native_bf16():
-            warnings.warn(f"training.precision {mode.name}: this CPU has no native bf16 "
-                          "(AVX512-BF16 or AMX); torch emulates it, slower than fp32",
-                          stacklevel=1)
+            _say(f"training.precision {mode.name}: this CPU has no native bf16 (AVX512-BF16 or "
+                 "AMX); torch emulates it, slower than fp32")
 
 
 def _check_libraries(cfg: Config, mode: PrecisionMode, lora: bool, device: torch.device) -> None:
@@ -157,3 +156,9 @@ def _check_torchao(option: str, other: str, device: torch.device) -> None:
     if device.type == "cpu" and not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
         raise ConfigError(f"{option}: torchao compiles its optimizer step and needs a C++ "
                           f"compiler on a CPU (install g++); or {other}")
+
+
+def _say(line: str) -> None:
+    """A setting that is valid but likely not meant: one plain line on stderr (as
+    `run.setup.warn_about_settings`), not a Python warning with its source line."""
+    print(f"warning: {line}", file=sys.stderr, flush=True)
