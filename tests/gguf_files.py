@@ -4,6 +4,8 @@
 metadata, a byte-level BPE tokenizer (three ChatML control tokens, the 256 byte symbols, two
 merges) with a chat template, and the weights under GGUF names, q/k rows permuted as llama.cpp
 does, 2-D weights as Q8_0 blocks and norms as F32. Returns the transformers model it came from.
+`lies={"add_block_count": 3}` writes that metadata value instead of the model's (a file whose
+metadata does not describe its tensors).
 """
 
 from __future__ import annotations
@@ -41,12 +43,20 @@ def _permute(weights: np.ndarray, num_heads: int) -> np.ndarray:
             .swapaxes(1, 2).reshape(weights.shape))
 
 
-def write_tiny_gguf(path: Path, architecture: str = "llama", seed: int = 0) -> LlamaForCausalLM:
+def _writing(add, value):
+    """A writer method that writes `value` whatever it is given (a lie in the metadata)."""
+    return lambda _: add(value)
+
+
+def write_tiny_gguf(path: Path, architecture: str = "llama", seed: int = 0,
+                    lies: dict[str, int] | None = None) -> LlamaForCausalLM:
     import gguf
 
     model = tiny_llama(seed)
     config = model.config
     writer = gguf.GGUFWriter(str(path), architecture)
+    for method, value in (lies or {}).items():
+        setattr(writer, method, _writing(getattr(writer, method), value))
     writer.add_name("tiny llama")
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)

@@ -90,6 +90,26 @@ DAMAGE = {  # how checkpoint-6 is damaged -> words the skip line must contain
                              "scheduler._last_lr[0] is not a finite number"),
     "step 'two' in the state": (edit_state(lambda t: t.update(step="two")),
                                 "training_state.json is at step 'two', its manifest at step 6"),
+    # the data position and the run's sizes, edited by hand (hashes updated): each resumed
+    "data position beyond the dataset": (edit_state(lambda t: t["data"].update(position=10**6)),
+                                         "data.position 1000000 is not an integer in [0, 40]"),
+    "negative data position": (edit_state(lambda t: t["data"].update(position=-3)),
+                               "data.position -3 is not an integer in [0, 40]"),
+    "non-integer data position": (edit_state(lambda t: t["data"].update(position=2.5)),
+                                  "data.position 2.5 is not an integer in [0, 40]"),
+    "negative micro group": (edit_state(lambda t: t["counters"]["sizes"].update(micro_group=-1)),
+                             "counters.sizes.micro_group -1 is not an integer in [0, 4096]"),
+    "huge micro group": (edit_state(lambda t: t["counters"]["sizes"].update(micro_group=10**9)),
+                         "counters.sizes.micro_group 1000000000 is not an integer in [0, 4096]"),
+    "non-integer micro group": (edit_state(lambda t: t["counters"]["sizes"].update(
+        micro_group=2.5)), "counters.sizes.micro_group 2.5 is not an integer in [0, 4096]"),
+    "zero training micro-batch": (edit_state(lambda t: t["counters"]["sizes"].update(
+        train_micro_batch_tokens=0)), "counters.sizes.train_micro_batch_tokens 0 is not an "
+        "integer in [1, 4294967295]"),
+    "negative training micro-batch": (edit_state(lambda t: t["counters"]["sizes"].update(
+        train_micro_batch_tokens=-64)), "train_micro_batch_tokens -64 is not an integer"),
+    "huge training micro-batch": (edit_state(lambda t: t["counters"]["sizes"].update(
+        train_micro_batch_tokens=2**40)), "train_micro_batch_tokens 1099511627776 is not an"),
     "manifest of another step": (edit_manifest(lambda m: m.update(step=4)),
                                  "its manifest is step 4's (copied or renamed"),
     "manifest of another format": (edit_manifest(lambda m: m.update(format=9)),

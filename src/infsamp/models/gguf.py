@@ -21,7 +21,10 @@ any checkpoint, in the run's dtype.
 
 `check_gguf_file` reads the header alone (transformers' own reader: no tensor data, well under a
 second) and gives one `ModelError` line for a file transformers cannot load: not a GGUF file, a
-truncated one, an architecture transformers does not read from GGUF, or the `gguf` package missing.
+truncated one, an architecture transformers does not read from GGUF, metadata that does not
+describe the tensors (`check_shape`: hidden size, layers, heads, KV heads, feed-forward size), or
+the `gguf` package missing. A mismatch the header check misses is still one line when the
+converted model cannot take the file's tensors, and leaves no cache folder.
 
 Deliberately simple: the cache is never pruned (`rm -r ~/.cache/infsamp/gguf` frees it); the
 converted weights are fp32 whatever the run's precision (the cast happens when a run loads them).
@@ -46,6 +49,9 @@ GGUF_SUFFIX = ".gguf"
 SOURCE_FILE = "gguf_source.json"  # written last: a folder without it is not a complete conversion
 _EDGE_BYTES = 1 << 20
 NOT_ARCHITECTURES = ("general", "tokenizer")  # keys of transformers' mapping that are not models
+# what the metadata says (key after "<architecture>.") -> (the tensor that holds it, its dim)
+SHAPE_KEYS = {"embedding_length": ("token_embd.weight", -1, "hidden size"),
+              "feed_forward_length": ("blk.0.ffn_up.weight", 0, "feed-forward size")}
 
 
 def cache_root() -> Path:
@@ -101,7 +107,7 @@ def check_gguf_file(path: Path) -> None:
     if importlib.util.find_spec("gguf") is None:
         raise ModelError(f"{where}: loading a GGUF file needs the gguf package "
                          "(pip install gguf==0.19.0, or pip install 'infsamp[real]')")
-    from transformers.integrations.gguf.reader import GgufHeader
+    from transformers.integrations.gguf.reader import GgufHeader, read_gguf_metadata
     from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
 
     try:
@@ -112,11 +118,47 @@ def check_gguf_file(path: Path) -> None:
     if header.architecture not in supported:
         raise ModelError(f"{where}: architecture {header.architecture!r}, which transformers "
                          f"cannot read from GGUF (it reads {', '.join(supported)})")
+    metadata, _ = read_gguf_metadata(str(path))
+    check_shape(where, metadata, {t.name: tuple(t.shape) for t in header.tensors})
     end = header.data_start + max((t.offset + t.nbytes for t in header.tensors), default=0)
     size = path.stat().st_size
     if size < end:
         raise ModelError(f"{where}: truncated ({size} bytes; its tensors end at byte {end}): "
                          "copy or download it again")
+
+
+def check_shape(where: str, metadata: dict, shapes: dict[str, tuple[int, ...]]) -> None:
+    """One ModelError line when the metadata's sizes are not its tensors' (`shapes`: name ->
+    torch-order shape), e.g. 'metadata says hidden size 64, but tensor token_embd.weight is
+    [261, 32]'."""
+    arch = metadata.get("general.architecture")
+    for key, (tensor, dim, what) in SHAPE_KEYS.items():
+        said = metadata.get(f"{arch}.{key}")
+        if said is not None and tensor in shapes and shapes[tensor][dim] != said:
+            raise ModelError(f"{where}: metadata says {what} {said}, but tensor {tensor} is "
+                             f"{list(shapes[tensor])}")
+    layers = {int(name.split(".")[1]) for name in shapes if name.startswith("blk.")}
+    said = metadata.get(f"{arch}.block_count")
+    if said is not None and layers != set(range(said)):
+        held = f"blk.0 to blk.{max(layers)}" if layers else "none"
+        raise ModelError(f"{where}: metadata says {said} layers, but its tensors hold "
+                         f"{len(layers)} ({held})")
+    _check_heads(where, arch, metadata, shapes)
+
+
+def _check_heads(where: str, arch: str, metadata: dict, shapes: dict) -> None:
+    """Query and key-value heads times the head size are the q and k projections' rows."""
+    heads, hidden = metadata.get(f"{arch}.attention.head_count"), \
+        metadata.get(f"{arch}.embedding_length")
+    if not heads or not hidden:
+        return
+    head_dim = metadata.get(f"{arch}.attention.key_length") or hidden // heads
+    kv_heads = metadata.get(f"{arch}.attention.head_count_kv", heads)
+    said = f"{heads} heads and {kv_heads} key-value heads of size {head_dim}"
+    for tensor, num_heads in (("blk.0.attn_q.weight", heads), ("blk.0.attn_k.weight", kv_heads)):
+        if tensor in shapes and shapes[tensor][0] != num_heads * head_dim:
+            raise ModelError(f"{where}: metadata says {said}, but tensor {tensor} is "
+                             f"{list(shapes[tensor])}")
 
 
 def ensure_converted(path: Path) -> Path:
@@ -191,7 +233,13 @@ def _convert(path: Path, out: Path) -> None:
     if hasattr(config, "quantization_config"):
         del config.quantization_config  # the weights below are plain fp32: nothing is quantised
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.load_state_dict(loaded.state_dict())
+    try:
+        model.load_state_dict(loaded.state_dict())
+    except RuntimeError as err:  # its metadata does not describe its tensors
+        mismatch = next((line.strip() for line in str(err).splitlines()[1:] if line.strip()),
+                        first_line(err))
+        raise ModelError(f"{where}: its metadata does not describe its tensors "
+                         f"({mismatch})") from None
     model.tie_weights()
     model.generation_config = loaded.generation_config
     out.mkdir(parents=True)

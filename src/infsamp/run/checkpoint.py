@@ -50,7 +50,7 @@ from infsamp.checkpoint_folders import (
 )
 from infsamp.errors import CheckpointError, NonFiniteError, first_non_finite
 from infsamp.files import fsync
-from infsamp.run.state_data import from_data, to_data
+from infsamp.run.state_data import bad_run_size, from_data, to_data
 
 STATE_JSON = "training_state.json"
 STATE_TENSORS = "training_state.safetensors"
@@ -254,6 +254,9 @@ def _check_state(path: Path, state: dict[str, Any]) -> None:
         where = _non_finite_number(state.get(part), part)
         if where is not None:
             raise CheckpointError(f"{path}: {STATE_JSON}: {where} is not a finite number")
+    bad_size = bad_run_size(state)
+    if bad_size is not None:
+        raise CheckpointError(f"{path}: {STATE_JSON}: {bad_size} (edited by hand?)")
 
 
 def _non_finite_number(value: Any, where: str) -> str | None:

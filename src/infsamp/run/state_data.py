@@ -14,6 +14,9 @@ not all plain strings {"__items__": [[key, value], ...]}; a numpy array {"__ndar
 (only the classes in `QUANTIZED_STATES`). Anything that is not data (a function, any other object)
 is refused at save time.
 
+`bad_run_size(state)` checks the sizes a resume takes from the state as they are (the data
+position and epoch, the sampler's g and the training micro-batch): a hand-edited one is named.
+
 Deliberately simple: tensors are moved to the CPU to be written; no sharding.
 """
 
@@ -25,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+MAX_INTEGER = 2**32 - 1  # config.MAX_INTEGER: every integer size of a run fits 32 bits
 MARKERS = ("__tensor__", "__tuple__", "__items__", "__ndarray__", "__subclass__", "__dtype__")
 QUANTIZED_STATES = ("torchao.optim.subclass_8bit.OptimState8bit",
                     "torchao.optim.subclass_4bit.OptimState4bit",
@@ -137,3 +141,29 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def bad_run_size(state: dict[str, Any]) -> str | None:
+    """'data.position -3 is not an integer in [0, 40]' for the first size a resume would take
+    that its run could not have written; None when every one is in range. The position is at
+    most the rows the run trained on (its identity's `num_train`, when recorded); g at most the
+    KV budget (each sample holds at least one token of it)."""
+    data, counters = state.get("data") or {}, state.get("counters") or {}
+    sizes = counters.get("sizes") or {}
+    num_train = ((state.get("run") or {}).get("data") or {}).get("num_train", MAX_INTEGER)
+    budget = sizes.get("kv_budget_tokens")
+    max_g = budget if _is_integer(budget) and budget > 0 else MAX_INTEGER
+    ranges = {"data.position": (data.get("position"), 0, num_train),
+              "data.epoch": (data.get("epoch"), 0, MAX_INTEGER),
+              "counters.micro_group": (counters.get("micro_group"), 0, MAX_INTEGER),
+              "counters.sizes.micro_group": (sizes.get("micro_group"), 0, max_g),
+              "counters.sizes.train_micro_batch_tokens": (sizes.get("train_micro_batch_tokens"),
+                                                          1, MAX_INTEGER)}
+    for where, (value, low, high) in ranges.items():
+        if not (_is_integer(value) and low <= value <= high):
+            return f"{where} {value!r} is not an integer in [{low}, {high}]"
+    return None
+
+
+def _is_integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
