@@ -147,3 +147,23 @@ def test_a_budget_that_holds_no_prompt_is_refused_before_anything_is_written(
         assert code == 2 and "cannot hold the longest prompt" in last_line(output), output
         assert "eval @" not in output
         assert not new.exists() and list(existing.iterdir()) == []
+
+
+@pytest.mark.parametrize("policy, budget", [("probe", "1"), ("continuous", "10")])
+def test_a_budget_that_holds_no_prompt_is_refused_before_the_weights_load(
+        tiny_config, policy, budget, tmp_path):
+    """Item 10's rule, "every size check that needs only the config and the model's shape runs
+    before the weights load": the KV budget is checked against the longest prompt from the
+    model's config, with the sampler's own rule and line, before any weight is read."""
+    from unittest import mock
+
+    from infsamp.errors import SamplingError
+    from infsamp.run.trainer import GRPOTrainer
+
+    cfg = tiny_config(**{"sampling.policy": policy, "sampling.kv_budget": budget,
+                         "logging.output_dir": str(tmp_path / "run")})
+    loaded = AssertionError("the weights loaded before the budget was checked")
+    with mock.patch("infsamp.run.trainer.load_model_and_tokenizer", side_effect=loaded), \
+            pytest.raises(SamplingError, match="cannot hold the longest prompt"):
+        GRPOTrainer(cfg)
+    assert not (tmp_path / "run").exists()

@@ -17,6 +17,8 @@ Deliberately simple: the reservation is the worst case (`max_new_tokens` per run
 
 from __future__ import annotations
 
+from infsamp.errors import SamplingError
+
 VLLM_BLOCK_SIZE = {"cpu": 32, "cuda": 16}  # tokens per vLLM KV block (CPU kernels want 32s)
 
 
@@ -111,6 +113,18 @@ def max_new_tokens_within(budget_tokens: int, prompt_tokens: int, max_new_tokens
     sample of a `prompt_tokens` prompt can reserve beside its prompt; 0 if not even one."""
     return largest_fitting(max_new_tokens, lambda m: kv_tokens_needed(
         1, m, prompt_tokens, 1, block_size) <= budget_tokens)
+
+
+def tokens_within_or_refuse(budget_tokens: int, prompt_tokens: int, max_new_tokens: int,
+                            block_size: int, kv_budget: str) -> int:
+    """`max_new_tokens_within`, refused in one line (SamplingError naming `sampling.kv_budget`)
+    when the budget cannot hold the prompt plus one token: the sampler's rule and the trainer's
+    check before the weights load."""
+    fits = max_new_tokens_within(budget_tokens, prompt_tokens, max_new_tokens, block_size)
+    if fits < 1:
+        raise SamplingError(f"sampling.kv_budget={kv_budget!r} ({budget_tokens} tokens) cannot "
+                            f"hold the longest prompt ({prompt_tokens} tokens) plus one token")
+    return fits
 
 
 def micro_group_within(budget_tokens: int, max_new_tokens: int, max_prompt_tokens: int,

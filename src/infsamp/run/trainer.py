@@ -116,7 +116,8 @@ class GRPOTrainer:
         warn_about_settings(cfg)
         seed_everything(cfg.training.seed)
         self._load_data(found)
-        check_fits_before_loading(cfg, self.device, self.ranks.world_size, self.ranks.strategy)
+        check_fits_before_loading(cfg, self.device, self.ranks.world_size, self.ranks.strategy,
+                                  max(len(p.token_ids) for p in self.train_prompts.prompts))
         self._load_model()
         planned = plan_run(cfg, self.model, self.device, self.ranks.world_size,
                            self.ranks.strategy)

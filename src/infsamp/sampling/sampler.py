@@ -35,7 +35,7 @@ from infsamp.config import SamplingConfig
 from infsamp.console import Notices
 from infsamp.errors import SamplingError
 from infsamp.models.loading import stop_token_ids
-from infsamp.planner.kv_budget import max_new_tokens_within, micro_group_within
+from infsamp.planner.kv_budget import micro_group_within, tokens_within_or_refuse
 from infsamp.planner.sizes import RunSizes
 from infsamp.sampling.engines.base import (
     DecodeOptions,
@@ -218,12 +218,8 @@ class GroupSampler:
     def _tokens_within(self, prompt_ids: list[list[int]], max_new: int, budget: int) -> int:
         """The new tokens per sample `budget` holds beside the longest prompt (at most max_new);
         SamplingError when it cannot hold that prompt plus one token."""
-        longest, block = max(len(p) for p in prompt_ids), self.engine.kv_block_size
-        fits = max_new_tokens_within(budget, longest, max_new, block)
-        if fits < 1:
-            raise SamplingError(f"sampling.kv_budget={self.cfg.kv_budget!r} ({budget} tokens) "
-                                f"cannot hold the longest prompt ({longest} tokens) plus one token")
-        return fits
+        return tokens_within_or_refuse(budget, max(len(p) for p in prompt_ids), max_new,
+                                       self.engine.kv_block_size, self.cfg.kv_budget)
 
     def _fit_budget(self, prompt_ids: list[list[int]], max_new: int, budget: int) -> int:
         """Budget must hold the longest prompt plus one token; a smaller max_new_tokens than asked

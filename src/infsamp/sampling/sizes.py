@@ -36,6 +36,7 @@ from infsamp.models.device import base_model, is_4bit, memory_bytes, runtime_byt
 from infsamp.models.loading import config_before_loading
 from infsamp.planner import shape_from_config
 from infsamp.planner.estimate import DEVICES
+from infsamp.planner.kv_budget import tokens_within_or_refuse
 from infsamp.planner.sizes import (
     RunSizes,
     kv_block_size,
@@ -117,8 +118,9 @@ def sampler_run_sizes(sampling: SamplingConfig, model: torch.nn.Module, max_prom
 
 
 def check_fits_before_loading(cfg: Config, device: torch.device, num_ranks: int = 1,
-                              strategy: str = "single") -> None:
-    """Refuse, before the weights load, a run that cannot fit (see the module docstring)."""
+                              strategy: str = "single", longest_prompt: int = 0) -> None:
+    """Refuse, before the weights load, a run that cannot fit (see the module docstring); with
+    `longest_prompt` (tokens) also a KV budget that cannot hold it plus one token."""
     num_samples = cfg.sampling.num_generations * prompts_per_rank(cfg, num_ranks)
     host = memory_bytes(torch.device("cpu"))[1]
     if num_samples * SAMPLE_HOST_BYTES > host:
@@ -134,6 +136,11 @@ def check_fits_before_loading(cfg: Config, device: torch.device, num_ranks: int 
                         strategy, quantized=cfg.model.load_in_4bit, dtype_bytes=None)
     _refuse_unless_fits(plan, sizes, device, " (planned from its config, before the weights "
                                              "load)")
+    if longest_prompt:
+        kind = "cuda" if device.type == "cuda" else "cpu"
+        block = kv_block_size(run_engine(cfg, kind, cfg.model.load_in_4bit), kind)
+        tokens_within_or_refuse(sizes.kv_budget_tokens, longest_prompt,
+                                cfg.sampling.max_new_tokens, block, cfg.sampling.kv_budget)
 
 
 def _plan(cfg: Config, shape, device: torch.device, model: torch.nn.Module, num_ranks: int,
