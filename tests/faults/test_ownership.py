@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shutil
 import signal
+import time
 
 from fault_harness import rows
 from fault_runs import run_args
@@ -57,10 +58,20 @@ def test_two_runs_started_together_into_one_folder(runner, tiny_model_dir, tmp_p
     """A new run and a requeued `auto` job at once: one trains, the other is refused."""
     out = tmp_path / "run"
     args = run_args(tiny_model_dir, out, "--training.max_steps", "2", "--eval.num_problems", "0")
-    children = [runner.start(args), runner.start([*args, "--checkpointing.resume", "auto"])]
-    codes = [child.wait() for child in children]
-    assert sorted(codes) == [0, 2], [child.output for child in children]
-    winner, loser = children if codes[0] == 0 else children[::-1]
+    # each holds after step 1 until told (SIGUSR1), so the other meets a live run whatever the
+    # machine's speed (on an idle machine the first finished before the second had started)
+    children = [runner.start(args, kill_at="pause@1"),
+                runner.start([*args, "--checkpointing.resume", "auto"], kill_at="pause@1")]
+    deadline = time.monotonic() + 120
+    while all(child.process.is_alive() for child in children):
+        assert time.monotonic() < deadline, [child.output for child in children]
+        time.sleep(0.05)
+    loser = next(child for child in children if not child.process.is_alive())
+    winner = next(child for child in children if child is not loser)
+    winner.wait_for("paused after step 1")
+    winner.signal(signal.SIGUSR1)
+    codes = [winner.wait(), loser.wait()]
+    assert codes == [0, 2], [child.output for child in children]
     assert f"in use by infsamp train (PID {winner.pid}, " in last_line(loser.output), loser.output
     assert [row["step"] for row in rows(out / "metrics.jsonl")] == [1, 2]
 
