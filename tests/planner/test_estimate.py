@@ -230,3 +230,23 @@ def test_auto_precision_is_the_trainers_default_per_device():
     assert plan(device="cpu").inputs.precision == "fp32"
 def test_micro_group_above_the_step_samples_means_all_of_them():
     assert plan(micro_group=10_000).micro_group == plan(micro_group=0).inputs.num_samples
+
+
+def test_the_shared_prompt_block_mask_is_counted_in_the_training_step():
+    """training.share_prompt: one bool mask [r, 1, W, W] per micro-batch, r x W = its tokens and
+    W at most the micro-batch and a whole group (P + G x R)."""
+    from dataclasses import replace
+
+    from infsamp.planner.estimate import shared_mask_bytes, training_moments
+    from infsamp.planner.inputs import PlanInputs
+    from infsamp.planner.presets import PRESETS
+
+    p = PlanInputs(PRESETS["qwen3-0.6b"], 16 * 2**30, num_generations=8, max_prompt_tokens=64,
+                   max_new_tokens=32, share_prompt=True)
+    assert shared_mask_bytes(p, 256) == 256 * 256  # W <= the micro-batch
+    assert shared_mask_bytes(p, 4096) == 4096 * (64 + 8 * 32)  # W <= one whole group
+    unshared = replace(p, share_prompt=False)
+    assert shared_mask_bytes(unshared, 4096) == 0
+    extra = (training_moments(p, 4096)["backward"]["activations"]
+             - training_moments(unshared, 4096)["backward"]["activations"])
+    assert extra == 4096 * 320

@@ -362,12 +362,25 @@ def training_moments(p: PlanInputs, micro_batch_tokens: int) -> dict[str, dict[s
     vocab_grad = embedding_grad_bytes(p)
     tied_factor = 3 if p.shape.tie_word_embeddings else 1
     return {
-        "backward": dict(activations=micro_batch_tokens * activation_bytes_per_token(p),
+        "backward": dict(activations=micro_batch_tokens * activation_bytes_per_token(p)
+                         + shared_mask_bytes(p, micro_batch_tokens),
                          logits=train_logits_bytes(p, micro_batch_tokens),
                          gradients=vocab_grad, compute_copies=compute_copy_bytes(p)),
         "end of backward": dict(gradients=tied_factor * vocab_grad),
         "optimizer step": dict(optimizer=optimizer_step_temporaries(p)),
     }
+
+
+def shared_mask_bytes(p: PlanInputs, micro_batch_tokens: int) -> int:
+    """With `share_prompt` a micro-batch is r rows of width W (a prompt and as many of its
+    completions as fit behind it) under one bool block mask [r, 1, W, W], alive through the
+    forward and backward: r x W x W = tokens x W bytes, W at most the micro-batch and at most a
+    whole group (P + G x R). Deliberately simple: the attention kernel's own float copy of the
+    mask is a temporary of one layer, not counted."""
+    if not p.share_prompt:
+        return 0
+    group_width = p.max_prompt_tokens + p.num_generations * p.max_new_tokens
+    return micro_batch_tokens * min(micro_batch_tokens, group_width)
 
 
 def peak_training_moment(p: PlanInputs, micro_batch_tokens: int) -> tuple[str, dict[str, int]]:

@@ -55,6 +55,7 @@ class PlanInputs:
     kv_budget_tokens: int = 0  # the run's KV budget (RunSizes'); 0: `auto`, what g needs
     policy: str = "continuous"  # the sampling policy (`probe` runs more than g at once)
     probe_tokens: int = PROBE_TOKENS  # probe: KV tokens a new sample first reserves (k)
+    share_prompt: bool = False  # training.share_prompt: rows under a [r, 1, W, W] block mask
 
     @property
     def kv_block_size(self) -> int:

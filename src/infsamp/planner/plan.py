@@ -155,7 +155,8 @@ def plan_memory(shape: ModelShape, *, gpu_memory_bytes: int, num_generations: in
                 engine_sleep: bool = True, num_devices: int = 1,
                 strategy: str = "single", num_prompts: int = 1,
                 runtime_bytes: int | None = None, kv_budget_tokens: int = 0,
-                policy: str = "continuous", probe_tokens: int = PROBE_TOKENS) -> MemoryPlan:
+                policy: str = "continuous", probe_tokens: int = PROBE_TOKENS,
+                share_prompt: bool = False) -> MemoryPlan:
     """Estimate both phases, choose g and the micro-batch, and advise when it does not fit.
 
     One device's step samples `num_prompts` (B) prompts x `num_generations` (G).
@@ -164,7 +165,8 @@ def plan_memory(shape: ModelShape, *, gpu_memory_bytes: int, num_generations: in
     and `strategy` (ddp, fsdp) every figure is one device's (planner/parallel.py).
     `runtime_bytes`: the runtime's resident memory outside the tensors, measured by the caller
     (None: the device's assumed default). The run's `kv_budget_tokens` (0: what g needs),
-    `policy` and `probe_tokens` decide what the engine allocates (`estimate.kv_cache_tokens`)."""
+    `policy` and `probe_tokens` decide what the engine allocates (`estimate.kv_cache_tokens`);
+    `share_prompt` adds the training step's block mask (`estimate.shared_mask_bytes`)."""
     p = PlanInputs(
         shape, int(gpu_memory_bytes), num_generations, max_prompt_tokens, max_new_tokens,
         lora_rank=lora_rank, lora_targets=tuple(lora_targets), optimizer=optimizer,
@@ -175,7 +177,8 @@ def plan_memory(shape: ModelShape, *, gpu_memory_bytes: int, num_generations: in
         engine=engine, engine_sleep=engine_sleep, num_devices=num_devices, strategy=strategy,
         num_prompts=num_prompts,
         runtime_bytes=None if runtime_bytes is None else int(runtime_bytes),
-        kv_budget_tokens=kv_budget_tokens, policy=policy, probe_tokens=probe_tokens)
+        kv_budget_tokens=kv_budget_tokens, policy=policy, probe_tokens=probe_tokens,
+        share_prompt=share_prompt)
     validate_inputs(p)
     g, tokens = _choose(p)
     shown_g, shown_tokens = _shown_sizes(p, g, tokens)

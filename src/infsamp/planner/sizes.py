@@ -242,7 +242,8 @@ def plan_run_sizes(cfg: Config, shape: ModelShape, memory_bytes: int, *, device:
         train_micro_batch_tokens=training.train_micro_batch_tokens,  # 0: the plan picks it
         engine_sleep=sampling.vllm_sleep != "off" and device == "cuda",
         num_devices=num_ranks, strategy=strategy, runtime_bytes=runtime_bytes,
-        policy=sampling.policy, probe_tokens=sampling.probe_tokens)
+        policy=sampling.policy, probe_tokens=sampling.probe_tokens,
+        share_prompt=training.share_prompt)
     precision = resolve_precision_name(training.precision, device)
     per_token = kv_bytes_per_token(shape, dtype_bytes or base_dtype(
         PRECISIONS[precision], model.lora_rank > 0))
