@@ -5,9 +5,14 @@ deterministic scripted tool, replays to the engine's decode steps under every po
 
 from __future__ import annotations
 
+import json
+import threading
+import time
+
 import pytest
 import torch
 
+from infsamp.cli import main
 from infsamp.config import SamplingConfig
 from infsamp.errors import DataError
 from infsamp.models.tiny import build_model, build_tokenizer
@@ -18,6 +23,7 @@ from infsamp.sampling.simulator import (
     _call_samples,
     _call_turns,
     episode_turns,
+    group_turns,
     read_trace,
     run_call,
     simulate,
@@ -65,19 +71,43 @@ class AtOnceTool:
         return ready
 
 
-def sample(model, policy, kv_budget, predictor=None, **options):
+class SlowTool(AtOnceTool):
+    """The same answers, each from a thread after `delay_s`."""
+
+    def __init__(self, delay_s: float):
+        super().__init__()
+        self.delay_s, self.lock = delay_s, threading.Lock()
+
+    def submit(self, sample):
+        def run():
+            time.sleep(self.delay_s)
+            with self.lock:
+                AtOnceTool.submit(self, sample)
+
+        threading.Thread(target=run).start()
+
+    def answered(self, timeout_s):
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self.lock:
+                if self.done or time.monotonic() >= deadline:
+                    return AtOnceTool.answered(self, 0)
+            time.sleep(0.001)
+
+
+def sample(model, policy, kv_budget, predictor=None, tool=None, **options):
     cfg = SamplingConfig(policy=policy, micro_group=3, kv_budget=kv_budget, max_new_tokens=MAX_NEW,
                          temperature=1.0, predictor="none", max_turns=3, **options)
     generator = torch.Generator().manual_seed(7)
     return GroupSampler(model, None, cfg, predictor).sample(
         PROMPTS, GROUP_SIZE, generator=generator, logits_processor_factory=EosBoost,
-        turns=AtOnceTool())
+        turns=tool or AtOnceTool())
 
 
 def trace_of(result, path) -> list[TraceGroup]:
     """The call as a trace with turns, written and read back."""
     groups = [TraceGroup(str(number), len(prompt), [c.length for c in group],
-                         turns=[episode_turns(c.length, c.context_spans) for c in group])
+                         turns=group_turns(group))
               for number, (prompt, group) in enumerate(zip(PROMPTS, result.groups))]
     write_trace(groups, path)
     return read_trace(path)
@@ -170,3 +200,33 @@ def test_a_trace_without_turns_reads_and_replays_as_before(tmp_path):
     write_trace([TraceGroup("p", 4, [5, 10])], path)
     assert "turns" not in path.read_text() and read_trace(path)[0].turns is None
     assert simulate(read_trace(path), "continuous", 2).decode_steps == 10
+
+
+def test_simulate_replays_turns_with_step_seconds(tmp_path, capsys):
+    path = tmp_path / "trace.jsonl"
+    write_trace(two_samples(1.0), path)
+    for step_seconds, steps in (("0", 10), ("0.1", 12)):
+        assert main(["simulate", "--trace", str(path), "--micro-group", "2", "--json",
+                     "--step-seconds", step_seconds]) == 0
+        result = json.loads(capsys.readouterr().out)
+        assert (result["decode_steps"], result["num_tool_turns"]) == (steps, 1)
+    assert main(["simulate", "--trace", str(path), "--micro-group", "2",
+                 "--step-seconds", "-1"]) == 2
+    assert "--step-seconds must be >= 0" in capsys.readouterr().err
+
+
+def test_the_trace_keeps_each_calls_latency(model, tmp_path):
+    """A tool that answers after 20 ms: each traced tool turn holds a latency of at least that,
+    the same episodes as at once (a replay at zero latency then takes the at-once engine's
+    decode steps; at the recorded latencies the wall-clock schedule is not decode steps)."""
+    slow = sample(model, "continuous", "100000", tool=SlowTool(0.02))
+    groups = trace_of(slow, tmp_path / "trace.jsonl")
+    calls = [turn for group in groups for episode in group.turns for turn in episode[:-1]]
+    assert len(calls) == slow.stats.num_tool_turns > 0
+    assert all(latency_s >= 0.02 for _, _, latency_s in calls)
+    at_once = sample(model, "continuous", "100000")
+    assert [c.token_ids for c in slow.completions] == [c.token_ids for c in at_once.completions]
+    samples, lengths = _call_samples(groups, MAX_NEW)
+    replay = run_call(samples, lengths, "continuous", at_once.stats.micro_group, 100000,
+                      turns=_call_turns(groups))
+    assert replay.decode_steps == at_once.stats.decode_steps

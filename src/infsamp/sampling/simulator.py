@@ -45,7 +45,7 @@ from infsamp.sampling.policies import uses_predictor
 from infsamp.sampling.predictors import make_predictor
 from infsamp.sampling.scheduler import SlotScheduler
 from infsamp.sampling.turns import TurnLoop
-from infsamp.sampling.types import Sample, SamplerStats
+from infsamp.sampling.types import Completion, Sample, SamplerStats
 
 
 @dataclass
@@ -187,6 +187,17 @@ def episode_turns(length: int, context_spans: Sequence[tuple[int, int]],
         position = end
     turns.append([length - position, 0, 0.0])
     return turns
+
+
+def group_turns(completions: Sequence[Completion]) -> list[list[list]] | None:
+    """A group's `turns` for a trace line: None when none of its completions called a tool.
+    A call whose answer had no tokens leaves no context span: its turn is not traced (it
+    replays merged with the next one), and its completion's latencies are left at 0."""
+    if not any(c.context_spans for c in completions):
+        return None
+    return [episode_turns(c.length, c.context_spans, [round(s, 6) for s in c.tool_latencies_s]
+                          if len(c.tool_latencies_s) == len(c.context_spans) else ())
+            for c in completions]
 
 
 def synthetic_trace(num_groups: int, group_size: int, epochs: int = 1, seed: int = 0,
