@@ -169,11 +169,12 @@ def write_completions(path: str, texts: list[str], result) -> None:
 
 def write_lengths_trace(path: str, texts: list[str], prompt_ids: list[list[int]], result,
                         prefix_tokens: int = 16) -> None:
-    """The `infsamp simulate` trace: lengths and each completion's first `prefix_tokens` ids."""
-    from infsamp.sampling.simulator import TraceGroup, write_trace
+    """The `infsamp simulate` trace: lengths, each completion's first `prefix_tokens` ids, and
+    its turns when the group called tools."""
+    from infsamp.sampling.simulator import TraceGroup, group_turns, write_trace
 
     write_trace([TraceGroup(text, len(ids), [c.length for c in group],
                             first_tokens=[list(c.token_ids[:prefix_tokens]) for c in group]
-                            if prefix_tokens else None)
+                            if prefix_tokens else None, turns=group_turns(group))
                  for text, ids, group in zip(texts, prompt_ids, result.groups)], path)
     print(f"wrote {path}")

@@ -7,6 +7,9 @@
     infsamp simulate --synthetic lognormal --groups 20 --num-generations 32 --micro-group 8 \
         --plot quality.png
 
+A trace with turns (tool calls, `sampling.simulator`) replays its episodes: `--step-seconds S`
+makes a call of latency L wait ceil(L / S) decode steps; 0 (the default) answers it at the next.
+
 `--plot` sweeps predictor quality (the true length times a log-normal error, sigma 0 .. 1.5, plus
 the `none` and `online` predictors) under `length_aware` and draws decode steps against the measured
 Kendall tau, with `continuous` and the lower bound as lines and `rounds` as a number.
@@ -95,6 +98,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup-steps", type=int, default=0,
                         help="replay the first N training steps (the predictor learns) but leave "
                              "them out of the figures, as bench scheduling measures its last epoch")
+    parser.add_argument("--step-seconds", type=float, default=0.0,
+                        help="a trace with turns: seconds per decode step; a tool call waits "
+                             "ceil(latency / step-seconds) decode steps (0: answered at the next "
+                             "step)")
     parser.add_argument("--length-sorted", action="store_true",
                         help="rounds: fill from the longest predicted")
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
@@ -112,7 +119,8 @@ def run(args: argparse.Namespace) -> int:
     progress = Progress(replays * sum(sum(g.lengths) for g in groups))
     result = simulate(groups, args.policy, args.micro_group, args.kv_budget, args.predictor,
                       args.prompts_per_step, args.max_new_tokens, warmup_steps=args.warmup_steps,
-                      on_tokens=progress, **_policy_options(args))
+                      on_tokens=progress, step_seconds=args.step_seconds,
+                      **_policy_options(args))
     _print(result, args)
     if args.plot:
         _plot(groups, args, progress)
@@ -158,6 +166,8 @@ def _check_arguments(args) -> None:
         raise SamplingError("give --micro-group or --kv-budget (or both)")
     if not 0 < args.epsilon < math.inf:
         raise SamplingError(f"--epsilon must be > 0 and finite, got {args.epsilon}")
+    if not 0 <= args.step_seconds < math.inf:
+        raise SamplingError(f"--step-seconds must be >= 0 and finite, got {args.step_seconds}")
     if not args.park_ratio > 0:
         raise SamplingError(f"--park-ratio must be > 0, got {args.park_ratio}")
     if args.predictor.partition(":")[0] == "hidden":
@@ -214,7 +224,8 @@ def _policy_options(args) -> dict:
 SCHEDULE_KEYS = ("decode_steps", "lower_bound", "opt_lower_bound", "peak_kv_tokens_used",
                  "num_samples", "generated_tokens", "num_calls", "micro_group", "peak_rows",
                  "row_steps",
-                 "num_preemptions", "recomputed_tokens", "predictor_kendall_tau", "predictor_mae")
+                 "num_preemptions", "recomputed_tokens", "predictor_kendall_tau", "predictor_mae",
+                 "num_tool_turns", "context_tokens")
 
 
 def _print(result: SamplerStats, args) -> None:
@@ -232,6 +243,9 @@ def _print(result: SamplerStats, args) -> None:
     if result.num_preemptions:
         print(f"parked {result.num_preemptions} times, {result.recomputed_tokens} tokens "
               "recomputed")
+    if result.num_tool_turns:
+        print(f"tool turns {result.num_tool_turns}, {result.context_tokens} context tokens "
+              f"appended (step seconds {args.step_seconds})")
     if result.peak_rows > result.micro_group:
         print(f"rows per decode step: {result.mean_rows:.1f} mean, "
               f"{result.peak_rows} at most")
@@ -250,7 +264,7 @@ def _plot(groups, args, progress: Progress) -> None:
         options = {**_policy_options(args), "refill": refill} if policy == "length_aware" else {}
         return simulate(groups, policy, args.micro_group, args.kv_budget, predictor,
                         args.prompts_per_step, args.max_new_tokens, warmup_steps=args.warmup_steps,
-                        on_tokens=progress, **options)
+                        on_tokens=progress, step_seconds=args.step_seconds, **options)
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for refill, marker in (("sjf", "o"), ("ljf", "s")):

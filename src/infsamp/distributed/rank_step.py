@@ -39,10 +39,12 @@ from typing import Any
 from infsamp.distributed.rank_assignment import assign, imbalance, rank_loads
 from infsamp.distributed.ranks import Ranks
 from infsamp.rewards.compute import RewardResult
+from infsamp.sampling.simulator import group_turns
 from infsamp.sampling.types import COMBINE, COMBINED, Completion
 
 LINE_KEYS = ("prompt_id", "prompt_tokens", "lengths",  # a lengths.jsonl line (`infsamp simulate`)
-             "first_tokens")  # each completion's first sampling.predictor_prefix_tokens ids
+             "first_tokens",  # each completion's first sampling.predictor_prefix_tokens ids
+             "turns")  # with tool calls: per completion its turns (`simulator.episode_turns`)
 
 
 @dataclass
@@ -227,10 +229,13 @@ def _records(batch, share: list[int], groups, rewards: RewardResult,
         _, prompt = batch[position]
         rows = slice(start, start + len(group))
         start += len(group)
-        first = {"first_tokens": [list(c.token_ids[:prefix_tokens]) for c in group]} \
+        extra = {"first_tokens": [list(c.token_ids[:prefix_tokens]) for c in group]} \
             if prefix_tokens else {}
+        turns = group_turns(group)
+        if turns is not None:
+            extra["turns"] = turns
         records.append({"prompt_id": str(prompt.index), "prompt_tokens": len(prompt.token_ids),
-                        "lengths": [c.length for c in group], **first,
+                        "lengths": [c.length for c in group], **extra,
                         "finish": [c.finish_reason for c in group],
                         "context_tokens": [c.num_context_tokens for c in group],
                         "total": rewards.total[rows],

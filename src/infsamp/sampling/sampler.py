@@ -286,5 +286,5 @@ class GroupSampler:
             groups[sample.group_id].append(Completion(
                 list(ids), text, len(ids), sample.finish_reason, sample.group_id,
                 sample.index_in_group, sample.logprobs, list(sample.context_spans),
-                sample.num_turns, sample.num_context_tokens))
+                sample.num_turns, sample.num_context_tokens, list(sample.tool_latencies_s)))
         return groups

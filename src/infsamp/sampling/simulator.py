@@ -13,6 +13,18 @@ token-conditioned predictor sees the prefixes the model wrote. Past them, or in 
 them, a sample's tokens are placeholder ids (0): the predictor learns only that it survived k
 tokens. Readers take lines with or without the field. `synthetic_trace` draws the paper's
 length-controlled workload (log-normal medians per prompt, log-normal lengths around them).
+
+Multi-turn episodes (tool calls, `turns.py`): a line may hold `"turns"`, per completion a list of
+its turns `[model_tokens, context_tokens, tool_latency_s]` (`episode_turns` builds them from a
+completion); every turn but the last ended in a tool call, whose answer added `context_tokens`
+tokens, and the last one has none; a completion's turns sum to its length. The replay drives
+`turns.TurnLoop` (the sampler's own turn loop) with `TraceTurns`: a turn ends with finish reason
+"tool_call" after its model tokens, the sample waits (parked) while the call "runs", and resumes
+with its context tokens appended. The rule for the wait: a call made in decode step n is answered
+before decode step n + 1 + ceil(latency_s / step_seconds); `step_seconds` 0 (the default) is a
+zero-latency replay, the answer there at the next step, as a tool that answers at once in the
+real loop. When every sample left waits, the clock jumps to the first answer (idle time is not
+decode steps). A line without turns replays as single-turn samples.
 """
 
 from __future__ import annotations
@@ -32,7 +44,8 @@ from infsamp.sampling.length_predictor import LengthPredictor, OraclePredictor
 from infsamp.sampling.policies import uses_predictor
 from infsamp.sampling.predictors import make_predictor
 from infsamp.sampling.scheduler import SlotScheduler
-from infsamp.sampling.types import Sample, SamplerStats
+from infsamp.sampling.turns import TurnLoop
+from infsamp.sampling.types import Completion, Sample, SamplerStats
 
 
 @dataclass
@@ -42,6 +55,8 @@ class TraceGroup:
     lengths: list[int]
     prompt_text: str = ""  # optional in a trace; gives the online predictor its prompt features
     first_tokens: list[list[int]] | None = None  # optional: each completion's first token ids
+    # optional: per completion its turns [model_tokens, context_tokens, tool_latency_s]
+    turns: list[list[list]] | None = None
 
 
 # ---- traces -------------------------------------------------------------------------------------
@@ -95,8 +110,39 @@ def _parse_line(path: Path, number: int, line: str) -> TraceGroup:
     first = row.get("first_tokens")
     if first is not None:
         _check_first_tokens(where, first, lengths)
+    turns = row.get("turns")
+    if turns is not None:
+        _check_turns(where, turns, lengths)
     return TraceGroup(str(row["prompt_id"]), row["prompt_tokens"], list(lengths), text,
-                      [list(ids) for ids in first] if first is not None else None)
+                      [list(ids) for ids in first] if first is not None else None,
+                      [[list(turn) for turn in episode] for episode in turns]
+                      if turns is not None else None)
+
+
+def _check_turns(where: str, turns, lengths: list[int]) -> None:
+    """Per completion a list of [model_tokens >= 1, context_tokens >= 0, latency_s >= 0] turns,
+    the last without context, summing to its length."""
+    if not isinstance(turns, list) or len(turns) != len(lengths):
+        raise DataError(f"{where}: turns must hold one list of turns per length ({len(lengths)})")
+    for position, (episode, length) in enumerate(zip(turns, lengths)):
+        name = f"{where}: turns[{position}]"
+        if not isinstance(episode, list) or not episode:
+            raise DataError(f"{name} must be a non-empty list of turns")
+        for turn in episode:
+            if not (isinstance(turn, list) and len(turn) == 3 and _is_int(turn[0]) and turn[0] >= 1
+                    and _is_int(turn[1]) and turn[1] >= 0 and _is_seconds(turn[2])):
+                raise DataError(f"{name}: a turn is [model_tokens >= 1, context_tokens >= 0, "
+                                f"tool_latency_s >= 0], got {turn!r}")
+        if episode[-1][1]:
+            raise DataError(f"{name}: the last turn has context tokens (it made no tool call)")
+        total = sum(turn[0] + turn[1] for turn in episode)
+        if total != length:
+            raise DataError(f"{name}: its turns hold {total} tokens, its length is {length}")
+
+
+def _is_seconds(value) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and 0 <= value < math.inf)
 
 
 def _check_first_tokens(where: str, first, lengths: list[int]) -> None:
@@ -125,7 +171,33 @@ def write_trace(groups: Iterable[TraceGroup], path: str | Path) -> None:
                 row["prompt_text"] = group.prompt_text
             if group.first_tokens is not None:
                 row["first_tokens"] = group.first_tokens
+            if group.turns is not None:
+                row["turns"] = group.turns
             handle.write(json.dumps(row) + "\n")
+
+
+def episode_turns(length: int, context_spans: Sequence[tuple[int, int]],
+                  latencies_s: Sequence[float] = ()) -> list[list]:
+    """A completion's turns for a trace, from its context spans (`Completion.context_spans`) and
+    each tool call's latency in seconds (0 where not given)."""
+    turns, position = [], 0
+    for number, (start, end) in enumerate(context_spans):
+        latency = latencies_s[number] if number < len(latencies_s) else 0.0
+        turns.append([start - position, end - start, latency])
+        position = end
+    turns.append([length - position, 0, 0.0])
+    return turns
+
+
+def group_turns(completions: Sequence[Completion]) -> list[list[list]] | None:
+    """A group's `turns` for a trace line: None when none of its completions called a tool.
+    A call whose answer had no tokens leaves no context span: its turn is not traced (it
+    replays merged with the next one), and its completion's latencies are left at 0."""
+    if not any(c.context_spans for c in completions):
+        return None
+    return [episode_turns(c.length, c.context_spans, [round(s, 6) for s in c.tool_latencies_s]
+                          if len(c.tool_latencies_s) == len(c.context_spans) else ())
+            for c in completions]
 
 
 def synthetic_trace(num_groups: int, group_size: int, epochs: int = 1, seed: int = 0,
@@ -186,11 +258,16 @@ def _token_length(solution: str) -> int:
 class TraceEngine:
     """Stands in for the model: a sample ends after exactly its traced length of decode steps.
     Its tokens are the traced first tokens, then placeholders (id 0). A parked sample keeps its
-    tokens and resumes where it stopped, as on an engine."""
+    tokens and resumes where it stopped, as on an engine. With `turns` (a `TraceTurns`), a turn
+    ends with finish reason "tool_call" where the trace's did, as an engine's turn ends at a
+    stop token when `DecodeOptions.turn_ends` says so."""
 
-    def __init__(self, lengths: Sequence[int], first_tokens: Sequence[Sequence[int]] = ()):
+    def __init__(self, lengths: Sequence[int], first_tokens: Sequence[Sequence[int]] = (),
+                 turns: TraceTurns | None = None,
+                 turn_ends: Callable[[Sample], bool] | None = None):
         self.lengths = lengths
         self.first_tokens = first_tokens  # per sample id; () when the trace has none
+        self.turns, self.turn_ends = turns, turn_ends
 
     def start(self, slot: int, sample: Sample) -> None:
         pass
@@ -198,34 +275,103 @@ class TraceEngine:
     def decode_step(self, active: dict[int, Sample]) -> list[Sample]:
         finished = []
         for sample in active.values():
-            traced = self.first_tokens[sample.sample_id] if self.first_tokens else ()
-            position = sample.num_tokens
-            sample.token_ids.append(traced[position] if position < len(traced) else 0)
+            sample.token_ids.append(self.token_at(sample.sample_id, sample.num_tokens))
             if sample.num_tokens >= self.lengths[sample.sample_id]:
                 sample.finish_reason = "length"
                 finished.append(sample)
+            elif (self.turns is not None and self.turns.ends_turn(sample)
+                  and self.turn_ends(sample)):
+                sample.finish_reason = "tool_call"
+                finished.append(sample)
         return finished
+
+    def token_at(self, sample_id: int, position: int) -> int:
+        traced = self.first_tokens[sample_id] if self.first_tokens else ()
+        return traced[position] if position < len(traced) else 0
+
+
+class TraceTurns:
+    """The `TurnHandler` of a replay: a sample's turn holds a tool call where the trace's ended
+    in one; its answer is the traced number of context tokens, ready after the traced latency
+    in decode steps (the module docstring's rule). `tick()` after each decode step."""
+
+    def __init__(self, turns: Sequence[Sequence[Sequence]], engine: TraceEngine,
+                 step_seconds: float = 0.0):
+        self.step_seconds, self.engine = step_seconds, engine
+        self.calls = [self._calls_of(episode) for episode in turns]  # sample id -> end -> call
+        self.now = 0  # decode steps so far
+        self.pending: list[tuple[int, Sample, int]] = []  # (answered before step, sample, tokens)
+
+    @staticmethod
+    def _calls_of(episode: Sequence[Sequence]) -> dict[int, tuple[int, float]]:
+        """Token position where each tool turn ends -> (context tokens, latency_s)."""
+        calls, position = {}, 0
+        for model_tokens, context_tokens, latency_s in episode[:-1]:
+            position += model_tokens
+            calls[position] = (context_tokens, latency_s)
+            position += context_tokens
+        return calls
+
+    def ends_turn(self, sample: Sample) -> bool:
+        return sample.num_tokens in self.calls[sample.sample_id]
+
+    def continues(self, sample: Sample) -> bool:
+        return self.ends_turn(sample)
+
+    def submit(self, sample: Sample) -> None:
+        context_tokens, latency_s = self.calls[sample.sample_id][sample.num_tokens]
+        wait = math.ceil(latency_s / self.step_seconds) if self.step_seconds > 0 else 0
+        self.pending.append((self.now + 1 + wait, sample, context_tokens))
+
+    def answered(self, timeout_s: float) -> list[tuple[Sample, list[int]]]:
+        """The calls due by now; blocking (timeout_s > 0, nothing decodes): the clock jumps to
+        the first due."""
+        if timeout_s > 0 and self.pending:
+            self.now = max(self.now, min(due for due, _, _ in self.pending))
+        ready = [(sample, tokens) for due, sample, tokens in self.pending if due <= self.now]
+        self.pending = [entry for entry in self.pending if entry[0] > self.now]
+        return [(sample, [self.engine.token_at(sample.sample_id, sample.num_tokens + i)
+                          for i in range(tokens)]) for sample, tokens in ready]
+
+    def tick(self) -> None:
+        self.now += 1
 
 
 def run_call(samples: Sequence[Sample], lengths: Sequence[int], policy: str, micro_group: int,
              max_kv_tokens: int = 0, predictor: LengthPredictor | None = None,
              kv_block_size: int = 1, first_tokens: Sequence[Sequence[int]] = (),
-             on_tokens: Callable[[int], None] | None = None, **policy_options) -> SamplerStats:
-    """One sampler call through the engine loop; returns the scheduler's statistics.
+             on_tokens: Callable[[int], None] | None = None,
+             turns: Sequence[Sequence[Sequence]] | None = None, step_seconds: float = 0.0,
+             **policy_options) -> SamplerStats:
+    """One sampler call through the engine loop (the sampler's, `sampler.py`: with `turns`, per
+    sample its traced turns, its turn loop too); returns the scheduler's statistics.
     `on_tokens(n)` after each decode step of n samples (progress)."""
     if isinstance(predictor, OraclePredictor):
         predictor.set_lengths(dict(enumerate(lengths)))
     scheduler = SlotScheduler(samples, policy, micro_group, max_kv_tokens, predictor,
                               kv_block_size, **policy_options)
     engine = TraceEngine(lengths, first_tokens)
+    loop = None
+    if turns is not None:
+        handler = TraceTurns(turns, engine, step_seconds)
+        loop = TurnLoop(handler, scheduler, scheduler.stats, max_turns=MAX_TRACE_TOKENS)
+        engine.turns, engine.turn_ends = handler, loop.continues
     while not scheduler.done:
+        if loop is not None:
+            loop.resume_answered()
         for slot, sample in scheduler.admit():
             engine.start(slot, sample)
         active = scheduler.active()
-        num_decoded = len(active)
-        scheduler.step(engine.decode_step(active))
+        if not active:  # every sample left waits on a tool call
+            loop.wait_for_answer()
+            continue
+        finished = engine.decode_step(active)
+        scheduler.step([s for s in finished if s.finish_reason != "tool_call"])
+        if loop is not None:
+            loop.park_calls(finished)
+            handler.tick()
         if on_tokens is not None:
-            on_tokens(num_decoded)
+            on_tokens(len(active))
     return scheduler.stats
 
 
@@ -245,9 +391,11 @@ def micro_group_for_budget(kv_budget: int, groups: Sequence[TraceGroup], max_new
 def simulate(groups: Sequence[TraceGroup], policy: str, micro_group: int | None = None,
              kv_budget: int | None = None, predictor: str = "none", prompts_per_step: int = 1,
              max_new_tokens: int | None = None, warmup_steps: int = 0,
-             on_tokens: Callable[[int], None] | None = None, **policy_options) -> SamplerStats:
+             on_tokens: Callable[[int], None] | None = None, step_seconds: float = 0.0,
+             **policy_options) -> SamplerStats:
     """Replay a whole trace, `prompts_per_step` groups per training step; statistics summed
-    over the steps after the first `warmup_steps` (those only teach the predictor).
+    over the steps after the first `warmup_steps` (those only teach the predictor). Traced
+    turns wait `step_seconds` per decode step of tool latency (0: answered at the next step).
     `on_tokens(n)`: n more tokens replayed (the trace's lengths sum to the total)."""
     if prompts_per_step < 1:
         raise SamplingError(f"--prompts-per-step must be >= 1, got {prompts_per_step}")
@@ -272,6 +420,7 @@ def simulate(groups: Sequence[TraceGroup], policy: str, micro_group: int | None 
         samples, lengths = _call_samples(step_groups, max_new)
         calls.append(run_call(samples, lengths, policy, micro_group, kv_budget, length_predictor,
                               first_tokens=_call_first_tokens(step_groups), on_tokens=on_tokens,
+                              turns=_call_turns(step_groups), step_seconds=step_seconds,
                               **policy_options))
     return SamplerStats.merge(calls[warmup_steps:])
 
@@ -304,3 +453,12 @@ def _call_first_tokens(step_groups: Sequence[TraceGroup]) -> list[list[int]]:
         return []
     return [ids for group in step_groups
             for ids in (group.first_tokens or [[] for _ in group.lengths])]
+
+
+def _call_turns(step_groups: Sequence[TraceGroup]) -> list[list[list]] | None:
+    """The traced turns of a call's samples in sample order (one turn per sample without);
+    None when no group has any."""
+    if all(group.turns is None for group in step_groups):
+        return None
+    return [episode for group in step_groups
+            for episode in (group.turns or [[[length, 0, 0.0]] for length in group.lengths])]

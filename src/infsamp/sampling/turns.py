@@ -61,6 +61,7 @@ class TurnLoop:
                  max_turns: int):
         self.handler, self.sched, self.stats = handler, sched, stats
         self.max_turns = max_turns
+        self._called_at: dict[int, float] = {}  # sample id -> when its call was submitted
 
     def continues(self, sample: Sample) -> bool:
         """At a stop token: the episode goes on with a tool turn (turns and room left: at least
@@ -77,11 +78,14 @@ class TurnLoop:
                 sample.finish_reason = None
                 sample.num_turns += 1
                 self.stats.num_tool_turns += 1
+                self._called_at[sample.sample_id] = time.perf_counter()
                 self.handler.submit(sample)
 
     def resume_answered(self, timeout_s: float = 0.0) -> None:
         """Append each answered call's context tokens (cut to fit) and resume the sample."""
         for sample, token_ids in self.handler.answered(timeout_s):
+            called_at = self._called_at.pop(sample.sample_id)
+            sample.tool_latencies_s.append(time.perf_counter() - called_at)  # traces keep it
             room = sample.max_new_tokens - sample.num_tokens - 1  # one more model token fits
             sample.append_context(list(token_ids[:max(room, 0)]))
             self.stats.context_tokens += min(len(token_ids), max(room, 0))

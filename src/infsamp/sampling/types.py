@@ -58,6 +58,7 @@ class Sample:
     # model's (a tool's answer as the chat template renders it), and the tool turns so far
     context_spans: list[tuple[int, int]] = field(default_factory=list)
     num_turns: int = 0
+    tool_latencies_s: list[float] = field(default_factory=list)  # per tool turn: call to answer
 
     @property
     def num_tokens(self) -> int:
@@ -120,6 +121,7 @@ class Completion:
     context_spans: list[tuple[int, int]] = field(default_factory=list)  # tool answers' tokens
     num_turns: int = 0  # tool turns of the episode (its model turns: num_turns + 1)
     num_context_tokens: int = 0  # tokens in context_spans (other ranks' completions: the count)
+    tool_latencies_s: list[float] = field(default_factory=list)  # per tool turn, seconds
 
     @property
     def num_model_tokens(self) -> int:
