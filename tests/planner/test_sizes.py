@@ -74,7 +74,7 @@ def test_run_micro_batch_is_the_plans():
     plan, sizes = plan_run_sizes(cfg, LLAMA_1B, 16 * GIB, device="cuda")
     alone = plan_memory(LLAMA_1B, gpu_memory_bytes=16 * GIB, num_generations=64,
                         max_prompt_tokens=256, max_new_tokens=786, optimizer="adamw8bit",
-                        gradient_checkpointing=True)
+                        gradient_checkpointing=True, share_prompt=True)  # training's default
     assert sizes.train_micro_batch_tokens == plan.train_micro_batch_tokens
     assert sizes.train_micro_batch_tokens == alone.train_micro_batch_tokens > 0
 
