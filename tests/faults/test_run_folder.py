@@ -140,3 +140,22 @@ def test_a_read_only_run_folder_is_one_line(tmp_path, capsys):
     assert err[0] == (f"infsamp train: error: logging.output_dir {folder}: cannot create or lock "
                       "it: Permission denied")
     assert list(folder.iterdir()) == []
+
+
+def test_a_budget_that_lowers_max_new_tokens_is_one_plain_line(tiny_model_dir, tmp_path, capsys):
+    """Issue 32 item 11: the KV budget lowering max_new_tokens was a raw Python UserWarning (its
+    source line included) every step; now one plain line, once per run, and the run goes on."""
+    import warnings
+
+    from infsamp import cli
+
+    args = run_args(tiny_model_dir, tmp_path / "run", "--training.max_steps", "2",
+                    "--eval.num_problems", "0", "--sampling.max_new_tokens", "256",
+                    "--sampling.kv_budget", "120", "--checkpointing.save_every", "0")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a Python warning would end the run here
+        assert cli.main(args) == 0
+    notices = [line for line in capsys.readouterr().err.splitlines() if "lowered from" in line]
+    assert len(notices) == 1 and notices[0].startswith("sampling.kv_budget='120' (120 tokens) "
+                                                       "holds at most ")
+    assert notices[0].endswith("max_new_tokens lowered from 256 (said once)")
