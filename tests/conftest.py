@@ -84,9 +84,10 @@ def tiny_gguf_file(tmp_path_factory):
     return path, write_tiny_gguf(path)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def one_thread():
-    """Tiny models run fastest on one thread (and do not fight parallel jobs for the 2 cores)."""
+    """Tiny models run fastest on one thread (and do not fight parallel jobs for the 2 cores);
+    module-scoped, so module-scoped fixtures (a test file's model) may use it too."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
