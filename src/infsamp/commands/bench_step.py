@@ -15,7 +15,7 @@ import argparse
 import statistics
 import tempfile
 
-from infsamp.commands.output_files import check_output_files, plot_file
+from infsamp.commands.output_files import check_output_files, check_plot_format, plot_name
 from infsamp.commands.train import add_config_flags, check_sources, config_overrides
 from infsamp.files import replace_with
 from infsamp.timing import PHASES
@@ -38,8 +38,9 @@ def run(args: argparse.Namespace) -> int:
     if args.steps < 1:
         raise SystemExit(f"--steps: must be >= 1, got {args.steps}")
     if args.plot:
-        args.plot = plot_file("--plot", args.plot)
+        args.plot = plot_name(args.plot)
         check_output_files({"--plot": args.plot}, [args.config], args.overwrite)
+        check_plot_format("--plot", args.plot)
     with tempfile.TemporaryDirectory(prefix="infsamp-bench-step-") as folder:
         overrides = {**config_overrides(args), "logging.output_dir": folder,
                      "training.max_steps": args.steps, "eval.every_steps": 0,

@@ -49,16 +49,18 @@ def check_output_files(outputs: dict[str, str | None], inputs: list[str | None],
                               "replace it")
 
 
-def plot_file(flag: str, name: str) -> str:
-    """A plot's file name: `.png` added when it has no extension (what matplotlib writes); an
-    extension matplotlib cannot write is one line, before any work."""
+
+def plot_name(name: str) -> str:
+    """A plot's file name as written: `.png` added when it has none (what matplotlib writes)."""
+    return name if Path(name).suffix else name + ".png"
+
+
+def check_plot_format(flag: str, name: str) -> None:
+    """An extension matplotlib cannot write is one line, before any work."""
     from matplotlib.backend_bases import FigureCanvasBase
 
-    if not Path(name).suffix:
-        name += ".png"
     formats = FigureCanvasBase.get_supported_filetypes()
     suffix = Path(name).suffix[1:]
     if suffix.lower() not in formats:
         raise ConfigError(f"{flag} {name}: matplotlib cannot write .{suffix} files (give one "
                           f"of {', '.join('.' + f for f in sorted(formats))})")
-    return name

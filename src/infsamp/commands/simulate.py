@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from infsamp.choices import REFILL_ORDERS
-from infsamp.commands.output_files import check_output_files
+from infsamp.commands.output_files import check_output_files, check_plot_format, plot_name
 from infsamp.config import MAX_INTEGER
 from infsamp.errors import SamplingError
 from infsamp.files import replace_with
@@ -173,23 +173,12 @@ def _check_arguments(args) -> None:
     if args.predictor.partition(":")[0] == "hidden":
         raise SamplingError("--predictor hidden needs the model's hidden states, which a trace "
                             "does not keep; replay online, or run infsamp bench scheduling")
-    if args.plot and not Path(args.plot).suffix:
-        args.plot += ".png"  # what matplotlib writes: said as written
+    if args.plot:
+        args.plot = plot_name(args.plot)  # said as written
     check_output_files({"--plot": args.plot, "--write-trace": args.write_trace}, [args.trace],
                        args.overwrite)
     if args.plot:
-        _check_plot_format(args.plot)
-
-
-def _check_plot_format(name: str) -> None:
-    """An extension matplotlib cannot write is one line, before the simulation."""
-    from matplotlib.backend_bases import FigureCanvasBase
-
-    formats = FigureCanvasBase.get_supported_filetypes()
-    suffix = Path(name).suffix[1:]
-    if suffix.lower() not in formats:
-        raise SamplingError(f"--plot {name}: matplotlib cannot write .{suffix} files (give one "
-                            f"of {', '.join('.' + f for f in sorted(formats))})")
+        check_plot_format("--plot", args.plot)
 
 
 def _load(args):
