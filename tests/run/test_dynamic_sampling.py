@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from tiny_sampling import eos_boost, tiny_llama
 
 from infsamp.config import ConfigError, SamplingConfig
 from infsamp.config_io import load_config
@@ -20,31 +20,16 @@ from infsamp.sampling.predictors import make_predictor
 from infsamp.sampling.sampler import GroupSampler
 from infsamp.sampling.types import Completion, SampleResult, SamplerStats
 
-EOS = 1
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11, 12], [13], [20, 21, 22, 23, 24, 25, 26]]
 POLICIES = ("full", "rounds", "continuous", "length_aware", "probe")
 
 
 @pytest.fixture(scope="module")
 def model():
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                         eos_token_id=EOS, pad_token_id=0)
-    return LlamaForCausalLM(config).eval()
+    return tiny_llama()
 
 
-class EosBoost:
-    """EOS made likely, so lengths vary and the schedules differ between calls."""
-
-    def __init__(self, samples):
-        pass
-
-    def __call__(self, sample_ids, num_generated, scores):
-        scores = scores.clone()
-        scores[:, EOS] += 3.0
-        return scores
-
+EosBoost = eos_boost()  # lengths vary, so the schedules differ between calls
 
 def sampler(model, policy: str) -> GroupSampler:
     cfg = SamplingConfig(policy=policy, micro_group=3, max_new_tokens=10, temperature=1.0,

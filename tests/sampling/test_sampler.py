@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from tiny_sampling import EOS, eos_boost, tiny_llama
 
 from infsamp.config import SamplingConfig
 from infsamp.errors import SamplingError
@@ -18,17 +18,12 @@ from infsamp.sampling.predictors import make_predictor
 from infsamp.sampling.sampler import GroupSampler
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-EOS = 1
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11, 12], [13], [20, 21, 22, 23, 24, 25, 26]]
 
 
 @pytest.fixture(scope="module")
 def model():
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                         eos_token_id=EOS, pad_token_id=0)
-    return LlamaForCausalLM(config).eval()
+    return tiny_llama()
 
 
 def sampler(model, **overrides) -> GroupSampler:
@@ -38,17 +33,7 @@ def sampler(model, **overrides) -> GroupSampler:
     return GroupSampler(model, None, SamplingConfig(**options))
 
 
-class EosBoost:
-    """Makes EOS likely so sampled lengths vary (a random model rarely ends on its own)."""
-
-    def __init__(self, specs):
-        self.num_samples = len(specs)
-
-    def __call__(self, sample_ids, num_generated, scores):
-        scores = scores.clone()
-        scores[:, EOS] += 3.0
-        return scores
-
+EosBoost = eos_boost()
 
 def token_ids(result):
     return [[c.token_ids for c in group] for group in result.groups]

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_sampling import eos_boost
 
 from infsamp.config import SamplingConfig
 from infsamp.models.tiny import build_model, build_tokenizer
@@ -35,15 +36,7 @@ def model():
     return build_model(build_tokenizer(), seed=0).eval()
 
 
-class EosBoost:
-    def __init__(self, specs):
-        pass
-
-    def __call__(self, sample_ids, num_generated, scores):
-        scores = scores.clone()
-        scores[:, EOS] += 3.5  # lengths spread over 1..12
-        return scores
-
+EosBoost = eos_boost(EOS, boost=3.5)  # lengths spread over 1..12
 
 def sample(model, policy, kv_budget, predictor=None, prefix_tokens=8, probe_tokens=12):
     cfg = SamplingConfig(policy=policy, micro_group=3, kv_budget=kv_budget, max_new_tokens=MAX_NEW,

@@ -11,6 +11,7 @@ import time
 
 import pytest
 import torch
+from tiny_sampling import eos_boost
 
 from infsamp.cli import main
 from infsamp.config import SamplingConfig
@@ -42,15 +43,7 @@ def model():
     return build_model(build_tokenizer(), seed=0).eval()
 
 
-class EosBoost:
-    def __init__(self, specs):
-        pass
-
-    def __call__(self, sample_ids, num_generated, scores):
-        scores = scores.clone()
-        scores[:, EOS] += 3.0
-        return scores
-
+EosBoost = eos_boost(EOS)
 
 class AtOnceTool:
     """Every turn of two or more tokens is a tool call; its answer (its length depends on the

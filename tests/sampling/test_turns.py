@@ -9,35 +9,22 @@ import time
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from tiny_sampling import EOS, eos_boost, tiny_llama
 
 from infsamp.config import SamplingConfig
 from infsamp.sampling.sampler import GroupSampler
 from infsamp.sampling.types import model_token_mask
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-EOS = 1
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11, 12], [13], [20, 21, 22, 23, 24, 25, 26]]
 
 
 @pytest.fixture(scope="module")
 def model():
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                         eos_token_id=EOS, pad_token_id=0)
-    return LlamaForCausalLM(config).eval()
+    return tiny_llama(max_positions=128)
 
 
-class EosBoost:
-    def __init__(self, specs):
-        pass
-
-    def __call__(self, sample_ids, num_generated, scores):
-        scores = scores.clone()
-        scores[:, EOS] += 3.0
-        return scores
-
+EosBoost = eos_boost()
 
 def answer_of(token_ids: list[int]) -> list[int]:
     """A deterministic 'tool': its answer depends on the episode so far."""
