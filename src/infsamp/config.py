@@ -439,6 +439,9 @@ class TrainingConfig:
 @dataclass
 class EvalConfig:
     every_steps: int = opt(30, "also evaluate every N steps (0: only before and after training)")
+    on_start: bool = opt(True, "evaluate before the first step (TRL's eval_on_start); false "
+                               "saves one evaluation when the start is known, e.g. seeds of one "
+                               "base model")
     num_problems: int = opt(200, "held-out problems evaluated (0 disables evaluation)")
     temperature: float = opt(0.0, "decoding temperature for evaluation (0 = greedy)")
     max_new_tokens: int = opt(0, "completion limit for evaluation (0: same as sampling)")

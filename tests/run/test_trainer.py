@@ -345,3 +345,12 @@ def test_resume_at_its_last_step_runs_the_missing_closing_evaluation(tiny_config
     assert "nothing to do" in capsys.readouterr().out
     assert again.eval_after == result.eval_after
     assert [row["step"] for row in read_jsonl(tmp_path / "run" / "eval.jsonl")] == [0, 2]
+
+
+def test_eval_on_start_false_skips_only_the_evaluation_before_training(tiny_config, tmp_path):
+    out = tmp_path / "run"
+    cfg = tiny_config(**{"training.max_steps": 2, "eval.on_start": False,
+                         "logging.output_dir": str(out)})
+    result = GRPOTrainer(cfg).train()
+    assert [row["step"] for row in read_jsonl(out / "eval.jsonl")] == [2]
+    assert result.eval_before is None and result.eval_after is not None

@@ -274,7 +274,7 @@ class GRPOTrainer:
             log = cfg.logging
             logger.open_trackers(log.report_to, log.project, log.run_name, cfg.to_dict())
             with StopSignals() as stop:
-                if self.step == 0 and not self._evaluated_at(0):
+                if self.step == 0 and cfg.eval.on_start and not self._evaluated_at(0):
                     self.train_state.eval_before = self._evaluate(logger)
                 while self.step < cfg.training.max_steps:
                     self._stop_if_asked(stop)

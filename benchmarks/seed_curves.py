@@ -1,0 +1,126 @@
+"""Held-out curves of several runs per arm (seeds), side by side: one table and one plot.
+
+Reads run folders written by `infsamp train` (eval_completions.jsonl, eval.jsonl, metrics.jsonl)
+and prints, per run, the accuracy at each evaluation, the start, best and final figure, the
+exact McNemar test of the final evaluation against the start (the same held-out problems), the
+training time (sum of step times) and the arm's mean final accuracy. The plot puts every run's
+curve against its training seconds, one colour per arm.
+
+    python benchmarks/seed_curves.py recipe=runs/r0,runs/r1 dynamic=runs/d0,runs/d1 --plot out.png
+    (--start RUN: the step-0 evaluation of RUN is the start of runs made without one)
+
+Deliberately simple: an arm is a label and a list of folders; no statistics across arms beyond
+the mean (three seeds do not support more).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def solved_by_step(run: Path) -> dict[int, dict[int, bool]]:
+    """{eval step: {prompt id: solved}} from the run's evaluation completions."""
+    table: dict[int, dict[int, bool]] = {}
+    for row in read_jsonl(run / "eval_completions.jsonl"):
+        table.setdefault(row["step"], {})[row["prompt_id"]] = bool(row["solved"])
+    return table
+
+
+def train_seconds_at(run: Path) -> dict[int, float]:
+    """{step: training seconds spent up to and including that step} (evaluations excluded)."""
+    total, seconds = 0.0, {0: 0.0}
+    for row in read_jsonl(run / "metrics.jsonl"):
+        if "step_time" in row:
+            total += row["step_time"]
+            seconds[row["step"] + 1] = total
+    return seconds
+
+
+def mcnemar_p(before: dict[int, bool], after: dict[int, bool]) -> tuple[int, int, float]:
+    """Problems gained, lost, and the exact two-sided McNemar p-value (binomial on discordants)."""
+    gained = sum(after[i] and not before[i] for i in before)
+    lost = sum(before[i] and not after[i] for i in before)
+    n = gained + lost
+    if n == 0:
+        return 0, 0, 1.0
+    tail = sum(math.comb(n, k) for k in range(min(gained, lost) + 1)) / 2**n
+    return gained, lost, min(1.0, 2 * tail)
+
+
+def summarise(run: Path, start: dict[int, bool] | None) -> dict:
+    table = solved_by_step(run)
+    if 0 not in table and start is not None:  # run with eval.on_start false
+        table[0] = start
+    steps = sorted(table)
+    accuracy = {s: sum(table[s].values()) / len(table[s]) for s in steps}
+    first, last = steps[0], steps[-1]
+    gained, lost, p = mcnemar_p(table[first], table[last])
+    seconds = train_seconds_at(run)
+    return {"run": str(run), "steps": steps, "accuracy": accuracy,
+            "seconds": {s: seconds.get(s, float("nan")) for s in steps},
+            "start": accuracy[first], "best": max(accuracy.values()), "final": accuracy[last],
+            "gained": gained, "lost": lost, "p": p, "train_s": seconds[max(seconds)]}
+
+
+def print_table(arms: dict[str, list[dict]]) -> None:
+    print("| arm | run | curve | start -> final (best) | gained / lost, McNemar p | train s |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for arm, runs in arms.items():
+        for r in runs:
+            curve = " -> ".join(f"{r['accuracy'][s]:.3f}" for s in r["steps"])
+            print(f"| {arm} | {Path(r['run']).name} | {curve} | {r['start']:.3f} -> "
+                  f"{r['final']:.3f} ({r['best']:.3f}) | {r['gained']} / {r['lost']}, "
+                  f"p = {r['p']:.3g} | {r['train_s']:.0f} |")
+        finals = [r["final"] for r in runs]
+        gains = [r["final"] - r["start"] for r in runs]
+        print(f"| {arm} | mean of {len(runs)} | | final {sum(finals) / len(finals):.3f}, gain "
+              f"{100 * sum(gains) / len(gains):+.1f} points | | |")
+
+
+def plot(arms: dict[str, list[dict]], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for colour, (arm, runs) in zip(plt.rcParams["axes.prop_cycle"].by_key()["color"],
+                                   arms.items()):
+        for i, r in enumerate(runs):
+            xs = [r["seconds"][s] / 60 for s in r["steps"]]
+            ys = [r["accuracy"][s] for s in r["steps"]]
+            ax.plot(xs, ys, marker="o", color=colour, alpha=0.8, label=arm if i == 0 else None)
+    ax.set_xlabel("training minutes (evaluations excluded)")
+    ax.set_ylabel("held-out accuracy")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("arms", nargs="+", help="ARM=FOLDER,FOLDER,...")
+    parser.add_argument("--plot", help="write the curves to this PNG")
+    parser.add_argument("--start", help="a run folder whose step-0 evaluation is every run's "
+                                        "start (runs made with eval.on_start false)")
+    args = parser.parse_args()
+    start = solved_by_step(Path(args.start))[0] if args.start else None
+    arms = {}
+    for spec in args.arms:
+        label, _, folders = spec.partition("=")
+        arms[label] = [summarise(Path(f), start) for f in folders.split(",") if f]
+    print_table(arms)
+    if args.plot:
+        plot(arms, args.plot)
+
+
+if __name__ == "__main__":
+    main()
