@@ -1,6 +1,7 @@
 """Summarise `versus_commit.sh`'s two runs: wall and CPU seconds, the median step time and
 phase split, the evaluations (accuracy and time) and, for every checkpoint both runs saved, the
-largest relative difference (norm of the difference over the norm) of a weight tensor."""
+largest relative difference (norm of the difference over the norm) of a weight tensor; for a LoRA
+checkpoint also of the model's weights, the frozen base plus the adapter's delta (alpha / r) B A."""
 
 from __future__ import annotations
 
@@ -50,6 +51,32 @@ def weight_difference(out: Path, checkpoint: str) -> tuple[float, str]:
     return worst, worst_name
 
 
+def merged_weight_difference(out: Path, checkpoint: str) -> tuple[float, str] | None:
+    """For LoRA checkpoints: the largest ||W_head - W_base|| / ||W_base|| of the model's weights
+    W = W0 + (alpha / r) B A (W0 the frozen base both sides load), and its module's name."""
+    from safetensors.torch import load_file
+
+    dirs = [out / side / checkpoint / "model" for side in SIDES]
+    if not (dirs[0] / "adapter_config.json").exists():
+        return None
+    config = json.loads((dirs[0] / "adapter_config.json").read_text())
+    scale = config["lora_alpha"] / config["r"]
+    frozen: dict = {}
+    for path in Path(config["base_model_name_or_path"]).glob("*.safetensors"):
+        frozen.update(load_file(path))
+    base, head = (load_file(d / "adapter_model.safetensors") for d in dirs)
+    worst, worst_name = 0.0, ""
+    for name_a in (n for n in base if ".lora_A." in n):
+        name_b = name_a.replace(".lora_A.", ".lora_B.")
+        module = name_a.replace("base_model.model.", "").replace(".lora_A", "")
+        delta_base = scale * base[name_b].double() @ base[name_a].double()  # [out, in]
+        delta_head = scale * head[name_b].double() @ head[name_a].double()  # [out, in]
+        relative = float((delta_head - delta_base).norm() /
+                         (frozen[module].double() + delta_base).norm())
+        worst, worst_name = max((worst, worst_name), (relative, module))
+    return worst, worst_name
+
+
 def main(out: Path) -> None:
     rows = {side: side_summary(out, side) for side in SIDES}
     for side, row in rows.items():
@@ -66,6 +93,10 @@ def main(out: Path) -> None:
     for checkpoint in sorted(shared):
         worst, name = weight_difference(out, checkpoint)
         print(f"{checkpoint}: weights' largest relative difference {worst:.3g} ({name})")
+        merged = merged_weight_difference(out, checkpoint)
+        if merged:
+            print(f"{checkpoint}: the model's weights (base + LoRA delta): largest relative "
+                  f"difference {merged[0]:.3g} ({merged[1]})")
 
 
 if __name__ == "__main__":
