@@ -46,7 +46,7 @@ from infsamp.commands.engine_choice import (
     parse_engines,
     start_engines,
 )
-from infsamp.sampling.policies import PROBE_TOKENS
+from infsamp.sampling.policies.probe import PROBE_TOKENS
 
 VARIANTS = ("continuous", "rounds", "length_aware:online", "length_aware:hidden",
             "length_aware:oracle", "probe", "probe:online")
