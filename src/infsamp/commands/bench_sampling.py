@@ -35,7 +35,7 @@ import pstats
 import random
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from infsamp.commands.engine_choice import (
@@ -45,7 +45,10 @@ from infsamp.commands.engine_choice import (
     parse_engines,
     start_engines,
 )
+from infsamp.commands.sample import read_prompts
+from infsamp.config import DataConfig, ModelConfig, SamplingConfig
 from infsamp.errors import SamplingError
+from infsamp.planner.kv_budget import VLLM_BLOCK_SIZE, kv_tokens_needed
 
 POLICIES = ("full", "rounds", "continuous")
 
@@ -110,7 +113,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from infsamp.config import ModelConfig
     from infsamp.models.loading import load_model_and_tokenizer
 
     names, micro_groups = parse_engines(args.engine), parse_micro_groups(args.micro_group)
@@ -175,14 +177,10 @@ def run_cells(model, tokenizer, selected, prompts, micro_groups, engines, args,
 
 def cell_budget(workload_max_new: int, prompts, g: int, block_size: int) -> int:
     """KV budget of exactly g samples at once on an engine with this block size."""
-    from infsamp.planner.kv_budget import kv_tokens_needed
-
     return kv_tokens_needed(g, workload_max_new, max(len(p) for p in prompts), 1, block_size)
 
 
 def cell_config(policy: str, g: int, budget: int, max_new_tokens: int):
-    from infsamp.config import SamplingConfig
-
     return SamplingConfig(policy=policy, micro_group=g, kv_budget=str(budget),
                           max_new_tokens=max_new_tokens, temperature=1.0)
 
@@ -190,9 +188,6 @@ def cell_config(policy: str, g: int, budget: int, max_new_tokens: int):
 def engine_sizes_for(model, names, selected, prompts, micro_groups):
     """One engine serves every cell: longest prompt and completion, all G of `full` admitted at
     once, a pool holding the largest g budget (whole vLLM blocks), planned as a run of them."""
-    from dataclasses import replace
-
-    from infsamp.planner.kv_budget import VLLM_BLOCK_SIZE
     from infsamp.sampling.sizes import sampler_run_sizes
 
     blocks = (1, *VLLM_BLOCK_SIZE.values())
@@ -212,9 +207,6 @@ def bench_encoded_prompts(tokenizer, num: int, seed: int, split: str = "test",
                           data_cfg=None) -> list:
     """`num` prompts (EncodedPrompt) of `split` of the embedded task (or of `data_cfg`'s
     dataset), shuffled by `seed`, encoded as the trainer encodes them."""
-    from infsamp.commands.sample import read_prompts
-    from infsamp.config import DataConfig
-
     data_cfg = data_cfg or DataConfig(num_eval_examples=200)
     prompts = read_prompts(data_cfg, split, tokenizer).prompts
     random.Random(seed).shuffle(prompts)

@@ -35,10 +35,11 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from infsamp.choices import WIDE_POLICIES
+from infsamp.commands.bench_sampling import bench_encoded_prompts
 from infsamp.commands.engine_choice import (
     ENGINE_HELP,
     close_engines,
@@ -46,7 +47,12 @@ from infsamp.commands.engine_choice import (
     parse_engines,
     start_engines,
 )
+from infsamp.config import DataConfig, ModelConfig, SamplingConfig
+from infsamp.config_io import load_config
+from infsamp.errors import SamplingError
+from infsamp.planner.kv_budget import VLLM_BLOCK_SIZE, kv_tokens_needed
 from infsamp.sampling.policies.probe import PROBE_TOKENS
+from infsamp.tasks.sources import check_dataset_source
 
 VARIANTS = ("continuous", "rounds", "length_aware:online", "length_aware:hidden",
             "length_aware:oracle", "probe", "probe:online")
@@ -118,7 +124,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from infsamp.config import ModelConfig
     from infsamp.models.loading import load_model_and_tokenizer
 
     if args.quick:
@@ -155,8 +160,6 @@ def run(args: argparse.Namespace) -> int:
 
 def check_arguments(args: argparse.Namespace) -> list[Variant]:
     """Bad counts or variants end in one SamplingError line, before the model is loaded."""
-    from infsamp.errors import SamplingError
-
     for name in ("prompts", "prompts_per_step", "epochs", "num_generations", "micro_group",
                  "max_new_tokens"):
         if getattr(args, name) < 1:
@@ -178,8 +181,6 @@ def check_arguments(args: argparse.Namespace) -> list[Variant]:
 
 
 def parse_seeds(args) -> list[int]:
-    from infsamp.errors import SamplingError
-
     try:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()] if args.seeds else [args.seed]
     except ValueError:
@@ -194,10 +195,6 @@ def bench_sources(args):
     """(data config or None for the embedded task, model name): `--config`'s data section and
     model, `--dataset`/`--prompt-column` and `--model` overriding them. Checked before any load
     (an unknown task or option is one line)."""
-    from infsamp.config import DataConfig
-    from infsamp.config_io import load_config
-    from infsamp.tasks.sources import check_dataset_source
-
     cfg = load_config(args.config) if args.config else None
     data = cfg.data if cfg else None
     if args.dataset:
@@ -212,9 +209,6 @@ def bench_prompts(tokenizer, num: int, seed: int, args=None,
                   data_cfg=None) -> list[tuple[str, list[int]]]:
     """(text, token ids) of `num` training prompts: the embedded task's, or `data_cfg`'s (default:
     `--dataset`'s)."""
-    from infsamp.commands.bench_sampling import bench_encoded_prompts
-    from infsamp.config import DataConfig
-
     dataset = getattr(args, "dataset", "")
     if data_cfg is None and dataset:
         data_cfg = DataConfig(dataset=dataset, prompt_column=args.prompt_column)
@@ -226,8 +220,6 @@ def bench_prompts(tokenizer, num: int, seed: int, args=None,
 
 
 def sampling_config(variant: Variant, args, budget: int):
-    from infsamp.config import SamplingConfig
-
     return SamplingConfig(policy=variant.policy, micro_group=args.micro_group,
                           kv_budget=str(budget), max_new_tokens=args.max_new_tokens,
                           temperature=args.temperature, refill=variant.refill,
@@ -249,8 +241,6 @@ def first_tokens_kept(args) -> int:
 def call_budget(args, max_prompt_tokens: int, block_size: int = 1) -> int:
     """The budget a call needs for exactly g samples at once, prompts and blocks counted as the
     sampler counts them on this engine."""
-    from infsamp.planner.kv_budget import kv_tokens_needed
-
     return kv_tokens_needed(args.micro_group, args.max_new_tokens, max_prompt_tokens,
                             args.prompts_per_step, block_size) + getattr(args, "kv_slack", 0)
 
@@ -258,9 +248,6 @@ def call_budget(args, max_prompt_tokens: int, block_size: int = 1) -> int:
 def engine_sizes_for(model, names, prompts, args):
     """Enough for every call: the longest prompt, g at once (a wide policy: every sample of a
     call), a pool holding the largest budget (vLLM blocks), planned as a run of these calls."""
-    from dataclasses import replace
-
-    from infsamp.planner.kv_budget import VLLM_BLOCK_SIZE
     from infsamp.sampling.sizes import sampler_run_sizes
 
     longest = max(len(p[1]) for p in prompts)
