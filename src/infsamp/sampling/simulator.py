@@ -46,6 +46,7 @@ from infsamp.sampling.predictors import make_predictor
 from infsamp.sampling.scheduler import SlotScheduler
 from infsamp.sampling.turns import TurnLoop
 from infsamp.sampling.types import Completion, Sample, SamplerStats
+from infsamp.tasks.arithmetic import generate_problems
 
 
 @dataclass
@@ -226,8 +227,6 @@ def arithmetic_trace(num_groups: int, group_size: int, epochs: int = 1, seed: in
     log-normal error of `sigma_sample` (a policy that is not yet exact); with probability
     `direct_share` a sample is a direct guess instead (the direct solution's length, same error), as
     the shipped model does. Prompts carry their text."""
-    from infsamp.tasks.arithmetic import generate_problems
-
     rng = random.Random(seed)
     problems = generate_problems(num_groups, seed=seed)
     groups = []
