@@ -78,7 +78,8 @@ def test_seeds_each_measured_with_their_own_predictors(tiny_model_dir, tmp_path)
     assert all(t["identical_lengths"] for t in totals.values())
     assert totals["length_aware:hidden"]["num_preemptions"] > 0  # it parks, losslessly
     # the bench's trace replays its online variant's decisions (both epochs, the last measured)
-    from infsamp.sampling.simulator import read_trace, simulate
+    from infsamp.sampling.simulator import simulate
+    from infsamp.sampling.traces import read_trace
     for seed in (3, 4):
         groups = read_trace(tmp_path / f"trace_slots_seed{seed}.jsonl")
         assert len(groups) == 2 and groups[0].first_tokens is not None

@@ -364,7 +364,7 @@ def write_traces(rows: list[dict], out: Path) -> dict[str, Path]:
     """Each engine's and seed's calls (one row per call: every variant draws the same
     completions) as a lengths trace with each completion's first k tokens:
     `infsamp simulate --trace ... --warmup-steps N` replays the bench's decisions from it."""
-    from infsamp.sampling.simulator import TraceGroup, write_trace
+    from infsamp.sampling.traces import TraceGroup, write_trace
 
     paths = {}
     for engine, seed in dict.fromkeys((r["engine"], r.get("seed", 0)) for r in rows):

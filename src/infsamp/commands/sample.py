@@ -170,7 +170,7 @@ def write_lengths_trace(path: str, texts: list[str], prompt_ids: list[list[int]]
                         prefix_tokens: int = 16) -> None:
     """The `infsamp simulate` trace: lengths, each completion's first `prefix_tokens` ids, and
     its turns when the group called tools."""
-    from infsamp.sampling.simulator import TraceGroup, group_turns, write_trace
+    from infsamp.sampling.traces import TraceGroup, group_turns, write_trace
 
     write_trace([TraceGroup(text, len(ids), [c.length for c in group],
                             first_tokens=[list(c.token_ids[:prefix_tokens]) for c in group]
