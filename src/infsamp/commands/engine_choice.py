@@ -59,3 +59,9 @@ def start_engines(names: list[str], model, cfg, sizes,
 def close_engines(engines: dict) -> None:
     for engine in engines.values():
         engine.close()
+
+
+def print_startup(startup_s: dict[str, float]) -> None:
+    """Each engine's start-up time, measured apart from the bench's figures."""
+    for engine, seconds in startup_s.items():
+        print(f"engine start-up (not in the figures above): {engine} {seconds:.1f} s")
