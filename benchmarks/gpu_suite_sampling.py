@@ -190,8 +190,9 @@ def micro_batch_peak(model, profile, cfg, tokens: int) -> dict:
     """Peak above weights and optimizer states of one GRPO step on a single micro-batch."""
     import torch
 
-    from infsamp.algorithm.grpo_step import GRPOStep, Rollout
+    from infsamp.algorithm.grpo_step import GRPOStep
     from infsamp.algorithm.optim import build_optimizer
+    from infsamp.algorithm.rollout import Rollout
     from infsamp.planner import PRECISIONS
 
     P, C = profile.speed_prompt, profile.speed_completion

@@ -43,7 +43,7 @@ from gpu_suite_common import (
 def random_rollout(vocab: int, num: int, prompt: int, completion: int, seed: int = 0):
     import torch
 
-    from infsamp.algorithm.grpo_step import Rollout
+    from infsamp.algorithm.rollout import Rollout
 
     generator = torch.Generator().manual_seed(seed)
     prompts = torch.randint(1, vocab, (num, prompt), generator=generator).tolist()

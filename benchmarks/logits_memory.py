@@ -109,7 +109,8 @@ def child_step(model_dir: str) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from infsamp.algorithm.grpo_step import GRPOStep, Rollout
+    from infsamp.algorithm.grpo_step import GRPOStep
+    from infsamp.algorithm.rollout import Rollout
     from infsamp.config import TrainingConfig
 
     torch.manual_seed(0)

@@ -39,8 +39,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from infsamp.algorithm.grpo_step import GRPOStep, Rollout  # noqa: E402
+from infsamp.algorithm.grpo_step import GRPOStep
 from infsamp.algorithm.optim import build_optimizer, build_scheduler  # noqa: E402
+from infsamp.algorithm.rollout import Rollout
 from infsamp.config_io import load_config  # noqa: E402
 from infsamp.models.loading import load_model_and_tokenizer  # noqa: E402
 from infsamp.models.precision import COMPUTE_DTYPE, resolve_precision  # noqa: E402

@@ -127,7 +127,7 @@ def parse_seeds(text: str) -> list[int]:
 
 
 def load_calls(folders: list[Path], seed: int, prompts_per_step: int) -> list[dict]:
-    from infsamp.sampling.simulator import read_trace
+    from infsamp.sampling.traces import read_trace
 
     folder = next((f for f in folders if (f / f"rows_seed{seed}.json").exists()), None)
     if folder is None:

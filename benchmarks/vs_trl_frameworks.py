@@ -244,7 +244,7 @@ def run_trl_vllm(args, G: int, model_dir: Path, tmp: Path) -> dict:
     CPU build its weight sync goes through `reload_weights` (`cpu_sync_weights`)."""
     import trl.generation.vllm_generation as trl_vllm
 
-    from infsamp.sampling.engines.vllm import import_vllm
+    from infsamp.sampling.engines.vllm_loading import import_vllm
 
     import_vllm()  # in-process engine core, quiet logs (as infsamp's engine)
     pool = kv_pool_bytes(model_dir, kv_budget_tokens(args, G))
@@ -267,7 +267,7 @@ def cpu_sync_weights(self) -> None:
     repacked every linear's weight and dropped its loader); the same parameters go through
     `model_runner.reload_weights` instead (infsamp's engine's `reload_weights`), then TRL's
     prefix-cache reset. Everything else (generation, KV pool, training) is TRL's own."""
-    from infsamp.sampling.engines.vllm import reload_weights
+    from infsamp.sampling.engines.vllm_loading import reload_weights
 
     runner = self.llm.llm_engine.model_executor.driver_worker.model_runner
     reload_weights(runner, self._iter_named_params())

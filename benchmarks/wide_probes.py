@@ -126,7 +126,7 @@ def _check_budget(reserved: int, budget: int) -> None:
 def read_calls(paths: Sequence[str], prompts_per_call: int, last_epoch: bool) -> list[list[int]]:
     """Each trace's groups in calls of B prompts (a call's lengths in arrival order); with
     `last_epoch`, only the second half of each file's calls (the bench's measured epoch)."""
-    from infsamp.sampling.simulator import read_trace
+    from infsamp.sampling.traces import read_trace
 
     calls = []
     for path in paths:

@@ -157,7 +157,7 @@ def test_trl_vllm_colocate_syncs_its_weights_on_the_cpu_build(tmp_path, load_scr
     """TRL's colocate mode on vLLM's CPU build, one step: every sync puts the trainer's weights
     into vLLM (`cpu_sync_weights` -> `reload_weights`), checked tensor by tensor after each."""
     pytest.importorskip("vllm")
-    import infsamp.sampling.engines.vllm as engine
+    import infsamp.sampling.engines.vllm_loading as engine
 
     vs_trl, real_reload, synced = load_script(), engine.reload_weights, []
 

@@ -97,7 +97,8 @@ def test_the_probe_policy_takes_the_replays_decode_steps(wide, folder, max_new, 
     """The built policy (`sampling.policy: probe`, through the scheduler the engines run) is this
     replay at B = 1: the same decode steps on every committed trace's last epoch, each call with
     the bench's budget (g whole samples beside its prompt)."""
-    from infsamp.sampling.simulator import _call_samples, read_trace, run_call
+    from infsamp.sampling.simulator import _call_samples, run_call
+    from infsamp.sampling.traces import read_trace
 
     calls = []
     for path in traces(folder):

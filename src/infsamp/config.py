@@ -54,8 +54,8 @@ class ModelConfig:
     attn_implementation: str = opt("sdpa",
                                    "attention kernel passed to transformers (sdpa, eager, "
                                    "flash_attention_2)")
-    lora_rank: int = opt(0, "LoRA rank through peft; 0 trains all weights")
-    lora_alpha: int = opt(32, "LoRA alpha")
+    lora_rank: int = opt(0, "LoRA rank through peft; 0 trains all weights", at_least=0)
+    lora_alpha: int = opt(32, "LoRA alpha", above=0)
     lora_dropout: float = opt(0.0, "LoRA dropout")
     lora_target_modules: list[str] = opt(["all-linear"], "modules LoRA adapts (peft names)")
     gradient_checkpointing: bool = opt(False,
@@ -70,11 +70,10 @@ class ModelConfig:
                                   "read (false: such a folder is refused in one line)")
 
     def validate(self) -> None:
-        _require(self.lora_rank >= 0, "model.lora_rank", self.lora_rank, "must be >= 0")
+        _require_limits("model", self)
         _require(not self.load_in_4bit or self.lora_rank > 0, "model.load_in_4bit",
                  self.load_in_4bit, "trains LoRA adapters over the 4-bit base: set "
                  "model.lora_rank (e.g. 16)")
-        _require(self.lora_alpha > 0, "model.lora_alpha", self.lora_alpha, "must be > 0")
         _require(0 <= self.lora_dropout < 1, "model.lora_dropout", self.lora_dropout,
                  "must be in [0, 1)")
         _require(len(self.lora_target_modules) > 0, "model.lora_target_modules",
@@ -115,7 +114,8 @@ class DataConfig:
     num_eval_examples: int = opt(200, "embedded and reasoning_gym tasks: number of held-out "
                                       "problems (reasoning_gym: seeds disjoint from training's)")
     max_prompt_length: int = opt(256, "prompts over this many tokens (chat template included) are "
-                                      "skipped, never cut, and counted: data/dropped_prompts")
+                                      "skipped, never cut, and counted: data/dropped_prompts",
+                                 above=0)
     seed: int = opt(1234, "seed of the embedded and reasoning_gym task generators "
                           "(reasoning_gym: unless its 'seed')")
     chat_template_kwargs: dict[str, Any] = opt({}, "extra chat template variables, e.g. "
@@ -125,8 +125,7 @@ class DataConfig:
                                     "needed when both would be the same rows (one .jsonl file)")
 
     def validate(self) -> None:
-        _require(self.max_prompt_length > 0, "data.max_prompt_length", self.max_prompt_length,
-                 "must be > 0")
+        _require_limits("data", self)
         _require(0 <= self.eval_fraction < 1, "data.eval_fraction", self.eval_fraction,
                  "must be in [0, 1)")
         reserved = set(self.chat_template_kwargs) & TEMPLATE_ARGUMENTS
@@ -200,16 +199,17 @@ class ToolsConfig:
     timeout_s: float = opt(10.0, "seconds one tool call may take; past it the call is stopped "
                                  "(functions run in worker processes) and the model gets a tool "
                                  "error; 0: no limit, functions run in the trainer's process")
-    max_workers: int = opt(8, "tool calls running at once, per function (worker processes)")
+    max_workers: int = opt(8, "tool calls running at once, per function (worker processes)",
+                           at_least=1)
 
     @property
     def enabled(self) -> bool:
         return bool(self.functions or self.environment_factory)
 
     def validate(self) -> None:
+        _require_limits("tools", self)
         _require(self.timeout_s >= 0, "tools.timeout_s", self.timeout_s,
                  "must be >= 0 (0: no limit)")
-        _require(self.max_workers >= 1, "tools.max_workers", self.max_workers, "must be >= 1")
         named = [("tools.functions", spec) for spec in self.functions]
         for key, spec in [*named, ("tools.environment_factory", self.environment_factory)]:
             _require(not spec or ":" in spec.strip(":"), key, spec,
@@ -221,31 +221,33 @@ class SamplingConfig:
     num_generations: int = opt(8, "G: completions sampled per prompt (the group size)")
     policy: str = opt("continuous", "full, rounds, continuous, length_aware or probe (more "
                       "samples than g start as short probes inside the same KV budget)")
-    micro_group: int = opt(16, "g: samples decoded at once (slots); 0 derives it from kv_budget")
+    micro_group: int = opt(16, "g: samples decoded at once (slots); 0 derives it from kv_budget",
+                           at_least=0)
     kv_budget: str = opt("auto", "KV-cache budget: tokens (8192), bytes ('2GiB') or auto")
-    max_new_tokens: int = opt(256, "maximum completion length in tokens")
-    temperature: float = opt(0.7, "sampling temperature (0 = greedy)")
+    max_new_tokens: int = opt(256, "maximum completion length in tokens", above=0)
+    temperature: float = opt(0.7, "sampling temperature (0 = greedy)", at_least=0)
     top_p: float = opt(1.0, "nucleus sampling threshold")
-    top_k: int = opt(0, "top-k sampling (0 = off)")
+    top_k: int = opt(0, "top-k sampling (0 = off)", at_least=0)
     predictor: str = opt("online", "length predictor for length_aware and probe: online (prompt "
                                    "features and the first tokens), hidden (a probe on the "
                                    "policy's own hidden states; slot engine) or none")
     predictor_prefix_tokens: int = opt(8, "k: a running sample's remaining length is re-predicted "
-                                          "every k generated tokens")
+                                          "every k generated tokens", at_least=0)
     preempt: bool = opt(True, "length_aware: after a sample's first k tokens, park it (tokens "
                               "kept, KV kept or recomputed) when it is predicted much shorter "
                               "than a waiting one, which takes its slot")
     max_turns: int = opt(4, "tool calls (turns that end in one) an episode may make; the "
                          "episode's tokens, the model's and the tools' answers, stay within "
-                         "max_new_tokens (TRL's max_tool_calling_iterations)")
+                         "max_new_tokens (TRL's max_tool_calling_iterations)", at_least=0)
     probe_tokens: int = opt(12, "probe: KV tokens a new sample first reserves; at that many "
-                            "tokens it is given its whole reservation, or parked (KV dropped)")
+                            "tokens it is given its whole reservation, or parked (KV dropped)",
+                            at_least=1)
     refill: str = opt("auto",
                       "runtime refill order for length_aware: auto (= "
                       "ljf, measured best), sjf, ljf")
     grouping_epsilon: float = opt(0.1,
                                   "FPTAS epsilon of the global grouping "
-                                  "(smaller: closer to optimal)")
+                                  "(smaller: closer to optimal)", above=0)
     engine: str = opt(
         "auto", "decoding engine: slots (infsamp's slot engine over the transformers model), vllm "
         "(vLLM in the trainer's process), auto (vllm where it is installed and the model is on a "
@@ -275,30 +277,19 @@ class SamplingConfig:
                                     "replaced per step (-1: training.prompts_per_step; 0: none)")
 
     def validate(self) -> None:
+        _require_limits("sampling", self)
         _require(self.num_generations >= 2, "sampling.num_generations", self.num_generations,
                  "must be >= 2 (GRPO compares samples within a group)")
-        _require(self.micro_group >= 0, "sampling.micro_group", self.micro_group, "must be >= 0")
-        _require(self.max_new_tokens > 0, "sampling.max_new_tokens", self.max_new_tokens,
-                 "must be > 0")
-        _require(self.temperature >= 0, "sampling.temperature", self.temperature, "must be >= 0")
         _require(self.engine != "vllm" or self.temperature <= VLLM_MAX_TEMPERATURE,
                  "sampling.temperature", self.temperature,
                  f"must be <= {VLLM_MAX_TEMPERATURE:g} with sampling.engine vllm (vLLM's limit); "
                  "sampling.engine slots samples at any temperature")
         _require(0 < self.top_p <= 1, "sampling.top_p", self.top_p, "must be in (0, 1]")
-        _require(self.top_k >= 0, "sampling.top_k", self.top_k, "must be >= 0")
-        _require(self.predictor_prefix_tokens >= 0, "sampling.predictor_prefix_tokens",
-                 self.predictor_prefix_tokens, "must be >= 0")
         _check_choice("sampling.policy", self.policy, choices.POLICIES)
-        _require(self.probe_tokens >= 1, "sampling.probe_tokens", self.probe_tokens,
-                 "must be >= 1")
-        _require(self.max_turns >= 0, "sampling.max_turns", self.max_turns, "must be >= 0")
         _require(self.predictor in choices.TRAINING_PREDICTORS, "sampling.predictor",
                  self.predictor, f"must be {' or '.join(choices.TRAINING_PREDICTORS)} (oracle "
                  "and noisy know the true lengths: bench and simulate only)")
         _check_choice("sampling.refill", self.refill, ("auto", *choices.REFILL_ORDERS))
-        _require(self.grouping_epsilon > 0, "sampling.grouping_epsilon", self.grouping_epsilon,
-                 "must be > 0")
         for name in ("engine", "vllm_sleep", "vllm_importance_sampling"):
             allowed = _field(SamplingConfig, name).metadata["choices"]
             _require(getattr(self, name) in allowed, f"sampling.{name}", getattr(self, name),
@@ -338,35 +329,36 @@ class SamplingConfig:
 
 @dataclass
 class TrainingConfig:
-    max_steps: int = opt(90, "optimizer steps to run")
-    prompts_per_step: int = opt(4, "prompts per step; each is sampled G times")
-    learning_rate: float = opt(5e-5, "peak learning rate")
+    max_steps: int = opt(90, "optimizer steps to run", above=0)
+    prompts_per_step: int = opt(4, "prompts per step; each is sampled G times", above=0)
+    learning_rate: float = opt(5e-5, "peak learning rate", at_least=0)
     lr_scheduler: str = opt("constant_with_warmup",
                             "transformers scheduler name (cosine, linear, constant...)")
     warmup_ratio: float = opt(0.05, "fraction of steps spent warming up")
-    weight_decay: float = opt(0.0, "AdamW weight decay")
+    weight_decay: float = opt(0.0, "AdamW weight decay", at_least=0)
     adam_beta1: float = opt(0.9, "AdamW beta1")
     adam_beta2: float = opt(0.99, "AdamW beta2")
     optimizer: str = opt("adamw", "adamw, adamw8bit (8-bit states: bitsandbytes on CUDA, torchao "
                          "elsewhere and for bf16 weights) or sgd")
-    max_grad_norm: float = opt(1.0, "gradient clipping norm (0 = off)")
+    max_grad_norm: float = opt(1.0, "gradient clipping norm (0 = off)", at_least=0)
     loss_type: str = opt("dapo", "loss: grpo, dr_grpo, dapo, bnpo, gspo, cispo "
                                  "(README: when to use which)")
     scale_rewards: str = opt("group", "advantage scaling: group, batch, none")
-    beta: float = opt(0.0, "KL coefficient to the reference model (0: no reference)")
+    beta: float = opt(0.0, "KL coefficient to the reference model (0: no reference)", at_least=0)
     epsilon: float = opt(0.0, "lower clip range of the ratio (0: the loss type's default, "
-                              "0.2; gspo 3e-4)")
+                              "0.2; gspo 3e-4)", at_least=0)
     epsilon_high: float = opt(0.0, "upper clip range (0: the loss type's default: gspo 4e-4, "
-                                   "cispo 5.0 (cispo caps the ratio itself), others = epsilon)")
+                                   "cispo 5.0 (cispo caps the ratio itself), others = epsilon)",
+                               at_least=0)
     mask_truncated_completions: bool = opt(False, "completions cut at sampling.max_new_tokens "
                                                   "carry no loss (DAPO)")
     top_entropy_quantile: float = opt(1.0, "only this top fraction of the step's tokens by "
                                            "entropy carries policy loss (0.2 in 'Beyond the "
                                            "80/20 Rule'; 1.0: all)")
-    num_iterations: int = opt(1, "optimisation passes over each sampled batch (mu)")
+    num_iterations: int = opt(1, "optimisation passes over each sampled batch (mu)", at_least=1)
     train_micro_batch_tokens: int = opt(0,
                                         "tokens per training "
-                                        "micro-batch; 0 = auto from the planner")
+                                        "micro-batch; 0 = auto from the planner", at_least=0)
     chunked_lm_head: bool = opt(True, "log-probs from the final hidden states with the LM head "
                                 "applied per chunk (no [tokens x vocabulary] logits); false: the "
                                 "model's full logits, as before (more memory; the planner "
@@ -398,26 +390,13 @@ class TrainingConfig:
                          "adapters are fp32 in every mode")
 
     def validate(self) -> None:
+        _require_limits("training", self)
         _require(0 <= self.num_threads <= 4096, "training.num_threads", self.num_threads,
                  "must be in [0, 4096]")
-        _require(self.max_steps > 0, "training.max_steps", self.max_steps, "must be > 0")
-        _require(self.prompts_per_step > 0, "training.prompts_per_step", self.prompts_per_step,
-                 "must be > 0")
         _require(self.completions_per_step >= 0, "training.completions_per_step",
                  self.completions_per_step, "must be >= 0 (0: off)")
-        _require(self.learning_rate >= 0, "training.learning_rate", self.learning_rate,
-                 "must be >= 0")
         _require(0 <= self.warmup_ratio < 1, "training.warmup_ratio", self.warmup_ratio,
                  "must be in [0, 1)")
-        _require(self.beta >= 0, "training.beta", self.beta, "must be >= 0")
-        _require(self.epsilon >= 0, "training.epsilon", self.epsilon, "must be >= 0")
-        _require(self.epsilon_high >= 0, "training.epsilon_high", self.epsilon_high, "must be >= 0")
-        _require(self.num_iterations >= 1, "training.num_iterations", self.num_iterations,
-                 "must be >= 1")
-        _require(self.max_grad_norm >= 0, "training.max_grad_norm", self.max_grad_norm,
-                 "must be >= 0")
-        _require(self.train_micro_batch_tokens >= 0, "training.train_micro_batch_tokens",
-                 self.train_micro_batch_tokens, "must be >= 0")
         _check_choice("training.loss_type", self.loss_type, choices.LOSS_TYPES)
         _require(0 < self.top_entropy_quantile <= 1, "training.top_entropy_quantile",
                  self.top_entropy_quantile, "must be in (0, 1] (1.0: every token)")
@@ -429,8 +408,6 @@ class TrainingConfig:
         for name in ("adam_beta1", "adam_beta2"):
             value = getattr(self, name)
             _require(0 <= value < 1, f"training.{name}", value, "must be in [0, 1)")
-        _require(self.weight_decay >= 0, "training.weight_decay", self.weight_decay,
-                 "must be >= 0")
         _require(0 <= self.seed < 2**32, "training.seed", self.seed, "must be in [0, 2**32)")
         _check_choice("training.lr_scheduler", self.lr_scheduler, tuple(choices.LR_SCHEDULERS))
         _check_choice("training.precision", self.precision, choices.PRECISION_CHOICES)
@@ -438,13 +415,15 @@ class TrainingConfig:
 
 @dataclass
 class EvalConfig:
-    every_steps: int = opt(30, "also evaluate every N steps (0: only before and after training)")
+    every_steps: int = opt(30, "also evaluate every N steps (0: only before and after training)",
+                           at_least=0)
     on_start: bool = opt(True, "evaluate before the first step (TRL's eval_on_start); false "
                                "saves one evaluation when the start is known, e.g. seeds of one "
                                "base model")
-    num_problems: int = opt(200, "held-out problems evaluated (0 disables evaluation)")
-    temperature: float = opt(0.0, "decoding temperature for evaluation (0 = greedy)")
-    max_new_tokens: int = opt(0, "completion limit for evaluation (0: same as sampling)")
+    num_problems: int = opt(200, "held-out problems evaluated (0 disables evaluation)", at_least=0)
+    temperature: float = opt(0.0, "decoding temperature for evaluation (0 = greedy)", at_least=0)
+    max_new_tokens: int = opt(0, "completion limit for evaluation (0: same as sampling)",
+                              at_least=0)
     reward: str = opt("auto", "the run's reward function that scores held-out answers "
                               "(eval/accuracy, 'held-out accuracy'); auto: the first of accuracy, "
                               "math_verify, reasoning_gym in rewards.functions, else the first "
@@ -457,18 +436,14 @@ class EvalConfig:
                                       "solved), for per-problem comparisons between steps")
 
     def validate(self) -> None:
-        _require(self.every_steps >= 0, "eval.every_steps", self.every_steps, "must be >= 0")
-        _require(self.num_problems >= 0, "eval.num_problems", self.num_problems, "must be >= 0")
-        _require(self.temperature >= 0, "eval.temperature", self.temperature, "must be >= 0")
-        _require(self.max_new_tokens >= 0, "eval.max_new_tokens", self.max_new_tokens,
-                 "must be >= 0")
+        _require_limits("eval", self)
 
 
 @dataclass
 class LoggingConfig:
     output_dir: str = opt("runs/demo",
                           "run folder: metrics.jsonl, plots, checkpoints, lengths.jsonl")
-    log_every: int = opt(1, "print a metrics line every N steps")
+    log_every: int = opt(1, "print a metrics line every N steps", at_least=1)
     progress_bar: bool = opt(True, "progress bars per phase on a terminal (never in pipes or CI)")
     plot: bool = opt(True, "write reward/accuracy plots (PNG) at the end")
     report_to: list[str] = opt(["none"], "experiment trackers: tensorboard, wandb, trackio, "
@@ -479,7 +454,7 @@ class LoggingConfig:
                                     "rewards and advantages to completions.jsonl (0: never)")
 
     def validate(self) -> None:
-        _require(self.log_every >= 1, "logging.log_every", self.log_every, "must be >= 1")
+        _require_limits("logging", self)
         _check_output_dir(self.output_dir)
         _require(self.completions_every >= 0, "logging.completions_every", self.completions_every,
                  "must be >= 0 (0: never)")
@@ -491,8 +466,9 @@ class LoggingConfig:
 
 @dataclass
 class CheckpointConfig:
-    save_every: int = opt(30, "save a checkpoint every N steps (0: at the end and on a signal)")
-    keep_last: int = opt(2, "number of step checkpoints kept")
+    save_every: int = opt(30, "save a checkpoint every N steps (0: at the end and on a signal)",
+                          at_least=0)
+    keep_last: int = opt(2, "number of step checkpoints kept", at_least=1)
     resume: str = opt("", "checkpoint directory to resume from; 'latest' (the newest in "
                       "output_dir that verifies; none is an error); 'auto' (the same, or a new "
                       "run when there is none)")
@@ -505,8 +481,7 @@ class CheckpointConfig:
                          "metric_for_best_model); empty: off")
 
     def validate(self) -> None:
-        _require(self.save_every >= 0, "checkpointing.save_every", self.save_every, "must be >= 0")
-        _require(self.keep_last >= 1, "checkpointing.keep_last", self.keep_last, "must be >= 1")
+        _require_limits("checkpointing", self)
         _require(not self.keep_best or self.keep_best.startswith("eval/"),
                  "checkpointing.keep_best", self.keep_best,
                  "must name an eval.jsonl metric: eval/accuracy, eval/reward or "
@@ -598,6 +573,17 @@ MAX_INTEGER = 2**32 - 1  # every integer option: sizes, counts, steps and seeds 
 # basic_arithmetic 0.9 s (2026-12-02); a million is a minute or two, more never starts
 MAX_GENERATED_EXAMPLES = 1_000_000
 MAX_DURATION_S = 7 * 24 * 3600.0  # every option in seconds (*_s): the OS's waits take a week
+
+
+def _require_limits(section_name: str, section: Any) -> None:
+    """Each option's own bound, given beside its help (`opt(..., at_least=0)` or `above=0`)."""
+    for f in dataclasses.fields(section):
+        value, key = getattr(section, f.name), f"{section_name}.{f.name}"
+        if "at_least" in f.metadata:
+            low = f.metadata["at_least"]
+            _require(value >= low, key, value, f"must be >= {low}")
+        if "above" in f.metadata:
+            _require(value > f.metadata["above"], key, value, f"must be > {f.metadata['above']}")
 
 
 def _require_bounded(section_name: str, section: Any) -> None:

@@ -4,9 +4,10 @@ micro-batched gradients equal to whole-batch gradients for every loss type."""
 import pytest
 import torch
 
-from infsamp.algorithm.grpo_step import GRPOStep, Rollout
+from infsamp.algorithm.grpo_step import GRPOStep
 from infsamp.algorithm.logprobs import plan_sequence_batches, sequence_logprobs_and_entropy
 from infsamp.algorithm.losses import LOSS_TYPES
+from infsamp.algorithm.rollout import Rollout
 from infsamp.config import TrainingConfig
 
 from test_logprobs import PAD, random_batch, tiny_model

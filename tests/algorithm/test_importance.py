@@ -7,9 +7,10 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from infsamp.algorithm.grpo_step import GRPOStep, Rollout
+from infsamp.algorithm.grpo_step import GRPOStep
 from infsamp.algorithm.importance import IS_MODES, MismatchStats, engine_importance_weights
 from infsamp.algorithm.logprobs import sequence_logprobs
+from infsamp.algorithm.rollout import Rollout
 from infsamp.config import TrainingConfig
 
 OLD = torch.tensor([[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])

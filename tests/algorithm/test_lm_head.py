@@ -9,9 +9,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from infsamp.algorithm import lm_head
-from infsamp.algorithm.grpo_step import GRPOStep, Rollout
+from infsamp.algorithm.grpo_step import GRPOStep
 from infsamp.algorithm.logprobs import completion_logprobs, make_micro_batch
 from infsamp.algorithm.losses import LOSS_TYPES
+from infsamp.algorithm.rollout import Rollout
 from infsamp.config import ModelConfig, TrainingConfig
 
 from test_logprobs import PAD, VOCAB, random_batch, tiny_model

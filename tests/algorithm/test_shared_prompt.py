@@ -7,8 +7,9 @@ layout by default: tests/distributed/ compare them with one process."""
 import pytest
 import torch
 
-from infsamp.algorithm.grpo_step import GRPOStep, Rollout
+from infsamp.algorithm.grpo_step import GRPOStep
 from infsamp.algorithm.losses import LOSS_TYPES
+from infsamp.algorithm.rollout import Rollout
 from infsamp.algorithm.shared_prompt import LAYOUTS, plan_shared_batches
 from infsamp.config import TrainingConfig
 

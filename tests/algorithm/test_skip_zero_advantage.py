@@ -4,7 +4,7 @@ gradient (same gradient as forwarding them), and are forwarded whenever a condit
 import pytest
 import torch
 
-from infsamp.algorithm.grpo_step import Rollout
+from infsamp.algorithm.rollout import Rollout
 
 from test_shared_prompt import COMPLETIONS, PROMPTS, make_step
 

@@ -5,7 +5,7 @@ high-entropy threshold) and every loss type's normaliser, in both layouts (share
 import pytest
 import torch
 
-from infsamp.algorithm.grpo_step import GRPOStep, Rollout
+from infsamp.algorithm.grpo_step import GRPOStep
 from infsamp.algorithm.logprobs import (
     make_micro_batch,
     micro_batch_logprobs_and_entropy,
@@ -17,6 +17,7 @@ from infsamp.algorithm.losses import (
     high_entropy_masks,
     per_token_loss,
 )
+from infsamp.algorithm.rollout import Rollout
 from infsamp.algorithm.shared_prompt import LAYOUTS
 from infsamp.choices import clip_range
 from infsamp.config import TrainingConfig

@@ -7,15 +7,17 @@ import pytest
 
 from infsamp.config import ConfigError
 from infsamp.planner import PRESETS, count_lora_parameters, kv_bytes_per_token, plan_memory
-from infsamp.planner.estimate import (
-    DEVICES,
+from infsamp.planner.activations import (
     LOGITS_CHUNK_BUFFERS,
     activation_bytes_per_token,
-    embedding_parameters,
-    generation_breakdown,
     inference_workspace_bytes,
     logits_chunk_rows,
     train_logits_bytes,
+)
+from infsamp.planner.estimate import (
+    DEVICES,
+    embedding_parameters,
+    generation_breakdown,
     training_breakdown,
 )
 from infsamp.planner.presets import linear_shapes
@@ -237,7 +239,8 @@ def test_the_shared_prompt_block_mask_is_counted_in_the_training_step():
     W at most the micro-batch and a whole group (P + G x R)."""
     from dataclasses import replace
 
-    from infsamp.planner.estimate import shared_mask_bytes, training_moments
+    from infsamp.planner.activations import shared_mask_bytes
+    from infsamp.planner.estimate import training_moments
     from infsamp.planner.inputs import PlanInputs
     from infsamp.planner.presets import PRESETS
 

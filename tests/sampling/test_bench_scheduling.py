@@ -10,6 +10,7 @@ import pytest
 
 from infsamp.cli import main
 from infsamp.commands import bench_scheduling as bench
+from infsamp.commands import bench_scheduling_report as bench_report
 from infsamp.sampling.engines.base import vllm_installed
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -30,7 +31,7 @@ def test_every_policy_sees_the_same_completions(tiny_model_dir):
     args = _args()
     rows = bench.run_epochs(model, tokenizer, bench.bench_prompts(tokenizer, 2, 0), variants, args)
     measured = [r for r in rows if r["measured"]]
-    learning = sum(v.predictor in bench.LEARNING for v in variants)  # epoch 1 warms these up
+    learning = sum(v.predictor in bench_report.LEARNING for v in variants)  # epoch 1 warms these up
     assert len(rows) == 2 * learning + 2 * len(variants) and len(measured) == 2 * len(variants)
     assert all(r["same_lengths_as_continuous"] for r in measured)
     assert all(r["decode_steps"] >= r["lower_bound"] for r in rows)
@@ -40,7 +41,7 @@ def test_every_policy_sees_the_same_completions(tiny_model_dir):
                for r in rows)
     oracle = [r for r in measured if r["variant"] == "length_aware:oracle"]
     assert all(r["kendall_tau"] in (None, 1.0) or len(set(r["lengths"][0])) == 1 for r in oracle)
-    report = bench.summarise(rows, variants, args)
+    report = bench_report.summarise(rows, variants, args)
     totals = report["totals"]["slots"]
     assert set(totals) == {v.name for v in variants}
     assert totals["rounds"]["generated_tokens"] == totals["continuous"]["generated_tokens"]
@@ -56,7 +57,8 @@ def test_cli_writes_json(tiny_model_dir, tmp_path, capsys):
     assert code == 0
     report = json.loads((tmp_path / "scheduling.json").read_text())
     assert report["G"] == 4
-    learning = sum(bench.Variant.parse(v).predictor in bench.LEARNING for v in bench.VARIANTS)
+    learning = sum(bench.Variant.parse(v).predictor in bench_report.LEARNING
+                   for v in bench.VARIANTS)
     assert len(report["rows"]) == learning + len(bench.VARIANTS)
     assert "targets (slots):" in capsys.readouterr().out
 
@@ -78,7 +80,8 @@ def test_seeds_each_measured_with_their_own_predictors(tiny_model_dir, tmp_path)
     assert all(t["identical_lengths"] for t in totals.values())
     assert totals["length_aware:hidden"]["num_preemptions"] > 0  # it parks, losslessly
     # the bench's trace replays its online variant's decisions (both epochs, the last measured)
-    from infsamp.sampling.simulator import read_trace, simulate
+    from infsamp.sampling.simulator import simulate
+    from infsamp.sampling.traces import read_trace
     for seed in (3, 4):
         groups = read_trace(tmp_path / f"trace_slots_seed{seed}.jsonl")
         assert len(groups) == 2 and groups[0].first_tokens is not None
@@ -108,7 +111,7 @@ def test_several_prompts_per_call(tiny_model_dir):
     assert len(measured) == 2 * len(variants) and all(len(r["lengths"]) == 2 for r in measured)
     # the budget holds exactly g slots
     assert {r["micro_group"] for r in rows} == {args.micro_group}
-    assert bench.summarise(rows, variants, args)["g"] == [args.micro_group]
+    assert bench_report.summarise(rows, variants, args)["g"] == [args.micro_group]
     assert all(r["same_lengths_as_continuous"] for r in measured)
 
 

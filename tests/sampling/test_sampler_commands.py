@@ -9,6 +9,7 @@ import pytest
 
 from infsamp.cli import main
 from infsamp.commands import bench_sampling as bench
+from infsamp.commands import bench_sampling_report as bench_report
 from infsamp.config import SamplingConfig
 from infsamp.sampling.engines.base import vllm_installed
 from infsamp.sampling.sampler import GroupSampler
@@ -67,8 +68,8 @@ def test_bench_cells_and_targets(checkpoint):
     args = argparse.Namespace(micro_group=2, seed=0)
     prompts = bench.bench_prompts(tokenizer, 1, 0)
     rows = [bench.run_cell(model, tokenizer, workload, prompts, size, policy, args)
-            for size in (4, 8) for policy in bench.POLICIES]
-    targets = bench.check_targets(rows)
+            for size in (4, 8) for policy in bench_report.POLICIES]
+    targets = bench_report.check_targets(rows)
     assert targets["controlled/continuous: peak KV G=8 / G=4"] == 1.0
     assert targets["controlled: peak KV full / continuous at G=8"] > 3
     assert all(r["decode_steps"] >= r["lower_bound"] for r in rows)
@@ -92,10 +93,10 @@ def test_bench_bound_replays_the_cells_steps(checkpoint):
                                                                      BOUND_STEPS)
     assert all(row[f"{name}_cpu_ms"] > 0 for name in ("step", "forward", "matmul"))
     assert row["forward_ms"] > row["matmul_ms"]  # the forward does its matrix products and more
-    targets = bench.check_targets([row])
+    targets = bench_report.check_targets([row])
     assert targets["embedded G=4 g=2 continuous: decode step / its matrix products alone (CPU)"] \
         == row["step_over_matmul_cpu"]
-    assert "step ms" in bench.BOUND_HEADER and bench.format_row(row).endswith("x")
+    assert "step ms" in bench_report.BOUND_HEADER and bench_report.format_row(row).endswith("x")
 
 
 # ---------------------------------------------------------------- bad flags: one line, before work

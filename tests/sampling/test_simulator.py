@@ -6,13 +6,8 @@ import pytest
 
 from infsamp.cli import main
 from infsamp.errors import DataError, SamplingError
-from infsamp.sampling.simulator import (
-    TraceGroup,
-    read_trace,
-    simulate,
-    synthetic_trace,
-    write_trace,
-)
+from infsamp.sampling.simulator import simulate
+from infsamp.sampling.traces import TraceGroup, read_trace, synthetic_trace, write_trace
 
 
 def write_lines(tmp_path, lines):
@@ -174,7 +169,7 @@ def test_cli_plot(tmp_path, capsys):
 
 
 def test_arithmetic_stand_in_with_guesses_is_bimodal():
-    from infsamp.sampling.simulator import arithmetic_trace
+    from infsamp.sampling.traces import arithmetic_trace
 
     plain = arithmetic_trace(8, 16, seed=3)
     # the default draws nothing extra

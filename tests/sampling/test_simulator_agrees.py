@@ -15,13 +15,8 @@ from infsamp.models.tiny import build_model, build_tokenizer
 from infsamp.sampling.length_predictor import OraclePredictor
 from infsamp.sampling.predictors import make_predictor
 from infsamp.sampling.sampler import GroupSampler
-from infsamp.sampling.simulator import (
-    _call_first_tokens,
-    _call_samples,
-    read_trace,
-    run_call,
-    simulate,
-)
+from infsamp.sampling.simulator import _call_first_tokens, _call_samples, run_call, simulate
+from infsamp.sampling.traces import read_trace
 from infsamp.sampling.types import make_samples
 
 EOS = build_tokenizer().eos_token_id

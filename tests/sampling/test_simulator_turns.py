@@ -19,17 +19,8 @@ from infsamp.errors import DataError
 from infsamp.models.tiny import build_model, build_tokenizer
 from infsamp.sampling.length_predictor import OraclePredictor
 from infsamp.sampling.sampler import GroupSampler
-from infsamp.sampling.simulator import (
-    TraceGroup,
-    _call_samples,
-    _call_turns,
-    episode_turns,
-    group_turns,
-    read_trace,
-    run_call,
-    simulate,
-    write_trace,
-)
+from infsamp.sampling.simulator import _call_samples, _call_turns, run_call, simulate
+from infsamp.sampling.traces import TraceGroup, episode_turns, group_turns, read_trace, write_trace
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 EOS = build_tokenizer().eos_token_id

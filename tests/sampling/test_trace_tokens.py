@@ -8,7 +8,8 @@ import pytest
 from infsamp.errors import DataError
 from infsamp.run.logs import read_jsonl
 from infsamp.sampling.length_predictor import OnlinePredictor
-from infsamp.sampling.simulator import TraceGroup, read_trace, simulate, write_trace
+from infsamp.sampling.simulator import simulate
+from infsamp.sampling.traces import TraceGroup, read_trace, write_trace
 
 
 def test_first_tokens_round_trip_and_traces_without_them_still_read(tmp_path):

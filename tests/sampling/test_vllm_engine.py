@@ -399,7 +399,7 @@ def test_budget_below_one_sequence(embedded):
 
 
 def test_vllm_missing(embedded, monkeypatch):
-    import infsamp.sampling.engines.vllm as vllm_engine
+    import infsamp.sampling.engines.vllm_loading as vllm_engine
 
     monkeypatch.setattr(vllm_engine, "vllm_installed", lambda: False)
     message = "vLLM is not installed; pip install 'infsamp\\[cpu-vllm\\]'"

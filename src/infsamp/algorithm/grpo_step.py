@@ -41,8 +41,8 @@ import contextlib
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
-from typing import Any, NamedTuple
+from dataclasses import fields
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -62,6 +62,7 @@ from infsamp.algorithm.losses import (
     high_entropy_masks,
     per_token_loss,
 )
+from infsamp.algorithm.rollout import Rollout, StepInputs, model_lengths
 from infsamp.algorithm.shared_prompt import LAYOUTS, supports_shared_prompt
 from infsamp.choices import clip_range
 from infsamp.config import TrainingConfig
@@ -72,39 +73,6 @@ from infsamp.planner.sizes import MIN_TRAIN_MICRO_BATCH_TOKENS, RunSizes, traini
 from infsamp.timing import StepTimer
 
 DEFAULT_MICRO_BATCH_TOKENS = 8192
-
-
-@dataclass
-class Rollout:
-    prompt_ids: list[list[int]]  # one per completion (the group's prompt repeated)
-    completion_ids: list[list[int]]
-    advantages: Tensor  # [N]
-    truncated: list[bool] | None = None  # per completion: cut at the length limit; None: none
-    # per completion, one weight per token [L_i] multiplying its policy loss, e.g. the capped
-    # importance-sampling correction exp(old_logp - engine_logp) of a sampling engine; None: all 1
-    importance_weights: list[Tensor] | None = None
-    engine_logprobs: list[Tensor] | None = None  # per completion [T_i]: the sampling engine's
-    totals: BatchTotals | None = None  # the whole step's (one rank's share); None: its own
-    # per completion [L_i], 1 on the tokens the model sampled, 0 on context it did not (a tool's
-    # answer in a multi-turn episode): no log-prob, loss, entropy, KL or count there; None: all 1
-    model_masks: list[Tensor] | None = None
-
-
-class StepInputs(NamedTuple):
-    """What every iteration of one step shares; per-sequence lists are gathered per micro-batch."""
-
-    carries_loss: Tensor  # [N] 1.0 where the sequence contributes loss, 0.0 where masked
-    totals: BatchTotals
-    old: list[Tensor] | None = None  # old log-probs [L_i] (num_iterations > 1)
-    ref: list[Tensor] | None = None  # reference log-probs [L_i] (beta > 0)
-    token_masks: list[Tensor] | None = None  # high-entropy token masks [L_i] (quantile < 1)
-
-
-def model_lengths(rollout: Rollout) -> list[int]:
-    """Each completion's tokens that the model sampled (all of them without model masks)."""
-    if rollout.model_masks is None:
-        return [len(c) for c in rollout.completion_ids]
-    return [int(torch.as_tensor(m).sum()) for m in rollout.model_masks]
 
 
 def is_out_of_memory(err: BaseException) -> bool:

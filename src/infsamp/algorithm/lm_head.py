@@ -43,7 +43,7 @@ Unsloth's `UnslothEfficientGRPO`, TRL's `_ChunkedLogProbFunction`):
 
 Deliberately simple: the head is applied once per forward (models with several heads, e.g.
 multi-token prediction, are not handled); chunk sizes come from a fixed byte size
-(`planner.estimate.LOGITS_CHUNK_BYTES`), not from free memory.
+(`planner.activations.LOGITS_CHUNK_BYTES`), not from free memory.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from infsamp.models.device import base_model
-from infsamp.planner.estimate import logits_chunk_columns, logits_chunk_rows
+from infsamp.planner.activations import logits_chunk_columns, logits_chunk_rows
 
 Transform = Callable[[Tensor], Tensor]
 GIVEN_LOGITS_CHUNK_ROWS = 256  # rows per fp32 logsumexp chunk of given logits (full-logits path)

@@ -35,9 +35,16 @@ import pstats
 import random
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from infsamp.commands.bench_sampling_report import (
+    POLICIES,
+    check_targets,
+    format_row,
+    plot,
+    print_report,
+)
 from infsamp.commands.engine_choice import (
     ENGINE_HELP,
     close_engines,
@@ -45,9 +52,10 @@ from infsamp.commands.engine_choice import (
     parse_engines,
     start_engines,
 )
+from infsamp.commands.sample import read_prompts
+from infsamp.config import DataConfig, ModelConfig, SamplingConfig
 from infsamp.errors import SamplingError
-
-POLICIES = ("full", "rounds", "continuous")
+from infsamp.planner.kv_budget import VLLM_BLOCK_SIZE, kv_tokens_needed
 
 
 @dataclass
@@ -110,7 +118,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from infsamp.config import ModelConfig
     from infsamp.models.loading import load_model_and_tokenizer
 
     names, micro_groups = parse_engines(args.engine), parse_micro_groups(args.micro_group)
@@ -175,14 +182,10 @@ def run_cells(model, tokenizer, selected, prompts, micro_groups, engines, args,
 
 def cell_budget(workload_max_new: int, prompts, g: int, block_size: int) -> int:
     """KV budget of exactly g samples at once on an engine with this block size."""
-    from infsamp.planner.kv_budget import kv_tokens_needed
-
     return kv_tokens_needed(g, workload_max_new, max(len(p) for p in prompts), 1, block_size)
 
 
 def cell_config(policy: str, g: int, budget: int, max_new_tokens: int):
-    from infsamp.config import SamplingConfig
-
     return SamplingConfig(policy=policy, micro_group=g, kv_budget=str(budget),
                           max_new_tokens=max_new_tokens, temperature=1.0)
 
@@ -190,9 +193,6 @@ def cell_config(policy: str, g: int, budget: int, max_new_tokens: int):
 def engine_sizes_for(model, names, selected, prompts, micro_groups):
     """One engine serves every cell: longest prompt and completion, all G of `full` admitted at
     once, a pool holding the largest g budget (whole vLLM blocks), planned as a run of them."""
-    from dataclasses import replace
-
-    from infsamp.planner.kv_budget import VLLM_BLOCK_SIZE
     from infsamp.sampling.sizes import sampler_run_sizes
 
     blocks = (1, *VLLM_BLOCK_SIZE.values())
@@ -212,9 +212,6 @@ def bench_encoded_prompts(tokenizer, num: int, seed: int, split: str = "test",
                           data_cfg=None) -> list:
     """`num` prompts (EncodedPrompt) of `split` of the embedded task (or of `data_cfg`'s
     dataset), shuffled by `seed`, encoded as the trainer encodes them."""
-    from infsamp.commands.sample import read_prompts
-    from infsamp.config import DataConfig
-
     data_cfg = data_cfg or DataConfig(num_eval_examples=200)
     prompts = read_prompts(data_cfg, split, tokenizer).prompts
     random.Random(seed).shuffle(prompts)
@@ -283,73 +280,6 @@ def run_cell(model, tokenizer, workload: Workload, prompts, group_size: int, pol
             **bound}
 
 
-# ---------------------------------------------------------------- targets, profile, output
-
-
-def _cell(rows, workload, group_size, policy):
-    return next((r for r in rows
-                 if (r["workload"], r["G"], r["policy"]) == (workload, group_size, policy)), None)
-
-
-def check_targets(rows: list[dict]) -> dict:
-    """The policy targets per engine and g (prefixed `engine g=..` when there are several), and the
-    vLLM / slot engine tokens/s of every cell both ran."""
-    setups = sorted({(r["engine"], r["micro_group"]) for r in rows})
-    targets = {}
-    for engine, g in setups:
-        prefix = f"{engine} g={g}: " if len(setups) > 1 else ""
-        subset = [r for r in rows if (r["engine"], r["micro_group"]) == (engine, g)]
-        targets.update({prefix + k: v for k, v in policy_targets(subset).items()})
-    for r in rows:
-        if "step_over_forward" in r:
-            cell = f"{r['workload']} G={r['G']} g={r['micro_group']} {r['policy']}: decode step"
-            for name, what in (("forward", "model forward over a ready cache"),
-                               ("matmul", "its matrix products alone")):
-                targets[f"{cell} / {what} (wall)"] = r[f"step_over_{name}"]
-                targets[f"{cell} / {what} (CPU)"] = r[f"step_over_{name}_cpu"]
-        other = next((o for o in rows if o["engine"] == "slots" and r["engine"] == "vllm" and all(
-            o[k] == r[k] for k in ("workload", "G", "micro_group", "policy"))), None)
-        if other is not None:
-            name = (f"{r['workload']} G={r['G']} g={r['micro_group']} {r['policy']}: "
-                    "vllm / slots tokens/s")
-            targets[name] = r["tokens_per_second"] / other["tokens_per_second"]
-    return targets
-
-
-def policy_targets(rows: list[dict]) -> dict:
-    targets = {}
-    for workload in sorted({r["workload"] for r in rows}):
-        sizes = sorted({r["G"] for r in rows if r["workload"] == workload})
-        for policy in ("rounds", "continuous"):
-            first, last = _cell(rows, workload, sizes[0],
-                                policy), _cell(rows, workload, sizes[-1], policy)
-            if not (first and last):
-                continue
-            targets[f"{workload}/{policy}: peak KV G={sizes[-1]} / G={sizes[0]}"] = (
-                last["peak_kv_bytes"] / first["peak_kv_bytes"])
-        for size in sizes:
-            full, cont = _cell(rows, workload, size, "full"), _cell(rows, workload, size,
-                                                                    "continuous")
-            if not (full and cont):
-                continue
-            ratio = full["peak_kv_bytes"] / cont["peak_kv_bytes"]
-            targets[f"{workload}: peak KV full / continuous at G={size}"] = ratio
-    for r in rows:
-        if r["policy"] == "continuous" and r["workload"] == "embedded":
-            name = f"embedded G={r['G']}: sampler overhead share of wall time"
-            targets[name] = r["overhead_fraction"]
-    rounds = _cell(rows, "controlled", 32, "rounds")
-    cont = _cell(rows, "controlled", 32, "continuous")
-    if rounds and cont:
-        steps_saved = 1 - cont["decode_steps"] / rounds["decode_steps"]
-        targets["controlled G=32: continuous decode steps saved vs rounds"] = steps_saved
-        targets["controlled G=32: continuous / rounds tokens per second"] = (
-            cont["tokens_per_second"] / rounds["tokens_per_second"])
-        targets["controlled G=32: continuous / rounds tokens per CPU second"] = (
-            cont["tokens_per_cpu_second"] / rounds["tokens_per_cpu_second"])
-    return targets
-
-
 PROFILE_PARTS = {  # part -> (file suffix, function) whose cumulative time it is
     "model forward (minus KV update)": [("slots.py", "_forward")],
     "KV cache update + prompt/slot concat": [("slot_cache.py", "update")],
@@ -384,67 +314,3 @@ def profile_overhead(model, tokenizer, workload: Workload, args, micro_group: in
     parts["other (loop, start, timers)"] = total - sum(parts.values())
     return {"workload": workload.name, "G": 32, "g": row["g"], "profiled_wall_s": total,
             "share_of_profiled_time": {k: v / total for k, v in parts.items()}}
-
-
-HEADER = (f"{'engine':<7}{'workload':<11}{'G':>5} {'policy':<11}{'g':>4}{'steps':>8}{'bound':>8}"
-          f"{'peak KV':>11}{'prefill':>8}{'preempt':>8}{'tokens':>8}{'wall s':>8}{'tok/s':>8}"
-          f"{'tok/cpu-s':>10}{'ovh':>6}")
-# --bound, CPU ms per step: the engine's replayed steps, the model's own forward of them over a
-# ready cache, their matrix products alone, and the ratios (wall figures in sampling.json)
-BOUND_HEADER = (f"{'step ms':>9}{'fwd ms':>9}{'step/fwd':>9}{'mm ms':>9}{'step/mm':>9}")
-
-
-def format_row(r: dict) -> str:
-    return (f"{r['engine']:<7}{r['workload']:<11}{r['G']:>5} {r['policy']:<11}{r['g']:>4}"
-            f"{r['decode_steps']:>8}{r['lower_bound']:>8}{r['peak_kv_bytes'] / 2**20:>9.2f}Mi"
-            f"{r['prefill_tokens']:>8}{r['num_preemptions']:>8}{r['generated_tokens']:>8}"
-            f"{r['wall_time_s']:>8.1f}{r['tokens_per_second']:>8.0f}"
-            f"{r['tokens_per_cpu_second']:>10.0f}{100 * r['overhead_fraction']:>5.1f}%"
-            + (f"{r['step_cpu_ms']:>9.1f}{r['forward_cpu_ms']:>9.1f}"
-               f"{r['step_over_forward_cpu']:>8.2f}x{r['matmul_cpu_ms']:>9.1f}"
-               f"{r['step_over_matmul_cpu']:>8.2f}x" if "step_over_forward" in r else ""))
-
-
-def print_report(rows: list[dict], report: dict) -> None:
-    print("\n" + HEADER + (BOUND_HEADER if any("step_over_forward" in r for r in rows) else ""))
-    for r in rows:
-        print(format_row(r))
-    print("\ntargets:")
-    for name, value in report["targets"].items():
-        print(f"  {name}: {value:.3f}")
-    if report["profile"]:
-        print("profile (continuous, G=32, g=8), share of profiled time:")
-        for name, share in report["profile"]["share_of_profiled_time"].items():
-            print(f"  {name:<36} {100 * share:5.1f}%")
-    for engine, seconds in report.get("engine_startup_s", {}).items():
-        print(f"engine start-up (not in the figures above): {engine} {seconds:.1f} s")
-
-
-def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = sorted({r["workload"] for r in rows})
-    fig, axes = plt.subplots(len(names), 2, figsize=(10, 3.6 * len(names)), squeeze=False)
-    setups = sorted({(r["engine"], r["micro_group"]) for r in rows})
-    for row_axes, workload in zip(axes, names):
-        for (engine, g), policy in ((setup, p) for setup in setups for p in POLICIES):
-            key = (workload, policy, engine, g)
-            cells = sorted((r for r in rows
-                            if (r["workload"], r["policy"], r["engine"], r["micro_group"]) == key),
-                           key=lambda r: r["G"])
-            label = policy if len(setups) == 1 else f"{engine} g={g} {policy}"
-            sizes = [r["G"] for r in cells]
-            peaks = [r["peak_kv_bytes"] / 2**20 for r in cells]
-            row_axes[0].plot(sizes, peaks, marker="o", label=label)
-            steps = [r["decode_steps"] / r["num_prompts"] for r in cells]
-            row_axes[1].plot(sizes, steps, marker="o", label=label)
-        for ax, label in zip(row_axes, ("peak KV cache (MiB)", "decode steps per prompt")):
-            ax.set(xscale="log", yscale="log", xlabel="G (samples per prompt)", ylabel=label,
-                   title=workload)
-            ax.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)

@@ -33,12 +33,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from infsamp.choices import WIDE_POLICIES
+from infsamp.commands.bench_sampling import bench_encoded_prompts
+from infsamp.commands.bench_scheduling_report import LEARNING, print_report, summarise
 from infsamp.commands.engine_choice import (
     ENGINE_HELP,
     close_engines,
@@ -46,11 +47,15 @@ from infsamp.commands.engine_choice import (
     parse_engines,
     start_engines,
 )
-from infsamp.sampling.policies import PROBE_TOKENS
+from infsamp.config import DataConfig, ModelConfig, SamplingConfig
+from infsamp.config_io import load_config
+from infsamp.errors import SamplingError
+from infsamp.planner.kv_budget import VLLM_BLOCK_SIZE, kv_tokens_needed
+from infsamp.sampling.policies.probe import PROBE_TOKENS
+from infsamp.tasks.sources import check_dataset_source
 
 VARIANTS = ("continuous", "rounds", "length_aware:online", "length_aware:hidden",
             "length_aware:oracle", "probe", "probe:online")
-LEARNING = ("online", "hidden")  # predictors that learn inside the run (warmed up by epoch 1)
 TRACE_ONLY = ("first_tokens", "prompt_texts")  # kept in the traces, not in scheduling.json's rows
 
 
@@ -118,7 +123,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from infsamp.config import ModelConfig
     from infsamp.models.loading import load_model_and_tokenizer
 
     if args.quick:
@@ -155,8 +159,6 @@ def run(args: argparse.Namespace) -> int:
 
 def check_arguments(args: argparse.Namespace) -> list[Variant]:
     """Bad counts or variants end in one SamplingError line, before the model is loaded."""
-    from infsamp.errors import SamplingError
-
     for name in ("prompts", "prompts_per_step", "epochs", "num_generations", "micro_group",
                  "max_new_tokens"):
         if getattr(args, name) < 1:
@@ -178,8 +180,6 @@ def check_arguments(args: argparse.Namespace) -> list[Variant]:
 
 
 def parse_seeds(args) -> list[int]:
-    from infsamp.errors import SamplingError
-
     try:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()] if args.seeds else [args.seed]
     except ValueError:
@@ -194,10 +194,6 @@ def bench_sources(args):
     """(data config or None for the embedded task, model name): `--config`'s data section and
     model, `--dataset`/`--prompt-column` and `--model` overriding them. Checked before any load
     (an unknown task or option is one line)."""
-    from infsamp.config import DataConfig
-    from infsamp.config_io import load_config
-    from infsamp.tasks.sources import check_dataset_source
-
     cfg = load_config(args.config) if args.config else None
     data = cfg.data if cfg else None
     if args.dataset:
@@ -212,9 +208,6 @@ def bench_prompts(tokenizer, num: int, seed: int, args=None,
                   data_cfg=None) -> list[tuple[str, list[int]]]:
     """(text, token ids) of `num` training prompts: the embedded task's, or `data_cfg`'s (default:
     `--dataset`'s)."""
-    from infsamp.commands.bench_sampling import bench_encoded_prompts
-    from infsamp.config import DataConfig
-
     dataset = getattr(args, "dataset", "")
     if data_cfg is None and dataset:
         data_cfg = DataConfig(dataset=dataset, prompt_column=args.prompt_column)
@@ -226,8 +219,6 @@ def bench_prompts(tokenizer, num: int, seed: int, args=None,
 
 
 def sampling_config(variant: Variant, args, budget: int):
-    from infsamp.config import SamplingConfig
-
     return SamplingConfig(policy=variant.policy, micro_group=args.micro_group,
                           kv_budget=str(budget), max_new_tokens=args.max_new_tokens,
                           temperature=args.temperature, refill=variant.refill,
@@ -249,8 +240,6 @@ def first_tokens_kept(args) -> int:
 def call_budget(args, max_prompt_tokens: int, block_size: int = 1) -> int:
     """The budget a call needs for exactly g samples at once, prompts and blocks counted as the
     sampler counts them on this engine."""
-    from infsamp.planner.kv_budget import kv_tokens_needed
-
     return kv_tokens_needed(args.micro_group, args.max_new_tokens, max_prompt_tokens,
                             args.prompts_per_step, block_size) + getattr(args, "kv_slack", 0)
 
@@ -258,9 +247,6 @@ def call_budget(args, max_prompt_tokens: int, block_size: int = 1) -> int:
 def engine_sizes_for(model, names, prompts, args):
     """Enough for every call: the longest prompt, g at once (a wide policy: every sample of a
     call), a pool holding the largest budget (vLLM blocks), planned as a run of these calls."""
-    from dataclasses import replace
-
-    from infsamp.planner.kv_budget import VLLM_BLOCK_SIZE
     from infsamp.sampling.sizes import sampler_run_sizes
 
     longest = max(len(p[1]) for p in prompts)
@@ -377,7 +363,7 @@ def write_traces(rows: list[dict], out: Path) -> dict[str, Path]:
     """Each engine's and seed's calls (one row per call: every variant draws the same
     completions) as a lengths trace with each completion's first k tokens:
     `infsamp simulate --trace ... --warmup-steps N` replays the bench's decisions from it."""
-    from infsamp.sampling.simulator import TraceGroup, write_trace
+    from infsamp.sampling.traces import TraceGroup, write_trace
 
     paths = {}
     for engine, seed in dict.fromkeys((r["engine"], r.get("seed", 0)) for r in rows):
@@ -395,131 +381,9 @@ def write_traces(rows: list[dict], out: Path) -> dict[str, Path]:
     return paths
 
 
-# ---------------------------------------------------------------- report
-
-
-def totals(rows: list[dict]) -> dict:
-    keys = ("decode_steps", "lower_bound", "opt_lower_bound", "generated_tokens", "wall_time_s",
-            "cpu_time_s", "num_preemptions", "recomputed_tokens", "schedule_time_s")
-    total = {k: sum(r[k] for r in rows) for k in keys}
-    total["tokens_per_second"] = total["generated_tokens"] / max(total["wall_time_s"], 1e-9)
-    total["tokens_per_cpu_second"] = total["generated_tokens"] / max(total["cpu_time_s"], 1e-9)
-    total["schedule_share"] = total["schedule_time_s"] / max(total["wall_time_s"], 1e-9)
-    taus = [r["kendall_tau"] for r in rows  # tau is undefined when every sample has the same length
-            if r["kendall_tau"] is not None and len({n for g in r["lengths"] for n in g}) > 1]
-    total["kendall_tau"] = sum(taus) / len(taus) if taus else None
-    maes = [r["mae"] for r in rows if r["mae"] is not None]
-    total["mae"] = sum(maes) / len(maes) if maes else None
-    total["calls"] = len(rows)
-    total["identical_lengths"] = all(r["same_lengths_as_continuous"] for r in rows)
-    total["peak_kv_tokens"] = max(r["peak_kv_tokens"] for r in rows)
-    total["peak_rows"] = max(r.get("peak_rows", 0) for r in rows)
-    total["mean_rows"] = sum(r.get("row_steps", 0) for r in rows) / max(1, total["decode_steps"])
-    return total
-
-
-def summarise(rows: list[dict], variants: list[Variant], args) -> dict:
-    """Totals and targets per engine ({engine: {variant: ...}}), each seed's share of the
-    oracle's gain, and vLLM against the slots."""
-    measured = [r for r in rows if r["measured"]]
-    engines = list(dict.fromkeys(r["engine"] for r in rows))
-    by_engine = {e: by_variant(measured, e, variants) for e in engines}
-    warmup = [r for r in rows if not r["measured"]]
-    seeds = list(dict.fromkeys(r.get("seed", args.seed) for r in rows))
-    report = {"command": "infsamp bench scheduling " + " ".join(sys.argv[3:]),
-              "date": time.strftime("%Y-%m-%d"),
-              "G": args.num_generations, "g": sorted({r["micro_group"] for r in rows}),
-              "prompts": args.prompts, "seeds": seeds,
-              "B": args.prompts_per_step, "epochs": args.epochs, "temperature": args.temperature,
-              "engines": engines, "totals": by_engine,
-              "warmup_kendall_tau": totals(warmup)["kendall_tau"] if warmup else None}
-    report["targets"] = {e: targets(t) for e, t in by_engine.items()}
-    if len(seeds) > 1:
-        for engine in engines:
-            for seed in seeds:
-                seeded = by_variant([r for r in measured if r.get("seed") == seed], engine,
-                                    variants)
-                report["targets"][f"{engine}, seed {seed}"] = {
-                    name: value for name, value in targets(seeded).items() if "oracle's" in name}
-    if {"slots", "vllm"} <= set(engines):
-        report["targets"]["vllm vs slots"] = {
-            f"{name}: vllm / slots tokens/s": by_engine["vllm"][name]["tokens_per_second"]
-            / by_engine["slots"][name]["tokens_per_second"] for name in by_engine["vllm"]}
-    return report
-
-
-def by_variant(rows: list[dict], engine: str, variants: list[Variant]) -> dict:
-    return {v.name: totals([r for r in rows if (r["engine"], r["variant"]) == (engine, v.name)])
-            for v in variants}
-
-
-def targets(t: dict) -> dict:
-    out = {}
-    rounds, cont, oracle = t.get("rounds"), t.get("continuous"), t.get("length_aware:oracle")
-    if oracle:
-        out["length_aware:oracle decode steps / lower bound (<= 1.03)"] = (
-            oracle["decode_steps"] / oracle["lower_bound"])
-        out["length_aware:oracle decode steps / pigeonhole bound"] = (
-            oracle["decode_steps"] / oracle["opt_lower_bound"])
-    for name in (n for n in t if n.split(":")[-1] in LEARNING or n.startswith("probe")):
-        out.update(learning_targets(name, t[name], cont, rounds, oracle))
-    return out
-
-
-def learning_targets(name: str, v: dict, cont: dict | None, rounds: dict | None,
-                     oracle: dict | None) -> dict:
-    """One learning predictor's (or the probe policy's) variant against continuous, rounds and
-    the oracle."""
-    out = {}
-    if cont:
-        out[f"{name} / continuous decode steps (< 1)"] = v["decode_steps"] / cont["decode_steps"]
-        out[f"{name} / continuous wall tokens/s (decode steps: continuous / it "
-            f"{cont['decode_steps'] / v['decode_steps']:.3f})"] = (
-            v["tokens_per_second"] / cont["tokens_per_second"])
-    if cont and oracle and cont["decode_steps"] > oracle["decode_steps"]:
-        out[f"{name} share of the oracle's decode-step gain over continuous (>= 0.6)"] = (
-            (cont["decode_steps"] - v["decode_steps"])
-            / (cont["decode_steps"] - oracle["decode_steps"]))
-    if rounds:
-        out[f"{name} decode steps saved vs rounds (>= 0.40)"] = (
-            1 - v["decode_steps"] / rounds["decode_steps"])
-        out[f"{name} / rounds wall tokens/s (>= 1.25)"] = (
-            v["tokens_per_second"] / rounds["tokens_per_second"])
-    out[f"{name} scheduling + prediction share of sampling wall time (<= 0.03)"] = (
-        v["schedule_share"])
-    if v["peak_rows"] > 0:
-        out[f"{name} rows per decode step, mean (widest: {v['peak_rows']})"] = v["mean_rows"]
-    if v["kendall_tau"] is not None:
-        out[f"{name} predictor Kendall tau, measured epoch"] = v["kendall_tau"]
-        out[f"{name} predictor MAE (tokens)"] = v["mae"]
-    return out
-
-
 def format_call(r: dict) -> str:
     tau = "" if r["kendall_tau"] is None else f" tau {r['kendall_tau']:.2f}"
     return (f"epoch {r['epoch']} prompts {r['prompt']:>6} {r['engine']:<6}{r['variant']:<22} "
             f"steps {r['decode_steps']:>5} "
             f"bound {r['lower_bound']:>5} tokens {r['generated_tokens']:>6} "
             f"{r['wall_time_s']:6.1f}s{tau}")
-
-
-def print_report(report: dict) -> None:
-    print(f"\nmeasured epoch {report['epochs']}: G={report['G']} "
-          f"g={','.join(map(str, report['g']))}, "
-          f"{report['prompts']} prompts, {report['B']} per call")
-    print(f"{'engine':<7}{'variant':<24}{'steps':>8}{'bound':>8}{'x bound':>8}{'tokens':>8}"
-          f"{'wall s':>8}{'tok/s':>8}{'tok/cpu-s':>10}{'parked':>8}{'recomp':>8}{'tau':>6}")
-    for engine, by_variant in report["totals"].items():
-        for name, t in by_variant.items():
-            tau = "" if t["kendall_tau"] is None else f"{t['kendall_tau']:.2f}"
-            print(f"{engine:<7}{name:<24}{t['decode_steps']:>8}{t['lower_bound']:>8}"
-                  f"{t['decode_steps'] / t['lower_bound']:>8.3f}{t['generated_tokens']:>8}"
-                  f"{t['wall_time_s']:>8.1f}{t['tokens_per_second']:>8.0f}"
-                  f"{t['tokens_per_cpu_second']:>10.0f}{t['num_preemptions']:>8}"
-                  f"{t['recomputed_tokens']:>8}{tau:>6}")
-    for scope, values in report["targets"].items():
-        print(f"targets ({scope}):")
-        for name, value in values.items():
-            print(f"  {name}: {value:.3f}")
-    for engine, seconds in report.get("engine_startup_s", {}).items():
-        print(f"engine start-up (not in the figures above): {engine} {seconds:.1f} s")

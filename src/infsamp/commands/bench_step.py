@@ -17,6 +17,8 @@ import tempfile
 
 from infsamp.commands.output_files import check_output_files, check_plot_format, plot_name
 from infsamp.commands.train import add_config_flags, check_sources, config_overrides
+from infsamp.config_io import load_config
+from infsamp.distributed.ranks import init_ranks
 from infsamp.files import replace_with
 from infsamp.timing import PHASES
 
@@ -33,8 +35,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from infsamp.config_io import load_config
-
     if args.steps < 1:
         raise SystemExit(f"--steps: must be >= 1, got {args.steps}")
     if args.plot:
@@ -85,7 +85,6 @@ def plot_split(rows: list[dict], labels: list[str], path: str, title: str) -> No
 
 
 def _timed_steps(cfg, steps: int) -> list[dict]:
-    from infsamp.distributed.ranks import init_ranks
     from infsamp.run.trainer import GRPOTrainer
 
     trainer = GRPOTrainer(cfg, ranks=init_ranks(cfg))

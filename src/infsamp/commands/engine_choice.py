@@ -11,14 +11,13 @@ from __future__ import annotations
 import time
 
 from infsamp.errors import SamplingError
+from infsamp.planner.sizes import ENGINE_CHOICES
 
 ENGINE_HELP = "sampling engine(s), comma-separated: slots, vllm, auto"
 
 
 def parse_engines(text: str, single: bool = False) -> list[str]:
     """`slots,vllm` -> ['slots', 'vllm']; an unknown or repeated name is one error line."""
-    from infsamp.planner.sizes import ENGINE_CHOICES
-
     names = [name.strip() for name in text.split(",") if name.strip()]
     bad = next((n for n in names if n not in ENGINE_CHOICES), None)
     if bad is not None or not names:
@@ -60,3 +59,9 @@ def start_engines(names: list[str], model, cfg, sizes,
 def close_engines(engines: dict) -> None:
     for engine in engines.values():
         engine.close()
+
+
+def print_startup(startup_s: dict[str, float]) -> None:
+    """Each engine's start-up time, measured apart from the bench's figures."""
+    for engine, seconds in startup_s.items():
+        print(f"engine start-up (not in the figures above): {engine} {seconds:.1f} s")

@@ -42,7 +42,10 @@ import shutil
 import sys
 from pathlib import Path
 
-from infsamp.errors import InfsampError, ModelError
+from infsamp.errors import CheckpointError, InfsampError, ModelError
+from infsamp.models.source import load_error, resolve_model_source
+from infsamp.run.logs import read_jsonl
+from infsamp.run.ownership import describe, live_run_around
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 DTYPE_CHOICES = ("auto", "fp32", "bf16")
@@ -87,8 +90,6 @@ def run(args: argparse.Namespace) -> int:
 
 def check_target(out: Path) -> None:
     """`out` is new or empty, and not inside a run folder that a live run holds (its lock)."""
-    from infsamp.run.ownership import describe, live_run_around
-
     around = live_run_around(out)
     if around is not None:
         folder, holder = around
@@ -102,7 +103,6 @@ def check_target(out: Path) -> None:
 
 def resolve_checkpoint(source: Path) -> Path:
     """The checkpoint to export: `source` if it verifies, or a run folder's newest that does."""
-    from infsamp.errors import CheckpointError
     from infsamp.run.checkpoint import MANIFEST, MODEL_DIR, newest_verified, verify_checkpoint
 
     if not source.is_dir():
@@ -128,9 +128,7 @@ def resolve_checkpoint(source: Path) -> Path:
 
 def best_checkpoint(run_dir: Path) -> Path:
     """The run's verified checkpoint whose evaluation scored highest (see module docstring)."""
-    from infsamp.errors import CheckpointError
     from infsamp.run.checkpoint import checkpoint_step, list_checkpoints, verify_checkpoint
-    from infsamp.run.logs import read_jsonl
 
     if not (run_dir / "eval.jsonl").is_file():
         raise ExportError(f"--best: {run_dir} is not a run folder with evaluations (no eval.jsonl)")
@@ -216,8 +214,6 @@ def _run_section(run_dir: Path, section: str) -> dict:
 
 def base_model_path(checkpoint: Path) -> str:
     """The LoRA base: the run's model.name_or_path (its config.yaml), else peft's record."""
-    from infsamp.models.source import resolve_model_source
-
     name = run_model_config(checkpoint).get("name_or_path")
     if not name:
         adapter_config = json.loads((checkpoint / "model" / "adapter_config.json").read_text())
@@ -242,8 +238,6 @@ def _torch_dtype(dtype: str, config):
 
 def _load(path: str | Path, trust_remote_code: bool, **kwargs):
     from transformers import AutoModelForCausalLM
-
-    from infsamp.models.source import load_error
 
     try:
         return AutoModelForCausalLM.from_pretrained(str(path), trust_remote_code=trust_remote_code,

@@ -24,6 +24,8 @@ from infsamp.commands.train import add_config_flags, check_sources, config_overr
 from infsamp.config import ConfigError, DataConfig
 from infsamp.config_io import load_config
 from infsamp.files import create_text
+from infsamp.tasks.loading import load_examples
+from infsamp.tasks.prompts import encode_examples
 
 SHORT_FLAGS = {  # short flag -> (config key, help)
     "model": ("model.name_or_path", "checkpoint folder or 'embedded'"),
@@ -116,9 +118,6 @@ def run(args: argparse.Namespace) -> int:
 def read_prompts(data_cfg: DataConfig, split: str, tokenizer, num_prompts: int = 0):
     """The first `num_prompts` (0: all) prompts of `split`, encoded as the trainer encodes them (an
     `EncodedSplit`: over-long prompts are skipped and counted); the answer column is optional."""
-    from infsamp.tasks.loading import load_examples
-    from infsamp.tasks.prompts import encode_examples
-
     examples = load_examples(data_cfg, split, need_answer=False)[: num_prompts or None]
     what = f"data.dataset {data_cfg.dataset} split {split!r}"
     return encode_examples(examples, tokenizer, data_cfg, what)
@@ -171,7 +170,7 @@ def write_lengths_trace(path: str, texts: list[str], prompt_ids: list[list[int]]
                         prefix_tokens: int = 16) -> None:
     """The `infsamp simulate` trace: lengths, each completion's first `prefix_tokens` ids, and
     its turns when the group called tools."""
-    from infsamp.sampling.simulator import TraceGroup, group_turns, write_trace
+    from infsamp.sampling.traces import TraceGroup, group_turns, write_trace
 
     write_trace([TraceGroup(text, len(ids), [c.length for c in group],
                             first_tokens=[list(c.token_ids[:prefix_tokens]) for c in group]

@@ -34,14 +34,11 @@ from infsamp.commands.output_files import check_output_files, check_plot_format,
 from infsamp.config import MAX_INTEGER
 from infsamp.errors import SamplingError
 from infsamp.files import replace_with
-from infsamp.sampling.policies import PARK_RATIO, POLICIES, PROBE_TOKENS
-from infsamp.sampling.simulator import (
-    arithmetic_trace,
-    read_trace,
-    simulate,
-    synthetic_trace,
-    write_trace,
-)
+from infsamp.sampling.policies import POLICIES
+from infsamp.sampling.policies.length_aware import PARK_RATIO
+from infsamp.sampling.policies.probe import PROBE_TOKENS
+from infsamp.sampling.simulator import simulate
+from infsamp.sampling.traces import arithmetic_trace, read_trace, synthetic_trace, write_trace
 from infsamp.sampling.types import SamplerStats
 
 SYNTHETIC = {"lognormal": synthetic_trace, "arithmetic": arithmetic_trace}

@@ -13,6 +13,9 @@ import argparse
 from pathlib import Path
 
 from infsamp.config_io import iter_options, load_config, type_name
+from infsamp.distributed.ranks import init_ranks
+from infsamp.models.source import check_model_source
+from infsamp.tasks.sources import check_dataset_source
 
 RUN_FILES = ("metrics.jsonl", "eval.jsonl", "lengths.jsonl", "plots/training.png")
 DEMO_HINT = "no config given: running the embedded demo (tiny Llama, arithmetic task)"
@@ -45,9 +48,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def check_sources(cfg) -> None:
     """Model and dataset names decided before torch is imported: a missing path, or a hub id while
     the hub cannot be asked, is one line within a second of starting."""
-    from infsamp.models.source import check_model_source
-    from infsamp.tasks.sources import check_dataset_source
-
     check_model_source(cfg.model.name_or_path)
     check_dataset_source(cfg.data)
 
@@ -60,7 +60,6 @@ def run(args: argparse.Namespace) -> int:
     check_sources(cfg)
     if args.config is None:
         print(DEMO_HINT)
-    from infsamp.distributed.ranks import init_ranks
     from infsamp.run.trainer import GRPOTrainer
 
     ranks = init_ranks(cfg)  # one process, or this rank of a torchrun / accelerate launch

@@ -39,12 +39,12 @@ from typing import Any
 from infsamp.distributed.rank_assignment import assign, imbalance, rank_loads
 from infsamp.distributed.ranks import Ranks
 from infsamp.rewards.compute import RewardResult
-from infsamp.sampling.simulator import group_turns
-from infsamp.sampling.types import COMBINE, COMBINED, Completion
+from infsamp.sampling.traces import group_turns
+from infsamp.sampling.types import COMBINE, COMBINED, Completion, make_samples
 
 LINE_KEYS = ("prompt_id", "prompt_tokens", "lengths",  # a lengths.jsonl line (`infsamp simulate`)
              "first_tokens",  # each completion's first sampling.predictor_prefix_tokens ids
-             "turns")  # with tool calls: per completion its turns (`simulator.episode_turns`)
+             "turns")  # with tool calls: per completion its turns (`traces.episode_turns`)
 
 
 @dataclass
@@ -110,8 +110,6 @@ class RankSteps:
     def _samples(self, batch: list[tuple[int, Any]], group_size: int | list[int]) -> list:
         """The step's samples as the sampler lays them out (group_size 1: one per prompt; a list:
         each prompt's own)."""
-        from infsamp.sampling.types import make_samples
-
         return make_samples([len(p.token_ids) for _, p in batch], group_size, self.max_new,
                             [str(p.index) for _, p in batch], [p.text for _, p in batch])
 

@@ -33,7 +33,7 @@ from typing import Any
 
 from infsamp.config import Config, ConfigError
 from infsamp.distributed.one_config import check_one_config
-from infsamp.distributed.rank_watch import PEER_FAILED_EXIT
+from infsamp.distributed.rank_watch import PEER_FAILED_EXIT, RankWatch
 from infsamp.errors import InfsampError, NonFiniteError, RunStopped, first_line
 
 AGREED_ERRORS = (NonFiniteError, RunStopped)  # raised on every rank after a collective decision
@@ -252,8 +252,6 @@ def _signals_held() -> Iterator[None]:
 
 
 def _start_watch(ranks: ProcessRanks, timeout_s: float, output_dir: str):
-    from infsamp.distributed.rank_watch import RankWatch
-
     token = ranks.broadcast_json(os.urandom(8).hex() if ranks.is_main else None)
     return RankWatch(ranks.rank, ranks.world_size, timeout_s, output_dir, token).start()
 

@@ -166,7 +166,7 @@ def plan_memory(shape: ModelShape, *, gpu_memory_bytes: int, num_generations: in
     `runtime_bytes`: the runtime's resident memory outside the tensors, measured by the caller
     (None: the device's assumed default). The run's `kv_budget_tokens` (0: what g needs),
     `policy` and `probe_tokens` decide what the engine allocates (`estimate.kv_cache_tokens`);
-    `share_prompt` adds the training step's block mask (`estimate.shared_mask_bytes`)."""
+    `share_prompt` adds the training step's block mask (`activations.shared_mask_bytes`)."""
     p = PlanInputs(
         shape, int(gpu_memory_bytes), num_generations, max_prompt_tokens, max_new_tokens,
         lora_rank=lora_rank, lora_targets=tuple(lora_targets), optimizer=optimizer,

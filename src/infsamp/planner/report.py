@@ -9,18 +9,20 @@ from __future__ import annotations
 
 import math
 
+from infsamp.planner.activations import (
+    LOGITS_CHUNK_BUFFERS,
+    activation_bytes_per_token,
+    completion_rows,
+    train_logits_bytes_per_row,
+    train_logits_chunk_bytes,
+)
 from infsamp.planner.estimate import (
     GIB,
-    LOGITS_CHUNK_BUFFERS,
     PARTS,
-    activation_bytes_per_token,
     bytes_per_parameter,
-    completion_rows,
     kv_bytes_per_token,
     kv_cache_bytes,
     kv_cache_tokens,
-    train_logits_bytes_per_row,
-    train_logits_chunk_bytes,
 )
 from infsamp.planner.inputs import PlanInputs
 from infsamp.planner.plan import MemoryPlan

@@ -27,6 +27,7 @@ from typing import Any
 from infsamp.errors import RewardError
 from infsamp.tasks.answers import ANSWER_EXTRACTORS
 from infsamp.tasks.gsm8k import extract_xml_answer, has_xml_format
+from infsamp.tasks.reasoning_gym import score
 
 RewardFunction = Callable[..., list]
 
@@ -156,8 +157,6 @@ def reasoning_gym_reward(completions: Sequence[Any], answer: Sequence[Any],
     """The reasoning-gym task's `score_answer` (in [0, 1]; reasoning-gym gives partial credit
     on some tasks) of the answer `answer_extraction` reads (`infsamp.tasks.answers`), with the
     row's own entry; needs rows of a `reasoning_gym:NAME` dataset."""
-    from infsamp.tasks.reasoning_gym import score
-
     if not task:
         raise RewardError("reward function 'reasoning_gym' scores rows of a reasoning_gym:NAME "
                           "dataset (data.dataset); these rows have no 'task' column")

@@ -37,7 +37,9 @@ from infsamp.algorithm.optim import schedule_horizon
 from infsamp.choices import LR_SCHEDULERS
 from infsamp.config import Config
 from infsamp.config_io import flatten
+from infsamp.distributed.ranks import agreed
 from infsamp.errors import CheckpointError
+from infsamp.planner.precisions import resolve_precision_name
 from infsamp.run import checkpoint as ckpt
 from infsamp.run.dynamic_sampling import max_replaced_prompts
 
@@ -87,7 +89,6 @@ def run_identity(cfg: Config, data: dict[str, Any] | None = None) -> dict[str, A
 def run_settings(cfg: Config) -> dict[str, Any]:
     """The settings that define the run, resolved, by dotted name."""
     from infsamp.models.device import resolve_device
-    from infsamp.planner.precisions import resolve_precision_name
 
     flat = flatten(cfg.to_dict())
     settings = {key: flat[key] for key in RUN_SETTINGS}
@@ -174,8 +175,6 @@ def check_data(found: ckpt.Checkpoint | None, cfg: Config, fingerprint: dict[str
                for key in DATA_SETTINGS if key in then and then[key] != now[key]]
     why = ", ".join(changed) if changed else "with the same data settings: the data's files " \
         "changed"
-    from infsamp.distributed.ranks import agreed  # every rank reads the same rows
-
     raise agreed(CheckpointError(
         f"{found.path.name} was trained on other {' and '.join(parts)}: {why}; a resume continues "
         f"the same run on the same rows: resume with its data, or {_new_run(found)}"))

@@ -29,7 +29,7 @@ parked sample as one missing from `active()`; `start` on a sample that has token
 Every `prefix_tokens_wanted` generated tokens (k, 2k, ...) a running sample is shown to the policy
 (`on_tokens`), which re-predicts its remaining length.
 
-Probes (`policies.ProbePolicy`, k > 0). The policy says what a new sample reserves
+Probes (`policies/probe.py`, k > 0). The policy says what a new sample reserves
 (`start_tokens`: k) and which running probes are due their whole reservation (`to_grow`); the
 books grow each that the budget holds and park the rest (KV dropped). Slots and the running pool
 are the planner's rule (`kv_budget.slot_pool`): more than g run at once, so the budget still holds

