@@ -234,3 +234,36 @@ def test_a_tool_that_returns_nothing_is_answered_and_traced(tiny_dir):
     assert box.counters.calls == 1 and box.counters.errors == 0
     first, last = group_turns(result.groups[0])[0]
     assert first[:2] == [start, end - start] and first[2] >= 0 and last[1] == 0
+
+
+def test_the_sample_command_runs_tools(tiny_dir, tmp_path, capsys, forced_calls):
+    """`infsamp sample` with the trainer's tools.* settings: calls run, answers appended, the
+    completions and the trace keep the turns; a bad tool reference is one line, exit 2."""
+    import json
+
+    from infsamp.cli import main
+
+    prompts, recipe = tmp_path / "prompts.txt", tmp_path / "tools.yaml"
+    prompts.write_text("What is 2 + 3?\n")
+    recipe.write_text(json.dumps({"tools": {"functions": [f"{FUNCTIONS}:add"], "timeout_s": 5},
+                                  "sampling": {"max_turns": 1, "predictor": "none"},
+                                  "data": {"use_chat_template": "never",
+                                           "max_prompt_length": 1024}}))
+    out, trace = tmp_path / "out.jsonl", tmp_path / "trace.jsonl"
+    flags = [str(recipe), "--model", str(tiny_dir), "--prompts", str(prompts), "-G", "4",
+             "--max-new-tokens", "140", "--kv-budget", "100000", "--quiet"]
+    assert main(["sample", *flags, "--out", str(out), "--trace", str(trace)]) == 0
+    printed = capsys.readouterr().out
+    assert "tool calls: 2 (0 errors)" in printed and "tool turns: 2" in printed
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    called = [r for r in rows if r.get("num_turns")]
+    assert len(called) == 2 and all(len(r["tool_latencies_s"]) == 1 for r in called)
+    for row in called:
+        (start, end), = row["context_spans"]
+        assert "<tool_response>\n5\n</tool_response>" in \
+            build_tokenizer().decode(row["token_ids"][start:end])
+    turns = json.loads(trace.read_text().splitlines()[0])["turns"]
+    assert sum(len(episode) - 1 for episode in turns) == 2
+    recipe.write_text(recipe.read_text().replace(":add", ":nope"))
+    assert main(["sample", *flags]) == 2
+    assert "has no function 'nope'" in capsys.readouterr().err
