@@ -115,3 +115,23 @@ def test_simulate_replays_a_multi_turn_trace_with_the_online_predictor(tmp_path,
                      "online", "--micro-group", "2", "--kv-budget", "400", "--json"]) == 0
         result = json.loads(capsys.readouterr().out)
         assert result["num_tool_turns"] == 24 and result["generated_tokens"] == 3 * (8 * 3 + 84)
+
+
+def test_hidden_defers_to_the_turn_memory_past_an_answer():
+    """Its probe, trained at 8 tokens on the same episodes, would not know the turn after the
+    answer (the hidden state at hand predates it): the turn memory's 8 tokens."""
+    import numpy as np
+
+    from infsamp.sampling.hidden_predictor import HiddenPredictor
+
+    predictor = HiddenPredictor()
+    for _ in range(4):
+        for sample_id, first_turn in enumerate([10, 50] * 8):
+            sample = episode(sample_id, [(first_turn, 5), (8, 0)])
+            sample.hidden_state = np.full(8, 1.0 + sample_id % 2)
+            predictor.predict_remaining(sample, sample.token_ids[:8])
+            predictor.observe_finished(sample, sample.num_tokens)
+        predictor.end_call()
+    resumed = episode(99, [(10, 5)], finished=False)
+    resumed.hidden_state = np.full(8, 1.0)
+    assert abs(predictor.predict_remaining(resumed, resumed.token_ids) - 8) < 0.5

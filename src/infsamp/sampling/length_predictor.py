@@ -201,7 +201,7 @@ class OnlinePredictor(LengthPredictor):
         what its prompt's longer remembered samples ran past this point. Past a tool's answer:
         the turn memory's remainder for its turn, when an episode reached that turn."""
         num_tokens = len(prefix_token_ids)
-        after_answer = self._after_answer(spec, num_tokens)
+        after_answer = self.after_answer(spec, num_tokens)
         if after_answer is not None:
             return after_answer
         first = self._prefixes.get(spec.sample_id)
@@ -220,7 +220,7 @@ class OnlinePredictor(LengthPredictor):
         self._totals[spec.sample_id] = num_tokens + remaining
         return remaining
 
-    def _after_answer(self, spec, num_tokens: int) -> float | None:
+    def after_answer(self, spec, num_tokens: int) -> float | None:
         """A sample past k tool answers is at turn k: what episodes of its prompt (else of the
         run) decoded from turn k on, less this turn's tokens so far, within the room left."""
         if not spec.context_spans:
