@@ -31,8 +31,10 @@ def fake_trainer(**overrides):
     ({"use_vllm": True}, "GRPOConfig use_vllm=True: the infsamp rollout replaces TRL's "
                          "generation (engine='vllm' decodes with vLLM); set use_vllm=False"),
     ({"repetition_penalty": 1.1}, "GRPOConfig repetition_penalty: not supported (use 1.0)"),
-    ({"tools": [print]}, "GRPOConfig tools / environment_factory: multi-turn rollouts are not "
-                         "supported by the infsamp rollout"),
+    ({"tools": [print]}, "GRPOTrainer tools / environment_factory: TRL would generate every turn "
+                         "after the first itself; give the tools to the rollout, "
+                         "infsamp_rollout(tools=[...]) (environments are not supported: their "
+                         "dataset rows never reach a rollout_func)"),
 ])
 def test_unsupported_trl_settings_are_one_line(overrides, message):
     with pytest.raises(RolloutError) as info:

@@ -214,3 +214,27 @@ def test_the_trace_keeps_each_calls_latency(model, tmp_path):
     replay = run_call(samples, lengths, "continuous", at_once.stats.micro_group, 100000,
                       turns=_call_turns(groups))
     assert replay.decode_steps == at_once.stats.decode_steps
+
+
+class EmptyTool(AtOnceTool):
+    """Every call is answered with no tokens at all (a handler's empty answer)."""
+
+    def submit(self, sample):
+        self.done.append((sample, []))
+
+
+def test_an_answer_without_tokens_is_traced_and_replays(model, tmp_path):
+    """An empty answer is still a tool turn: an empty context span, its turn and latency in the
+    trace ([model tokens, 0, latency]), and the replay takes the engine's decode steps."""
+    real = sample(model, "continuous", "100000", tool=EmptyTool())
+    called = [c for c in real.completions if c.num_turns]
+    assert called and all(len(c.context_spans) == c.num_turns == len(c.tool_latencies_s)
+                          and c.num_context_tokens == 0 for c in called)
+    groups = trace_of(real, tmp_path / "trace.jsonl")
+    tool_turns = [turn for group in groups for episode in group.turns for turn in episode[:-1]]
+    assert len(tool_turns) == real.stats.num_tool_turns and all(t[1] == 0 for t in tool_turns)
+    samples, lengths = _call_samples(groups, MAX_NEW)
+    replay = run_call(samples, lengths, "continuous", real.stats.micro_group, 100000,
+                      turns=_call_turns(groups))
+    for key in KEYS:
+        assert getattr(replay, key) == getattr(real.stats, key), key

@@ -206,3 +206,64 @@ def test_a_failing_call_is_a_tool_error_and_the_episode_goes_on(tiny_dir, name, 
     assert '{"error": ' in answer and words in answer
     assert box.counters.errors == box.counters.calls == 1
     assert called.finish_reason in ("eos", "length") and called.length > end  # it went on
+
+
+def test_a_tool_that_returns_nothing_is_answered_and_traced(tiny_dir):
+    """A tool returning "" is a normal answer (no tool error): the template's tool message with
+    nothing inside, its tokens a context span, its turn and latency in the trace."""
+    from infsamp.sampling.simulator import group_turns
+
+    tokenizer = build_tokenizer()
+    model = LlamaForCausalLM.from_pretrained(tiny_dir).eval()
+    data = DataConfig(use_chat_template="never")
+    box = Toolbox(load_tools([f"{FUNCTIONS}:empty"]), None, tokenizer, data,
+                  [tokenizer.eos_token_id], timeout_s=0.0, max_workers=1)
+    call = '<tool_call>{"name": "empty", "arguments": {"a": 1}}</tool_call>'
+    try:
+        cfg = SamplingConfig(num_generations=2, micro_group=2, max_new_tokens=160,
+                             kv_budget="100000", temperature=1.0, predictor="none", max_turns=1)
+        result = GroupSampler(model, tokenizer, cfg).sample(
+            [tokenizer("Go.")["input_ids"]], 2, generator=torch.Generator().manual_seed(1),
+            turns=box.episodes(), logits_processor_factory=forcing(tokenizer, call))
+    finally:
+        box.close()
+    called = result.completions[0]
+    (start, end), = called.context_spans
+    assert tokenizer.decode(called.token_ids[start:end]).strip() == \
+        "<tool_response>\n\n</tool_response>"
+    assert box.counters.calls == 1 and box.counters.errors == 0
+    first, last = group_turns(result.groups[0])[0]
+    assert first[:2] == [start, end - start] and first[2] >= 0 and last[1] == 0
+
+
+def test_the_sample_command_runs_tools(tiny_dir, tmp_path, capsys, forced_calls):
+    """`infsamp sample` with the trainer's tools.* settings: calls run, answers appended, the
+    completions and the trace keep the turns; a bad tool reference is one line, exit 2."""
+    import json
+
+    from infsamp.cli import main
+
+    prompts, recipe = tmp_path / "prompts.txt", tmp_path / "tools.yaml"
+    prompts.write_text("What is 2 + 3?\n")
+    recipe.write_text(json.dumps({"tools": {"functions": [f"{FUNCTIONS}:add"], "timeout_s": 5},
+                                  "sampling": {"max_turns": 1, "predictor": "none"},
+                                  "data": {"use_chat_template": "never",
+                                           "max_prompt_length": 1024}}))
+    out, trace = tmp_path / "out.jsonl", tmp_path / "trace.jsonl"
+    flags = [str(recipe), "--model", str(tiny_dir), "--prompts", str(prompts), "-G", "4",
+             "--max-new-tokens", "140", "--kv-budget", "100000", "--quiet"]
+    assert main(["sample", *flags, "--out", str(out), "--trace", str(trace)]) == 0
+    printed = capsys.readouterr().out
+    assert "tool calls: 2 (0 errors)" in printed and "tool turns: 2" in printed
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    called = [r for r in rows if r.get("num_turns")]
+    assert len(called) == 2 and all(len(r["tool_latencies_s"]) == 1 for r in called)
+    for row in called:
+        (start, end), = row["context_spans"]
+        assert "<tool_response>\n5\n</tool_response>" in \
+            build_tokenizer().decode(row["token_ids"][start:end])
+    turns = json.loads(trace.read_text().splitlines()[0])["turns"]
+    assert sum(len(episode) - 1 for episode in turns) == 2
+    recipe.write_text(recipe.read_text().replace(":add", ":nope"))
+    assert main(["sample", *flags]) == 2
+    assert "has no function 'nope'" in capsys.readouterr().err

@@ -53,3 +53,12 @@ def not_text(a: int) -> bytes:
 
 def undocumented(a):
     return a
+
+
+def empty(a: int) -> str:
+    """Answers nothing.
+
+    Args:
+        a: anything
+    """
+    return ""

@@ -12,6 +12,13 @@ one prompt per line) go through the same columns, chat template, system prompt a
 training, and the sampler settings are the recipe's (`training.num_threads` too: CPU threads as
 the trainer chooses them). `--split` defaults to the training split.
 `--trace` writes the `infsamp simulate` trace of the run, so the same lengths can be replayed.
+
+Tools (`tools.functions`, `tools.environment_factory`, `sampling.max_turns`) work as in training:
+they are loaded and checked before the model loads (one line for a bad one), offered in every
+prompt, run when a sample calls them, and their answers appended to its episode; `--out` then
+holds each completion's context spans (the tools' answers) and tool latencies, `--trace` its
+turns, and the statistics the tool turns and calls. An environment's reward is not computed
+(nothing is scored here).
 """
 
 from __future__ import annotations
@@ -74,10 +81,13 @@ def run(args: argparse.Namespace) -> int:
     check_output_files({"--out": args.out, "--trace": args.trace},
                        [args.config, cfg.data.dataset, cfg.model.name_or_path], args.overwrite)
     check_sources(cfg)
+    from infsamp.run.tooling import RunTools
+
+    tools = RunTools(cfg)  # a bad tool reference: one line, before anything loads
     import torch
 
     from infsamp.models.device import check_device
-    from infsamp.models.loading import load_model_and_tokenizer, load_tokenizer
+    from infsamp.models.loading import load_model_and_tokenizer, load_tokenizer, require_stop_tokens
     from infsamp.sampling.policies import uses_predictor
     from infsamp.sampling.predictors import make_predictor
     from infsamp.sampling.sampler import GroupSampler
@@ -85,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     check_device(cfg.model)
     tokenizer = load_tokenizer(cfg.model.name_or_path, cfg.model.trust_remote_code)
     split = args.split or cfg.data.train_split
-    encoded = read_prompts(cfg.data, split, tokenizer, args.num_prompts)
+    encoded = read_prompts(cfg.data, split, tokenizer, args.num_prompts, tools.schemas)
     if encoded.num_dropped:
         print(encoded.note("sample", cfg.data.max_prompt_length))
     prompts = encoded.prompts
@@ -96,17 +106,25 @@ def run(args: argparse.Namespace) -> int:
     predictor = (make_predictor(cfg.sampling.predictor) if uses_predictor(cfg.sampling.policy)
                  else None)
     prompt_ids, texts = [p.token_ids for p in prompts], [p.text for p in prompts]
+    turns = None
+    if tools.enabled:  # with an environment, each group's prompt holds its first observation
+        tools.start(tokenizer, require_stop_tokens(model, tokenizer, cfg.model.name_or_path))
+        prompt_ids, turns = tools.episodes([p.example for p in prompts], prompt_ids,
+                                           cfg.sampling.num_generations)
     sizes, engine = _engine(cfg.sampling, model, prompt_ids)
     try:
         result = GroupSampler(model, tokenizer, cfg.sampling, predictor, engine=engine,
                               sizes=sizes).sample(
             prompt_ids, cfg.sampling.num_generations, prompt_keys=[str(p.index) for p in prompts],
-            prompt_texts=texts, generator=torch.Generator().manual_seed(cfg.training.seed))
+            prompt_texts=texts, generator=torch.Generator().manual_seed(cfg.training.seed),
+            turns=turns)
+        tool_metrics = tools.metrics(result.completions)
     finally:
         engine.close()
+        tools.close()
     if not args.quiet:
         print_completions(texts, result)
-    print(format_stats(result.stats))
+    print(format_stats(result.stats, tool_metrics))
     if args.out:
         write_completions(args.out, texts, result)
     if args.trace:
@@ -115,12 +133,14 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def read_prompts(data_cfg: DataConfig, split: str, tokenizer, num_prompts: int = 0):
+def read_prompts(data_cfg: DataConfig, split: str, tokenizer, num_prompts: int = 0,
+                 tools: list[dict] | None = None):
     """The first `num_prompts` (0: all) prompts of `split`, encoded as the trainer encodes them (an
-    `EncodedSplit`: over-long prompts are skipped and counted); the answer column is optional."""
+    `EncodedSplit`: over-long prompts are skipped and counted; `tools`: the schemas offered in
+    each prompt); the answer column is optional."""
     examples = load_examples(data_cfg, split, need_answer=False)[: num_prompts or None]
     what = f"data.dataset {data_cfg.dataset} split {split!r}"
-    return encode_examples(examples, tokenizer, data_cfg, what)
+    return encode_examples(examples, tokenizer, data_cfg, what, tools)
 
 
 def _engine(cfg, model, prompt_ids: list[list[int]]):
@@ -141,7 +161,7 @@ def print_completions(texts: list[str], result) -> None:
             print(f"  [{c.index_in_group:>3}] {c.length:>4} tok {c.finish_reason:<6} {c.text!r}")
 
 
-def format_stats(stats) -> str:
+def format_stats(stats, tool_metrics: dict[str, float] | None = None) -> str:
     rows = [("policy", stats.policy), ("micro-group (g)", stats.micro_group),
             ("kv budget (tokens)", stats.kv_budget_tokens),
             ("decode steps", stats.decode_steps), ("lower bound", stats.lower_bound),
@@ -152,6 +172,11 @@ def format_stats(stats) -> str:
             ("wall time (s)", f"{stats.wall_time_s:.2f}"),
             ("tokens / s", f"{stats.tokens_per_second:.1f}"),
             ("sampler overhead", f"{100 * stats.overhead_fraction:.1f}% of wall time")]
+    if tool_metrics:  # tools were offered
+        rows += [("tool calls", f"{tool_metrics['tools/calls']:g} "
+                                f"({tool_metrics['tools/errors']:g} errors)"),
+                 ("tool turns", stats.num_tool_turns), ("context tokens", stats.context_tokens),
+                 ("engine idle (s)", f"{stats.engine_idle_s:.2f}")]
     return "\n".join(f"{name:>20}: {value}" for name, value in rows)
 
 
@@ -162,6 +187,10 @@ def write_completions(path: str, texts: list[str], result) -> None:
                 row = {"prompt": text, "group_id": c.group_id, "index_in_group": c.index_in_group,
                        "text": c.text, "token_ids": c.token_ids, "length": c.length,
                        "finish_reason": c.finish_reason}
+                if c.num_turns:  # tools' answers: [start, end) of token_ids, each call's time
+                    row.update(num_turns=c.num_turns,
+                               context_spans=[list(span) for span in c.context_spans],
+                               tool_latencies_s=[round(t, 6) for t in c.tool_latencies_s])
                 handle.write(json.dumps(row) + "\n")
     print(f"wrote {path}")
 

@@ -24,7 +24,12 @@ TRL reads them only for its vLLM corrections). Sampling options default to TRL's
 (`max_completion_length`, `temperature`, `top_p`, `top_k`); sampler statistics are added to TRL's
 logs as `infsamp/*`.
 
-Deliberately simple: text prompts (plain or chat) only; no tools, environments or images;
+Tools (`infsamp_rollout(tools=[...])`, `trl_tools.py`): multi-turn episodes run inside the
+rollout, and it returns TRL's `env_mask` (the tools' answers out of the loss); TRL's own
+`GRPOTrainer(tools=..., environment_factory=...)` is refused in one line (TRL would generate every
+turn after the first itself).
+
+Deliberately simple: text prompts (plain or chat) only; no environments or images;
 TRL's own `use_vllm` must be off (the rollout is the generation backend); `repetition_penalty`,
 `min_p` and `generation_kwargs` are not supported: each is one error line at the first call.
 Dynamic sampling (`sampling.dynamic`) does not apply: TRL fixes the group size and scores the
@@ -40,9 +45,10 @@ from typing import Any
 
 import torch
 
-from infsamp.config import SamplingConfig
+from infsamp.config import SamplingConfig, ToolsConfig
 from infsamp.console import Notices
 from infsamp.errors import InfsampError
+from infsamp.integrations.trl_tools import env_mask, load_rollout_tools
 
 # sampling.* options of `infsamp train`'s dynamic sampling, refused here (one line)
 DYNAMIC_OPTIONS = ("dynamic", "max_num_generations", "dynamic_chunk", "max_replaced_prompts")
@@ -55,8 +61,10 @@ class RolloutError(InfsampError):
 
 
 def infsamp_rollout(logprobs: bool = True, **sampling: Any) -> InfsampRollout:
-    """A `rollout_func`; keywords are `sampling.*` options (kv_budget, policy, micro_group, engine
-    ...) and `max_prompt_tokens` (the longest prompt a vLLM engine must take; default 256)."""
+    """A `rollout_func`; keywords are `sampling.*` options (kv_budget, policy, micro_group, engine,
+    max_turns ...), `max_prompt_tokens` (the longest prompt a vLLM engine must take; default
+    256), and `tools` (functions or 'module:function' references, as `tools.functions`) with
+    `tool_timeout_s` and `tool_max_workers` (`tools.timeout_s`, `tools.max_workers`)."""
     return InfsampRollout(logprobs=logprobs, **sampling)
 
 
@@ -79,7 +87,9 @@ class InfsampRollout:
     """`(prompts, trainer) -> {"prompt_ids", "completion_ids", "logprobs"}` for GRPOTrainer."""
 
     def __init__(self, logprobs: bool = True, logprob_micro_batch_tokens: int = 0,
-                 max_prompt_tokens: int = 256, share_prompt: bool = True, **sampling: Any):
+                 max_prompt_tokens: int = 256, share_prompt: bool = True, tools=None,
+                 tool_timeout_s: float = ToolsConfig.timeout_s,
+                 tool_max_workers: int = ToolsConfig.max_workers, **sampling: Any):
         allowed = set(SamplingConfig.__dataclass_fields__) - {"num_generations", *DYNAMIC_OPTIONS}
         unknown = sorted(set(sampling) - allowed)
         if set(sampling) & set(DYNAMIC_OPTIONS):
@@ -94,6 +104,9 @@ class InfsampRollout:
             replace(SamplingConfig(), **self.sampling).validate()
         except InfsampError as err:
             raise RolloutError(f"infsamp_rollout: {err}") from None
+        max_turns = replace(SamplingConfig(), **self.sampling).max_turns
+        self.tools = load_rollout_tools(tools, tool_timeout_s, tool_max_workers, max_turns,
+                                        RolloutError)
         self.want_logprobs, self.max_prompt_tokens = logprobs, max_prompt_tokens
         self.logprob_tokens = logprob_micro_batch_tokens  # 0: the KV budget, in tokens
         self.share_prompt = share_prompt  # each group's prompt forwarded once for the log-probs
@@ -107,7 +120,7 @@ class InfsampRollout:
 
     def __call__(self, prompts: list[Any], trainer) -> dict[str, list | None]:
         if self.cfg is None:
-            self._setup(trainer)
+            self._setup(trainer, conversational=not isinstance(prompts[0], str))
         training = trainer.model.training
         group_size = trainer.num_generations if training else trainer.num_generations_eval
         runs = group_runs(prompts, group_size)
@@ -116,14 +129,18 @@ class InfsampRollout:
             completions = self._sample(model, trainer, runs, prompt_ids)
             rows_prompt = [ids for ids, (_, n) in zip(prompt_ids, runs) for _ in range(n)]
             rows_completion = [c.token_ids for group in completions for c in group]
-            logprobs = (self._logprobs(model, trainer, rows_prompt, rows_completion)
+            masks = env_mask([c for group in completions for c in group]) if self.tools else None
+            logprobs = (self._logprobs(model, trainer, rows_prompt, rows_completion, masks)
                         if self.want_logprobs else None)
         self._log_stats(trainer, "train" if training else "eval")
-        return {"prompt_ids": rows_prompt, "completion_ids": rows_completion, "logprobs": logprobs}
+        out = {"prompt_ids": rows_prompt, "completion_ids": rows_completion, "logprobs": logprobs}
+        return out if masks is None else {**out, "env_mask": masks}
 
     # ---- checks and settings, once
-    def _setup(self, trainer) -> None:
+    def _setup(self, trainer, conversational: bool) -> None:
         check_trainer(trainer)
+        if self.tools is not None:
+            self.tools.start(trainer.model, trainer.processing_class, conversational)
         from_trl = {"num_generations": max(2, trainer.num_generations),
                     "temperature": trainer.temperature, "top_p": trainer.top_p,
                     "max_new_tokens": trainer.max_completion_length, "top_k": trainer.top_k or 0}
@@ -139,15 +156,17 @@ class InfsampRollout:
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
 
     # ---- the three phases
-    @staticmethod
-    def _tokenize(prompts: list[Any], trainer) -> list[list[int]]:
-        """As TRL tokenizes for its generation: chat template for messages, tokenizer for text."""
-        processor = trainer.processing_class
+    def _tokenize(self, prompts: list[Any], trainer) -> list[list[int]]:
+        """As TRL tokenizes for its generation: chat template for messages, tokenizer for text;
+        with tools, offered (the template's own way, else the fallback instructions)."""
+        processor, extra = trainer.processing_class, {}
+        if self.tools is not None:
+            prompts, extra = self.tools.offered(prompts)
         if isinstance(prompts[0], str):
             return [list(ids) for ids in processor(text=prompts)["input_ids"]]
         tokenized = processor.apply_chat_template(
             conversation=prompts, chat_template=trainer.chat_template, add_generation_prompt=True,
-            tokenize=True, return_dict=True, **trainer.chat_template_kwargs)
+            tokenize=True, return_dict=True, **extra, **trainer.chat_template_kwargs)
         return [list(ids) for ids in tokenized["input_ids"]]
 
     @contextlib.contextmanager
@@ -189,8 +208,9 @@ class InfsampRollout:
         for size in sorted({n for _, n in runs}, reverse=True):
             chosen = [i for i, (_, n) in enumerate(runs) if n == size]
             keys = [prompt_key(runs[i][0]) for i in chosen]
+            turns = self.tools.box.episodes() if self.tools is not None else None
             result = sampler.sample([prompt_ids[i] for i in chosen], size, prompt_keys=keys,
-                                    prompt_texts=keys, generator=self.generator)
+                                    prompt_texts=keys, generator=self.generator, turns=turns)
             for i, group in zip(chosen, result.groups):
                 groups[i] = group
             self.last_stats = result.stats
@@ -202,11 +222,15 @@ class InfsampRollout:
         if self.engine is not None:
             self.engine.close()
             self.engine = None
+        if self.tools is not None:
+            self.tools.close()
 
-    def _logprobs(self, model, trainer, prompt_ids, completion_ids) -> list[list[float]]:
+    def _logprobs(self, model, trainer, prompt_ids, completion_ids,
+                  masks: list[list[int]] | None = None) -> list[list[float]]:
         """No-grad, in micro-batches of at most the KV budget's tokens (one sequence at least);
         with `share_prompt` (where the model takes the block mask) in the training step's shared
-        layout: each group's prompt forwarded once, its completions behind it."""
+        layout: each group's prompt forwarded once, its completions behind it. `masks` (tools):
+        0.0 on the tools' answers."""
         from infsamp.algorithm.logprobs import sequence_logprobs
         from infsamp.algorithm.shared_prompt import LAYOUTS, supports_shared_prompt
 
@@ -220,7 +244,9 @@ class InfsampRollout:
                                        max_tokens=tokens, pad_token_id=pad,
                                        temperature=trainer.temperature or 1.0,
                                        build=LAYOUTS[self.share_prompt and
-                                                     supports_shared_prompt(model)].build)
+                                                     supports_shared_prompt(model)].build,
+                                       model_masks=None if masks is None else
+                                       [torch.tensor(m, dtype=torch.float32) for m in masks])
         finally:
             model.train(was_training)
         return [v.tolist() for v in values]
@@ -232,6 +258,10 @@ class InfsampRollout:
         values = self.last_stats.to_metrics(prefix="")
         for name in LOGGED_STATS:
             metrics[mode][f"infsamp/{name}"].append(values[name])
+        if self.tools is not None:  # tools/calls, tools/errors, tools/time_s; turns
+            for name, value in self.tools.metrics().items():
+                metrics[mode][f"infsamp/{name}"].append(value)
+            metrics[mode]["infsamp/tool_turns"].append(values["num_tool_turns"])
 
 
 def check_trainer(trainer) -> None:
@@ -239,16 +269,18 @@ def check_trainer(trainer) -> None:
     multi_turn = (bool(getattr(trainer, "tools", None))
                   or getattr(trainer, "environment_factories", None) is not None)
     problems = [
-        (getattr(trainer, "use_vllm", False), "use_vllm=True: the infsamp rollout replaces TRL's "
-         "generation (engine='vllm' decodes with vLLM); set use_vllm=False"),
-        (multi_turn, "tools / environment_factory: multi-turn rollouts are not supported by the "
-         "infsamp rollout"),
+        (getattr(trainer, "use_vllm", False), "GRPOConfig use_vllm=True: the infsamp rollout "
+         "replaces TRL's generation (engine='vllm' decodes with vLLM); set use_vllm=False"),
+        (multi_turn, "GRPOTrainer tools / environment_factory: TRL would generate every turn "
+         "after the first itself; give the tools to the rollout, infsamp_rollout(tools=[...]) "
+         "(environments are not supported: their dataset rows never reach a rollout_func)"),
         (getattr(trainer, "repetition_penalty", 1.0) != 1.0,
-         "repetition_penalty: not supported (use 1.0)"),
-        (getattr(trainer, "min_p", None) is not None, "min_p: not supported (leave it unset)"),
+         "GRPOConfig repetition_penalty: not supported (use 1.0)"),
+        (getattr(trainer, "min_p", None) is not None,
+         "GRPOConfig min_p: not supported (leave it unset)"),
         (bool(getattr(trainer.args, "generation_kwargs", None)),
-         "generation_kwargs: not supported by the infsamp rollout"),
+         "GRPOConfig generation_kwargs: not supported by the infsamp rollout"),
     ]
     for bad, why in problems:
         if bad:
-            raise RolloutError(f"GRPOConfig {why}")
+            raise RolloutError(why)

@@ -15,7 +15,9 @@ prior, then the first tokens. At a sample's first point it also defers to `onlin
 prompt's prefix memory knows similar starts of the same prompt (a per-prompt nearest neighbour
 is sharper than one linear probe over all prompts: on the embedded bench's traces this took
 `hidden` from 57/94/47% to 84/93/65% of the oracle's gain, commit f6a7894); the probe
-predicts the first point of starts the memory does not know, and every later point.
+predicts the first point of starts the memory does not know, and every later point. Past a tool's
+answer it defers to `online`'s turn memory when that knows the turn (the hidden state at hand
+predates the answer).
 
 Simplifications: the hidden state of the current token only (no pooling over the tokens so far);
 a linear probe on a fixed scaling (each vector to unit RMS), refit every 32 examples.
@@ -49,8 +51,9 @@ class HiddenPredictor(LengthPredictor):
 
     def predict_remaining(self, spec: Sample, prefix_token_ids: Sequence[int]) -> float:
         fallback = self._tokens.predict_remaining(spec, prefix_token_ids)
-        if spec.hidden_state is None:
-            return fallback
+        if spec.hidden_state is None or \
+                self._tokens.after_answer(spec, len(prefix_token_ids)) is not None:
+            return fallback  # past a tool's answer: the turn memory (the state predates it)
         num_tokens = len(prefix_token_ids)
         x = self._features(spec, spec.hidden_state, num_tokens)
         first_point = spec.sample_id not in self._points

@@ -20,6 +20,12 @@ O(features^2) per observation, a d x d solve every few dozen observations (d < 5
 
 `hidden` (in `hidden_predictor.py`) adds a probe on the policy's own hidden states.
 
+Multi-turn episodes (tool calls): a length is the model's tokens, the decode work (a tool's
+answer is prefilled context, `Sample.context_spans`, and never counted); `online` also keeps a
+`TurnMemory` (`turn_memory.py`) of the model tokens episodes decoded from each turn on, per prompt
+and for the run, and predicts a sample resumed after a tool's answer from it (what the prompt's
+episodes decoded from that turn on, less what this turn has decoded), before its own countdown.
+
 Simplification: features are fixed and hand-picked; after the first prediction point the online
 predictor only counts down its prediction (or, once outlived, asks the prompt's memory).
 """
@@ -34,6 +40,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
+from infsamp.sampling.turn_memory import TurnMemory, model_turn_lengths
 from infsamp.sampling.types import Sample
 
 NUMBER = re.compile(r"\d+")
@@ -174,6 +181,7 @@ class OnlinePredictor(LengthPredictor):
         self._totals: dict[int, float] = {}  # sample -> total predicted at its first point
         self._remembered: set[int] = set()  # samples whose first point the prefix memory knew
         self._memory = PrefixMemory()
+        self._turns = TurnMemory()
         self._run_mean: float | None = None
         # (group, key) -> prediction; cleared on news
         self._cache: dict[tuple[int, str], float] = {}
@@ -190,8 +198,12 @@ class OnlinePredictor(LengthPredictor):
     def predict_remaining(self, spec, prefix_token_ids):
         """At the first prediction point: from the first k tokens (the prefix memory, else the
         prefix ridge). Later: that prediction's remainder, or, once the sample has outlived it,
-        what its prompt's longer remembered samples ran past this point."""
+        what its prompt's longer remembered samples ran past this point. Past a tool's answer:
+        the turn memory's remainder for its turn, when an episode reached that turn."""
         num_tokens = len(prefix_token_ids)
+        after_answer = self.after_answer(spec, num_tokens)
+        if after_answer is not None:
+            return after_answer
         first = self._prefixes.get(spec.sample_id)
         if first is not None and num_tokens > first[1]:  # a later point of the same sample
             total = self._totals[spec.sample_id]
@@ -208,6 +220,17 @@ class OnlinePredictor(LengthPredictor):
         self._totals[spec.sample_id] = num_tokens + remaining
         return remaining
 
+    def after_answer(self, spec, num_tokens: int) -> float | None:
+        """A sample past k tool answers is at turn k: what episodes of its prompt (else of the
+        run) decoded from turn k on, less this turn's tokens so far, within the room left."""
+        if not spec.context_spans:
+            return None
+        in_turn = num_tokens - spec.context_spans[-1][1]
+        remaining = self._turns.remaining(_memory_key(spec), len(spec.context_spans), in_turn)
+        if remaining is None:
+            return None
+        return max(1.0, min(remaining, float(spec.max_new_tokens - num_tokens)))
+
     def remembered(self, spec) -> bool:
         """Whether this sample's first-point prediction came from its prompt's prefix memory
         (similar first tokens of the same prompt seen finishing), not from the ridge."""
@@ -216,7 +239,9 @@ class OnlinePredictor(LengthPredictor):
     def observe_finished(self, spec, length):
         self._cache.clear()
         self._remembered.discard(spec.sample_id)
-        log_length = math.log(max(1, length))
+        turns = model_turn_lengths(length, spec.context_spans)  # the model's tokens per turn
+        self._turns.add(_memory_key(spec), turns)
+        log_length = math.log(max(1, sum(turns)))
         self._model.add(self._features(spec), log_length)
         x, num_prefix, counts = self._prefixes.pop(spec.sample_id, (None, 0, None))
         self._totals.pop(spec.sample_id, None)
@@ -236,7 +261,7 @@ class OnlinePredictor(LengthPredictor):
                 "siblings": [[g, list(v)] for g, v in self._siblings.items()],
                 "call_logs": [list(item) for item in self._call_logs], "run_mean": self._run_mean,
                 "model": self._model.state_dict(), "prefix_model": self._prefix_model.state_dict(),
-                "memory": self._memory.state_dict()}
+                "memory": self._memory.state_dict(), "turns": self._turns.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self._history.clear()
@@ -248,6 +273,7 @@ class OnlinePredictor(LengthPredictor):
         self._model.load_state_dict(state["model"])
         self._prefix_model.load_state_dict(state["prefix_model"])
         self._memory.load_state_dict(state["memory"])
+        self._turns.load_state_dict(state.get("turns", {}))  # older checkpoints: none
         self._cache.clear()
         self._prefixes.clear()
         self._totals.clear()

@@ -39,7 +39,8 @@ Turns (multi-turn episodes, `turns.py`). A running sample whose turn ended in a 
 leaves its slot like a parked one (`wait`: its KV kept or dropped by the same rule), but the
 policy never sees it; once its call answered and the answer's tokens are on it (`resume`), it
 starts again ahead of the policy's picks, with its whole reservation (`max_new_tokens` counts the
-whole episode, tool tokens included, so the reservation still holds it to its end).
+whole episode, tool tokens included, so the reservation still holds it to its end); a policy that
+re-predicts (`on_tokens`) sees it at once, its remaining turns predicted anew.
 
 Simplifications: one call = one training step (every sample of the call finishes before `done`);
 slots are identical; the reservation is the worst case (`max_new_tokens`, or a probe's k), not the
@@ -136,6 +137,7 @@ class SlotScheduler:
             slot = heapq.heappop(self._free_slots)
             self._allocate(slot, self._returning.popleft())
             started.append((slot, self._active[slot]))
+            self._repredict(self._active[slot])
         while self._free_slots:
             sample = self._policy.pick(self._free_slots[0], self.can_allocate)
             if sample is None:
@@ -335,6 +337,14 @@ class SlotScheduler:
             total = self._policy.on_tokens(sample)
             if total is not None and num_tokens == every:
                 self._predicted[sample_id] = float(total)
+
+    def _repredict(self, sample: Sample) -> None:
+        """A sample resumed after a tool's answer is shown to the policy at once (its remaining
+        turns re-predicted, the turn memory's), not at its next multiple of k."""
+        if self.prefix_tokens_wanted and self._last_point.get(sample.sample_id, 0) < \
+                sample.num_tokens:
+            self._last_point[sample.sample_id] = sample.num_tokens
+            self._policy.on_tokens(sample)
 
     def _finish_call(self) -> None:
         lengths = [s.num_tokens - s.num_context_tokens for s in self._samples]  # decoded

@@ -173,8 +173,8 @@ def episode_turns(length: int, context_spans: Sequence[tuple[int, int]],
 
 def group_turns(completions: Sequence[Completion]) -> list[list[list]] | None:
     """A group's `turns` for a trace line: None when none of its completions called a tool.
-    A call whose answer had no tokens leaves no context span: its turn is not traced (it
-    replays merged with the next one), and its completion's latencies are left at 0."""
+    Every tool turn has its context span (an answer without tokens: an empty one, traced as
+    `[model_tokens, 0, latency_s]`) and its latency (`Completion.tool_latencies_s`)."""
     if not any(c.context_spans for c in completions):
         return None
     return [episode_turns(c.length, c.context_spans, [round(s, 6) for s in c.tool_latencies_s]

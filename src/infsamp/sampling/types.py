@@ -55,7 +55,8 @@ class Sample:
     hidden_state: Any = None
     parked_kv: bool = False  # parked with its KV kept by the engine (else recomputed on resume)
     # multi-turn episodes (`turns.py`): [start, end) of `token_ids` that are context, not the
-    # model's (a tool's answer as the chat template renders it), and the tool turns so far
+    # model's (a tool's answer as the chat template renders it; one per tool turn, maybe
+    # empty), and the tool turns so far
     context_spans: list[tuple[int, int]] = field(default_factory=list)
     num_turns: int = 0
     tool_latencies_s: list[float] = field(default_factory=list)  # per tool turn: call to answer
@@ -70,13 +71,13 @@ class Sample:
 
     def append_context(self, token_ids: list[int]) -> None:
         """Tokens the model did not sample (a tool's answer) after its tokens so far; the
-        engine's log-prob of each is 0.0 (a placeholder: they carry no loss)."""
+        engine's log-prob of each is 0.0 (a placeholder: they carry no loss). Every answer is a
+        span, an empty one too: one span per tool turn (its turn ends there; traces keep it)."""
         start = self.num_tokens
         self.token_ids.extend(token_ids)
         if self.logprobs is not None:
             self.logprobs.extend([0.0] * len(token_ids))
-        if token_ids:
-            self.context_spans.append((start, self.num_tokens))
+        self.context_spans.append((start, self.num_tokens))
 
 
 def model_token_mask(length: int, context_spans: list[tuple[int, int]]) -> list[bool]:

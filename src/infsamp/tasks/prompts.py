@@ -99,7 +99,7 @@ def build_prompt(example: dict[str, Any], data_cfg: DataConfig,
     return messages
 
 
-def _with_fallback_tools(prompt: str | list[dict[str, Any]],
+def with_fallback_tools(prompt: str | list[dict[str, Any]],
                         schemas: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
     """The fallback format's tool instructions at the end of the system prompt (a new system
     turn if there is none; plain text: before the question)."""
@@ -119,7 +119,7 @@ def render_prompt(example: dict[str, Any], tokenizer: Any, data_cfg: DataConfig,
     prompt = build_prompt(example, data_cfg, chat)
     native = bool(tools) and chat and supports_tools(tokenizer)
     if tools and not native:
-        prompt = _with_fallback_tools(prompt, tools)
+        prompt = with_fallback_tools(prompt, tools)
     if not chat:
         return prompt  # type: ignore[return-value]
     if not getattr(tokenizer, "chat_template", None):
