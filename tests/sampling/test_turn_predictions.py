@@ -10,7 +10,8 @@ import json
 
 from infsamp.cli import main
 from infsamp.sampling.length_predictor import OnlinePredictor
-from infsamp.sampling.simulator import TraceGroup, _call_samples, _call_turns, run_call, write_trace
+from infsamp.sampling.simulator import _call_samples, _call_turns, run_call
+from infsamp.sampling.traces import TraceGroup, write_trace
 from infsamp.sampling.turn_memory import TurnMemory, model_turn_lengths
 from infsamp.sampling.types import Sample
 

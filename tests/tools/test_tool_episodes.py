@@ -211,7 +211,7 @@ def test_a_failing_call_is_a_tool_error_and_the_episode_goes_on(tiny_dir, name, 
 def test_a_tool_that_returns_nothing_is_answered_and_traced(tiny_dir):
     """A tool returning "" is a normal answer (no tool error): the template's tool message with
     nothing inside, its tokens a context span, its turn and latency in the trace."""
-    from infsamp.sampling.simulator import group_turns
+    from infsamp.sampling.traces import group_turns
 
     tokenizer = build_tokenizer()
     model = LlamaForCausalLM.from_pretrained(tiny_dir).eval()
