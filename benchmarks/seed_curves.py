@@ -39,7 +39,7 @@ def train_seconds_at(run: Path) -> dict[int, float]:
     for row in read_jsonl(run / "metrics.jsonl"):
         if "step_time" in row:
             total += row["step_time"]
-            seconds[row["step"] + 1] = total
+            seconds[row["step"]] = total
     return seconds
 
 
@@ -66,22 +66,33 @@ def summarise(run: Path, start: dict[int, bool] | None) -> dict:
     return {"run": str(run), "steps": steps, "accuracy": accuracy,
             "seconds": {s: seconds.get(s, float("nan")) for s in steps},
             "start": accuracy[first], "best": max(accuracy.values()), "final": accuracy[last],
-            "gained": gained, "lost": lost, "p": p, "train_s": seconds[max(seconds)]}
+            "gained": gained, "lost": lost, "p": p, "train_s": seconds[max(seconds)],
+            "wall_cpu": wall_and_cpu(run)}
+
+
+def wall_and_cpu(run: Path) -> str:
+    """'wall s / CPU s' of the whole run from RUN.time (GNU time: wall, user, sys), if written."""
+    timing = run.parent / f"{run.name}.time"
+    if not timing.exists():
+        return "-"
+    wall, user, system = (float(v) for v in timing.read_text().split()[-3:])
+    return f"{wall:.0f} / {user + system:.0f}"
 
 
 def print_table(arms: dict[str, list[dict]]) -> None:
-    print("| arm | run | curve | start -> final (best) | gained / lost, McNemar p | train s |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("| arm | run | curve | start -> final (best) | gained / lost, McNemar p | steps' wall s "
+          "| run wall s / CPU s |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for arm, runs in arms.items():
         for r in runs:
             curve = " -> ".join(f"{r['accuracy'][s]:.3f}" for s in r["steps"])
             print(f"| {arm} | {Path(r['run']).name} | {curve} | {r['start']:.3f} -> "
                   f"{r['final']:.3f} ({r['best']:.3f}) | {r['gained']} / {r['lost']}, "
-                  f"p = {r['p']:.3g} | {r['train_s']:.0f} |")
+                  f"p = {r['p']:.3g} | {r['train_s']:.0f} | {r['wall_cpu']} |")
         finals = [r["final"] for r in runs]
         gains = [r["final"] - r["start"] for r in runs]
         print(f"| {arm} | mean of {len(runs)} | | final {sum(finals) / len(finals):.3f}, gain "
-              f"{100 * sum(gains) / len(gains):+.1f} points | | |")
+              f"{100 * sum(gains) / len(gains):+.1f} points | | | |")
 
 
 def plot(arms: dict[str, list[dict]], path: str) -> None:
