@@ -167,8 +167,7 @@ def aggregate_bnpo(loss: Tensor, mask: Tensor, totals: BatchTotals) -> Tensor:
     by the step's tokens, so it does not depend on how the token budget split the batch (and
     equals dapo here).
     """
-    batch_tokens = max(totals.num_tokens, 1)
-    return _masked_sum(loss, mask) / batch_tokens
+    return _masked_sum(loss, mask) / max(totals.num_tokens, 1)
 
 
 # --- the registry --------------------------------------------------------------------------------
