@@ -602,8 +602,7 @@ def _require_finite(section_name: str, section: Any) -> None:
 
 VLLM_MAX_TEMPERATURE = 2.0  # vLLM's SamplingParams refuses more (checked with the config)
 
-ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3",
-                        "flex_attention")
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(?::\d+)?")
 
 

@@ -249,8 +249,7 @@ def engine_sizes_for(model, names, prompts, args):
     wide = any(Variant.parse(v).policy in WIDE_POLICIES for v in args.variants.split(","))
     cfg = replace(sampling_config(Variant("probe" if wide else "continuous"), args, budget),
                   num_generations=args.num_generations, engine=engine_to_size(names))
-    return sampler_run_sizes(cfg, model, longest, args.prompts_per_step,
-                             call_budget_tokens=budget)
+    return sampler_run_sizes(cfg, model, longest, args.prompts_per_step, call_budget_tokens=budget)
 
 
 class Runner:
