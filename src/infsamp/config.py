@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import operator
 import os
 import re
 from dataclasses import dataclass, field
@@ -56,7 +57,7 @@ class ModelConfig:
                                    "flash_attention_2)")
     lora_rank: int = opt(0, "LoRA rank through peft; 0 trains all weights", at_least=0)
     lora_alpha: int = opt(32, "LoRA alpha", above=0)
-    lora_dropout: float = opt(0.0, "LoRA dropout")
+    lora_dropout: float = opt(0.0, "LoRA dropout", at_least=0, below=1)
     lora_target_modules: list[str] = opt(["all-linear"], "modules LoRA adapts (peft names)")
     gradient_checkpointing: bool = opt(False,
                                        "recompute activations in the backward pass to save memory")
@@ -74,8 +75,6 @@ class ModelConfig:
         _require(not self.load_in_4bit or self.lora_rank > 0, "model.load_in_4bit",
                  self.load_in_4bit, "trains LoRA adapters over the 4-bit base: set "
                  "model.lora_rank (e.g. 16)")
-        _require(0 <= self.lora_dropout < 1, "model.lora_dropout", self.lora_dropout,
-                 "must be in [0, 1)")
         _require(len(self.lora_target_modules) > 0, "model.lora_target_modules",
                  self.lora_target_modules, "needs at least one module name (or all-linear)")
         attn = self.attn_implementation
@@ -122,12 +121,11 @@ class DataConfig:
                                                    "{enable_thinking: false} for Qwen3 (as TRL's)")
     eval_fraction: float = opt(0.0, "hold out this fraction of the training split (shuffled "
                                     "with data.seed) for evaluation instead of reading eval_split; "
-                                    "needed when both would be the same rows (one .jsonl file)")
+                                    "needed when both would be the same rows (one .jsonl file)",
+                               at_least=0, below=1)
 
     def validate(self) -> None:
         _require_limits("data", self)
-        _require(0 <= self.eval_fraction < 1, "data.eval_fraction", self.eval_fraction,
-                 "must be in [0, 1)")
         reserved = set(self.chat_template_kwargs) & TEMPLATE_ARGUMENTS
         _require(not reserved, "data.chat_template_kwargs", self.chat_template_kwargs,
                  f"{', '.join(sorted(reserved))} is set by infsamp, not by the recipe")
@@ -170,7 +168,8 @@ class RewardsConfig:
     timeout_s: float = opt(0.0, "seconds one reward function may take per step; past it the call "
                                 "is stopped (each function then runs in a worker process of its "
                                 "own), its rows get None, counted in rewards/<name>/timeouts, and "
-                                "the step goes on (0: no limit, functions run in the trainer)")
+                                "the step goes on (0: no limit, functions run in the trainer)",
+                           at_least=0, hint="0: no limit")
     allow_async: bool = opt(True, "run 'async def' reward functions concurrently; false refuses "
                                   "them at start-up (rewards strictly one after another)")
     answer_extraction: str = opt("answer_tag", "how the reasoning_gym reward reads the answer out "
@@ -179,10 +178,9 @@ class RewardsConfig:
                                  choices=choices.ANSWER_EXTRACTIONS)
 
     def validate(self) -> None:
+        _require_limits("rewards", self)
         _require(len(self.functions) > 0, "rewards.functions", self.functions,
                  "needs at least one function")
-        _require(self.timeout_s >= 0, "rewards.timeout_s", self.timeout_s,
-                 "must be >= 0 (0: no limit)")
         _require(not self.weights or len(self.weights) == len(self.functions), "rewards.weights",
                  self.weights, f"needs {len(self.functions)} values, one per function")
 
@@ -198,7 +196,8 @@ class ToolsConfig:
                                    "its get_reward() an extra reward (empty: none)")
     timeout_s: float = opt(10.0, "seconds one tool call may take; past it the call is stopped "
                                  "(functions run in worker processes) and the model gets a tool "
-                                 "error; 0: no limit, functions run in the trainer's process")
+                                 "error; 0: no limit, functions run in the trainer's process",
+                           at_least=0, hint="0: no limit")
     max_workers: int = opt(8, "tool calls running at once, per function (worker processes)",
                            at_least=1)
 
@@ -208,8 +207,6 @@ class ToolsConfig:
 
     def validate(self) -> None:
         _require_limits("tools", self)
-        _require(self.timeout_s >= 0, "tools.timeout_s", self.timeout_s,
-                 "must be >= 0 (0: no limit)")
         named = [("tools.functions", spec) for spec in self.functions]
         for key, spec in [*named, ("tools.environment_factory", self.environment_factory)]:
             _require(not spec or ":" in spec.strip(":"), key, spec,
@@ -226,7 +223,7 @@ class SamplingConfig:
     kv_budget: str = opt("auto", "KV-cache budget: tokens (8192), bytes ('2GiB') or auto")
     max_new_tokens: int = opt(256, "maximum completion length in tokens", above=0)
     temperature: float = opt(0.7, "sampling temperature (0 = greedy)", at_least=0)
-    top_p: float = opt(1.0, "nucleus sampling threshold")
+    top_p: float = opt(1.0, "nucleus sampling threshold", above=0, at_most=1)
     top_k: int = opt(0, "top-k sampling (0 = off)", at_least=0)
     predictor: str = opt("online", "length predictor for length_aware and probe: online (prompt "
                                    "features and the first tokens), hidden (a probe on the "
@@ -263,18 +260,21 @@ class SamplingConfig:
         "sequence_mask (as TRL) or off",
         choices=("token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "off"))
     vllm_importance_sampling_cap: float = opt(
-        3.0, "vllm engine: the cap of those weights (TRL's C_max)")
+        3.0, "vllm engine: the cap of those weights (TRL's C_max)", at_least=1,
+        hint="a weight of 1: no correction")
     dynamic: bool = opt(False, "dynamic sampling: a prompt whose G rewards all tie gets more "
                         "completions, a chunk per sampler call, up to max_num_generations; one "
                         "still without spread there is dropped from the update and replaced by "
                         "the next prompt of the stream (run/dynamic_sampling.py). The KV budget "
                         "and g do not change")
     max_num_generations: int = opt(0, "dynamic: the most completions one prompt gets (0: "
-                                   f"{DYNAMIC_CAP_FACTOR} x num_generations)")
+                                   f"{DYNAMIC_CAP_FACTOR} x num_generations)", at_least=0,
+                                   hint=f"0: {DYNAMIC_CAP_FACTOR} x num_generations")
     dynamic_chunk: int = opt(0, "dynamic: completions added to an undecided prompt per round "
-                             "(0: num_generations)")
+                             "(0: num_generations)", at_least=0, hint="0: num_generations")
     max_replaced_prompts: int = opt(-1, "dynamic: prompts dropped without spread that are "
-                                    "replaced per step (-1: training.prompts_per_step; 0: none)")
+                                    "replaced per step (-1: training.prompts_per_step; 0: none)",
+                                    at_least=-1, hint="-1: training.prompts_per_step")
 
     def validate(self) -> None:
         _require_limits("sampling", self)
@@ -284,7 +284,6 @@ class SamplingConfig:
                  "sampling.temperature", self.temperature,
                  f"must be <= {VLLM_MAX_TEMPERATURE:g} with sampling.engine vllm (vLLM's limit); "
                  "sampling.engine slots samples at any temperature")
-        _require(0 < self.top_p <= 1, "sampling.top_p", self.top_p, "must be in (0, 1]")
         _check_choice("sampling.policy", self.policy, choices.POLICIES)
         _require(self.predictor in choices.TRAINING_PREDICTORS, "sampling.predictor",
                  self.predictor, f"must be {' or '.join(choices.TRAINING_PREDICTORS)} (oracle "
@@ -294,8 +293,6 @@ class SamplingConfig:
             allowed = _field(SamplingConfig, name).metadata["choices"]
             _require(getattr(self, name) in allowed, f"sampling.{name}", getattr(self, name),
                      f"must be one of {', '.join(allowed)}")
-        _require(self.vllm_importance_sampling_cap >= 1, "sampling.vllm_importance_sampling_cap",
-                 self.vllm_importance_sampling_cap, "must be >= 1 (a weight of 1: no correction)")
         if self.kv_budget != "auto":
             try:
                 parse_size(self.kv_budget)
@@ -304,13 +301,6 @@ class SamplingConfig:
         self._validate_dynamic()
 
     def _validate_dynamic(self) -> None:
-        _require(self.max_num_generations >= 0, "sampling.max_num_generations",
-                 self.max_num_generations, "must be >= 0 (0: "
-                 f"{DYNAMIC_CAP_FACTOR} x num_generations)")
-        _require(self.dynamic_chunk >= 0, "sampling.dynamic_chunk", self.dynamic_chunk,
-                 "must be >= 0 (0: num_generations)")
-        _require(self.max_replaced_prompts >= -1, "sampling.max_replaced_prompts",
-                 self.max_replaced_prompts, "must be >= -1 (-1: training.prompts_per_step)")
         _require(not self.dynamic or self.generations_cap >= self.num_generations,
                  "sampling.max_num_generations", self.max_num_generations,
                  f"must be >= sampling.num_generations ({self.num_generations}) with "
@@ -334,10 +324,10 @@ class TrainingConfig:
     learning_rate: float = opt(5e-5, "peak learning rate", at_least=0)
     lr_scheduler: str = opt("constant_with_warmup",
                             "transformers scheduler name (cosine, linear, constant...)")
-    warmup_ratio: float = opt(0.05, "fraction of steps spent warming up")
+    warmup_ratio: float = opt(0.05, "fraction of steps spent warming up", at_least=0, below=1)
     weight_decay: float = opt(0.0, "AdamW weight decay", at_least=0)
-    adam_beta1: float = opt(0.9, "AdamW beta1")
-    adam_beta2: float = opt(0.99, "AdamW beta2")
+    adam_beta1: float = opt(0.9, "AdamW beta1", at_least=0, below=1)
+    adam_beta2: float = opt(0.99, "AdamW beta2", at_least=0, below=1)
     optimizer: str = opt("adamw", "adamw, adamw8bit (8-bit states: bitsandbytes on CUDA, torchao "
                          "elsewhere and for bf16 weights) or sgd")
     max_grad_norm: float = opt(1.0, "gradient clipping norm (0 = off)", at_least=0)
@@ -354,7 +344,8 @@ class TrainingConfig:
                                                   "carry no loss (DAPO)")
     top_entropy_quantile: float = opt(1.0, "only this top fraction of the step's tokens by "
                                            "entropy carries policy loss (0.2 in 'Beyond the "
-                                           "80/20 Rule'; 1.0: all)")
+                                           "80/20 Rule'; 1.0: all)", above=0, at_most=1,
+                                      hint="1.0: every token")
     num_iterations: int = opt(1, "optimisation passes over each sampled batch (mu)", at_least=1)
     train_micro_batch_tokens: int = opt(0,
                                         "tokens per training "
@@ -371,7 +362,8 @@ class TrainingConfig:
                              "config)")
     seed: int = opt(0, "seed for sampling, shuffling and initialisation")
     num_threads: int = opt(0,
-                           "torch CPU threads (0: auto, 1 on CPU for models under 50M parameters)")
+                           "torch CPU threads (0: auto, 1 on CPU for models under 50M parameters)",
+                           at_least=0, at_most=4096)
     nonfinite: str = opt("stop", "a NaN/inf loss, gradient norm or reward: stop (one line naming "
                          "step and quantity, nothing applied or saved) or skip the update "
                          "(counted as train/skipped_updates)", choices=("stop", "skip"))
@@ -379,7 +371,7 @@ class TrainingConfig:
                                     "step samples at most this many completions, G per prompt "
                                     "first, the rest in chunks to the prompts whose rewards still "
                                     "tie (none to decided ones), so runs compare at equal "
-                                    "sampling cost (0: off)")
+                                    "sampling cost (0: off)", at_least=0, hint="0: off")
     micro_batch_memory: str = opt("total", "memory the planner sizes the training micro-batch "
                                   "for: total (the device's total memory: the same command gives "
                                   "the same weights) or auto (memory free at start: results vary "
@@ -391,23 +383,12 @@ class TrainingConfig:
 
     def validate(self) -> None:
         _require_limits("training", self)
-        _require(0 <= self.num_threads <= 4096, "training.num_threads", self.num_threads,
-                 "must be in [0, 4096]")
-        _require(self.completions_per_step >= 0, "training.completions_per_step",
-                 self.completions_per_step, "must be >= 0 (0: off)")
-        _require(0 <= self.warmup_ratio < 1, "training.warmup_ratio", self.warmup_ratio,
-                 "must be in [0, 1)")
         _check_choice("training.loss_type", self.loss_type, choices.LOSS_TYPES)
-        _require(0 < self.top_entropy_quantile <= 1, "training.top_entropy_quantile",
-                 self.top_entropy_quantile, "must be in (0, 1] (1.0: every token)")
         # epsilon / epsilon_high 0 -> the loss type's defaults, written back (config.yaml)
         self.epsilon, self.epsilon_high = choices.clip_range(self.loss_type, self.epsilon,
                                                              self.epsilon_high)
         _check_choice("training.scale_rewards", self.scale_rewards, choices.REWARD_SCALERS)
         _check_choice("training.optimizer", self.optimizer, choices.OPTIMIZERS)
-        for name in ("adam_beta1", "adam_beta2"):
-            value = getattr(self, name)
-            _require(0 <= value < 1, f"training.{name}", value, "must be in [0, 1)")
         _require(0 <= self.seed < 2**32, "training.seed", self.seed, "must be in [0, 2**32)")
         _check_choice("training.lr_scheduler", self.lr_scheduler, tuple(choices.LR_SCHEDULERS))
         _check_choice("training.precision", self.precision, choices.PRECISION_CHOICES)
@@ -451,13 +432,12 @@ class LoggingConfig:
     project: str = opt("infsamp", "tracker project / experiment name")
     run_name: str = opt("", "tracker run name (empty: the output_dir's folder name)")
     completions_every: int = opt(0, "every N steps write the step's prompts, completions, "
-                                    "rewards and advantages to completions.jsonl (0: never)")
+                                    "rewards and advantages to completions.jsonl (0: never)",
+                                 at_least=0, hint="0: never")
 
     def validate(self) -> None:
         _require_limits("logging", self)
         _check_output_dir(self.output_dir)
-        _require(self.completions_every >= 0, "logging.completions_every", self.completions_every,
-                 "must be >= 0 (0: never)")
         _require(bool(self.project.strip()), "logging.project", self.project,
                  "must name a tracker project")
         problem = choices.tracker_problem(self.report_to)
@@ -503,15 +483,15 @@ class DistributedConfig:
                           "round_robin", choices=("lpt", "round_robin"))
     failure_timeout_s: float = opt(30.0, "a process on another machine that sends no heartbeat "
                                    "for this long counts as failed and the others stop (processes "
-                                   "on the same machine are checked directly)")
+                                   "on the same machine are checked directly)", at_least=1,
+                                   hint="seconds")
     reshard_after_forward: str = opt("auto", "fsdp: free each layer's gathered weights after its "
                                      "forward (true: ZeRO-3 memory) or keep them for the backward "
                                      "(false: ZeRO-2, less communication); auto: accelerate's "
                                      "config, else true", choices=("auto", "true", "false"))
 
     def validate(self) -> None:
-        _require(self.failure_timeout_s >= 1, "distributed.failure_timeout_s",
-                 self.failure_timeout_s, "must be >= 1 (seconds)")
+        _require_limits("distributed", self)
 
 
 @dataclass
@@ -575,15 +555,26 @@ MAX_GENERATED_EXAMPLES = 1_000_000
 MAX_DURATION_S = 7 * 24 * 3600.0  # every option in seconds (*_s): the OS's waits take a week
 
 
+LIMITS = {"at_least": (operator.ge, ">=", "["), "above": (operator.gt, ">", "("),
+          "at_most": (operator.le, "<=", "]"), "below": (operator.lt, "<", ")")}
+
+
 def _require_limits(section_name: str, section: Any) -> None:
-    """Each option's own bound, given beside its help (`opt(..., at_least=0)` or `above=0`)."""
+    """Each option's own bounds, given beside its help (`opt(..., at_least=0, below=1)`): one
+    reads 'must be >= 0', two 'must be in [0, 1)'; `hint` says what a bound value means."""
     for f in dataclasses.fields(section):
-        value, key = getattr(section, f.name), f"{section_name}.{f.name}"
-        if "at_least" in f.metadata:
-            low = f.metadata["at_least"]
-            _require(value >= low, key, value, f"must be >= {low}")
-        if "above" in f.metadata:
-            _require(value > f.metadata["above"], key, value, f"must be > {f.metadata['above']}")
+        bounds = {name: f.metadata[name] for name in LIMITS if name in f.metadata}
+        if not bounds:
+            continue
+        value, hint = getattr(section, f.name), f.metadata.get("hint")
+        if len(bounds) == 2:
+            (low_name, low), (high_name, high) = bounds.items()
+            why = f"must be in {LIMITS[low_name][2]}{low}, {high}{LIMITS[high_name][2]}"
+        else:
+            ((name, limit),) = bounds.items()
+            why = f"must be {LIMITS[name][1]} {limit}"
+        _require(all(LIMITS[name][0](value, limit) for name, limit in bounds.items()),
+                 f"{section_name}.{f.name}", value, f"{why} ({hint})" if hint else why)
 
 
 def _require_bounded(section_name: str, section: Any) -> None:
@@ -611,8 +602,7 @@ def _require_finite(section_name: str, section: Any) -> None:
 
 VLLM_MAX_TEMPERATURE = 2.0  # vLLM's SamplingParams refuses more (checked with the config)
 
-ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3",
-                        "flex_attention")
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(?::\d+)?")
 
 

@@ -81,10 +81,6 @@ def _integer(value: Any, key: str) -> int:
     raise ConfigError(f"{key}: expected an integer literal such as 90, got {value!r}")
 
 
-def _section_types(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
 def apply_overrides(cfg: Config, overrides: dict[str, Any]) -> Config:
     """Set dotted keys ('training.learning_rate') on `cfg`, converting and checking types."""
     for key, value in overrides.items():
@@ -94,7 +90,7 @@ def apply_overrides(cfg: Config, overrides: dict[str, Any]) -> Config:
             raise ConfigError(f"{key}: unknown section {section_name!r} "
                               f"(known: {', '.join(f.name for f in dataclasses.fields(Config))})")
         section = getattr(cfg, section_name)
-        hints = _section_types(type(section))
+        hints = typing.get_type_hints(type(section))
         if name not in hints:
             raise ConfigError(f"{key}: unknown key (known in {section_name}: {', '.join(hints)})")
         choices = _field(type(section), name).metadata.get("choices")
@@ -226,7 +222,7 @@ def iter_options() -> typing.Iterator[tuple[str, Any, Any, str]]:
     """(dotted key, type, default, help) for every option: drives the CLI flags and the docs."""
     for section in dataclasses.fields(Config):
         cls = section.default_factory  # type: ignore[misc]
-        hints = _section_types(cls)
+        hints = typing.get_type_hints(cls)
         defaults = cls()
         for f in dataclasses.fields(cls):
             yield (f"{section.name}.{f.name}", hints[f.name], getattr(defaults, f.name),

@@ -182,8 +182,7 @@ def build_micro_batches(prompt_ids: Sequence[Sequence[int]],
     (out-of-memory retry).
     """
     for batch in plan_sequence_batches(prompt_ids, completion_ids, max_tokens, indices):
-        yield make_micro_batch(prompt_ids, completion_ids, batch, pad_token_id, device,
-                               model_masks)
+        yield make_micro_batch(prompt_ids, completion_ids, batch, pad_token_id, device, model_masks)
 
 
 # --- log-probs ------------------------------------------------------------------------------------

@@ -53,8 +53,7 @@ class BatchTotals(NamedTuple):
     max_new_tokens: int  # sampling.max_new_tokens, the |o| of Dr. GRPO
 
     @classmethod
-    def from_lengths(cls, completion_lengths: Sequence[int],
-                     max_new_tokens: int) -> BatchTotals:
+    def from_lengths(cls, completion_lengths: Sequence[int], max_new_tokens: int) -> BatchTotals:
         return cls(len(completion_lengths), int(sum(completion_lengths)), max_new_tokens)
 
 
@@ -167,8 +166,7 @@ def aggregate_bnpo(loss: Tensor, mask: Tensor, totals: BatchTotals) -> Tensor:
     by the step's tokens, so it does not depend on how the token budget split the batch (and
     equals dapo here).
     """
-    batch_tokens = max(totals.num_tokens, 1)
-    return _masked_sum(loss, mask) / batch_tokens
+    return _masked_sum(loss, mask) / max(totals.num_tokens, 1)
 
 
 # --- the registry --------------------------------------------------------------------------------
@@ -231,16 +229,14 @@ def high_entropy_masks(entropies: Sequence[Tensor], carries_loss: Sequence[bool]
     """
     own = [torch.ones_like(e, dtype=torch.bool) for e in entropies] if model_masks is None else \
         [torch.as_tensor(m).bool().to(e.device) for m, e in zip(model_masks, entropies)]
-    pool = [e.float()[m] for e, m, keep in zip(entropies, own, carries_loss)
-            if keep and e.numel()]
+    pool = [e.float()[m] for e, m, keep in zip(entropies, own, carries_loss) if keep and e.numel()]
     pool = torch.cat(pool) if pool else torch.zeros(0)  # [n]
     if gather is not None:
         pool = gather(pool)
     if not pool.numel():
         return [torch.zeros_like(e, dtype=torch.float32) for e in entropies]
     threshold = quantile(pool, 1.0 - top_quantile)
-    return [((e.float() >= threshold) & keep).float()
-            for e, keep in zip(entropies, carries_loss)]
+    return [((e.float() >= threshold) & keep).float() for e, keep in zip(entropies, carries_loss)]
 
 
 # --- per-token loss with logging stats -----------------------------------------------------------

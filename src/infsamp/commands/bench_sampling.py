@@ -130,8 +130,7 @@ def run(args: argparse.Namespace) -> int:
     prompts = {w.name: bench_prompts(tokenizer, max(w.prompts_per_size.values()), args.seed)
                for w in selected}
     sizes = engine_sizes_for(model, names, selected, prompts, micro_groups)
-    cfg = cell_config("continuous", micro_groups[0], sizes.kv_budget_tokens,
-                      sizes.max_new_tokens)
+    cfg = cell_config("continuous", micro_groups[0], sizes.kv_budget_tokens, sizes.max_new_tokens)
     engines, startup = start_engines(names, model, cfg, sizes, prompts[selected[0].name][0])
     try:
         rows = run_cells(model, tokenizer, selected, prompts, micro_groups, engines, args, out)
@@ -159,8 +158,7 @@ def parse_micro_groups(text: str) -> list[int]:
     except ValueError:
         values = []
     if not values or min(values) < 1:
-        raise SamplingError(f"--micro-group: give positive integers, e.g. 8 or 8,64 "
-                            f"(got {text!r})")
+        raise SamplingError(f"--micro-group: give positive integers, e.g. 8 or 8,64 (got {text!r})")
     return values
 
 

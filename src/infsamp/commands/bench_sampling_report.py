@@ -15,7 +15,6 @@ from infsamp.commands.engine_choice import print_startup
 POLICIES = ("full", "rounds", "continuous")
 
 
-
 def _cell(rows, workload, group_size, policy):
     return next((r for r in rows
                  if (r["workload"], r["G"], r["policy"]) == (workload, group_size, policy)), None)
@@ -51,32 +50,26 @@ def policy_targets(rows: list[dict]) -> dict:
     for workload in sorted({r["workload"] for r in rows}):
         sizes = sorted({r["G"] for r in rows if r["workload"] == workload})
         for policy in ("rounds", "continuous"):
-            first, last = _cell(rows, workload, sizes[0],
-                                policy), _cell(rows, workload, sizes[-1], policy)
-            if not (first and last):
-                continue
-            targets[f"{workload}/{policy}: peak KV G={sizes[-1]} / G={sizes[0]}"] = (
-                last["peak_kv_bytes"] / first["peak_kv_bytes"])
+            first, last = (_cell(rows, workload, size, policy) for size in (sizes[0], sizes[-1]))
+            if first and last:
+                targets[f"{workload}/{policy}: peak KV G={sizes[-1]} / G={sizes[0]}"] = (
+                    last["peak_kv_bytes"] / first["peak_kv_bytes"])
         for size in sizes:
-            full, cont = _cell(rows, workload, size, "full"), _cell(rows, workload, size,
-                                                                    "continuous")
-            if not (full and cont):
-                continue
-            ratio = full["peak_kv_bytes"] / cont["peak_kv_bytes"]
-            targets[f"{workload}: peak KV full / continuous at G={size}"] = ratio
+            full, cont = (_cell(rows, workload, size, policy) for policy in ("full", "continuous"))
+            if full and cont:
+                targets[f"{workload}: peak KV full / continuous at G={size}"] = (
+                    full["peak_kv_bytes"] / cont["peak_kv_bytes"])
     for r in rows:
         if r["policy"] == "continuous" and r["workload"] == "embedded":
-            name = f"embedded G={r['G']}: sampler overhead share of wall time"
-            targets[name] = r["overhead_fraction"]
-    rounds = _cell(rows, "controlled", 32, "rounds")
-    cont = _cell(rows, "controlled", 32, "continuous")
+            targets[f"embedded G={r['G']}: sampler overhead share of wall time"] = (
+                r["overhead_fraction"])
+    rounds, cont = (_cell(rows, "controlled", 32, policy) for policy in ("rounds", "continuous"))
     if rounds and cont:
-        steps_saved = 1 - cont["decode_steps"] / rounds["decode_steps"]
-        targets["controlled G=32: continuous decode steps saved vs rounds"] = steps_saved
-        targets["controlled G=32: continuous / rounds tokens per second"] = (
-            cont["tokens_per_second"] / rounds["tokens_per_second"])
-        targets["controlled G=32: continuous / rounds tokens per CPU second"] = (
-            cont["tokens_per_cpu_second"] / rounds["tokens_per_cpu_second"])
+        name = "controlled G=32: continuous"
+        targets[f"{name} decode steps saved vs rounds"] = (
+            1 - cont["decode_steps"] / rounds["decode_steps"])
+        for key, what in (("tokens_per_second", "second"), ("tokens_per_cpu_second", "CPU second")):
+            targets[f"{name} / rounds tokens per {what}"] = cont[key] / rounds[key]
     return targets
 
 

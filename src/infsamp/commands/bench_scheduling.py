@@ -57,6 +57,10 @@ from infsamp.tasks.sources import check_dataset_source
 VARIANTS = ("continuous", "rounds", "length_aware:online", "length_aware:hidden",
             "length_aware:oracle", "probe", "probe:online")
 TRACE_ONLY = ("first_tokens", "prompt_texts")  # kept in the traces, not in scheduling.json's rows
+ROW_STATS = ("decode_steps", "recomputed_tokens", "schedule_time_s", "lower_bound",
+             "opt_lower_bound", "generated_tokens", "wall_time_s", "micro_group",
+             "kv_budget_tokens", "peak_kv_tokens", "peak_kv_blocks", "num_preemptions",
+             "prefill_tokens", "peak_rows", "row_steps")  # SamplerStats kept under their names
 
 
 @dataclass(frozen=True)
@@ -87,8 +91,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompts", type=int, default=12,
                         help="prompts (= sampler calls) per epoch")
     parser.add_argument("--prompts-per-step", "-B", type=int, default=1,
-                        help="prompts per sampler call (= per training "
-                             "step; the demo trains with 4)")
+                        help="prompts per sampler call (= per training step; the demo trains "
+                             "with 4)")
     parser.add_argument("--epochs", type=int, default=2,
                         help="epochs; all but the last warm the predictor up")
     parser.add_argument("--num-generations", "-G", type=int, default=32, help="samples per prompt")
@@ -111,8 +115,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "data section gives the prompts (task options, system prompt) and "
                              "its model.name_or_path the model, unless --model is given")
     parser.add_argument("--variants", default=",".join(VARIANTS),
-                        help="comma-separated policy[:predictor][/refill]; continuous "
-                             "must come first")
+                        help="comma-separated policy[:predictor][/refill]; continuous must come "
+                             "first")
     parser.add_argument("--engine", default="slots", help=ENGINE_HELP)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--seed", type=int, default=0)
@@ -133,15 +137,13 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     model, tokenizer = load_model_and_tokenizer(ModelConfig(name_or_path=model_name))
     seeds = parse_seeds(args)
-    prompts = {seed: bench_prompts(tokenizer, args.prompts, seed, args, data_cfg)
-               for seed in seeds}
+    prompts = {seed: bench_prompts(tokenizer, args.prompts, seed, args, data_cfg) for seed in seeds}
     sizes = engine_sizes_for(model, names, [p for chunk in prompts.values() for p in chunk], args)
     cfg = sampling_config(Variant("continuous"), args, sizes.kv_budget_tokens)
     engines, startup = start_engines(names, model, cfg, sizes, prompts[seeds[0]][0][1])
     try:
-        rows = [row for seed in seeds
-                for row in run_epochs(model, tokenizer, prompts[seed], variants, args, engines,
-                                      seed)]
+        rows = [row for seed in seeds for row in run_epochs(model, tokenizer, prompts[seed],
+                                                            variants, args, engines, seed)]
     finally:
         close_engines(engines)
     report = summarise(rows, variants, args)
@@ -159,13 +161,12 @@ def run(args: argparse.Namespace) -> int:
 
 def check_arguments(args: argparse.Namespace) -> list[Variant]:
     """Bad counts or variants end in one SamplingError line, before the model is loaded."""
-    for name in ("prompts", "prompts_per_step", "epochs", "num_generations", "micro_group",
-                 "max_new_tokens"):
-        if getattr(args, name) < 1:
-            raise SamplingError(f"--{name.replace('_', '-')} must be >= 1, got "
-                                f"{getattr(args, name)}")
-    if probe_tokens(args) < 1:
-        raise SamplingError(f"--probe-tokens must be >= 1, got {probe_tokens(args)}")
+    counts = ("prompts", "prompts_per_step", "epochs", "num_generations", "micro_group",
+              "max_new_tokens")
+    for name, value in [(name, getattr(args, name)) for name in counts] + [
+            ("probe_tokens", probe_tokens(args))]:
+        if value < 1:
+            raise SamplingError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     if args.temperature < 0 or args.prefix_tokens < 0:
         raise SamplingError(f"--temperature and --prefix-tokens must be >= 0, got "
                             f"{args.temperature}, {args.prefix_tokens}")
@@ -231,12 +232,6 @@ def probe_tokens(args) -> int:
     return getattr(args, "probe_tokens", PROBE_TOKENS)
 
 
-def first_tokens_kept(args) -> int:
-    """Each completion's first tokens a trace keeps: enough for every prediction point a replay
-    meets (k of the predictor, k of the probes)."""
-    return max(args.prefix_tokens, probe_tokens(args))
-
-
 def call_budget(args, max_prompt_tokens: int, block_size: int = 1) -> int:
     """The budget a call needs for exactly g samples at once, prompts and blocks counted as the
     sampler counts them on this engine."""
@@ -254,8 +249,7 @@ def engine_sizes_for(model, names, prompts, args):
     wide = any(Variant.parse(v).policy in WIDE_POLICIES for v in args.variants.split(","))
     cfg = replace(sampling_config(Variant("probe" if wide else "continuous"), args, budget),
                   num_generations=args.num_generations, engine=engine_to_size(names))
-    return sampler_run_sizes(cfg, model, longest, args.prompts_per_step,
-                             call_budget_tokens=budget)
+    return sampler_run_sizes(cfg, model, longest, args.prompts_per_step, call_budget_tokens=budget)
 
 
 class Runner:
@@ -299,22 +293,14 @@ class Runner:
                                 prompt_keys=keys, prompt_texts=[p[0] for p in prompts],
                                 generator=torch.Generator().manual_seed(seed))
         cpu = time.process_time() - cpu_start
-        s = result.stats
+        s, kept = result.stats, max(self.args.prefix_tokens, probe_tokens(self.args))
         return {"engine": s.engine, "variant": variant.name, "prompt": ",".join(keys),
-                "prompt_texts": [p[0] for p in prompts],
-                "decode_steps": s.decode_steps, "recomputed_tokens": s.recomputed_tokens,
-                "schedule_time_s": s.schedule_time_s,
-                "lower_bound": s.lower_bound, "opt_lower_bound": s.opt_lower_bound,
-                "generated_tokens": s.generated_tokens,
-                "wall_time_s": s.wall_time_s, "cpu_time_s": cpu, "micro_group": s.micro_group,
-                "kv_budget_tokens": s.kv_budget_tokens,
-                "peak_kv_tokens": s.peak_kv_tokens, "peak_kv_blocks": s.peak_kv_blocks,
-                "num_preemptions": s.num_preemptions, "prefill_tokens": s.prefill_tokens,
+                "prompt_texts": [p[0] for p in prompts], "cpu_time_s": cpu,
+                **{key: getattr(s, key) for key in ROW_STATS},
                 "kendall_tau": s.predictor_kendall_tau, "mae": s.predictor_mae,
                 "lengths": [[c.length for c in g] for g in result.groups],
-                "first_tokens": [[c.token_ids[:first_tokens_kept(self.args)] for c in g]
-                                 for g in result.groups],
-                "peak_rows": s.peak_rows, "row_steps": s.row_steps,
+                # enough for every prediction point a replay meets (k of the predictor and probes)
+                "first_tokens": [[c.token_ids[:kept] for c in g] for g in result.groups],
                 "prompt_tokens": [len(p[1]) for p in prompts]}
 
 
@@ -384,6 +370,5 @@ def write_traces(rows: list[dict], out: Path) -> dict[str, Path]:
 def format_call(r: dict) -> str:
     tau = "" if r["kendall_tau"] is None else f" tau {r['kendall_tau']:.2f}"
     return (f"epoch {r['epoch']} prompts {r['prompt']:>6} {r['engine']:<6}{r['variant']:<22} "
-            f"steps {r['decode_steps']:>5} "
-            f"bound {r['lower_bound']:>5} tokens {r['generated_tokens']:>6} "
-            f"{r['wall_time_s']:6.1f}s{tau}")
+            f"steps {r['decode_steps']:>5} bound {r['lower_bound']:>5} tokens "
+            f"{r['generated_tokens']:>6} {r['wall_time_s']:6.1f}s{tau}")

@@ -75,8 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     check_target(out)
-    checkpoint = best_checkpoint(Path(args.source)) if args.best else \
-        resolve_checkpoint(Path(args.source))
+    checkpoint = (best_checkpoint if args.best else resolve_checkpoint)(Path(args.source))
     from infsamp.models.loading import quiet_transformers
 
     quiet_transformers()
@@ -161,7 +160,8 @@ def export_checkpoint(checkpoint: Path, out: Path, *, adapters_only: bool = Fals
     is_lora = (model_dir / "adapter_config.json").exists()
     if adapters_only and not is_lora:
         raise ExportError(f"--adapters-only: {checkpoint} holds full weights, not LoRA adapters")
-    if is_lora and not adapters_only and run_model_config(checkpoint).get("load_in_4bit"):
+    quantized_base = _run_section(checkpoint.parent, "model").get("load_in_4bit")
+    if is_lora and not adapters_only and quantized_base:
         raise ExportError(f"{checkpoint}: LoRA trained over a 4-bit base: merging it into the "
                           "full-precision base is not the trained policy; use --adapters-only "
                           "and load the adapters on the 4-bit base")
@@ -197,11 +197,6 @@ def _still_there(checkpoint: Path) -> bool:
     return (checkpoint / MANIFEST).is_file() and (checkpoint / MODEL_DIR).is_dir()
 
 
-def run_model_config(checkpoint: Path) -> dict:
-    """The `model` section of the run's config.yaml ({} without one)."""
-    return _run_section(checkpoint.parent, "model")
-
-
 def _run_section(run_dir: Path, section: str) -> dict:
     """A section of the run folder's config.yaml ({} without one)."""
     import yaml
@@ -214,7 +209,7 @@ def _run_section(run_dir: Path, section: str) -> dict:
 
 def base_model_path(checkpoint: Path) -> str:
     """The LoRA base: the run's model.name_or_path (its config.yaml), else peft's record."""
-    name = run_model_config(checkpoint).get("name_or_path")
+    name = _run_section(checkpoint.parent, "model").get("name_or_path")
     if not name:
         adapter_config = json.loads((checkpoint / "model" / "adapter_config.json").read_text())
         name = adapter_config.get("base_model_name_or_path")
@@ -300,10 +295,8 @@ def write_tokenizer_and_generation_config(model_dir: Path, base: str | None, out
     tokenizer.save_pretrained(out)
     config = _load_config(base or model_dir, trust_remote_code)
     generation_dir = next((p for p in sources if (p / "generation_config.json").exists()), None)
-    if generation_dir is not None:
-        generation = GenerationConfig.from_pretrained(str(generation_dir))
-    else:
-        generation = GenerationConfig.from_model_config(config)
+    generation = (GenerationConfig.from_model_config(config) if generation_dir is None
+                  else GenerationConfig.from_pretrained(str(generation_dir)))
     stops = stop_token_ids(SimpleNamespace(generation_config=generation, config=config), tokenizer)
     if stops:
         generation.eos_token_id = list(stops) if len(stops) > 1 else stops[0]

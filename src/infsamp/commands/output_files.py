@@ -40,8 +40,7 @@ def check_output_files(outputs: dict[str, str | None], inputs: list[str | None],
         if source is not None:
             raise ConfigError(f"{flag} {path}: is an input of this command ({source}); write the "
                               "output elsewhere")
-        other = next((f for f, p in given.items() if f != flag and _same_or_inside(path, p)),
-                     None)
+        other = next((f for f, p in given.items() if f != flag and _same_or_inside(path, p)), None)
         if other is not None:
             raise ConfigError(f"{flag} {path}: the same file as {other}")
         if path.exists() and not overwrite:

@@ -48,33 +48,39 @@ MAX_SAMPLES = 1_000_000  # a synthetic workload's groups x G x epochs: ~2.5 CPU-
 PROGRESS_EVERY_S = 5.0
 
 
+INTEGER_OPTIONS = {  # flag -> (default, lowest value, help); every one at most MAX_INTEGER
+    "groups": (20, 1, "synthetic: prompts per epoch"),
+    "num-generations": (32, 1, "synthetic: G, samples per prompt"),
+    "epochs": (1, 1, "synthetic: passes over the same prompts"),
+    "seed": (0, -MAX_INTEGER, "synthetic: random seed"),
+    "prompts-per-step": (1, 1, "B: trace lines per training step"),
+    "micro-group": (None, 1, "g: samples decoded at once"),
+    "kv-budget": (None, 1, "KV-cache budget in tokens (g follows unless --micro-group)"),
+    "max-new-tokens": (None, 1, "completion limit (default: longest in trace)"),
+    "prefix-tokens": (8, 1, "length_aware: k, re-predict every k tokens (the trace's first_tokens "
+                      "give the token-conditioned predictor what the run's engine saw)"),
+    "probe-tokens": (PROBE_TOKENS, 1, "probe: k, the KV tokens a new sample first reserves"),
+    "warmup-steps": (0, 0, "replay the first N training steps (the predictor learns) but leave "
+                     "them out of the figures, as bench scheduling measures its last epoch"),
+}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--trace", help="JSONL trace: {prompt_id, prompt_tokens, lengths} per line")
     source.add_argument("--synthetic", choices=sorted(SYNTHETIC),
-                        help="generate a workload instead: lognormal (the paper's "
-                             "length-controlled one) or "
-                             "arithmetic (worked-solution lengths of the "
-                             "embedded task, with prompt text)")
-    parser.add_argument("--groups", type=int, default=20, help="synthetic: prompts per epoch")
-    parser.add_argument("--num-generations", "-G", type=int, default=32,
-                        help="synthetic: G, samples per prompt")
-    parser.add_argument("--epochs", type=int, default=1,
-                        help="synthetic: passes over the same prompts")
-    parser.add_argument("--seed", type=int, default=0, help="synthetic: random seed")
+                        help="generate a workload instead: lognormal (the paper's length-controlled"
+                             " one) or arithmetic (worked-solution lengths of the embedded task, "
+                             "with prompt text)")
+    for flag, (default, _, help_text) in INTEGER_OPTIONS.items():
+        names = [f"--{flag}", "-G"] if flag == "num-generations" else [f"--{flag}"]
+        parser.add_argument(*names, type=int, default=default, help=help_text)
     parser.add_argument("--direct-share", type=float, default=0.0,
-                        help="synthetic arithmetic: share of samples that are "
-                             "direct guesses (the shipped "
-                             "model guesses on about half of its samples at the start of a run)")
+                        help="synthetic arithmetic: share of samples that are direct guesses (the "
+                             "shipped model guesses on about half of its samples at the start of "
+                             "a run)")
     parser.add_argument("--write-trace", metavar="FILE",
                         help="also write the (synthetic) trace here")
-    parser.add_argument("--prompts-per-step", type=int, default=1,
-                        help="B: trace lines per training step")
-    parser.add_argument("--micro-group", type=int, help="g: samples decoded at once")
-    parser.add_argument("--kv-budget", type=int,
-                        help="KV-cache budget in tokens (g follows unless --micro-group)")
-    parser.add_argument("--max-new-tokens", type=int,
-                        help="completion limit (default: longest in trace)")
     parser.add_argument("--policy", choices=sorted(POLICIES), default="continuous")
     parser.add_argument("--predictor", default="none", help="none, oracle, online or noisy:SIGMA "
                         "(hidden needs the model's hidden states: bench scheduling runs it)")
@@ -82,29 +88,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="length_aware runtime refill order")
     parser.add_argument("--epsilon", type=float, default=0.1,
                         help="FPTAS epsilon of the global grouping")
-    parser.add_argument("--prefix-tokens", type=int, default=8,
-                        help="length_aware: k, re-predict every k tokens (the trace's first_tokens "
-                             "give the token-conditioned predictor what the run's engine saw)")
     parser.add_argument("--no-preempt", action="store_true",
                         help="length_aware: never park a running sample (admission-time decisions)")
     parser.add_argument("--park-ratio", type=float, default=PARK_RATIO,
                         help="length_aware: park a sample at its first point when the best waiting "
                              "one is predicted this many times its remaining length")
-    parser.add_argument("--probe-tokens", type=int, default=PROBE_TOKENS,
-                        help="probe: k, the KV tokens a new sample first reserves")
-    parser.add_argument("--warmup-steps", type=int, default=0,
-                        help="replay the first N training steps (the predictor learns) but leave "
-                             "them out of the figures, as bench scheduling measures its last epoch")
     parser.add_argument("--step-seconds", type=float, default=0.0,
                         help="a trace with turns: seconds per decode step; a tool call waits "
-                             "ceil(latency / step-seconds) decode steps (0: answered at the next "
-                             "step)")
+                             "ceil(latency / step-seconds) decode steps (0: answered at the next)")
     parser.add_argument("--length-sorted", action="store_true",
                         help="rounds: fill from the longest predicted")
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     parser.add_argument("--plot", metavar="FILE",
-                        help="PNG of decode steps against predictor quality "
-                        "(another image format by its extension: .svg, .pdf, ...; none: .png)")
+                        help="PNG of decode steps against predictor quality (another image format "
+                             "by its extension: .svg, .pdf, ...; none: .png)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an existing --plot / --write-trace file (never the --trace)")
 
@@ -147,18 +144,12 @@ class Progress:
               file=sys.stderr, flush=True)
 
 
-INTEGER_FLAGS = ("groups", "num_generations", "epochs", "prompts_per_step", "micro_group",
-                 "kv_budget", "max_new_tokens", "prefix_tokens", "probe_tokens", "warmup_steps")
-
-
 def _check_arguments(args) -> None:
     """Options that would fail after the simulation, or make it meaningless, fail first."""
-    for name in INTEGER_FLAGS + ("seed",):
-        value = getattr(args, name)
-        low = -MAX_INTEGER if name == "seed" else 0 if name == "warmup_steps" else 1
+    for flag, (_, low, _) in INTEGER_OPTIONS.items():
+        value = getattr(args, flag.replace("-", "_"))
         if value is not None and not low <= value <= MAX_INTEGER:
-            raise SamplingError(f"--{name.replace('_', '-')} must be between {low} and "
-                                f"{MAX_INTEGER}, got {value}")
+            raise SamplingError(f"--{flag} must be between {low} and {MAX_INTEGER}, got {value}")
     if args.micro_group is None and args.kv_budget is None:
         raise SamplingError("give --micro-group or --kv-budget (or both)")
     if not 0 < args.epsilon < math.inf:
@@ -209,9 +200,8 @@ def _policy_options(args) -> dict:
 
 SCHEDULE_KEYS = ("decode_steps", "lower_bound", "opt_lower_bound", "peak_kv_tokens_used",
                  "num_samples", "generated_tokens", "num_calls", "micro_group", "peak_rows",
-                 "row_steps",
-                 "num_preemptions", "recomputed_tokens", "predictor_kendall_tau", "predictor_mae",
-                 "num_tool_turns", "context_tokens")
+                 "row_steps", "num_preemptions", "recomputed_tokens", "predictor_kendall_tau",
+                 "predictor_mae", "num_tool_turns", "context_tokens")
 
 
 def _print(result: SamplerStats, args) -> None:
@@ -223,9 +213,8 @@ def _print(result: SamplerStats, args) -> None:
           f"{result.num_calls} steps of {args.prompts_per_step} prompt(s), "
           f"{result.num_samples} samples")
     print(f"decode steps {result.decode_steps} (lower bound {result.lower_bound}, x{ratio:.3f}; "
-          f"pigeonhole bound {result.opt_lower_bound}), "
-          f"peak KV {result.peak_kv_tokens_used} tokens, generated {result.generated_tokens} "
-          "tokens")
+          f"pigeonhole bound {result.opt_lower_bound}), peak KV {result.peak_kv_tokens_used} "
+          f"tokens, generated {result.generated_tokens} tokens")
     if result.num_preemptions:
         print(f"parked {result.num_preemptions} times, {result.recomputed_tokens} tokens "
               "recomputed")
@@ -233,8 +222,7 @@ def _print(result: SamplerStats, args) -> None:
         print(f"tool turns {result.num_tool_turns}, {result.context_tokens} context tokens "
               f"appended (step seconds {args.step_seconds})")
     if result.peak_rows > result.micro_group:
-        print(f"rows per decode step: {result.mean_rows:.1f} mean, "
-              f"{result.peak_rows} at most")
+        print(f"rows per decode step: {result.mean_rows:.1f} mean, {result.peak_rows} at most")
     if result.predictor_kendall_tau is not None:
         print(f"predictor: Kendall tau {result.predictor_kendall_tau:.3f}, "
               f"MAE {result.predictor_mae:.1f} tokens")
@@ -261,8 +249,7 @@ def _plot(groups, args, progress: Progress) -> None:
     for predictor, marker in (("online", "*"), ("none", "x")):
         point = run_one("length_aware", predictor)
         ax.scatter([point.predictor_kendall_tau], [point.decode_steps], marker=marker, s=90,
-                   zorder=3,
-                   label=f"length_aware, {predictor} predictor")
+                   zorder=3, label=f"length_aware, {predictor} predictor")
     continuous = run_one("continuous", "none").decode_steps
     ax.axhline(continuous, linestyle="--", color="gray", label="continuous (arrival order)")
     ax.axhline(point.lower_bound, color="black", linewidth=0.8, label="lower bound")
@@ -273,8 +260,8 @@ def _plot(groups, args, progress: Progress) -> None:
             fontsize=8)
     ax.set_xlabel("predictor Kendall tau (per step, mean)")
     ax.set_ylabel("decode steps")
-    ax.set_title(f"{len(groups)} groups, g={point.micro_group}, {args.prompts_per_step} "
-                 f"prompt(s)/step")
+    ax.set_title(f"{len(groups)} groups, g={point.micro_group}, "
+                 f"{args.prompts_per_step} prompt(s)/step")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fmt = Path(args.plot).suffix.lstrip(".") or "png"

@@ -53,8 +53,7 @@ def process_alive(pid: int) -> bool:
 
 
 class RankWatch:
-    def __init__(self, rank: int, world_size: int, timeout_s: float, output_dir: str,
-                 token: str):
+    def __init__(self, rank: int, world_size: int, timeout_s: float, output_dir: str, token: str):
         self.rank, self.world_size, self.timeout_s = rank, world_size, timeout_s
         self.output_dir = Path(output_dir)
         self.store = _connect(f"infsamp/{token}")

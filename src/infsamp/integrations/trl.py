@@ -52,8 +52,7 @@ from infsamp.integrations.trl_tools import env_mask, load_rollout_tools
 
 # sampling.* options of `infsamp train`'s dynamic sampling, refused here (one line)
 DYNAMIC_OPTIONS = ("dynamic", "max_num_generations", "dynamic_chunk", "max_replaced_prompts")
-LOGGED_STATS = ("decode_steps", "micro_group", "peak_kv_bytes", "tokens_per_second",
-                "wall_time_s")
+LOGGED_STATS = ("decode_steps", "micro_group", "peak_kv_bytes", "tokens_per_second", "wall_time_s")
 
 
 class RolloutError(InfsampError):

@@ -34,8 +34,7 @@ def check_device(cfg: ModelConfig) -> None:
     what = f"model.device {cfg.device!r}" if kind == "cuda" else \
         f"model.attn_implementation {attn!r}"
     if not torch.cuda.is_available():
-        raise ConfigError(f"{what}: needs a CUDA GPU, and torch sees none "
-                          "(use cpu, sdpa or eager)")
+        raise ConfigError(f"{what}: needs a CUDA GPU, and torch sees none (use cpu, sdpa or eager)")
     if int(index or 0) >= torch.cuda.device_count():
         raise ConfigError(f"model.device: this machine has {torch.cuda.device_count()} CUDA "
                           f"device(s) (got {cfg.device!r})")

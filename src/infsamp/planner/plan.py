@@ -65,14 +65,12 @@ class MemoryPlan:
         """The plan as JSON data; with `sizes` (a RunSizes) also the sizes a run uses."""
         settings = {k: v for k, v in dataclasses.asdict(self.inputs).items() if k != "shape"}
         extra = {} if sizes is None else {"run_sizes": sizes.state_dict()}
-        return dict(fits=self.fits, micro_group=self.micro_group,
-                    train_micro_batch_tokens=self.train_micro_batch_tokens,
-                    train_micro_batch_sequences=self.train_micro_batch_sequences,
-                    kv_cache_tokens=self.kv_cache_tokens, generation=self.generation,
-                    training=self.training,
-                    peak_bytes=self.peak_bytes, gpu_memory_bytes=self.inputs.gpu_memory_bytes,
-                    training_peak_moment=self.training_peak_moment,
-                    advice=self.advice, num_parameters=self.num_parameters,
+        own = {name: getattr(self, name) for name in (
+            "fits", "micro_group", "train_micro_batch_tokens", "train_micro_batch_sequences",
+            "kv_cache_tokens", "generation", "training", "peak_bytes")}
+        return dict(**own, gpu_memory_bytes=self.inputs.gpu_memory_bytes,
+                    training_peak_moment=self.training_peak_moment, advice=self.advice,
+                    num_parameters=self.num_parameters,
                     num_trainable_parameters=self.num_trainable_parameters,
                     precision=self.inputs.precision,
                     bytes_per_parameter=bytes_per_parameter(self.inputs),
@@ -100,13 +98,11 @@ def validate_inputs(p: PlanInputs) -> None:
     _check(p.micro_group <= p.num_samples, "micro_group", p.micro_group,
            f"must be <= the step's {p.num_samples} samples")
     _check(p.beta >= 0, "beta", p.beta, "must be >= 0")
-    _check(p.optimizer in OPTIMIZERS, "optimizer", p.optimizer,
-           f"must be one of {', '.join(OPTIMIZERS)}")
-    _check(p.precision in PRECISIONS, "precision", p.precision,
-           f"must be one of {', '.join(PRECISION_CHOICES)}")
-    _check(p.device in DEVICES, "device", p.device, f"must be one of {', '.join(DEVICES)}")
-    _check(p.engine in ("slots", "vllm"), "engine", p.engine, "must be slots or vllm")
-    _check(p.policy in POLICIES, "policy", p.policy, f"must be one of {', '.join(POLICIES)}")
+    for key, names in (("optimizer", OPTIMIZERS), ("precision", PRECISIONS), ("device", DEVICES),
+                       ("engine", ("slots", "vllm")), ("policy", POLICIES),
+                       ("strategy", STRATEGIES)):
+        shown = PRECISION_CHOICES if key == "precision" else names
+        _check(getattr(p, key) in names, key, getattr(p, key), f"must be one of {', '.join(shown)}")
     _check(p.probe_tokens >= 1, "probe_tokens", p.probe_tokens, "must be >= 1")
     if p.load_in_4bit:
         _check(p.lora_rank > 0, "load_in_4bit", True,
@@ -115,8 +111,6 @@ def validate_inputs(p: PlanInputs) -> None:
     _check(p.num_devices >= 1, "num_gpus", p.num_devices, "must be >= 1")
     _check(p.runtime_bytes is None or p.runtime_bytes >= 0, "runtime_bytes", p.runtime_bytes,
            "must be >= 0")
-    _check(p.strategy in STRATEGIES, "strategy", p.strategy,
-           f"must be one of {', '.join(STRATEGIES)}")
     _check(p.strategy != "fsdp" or p.lora_rank == 0, "strategy", p.strategy,
            "fsdp shards full fine-tuning; with LoRA use ddp")
 
@@ -263,15 +257,12 @@ def _smaller_setting_advice(p: PlanInputs, g: int, tokens: int) -> list[str]:
 
 
 def advise(p: PlanInputs, g: int, tokens: int) -> list[str]:
-    advice = _smaller_setting_advice(p, g, tokens)
-    if advice:
-        return advice
-    advice = _switch_advice(p)
+    advice = _smaller_setting_advice(p, g, tokens) or _switch_advice(p)
     if advice:
         return advice
     minimum = dataclasses.replace(p, micro_group=1, train_micro_batch_tokens=p.seq_len)
     need = max(generation_breakdown(minimum, 1)["peak"],
                training_breakdown(minimum, p.seq_len)["peak"])
     return [f"does not fit even with every switch; these settings need {need / GIB:.2f} GiB at g = "
-            f"1 and "
-            "one sequence per micro-batch: use a larger GPU, a smaller model or shorter sequences"]
+            "1 and one sequence per micro-batch: use a larger GPU, a smaller model or shorter "
+            "sequences"]

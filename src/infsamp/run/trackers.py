@@ -314,8 +314,7 @@ def open_trackers(names: list[str], output_dir: Path, project: str, run_name: st
     # the first step to log again: the run logs were rewound to start_step (to nothing at 0)
     state["purge_step"] = (start_step + 1 if start_step > 0 else 0) if resumed else None
     name = run_name or output_dir.resolve().name
-    run = RunInfo(output_dir, project, name, state["run_id"], config, resumed=resumed,
-                  state=state)
+    run = RunInfo(output_dir, project, name, state["run_id"], config, resumed=resumed, state=state)
     trackers = Trackers(names, run, report)
     write_text(path, json.dumps(state, indent=1))  # atomic: never half a file to resume from
     if trackers.active:

@@ -119,8 +119,7 @@ class GRPOTrainer:
         check_fits_before_loading(cfg, self.device, self.ranks.world_size, self.ranks.strategy,
                                   max(len(p.token_ids) for p in self.train_prompts.prompts))
         self._load_model()
-        planned = plan_run(cfg, self.model, self.device, self.ranks.world_size,
-                           self.ranks.strategy)
+        planned = plan_run(cfg, self.model, self.device, self.ranks.world_size, self.ranks.strategy)
         self.sizes = planned.sizes  # decided once; read by the engine, the sampler, the GRPO step
         self.ref_model = reference_model(cfg, self.model)  # before FSDP shards the model
         self._build_sampler()

@@ -37,11 +37,7 @@ from infsamp.errors import SamplingError
 from infsamp.models.loading import stop_token_ids
 from infsamp.planner.kv_budget import micro_group_within, tokens_within_or_refuse
 from infsamp.planner.sizes import RunSizes
-from infsamp.sampling.engines.base import (
-    DecodeOptions,
-    Engine,
-    LogitsProcessorFactory,
-)
+from infsamp.sampling.engines.base import DecodeOptions, Engine, LogitsProcessorFactory
 from infsamp.sampling.engines.slots import SlotEngine
 from infsamp.sampling.scheduler import SlotScheduler
 from infsamp.sampling.sizes import sampler_run_sizes
@@ -137,8 +133,7 @@ class GroupSampler:
         policy = policy or sizes.sampling_policy(self.cfg.policy)
         budget = self.budget_tokens(sizes)
         max_new = self._fit_budget(prompt_ids, max_new, budget)
-        samples = self._samples(prompt_ids, counts, max_new, prompt_keys, prompt_texts,
-                                first_index)
+        samples = self._samples(prompt_ids, counts, max_new, prompt_keys, prompt_texts, first_index)
         lengths = [len(p) for p in prompt_ids]
         micro_group = self.micro_group(policy, sizes, budget, lengths, max_new, len(samples))
         options = self._decode_options(temperature, generator, seed)

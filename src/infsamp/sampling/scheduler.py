@@ -80,8 +80,7 @@ class SlotScheduler:
         if self._policy.probe_tokens and not max_kv_tokens:
             raise SamplingError(f"policy {policy} needs a KV budget (it decides how many samples "
                                 "run at once)")
-        self._shared = [shared_prompt_tokens(s.prompt_tokens, kv_block_size)
-                        for s in self._samples]
+        self._shared = [shared_prompt_tokens(s.prompt_tokens, kv_block_size) for s in self._samples]
         self._reserve = [reserved_tokens(s.prompt_tokens, s.max_new_tokens, kv_block_size)
                          for s in self._samples]
         self._max_reserve = max(self._reserve, default=0)

@@ -113,8 +113,7 @@ def sampler_run_sizes(sampling: SamplingConfig, model: torch.nn.Module, max_prom
         block = kv_block_size(run_engine(cfg, kind, is_4bit(model)), kind)
         cfg = replace(cfg, sampling=replace(
             sampling, kv_budget=str(pool_holding(call_budget_tokens, block))))
-    return plan_run(cfg, model, device, budget_is_pool=not engine_apart,
-                    refuse=False).sizes
+    return plan_run(cfg, model, device, budget_is_pool=not engine_apart, refuse=False).sizes
 
 
 def check_fits_before_loading(cfg: Config, device: torch.device, num_ranks: int = 1,
@@ -134,8 +133,7 @@ def check_fits_before_loading(cfg: Config, device: torch.device, num_ranks: int 
         return  # its shape is known once it loaded: plan_run checks then
     plan, sizes = _plan(cfg, shape_from_config(config), device, torch.nn.Module(), num_ranks,
                         strategy, quantized=cfg.model.load_in_4bit, dtype_bytes=None)
-    _refuse_unless_fits(plan, sizes, device, " (planned from its config, before the weights "
-                                             "load)")
+    _refuse_unless_fits(plan, sizes, device, " (planned from its config, before the weights load)")
     if longest_prompt:
         kind = "cuda" if device.type == "cuda" else "cpu"
         block = kv_block_size(run_engine(cfg, kind, cfg.model.load_in_4bit), kind)

@@ -190,8 +190,7 @@ def read_split(data_cfg: DataConfig, split: str) -> list[tuple[str, dict[str, An
                         f"(data.eval_split), not {split!r}")
     made = generate(data_cfg)
     rows = made.held_out if split == data_cfg.eval_split else made.train
-    return [(f"{data_cfg.dataset} {split} row {i}", row)
-            for i, row in enumerate(rows)]
+    return [(f"{data_cfg.dataset} {split} row {i}", row) for i, row in enumerate(rows)]
 
 
 def split_note(data_cfg: DataConfig, num_eval: int) -> str:

@@ -160,8 +160,7 @@ class ToolRunner:
                            else call_with_deadline(func, arguments, self.timeout_s))
             except BaseException as err:  # noqa: BLE001 - a worker that cannot start, ...
                 outcome = Outcome(error=err)
-            self.results.put((key, answer_of(outcome, self.timeout_s,
-                                             time.perf_counter() - start)))
+            self.results.put((key, answer_of(outcome, self.timeout_s, time.perf_counter() - start)))
 
         threading.Thread(target=run, daemon=True, name=f"infsamp-tool-{name}").start()
 
