@@ -1,12 +1,12 @@
-"""Decode attention straight from the slot cache: the shared prompt rows are read where they are,
-never repeated per slot, concatenated, or repeated per query head.
+"""Decode attention straight from the slot cache: the call's shared prefix and the shared prompt
+rows are read where they are, never repeated per slot, concatenated, or repeated per query head.
 
 The model's own attention (sdpa, eager) wants one key tensor per sequence, so the plain path
 builds `cat(prompt rows, sample columns)` in every layer and step and, with grouped-query attention,
 repeats it per query head (`repeat_kv`): per layer up to (1 + heads / kv_heads) times that
-layer's whole slot KV in temporaries. Here the scores are computed in two parts, q.K_prompt and
-q.K_slots, with the query heads grouped under their KV head ([S, H, 1, D] -> [S, H_kv, r, D]), one
-softmax over both, and the two value products summed: the only temporaries are the scores
+layer's whole slot KV in temporaries. Here the scores are computed in parts, q.K_prefix (when the call
+shares one), q.K_prompt and q.K_slots, with the query heads grouped under their KV head
+([S, H, 1, D] -> [S, H_kv, r, D]), one softmax over all, and the value products summed: the only temporaries are the scores
 ([S, H, P + W]), the samples' own columns (viewed or gathered by the cache's `update`) and,
 when samples belong to different groups, each one's prompt row.
 
@@ -16,7 +16,8 @@ asks for more than plain attention (a sliding window, logit soft-capping, attent
 the model's own attention function over the concatenated keys, as before.
 
 Shapes: S = the samples running this step (one row each); H, H_kv query and KV heads,
-r = H / H_kv, P the widest prompt row, W the sample columns attended this step.
+r = H / H_kv, L the shared prefix, P the widest prompt row, W the sample columns attended this
+step.
 
 Deliberately simple: one query position per slot (decode); prefill runs the model's own attention.
 """
@@ -80,21 +81,24 @@ def split_attention_forward(module, query, key, value, attention_mask, dropout: 
     micro_group, num_heads, _, head_dim = query.shape  # [S, H, 1, D]
     kv_heads = key.shape[1]
     grouped = query.reshape(micro_group, kv_heads, num_heads // kv_heads, head_dim)  # [S, Hk, r, D]
-    prompt_k, prompt_v = cache.prompt_keys[layer], cache.prompt_values[layer]  # [R, Hk, P, D]
-    has_prompt = prompt_k.shape[0] > 0 and prompt_k.shape[2] > 0
-    parts = [grouped @ key.transpose(-1, -2)]  # [S, Hk, r, W]
-    if has_prompt:
-        parts.insert(0, _prompt_product(grouped, prompt_k, cache.step_rows, transpose=True))
-    scores = torch.cat(parts, dim=-1).float() * (scaling or head_dim ** -0.5)  # [S, Hk, r, P + W]
-    if attention_mask is not None:  # [S, 1, 1, P + W]: bool (sdpa) or additive (eager)
+    # (keys, values, each slot's row or None: one shared by all) of the shared parts
+    shared = [(cache.prefix_keys[layer], cache.prefix_values[layer], None),  # [1, Hk, L, D]
+              (cache.prompt_keys[layer], cache.prompt_values[layer], cache.step_rows)]  # [R, ...]
+    shared = [part for part in shared if part[0].shape[0] > 0 and part[0].shape[2] > 0]
+    parts = [_prompt_product(grouped, k, rows, transpose=True) for k, _, rows in shared]
+    parts.append(grouped @ key.transpose(-1, -2))  # [S, Hk, r, W]
+    scores = torch.cat(parts, dim=-1).float() * (scaling or head_dim ** -0.5)  # [S, Hk, r, L+P+W]
+    if attention_mask is not None:  # [S, 1, 1, L + P + W]: bool (sdpa) or additive (eager)
         scores = (scores.masked_fill(~attention_mask, float("-inf"))
                   if attention_mask.dtype == torch.bool else scores + attention_mask)
-    probs = scores.softmax(-1).to(value.dtype)  # [S, Hk, r, P + W]
-    width = prompt_k.shape[2] if has_prompt else 0
+    probs = scores.softmax(-1).to(value.dtype)  # [S, Hk, r, L + P + W]
+    width = sum(k.shape[2] for k, _, _ in shared)
     out = probs[..., width:] @ value  # [S, Hk, r, D]
-    if has_prompt:
-        out = out + _prompt_product(probs[..., :width], prompt_v, cache.step_rows,
-                                    transpose=False)
+    start = 0
+    for keys, values, rows in shared:
+        end = start + keys.shape[2]
+        out = out + _prompt_product(probs[..., start:end], values, rows, transpose=False)
+        start = end
     return out.reshape(micro_group, 1, num_heads, head_dim), None  # [S, 1, H, D], as sdpa's
 
 

@@ -23,6 +23,14 @@ it resumes, else they are given back and recomputed at resume by one forward ove
 against its group's prompt row. Both happen at the next decode step, after every sample parked in
 that admission has given its positions back.
 
+Shared prefix (`begin_call(shared_prefix=L)`, the sampler's choice: evaluation's 200 prompts
+share their chat template and system prompt): the call's first L prompt tokens are forwarded once
+at `begin_call` and held once (`PromptTable.set_prefix`); each group's row holds the rest of its
+prompt, prefilled at the next decode step together with every group started since, as one
+right-padded forward over the prefix KV of at most the call's longest prompt in tokens (what the
+planner counts a prefill's working set at). The numbers differ from a whole-prompt forward in the
+last bits (other matmul shapes), so the sampler shares a prefix only where it is asked to.
+
 Deliberately simple: two layouts, chosen per call; the token pool gathers per token (no blocks).
 """
 
@@ -54,6 +62,7 @@ class SlotEngine:
     kv_block_size = 1
     keeps_parked_kv = True  # a parked sample's KV can be held (copied out of the pool)
     hands_hidden_states = True
+    shares_prefix = True  # holds a call's common prompt prefix once (`begin_call(shared_prefix)`)
     copies_weights = False  # decodes with the trainer's model itself
     max_micro_group = 0
     kv_capacity_tokens = 0
@@ -75,9 +84,10 @@ class SlotEngine:
     def begin_call(self, prompts: Sequence[Sequence[int]], samples: Sequence[Sample],
                    num_slots: int, options: DecodeOptions, stats: SamplerStats,
                    processor: SlotLogitsProcessor | None = None,
-                   pool_tokens: int | None = None) -> None:
+                   pool_tokens: int | None = None, shared_prefix: int = 0) -> None:
         """`pool_tokens`: the KV positions running samples may hold at once (the scheduler's
-        `max_running_tokens`); None: a whole completion per slot."""
+        `max_running_tokens`); None: a whole completion per slot. `shared_prefix`: the first
+        tokens every prompt shares, forwarded and held once (shorter than every prompt)."""
         config, param = self.model.config, next(self.model.parameters())
         head_dim = getattr(config, "head_dim",
                            None) or config.hidden_size // config.num_attention_heads
@@ -102,14 +112,21 @@ class SlotEngine:
         self.was_training = self.model.training
         self.split = supports_split(self.model)  # decode attention reads the cache in place
         self.model.eval()
+        self.shared_prefix = shared_prefix
+        self.to_prefill: list[int] = []  # groups started whose rows are not filled yet
+        if shared_prefix:
+            self._prefill_prefix(prompts[0][:shared_prefix])
         self._track_peak()
 
     def start(self, slot: int, sample: Sample) -> None:
         previous = self.slot_sample[slot]
         if previous is not None and previous is not sample and previous.finish_reason is None:
             self._take_back(slot)
-        if sample.group_id not in self.cache.group_rows:
-            self._prefill(sample.group_id)
+        if sample.group_id not in self.cache.group_rows and sample.group_id not in self.to_prefill:
+            if self.shared_prefix:
+                self.to_prefill.append(sample.group_id)  # at the next step, with the others
+            else:
+                self._prefill(sample.group_id)
         if sample.token_ids:  # parked, or back from a tool call (maybe to the slot it left)
             self._resume(sample)
         self.slot_sample[slot] = sample
@@ -118,6 +135,7 @@ class SlotEngine:
         logs = self.step_log is not None
         step_start, cpu_start = (time.perf_counter(), time.process_time()) if logs else (0, 0)
         self._drop_taken_back(active)
+        self._prefill_suffixes()
         for sample in self.to_restore:  # after every parked sample gave its positions back
             self.cache.unpark(sample.sample_id)
             self._recompute(sample)  # what it lacks: all, or the tool tokens appended since
@@ -228,6 +246,69 @@ class SlotEngine:
         self.stats.prefill_tokens += len(prompt_kv)
         self._track_peak()
 
+    def _prefill_prefix(self, prefix: Sequence[int]) -> None:
+        cache = DynamicCache(config=self.model.config)
+        start = time.perf_counter()
+        with torch.inference_mode():
+            self.model(input_ids=torch.tensor([list(prefix)], device=self.device),  # [1, L]
+                       use_cache=True, logits_to_keep=1, **{self.cache_kwarg: cache})
+        self.cache.set_prefix([c.keys for c in cache.layers], [c.values for c in cache.layers])
+        self.stats.model_time_s += time.perf_counter() - start
+        self.stats.prefill_tokens += len(prefix)
+
+    def _prefill_suffixes(self) -> None:
+        """The rows of the groups started since the last step: each prompt after the shared
+        prefix (minus its last token), in right-padded batches of at most the call's longest
+        prompt (or its slots) in padded tokens, attending to the prefix."""
+        most = max(max(len(p) for p in self.prompts), len(self.slot_sample))
+        batch: list[int] = []
+        for group_id in self.to_prefill:
+            width = max(self._suffix_width(g) for g in (*batch, group_id))
+            if batch and (len(batch) + 1) * width > most:
+                self._prefill_batch(batch)
+                batch = []
+            batch.append(group_id)
+        if batch:
+            self._prefill_batch(batch)
+        self.to_prefill = []
+
+    def _suffix_width(self, group_id: int) -> int:
+        return len(self.prompts[group_id]) - 1 - self.shared_prefix
+
+    def _prefill_batch(self, group_ids: list[int]) -> None:
+        """One forward of these groups' suffixes over the shared prefix; each one's KV is its
+        row."""
+        suffixes = [list(self.prompts[g][self.shared_prefix:-1]) for g in group_ids]
+        start = time.perf_counter()
+        keys, values = self._suffix_kv(suffixes)  # per layer [B, H, w, D]
+        for index, (group_id, suffix) in enumerate(zip(group_ids, suffixes)):
+            self.cache.add_prompt(group_id, [k[index:index + 1, :, :len(suffix)] for k in keys],
+                                  [v[index:index + 1, :, :len(suffix)] for v in values])
+        self.stats.model_time_s += time.perf_counter() - start
+        self.stats.prefill_tokens += sum(len(s) for s in suffixes)
+        self._track_peak()
+
+    def _suffix_kv(self, suffixes: list[list[int]]) -> tuple[list, list]:
+        """KV of right-padded suffixes after the shared prefix, per layer [B, H, w, D] (a pad is
+        never attended to by a real token: the mask is causal)."""
+        num_rows, prefix = len(suffixes), self.shared_prefix
+        width = max(len(s) for s in suffixes)
+        if not width:
+            return ([k[:, :, :0].expand(num_rows, -1, -1, -1) for k in self.cache.prefix_keys],
+                    [v[:, :, :0].expand(num_rows, -1, -1, -1) for v in self.cache.prefix_values])
+        cache = DynamicCache(config=self.model.config)
+        for layer, (k, v) in enumerate(zip(self.cache.prefix_keys, self.cache.prefix_values)):
+            cache.update(k.expand(num_rows, -1, -1, -1), v.expand(num_rows, -1, -1, -1),
+                         layer)  # [B, H, L, D]
+        input_ids = torch.tensor([s + [0] * (width - len(s)) for s in suffixes],
+                                 device=self.device)  # [B, w]
+        positions = torch.arange(prefix, prefix + width, device=self.device)  # [w]
+        with torch.inference_mode():
+            self.model(input_ids=input_ids, position_ids=positions.expand(num_rows, -1),
+                       use_cache=True, logits_to_keep=1, **{self.cache_kwarg: cache})
+        return ([c.keys[:, :, prefix:] for c in cache.layers],
+                [c.values[:, :, prefix:] for c in cache.layers])
+
     def _release_group(self, group_id: int) -> None:
         self.remaining[group_id] -= 1
         if self.remaining[group_id] == 0:
@@ -273,15 +354,15 @@ class SlotEngine:
         if held >= num_tokens:
             return
         row, prompt = self.cache.group_rows[sample.group_id], self.prompts[sample.group_id]
-        width = self.cache.prompt_lengths[row]
+        prompt_keys, prompt_values = self.cache.prompt_row(row)  # per layer [1, H, L + w, D]
+        width = prompt_keys[0].shape[2]
         kept_keys, kept_values = self.cache.columns(sample.sample_id)  # per layer [H, held, D]
         cache = DynamicCache(config=self.model.config)
         if width or held:
-            for layer, (k, v) in enumerate(zip(self.cache.prompt_keys, self.cache.prompt_values)):
+            for layer, (k, v) in enumerate(zip(prompt_keys, prompt_values)):
                 own_k, own_v = kept_keys[layer][None], kept_values[layer][None]  # [1, H, held, D]
-                cache.update(torch.cat([k[row:row + 1, :, :width], own_k.to(k.dtype)], dim=2),
-                             torch.cat([v[row:row + 1, :, :width], own_v.to(v.dtype)], dim=2),
-                             layer)
+                cache.update(torch.cat([k, own_k.to(k.dtype)], dim=2),
+                             torch.cat([v, own_v.to(v.dtype)], dim=2), layer)
         inputs = torch.tensor([[prompt[-1], *sample.token_ids[:-1]][held:]],
                               device=self.device)  # [1, n]
         positions = torch.arange(len(prompt) - 1 + held, len(prompt) - 1 + num_tokens,
