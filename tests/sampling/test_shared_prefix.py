@@ -11,6 +11,8 @@ from tiny_sampling import eos_boost, tiny_llama
 from infsamp.config import SamplingConfig
 from infsamp.sampling.engines import slots
 from infsamp.sampling.sampler import GroupSampler, shared_prefix_tokens
+from infsamp.sampling.scheduler import SlotScheduler
+from infsamp.sampling.types import make_samples
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 PREFIX = [30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40]  # a system prompt every problem shares
@@ -99,3 +101,11 @@ def test_a_prompt_that_is_all_prefix_gets_a_row_of_zero_width(model):
     assert shared_prefix_tokens(prompts) == len(PREFIX)
     assert token_ids(sample(model, True, 2, 1.0, prompts=prompts)) == \
         token_ids(sample(model, False, 2, 1.0, prompts=prompts))
+
+
+@pytest.mark.parametrize("budget, admitted", [(11 + 2 * (7 + 12), 2), (11 + 2 * (7 + 12) - 1, 1)])
+def test_the_books_hold_the_prefix_once_and_each_group_the_rest(budget, admitted):
+    """Prompts of 18 tokens, 11 of them shared, 12 new tokens each: the prefix and 19 a sample."""
+    samples = make_samples([18] * 4, [1] * 4, 12)
+    sched = SlotScheduler(samples, "continuous", 4, max_kv_tokens=budget, shared_prefix_tokens=11)
+    assert len(sched.admit()) == admitted
