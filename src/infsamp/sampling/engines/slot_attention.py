@@ -4,11 +4,11 @@ rows are read where they are, never repeated per slot, concatenated, or repeated
 The model's own attention (sdpa, eager) wants one key tensor per sequence, so the plain path
 builds `cat(prompt rows, sample columns)` in every layer and step and, with grouped-query attention,
 repeats it per query head (`repeat_kv`): per layer up to (1 + heads / kv_heads) times that
-layer's whole slot KV in temporaries. Here the scores are computed in parts, q.K_prefix (when the call
-shares one), q.K_prompt and q.K_slots, with the query heads grouped under their KV head
-([S, H, 1, D] -> [S, H_kv, r, D]), one softmax over all, and the value products summed: the only temporaries are the scores
-([S, H, P + W]), the samples' own columns (viewed or gathered by the cache's `update`) and,
-when samples belong to different groups, each one's prompt row.
+layer's whole slot KV in temporaries. Here the scores are computed in parts, q.K_prefix
+(when the call shares one), q.K_prompt and q.K_slots, with the query heads grouped under their KV
+head ([S, H, 1, D] -> [S, H_kv, r, D]), one softmax over all, and the value products summed: the
+only temporaries are the scores ([S, H, L + P + W]), the samples' own columns (viewed or gathered
+by the cache's `update`) and, when samples belong to different groups, each one's prompt row.
 
 `slot_attention(model, cache)` switches the model's attention to this function for one decode
 forward and back; the cache's `update` then returns the samples' own columns only. A layer that

@@ -19,7 +19,8 @@ once per layer and step).
 A sample of length L writes L columns: step 1 feeds the prompt's last token, step n writes the KV of
 its input as column n-1. Each step attention sees the shared prefix, each running sample's prompt
 row and its columns under a [S, 1, 1, L + P_max + W] mask (`prepare_step`): the group's shared
-prompt plus the sample's own tokens. Rotary positions are explicit, so the order of key columns and of rows is free.
+prompt plus the sample's own tokens. Rotary positions are explicit, so the order of key columns
+and of rows is free.
 `slot_attention.py` reads the prefix and the prompt rows in place; a model whose attention is
 neither sdpa nor eager gets `cat(prefix, prompt rows, columns)` from `update` instead (`joined`).
 
