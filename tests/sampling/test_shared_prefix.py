@@ -109,3 +109,16 @@ def test_the_books_hold_the_prefix_once_and_each_group_the_rest(budget, admitted
     samples = make_samples([18] * 4, [1] * 4, 12)
     sched = SlotScheduler(samples, "continuous", 4, max_kv_tokens=budget, shared_prefix_tokens=11)
     assert len(sched.admit()) == admitted
+
+
+def test_suffixes_computed_inside_the_decode_step_equal_a_prefill_apart(model, monkeypatch):
+    """Packed steps (new rows' suffixes, then one token per slot, as one sequence) against the
+    suffixes prefilled in their own batched forward before the step."""
+    calls = []
+    original = slots.SlotEngine._prefill_batch
+    monkeypatch.setattr(slots.SlotEngine, "_prefill_batch",
+                        lambda self, groups: calls.append(groups) or original(self, groups))
+    packed = token_ids(sample(model, True, 4, 1.0))
+    assert not calls  # every row was computed inside a decode step
+    monkeypatch.setattr(slots, "supports_packed", lambda model: False)
+    assert token_ids(sample(model, True, 4, 1.0)) == packed and calls

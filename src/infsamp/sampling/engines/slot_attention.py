@@ -42,6 +42,14 @@ def supports_split(model) -> bool:
     return getattr(base_model(model).config, "_attn_implementation", None) in ("sdpa", "eager")
 
 
+def supports_packed(model) -> bool:
+    """Split attention with no layer asking for more than plain attention (a packed step's
+    suffixes are attended here, never by the model's own function)."""
+    config = base_model(model).config
+    return supports_split(model) and not any(getattr(config, name, None) for name in
+                                             ("sliding_window", "attn_logit_softcapping"))
+
+
 @contextlib.contextmanager
 def slot_attention(model, cache):
     """This forward's attention reads `cache` in place (see the module docstring)."""
@@ -70,8 +78,44 @@ def _prompt_product(left: torch.Tensor, table: torch.Tensor, rows, transpose: bo
 
 def split_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0,
                             scaling: float | None = None, **kwargs):
-    """Attention of one decode query per slot over its prompt row and its slot columns."""
+    """Attention of one decode query per slot over its prompt row and its slot columns; in a
+    packed step (query [1, H, T, D]: new prompt rows' suffixes, then one token per slot) the
+    suffixes attend causally to the shared prefix and themselves."""
     cache = _active[-1]
+    if not cache.packed_rows:
+        return _decode_attention(cache, module, query, key, value, attention_mask, dropout,
+                                 scaling, **kwargs)
+    num_suffix = sum(width for _, width in cache.packed_rows)
+    decoded, _ = _decode_attention(cache, module, query[:, :, num_suffix:].transpose(0, 2), key,
+                                   value, attention_mask, dropout, scaling, **kwargs)  # [S,1,H,D]
+    parts, start = [], 0
+    for row, width in cache.packed_rows:
+        parts.append(_suffix_attention(cache, module.layer_idx, query[:, :, start:start + width],
+                                       row, scaling))  # [1, w, H, D]
+        start += width
+    return torch.cat([*parts, decoded.transpose(0, 1)], dim=1), None  # [1, T, H, D]
+
+
+def _suffix_attention(cache, layer: int, query: torch.Tensor, row: int,
+                      scaling: float | None) -> torch.Tensor:
+    """A new prompt row's suffix queries [1, H, w, D] over the prefix and the row, causally."""
+    width = query.shape[2]
+    prefix = cache.prefix_width
+    keys = torch.cat([cache.prefix_keys[layer], cache.prompt_keys[layer][row:row + 1, :, :width]],
+                     dim=2)  # [1, Hk, L + w, D]
+    values = torch.cat([cache.prefix_values[layer],
+                        cache.prompt_values[layer][row:row + 1, :, :width]], dim=2)
+    causal = torch.ones((width, prefix + width), dtype=torch.bool,
+                        device=query.device).tril(prefix)  # [w, L + w]
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, keys.to(query.dtype), values.to(query.dtype), attn_mask=causal, scale=scaling,
+        enable_gqa=True)  # [1, H, w, D]
+    return out.transpose(1, 2)
+
+
+def _decode_attention(cache, module, query, key, value, attention_mask, dropout: float = 0.0,
+                      scaling: float | None = None, **kwargs):
+    """One decode query per slot ([S, H, 1, D]) over the shared parts and its own columns."""
     layer = module.layer_idx
     if any(kwargs.get(name) is not None for name in SPECIAL_KWARGS):
         keys, values = cache.joined(layer, key, value)

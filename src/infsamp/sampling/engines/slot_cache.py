@@ -58,6 +58,9 @@ class PromptTable:
         self.device, self.dtype = device, dtype
         self.step_rows: torch.Tensor | None = None  # [S] prompt row of each sample; None: one row
         self.split_from: str | None = None  # set while slot_attention reads the cache in place
+        # a packed step (`open_rows`): the new prompt rows (row, width) whose suffix tokens come
+        # first in the step's one sequence, before the running samples' tokens
+        self.packed_rows: list[tuple[int, int]] = []
 
     # ---- prompt table
     def set_prefix(self, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor]) -> None:
@@ -85,6 +88,31 @@ class PromptTable:
         self.prompt_keys = [_append_row(t, k.to(t.dtype)) for t, k in zip(self.prompt_keys, keys)]
         self.prompt_values = [_append_row(t, v.to(t.dtype))
                               for t, v in zip(self.prompt_values, values)]
+
+    def open_rows(self, group_ids: Sequence[int], widths: Sequence[int]) -> None:
+        """Rows of zeros for groups whose suffixes the next step computes, packed ahead of the
+        running samples' tokens (`update` writes them; `slot_attention` reads them)."""
+        empty = [self.prompt_keys[0].new_zeros((1, t.shape[1], 0, t.shape[3]))
+                 for t in self.prompt_keys]
+        for group_id, width in zip(group_ids, widths):
+            zeros = [torch.nn.functional.pad(e, (0, 0, 0, width)) for e in empty]  # [1, H, w, D]
+            self.add_prompt(group_id, zeros, zeros)
+        self.packed_rows = [(self.group_rows[g], w) for g, w in zip(group_ids, widths)]
+
+    def _take_suffixes(self, layer_idx: int, key_states: torch.Tensor,
+                       value_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A packed step's K/V [1, H, T, D]: each new row's suffix written into its row; the
+        running samples' part returned as a decode step's [S, H, 1, D]."""
+        if not self.packed_rows:
+            return key_states, value_states
+        start = 0
+        keys, values = self.prompt_keys[layer_idx], self.prompt_values[layer_idx]
+        for row, width in self.packed_rows:
+            keys[row, :, :width] = key_states[0, :, start:start + width].to(self.dtype)
+            values[row, :, :width] = value_states[0, :, start:start + width].to(self.dtype)
+            start += width
+        return (key_states[:, :, start:].transpose(0, 2),
+                value_states[:, :, start:].transpose(0, 2))  # [S, H, 1, D]
 
     def drop_prompt(self, group_id: int) -> None:
         row = self.group_rows.pop(group_id)
@@ -260,6 +288,7 @@ class SlotRowCache(PromptTable):
                **_: Any):
         """Write the step's K/V [S, H, 1, D] at each sample's column; return the running rows'
         columns [S, H, W, D] (a view when they are rows [0, S))."""
+        key_states, value_states = self._take_suffixes(layer_idx, key_states, value_states)
         keys, values = self.keys[layer_idx], self.values[layer_idx]  # [N, H, C, D]
         # under autocast (precision mixed) K/V come in bf16 or fp32: store the cache's dtype
         keys[self.write_rows, :, self.write_columns] = key_states[:, :, 0].to(self.dtype)
@@ -351,6 +380,7 @@ class SlotKVCache(PromptTable):
                **_: Any):
         """Write the step's K/V [S, H, 1, D] at each sample's new position; return its columns
         gathered from the pool [S, H, W, D]."""
+        key_states, value_states = self._take_suffixes(layer_idx, key_states, value_states)
         pool_k, pool_v = self.pool_keys[layer_idx], self.pool_values[layer_idx]
         # under autocast (precision mixed) K/V come in bf16 or fp32: store the cache's dtype
         pool_k[:, self.write_positions] = key_states[:, :, 0].transpose(0, 1).to(pool_k.dtype)

@@ -47,7 +47,11 @@ from transformers import DynamicCache
 from infsamp.models.device import base_model
 from infsamp.sampling.engines.base import DecodeOptions, SlotLogitsProcessor
 from infsamp.sampling.engines.select import ForcedLengths, build_warpers, select_tokens
-from infsamp.sampling.engines.slot_attention import slot_attention, supports_split
+from infsamp.sampling.engines.slot_attention import (
+    slot_attention,
+    supports_packed,
+    supports_split,
+)
 from infsamp.sampling.engines.slot_cache import SlotKVCache, SlotRowCache
 from infsamp.sampling.types import Sample, SamplerStats
 
@@ -111,6 +115,8 @@ class SlotEngine:
         self.to_restore: list[Sample] = []  # resumed samples whose KV is not in the pool yet
         self.was_training = self.model.training
         self.split = supports_split(self.model)  # decode attention reads the cache in place
+        # new rows' suffixes computed in a decode step's forward
+        self.packs = self.split and supports_packed(self.model)
         self.model.eval()
         self.shared_prefix = shared_prefix
         self.to_prefill: list[int] = []  # groups started whose rows are not filled yet
@@ -135,7 +141,7 @@ class SlotEngine:
         logs = self.step_log is not None
         step_start, cpu_start = (time.perf_counter(), time.process_time()) if logs else (0, 0)
         self._drop_taken_back(active)
-        self._prefill_suffixes()
+        packed = self._packed_groups()
         for sample in self.to_restore:  # after every parked sample gave its positions back
             self.cache.unpark(sample.sample_id)
             self._recompute(sample)  # what it lacks: all, or the tool tokens appended since
@@ -147,7 +153,7 @@ class SlotEngine:
         mask = self.cache.prepare_step(ids, rows, write_index, self.eager_mask, step[2])
         start = time.perf_counter()
         with torch.inference_mode():
-            logits, hidden = self._forward(step[0, :, None], step[1, :, None], mask)  # [S, V]
+            logits, hidden = self._forward(step[0], step[1], mask, packed)  # [S, V]
             tokens = self._select(logits, step[3], step[2]).tolist()
         self.stats.model_time_s += time.perf_counter() - start
         if hidden is not None:
@@ -195,15 +201,35 @@ class SlotEngine:
             rows.append(self.cache.group_rows[sample.group_id])
         return inputs, positions, write_index, rows
 
-    def _forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor):
-        """Logits [S, V] (and the last hidden states [S, H] if asked) of inputs [S, 1] at
-        positions [S, 1]."""
-        with slot_attention(self.model, self.cache) if self.split else contextlib.nullcontext():
-            out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
-                             use_cache=True, output_hidden_states=self.options.hidden_states,
-                             **{self.cache_kwarg: self.cache})
-        hidden = out.hidden_states[-1][:, -1] if self.options.hidden_states else None  # [S, H]
-        return out.logits[:, -1].float(), hidden  # [S, V]
+    def _forward(self, inputs: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
+                 packed: Sequence[int] = ()):
+        """Logits [S, V] (and the last hidden states [S, H] if asked) of inputs [S] at positions
+        [S], as a batch of S one-token rows; with `packed` groups, as one sequence [1, T]: their
+        suffixes, then the S tokens (their rows' KV computed on the way)."""
+        kwargs = {}
+        if packed:
+            suffixes = [self.prompts[g][self.shared_prefix:-1] for g in packed]
+            tokens = [t for suffix in suffixes for t in suffix]
+            places = [self.shared_prefix + i for suffix in suffixes for i in range(len(suffix))]
+            inputs = torch.cat([torch.tensor(tokens, dtype=torch.long, device=self.device),
+                                inputs])[None]  # [1, T]
+            positions = torch.cat([torch.tensor(places, dtype=torch.long, device=self.device),
+                                   positions])[None]  # [1, T]
+            kwargs["logits_to_keep"] = len(mask)
+            self.stats.prefill_tokens += len(tokens)
+        else:
+            inputs, positions = inputs[:, None], positions[:, None]  # [S, 1]
+        try:
+            with slot_attention(self.model, self.cache) if self.split else \
+                    contextlib.nullcontext():
+                out = self.model(input_ids=inputs, position_ids=positions, attention_mask=mask,
+                                 use_cache=True, output_hidden_states=self.options.hidden_states,
+                                 **{self.cache_kwarg: self.cache}, **kwargs)
+        finally:
+            self.cache.packed_rows = []
+        last = (lambda t: t[0]) if packed else (lambda t: t[:, -1])  # [S, *]: the S tokens'
+        hidden = last(out.hidden_states[-1])[-len(mask):] if self.options.hidden_states else None
+        return last(out.logits).float(), hidden  # [S, V]
 
     def _select(self, logits: torch.Tensor, sample_ids: torch.Tensor,
                 num_generated: torch.Tensor) -> torch.Tensor:  # [S, V], [S], [S] -> [S]
@@ -256,13 +282,27 @@ class SlotEngine:
         self.stats.model_time_s += time.perf_counter() - start
         self.stats.prefill_tokens += len(prefix)
 
-    def _prefill_suffixes(self) -> None:
-        """The rows of the groups started since the last step: each prompt after the shared
-        prefix (minus its last token), in right-padded batches of at most the call's longest
-        prompt (or its slots) in padded tokens, attending to the prefix."""
+    def _packed_groups(self) -> list[int]:
+        """The groups started since the last step: their rows opened for this step's forward to
+        compute (`supports_packed`, and no sample of theirs to recompute first); else prefilled
+        now, and none returned."""
+        groups, self.to_prefill = self.to_prefill, []
+        if not groups:
+            return []
+        if not self.packs or {s.group_id for s in self.to_restore} & set(groups):
+            self._prefill_suffixes(groups)
+            return []
+        self.cache.open_rows(groups, [self._suffix_width(g) for g in groups])
+        self._track_peak()
+        return groups
+
+    def _prefill_suffixes(self, group_ids: list[int]) -> None:
+        """These groups' rows: each prompt after the shared prefix (minus its last token), in
+        right-padded batches of at most the call's longest prompt (or its slots) in padded
+        tokens, attending to the prefix."""
         most = max(max(len(p) for p in self.prompts), len(self.slot_sample))
         batch: list[int] = []
-        for group_id in self.to_prefill:
+        for group_id in group_ids:
             width = max(self._suffix_width(g) for g in (*batch, group_id))
             if batch and (len(batch) + 1) * width > most:
                 self._prefill_batch(batch)
@@ -270,7 +310,6 @@ class SlotEngine:
             batch.append(group_id)
         if batch:
             self._prefill_batch(batch)
-        self.to_prefill = []
 
     def _suffix_width(self, group_id: int) -> int:
         return len(self.prompts[group_id]) - 1 - self.shared_prefix
