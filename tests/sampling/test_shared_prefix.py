@@ -111,14 +111,54 @@ def test_the_books_hold_the_prefix_once_and_each_group_the_rest(budget, admitted
     assert len(sched.admit()) == admitted
 
 
-def test_suffixes_computed_inside_the_decode_step_equal_a_prefill_apart(model, monkeypatch):
-    """Packed steps (new rows' suffixes, then one token per slot, as one sequence) against the
-    suffixes prefilled in their own batched forward before the step."""
+LONG = [PREFIX[:2] + [5 + i] * 10 for i in range(4)]  # suffixes of 9: one packed per step
+
+
+@pytest.mark.parametrize("prompts, num_generations, apart", [(PROMPTS, 1, False), (LONG, 4, True)])
+def test_suffixes_computed_inside_the_decode_step_equal_a_prefill_apart(model, monkeypatch,
+                                                                        prompts, num_generations,
+                                                                        apart):
+    """Packed steps (new rows' suffixes, then one token per slot, as one sequence, at most the
+    longest prompt in tokens: the rest prefilled before the step) against every suffix prefilled
+    in its own batched forward, and against unshared."""
     calls = []
     original = slots.SlotEngine._prefill_batch
     monkeypatch.setattr(slots.SlotEngine, "_prefill_batch",
                         lambda self, groups: calls.append(groups) or original(self, groups))
-    packed = token_ids(sample(model, True, 4, 1.0))
-    assert not calls  # every row was computed inside a decode step
+    packed = token_ids(sample(model, True, num_generations, 1.0, prompts=prompts))
+    assert bool(calls) == apart  # with PROMPTS every row was computed inside a decode step
+    assert packed == token_ids(sample(model, False, num_generations, 1.0, prompts=prompts))
+    calls.clear()
     monkeypatch.setattr(slots, "supports_packed", lambda model: False)
-    assert token_ids(sample(model, True, 4, 1.0)) == packed and calls
+    assert token_ids(sample(model, True, num_generations, 1.0, prompts=prompts)) == packed and calls
+
+
+def _logits_by_token(model, monkeypatch, share: bool, prompts) -> dict:
+    """(sample id, tokens generated) -> the logits it was drawn from, greedy, the run's g."""
+    seen = {}
+    original = slots.SlotEngine._select
+
+    def select(self, logits, sample_ids, num_generated):
+        for row, key in enumerate(zip(sample_ids.tolist(), num_generated.tolist())):
+            seen[key] = logits[row].clone()
+        return original(self, logits, sample_ids, num_generated)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(slots.SlotEngine, "_select", select)
+        sampler = GroupSampler(model, None, SamplingConfig(
+            policy="continuous", micro_group=3, kv_budget="100000", max_new_tokens=8,
+            temperature=0.0, predictor="none"))
+        sampler.sample(prompts, 2, share_prefix=share,
+                       target_lengths=[3 + i % 6 for i in range(2 * len(prompts))])
+    return seen
+
+
+@pytest.mark.parametrize("packs", [True, False])
+def test_every_logit_equals_unshared_within_float_rounding(model, monkeypatch, packs):
+    """Stronger than equal tokens: the logits of every draw, packed suffixes or prefilled apart."""
+    monkeypatch.setattr(slots, "supports_packed", lambda model: packs)
+    unshared = _logits_by_token(model, monkeypatch, False, PROMPTS)
+    shared = _logits_by_token(model, monkeypatch, True, PROMPTS)
+    assert shared.keys() == unshared.keys()
+    for key, logits in unshared.items():
+        torch.testing.assert_close(shared[key], logits, rtol=1e-5, atol=1e-5, msg=str(key))

@@ -141,7 +141,7 @@ class SlotEngine:
         logs = self.step_log is not None
         step_start, cpu_start = (time.perf_counter(), time.process_time()) if logs else (0, 0)
         self._drop_taken_back(active)
-        packed = self._packed_groups()
+        packed = self._packed_groups(len(active))
         for sample in self.to_restore:  # after every parked sample gave its positions back
             self.cache.unpark(sample.sample_id)
             self._recompute(sample)  # what it lacks: all, or the tool tokens appended since
@@ -282,25 +282,38 @@ class SlotEngine:
         self.stats.model_time_s += time.perf_counter() - start
         self.stats.prefill_tokens += len(prefix)
 
-    def _packed_groups(self) -> list[int]:
-        """The groups started since the last step: their rows opened for this step's forward to
-        compute (`supports_packed`, and no sample of theirs to recompute first); else prefilled
-        now, and none returned."""
+    def _packed_groups(self, num_running: int) -> list[int]:
+        """The groups started since the last step whose rows this step's forward computes
+        (`supports_packed`, no sample of theirs to recompute first, and as many as keep the
+        forward within `_most_tokens` beside the `num_running` samples); the others prefilled
+        now."""
         groups, self.to_prefill = self.to_prefill, []
         if not groups:
             return []
-        if not self.packs or {s.group_id for s in self.to_restore} & set(groups):
-            self._prefill_suffixes(groups)
-            return []
-        self.cache.open_rows(groups, [self._suffix_width(g) for g in groups])
-        self._track_peak()
-        return groups
+        packed, room = [], self._most_tokens() - num_running
+        if self.packs and not {s.group_id for s in self.to_restore} & set(groups):
+            for group_id in groups:
+                if self._suffix_width(group_id) <= room:
+                    packed.append(group_id)
+                    room -= self._suffix_width(group_id)
+        apart = [g for g in groups if g not in packed]
+        if apart:
+            self._prefill_suffixes(apart)
+        if packed:
+            self.cache.open_rows(packed, [self._suffix_width(g) for g in packed])
+            self._track_peak()
+        return packed
+
+    def _most_tokens(self) -> int:
+        """The most tokens one prefill forward takes: the call's longest prompt, or its slots
+        (what the planner counts a forward's working set at)."""
+        return max(max(len(p) for p in self.prompts), len(self.slot_sample))
 
     def _prefill_suffixes(self, group_ids: list[int]) -> None:
         """These groups' rows: each prompt after the shared prefix (minus its last token), in
         right-padded batches of at most the call's longest prompt (or its slots) in padded
         tokens, attending to the prefix."""
-        most = max(max(len(p) for p in self.prompts), len(self.slot_sample))
+        most = self._most_tokens()
         batch: list[int] = []
         for group_id in group_ids:
             width = max(self._suffix_width(g) for g in (*batch, group_id))
