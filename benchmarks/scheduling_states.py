@@ -60,9 +60,9 @@ def collect(args: argparse.Namespace) -> None:
     class RecordingEngine(SlotEngine):
         """The slot engine, keeping each running sample's last hidden state at every step."""
 
-        def _forward(self, inputs, positions, mask):
+        def _forward(self, inputs, positions, mask, packed=()):
             self.options.hidden_states = True
-            logits, hidden = super()._forward(inputs, positions, mask)
+            logits, hidden = super()._forward(inputs, positions, mask, packed)
             states = hidden.float().numpy()  # [S, H]
             for row, sample in enumerate(self.slot_sample):
                 if sample is not None and sample.finish_reason is None:

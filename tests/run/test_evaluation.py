@@ -37,18 +37,26 @@ def test_evaluate_accuracy_feeds_the_given_ids(tiny_model_dir, monkeypatch):
     assert model.training  # restored after evaluating in eval mode
 
 
+SYSTEM = "You are a calculator. Give the result in one line.\nExample: Calculate 12 + 7."
+
+
 def _engine_and_generate(model_name: str, num_prompts: int, max_new_tokens: int,
-                         kv_budget: str):
+                         kv_budget: str, system: str = ""):
     """Held-out completions of `num_prompts` embedded-task problems both ways: through the
-    sampler's slot engine (one call, under `kv_budget`) and through `generate` (the reference)."""
+    sampler's slot engine (one call, under `kv_budget`) and through `generate` (the reference).
+    `system`: text put before every prompt (a prefix the engine forwards and holds once)."""
     from infsamp.commands.bench_sampling import bench_prompts
     from infsamp.config import ModelConfig, SamplingConfig
     from infsamp.models.loading import load_model_and_tokenizer, stop_token_ids
     from infsamp.run.evaluation import held_out_completions
-    from infsamp.sampling.sampler import GroupSampler
+    from infsamp.sampling.sampler import GroupSampler, shared_prefix_tokens
 
     model, tokenizer = load_model_and_tokenizer(ModelConfig(name_or_path=model_name))
     prompts = bench_prompts(tokenizer, num_prompts, seed=0)
+    if system:
+        head = tokenizer(system, add_special_tokens=False).input_ids
+        prompts = [head + prompt for prompt in prompts]
+        assert shared_prefix_tokens(prompts) >= len(head)
     stops = stop_token_ids(model, tokenizer)
     sampler = GroupSampler(model, tokenizer, SamplingConfig(kv_budget=kv_budget, temperature=1.0,
                                                             max_new_tokens=8))
@@ -64,7 +72,16 @@ def test_held_out_completions_through_the_engine_equal_generate():
     assert len({len(c) for c in ids}) > 1  # completions of several lengths: slots refilled
 
 
+def test_held_out_completions_sharing_a_system_prompt_equal_generate():
+    """The engine forwards the shared prefix once and its suffixes inside decode steps."""
+    (engine_ids, engine_texts), (ids, texts) = _engine_and_generate("embedded", 24, 24, "600",
+                                                                    SYSTEM)
+    assert engine_ids == ids and engine_texts == texts
+    assert len({len(c) for c in ids}) > 1
+
+
 @pytest.mark.slow
-def test_held_out_completions_through_the_engine_equal_generate_on_smollm2():
-    (engine_ids, _), (ids, _) = _engine_and_generate("smollm2-135m", 16, 48, "2000")
+@pytest.mark.parametrize("system", ["", SYSTEM])
+def test_held_out_completions_through_the_engine_equal_generate_on_smollm2(system):
+    (engine_ids, _), (ids, _) = _engine_and_generate("smollm2-135m", 16, 48, "2000", system)
     assert engine_ids == ids

@@ -168,8 +168,8 @@ def decode_logits(model, prompts, samples, split: bool, steps: int = 3) -> list[
         mask = engine.cache.prepare_step([s.sample_id for s in samples], rows, write_index,
                                          engine.eager_mask)
         with torch.inference_mode():
-            logits.append(engine._forward(torch.tensor(inputs)[:, None],
-                                          torch.tensor(positions)[:, None], mask)[0])
+            logits.append(engine._forward(torch.tensor(inputs), torch.tensor(positions),
+                                          mask)[0])
         engine._record(samples, logits[-1].argmax(-1).tolist())
     return logits
 

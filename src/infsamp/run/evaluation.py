@@ -5,7 +5,8 @@ Takes the prompts as token ids, the same ids the sampler gets for the same examp
 (`infsamp.tasks.prompts.encode_prompt`), and stops on the same tokens (`stop_token_ids`). Given the
 run's sampler, `held_out_completions` decodes every problem as one completion of one sampler call
 through the run's engine (`engine_completions`: the scheduler keeps the call under the run's KV
-budget, as in sampling); without one it runs transformers `generate` in batches left-padded with the
+budget, as in sampling, the prompts' common prefix held once and as many problems running at once
+as the budget holds); without one it runs transformers `generate` in batches left-padded with the
 pad token (`generate_completions`, never re-tokenising text; the reference the tests compare the
 engine with). Each completion is cut at its first stop token. The trainer scores them with
 the run's own reward functions, as in training (`eval.reward` picks the one that says "solved":
@@ -82,11 +83,13 @@ def engine_completions(sampler, prompt_ids: Sequence[Sequence[int]], *,
                        stop_token_ids: Sequence[int], max_new_tokens: int,
                        temperature: float = 0.0, turns=None) -> list[list[int]]:
     """Each prompt's completion ids, cut before its first stop token: one sampler call of one
-    completion per prompt on the run's engine (greedy at temperature 0, as `generate`). With
-    `turns` (tools) an episode holds the stop tokens of its tool turns: only its last goes."""
+    completion per prompt on the run's engine (greedy at temperature 0, as `generate`), the
+    prompts' common prefix (chat template, system prompt) forwarded and held once, as many
+    problems at once as the KV budget then holds. With `turns` (tools) an episode holds the stop
+    tokens of its tool turns: only its last goes."""
     groups = sampler.sample([list(p) for p in prompt_ids], 1, max_new_tokens=max_new_tokens,
                             temperature=temperature, generator=torch.Generator().manual_seed(0),
-                            turns=turns).groups
+                            turns=turns, share_prefix=True, fill_budget=True).groups
     if turns is not None:
         return [list(g[0].token_ids[:-1] if g[0].finish_reason == "eos" else g[0].token_ids)
                 for g in groups]

@@ -19,6 +19,11 @@ Policies differ only in admission: `full` (all samples at once), `rounds`,
 its random numbers from its own seed, so every policy and every engine schedule return the same
 completions.
 
+A call may ask for its prompts' common prefix to be held once (`share_prefix`, evaluation does:
+its problems share the chat template and system prompt) on an engine that can (`shares_prefix`:
+the slot engine): the scheduler then counts that prefix once, so the same KV budget holds more
+rows, and `fill_budget` lets the call run as many as it holds (g = all it holds, not the run's g).
+
 Deliberately simple: one device; a sampler given no sizes (used alone: tests, scripts) sizes each
 call for its own prompts through the run's one path (`sampling.sizes.sampler_run_sizes`).
 """
@@ -60,6 +65,18 @@ def policy_options(cfg: SamplingConfig, policy: str) -> dict:
         return {}
     return {"refill": cfg.refill, "epsilon": cfg.grouping_epsilon,
             "prefix_tokens": cfg.predictor_prefix_tokens, "preempt": cfg.preempt}
+
+
+def shared_prefix_tokens(prompt_ids: Sequence[Sequence[int]]) -> int:
+    """The tokens every prompt starts with, short of each one's last (it is fed at the first decode
+    step, not prefilled); 0 for a single prompt (nothing to share)."""
+    if len(prompt_ids) < 2:
+        return 0
+    first, most = prompt_ids[0], min(len(p) for p in prompt_ids) - 1
+    length = 0
+    while length < most and all(p[length] == first[length] for p in prompt_ids):
+        length += 1
+    return length
 
 
 def draw_seed(generator: torch.Generator | None) -> int:
@@ -110,7 +127,8 @@ class GroupSampler:
                global_group_ids: Sequence[int] | None = None,
                progress: ProgressCallback | None = None,
                first_index: Sequence[int] | None = None, seed: int | None = None,
-               key_stride: int = 0, turns: TurnHandler | None = None) -> SampleResult:
+               key_stride: int = 0, turns: TurnHandler | None = None,
+               share_prefix: bool = False, fill_budget: bool = False) -> SampleResult:
         """Every completion of every prompt, grouped by prompt, plus the sampler's statistics.
 
         `target_lengths` (one per sample, group-major) makes each sample end after exactly that
@@ -124,6 +142,9 @@ class GroupSampler:
         seed (else one is drawn from `generator`) and `key_stride` the keys' G (global id *
         key_stride + index); chunks then draw exactly what one call of the whole group does.
         `turns`: multi-turn episodes (tool calls, `turns.py`), up to `sampling.max_turns` each.
+        `share_prefix`: the prompts' common prefix forwarded and held once (where the engine can;
+        the numbers then differ from unshared ones in the last bits); `fill_budget`: as many
+        samples at once as the KV budget holds, the run's g aside (evaluation).
         """
         max_new = max_new_tokens or self.cfg.max_new_tokens
         counts = ([num_generations] * len(prompt_ids) if isinstance(num_generations, int)
@@ -135,7 +156,10 @@ class GroupSampler:
         max_new = self._fit_budget(prompt_ids, max_new, budget)
         samples = self._samples(prompt_ids, counts, max_new, prompt_keys, prompt_texts, first_index)
         lengths = [len(p) for p in prompt_ids]
-        micro_group = self.micro_group(policy, sizes, budget, lengths, max_new, len(samples))
+        prefix = shared_prefix_tokens(prompt_ids) if share_prefix and \
+            self.engine.shares_prefix else 0
+        micro_group = self.micro_group(policy, sizes, budget, lengths, max_new, len(samples),
+                                       prefix, fill_budget)
         options = self._decode_options(temperature, generator, seed)
         if target_lengths is not None:
             options.target_lengths = tuple(int(n) for n in target_lengths)
@@ -149,14 +173,14 @@ class GroupSampler:
                               predictor=self.predictor, kv_block_size=self.engine.kv_block_size,
                               keep_parked_kv=self.engine.keeps_parked_kv,
                               max_micro_group=self.engine.max_micro_group,
-                              **policy_options(self.cfg, policy))
+                              shared_prefix_tokens=prefix, **policy_options(self.cfg, policy))
         processor = logits_processor_factory(samples) if logits_processor_factory else None
         stats = sched.stats
         stats.kv_budget_tokens, stats.engine = budget, self.engine.name
         loop = TurnLoop(turns, sched, stats, self.cfg.max_turns) if turns is not None else None
         options.turn_ends = loop.continues if loop is not None else None
         self.engine.begin_call(prompt_ids, samples, sched.num_slots, options, stats, processor,
-                               pool_tokens=sched.max_running_tokens)
+                               pool_tokens=sched.max_running_tokens, shared_prefix=prefix)
         stats.wall_time_s = self._run(sched, progress, loop)
         return SampleResult(self._completions(samples, len(prompt_ids)), stats)
 
@@ -175,14 +199,17 @@ class GroupSampler:
         return min(budget, self.engine.kv_capacity_tokens or budget)
 
     def micro_group(self, policy: str, sizes: RunSizes, budget: int,
-                    prompt_lengths: Sequence[int], max_new: int, num_samples: int) -> int:
-        """g: the sizes' g (0: all the budget holds), capped by what the budget holds for this
-        call's prompts in the worst case (and by the engine's concurrency)."""
+                    prompt_lengths: Sequence[int], max_new: int, num_samples: int,
+                    shared_prefix: int = 0, fill_budget: bool = False) -> int:
+        """g: the sizes' g (0 or `fill_budget`: all the budget holds), capped by what the budget
+        holds for this call's prompts in the worst case, a shared prefix counted once (and by the
+        engine's concurrency)."""
         if policy == "full":
             return num_samples
-        fits = micro_group_within(budget, max_new, max(prompt_lengths), len(prompt_lengths),
-                                      num_samples, self.engine.kv_block_size)
-        g = max(1, min(fits, sizes.micro_group or fits))
+        fits = micro_group_within(budget - shared_prefix, max_new,
+                                  max(prompt_lengths) - shared_prefix, len(prompt_lengths),
+                                  num_samples, self.engine.kv_block_size)
+        g = max(1, min(fits, (not fill_budget and sizes.micro_group) or fits))
         return min(g, self.engine.max_micro_group or g)
 
     # ---- checks, before any work

@@ -15,7 +15,9 @@ sample until its last sample finishes (prefilled once per group, never per sampl
 sample holds its tokens. Admission is conservative: a sample starts only if the held prompts plus
 the reservation of every running sample (itself included) fit `max_kv_tokens`, so the budget is
 never exceeded and nothing has to be preempted. Prompts and reservations are whole blocks of
-`kv_block_size` tokens (`kv_budget.shared_prompt_tokens`, `kv_budget.reserved_tokens`). Which
+`kv_block_size` tokens (`kv_budget.shared_prompt_tokens`, `kv_budget.reserved_tokens`). A call
+whose prompts share their first `shared_prefix_tokens` (held once by the engine: the slot engine,
+block size 1) holds that prefix for the whole call and each group only the rest. Which
 pending sample goes next, and what it reserves, is the admission policy's (`policies.py`); this
 class only keeps the books.
 
@@ -70,9 +72,11 @@ class SlotScheduler:
     def __init__(self, samples: Sequence[Sample], policy: str, micro_group: int,
                  max_kv_tokens: int = 0, predictor: LengthPredictor | None = None,
                  kv_block_size: int = 1, keep_parked_kv: bool = True,
-                 max_micro_group: int = 0, **policy_options):
+                 max_micro_group: int = 0, shared_prefix_tokens: int = 0, **policy_options):
         self._samples = list(samples)
         _check_samples(self._samples, micro_group)
+        if shared_prefix_tokens and kv_block_size != 1:
+            raise ValueError("a shared prefix is held by the slot engine only (block size 1)")
         self.predictor = predictor
         self._policy = make_policy(policy, self._samples, micro_group, predictor, **policy_options)
         self.micro_group = self._policy.micro_group
@@ -80,7 +84,9 @@ class SlotScheduler:
         if self._policy.probe_tokens and not max_kv_tokens:
             raise SamplingError(f"policy {policy} needs a KV budget (it decides how many samples "
                                 "run at once)")
-        self._shared = [shared_prompt_tokens(s.prompt_tokens, kv_block_size) for s in self._samples]
+        self._prefix = shared_prefix_tokens  # held once for the whole call
+        self._shared = [shared_prompt_tokens(s.prompt_tokens - self._prefix, kv_block_size)
+                        for s in self._samples]
         self._reserve = [reserved_tokens(s.prompt_tokens, s.max_new_tokens, kv_block_size)
                          for s in self._samples]
         self._max_reserve = max(self._reserve, default=0)
@@ -100,7 +106,7 @@ class SlotScheduler:
         self._group_unfinished = list(self._group_open)
         for sample in self._samples:
             self._group_unfinished[sample.group_id] += 1
-        self._held_prompt_tokens = 0
+        self._held_prompt_tokens = self._prefix
         self._unopened_prompt_tokens = sum({s.group_id: self._shared[s.sample_id]
                                             for s in self._samples}.values())
         self.keep_parked_kv = keep_parked_kv and self._policy.keeps_parked_kv
@@ -242,6 +248,7 @@ class SlotScheduler:
         each counted as the longest (as the slot engine's prompt table pads its rows)."""
         probes = self._policy.probe_tokens and self.max_kv_tokens and self._samples
         held = len({s.group_id for s in self._samples}) * max(self._shared) if probes else 0
+        held += self._prefix
         return slot_pool(self.max_kv_tokens, self.micro_group, len(self._samples), held,
                          self._max_reserve, min(self._new_reserve) if probes else 0,
                          max_micro_group)
@@ -361,7 +368,8 @@ class SlotScheduler:
             return
         largest = max(self._samples, key=lambda s: self._shared[s.sample_id])
         max_new = max(s.max_new_tokens for s in self._samples)
-        if max_new_tokens_within(self.max_kv_tokens, largest.prompt_tokens, max_new,
+        if max_new_tokens_within(self.max_kv_tokens - self._prefix,
+                                 largest.prompt_tokens - self._prefix, max_new,
                                  block_size) < max_new:
             raise SamplingError(
                 f"kv budget {self.max_kv_tokens} tokens is too small for group {largest.group_id}: "

@@ -77,14 +77,16 @@ class Engine(Protocol):
     copies_weights: bool  # holds its own copy of the weights (load_weights copies them in)
     keeps_parked_kv: bool  # can hold a parked sample's KV (else it recomputes it on resume)
     hands_hidden_states: bool  # fills Sample.hidden_state when DecodeOptions.hidden_states
+    shares_prefix: bool  # can hold a call's common prompt prefix once (begin_call's shared_prefix)
 
     def begin_call(self, prompts: Sequence[Sequence[int]], samples: Sequence[Sample],
                    num_slots: int, options: DecodeOptions, stats: SamplerStats,
                    processor: SlotLogitsProcessor | None = None,
-                   pool_tokens: int | None = None) -> None:
+                   pool_tokens: int | None = None, shared_prefix: int = 0) -> None:
         """Prepare one sampler call of up to `num_slots` samples running at once, holding up to
-        `pool_tokens` KV beside their prompts (the scheduler's `max_running_tokens`); the
-        engine's counters go to `stats`."""
+        `pool_tokens` KV beside their prompts (the scheduler's `max_running_tokens`) and, when
+        `shared_prefix` > 0 (only if `shares_prefix`), the first `shared_prefix` tokens every
+        prompt shares once; the engine's counters go to `stats`."""
 
     def start(self, slot: int, sample: Sample) -> None:
         """Begin decoding `sample` in `slot` before the next decode step; a sample that has tokens

@@ -1,14 +1,14 @@
-"""Decode attention straight from the slot cache: the shared prompt rows are read where they are,
-never repeated per slot, concatenated, or repeated per query head.
+"""Decode attention straight from the slot cache: the call's shared prefix and the shared prompt
+rows are read where they are, never repeated per slot, concatenated, or repeated per query head.
 
 The model's own attention (sdpa, eager) wants one key tensor per sequence, so the plain path
 builds `cat(prompt rows, sample columns)` in every layer and step and, with grouped-query attention,
 repeats it per query head (`repeat_kv`): per layer up to (1 + heads / kv_heads) times that
-layer's whole slot KV in temporaries. Here the scores are computed in two parts, q.K_prompt and
-q.K_slots, with the query heads grouped under their KV head ([S, H, 1, D] -> [S, H_kv, r, D]), one
-softmax over both, and the two value products summed: the only temporaries are the scores
-([S, H, P + W]), the samples' own columns (viewed or gathered by the cache's `update`) and,
-when samples belong to different groups, each one's prompt row.
+layer's whole slot KV in temporaries. Here the scores are computed in parts, q.K_prefix
+(when the call shares one), q.K_prompt and q.K_slots, with the query heads grouped under their KV
+head ([S, H, 1, D] -> [S, H_kv, r, D]), one softmax over all, and the value products summed: the
+only temporaries are the scores ([S, H, L + P + W]), the samples' own columns (viewed or gathered
+by the cache's `update`) and, when samples belong to different groups, each one's prompt row.
 
 `slot_attention(model, cache)` switches the model's attention to this function for one decode
 forward and back; the cache's `update` then returns the samples' own columns only. A layer that
@@ -16,7 +16,8 @@ asks for more than plain attention (a sliding window, logit soft-capping, attent
 the model's own attention function over the concatenated keys, as before.
 
 Shapes: S = the samples running this step (one row each); H, H_kv query and KV heads,
-r = H / H_kv, P the widest prompt row, W the sample columns attended this step.
+r = H / H_kv, L the shared prefix, P the widest prompt row, W the sample columns attended this
+step.
 
 Deliberately simple: one query position per slot (decode); prefill runs the model's own attention.
 """
@@ -39,6 +40,14 @@ _active: list = []  # the slot cache of the decode forward in progress
 def supports_split(model) -> bool:
     """Text models whose attention is the library's sdpa or eager (what the slot cache feeds)."""
     return getattr(base_model(model).config, "_attn_implementation", None) in ("sdpa", "eager")
+
+
+def supports_packed(model) -> bool:
+    """Split attention with no layer asking for more than plain attention (a packed step's
+    suffixes are attended here, never by the model's own function)."""
+    config = base_model(model).config
+    return supports_split(model) and not any(getattr(config, name, None) for name in
+                                             ("sliding_window", "attn_logit_softcapping"))
 
 
 @contextlib.contextmanager
@@ -69,8 +78,44 @@ def _prompt_product(left: torch.Tensor, table: torch.Tensor, rows, transpose: bo
 
 def split_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0,
                             scaling: float | None = None, **kwargs):
-    """Attention of one decode query per slot over its prompt row and its slot columns."""
+    """Attention of one decode query per slot over its prompt row and its slot columns; in a
+    packed step (query [1, H, T, D]: new prompt rows' suffixes, then one token per slot) the
+    suffixes attend causally to the shared prefix and themselves."""
     cache = _active[-1]
+    if not cache.packed_rows:
+        return _decode_attention(cache, module, query, key, value, attention_mask, dropout,
+                                 scaling, **kwargs)
+    num_suffix = sum(width for _, width in cache.packed_rows)
+    decoded, _ = _decode_attention(cache, module, query[:, :, num_suffix:].transpose(0, 2), key,
+                                   value, attention_mask, dropout, scaling, **kwargs)  # [S,1,H,D]
+    parts, start = [], 0
+    for row, width in cache.packed_rows:
+        parts.append(_suffix_attention(cache, module.layer_idx, query[:, :, start:start + width],
+                                       row, scaling))  # [1, w, H, D]
+        start += width
+    return torch.cat([*parts, decoded.transpose(0, 1)], dim=1), None  # [1, T, H, D]
+
+
+def _suffix_attention(cache, layer: int, query: torch.Tensor, row: int,
+                      scaling: float | None) -> torch.Tensor:
+    """A new prompt row's suffix queries [1, H, w, D] over the prefix and the row, causally."""
+    width = query.shape[2]
+    prefix = cache.prefix_width
+    keys = torch.cat([cache.prefix_keys[layer], cache.prompt_keys[layer][row:row + 1, :, :width]],
+                     dim=2)  # [1, Hk, L + w, D]
+    values = torch.cat([cache.prefix_values[layer],
+                        cache.prompt_values[layer][row:row + 1, :, :width]], dim=2)
+    causal = torch.ones((width, prefix + width), dtype=torch.bool,
+                        device=query.device).tril(prefix)  # [w, L + w]
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, keys.to(query.dtype), values.to(query.dtype), attn_mask=causal, scale=scaling,
+        enable_gqa=True)  # [1, H, w, D]
+    return out.transpose(1, 2)
+
+
+def _decode_attention(cache, module, query, key, value, attention_mask, dropout: float = 0.0,
+                      scaling: float | None = None, **kwargs):
+    """One decode query per slot ([S, H, 1, D]) over the shared parts and its own columns."""
     layer = module.layer_idx
     if any(kwargs.get(name) is not None for name in SPECIAL_KWARGS):
         keys, values = cache.joined(layer, key, value)
@@ -80,21 +125,24 @@ def split_attention_forward(module, query, key, value, attention_mask, dropout: 
     micro_group, num_heads, _, head_dim = query.shape  # [S, H, 1, D]
     kv_heads = key.shape[1]
     grouped = query.reshape(micro_group, kv_heads, num_heads // kv_heads, head_dim)  # [S, Hk, r, D]
-    prompt_k, prompt_v = cache.prompt_keys[layer], cache.prompt_values[layer]  # [R, Hk, P, D]
-    has_prompt = prompt_k.shape[0] > 0 and prompt_k.shape[2] > 0
-    parts = [grouped @ key.transpose(-1, -2)]  # [S, Hk, r, W]
-    if has_prompt:
-        parts.insert(0, _prompt_product(grouped, prompt_k, cache.step_rows, transpose=True))
-    scores = torch.cat(parts, dim=-1).float() * (scaling or head_dim ** -0.5)  # [S, Hk, r, P + W]
-    if attention_mask is not None:  # [S, 1, 1, P + W]: bool (sdpa) or additive (eager)
+    # (keys, values, each slot's row or None: one shared by all) of the shared parts
+    shared = [(cache.prefix_keys[layer], cache.prefix_values[layer], None),  # [1, Hk, L, D]
+              (cache.prompt_keys[layer], cache.prompt_values[layer], cache.step_rows)]  # [R, ...]
+    shared = [part for part in shared if part[0].shape[0] > 0 and part[0].shape[2] > 0]
+    parts = [_prompt_product(grouped, k, rows, transpose=True) for k, _, rows in shared]
+    parts.append(grouped @ key.transpose(-1, -2))  # [S, Hk, r, W]
+    scores = torch.cat(parts, dim=-1).float() * (scaling or head_dim ** -0.5)  # [S, Hk, r, L+P+W]
+    if attention_mask is not None:  # [S, 1, 1, L + P + W]: bool (sdpa) or additive (eager)
         scores = (scores.masked_fill(~attention_mask, float("-inf"))
                   if attention_mask.dtype == torch.bool else scores + attention_mask)
-    probs = scores.softmax(-1).to(value.dtype)  # [S, Hk, r, P + W]
-    width = prompt_k.shape[2] if has_prompt else 0
+    probs = scores.softmax(-1).to(value.dtype)  # [S, Hk, r, L + P + W]
+    width = sum(k.shape[2] for k, _, _ in shared)
     out = probs[..., width:] @ value  # [S, Hk, r, D]
-    if has_prompt:
-        out = out + _prompt_product(probs[..., :width], prompt_v, cache.step_rows,
-                                    transpose=False)
+    start = 0
+    for keys, values, rows in shared:
+        end = start + keys.shape[2]
+        out = out + _prompt_product(probs[..., start:end], values, rows, transpose=False)
+        start = end
     return out.reshape(micro_group, 1, num_heads, head_dim), None  # [S, 1, H, D], as sdpa's
 
 

@@ -2,7 +2,10 @@
 one of two layouts, both duck-typed transformers caches (the model calls `update(k, v, layer)`
 once per layer and step).
 
-    prompt table  [R, H_kv, P_max, D]   one row per group alive now (prompt minus its last token)
+    shared prefix [1, H_kv, L, D]       the call's common prompt prefix, held once for every
+                                        group (L = 0 unless the sampler shares one: `set_prefix`)
+    prompt table  [R, H_kv, P_max, D]   one row per group alive now (its prompt minus the shared
+                                        prefix and its last token)
 
     rows          [L, N, H_kv, C, D]    the g-slot policies (a whole completion per slot:
                                         N = slots, C = max_new_tokens): a sample holding KV owns
@@ -14,11 +17,12 @@ once per layer and step).
                                         column, gathered per layer and step ([S, H_kv, W, D])
 
 A sample of length L writes L columns: step 1 feeds the prompt's last token, step n writes the KV of
-its input as column n-1. Each step attention sees each running sample's prompt row and its columns
-under a [S, 1, 1, P_max + W] mask (`prepare_step`): the group's shared prompt plus the sample's own
-tokens. Rotary positions are explicit, so the order of key columns and of rows is free.
-`slot_attention.py` reads the prompt rows in place; a model whose attention is neither sdpa nor
-eager gets `cat(prompt rows, columns)` from `update` instead (`joined`).
+its input as column n-1. Each step attention sees the shared prefix, each running sample's prompt
+row and its columns under a [S, 1, 1, L + P_max + W] mask (`prepare_step`): the group's shared
+prompt plus the sample's own tokens. Rotary positions are explicit, so the order of key columns
+and of rows is free.
+`slot_attention.py` reads the prefix and the prompt rows in place; a model whose attention is
+neither sdpa nor eager gets `cat(prefix, prompt rows, columns)` from `update` instead (`joined`).
 
 Parked samples (`park` / `unpark`): columns copied out per layer ([H, n, D]) and back in.
 
@@ -44,6 +48,9 @@ class PromptTable:
                             for _ in range(num_layers)]
         self.prompt_values = [torch.zeros(empty, dtype=dtype, device=device)
                               for _ in range(num_layers)]
+        # the call's shared prefix, per layer [1, H, L, D] (L = 0: none)
+        self.prefix_keys = [t[:1].new_zeros((1, kv_heads, 0, head_dim)) for t in self.prompt_keys]
+        self.prefix_values = list(self.prefix_keys)
         self.parked: dict[int, tuple[list, list]] = {}  # sample id -> kept (keys, values) per layer
         self.group_rows: dict[int, int] = {}  # group id -> row of the prompt table
         self.prompt_lengths: list[int] = []  # KV tokens of each row (prompt length - 1)
@@ -51,8 +58,28 @@ class PromptTable:
         self.device, self.dtype = device, dtype
         self.step_rows: torch.Tensor | None = None  # [S] prompt row of each sample; None: one row
         self.split_from: str | None = None  # set while slot_attention reads the cache in place
+        # a packed step (`open_rows`): the new prompt rows (row, width) whose suffix tokens come
+        # first in the step's one sequence, before the running samples' tokens
+        self.packed_rows: list[tuple[int, int]] = []
 
     # ---- prompt table
+    def set_prefix(self, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor]) -> None:
+        """The call's shared prefix KV (per layer [1, H, L, D]), held once for every group."""
+        self.prefix_keys = [k.to(self.dtype) for k in keys]
+        self.prefix_values = [v.to(self.dtype) for v in values]
+
+    @property
+    def prefix_width(self) -> int:
+        return self.prefix_keys[0].shape[2]
+
+    def prompt_row(self, row: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """A group's whole prompt KV: the shared prefix and its row, per layer [1, H, L + w, D]."""
+        width = self.prompt_lengths[row]
+        return ([torch.cat([p, t[row:row + 1, :, :width]], dim=2)
+                 for p, t in zip(self.prefix_keys, self.prompt_keys)],
+                [torch.cat([p, t[row:row + 1, :, :width]], dim=2)
+                 for p, t in zip(self.prefix_values, self.prompt_values)])
+
     def add_prompt(self, group_id: int, keys: Sequence[torch.Tensor],
                    values: Sequence[torch.Tensor]) -> None:
         """Append a group's prompt KV (per layer [1, H, P-1, D]) as a new row of the table."""
@@ -61,6 +88,31 @@ class PromptTable:
         self.prompt_keys = [_append_row(t, k.to(t.dtype)) for t, k in zip(self.prompt_keys, keys)]
         self.prompt_values = [_append_row(t, v.to(t.dtype))
                               for t, v in zip(self.prompt_values, values)]
+
+    def open_rows(self, group_ids: Sequence[int], widths: Sequence[int]) -> None:
+        """Rows of zeros for groups whose suffixes the next step computes, packed ahead of the
+        running samples' tokens (`update` writes them; `slot_attention` reads them)."""
+        empty = [self.prompt_keys[0].new_zeros((1, t.shape[1], 0, t.shape[3]))
+                 for t in self.prompt_keys]
+        for group_id, width in zip(group_ids, widths):
+            zeros = [torch.nn.functional.pad(e, (0, 0, 0, width)) for e in empty]  # [1, H, w, D]
+            self.add_prompt(group_id, zeros, zeros)
+        self.packed_rows = [(self.group_rows[g], w) for g, w in zip(group_ids, widths)]
+
+    def _take_suffixes(self, layer_idx: int, key_states: torch.Tensor,
+                       value_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A packed step's K/V [1, H, T, D]: each new row's suffix written into its row; the
+        running samples' part returned as a decode step's [S, H, 1, D]."""
+        if not self.packed_rows:
+            return key_states, value_states
+        start = 0
+        keys, values = self.prompt_keys[layer_idx], self.prompt_values[layer_idx]
+        for row, width in self.packed_rows:
+            keys[row, :, :width] = key_states[0, :, start:start + width].to(self.dtype)
+            values[row, :, :width] = value_states[0, :, start:start + width].to(self.dtype)
+            start += width
+        return (key_states[:, :, start:].transpose(0, 2),
+                value_states[:, :, start:].transpose(0, 2))  # [S, H, 1, D]
 
     def drop_prompt(self, group_id: int) -> None:
         row = self.group_rows.pop(group_id)
@@ -73,12 +125,14 @@ class PromptTable:
 
     def prompt_tensors(self) -> list[torch.Tensor]:
         parked = [t for keys, values in self.parked.values() for t in (*keys, *values)]
-        return self.prompt_keys + self.prompt_values + parked
+        return (self.prefix_keys + self.prefix_values + self.prompt_keys + self.prompt_values
+                + parked)
 
     def prompt_tokens(self) -> int:
-        """KV tokens of the prompt table and the parked store."""
+        """KV tokens of the shared prefix, the prompt table and the parked store."""
         num_rows, _, prompt_width, _ = self.prompt_keys[0].shape
-        return num_rows * prompt_width + sum(keys[0].shape[1] for keys, _ in self.parked.values())
+        return (self.prefix_width + num_rows * prompt_width
+                + sum(keys[0].shape[1] for keys, _ in self.parked.values()))
 
     # ---- parked samples
     def park(self, sample_id: int) -> None:
@@ -96,8 +150,9 @@ class PromptTable:
     # ---- per step
     def step_mask(self, slot_rows: list[int], write_index: list[int], is_causal_eager: bool,
                   written: torch.Tensor) -> torch.Tensor:
-        """Set the step's prompt rows; the attention mask [S, 1, 1, P_max + W] (bool, or
-        additive): each sample's prompt row and its columns [0, write_index] (`written`, [S])."""
+        """Set the step's prompt rows; the attention mask [S, 1, 1, L + P_max + W] (bool, or
+        additive): the shared prefix, each sample's prompt row and its columns [0, write_index]
+        (`written`, [S])."""
         device = self.device
         num_rows = len(self.prompt_lengths)
         self.step_rows = None if num_rows <= 1 else torch.tensor(slot_rows, device=device)
@@ -105,8 +160,10 @@ class PromptTable:
                                device=device)  # [S]
         prompt_cols = torch.arange(self.prompt_keys[0].shape[2], device=device)
         slot_cols = torch.arange(max(write_index) + 1, device=device)
-        mask = torch.cat([prompt_cols[None, :] < lengths[:, None],
-                          slot_cols[None, :] <= written[:, None]], dim=1)  # [S, P_max + W]
+        prefix = torch.ones((len(slot_rows), self.prefix_width), dtype=torch.bool,
+                            device=device)  # [S, L]
+        mask = torch.cat([prefix, prompt_cols[None, :] < lengths[:, None],
+                          slot_cols[None, :] <= written[:, None]], dim=1)  # [S, L + P_max + W]
         mask = mask[:, None, None, :]
         if is_causal_eager:
             return torch.zeros(mask.shape, dtype=self.dtype, device=device).masked_fill(
@@ -121,16 +178,20 @@ class PromptTable:
         return self.joined(layer_idx, keys, values)
 
     def joined(self, layer_idx: int, keys: torch.Tensor, values: torch.Tensor):
-        """Each sample's prompt row and its columns as one tensor: [S, H, P_max + W, D] each."""
-        return (self._with_prompt(self.prompt_keys[layer_idx], keys),
-                self._with_prompt(self.prompt_values[layer_idx], values))
+        """The shared prefix, each sample's prompt row and its columns as one tensor:
+        [S, H, L + P_max + W, D] each."""
+        return (self._with_prompt(self.prefix_keys[layer_idx], self.prompt_keys[layer_idx], keys),
+                self._with_prompt(self.prefix_values[layer_idx], self.prompt_values[layer_idx],
+                                  values))
 
-    def _with_prompt(self, table: torch.Tensor, slot_part: torch.Tensor) -> torch.Tensor:
-        if table.shape[0] == 0 or table.shape[2] == 0:
-            return slot_part
-        rows = table.expand(slot_part.shape[0], -1, -1,
-                            -1) if self.step_rows is None else table[self.step_rows]
-        return torch.cat([rows, slot_part], dim=2)
+    def _with_prompt(self, prefix: torch.Tensor, table: torch.Tensor,
+                     slot_part: torch.Tensor) -> torch.Tensor:
+        num_samples = slot_part.shape[0]
+        parts = [prefix.expand(num_samples, -1, -1, -1)] if prefix.shape[2] else []
+        if table.shape[0] and table.shape[2]:
+            parts.append(table.expand(num_samples, -1, -1, -1) if self.step_rows is None
+                         else table[self.step_rows])
+        return torch.cat([*parts, slot_part], dim=2) if parts else slot_part
 
     # transformers' mask helpers look for these on cache objects
     is_sliding = is_linear = is_dummy = ()
@@ -215,7 +276,7 @@ class SlotRowCache(PromptTable):
                      is_causal_eager: bool, written: torch.Tensor | None = None) -> torch.Tensor:
         """Set this step's layout for the running samples (each has its column `write_index`
         allocated, `written` the same as a tensor if at hand); returns the attention mask
-        [S, 1, 1, P_max + W]."""
+        [S, 1, 1, L + P_max + W]."""
         rows = [self.row_of[s] for s in sample_ids]
         self.write_rows = torch.tensor(rows, device=self.device)  # [S]
         self.read_rows = None if rows == list(range(len(rows))) else self.write_rows
@@ -227,6 +288,7 @@ class SlotRowCache(PromptTable):
                **_: Any):
         """Write the step's K/V [S, H, 1, D] at each sample's column; return the running rows'
         columns [S, H, W, D] (a view when they are rows [0, S))."""
+        key_states, value_states = self._take_suffixes(layer_idx, key_states, value_states)
         keys, values = self.keys[layer_idx], self.values[layer_idx]  # [N, H, C, D]
         # under autocast (precision mixed) K/V come in bf16 or fp32: store the cache's dtype
         keys[self.write_rows, :, self.write_columns] = key_states[:, :, 0].to(self.dtype)
@@ -307,7 +369,7 @@ class SlotKVCache(PromptTable):
                      is_causal_eager: bool, written: torch.Tensor | None = None) -> torch.Tensor:
         """Set this step's layout for the running samples (each has its column `write_index`
         allocated, `written` the same as a tensor if at hand); returns the attention mask
-        [S, 1, 1, P_max + W]."""
+        [S, 1, 1, L + P_max + W]."""
         ids = torch.tensor(sample_ids, device=self.device)  # [S]
         written = _as_tensor(written, write_index, self.device)  # [S]
         self.write_positions = self.table[ids, written]  # [S]
@@ -318,6 +380,7 @@ class SlotKVCache(PromptTable):
                **_: Any):
         """Write the step's K/V [S, H, 1, D] at each sample's new position; return its columns
         gathered from the pool [S, H, W, D]."""
+        key_states, value_states = self._take_suffixes(layer_idx, key_states, value_states)
         pool_k, pool_v = self.pool_keys[layer_idx], self.pool_values[layer_idx]
         # under autocast (precision mixed) K/V come in bf16 or fp32: store the cache's dtype
         pool_k[:, self.write_positions] = key_states[:, :, 0].transpose(0, 1).to(pool_k.dtype)

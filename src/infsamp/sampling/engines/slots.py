@@ -23,6 +23,9 @@ it resumes, else they are given back and recomputed at resume by one forward ove
 against its group's prompt row. Both happen at the next decode step, after every sample parked in
 that admission has given its positions back.
 
+Shared prefix (`begin_call(shared_prefix=L)`, the sampler's choice): the call's first L prompt
+tokens forwarded and held once, each group's row the rest (`slot_prefix.py`).
+
 Deliberately simple: two layouts, chosen per call; the token pool gathers per token (no blocks).
 """
 
@@ -39,12 +42,17 @@ from transformers import DynamicCache
 from infsamp.models.device import base_model
 from infsamp.sampling.engines.base import DecodeOptions, SlotLogitsProcessor
 from infsamp.sampling.engines.select import ForcedLengths, build_warpers, select_tokens
-from infsamp.sampling.engines.slot_attention import slot_attention, supports_split
+from infsamp.sampling.engines.slot_attention import (
+    slot_attention,
+    supports_packed,
+    supports_split,
+)
 from infsamp.sampling.engines.slot_cache import SlotKVCache, SlotRowCache
+from infsamp.sampling.engines.slot_prefix import SharedPrefixPrefill
 from infsamp.sampling.types import Sample, SamplerStats
 
 
-class SlotEngine:
+class SlotEngine(SharedPrefixPrefill):
     """Executes a SlotScheduler's decisions on a transformers model (see module docstring).
 
     Long-lived: it reads the trainer's model itself, so `load_weights` only swaps the model object;
@@ -54,6 +62,7 @@ class SlotEngine:
     kv_block_size = 1
     keeps_parked_kv = True  # a parked sample's KV can be held (copied out of the pool)
     hands_hidden_states = True
+    shares_prefix = True  # holds a call's common prompt prefix once (`begin_call(shared_prefix)`)
     copies_weights = False  # decodes with the trainer's model itself
     max_micro_group = 0
     kv_capacity_tokens = 0
@@ -75,9 +84,10 @@ class SlotEngine:
     def begin_call(self, prompts: Sequence[Sequence[int]], samples: Sequence[Sample],
                    num_slots: int, options: DecodeOptions, stats: SamplerStats,
                    processor: SlotLogitsProcessor | None = None,
-                   pool_tokens: int | None = None) -> None:
+                   pool_tokens: int | None = None, shared_prefix: int = 0) -> None:
         """`pool_tokens`: the KV positions running samples may hold at once (the scheduler's
-        `max_running_tokens`); None: a whole completion per slot."""
+        `max_running_tokens`); None: a whole completion per slot. `shared_prefix`: the first
+        tokens every prompt shares, forwarded and held once (shorter than every prompt)."""
         config, param = self.model.config, next(self.model.parameters())
         head_dim = getattr(config, "head_dim",
                            None) or config.hidden_size // config.num_attention_heads
@@ -101,15 +111,24 @@ class SlotEngine:
         self.to_restore: list[Sample] = []  # resumed samples whose KV is not in the pool yet
         self.was_training = self.model.training
         self.split = supports_split(self.model)  # decode attention reads the cache in place
+        # new rows' suffixes computed in a decode step's forward
+        self.packs = self.split and supports_packed(self.model)
         self.model.eval()
+        self.shared_prefix = shared_prefix
+        self.to_prefill: list[int] = []  # groups started whose rows are not filled yet
+        if shared_prefix:
+            self._prefill_prefix(prompts[0][:shared_prefix])
         self._track_peak()
 
     def start(self, slot: int, sample: Sample) -> None:
         previous = self.slot_sample[slot]
         if previous is not None and previous is not sample and previous.finish_reason is None:
             self._take_back(slot)
-        if sample.group_id not in self.cache.group_rows:
-            self._prefill(sample.group_id)
+        if sample.group_id not in self.cache.group_rows and sample.group_id not in self.to_prefill:
+            if self.shared_prefix:
+                self.to_prefill.append(sample.group_id)  # at the next step, with the others
+            else:
+                self._prefill(sample.group_id)
         if sample.token_ids:  # parked, or back from a tool call (maybe to the slot it left)
             self._resume(sample)
         self.slot_sample[slot] = sample
@@ -118,6 +137,7 @@ class SlotEngine:
         logs = self.step_log is not None
         step_start, cpu_start = (time.perf_counter(), time.process_time()) if logs else (0, 0)
         self._drop_taken_back(active)
+        packed = self._packed_groups(len(active))
         for sample in self.to_restore:  # after every parked sample gave its positions back
             self.cache.unpark(sample.sample_id)
             self._recompute(sample)  # what it lacks: all, or the tool tokens appended since
@@ -129,7 +149,7 @@ class SlotEngine:
         mask = self.cache.prepare_step(ids, rows, write_index, self.eager_mask, step[2])
         start = time.perf_counter()
         with torch.inference_mode():
-            logits, hidden = self._forward(step[0, :, None], step[1, :, None], mask)  # [S, V]
+            logits, hidden = self._forward(step[0], step[1], mask, packed)  # [S, V]
             tokens = self._select(logits, step[3], step[2]).tolist()
         self.stats.model_time_s += time.perf_counter() - start
         if hidden is not None:
@@ -177,15 +197,35 @@ class SlotEngine:
             rows.append(self.cache.group_rows[sample.group_id])
         return inputs, positions, write_index, rows
 
-    def _forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor):
-        """Logits [S, V] (and the last hidden states [S, H] if asked) of inputs [S, 1] at
-        positions [S, 1]."""
-        with slot_attention(self.model, self.cache) if self.split else contextlib.nullcontext():
-            out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
-                             use_cache=True, output_hidden_states=self.options.hidden_states,
-                             **{self.cache_kwarg: self.cache})
-        hidden = out.hidden_states[-1][:, -1] if self.options.hidden_states else None  # [S, H]
-        return out.logits[:, -1].float(), hidden  # [S, V]
+    def _forward(self, inputs: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
+                 packed: Sequence[int] = ()):
+        """Logits [S, V] (and the last hidden states [S, H] if asked) of inputs [S] at positions
+        [S], as a batch of S one-token rows; with `packed` groups, as one sequence [1, T]: their
+        suffixes, then the S tokens (their rows' KV computed on the way)."""
+        kwargs = {}
+        if packed:
+            suffixes = [self.prompts[g][self.shared_prefix:-1] for g in packed]
+            tokens = [t for suffix in suffixes for t in suffix]
+            places = [self.shared_prefix + i for suffix in suffixes for i in range(len(suffix))]
+            inputs = torch.cat([torch.tensor(tokens, dtype=torch.long, device=self.device),
+                                inputs])[None]  # [1, T]
+            positions = torch.cat([torch.tensor(places, dtype=torch.long, device=self.device),
+                                   positions])[None]  # [1, T]
+            kwargs["logits_to_keep"] = len(mask)
+            self.stats.prefill_tokens += len(tokens)
+        else:
+            inputs, positions = inputs[:, None], positions[:, None]  # [S, 1]
+        try:
+            with slot_attention(self.model, self.cache) if self.split else \
+                    contextlib.nullcontext():
+                out = self.model(input_ids=inputs, position_ids=positions, attention_mask=mask,
+                                 use_cache=True, output_hidden_states=self.options.hidden_states,
+                                 **{self.cache_kwarg: self.cache}, **kwargs)
+        finally:
+            self.cache.packed_rows = []
+        last = (lambda t: t[0]) if packed else (lambda t: t[:, -1])  # [S, *]: the S tokens'
+        hidden = last(out.hidden_states[-1])[-len(mask):] if self.options.hidden_states else None
+        return last(out.logits).float(), hidden  # [S, V]
 
     def _select(self, logits: torch.Tensor, sample_ids: torch.Tensor,
                 num_generated: torch.Tensor) -> torch.Tensor:  # [S, V], [S], [S] -> [S]
@@ -273,15 +313,15 @@ class SlotEngine:
         if held >= num_tokens:
             return
         row, prompt = self.cache.group_rows[sample.group_id], self.prompts[sample.group_id]
-        width = self.cache.prompt_lengths[row]
+        prompt_keys, prompt_values = self.cache.prompt_row(row)  # per layer [1, H, L + w, D]
+        width = prompt_keys[0].shape[2]
         kept_keys, kept_values = self.cache.columns(sample.sample_id)  # per layer [H, held, D]
         cache = DynamicCache(config=self.model.config)
         if width or held:
-            for layer, (k, v) in enumerate(zip(self.cache.prompt_keys, self.cache.prompt_values)):
+            for layer, (k, v) in enumerate(zip(prompt_keys, prompt_values)):
                 own_k, own_v = kept_keys[layer][None], kept_values[layer][None]  # [1, H, held, D]
-                cache.update(torch.cat([k[row:row + 1, :, :width], own_k.to(k.dtype)], dim=2),
-                             torch.cat([v[row:row + 1, :, :width], own_v.to(v.dtype)], dim=2),
-                             layer)
+                cache.update(torch.cat([k, own_k.to(k.dtype)], dim=2),
+                             torch.cat([v, own_v.to(v.dtype)], dim=2), layer)
         inputs = torch.tensor([[prompt[-1], *sample.token_ids[:-1]][held:]],
                               device=self.device)  # [1, n]
         positions = torch.arange(len(prompt) - 1 + held, len(prompt) - 1 + num_tokens,

@@ -94,6 +94,7 @@ class VLLMEngine:
     copies_weights = True  # its own weights, pushed after every optimizer step
     keeps_parked_kv = False  # a parked request's blocks go back to the pool (prefix-cached)
     hands_hidden_states = False  # vLLM's generate path hands out no hidden states
+    shares_prefix = False  # the sampler never asks it to hold a prefix once
 
     def __init__(self, model, cfg: SamplingConfig, sizes: RunSizes):
         global _live
@@ -190,9 +191,10 @@ class VLLMEngine:
     def begin_call(self, prompts: Sequence[Sequence[int]], samples: Sequence[Sample],
                    num_slots: int, options: DecodeOptions, stats: SamplerStats,
                    processor: SlotLogitsProcessor | None = None,
-                   pool_tokens: int | None = None) -> None:
+                   pool_tokens: int | None = None, shared_prefix: int = 0) -> None:
         """`num_slots` <= max_num_seqs (the sampler caps it); `pool_tokens` is not used: vLLM's
-        pool is fixed at start, and the budget the scheduler keeps is within it."""
+        pool is fixed at start, and the budget the scheduler keeps is within it.
+        `shared_prefix` is always 0 (`shares_prefix` False: its prefix cache shares blocks)."""
         if processor is not None:
             raise SamplingError("the vllm engine takes no logits processor; use --sampling.engine "
                                 "slots")

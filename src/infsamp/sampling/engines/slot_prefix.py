@@ -1,0 +1,116 @@
+"""The slot engine's shared prefix (`begin_call(shared_prefix=L)`, the sampler's choice:
+evaluation's prompts share their chat template and system prompt): the call's first L prompt
+tokens are forwarded once at `begin_call` and held once (`PromptTable.set_prefix`); each group's
+row holds the rest of its prompt (its suffix, minus the last token), computed at the next decode
+step. No forward takes more than the call's longest prompt (or its slots) in tokens, what the
+planner counts a forward's working set at. The numbers differ from a whole-prompt forward in the
+last bits (other matmul shapes), so the sampler shares a prefix only where it is asked to.
+
+Prefill paths: `_packed_groups` (the rows a decode step's one packed forward computes, the cache's
+`update` writing them and `slot_attention` attending them) and `_prefill_suffixes` (right-padded
+batches of their own, for what a step cannot pack and for attention that is not plain).
+
+Deliberately simple: one prefix per call (the longest common one), never a tree of prefixes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+from transformers import DynamicCache
+
+
+class SharedPrefixPrefill:
+    """The slot engine's prefill of a shared prefix and of its groups' suffixes (a mixin: reads
+    the engine's model, cache, prompts, stats and `shared_prefix`)."""
+
+    def _prefill_prefix(self, prefix: Sequence[int]) -> None:
+        cache = DynamicCache(config=self.model.config)
+        start = time.perf_counter()
+        with torch.inference_mode():
+            self.model(input_ids=torch.tensor([list(prefix)], device=self.device),  # [1, L]
+                       use_cache=True, logits_to_keep=1, **{self.cache_kwarg: cache})
+        self.cache.set_prefix([c.keys for c in cache.layers], [c.values for c in cache.layers])
+        self.stats.model_time_s += time.perf_counter() - start
+        self.stats.prefill_tokens += len(prefix)
+
+    def _packed_groups(self, num_running: int) -> list[int]:
+        """The groups started since the last step whose rows this step's forward computes
+        (`supports_packed`, no sample of theirs to recompute first, and as many as keep the
+        forward within `_most_tokens` beside the `num_running` samples); the others prefilled
+        now."""
+        groups, self.to_prefill = self.to_prefill, []
+        if not groups:
+            return []
+        packed, room = [], self._most_tokens() - num_running
+        if self.packs and not {s.group_id for s in self.to_restore} & set(groups):
+            for group_id in groups:
+                if self._suffix_width(group_id) <= room:
+                    packed.append(group_id)
+                    room -= self._suffix_width(group_id)
+        apart = [g for g in groups if g not in packed]
+        if apart:
+            self._prefill_suffixes(apart)
+        if packed:
+            self.cache.open_rows(packed, [self._suffix_width(g) for g in packed])
+            self._track_peak()
+        return packed
+
+    def _most_tokens(self) -> int:
+        """The most tokens one prefill forward takes: the call's longest prompt, or its slots
+        (what the planner counts a forward's working set at)."""
+        return max(max(len(p) for p in self.prompts), len(self.slot_sample))
+
+    def _prefill_suffixes(self, group_ids: list[int]) -> None:
+        """These groups' rows: each prompt after the shared prefix (minus its last token), in
+        right-padded batches of at most the call's longest prompt (or its slots) in padded
+        tokens, attending to the prefix."""
+        most = self._most_tokens()
+        batch: list[int] = []
+        for group_id in group_ids:
+            width = max(self._suffix_width(g) for g in (*batch, group_id))
+            if batch and (len(batch) + 1) * width > most:
+                self._prefill_batch(batch)
+                batch = []
+            batch.append(group_id)
+        if batch:
+            self._prefill_batch(batch)
+
+    def _suffix_width(self, group_id: int) -> int:
+        return len(self.prompts[group_id]) - 1 - self.shared_prefix
+
+    def _prefill_batch(self, group_ids: list[int]) -> None:
+        """One forward of these groups' suffixes over the shared prefix; each one's KV is its
+        row."""
+        suffixes = [list(self.prompts[g][self.shared_prefix:-1]) for g in group_ids]
+        start = time.perf_counter()
+        keys, values = self._suffix_kv(suffixes)  # per layer [B, H, w, D]
+        for index, (group_id, suffix) in enumerate(zip(group_ids, suffixes)):
+            self.cache.add_prompt(group_id, [k[index:index + 1, :, :len(suffix)] for k in keys],
+                                  [v[index:index + 1, :, :len(suffix)] for v in values])
+        self.stats.model_time_s += time.perf_counter() - start
+        self.stats.prefill_tokens += sum(len(s) for s in suffixes)
+        self._track_peak()
+
+    def _suffix_kv(self, suffixes: list[list[int]]) -> tuple[list, list]:
+        """KV of right-padded suffixes after the shared prefix, per layer [B, H, w, D] (a pad is
+        never attended to by a real token: the mask is causal)."""
+        num_rows, prefix = len(suffixes), self.shared_prefix
+        width = max(len(s) for s in suffixes)
+        if not width:
+            return ([k[:, :, :0].expand(num_rows, -1, -1, -1) for k in self.cache.prefix_keys],
+                    [v[:, :, :0].expand(num_rows, -1, -1, -1) for v in self.cache.prefix_values])
+        cache = DynamicCache(config=self.model.config)
+        for layer, (k, v) in enumerate(zip(self.cache.prefix_keys, self.cache.prefix_values)):
+            cache.update(k.expand(num_rows, -1, -1, -1), v.expand(num_rows, -1, -1, -1),
+                         layer)  # [B, H, L, D]
+        input_ids = torch.tensor([s + [0] * (width - len(s)) for s in suffixes],
+                                 device=self.device)  # [B, w]
+        positions = torch.arange(prefix, prefix + width, device=self.device)  # [w]
+        with torch.inference_mode():
+            self.model(input_ids=input_ids, position_ids=positions.expand(num_rows, -1),
+                       use_cache=True, logits_to_keep=1, **{self.cache_kwarg: cache})
+        return ([c.keys[:, :, prefix:] for c in cache.layers],
+                [c.values[:, :, prefix:] for c in cache.layers])
