@@ -38,6 +38,7 @@ from transformers import DynamicCache
 
 from infsamp.models.device import base_model
 from infsamp.sampling.engines.base import DecodeOptions, SlotLogitsProcessor
+from infsamp.sampling.engines.lean_decode import lean_decode
 from infsamp.sampling.engines.select import ForcedLengths, build_warpers, select_tokens
 from infsamp.sampling.engines.slot_attention import slot_attention, supports_split
 from infsamp.sampling.engines.slot_cache import SlotKVCache, SlotRowCache
@@ -101,6 +102,8 @@ class SlotEngine:
         self.to_restore: list[Sample] = []  # resumed samples whose KV is not in the pool yet
         self.was_training = self.model.training
         self.split = supports_split(self.model)  # decode attention reads the cache in place
+        # the model's layers called directly where that is bit-exact (`lean_decode.py`)
+        self.lean = None if options.hidden_states else lean_decode(self.model)
         self.model.eval()
         self._track_peak()
 
@@ -180,6 +183,9 @@ class SlotEngine:
     def _forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor):
         """Logits [S, V] (and the last hidden states [S, H] if asked) of inputs [S, 1] at
         positions [S, 1]."""
+        if self.lean is not None:
+            with slot_attention(self.model, self.cache):
+                return self.lean(input_ids, position_ids, mask, self.cache), None
         with slot_attention(self.model, self.cache) if self.split else contextlib.nullcontext():
             out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
                              use_cache=True, output_hidden_states=self.options.hidden_states,
