@@ -69,7 +69,8 @@ def _plain_layer(layer) -> bool:
     norms = (layer.input_layernorm, layer.post_attention_layernorm)
     return (all(type(getattr(attention, n)) is nn.Linear for n in LINEARS)
             and all(type(getattr(mlp, n)) is nn.Linear for n in MLP_LINEARS)
-            and type(mlp.act_fn) in (nn.SiLU, SiLUActivation) and all(type(n) is LlamaRMSNorm for n in norms))
+            and type(mlp.act_fn) in (nn.SiLU, SiLUActivation)
+            and all(type(n) is LlamaRMSNorm for n in norms))
 
 
 def _hooked(module: nn.Module) -> bool:
