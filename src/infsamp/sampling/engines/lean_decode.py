@@ -32,7 +32,6 @@ from transformers.models.llama.modeling_llama import (
     LlamaForCausalLM,
     LlamaMLP,
     LlamaRMSNorm,
-    apply_rotary_pos_emb,
 )
 
 from infsamp.sampling.engines.slot_attention import split_attention_forward, supports_split
@@ -83,57 +82,87 @@ def _global_hooks() -> bool:
     return bool(torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks)
 
 
-def _rms_norm(norm: LlamaRMSNorm, hidden: torch.Tensor) -> torch.Tensor:
+def _rms_norm(weight: torch.Tensor, eps: float, hidden: torch.Tensor) -> torch.Tensor:
     """LlamaRMSNorm.forward, operation for operation."""
     input_dtype = hidden.dtype
     hidden = hidden.to(torch.float32)
     variance = hidden.pow(2).mean(-1, keepdim=True)
-    hidden = hidden * torch.rsqrt(variance + norm.variance_epsilon)
-    return norm.weight * hidden.to(input_dtype)
+    hidden = hidden * torch.rsqrt(variance + eps)
+    return weight * hidden.to(input_dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """`apply_rotary_pos_emb`'s x * cos + rotate_half(x) * sin, bit for bit, in 4 operations:
+    rotate_half(x) = cat(-x2, x1) is roll(x, D/2) with the first half's sign moved onto sin
+    ((-a) * b == a * (-b) exactly)."""
+    return x * cos + torch.roll(x, x.shape[-1] // 2, -1) * signed_sin
+
+
+def _weights(module: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+    return module.weight, module.bias
 
 
 class LeanLlamaDecode:
     """`__call__(input_ids [S, 1], position_ids [S, 1], mask, cache)` -> logits [S, V] (float32),
-    the cache's `update` and the split attention called as the model's layers call them."""
+    the cache's `update` and the split attention called as the model's layers call them. The
+    weights are looked up once (a new one per sampler call: `lean_decode`)."""
 
     def __init__(self, model: LlamaForCausalLM):
-        self.model = model
+        inner = model.model
+        self.embed, self.rotary, self.head = inner.embed_tokens, inner.rotary_emb, model.lm_head
+        self.norm = (inner.norm.weight, inner.norm.variance_epsilon)
+        self.layers = [self._layer(layer)
+                       for layer in inner.layers[: inner.config.num_hidden_layers]]
+
+    @staticmethod
+    def _layer(layer: LlamaDecoderLayer) -> tuple:
+        attention, mlp = layer.self_attn, layer.mlp
+        return ((layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon),
+                attention, [_weights(getattr(attention, n)) for n in LINEARS],
+                (layer.post_attention_layernorm.weight,
+                 layer.post_attention_layernorm.variance_epsilon),
+                [_weights(getattr(mlp, n)) for n in MLP_LINEARS])
 
     def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor,
                  cache) -> torch.Tensor:
-        inner = self.model.model
-        embed = inner.embed_tokens
+        embed = self.embed
         hidden = F.embedding(input_ids, embed.weight, embed.padding_idx, embed.max_norm,
                              embed.norm_type, embed.scale_grad_by_freq, embed.sparse)  # [S, 1, H]
-        cos, sin = inner.rotary_emb(hidden, position_ids)
-        for layer in inner.layers[: inner.config.num_hidden_layers]:
+        cos, sin = self.rotary(hidden, position_ids)  # [S, 1, D]
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [S, 1, 1, D]: over the heads
+        half = sin.shape[-1] // 2
+        signed_sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+        if mask.dtype == torch.bool:  # additive, once per step: + 0 / -inf is masked_fill's
+            mask = torch.zeros(mask.shape, device=mask.device).masked_fill_(~mask, -torch.inf)
+        for first_norm, attention, linears, second_norm, mlp in self.layers:
             residual = hidden
-            attended = self._attention(layer.self_attn, _rms_norm(layer.input_layernorm, hidden),
-                                       cos, sin, mask, cache)
+            attended = self._attention(attention, linears, _rms_norm(*first_norm, hidden),
+                                       cos, signed_sin, mask, cache)
             hidden = residual + attended
             residual = hidden
-            hidden = residual + self._mlp(layer.mlp,
-                                          _rms_norm(layer.post_attention_layernorm, hidden))
-        hidden = _rms_norm(inner.norm, hidden)
-        head = self.model.lm_head
-        return F.linear(hidden, head.weight, head.bias)[:, -1].float()  # [S, V]
+            hidden = residual + self._mlp(mlp, _rms_norm(*second_norm, hidden))
+        hidden = _rms_norm(*self.norm, hidden)
+        return F.linear(hidden, self.head.weight, self.head.bias)[:, -1].float()  # [S, V]
 
     @staticmethod
-    def _attention(attention: LlamaAttention, hidden: torch.Tensor, cos: torch.Tensor,
-                   sin: torch.Tensor, mask: torch.Tensor, cache) -> torch.Tensor:
+    def _attention(attention: LlamaAttention, linears: list, hidden: torch.Tensor,
+                   cos: torch.Tensor, signed_sin: torch.Tensor, mask: torch.Tensor,
+                   cache) -> torch.Tensor:
         input_shape = hidden.shape[:-1]
         hidden_shape = (*input_shape, -1, attention.head_dim)
-        q, k, v = (F.linear(hidden, proj.weight, proj.bias).view(hidden_shape).transpose(1, 2)
-                   for proj in (attention.q_proj, attention.k_proj, attention.v_proj))
-        q, k = apply_rotary_pos_emb(q, k, cos, sin)  # [S, H, 1, D], [S, H_kv, 1, D]
+        (wq, bq), (wk, bk), (wv, bv), (wo, bo) = linears
+        q = _rotate(F.linear(hidden, wq, bq).view(hidden_shape).transpose(1, 2), cos,
+                    signed_sin)  # [S, H, 1, D]
+        k = _rotate(F.linear(hidden, wk, bk).view(hidden_shape).transpose(1, 2), cos,
+                    signed_sin)  # [S, H_kv, 1, D]
+        v = F.linear(hidden, wv, bv).view(hidden_shape).transpose(1, 2)
         k, v = cache.update(k, v, attention.layer_idx)
         out, _ = split_attention_forward(attention, q, k, v, mask, dropout=0.0,
                                          scaling=attention.scaling)
         out = out.reshape(*input_shape, -1).contiguous()  # [S, 1, H * D]
-        return F.linear(out, attention.o_proj.weight, attention.o_proj.bias)
+        return F.linear(out, wo, bo)
 
     @staticmethod
-    def _mlp(mlp: LlamaMLP, hidden: torch.Tensor) -> torch.Tensor:
-        gate = F.linear(hidden, mlp.gate_proj.weight, mlp.gate_proj.bias)
-        up = F.linear(hidden, mlp.up_proj.weight, mlp.up_proj.bias)
-        return F.linear(F.silu(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
+    def _mlp(linears: list, hidden: torch.Tensor) -> torch.Tensor:
+        (wg, bg), (wu, bu), (wd, bd) = linears
+        return F.linear(F.silu(F.linear(hidden, wg, bg)) * F.linear(hidden, wu, bu), wd, bd)

@@ -57,11 +57,13 @@ def slot_attention(model, cache):
         cache.split_from = None
 
 
-def _prompt_product(left: torch.Tensor, table: torch.Tensor, rows, transpose: bool) -> torch.Tensor:
-    """left [S, Hk, r, X] times each slot's prompt row of `table` [R, Hk, P, D]: [S, Hk, r, *]."""
-    right = table.transpose(-1, -2) if transpose else table  # [R, Hk, D, P] or [R, Hk, P, D]
-    if rows is not None:  # slots of several groups: each slot's own row
-        return left @ right[rows]
+def _prompt_product(left: torch.Tensor, cache, layer: int, values: bool) -> torch.Tensor:
+    """left [S, Hk, r, X] times each slot's prompt row of the layer's keys (transposed) or
+    values [R, Hk, P, D]: [S, Hk, r, *]."""
+    table = (cache.prompt_values if values else cache.prompt_keys)[layer]
+    right = table if values else table.transpose(-1, -2)  # [R, Hk, P, D] or [R, Hk, D, P]
+    if cache.step_rows is not None:  # slots of several groups: each slot's own row
+        return left @ cache.slot_prompt_rows(layer, values, right)  # [S, Hk, *, *] gathered
     micro_group, kv_heads, group, width = left.shape  # one row shared by every slot: no copy of it
     flat = left.transpose(0, 1).reshape(kv_heads, micro_group * group, width)  # [Hk, S*r, X]
     return (flat @ right[0]).reshape(kv_heads, micro_group, group, -1).transpose(0, 1)
@@ -80,11 +82,11 @@ def split_attention_forward(module, query, key, value, attention_mask, dropout: 
     micro_group, num_heads, _, head_dim = query.shape  # [S, H, 1, D]
     kv_heads = key.shape[1]
     grouped = query.reshape(micro_group, kv_heads, num_heads // kv_heads, head_dim)  # [S, Hk, r, D]
-    prompt_k, prompt_v = cache.prompt_keys[layer], cache.prompt_values[layer]  # [R, Hk, P, D]
+    prompt_k = cache.prompt_keys[layer]  # [R, Hk, P, D]
     has_prompt = prompt_k.shape[0] > 0 and prompt_k.shape[2] > 0
     parts = [grouped @ key.transpose(-1, -2)]  # [S, Hk, r, W]
     if has_prompt:
-        parts.insert(0, _prompt_product(grouped, prompt_k, cache.step_rows, transpose=True))
+        parts.insert(0, _prompt_product(grouped, cache, layer, values=False))
     scores = torch.cat(parts, dim=-1).float() * (scaling or head_dim ** -0.5)  # [S, Hk, r, P + W]
     if attention_mask is not None:  # [S, 1, 1, P + W]: bool (sdpa) or additive (eager)
         scores = (scores.masked_fill(~attention_mask, float("-inf"))
@@ -93,8 +95,7 @@ def split_attention_forward(module, query, key, value, attention_mask, dropout: 
     width = prompt_k.shape[2] if has_prompt else 0
     out = probs[..., width:] @ value  # [S, Hk, r, D]
     if has_prompt:
-        out = out + _prompt_product(probs[..., :width], prompt_v, cache.step_rows,
-                                    transpose=False)
+        out = out + _prompt_product(probs[..., :width], cache, layer, values=True)
     return out.reshape(micro_group, 1, num_heads, head_dim), None  # [S, 1, H, D], as sdpa's
 
 
