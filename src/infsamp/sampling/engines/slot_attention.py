@@ -46,14 +46,25 @@ def slot_attention(model, cache):
     """This forward's attention reads `cache` in place (see the module docstring)."""
     config = base_model(model).config
     original = config._attn_implementation
-    cache.split_from = original
     config._attn_implementation = NAME
+    try:
+        with reading_in_place(cache, original):
+            yield
+    finally:
+        config._attn_implementation = original
+
+
+@contextlib.contextmanager
+def reading_in_place(cache, split_from: str):
+    """`split_attention_forward` reads `cache` (its `update` returns the samples' columns
+    alone), for a caller that calls it itself (`lean_decode.py`: no model config to switch);
+    `split_from`: the model's own attention, for layers that ask for more than plain."""
+    cache.split_from = split_from
     _active.append(cache)
     try:
         yield
     finally:
         _active.pop()
-        config._attn_implementation = original
         cache.split_from = None
 
 

@@ -40,7 +40,11 @@ from infsamp.models.device import base_model
 from infsamp.sampling.engines.base import DecodeOptions, SlotLogitsProcessor
 from infsamp.sampling.engines.lean_decode import lean_decode
 from infsamp.sampling.engines.select import ForcedLengths, build_warpers, select_tokens
-from infsamp.sampling.engines.slot_attention import slot_attention, supports_split
+from infsamp.sampling.engines.slot_attention import (
+    reading_in_place,
+    slot_attention,
+    supports_split,
+)
 from infsamp.sampling.engines.slot_cache import SlotKVCache, SlotRowCache
 from infsamp.sampling.types import Sample, SamplerStats
 
@@ -184,7 +188,7 @@ class SlotEngine:
         """Logits [S, V] (and the last hidden states [S, H] if asked) of inputs [S, 1] at
         positions [S, 1]."""
         if self.lean is not None:
-            with slot_attention(self.model, self.cache):
+            with reading_in_place(self.cache, self.model.config._attn_implementation):
                 return self.lean(input_ids, position_ids, mask, self.cache), None
         with slot_attention(self.model, self.cache) if self.split else contextlib.nullcontext():
             out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
