@@ -20,6 +20,8 @@ crypto.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
 
@@ -63,12 +65,18 @@ def _mix32_int32_(x: torch.Tensor) -> torch.Tensor:
 IN_PLACE_FROM = 1 << 16  # [S, V] entries from which the int32 in-place hash is the faster
 
 
+@functools.lru_cache(maxsize=8)
+def _vocab_term(vocab_size: int, device: torch.device) -> torch.Tensor:
+    """The vocabulary's part of the hash, [V] (the same every step: made once; never written)."""
+    return torch.arange(vocab_size, device=device) * 0xC2B2AE3D
+
+
 def uniform_noise(seed: int, sample_ids: torch.Tensor, num_generated: torch.Tensor,
                   vocab_size: int) -> torch.Tensor:
     """U(0,1) noise [S, V] that depends only on (seed, sample id, token index, vocab index)."""
     per_sample = _mix32((sample_ids * 0x9E3779B1 + (seed & _MASK32)) & _MASK32)  # [S]
     per_token = _mix32((per_sample + num_generated * 0x85EBCA77) & _MASK32)  # [S]
-    vocab = torch.arange(vocab_size, device=sample_ids.device) * 0xC2B2AE3D  # [V]
+    vocab = _vocab_term(vocab_size, sample_ids.device)  # [V]
     if per_token.numel() * vocab_size < IN_PLACE_FROM:
         bits = _mix32((per_token[:, None] + vocab[None, :]) & _MASK32)  # [S, V]
         return ((bits >> 8).to(torch.float32) + 0.5) / float(1 << 24)

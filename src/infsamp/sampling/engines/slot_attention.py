@@ -55,22 +55,35 @@ def slot_attention(model, cache):
     """This forward's attention reads `cache` in place (see the module docstring)."""
     config = base_model(model).config
     original = config._attn_implementation
-    cache.split_from = original
     config._attn_implementation = NAME
+    try:
+        with reading_in_place(cache, original):
+            yield
+    finally:
+        config._attn_implementation = original
+
+
+@contextlib.contextmanager
+def reading_in_place(cache, split_from: str):
+    """`split_attention_forward` reads `cache` (its `update` returns the samples' columns
+    alone), for a caller that calls it itself (`lean_decode.py`: no model config to switch);
+    `split_from`: the model's own attention, for layers that ask for more than plain."""
+    cache.split_from = split_from
     _active.append(cache)
     try:
         yield
     finally:
         _active.pop()
-        config._attn_implementation = original
         cache.split_from = None
 
 
-def _prompt_product(left: torch.Tensor, table: torch.Tensor, rows, transpose: bool) -> torch.Tensor:
-    """left [S, Hk, r, X] times each slot's prompt row of `table` [R, Hk, P, D]: [S, Hk, r, *]."""
-    right = table.transpose(-1, -2) if transpose else table  # [R, Hk, D, P] or [R, Hk, P, D]
-    if rows is not None:  # slots of several groups: each slot's own row
-        return left @ right[rows]
+def _prompt_product(left: torch.Tensor, cache, layer: int, table: torch.Tensor, rows,
+                    values: bool) -> torch.Tensor:
+    """left [S, Hk, r, X] times each slot's row of `table` [R, Hk, P, D] (keys, transposed, or
+    values; `rows` [S], None: one row shared by every slot): [S, Hk, r, *]."""
+    right = table if values else table.transpose(-1, -2)  # [R, Hk, P, D] or [R, Hk, D, P]
+    if rows is not None:  # slots of several groups: each slot's own row, gathered once
+        return left @ cache.slot_prompt_rows(layer, values, right)  # [S, Hk, *, *]
     micro_group, kv_heads, group, width = left.shape  # one row shared by every slot: no copy of it
     flat = left.transpose(0, 1).reshape(kv_heads, micro_group * group, width)  # [Hk, S*r, X]
     return (flat @ right[0]).reshape(kv_heads, micro_group, group, -1).transpose(0, 1)
@@ -129,7 +142,8 @@ def _decode_attention(cache, module, query, key, value, attention_mask, dropout:
     shared = [(cache.prefix_keys[layer], cache.prefix_values[layer], None),  # [1, Hk, L, D]
               (cache.prompt_keys[layer], cache.prompt_values[layer], cache.step_rows)]  # [R, ...]
     shared = [part for part in shared if part[0].shape[0] > 0 and part[0].shape[2] > 0]
-    parts = [_prompt_product(grouped, k, rows, transpose=True) for k, _, rows in shared]
+    parts = [_prompt_product(grouped, cache, layer, k, rows, values=False)
+             for k, _, rows in shared]
     parts.append(grouped @ key.transpose(-1, -2))  # [S, Hk, r, W]
     scores = torch.cat(parts, dim=-1).float() * (scaling or head_dim ** -0.5)  # [S, Hk, r, L+P+W]
     if attention_mask is not None:  # [S, 1, 1, L + P + W]: bool (sdpa) or additive (eager)
@@ -141,7 +155,8 @@ def _decode_attention(cache, module, query, key, value, attention_mask, dropout:
     start = 0
     for keys, values, rows in shared:
         end = start + keys.shape[2]
-        out = out + _prompt_product(probs[..., start:end], values, rows, transpose=False)
+        out = out + _prompt_product(probs[..., start:end], cache, layer, values, rows,
+                                     values=True)
         start = end
     return out.reshape(micro_group, 1, num_heads, head_dim), None  # [S, 1, H, D], as sdpa's
 

@@ -37,6 +37,10 @@ from typing import Any
 
 import torch
 
+# the per-slot prompt rows `slot_prompt_rows` keeps between decode steps (every layer's keys and
+# values): a step's temporaries otherwise, small beside the KV for short prompts and few slots
+MAX_KEPT_ROWS_BYTES = 16 << 20
+
 
 class PromptTable:
     """The prompt rows, the parked store and the step's mask: what both layouts share."""
@@ -57,6 +61,10 @@ class PromptTable:
         self.num_columns: dict[int, int] = {}  # sample id -> KV columns it holds
         self.device, self.dtype = device, dtype
         self.step_rows: torch.Tensor | None = None  # [S] prompt row of each sample; None: one row
+        # each slot's prompt row gathered per (layer, values?), kept while the steps' rows and
+        # the table stay the same (`slot_prompt_rows`); at most MAX_KEPT_ROWS_BYTES
+        self.kept_rows: dict[tuple[int, bool], torch.Tensor] = {}
+        self.kept_for: tuple[int, ...] | None = None
         self.split_from: str | None = None  # set while slot_attention reads the cache in place
         # a packed step (`open_rows`): the new prompt rows (row, width) whose suffix tokens come
         # first in the step's one sequence, before the running samples' tokens
@@ -84,6 +92,7 @@ class PromptTable:
                    values: Sequence[torch.Tensor]) -> None:
         """Append a group's prompt KV (per layer [1, H, P-1, D]) as a new row of the table."""
         self.group_rows[group_id] = len(self.prompt_lengths)
+        self.kept_rows, self.kept_for = {}, None
         self.prompt_lengths.append(keys[0].shape[2])
         self.prompt_keys = [_append_row(t, k.to(t.dtype)) for t, k in zip(self.prompt_keys, keys)]
         self.prompt_values = [_append_row(t, v.to(t.dtype))
@@ -117,6 +126,7 @@ class PromptTable:
     def drop_prompt(self, group_id: int) -> None:
         row = self.group_rows.pop(group_id)
         del self.prompt_lengths[row]
+        self.kept_rows, self.kept_for = {}, None
         self.group_rows = {g: r - (r > row) for g, r in self.group_rows.items()}
         width = max(self.prompt_lengths, default=0)
         keep = [r for r in range(len(self.prompt_lengths) + 1) if r != row]
@@ -156,6 +166,8 @@ class PromptTable:
         device = self.device
         num_rows = len(self.prompt_lengths)
         self.step_rows = None if num_rows <= 1 else torch.tensor(slot_rows, device=device)
+        if tuple(slot_rows) != self.kept_for:
+            self.kept_rows, self.kept_for = {}, tuple(slot_rows)
         lengths = torch.tensor([self.prompt_lengths[r] if num_rows else 0 for r in slot_rows],
                                device=device)  # [S]
         prompt_cols = torch.arange(self.prompt_keys[0].shape[2], device=device)
@@ -169,6 +181,18 @@ class PromptTable:
             return torch.zeros(mask.shape, dtype=self.dtype, device=device).masked_fill(
                 ~mask, torch.finfo(self.dtype).min)
         return mask
+
+    def slot_prompt_rows(self, layer_idx: int, values: bool, table: torch.Tensor) -> torch.Tensor:
+        """`table[step_rows]` ([S, ...]: the layer's prompt keys, transposed, or values, one row
+        per slot), gathered once while the steps' rows stay the same (a decode step changes them
+        only when a sample ends or starts), if the kept gathers stay within MAX_KEPT_ROWS_BYTES."""
+        kept = self.kept_rows.get((layer_idx, values))
+        if kept is None:
+            kept = table[self.step_rows]
+            all_layers = kept.numel() * kept.element_size() * 2 * len(self.prompt_keys)
+            if all_layers <= MAX_KEPT_ROWS_BYTES:
+                self.kept_rows[layer_idx, values] = kept
+        return kept
 
     def _attended(self, layer_idx: int, keys: torch.Tensor, values: torch.Tensor):
         """`update`'s answer: the samples' columns, with the prompt unless slot_attention reads
@@ -212,6 +236,7 @@ class SlotRowCache(PromptTable):
         # column each writes, the columns attended
         self.write_rows = torch.zeros(0, dtype=torch.long, device=device)  # [S]
         self.write_columns = torch.zeros(0, dtype=torch.long, device=device)  # [S]
+        self.write_flat = torch.zeros(0, dtype=torch.long, device=device)  # [S * H]
         self.read_rows: torch.Tensor | None = None
         self.num_running, self.width = 0, 1
 
@@ -281,6 +306,11 @@ class SlotRowCache(PromptTable):
         self.write_rows = torch.tensor(rows, device=self.device)  # [S]
         self.read_rows = None if rows == list(range(len(rows))) else self.write_rows
         self.write_columns = _as_tensor(written, write_index, self.device)  # [S]
+        _, _, kv_heads, row_columns, _ = self.keys.shape
+        heads = torch.arange(kv_heads, device=self.device)
+        # where each (sample, head)'s new column lies in a layer's [N * H * C, D] view
+        self.write_flat = ((self.write_rows[:, None] * kv_heads + heads) * row_columns
+                           + self.write_columns[:, None]).reshape(-1)  # [S * H]
         self.num_running, self.width = len(rows), max(write_index) + 1
         return self.step_mask(slot_rows, write_index, is_causal_eager, self.write_columns)
 
@@ -290,9 +320,11 @@ class SlotRowCache(PromptTable):
         columns [S, H, W, D] (a view when they are rows [0, S))."""
         key_states, value_states = self._take_suffixes(layer_idx, key_states, value_states)
         keys, values = self.keys[layer_idx], self.values[layer_idx]  # [N, H, C, D]
+        _, _, _, head_dim = keys.shape
         # under autocast (precision mixed) K/V come in bf16 or fp32: store the cache's dtype
-        keys[self.write_rows, :, self.write_columns] = key_states[:, :, 0].to(self.dtype)
-        values[self.write_rows, :, self.write_columns] = value_states[:, :, 0].to(self.dtype)
+        for table, states in ((keys, key_states), (values, value_states)):  # [S, H, 1, D]
+            table.view(-1, head_dim).index_copy_(0, self.write_flat,
+                                                 states.reshape(-1, head_dim).to(self.dtype))
         if self.read_rows is None:
             running = slice(0, self.num_running)
             return self._attended(layer_idx, keys[running, :, :self.width],
@@ -383,8 +415,9 @@ class SlotKVCache(PromptTable):
         key_states, value_states = self._take_suffixes(layer_idx, key_states, value_states)
         pool_k, pool_v = self.pool_keys[layer_idx], self.pool_values[layer_idx]
         # under autocast (precision mixed) K/V come in bf16 or fp32: store the cache's dtype
-        pool_k[:, self.write_positions] = key_states[:, :, 0].transpose(0, 1).to(pool_k.dtype)
-        pool_v[:, self.write_positions] = value_states[:, :, 0].transpose(0, 1).to(pool_v.dtype)
+        for pool, states in ((pool_k, key_states), (pool_v, value_states)):  # [S, H, 1, D]
+            pool.index_copy_(1, self.write_positions,
+                             states[:, :, 0].transpose(0, 1).to(pool.dtype))
         keys = pool_k[:, self.read_positions].transpose(0, 1)  # [H, S, W, D] -> [S, H, W, D]
         values = pool_v[:, self.read_positions].transpose(0, 1)
         return self._attended(layer_idx, keys, values)

@@ -41,8 +41,10 @@ from transformers import DynamicCache
 
 from infsamp.models.device import base_model
 from infsamp.sampling.engines.base import DecodeOptions, SlotLogitsProcessor
+from infsamp.sampling.engines.lean_decode import lean_decode
 from infsamp.sampling.engines.select import ForcedLengths, build_warpers, select_tokens
 from infsamp.sampling.engines.slot_attention import (
+    reading_in_place,
     slot_attention,
     supports_packed,
     supports_split,
@@ -113,6 +115,8 @@ class SlotEngine(SharedPrefixPrefill):
         self.split = supports_split(self.model)  # decode attention reads the cache in place
         # new rows' suffixes computed in a decode step's forward
         self.packs = self.split and supports_packed(self.model)
+        # the model's layers called directly where that is bit-exact (`lean_decode.py`)
+        self.lean = None if options.hidden_states else lean_decode(self.model)
         self.model.eval()
         self.shared_prefix = shared_prefix
         self.to_prefill: list[int] = []  # groups started whose rows are not filled yet
@@ -201,7 +205,11 @@ class SlotEngine(SharedPrefixPrefill):
                  packed: Sequence[int] = ()):
         """Logits [S, V] (and the last hidden states [S, H] if asked) of inputs [S] at positions
         [S], as a batch of S one-token rows; with `packed` groups, as one sequence [1, T]: their
-        suffixes, then the S tokens (their rows' KV computed on the way)."""
+        suffixes, then the S tokens (their rows' KV computed on the way); one-token rows of a
+        plain Llama go through `lean_decode` (bit for bit the model's forward)."""
+        if self.lean is not None and not packed:  # one-token rows: the lean forward
+            with reading_in_place(self.cache, self.model.config._attn_implementation):
+                return self.lean(inputs[:, None], positions[:, None], mask, self.cache), None
         kwargs = {}
         if packed:
             suffixes = [self.prompts[g][self.shared_prefix:-1] for g in packed]

@@ -1,0 +1,168 @@
+"""The slot engine's decode forward for plain Llama models, without transformers' per-call
+machinery: the same torch operations in the same order on the same shapes, so the logits are
+bit for bit those of `model(...)`, at a fraction of the Python cost on a small model.
+
+On the embedded tiny Llama (4 layers, hidden 128, vocabulary 104) a decode step's matrix products
+take microseconds; what costs is the model's Python: each `nn.Module.__call__` with its hook
+checks, the output-capturing and config-merging decorators, `create_causal_mask` (which passes the
+engine's 4-D mask through), the output dataclasses. `LeanLlamaDecode` calls the weights' own
+functional operations (`F.embedding`, `F.linear`, the RMSNorm formula, transformers' own
+`apply_rotary_pos_emb` and rotary module, `slot_attention.split_attention_forward`) and nothing
+else.
+
+`lean_decode(model)` builds it only where that is exact: a `LlamaForCausalLM` itself (no peft
+wrapper: LoRA layers compute differently), every projection a plain `nn.Linear`, SiLU MLPs,
+default rotary, no hooks on any module, no wrapped forward (the `mixed` precision's autocast),
+sdpa or eager attention (what the split attention reads); else None and the engine calls the
+model.
+
+Deliberately simple: Llama's layout only (SmolLM2 and the embedded model are Llamas); no hidden
+states handed out (the engine calls the model when a predictor asks for them).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.activations import SiLUActivation
+from transformers.models.llama.modeling_llama import (
+    LlamaAttention,
+    LlamaDecoderLayer,
+    LlamaForCausalLM,
+    LlamaMLP,
+    LlamaRMSNorm,
+)
+
+from infsamp.sampling.engines.slot_attention import split_attention_forward, supports_split
+
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP_LINEARS = ("gate_proj", "up_proj", "down_proj")
+
+
+def lean_decode(model) -> LeanLlamaDecode | None:
+    """The lean decode forward of `model`, or None where it would not be bit-exact."""
+    if type(model) is not LlamaForCausalLM or not supports_split(model):
+        return None
+    config = model.config
+    if getattr(config, "pretraining_tp", 1) != 1 or type(model.lm_head) is not nn.Linear:
+        return None
+    rotary = model.model.rotary_emb
+    if rotary.rope_type != "default" or rotary.attention_scaling != 1.0:
+        return None
+    if any(_hooked(module) for module in model.modules()) or _global_hooks():
+        return None
+    if any("forward" in vars(module) for module in model.modules()):  # a wrapped forward
+        return None
+    if type(model.model.embed_tokens) is not nn.Embedding or not all(
+            _plain_layer(layer) for layer in model.model.layers):
+        return None
+    return LeanLlamaDecode(model)
+
+
+def _plain_layer(layer) -> bool:
+    attention, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+    if type(layer) is not LlamaDecoderLayer or type(attention) is not LlamaAttention or \
+            type(mlp) is not LlamaMLP:
+        return False
+    norms = (layer.input_layernorm, layer.post_attention_layernorm)
+    return (all(type(getattr(attention, n)) is nn.Linear for n in LINEARS)
+            and all(type(getattr(mlp, n)) is nn.Linear for n in MLP_LINEARS)
+            and type(mlp.act_fn) in (nn.SiLU, SiLUActivation)
+            and all(type(n) is LlamaRMSNorm for n in norms))
+
+
+def _hooked(module: nn.Module) -> bool:
+    return bool(module._forward_hooks or module._forward_pre_hooks)
+
+
+def _global_hooks() -> bool:
+    from torch.nn.modules import module as torch_module
+
+    return bool(torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks)
+
+
+def _rms_norm(weight: torch.Tensor, eps: float, hidden: torch.Tensor) -> torch.Tensor:
+    """LlamaRMSNorm.forward, operation for operation."""
+    input_dtype = hidden.dtype
+    hidden = hidden.to(torch.float32)
+    variance = hidden.pow(2).mean(-1, keepdim=True)
+    hidden = hidden * torch.rsqrt(variance + eps)
+    return weight * hidden.to(input_dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """`apply_rotary_pos_emb`'s x * cos + rotate_half(x) * sin, bit for bit, in 4 operations:
+    rotate_half(x) = cat(-x2, x1) is roll(x, D/2) with the first half's sign moved onto sin
+    ((-a) * b == a * (-b) exactly)."""
+    return x * cos + torch.roll(x, x.shape[-1] // 2, -1) * signed_sin
+
+
+def _weights(module: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+    return module.weight, module.bias
+
+
+class LeanLlamaDecode:
+    """`__call__(input_ids [S, 1], position_ids [S, 1], mask, cache)` -> logits [S, V] (float32),
+    the cache's `update` and the split attention called as the model's layers call them. The
+    weights are looked up once (a new one per sampler call: `lean_decode`)."""
+
+    def __init__(self, model: LlamaForCausalLM):
+        inner = model.model
+        self.embed, self.rotary, self.head = inner.embed_tokens, inner.rotary_emb, model.lm_head
+        self.norm = (inner.norm.weight, inner.norm.variance_epsilon)
+        self.layers = [self._layer(layer)
+                       for layer in inner.layers[: inner.config.num_hidden_layers]]
+
+    @staticmethod
+    def _layer(layer: LlamaDecoderLayer) -> tuple:
+        attention, mlp = layer.self_attn, layer.mlp
+        return ((layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon),
+                attention, [_weights(getattr(attention, n)) for n in LINEARS],
+                (layer.post_attention_layernorm.weight,
+                 layer.post_attention_layernorm.variance_epsilon),
+                [_weights(getattr(mlp, n)) for n in MLP_LINEARS])
+
+    def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor,
+                 cache) -> torch.Tensor:
+        embed = self.embed
+        hidden = F.embedding(input_ids, embed.weight, embed.padding_idx, embed.max_norm,
+                             embed.norm_type, embed.scale_grad_by_freq, embed.sparse)  # [S, 1, H]
+        cos, sin = self.rotary(hidden, position_ids)  # [S, 1, D]
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [S, 1, 1, D]: over the heads
+        half = sin.shape[-1] // 2
+        signed_sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+        if mask.dtype == torch.bool:  # additive, once per step: + 0 / -inf is masked_fill's
+            mask = torch.zeros(mask.shape, device=mask.device).masked_fill_(~mask, -torch.inf)
+        for first_norm, attention, linears, second_norm, mlp in self.layers:
+            residual = hidden
+            attended = self._attention(attention, linears, _rms_norm(*first_norm, hidden),
+                                       cos, signed_sin, mask, cache)
+            hidden = residual + attended
+            residual = hidden
+            hidden = residual + self._mlp(mlp, _rms_norm(*second_norm, hidden))
+        hidden = _rms_norm(*self.norm, hidden)
+        return F.linear(hidden, self.head.weight, self.head.bias)[:, -1].float()  # [S, V]
+
+    @staticmethod
+    def _attention(attention: LlamaAttention, linears: list, hidden: torch.Tensor,
+                   cos: torch.Tensor, signed_sin: torch.Tensor, mask: torch.Tensor,
+                   cache) -> torch.Tensor:
+        input_shape = hidden.shape[:-1]
+        hidden_shape = (*input_shape, -1, attention.head_dim)
+        (wq, bq), (wk, bk), (wv, bv), (wo, bo) = linears
+        q = _rotate(F.linear(hidden, wq, bq).view(hidden_shape).transpose(1, 2), cos,
+                    signed_sin)  # [S, H, 1, D]
+        k = _rotate(F.linear(hidden, wk, bk).view(hidden_shape).transpose(1, 2), cos,
+                    signed_sin)  # [S, H_kv, 1, D]
+        v = F.linear(hidden, wv, bv).view(hidden_shape).transpose(1, 2)
+        k, v = cache.update(k, v, attention.layer_idx)
+        out, _ = split_attention_forward(attention, q, k, v, mask, dropout=0.0,
+                                         scaling=attention.scaling)
+        out = out.reshape(*input_shape, -1).contiguous()  # [S, 1, H * D]
+        return F.linear(out, wo, bo)
+
+    @staticmethod
+    def _mlp(linears: list, hidden: torch.Tensor) -> torch.Tensor:
+        (wg, bg), (wu, bu), (wd, bd) = linears
+        return F.linear(F.silu(F.linear(hidden, wg, bg)) * F.linear(hidden, wu, bu), wd, bd)
