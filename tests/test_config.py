@@ -146,3 +146,16 @@ def test_a_missing_folder_that_looks_like_a_path_is_refused_at_once(tmp_path, mo
         load_config(overrides={"model.name_or_path": "models/qwen3-tin"})
     hub_id = load_config(overrides={"model.name_or_path": "Qwen/Qwen3-1.7B"})  # fine: a hub id
     assert hub_id.model.name_or_path == "Qwen/Qwen3-1.7B"
+
+
+def test_a_list_of_mappings_from_the_command_line_is_flow_yaml(tmp_path):
+    turns = '[{role: user, content: "Calculate 1, 2."}, {role: assistant, content: "3"}]'
+    cfg = load_config(overrides={"data.example_turns": turns})
+    assert cfg.data.example_turns == [{"role": "user", "content": "Calculate 1, 2."},
+                                      {"role": "assistant", "content": "3"}]
+    save_config(cfg, tmp_path / "saved.yaml")
+    assert load_config(tmp_path / "saved.yaml").data.example_turns == cfg.data.example_turns
+    assert load_config(overrides={"rewards.functions": "[format, accuracy]"}).rewards.functions \
+        == ["format", "accuracy"]
+    with pytest.raises(ConfigError, match="data.example_turns: expected a list"):
+        load_config(overrides={"data.example_turns": "[{role: user"})

@@ -106,6 +106,12 @@ class DataConfig:
                                       "answer format the model is asked for, e.g. 'Give the final "
                                       "answer as <answer>N</answer>.' (rewards.answer_extraction "
                                       "reads it back)")
+    example_turns: list[dict[str, Any]] = opt(
+        [], "a worked example as earlier turns between the system prompt and the question "
+            "(few-shot): {role: user|assistant|tool, content: TEXT} mappings, from a user turn "
+            "to an assistant turn; an assistant turn calls a tool by writing <tool_call>{\"name\""
+            ": ..., \"arguments\": {...}}</tool_call>, a tool turn is its answer (rendered as the "
+            "chat template renders a tool's answer; docs/usage.md)")
     use_chat_template: str = opt("auto", "auto (if the tokenizer has one), always, never",
                                  choices=("auto", "always", "never"))
     num_train_examples: int = opt(4000, "embedded and reasoning_gym tasks: number of generated "
@@ -135,6 +141,7 @@ class DataConfig:
                  "data.num_train_examples", self.num_train_examples,
                  f"must be between 1 and {MAX_GENERATED_EXAMPLES:,}")
         _require(0 <= self.seed < 2**32, "data.seed", self.seed, "must be in [0, 2**32)")
+        _check_example_turns(self.example_turns)
         task_source = self.dataset.startswith(("embedded:", REASONING_GYM_PREFIX))
         if not task_source and looks_like_path(self.dataset):
             _require(Path(self.dataset).expanduser().exists(), "data.dataset", self.dataset,
@@ -147,6 +154,28 @@ class DataConfig:
             _require(not isinstance(self.dataset_config, dict), "data.dataset_config",
                      self.dataset_config, "a mapping is for reasoning_gym:NAME tasks; a datasets "
                      "source takes a config name")
+
+
+EXAMPLE_ROLES = ("user", "assistant", "tool")
+
+
+def _check_example_turns(turns: list[dict[str, Any]]) -> None:
+    """data.example_turns: role and text in each turn, user first, assistant last, a tool turn
+    only after an assistant or tool turn."""
+    key = "data.example_turns"
+    for index, turn in enumerate(turns):
+        _require(set(turn) == {"role", "content"}, f"{key}[{index}]", turn,
+                 "a turn is {role: ..., content: ...}")
+        _require(turn["role"] in EXAMPLE_ROLES, f"{key}[{index}].role", turn["role"],
+                 f"must be one of {', '.join(EXAMPLE_ROLES)}")
+        _require(isinstance(turn["content"], str), f"{key}[{index}].content", turn["content"],
+                 "must be text")
+        after = turns[index - 1]["role"] if index else ""
+        _require(turn["role"] != "tool" or after in ("assistant", "tool"), f"{key}[{index}]",
+                 turn, "a tool turn answers the assistant turn before it")
+    roles = [turn["role"] for turn in turns]
+    _require(not roles or (roles[0] == "user" and roles[-1] == "assistant"), key, roles,
+             "starts with a user turn and ends with an assistant turn (the question follows)")
 
 
 TEMPLATE_ARGUMENTS = {"messages", "conversation", "add_generation_prompt", "tokenize",

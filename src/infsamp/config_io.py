@@ -26,7 +26,9 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
     origin = typing.get_origin(annotation)
     if origin in (list, list):
         (item_type,) = typing.get_args(annotation)
-        if isinstance(value, str):
+        if isinstance(value, str) and value.lstrip()[:1] == "[":  # flow YAML: '[{role: user}]'
+            value = _flow_list(value, key)
+        elif isinstance(value, str):
             value = [v.strip() for v in value.split(",") if v.strip()]
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{key}: expected a list, got {value!r}")
@@ -55,6 +57,16 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
         if isinstance(value, (dict, list)):
             raise ConfigError(f"{key}: expected a string, got {value!r}")
         return str(value)
+    return value
+
+
+def _flow_list(text: str, key: str) -> list[Any]:
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        value = None
+    if not isinstance(value, list):
+        raise ConfigError(f"{key}: expected a list such as [a, b], got {text!r}")
     return value
 
 

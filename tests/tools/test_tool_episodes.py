@@ -141,6 +141,7 @@ def test_a_run_with_a_tool_logs_its_metrics(tiny_config, tiny_dir, forced_calls)
     trainer.close()
     assert metrics["tools/calls"] == 2 * 2  # 2 prompts x the 2 even samples of G = 4
     assert metrics["tools/errors"] == 0 and metrics["tools/episodes_with_calls"] == 0.5
+    assert metrics["tools/valid_call_share"] == 0.5  # each call answered without an error
     assert metrics["sampling/num_tool_turns"] == 4 and metrics["sampling/engine_idle_s"] >= 0
 
 

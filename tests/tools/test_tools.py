@@ -13,7 +13,7 @@ import pytest
 
 from infsamp.config import ConfigError, DataConfig, ToolsConfig
 from infsamp.errors import ToolError
-from infsamp.tasks.prompts import encode_prompt
+from infsamp.tasks.prompts import build_prompt, encode_prompt
 from infsamp.tasks.tool_format import (
     ToolCall,
     answer_text,
@@ -201,3 +201,68 @@ def test_a_hung_worker_is_replaced_and_the_tool_answers_again():
         assert key == "h2" and answer.timed_out
     finally:
         runner.close()
+
+
+# ---------------------------------------------------------------- a worked example as earlier turns
+
+CALL = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
+EXAMPLE_TURNS = [{"role": "user", "content": "What is 2 + 3?"},
+                 {"role": "assistant", "content": CALL},
+                 {"role": "tool", "content": "5"},
+                 {"role": "assistant", "content": "2 + 3 = 5"}]
+
+
+def test_example_turns_come_before_the_question_as_the_sampler_renders_a_call():
+    """Fallback format: the example's tool turn is exactly the answer the sampler appends after
+    a call (answer_text), and the question follows the example's last assistant turn."""
+    tok = tokenizer(SMOLLM2_TEMPLATE)
+    data = DataConfig(system_prompt="Be exact.", example_turns=EXAMPLE_TURNS)
+    schema = load_tools([f"{FUNCTIONS}:add"])[0].schema
+    text, _ = encode_prompt({"prompt": "What is 4 + 4?"}, tok, data, tools=[schema])
+    answer = answer_text(tok, data, True, False, [ToolCall("add", {"a": 2, "b": 3})], ["5"],
+                         ["<|im_end|>"])
+    call_turn = f"<|im_start|>assistant\n{CALL}<|im_end|>"
+    assert text.startswith("<|im_start|>system\nBe exact.\n\nYou may call these tools")
+    after_call = text.split(call_turn)[1]
+    assert after_call.startswith(answer)  # the tool's answer, then the example's last turn
+    assert after_call[len(answer):] == ("2 + 3 = 5<|im_end|>\n<|im_start|>user\nWhat is 4 + 4?"
+                                        "<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_example_turns_use_the_templates_own_tool_messages():
+    tok = tokenizer(TOOL_TEMPLATE)
+    data = DataConfig(example_turns=EXAMPLE_TURNS)
+    schema = load_tools([f"{FUNCTIONS}:add"])[0].schema
+    text, _ = encode_prompt({"prompt": "What is 4 + 4?"}, tok, data, tools=[schema])
+    messages = [{"role": "user", "content": "What is 2 + 3?"},
+                {"role": "assistant", "content": "", "tool_calls": [
+                    {"type": "function", "function": {"name": "add",
+                                                      "arguments": {"a": 2, "b": 3}}}]},
+                {"role": "tool", "name": "add", "content": "5"},
+                {"role": "assistant", "content": "2 + 3 = 5"},
+                {"role": "user", "content": "What is 4 + 4?"}]
+    assert text == tok.apply_chat_template(messages, tools=[schema], tokenize=False,
+                                           add_generation_prompt=True)
+
+
+def test_example_turns_in_plain_text_and_two_tool_answers_in_one_turn():
+    turns = [*EXAMPLE_TURNS[:3], {"role": "tool", "content": "7"}, EXAMPLE_TURNS[3]]
+    data = DataConfig(use_chat_template="never", system_prompt="Be exact.", example_turns=turns)
+    text = build_prompt({"prompt": "What is 4 + 4?"}, data, chat=False)
+    assert text == (f"Be exact.\nWhat is 2 + 3?\n{CALL}\n<tool_response>\n5\n</tool_response>\n"
+                    "<tool_response>\n7\n</tool_response>\n2 + 3 = 5\nWhat is 4 + 4?")
+
+
+@pytest.mark.parametrize("turns, words", [
+    ([{"role": "robot", "content": "hi"}], "data.example_turns[0].role: must be one of"),
+    ([{"role": "user", "text": "hi"}], "data.example_turns[0]: a turn is {role"),
+    ([{"role": "user", "content": 3}, {"role": "assistant", "content": "x"}],
+     "data.example_turns[0].content: must be text"),
+    ([{"role": "user", "content": "q"}, {"role": "user", "content": "q"},
+      {"role": "tool", "content": "5"}], "data.example_turns[2]: a tool turn answers"),
+    (EXAMPLE_TURNS[:3], "ends with an assistant turn"),
+])
+def test_bad_example_turns_are_one_line(turns, words):
+    with pytest.raises(ConfigError) as caught:
+        DataConfig(example_turns=turns).validate()
+    assert words in str(caught.value) and "\n" not in str(caught.value)

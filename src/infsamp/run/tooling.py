@@ -101,13 +101,15 @@ class RunTools:
 
     def metrics(self, completions: Sequence[Completion]) -> dict[str, float]:
         """This step's tool metrics: calls, errors, time, turns per episode, episodes that
-        called a tool."""
+        called a tool, and those with a call answered without error."""
         if self.box is None:
             return {}
         count = max(len(completions), 1)
-        return {**self.box.take_metrics(),
+        counters = self.box.take_counters()
+        return {**counters.metrics(),
                 "tools/turns_per_episode": sum(c.num_turns + 1 for c in completions) / count,
-                "tools/episodes_with_calls": sum(c.num_turns > 0 for c in completions) / count}
+                "tools/episodes_with_calls": sum(c.num_turns > 0 for c in completions) / count,
+                "tools/valid_call_share": counters.valid_episodes / count}
 
     def eval_metrics(self, num_episodes: int) -> dict[str, float]:
         """The held-out evaluation's tool use (this rank's share): calls and errors per episode,

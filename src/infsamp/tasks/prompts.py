@@ -20,7 +20,11 @@ With tools (`tools=` schemas, `tasks/tool_format.py`): a chat template that rend
 them (`apply_chat_template(..., tools=...)`); otherwise the fallback format's instructions end
 the system prompt (plain-text mode: they open the prompt).
 
-Deliberately simple: a prompt is one turn (system + user) unless the dataset stores conversations.
+`data.example_turns` (a worked example, few-shot) go between the system prompt and the question,
+in the tool format of the prompt (`tool_format.example_messages`).
+
+Deliberately simple: a prompt is one turn (system + user) unless the dataset stores conversations;
+the example turns are the same for every question.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from typing import Any
 
 from infsamp.config import DataConfig
 from infsamp.errors import DataError
-from infsamp.tasks.tool_format import fallback_instructions, supports_tools
+from infsamp.tasks.tool_format import example_messages, fallback_instructions, supports_tools
 
 Schemas = list[dict[str, Any]] | None  # tools' JSON schemas (transformers' get_json_schema)
 
@@ -84,19 +88,24 @@ def _with_instruction(prompt: str | list[dict[str, Any]],
     return [*prompt[:last], turn, *prompt[last + 1:]]
 
 
-def build_prompt(example: dict[str, Any], data_cfg: DataConfig,
-                 chat: bool) -> str | list[dict[str, str]]:
-    """The prompt as rewards see it: chat messages (system + user) when `chat`, else plain text;
-    the question ends with `data.answer_instruction` when one is set."""
+def build_prompt(example: dict[str, Any], data_cfg: DataConfig, chat: bool,
+                 native_tools: bool = False) -> str | list[dict[str, str]]:
+    """The prompt as rewards see it: chat messages (system, `data.example_turns`, the question)
+    when `chat`, else plain text; the question ends with `data.answer_instruction` when one is
+    set. The example turns are in the fallback format unless `native_tools` (the template
+    renders tool calls itself)."""
     prompt = _with_instruction(example["prompt"], data_cfg.answer_instruction)
     system = data_cfg.system_prompt
+    examples = example_messages(data_cfg.example_turns, native_tools and chat)
     if not chat:
         text = prompt if isinstance(prompt, str) else _messages_text(prompt)
-        return f"{system}\n{text}" if system else text
+        return "\n".join(filter(None, [system, _messages_text(examples), text]))
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-    if system and messages[0].get("role") != "system":
-        messages = [{"role": "system", "content": system}, *messages]
-    return messages
+    if messages[0].get("role") == "system":  # the dataset's own system turn wins
+        head, rest = messages[:1], messages[1:]
+    else:
+        head, rest = ([{"role": "system", "content": system}] if system else []), messages
+    return [*head, *examples, *rest]
 
 
 def with_fallback_tools(prompt: str | list[dict[str, Any]],
@@ -116,8 +125,8 @@ def render_prompt(example: dict[str, Any], tokenizer: Any, data_cfg: DataConfig,
     """The text of the prompt fed to the model for `example` (its tokens: `encode_prompt`),
     offering `tools` (JSON schemas) when given."""
     chat = uses_chat_template(tokenizer, data_cfg)
-    prompt = build_prompt(example, data_cfg, chat)
     native = bool(tools) and chat and supports_tools(tokenizer)
+    prompt = build_prompt(example, data_cfg, chat, native)
     if tools and not native:
         prompt = with_fallback_tools(prompt, tools)
     if not chat:

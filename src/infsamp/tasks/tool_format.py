@@ -133,6 +133,45 @@ def response_block(content: str) -> str:
     return f"<tool_response>\n{content}\n</tool_response>"
 
 
+def example_messages(turns: list[dict[str, Any]], native: bool) -> list[dict[str, Any]]:
+    """`data.example_turns` as the template's messages. Native: an assistant turn's
+    `<tool_call>` blocks become its `tool_calls`, a tool turn a `tool` message named after its
+    call. Fallback: the turns as written, each run of tool turns one user turn of
+    `<tool_response>` blocks (as a tool's answer comes back)."""
+    return _native_examples(turns) if native else _fallback_examples(turns)
+
+
+def _fallback_examples(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = []
+    for index, turn in enumerate(turns):
+        if turn["role"] != "tool":
+            messages.append({"role": turn["role"], "content": turn["content"]})
+        elif turns[index - 1]["role"] == "tool":  # the same answer: one more block
+            messages[-1]["content"] += "\n" + response_block(turn["content"])
+        else:
+            messages.append({"role": "user", "content": response_block(turn["content"])})
+    return messages
+
+
+def _native_examples(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = []
+    calls: list[ToolCall] = []
+    for turn in turns:
+        role, content = turn["role"], turn["content"]
+        if role == "tool":
+            name = calls.pop(0).name if calls else ""
+            messages.append({"role": "tool", "name": name, "content": content})
+            continue
+        calls = [c for c in parse_tool_calls(content) if not c.error] if role == "assistant" \
+            else []
+        message = {"role": role, "content": CALL_BLOCK.sub("", content).strip() if calls
+                   else content}
+        if calls:
+            message["tool_calls"] = [_call_message(c.name, c.arguments) for c in calls]
+        messages.append(message)
+    return messages
+
+
 def answer_text(tokenizer: Any, data_cfg: DataConfig, chat: bool, native: bool,
                 calls: list[ToolCall], contents: list[str], stop_texts: list[str]) -> str:
     """The text between the model's stop token and the next assistant turn's first token: the
