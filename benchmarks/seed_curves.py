@@ -3,8 +3,9 @@
 Reads run folders written by `infsamp train` (eval_completions.jsonl, eval.jsonl, metrics.jsonl)
 and prints, per run, the accuracy at each evaluation, the start, best and final figure, the
 exact McNemar test of the final evaluation against the start (the same held-out problems), the
-training time (sum of step times) and the arm's mean final accuracy. The plot puts every run's
-curve against its training seconds, one colour per arm.
+completions sampled, the training time (sum of step times) and the arm's mean final accuracy.
+The plot puts every run's curve against the completions it sampled (the budget, which a loaded
+machine does not distort), one colour per arm.
 
     python benchmarks/seed_curves.py recipe=runs/r0,runs/r1 dynamic=runs/d0,runs/d1 --plot out.png
     (--start RUN: the step-0 evaluation of RUN is the start of runs made without one)
@@ -33,14 +34,22 @@ def solved_by_step(run: Path) -> dict[int, dict[int, bool]]:
     return table
 
 
-def train_seconds_at(run: Path) -> dict[int, float]:
-    """{step: training seconds spent up to and including that step} (evaluations excluded)."""
-    total, seconds = 0.0, {0: 0.0}
+def totals_at(run: Path, key: str) -> dict[int, float]:
+    """{step: the sum of metric `key` (e.g. step_time: training seconds, evaluations excluded)
+    over the steps up to and including that step}."""
+    total, sums = 0.0, {0: 0.0}
     for row in read_jsonl(run / "metrics.jsonl"):
-        if "step_time" in row:
-            total += row["step_time"]
-            seconds[row["step"]] = total
-    return seconds
+        if key in row:
+            total += row[key]
+            sums[row["step"]] = total
+    return sums
+
+
+def completions_at(run: Path) -> dict[int, float]:
+    """{step: completions sampled up to that step} (`sampling/completions` with dynamic sampling,
+    else `sampling/num_samples`): the sampling budget, whatever else ran on the machine."""
+    dynamic = totals_at(run, "sampling/completions")
+    return dynamic if len(dynamic) > 1 else totals_at(run, "sampling/num_samples")
 
 
 def mcnemar_p(before: dict[int, bool], after: dict[int, bool]) -> tuple[int, int, float]:
@@ -62,11 +71,13 @@ def summarise(run: Path, start: dict[int, bool] | None) -> dict:
     accuracy = {s: sum(table[s].values()) / len(table[s]) for s in steps}
     first, last = steps[0], steps[-1]
     gained, lost, p = mcnemar_p(table[first], table[last])
-    seconds = train_seconds_at(run)
+    seconds, completions = totals_at(run, "step_time"), completions_at(run)
     return {"run": str(run), "steps": steps, "accuracy": accuracy,
             "seconds": {s: seconds.get(s, float("nan")) for s in steps},
+            "completions": {s: completions.get(s, float("nan")) for s in steps},
             "start": accuracy[first], "best": max(accuracy.values()), "final": accuracy[last],
             "gained": gained, "lost": lost, "p": p, "train_s": seconds[max(seconds)],
+            "num_completions": completions[max(completions)],
             "wall_cpu": wall_and_cpu(run)}
 
 
@@ -80,19 +91,20 @@ def wall_and_cpu(run: Path) -> str:
 
 
 def print_table(arms: dict[str, list[dict]]) -> None:
-    print("| arm | run | curve | start -> final (best) | gained / lost, McNemar p | steps' wall s "
-          "| run wall s / CPU s |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| arm | run | curve | start -> final (best) | gained / lost, McNemar p | completions "
+          "| steps' wall s | run wall s / CPU s |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for arm, runs in arms.items():
         for r in runs:
             curve = " -> ".join(f"{r['accuracy'][s]:.3f}" for s in r["steps"])
             print(f"| {arm} | {Path(r['run']).name} | {curve} | {r['start']:.3f} -> "
                   f"{r['final']:.3f} ({r['best']:.3f}) | {r['gained']} / {r['lost']}, "
-                  f"p = {r['p']:.3g} | {r['train_s']:.0f} | {r['wall_cpu']} |")
+                  f"p = {r['p']:.3g} | {r['num_completions']:.0f} | {r['train_s']:.0f} | "
+                  f"{r['wall_cpu']} |")
         finals = [r["final"] for r in runs]
         gains = [r["final"] - r["start"] for r in runs]
         print(f"| {arm} | mean of {len(runs)} | | final {sum(finals) / len(finals):.3f}, gain "
-              f"{100 * sum(gains) / len(gains):+.1f} points | | | |")
+              f"{100 * sum(gains) / len(gains):+.1f} points | | | | |")
 
 
 def plot(arms: dict[str, list[dict]], path: str) -> None:
@@ -105,10 +117,10 @@ def plot(arms: dict[str, list[dict]], path: str) -> None:
     for colour, (arm, runs) in zip(plt.rcParams["axes.prop_cycle"].by_key()["color"],
                                    arms.items()):
         for i, r in enumerate(runs):
-            xs = [r["seconds"][s] / 60 for s in r["steps"]]
+            xs = [r["completions"][s] for s in r["steps"]]
             ys = [r["accuracy"][s] for s in r["steps"]]
             ax.plot(xs, ys, marker="o", color=colour, alpha=0.8, label=arm if i == 0 else None)
-    ax.set_xlabel("training minutes (evaluations excluded)")
+    ax.set_xlabel("completions sampled (the sampling budget)")
     ax.set_ylabel("held-out accuracy")
     ax.grid(alpha=0.3)
     ax.legend()

@@ -25,7 +25,8 @@ def write_run(folder, solved_by_step, step_times):
     rows = [{"step": step, "prompt_id": i, "solved": s}
             for step, solved in solved_by_step.items() for i, s in enumerate(solved)]
     (folder / "eval_completions.jsonl").write_text("\n".join(map(json.dumps, rows)))
-    metrics = [{"step": step, "step_time": t} for step, t in enumerate(step_times, 1)]
+    metrics = [{"step": step, "step_time": t, "sampling/num_samples": 8}
+               for step, t in enumerate(step_times, 1)]
     (folder / "metrics.jsonl").write_text("\n".join(map(json.dumps, metrics)))
 
 
@@ -39,6 +40,7 @@ def test_a_run_without_a_start_takes_it_from_the_start_run(bench, tmp_path, caps
     assert summary["steps"] == [0, 2, 4]
     assert (summary["start"], summary["best"], summary["final"]) == (0.25, 0.75, 0.75)
     assert summary["seconds"] == {0: 0.0, 2: 3.0, 4: 10.0}
+    assert summary["completions"] == {0: 0.0, 2: 16.0, 4: 32.0}
     assert summary["wall_cpu"] == "100 / 42"
     bench.print_table({"arm": [summary]})
     out = capsys.readouterr().out
