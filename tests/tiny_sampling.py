@@ -1,6 +1,6 @@
-"""What the sampler tests share: a tiny random Llama whose EOS is token 1, and a logits-processor
-factory that makes EOS likely (a random model rarely ends on its own, so lengths would not vary).
-"""
+"""What the sampler tests share: a tiny random Llama whose EOS is token 1, a logits-processor
+factory that makes EOS likely (a random model rarely ends on its own, so lengths would not vary),
+a logits rule that records what it sees, and a few decode steps of an engine."""
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -25,3 +25,26 @@ def eos_boost(eos: int = EOS, boost: float = 3.0):
         return scores
 
     return lambda samples: process
+
+
+class RecordLogits:
+    """A logits rule that changes nothing and keeps each (sample id, token index)'s logits."""
+
+    def __init__(self):
+        self.seen = {}
+
+    def __call__(self, sample_ids, num_generated, scores):
+        for sample_id, index, row in zip(sample_ids.tolist(), num_generated.tolist(), scores):
+            self.seen[sample_id, index] = row.clone()
+        return scores
+
+
+def run_steps(engine, samples, steps: int) -> None:
+    """Start `samples` in slots 0.. of a begun call and run `steps` decode steps, a sample
+    leaving its slot when it ends."""
+    for slot, sample in enumerate(samples):
+        engine.start(slot, sample)
+    active = dict(enumerate(samples))
+    for _ in range(steps):
+        for ended in engine.decode_step(active):
+            active = {slot: s for slot, s in active.items() if s is not ended}

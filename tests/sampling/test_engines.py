@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_sampling import RecordLogits, run_steps
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from infsamp.sampling.engines.base import DecodeOptions
@@ -230,18 +231,6 @@ def test_int32_noise_has_the_int64_formulas_bits(seed, vocab_size):
                        _noise_int64(seed, sample_ids, num_generated, vocab_size))
 
 
-class RecordLogits:
-    """A logits rule that changes nothing and keeps each (sample id, token index)'s logits."""
-
-    def __init__(self):
-        self.seen = {}
-
-    def __call__(self, sample_ids, num_generated, scores):
-        for sample_id, index, row in zip(sample_ids.tolist(), num_generated.tolist(), scores):
-            self.seen[sample_id, index] = row.clone()
-        return scores
-
-
 def _decode_with(model, cache_kind: str, steps: int = 6):
     """Three samples (two groups), the middle one ending after 2 tokens: tokens and logits of
     every step, with the rows layout or the token pool."""
@@ -254,12 +243,7 @@ def _decode_with(model, cache_kind: str, steps: int = 6):
     engine.begin_call(prompts, samples, 3, options, SamplerStats(), logits, pool_tokens=pool)
     assert type(engine.cache).__name__ == ("SlotRowCache" if cache_kind == "rows"
                                            else "SlotKVCache")
-    for slot, sample in enumerate(samples):
-        engine.start(slot, sample)
-    active = dict(enumerate(samples))
-    for _ in range(steps):
-        for ended in engine.decode_step(active):
-            active = {slot: s for slot, s in active.items() if s is not ended}
+    run_steps(engine, samples, steps)
     return [s.token_ids for s in samples], logits.seen, engine
 
 

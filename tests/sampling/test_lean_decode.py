@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from tiny_sampling import eos_boost, tiny_llama
+from tiny_sampling import RecordLogits, eos_boost, run_steps, tiny_llama
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from infsamp.config import SamplingConfig
@@ -29,18 +29,6 @@ def _llama(attn: str = "sdpa") -> LlamaForCausalLM:
     return LlamaForCausalLM(config).eval()
 
 
-class RecordLogits:
-    """A logits rule that changes nothing and keeps each (sample id, token index)'s logits."""
-
-    def __init__(self):
-        self.seen = {}
-
-    def __call__(self, sample_ids, num_generated, scores):
-        for sample_id, index, row in zip(sample_ids.tolist(), num_generated.tolist(), scores):
-            self.seen[sample_id, index] = row.clone()
-        return scores
-
-
 def _decode(model, lean: bool, pool: bool, steps: int = 7):
     """Four samples of two groups (one ends after 2 tokens): every step's logits."""
     prompts = [[4, 5, 6, 7], [8, 9]]
@@ -54,12 +42,7 @@ def _decode(model, lean: bool, pool: bool, steps: int = 7):
         assert engine.lean is not None
     else:
         engine.lean = None  # the model's own forward
-    for slot, sample in enumerate(samples):
-        engine.start(slot, sample)
-    active = dict(enumerate(samples))
-    for _ in range(steps):
-        for ended in engine.decode_step(active):
-            active = {slot: s for slot, s in active.items() if s is not ended}
+    run_steps(engine, samples, steps)
     engine.end_call()
     return logits.seen
 

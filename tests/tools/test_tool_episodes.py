@@ -182,6 +182,21 @@ def test_an_environment_gives_each_episode_its_instance_and_reward(tiny_config, 
     assert "rewards/GuessNumber/mean" in metrics
 
 
+def sample_one_call(model, tokenizer, box, name: str):
+    """Two episodes of one prompt, each forced to call tool `name` once (max_turns 1): the
+    sampler's result. The toolbox is closed after."""
+    call = f'<tool_call>{{"name": "{name}", "arguments": {{"a": 1}}}}</tool_call>'
+    try:
+        cfg = SamplingConfig(num_generations=2, micro_group=2, max_new_tokens=160,
+                             kv_budget="100000", temperature=1.0, predictor="none", max_turns=1)
+        result = GroupSampler(model, tokenizer, cfg).sample(
+            [tokenizer("Go.")["input_ids"]], 2, generator=torch.Generator().manual_seed(1),
+            turns=box.episodes(), logits_processor_factory=forcing(tokenizer, call))
+    finally:
+        box.close()
+    return result
+
+
 @pytest.mark.parametrize("name, words", [
     ("fails", "ZeroDivisionError"), ("hangs", "longer than 0.5 s"), ("huge", "bytes of text"),
     ("not_text", "bytes"), ("nope", "Tool nope not found.")])
@@ -192,16 +207,7 @@ def test_a_failing_call_is_a_tool_error_and_the_episode_goes_on(tiny_dir, name, 
     tools = load_tools([f"{FUNCTIONS}:{n}" for n in ("fails", "hangs", "huge", "not_text")])
     box = Toolbox(tools, None, tokenizer, data, [tokenizer.eos_token_id], timeout_s=0.5,
                   max_workers=2)
-    call = f'<tool_call>{{"name": "{name}", "arguments": {{"a": 1}}}}</tool_call>'
-    try:
-        cfg = SamplingConfig(num_generations=2, micro_group=2, max_new_tokens=160,
-                             kv_budget="100000", temperature=1.0, predictor="none", max_turns=1)
-        result = GroupSampler(model, tokenizer, cfg).sample(
-            [tokenizer("Go.")["input_ids"]], 2, generator=torch.Generator().manual_seed(1),
-            turns=box.episodes(), logits_processor_factory=forcing(tokenizer, call))
-    finally:
-        box.close()
-    called = result.completions[0]
+    called = sample_one_call(model, tokenizer, box, name).completions[0]
     (start, end), = called.context_spans
     answer = tokenizer.decode(called.token_ids[start:end])
     assert '{"error": ' in answer and words in answer
@@ -219,15 +225,7 @@ def test_a_tool_that_returns_nothing_is_answered_and_traced(tiny_dir):
     data = DataConfig(use_chat_template="never")
     box = Toolbox(load_tools([f"{FUNCTIONS}:empty"]), None, tokenizer, data,
                   [tokenizer.eos_token_id], timeout_s=0.0, max_workers=1)
-    call = '<tool_call>{"name": "empty", "arguments": {"a": 1}}</tool_call>'
-    try:
-        cfg = SamplingConfig(num_generations=2, micro_group=2, max_new_tokens=160,
-                             kv_budget="100000", temperature=1.0, predictor="none", max_turns=1)
-        result = GroupSampler(model, tokenizer, cfg).sample(
-            [tokenizer("Go.")["input_ids"]], 2, generator=torch.Generator().manual_seed(1),
-            turns=box.episodes(), logits_processor_factory=forcing(tokenizer, call))
-    finally:
-        box.close()
+    result = sample_one_call(model, tokenizer, box, "empty")
     called = result.completions[0]
     (start, end), = called.context_spans
     assert tokenizer.decode(called.token_ids[start:end]).strip() == \
