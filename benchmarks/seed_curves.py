@@ -17,13 +17,10 @@ the mean (three seeds do not support more).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from pathlib import Path
 
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+from infsamp.run.logs import read_jsonl
 
 
 def solved_by_step(run: Path) -> dict[int, dict[int, bool]]:

@@ -10,11 +10,10 @@ import statistics
 import sys
 from pathlib import Path
 
+from infsamp.run.logs import read_jsonl
+
 SIDES = ("base", "head")
 
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def side_summary(out: Path, side: str) -> dict:

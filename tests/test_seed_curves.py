@@ -24,10 +24,10 @@ def write_run(folder, solved_by_step, step_times):
     folder.mkdir()
     rows = [{"step": step, "prompt_id": i, "solved": s}
             for step, solved in solved_by_step.items() for i, s in enumerate(solved)]
-    (folder / "eval_completions.jsonl").write_text("\n".join(map(json.dumps, rows)))
+    (folder / "eval_completions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     metrics = [{"step": step, "step_time": t, "sampling/num_samples": 8}
                for step, t in enumerate(step_times, 1)]
-    (folder / "metrics.jsonl").write_text("\n".join(map(json.dumps, metrics)))
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
 
 
 def test_a_run_without_a_start_takes_it_from_the_start_run(bench, tmp_path, capsys):
