@@ -8,7 +8,8 @@
 #
 # Each run is `infsamp train CONFIG --training.seed S OVERRIDES --logging.output_dir OUT/ARM-sS`,
 # under `/usr/bin/time` (OUT/ARM-sS.time: wall, user and system seconds). Runs alternate between
-# core 0 and core 1 (two lanes, each sequential). A folder that already holds a finished run is
+# core 0 and core 1 (two lanes, each sequential), seed by seed: with two arms, one seed's two
+# runs go side by side, the first arm on core 0. A folder that already holds a finished run is
 # skipped, so the script can be re-run after an interruption (a half-written one is resumed).
 # START=RUN: runs made with --eval.on_start false take RUN's step-0 evaluation as their start.
 set -euo pipefail
@@ -17,9 +18,8 @@ shift 3
 mkdir -p "$out"
 infsamp=${INFSAMP:-infsamp}
 jobs=()
-for spec in "$@"; do
-    arm=${spec%%=*} overrides=${spec#*=}
-    for seed in ${seeds//,/ }; do jobs+=("$arm|$seed|$overrides"); done
+for seed in ${seeds//,/ }; do  # seed-major: with two arms, each seed's pair runs side by side
+    for spec in "$@"; do jobs+=("${spec%%=*}|$seed|${spec#*=}"); done
 done
 
 run_one() {  # core arm seed overrides
