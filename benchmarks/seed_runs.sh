@@ -11,6 +11,7 @@
 # core 0 and core 1 (two lanes, each sequential), seed by seed: with two arms, one seed's two
 # runs go side by side, the first arm on core 0. A folder that already holds a finished run is
 # skipped, so the script can be re-run after an interruption (a half-written one is resumed).
+# PYTHON: the interpreter for the table (default python; one with infsamp installed).
 # START=RUN: runs made with --eval.on_start false take RUN's step-0 evaluation as their start.
 set -euo pipefail
 out=$1 config=$2 seeds=$3
@@ -56,5 +57,5 @@ for spec in "$@"; do
     folders=$(for seed in ${seeds//,/ }; do printf '%s,' "$out/$arm-s$seed"; done)
     specs+=("$arm=${folders%,}")
 done
-python "$(dirname "$0")/seed_curves.py" "${specs[@]}" --plot "$out/curves.png" ${START:+--start "$START"} \
+"${PYTHON:-python}" "$(dirname "$0")/seed_curves.py" "${specs[@]}" --plot "$out/curves.png" ${START:+--start "$START"} \
     | tee "$out/table.md"
