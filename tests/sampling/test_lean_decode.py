@@ -67,6 +67,44 @@ def test_lean_forward_on_the_embedded_model():
     assert all(torch.equal(lean[key], own[key]) for key in own)
 
 
+def _lora(model, **options):
+    """`model` under a peft LoRA adapter on every projection, B random (peft starts it at zero,
+    where the adapter would add nothing)."""
+    from peft import LoraConfig, get_peft_model
+
+    lora = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.1,
+                                            target_modules="all-linear", task_type="CAUSAL_LM",
+                                            **options))
+    torch.manual_seed(4)
+    for name, param in lora.named_parameters():
+        if "lora_B" in name:
+            param.data.normal_(0, 0.3)
+    return lora
+
+
+@pytest.mark.parametrize("pool", [False, True])
+def test_lean_forward_under_lora_gives_the_models_logits_bit_for_bit(pool):
+    model = _lora(_llama())
+    plain = _decode(_llama(), False, pool)
+    lean, own = _decode(model, True, pool), _decode(model, False, pool)
+    assert lean.keys() == own.keys() and len(own) > 20
+    assert all(torch.equal(lean[key], own[key]) for key in own)
+    assert not all(torch.equal(plain[key], own[key]) for key in own)  # the adapter counts
+
+
+def test_lean_forward_under_lora_only_where_exact():
+    assert lean_decode(_lora(_llama(), use_dora=True)) is None  # DoRA computes differently
+    model = _lora(_llama())
+    model.merge_adapter()
+    assert lean_decode(model) is None  # merged: the base weights changed
+    model.unmerge_adapter()
+    assert lean_decode(model) is not None
+    with model.disable_adapter():
+        assert lean_decode(model) is None
+    model.base_model.model.model.layers[0].mlp.up_proj.lora_A["default"].half()
+    assert lean_decode(model) is None  # peft would cast the input
+
+
 def test_lean_forward_only_where_exact():
     model = _llama()
     assert lean_decode(model) is not None

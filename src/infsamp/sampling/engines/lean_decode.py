@@ -10,11 +10,12 @@ functional operations (`F.embedding`, `F.linear`, the RMSNorm formula, transform
 `apply_rotary_pos_emb` and rotary module, `slot_attention.split_attention_forward`) and nothing
 else.
 
-`lean_decode(model)` builds it only where that is exact: a `LlamaForCausalLM` itself (no peft
-wrapper: LoRA layers compute differently), every projection a plain `nn.Linear`, SiLU MLPs,
-default rotary, no hooks on any module, no wrapped forward (the `mixed` precision's autocast),
-sdpa or eager attention (what the split attention reads); else None and the engine calls the
-model.
+`lean_decode(model)` builds it only where that is exact: a `LlamaForCausalLM`, alone or under a
+peft LoRA wrapper (one active adapter, unmerged, no DoRA or other variant, adapter weights in the
+base weight's dtype: each such projection is peft's `lora.Linear.forward`, base(x) +
+B(A(dropout(x))) * scaling), every other projection a plain `nn.Linear`, SiLU MLPs, default
+rotary, no hooks on any module, no wrapped forward (the `mixed` precision's autocast), sdpa or
+eager attention (what the split attention reads); else None and the engine calls the model.
 
 Deliberately simple: Llama's layout only (SmolLM2 and the embedded model are Llamas); no hidden
 states handed out (the engine calls the model when a predictor asks for them).
@@ -42,6 +43,11 @@ MLP_LINEARS = ("gate_proj", "up_proj", "down_proj")
 
 def lean_decode(model) -> LeanLlamaDecode | None:
     """The lean decode forward of `model`, or None where it would not be bit-exact."""
+    if any(_hooked(module) for module in model.modules()) or _global_hooks():
+        return None
+    if any("forward" in vars(module) for module in model.modules()):  # a wrapped forward
+        return None
+    model = _llama_under_lora(model)
     if type(model) is not LlamaForCausalLM or not supports_split(model):
         return None
     config = model.config
@@ -50,14 +56,42 @@ def lean_decode(model) -> LeanLlamaDecode | None:
     rotary = model.model.rotary_emb
     if rotary.rope_type != "default" or rotary.attention_scaling != 1.0:
         return None
-    if any(_hooked(module) for module in model.modules()) or _global_hooks():
-        return None
-    if any("forward" in vars(module) for module in model.modules()):  # a wrapped forward
-        return None
     if type(model.model.embed_tokens) is not nn.Embedding or not all(
             _plain_layer(layer) for layer in model.model.layers):
         return None
     return LeanLlamaDecode(model)
+
+
+def _llama_under_lora(model):
+    """A peft LoRA model's inner model (what its forward calls, `LoraModel.forward`); any other
+    model as it is."""
+    from peft import LoraConfig, PeftModel
+    from peft.tuners.lora import LoraModel
+
+    if not isinstance(model, PeftModel):
+        return model
+    if type(model.active_peft_config) is not LoraConfig or \
+            type(model.base_model) is not LoraModel:
+        return None
+    return model.base_model.model
+
+
+def _plain_linear(module) -> bool:
+    """nn.Linear, or peft's LoRA Linear computing base(x) + B(A(dropout(x))) * scaling exactly."""
+    from peft.tuners.lora.layer import Linear as LoraLinear
+
+    if type(module) is nn.Linear:
+        return True
+    if type(module) is not LoraLinear or module.merged or module.disable_adapters or \
+            module.lora_variant or len(module.active_adapters) != 1:
+        return False
+    name = module.active_adapters[0]
+    if name not in module.lora_A:
+        return False
+    parts = (module.base_layer, module.lora_A[name], module.lora_B[name])
+    return (all(type(part) is nn.Linear for part in parts)
+            and len({part.weight.dtype for part in parts}) == 1
+            and type(module.lora_dropout[name]) in (nn.Identity, nn.Dropout))
 
 
 def _plain_layer(layer) -> bool:
@@ -66,8 +100,8 @@ def _plain_layer(layer) -> bool:
             type(mlp) is not LlamaMLP:
         return False
     norms = (layer.input_layernorm, layer.post_attention_layernorm)
-    return (all(type(getattr(attention, n)) is nn.Linear for n in LINEARS)
-            and all(type(getattr(mlp, n)) is nn.Linear for n in MLP_LINEARS)
+    return (all(_plain_linear(getattr(attention, n)) for n in LINEARS)
+            and all(_plain_linear(getattr(mlp, n)) for n in MLP_LINEARS)
             and type(mlp.act_fn) in (nn.SiLU, SiLUActivation)
             and all(type(n) is LlamaRMSNorm for n in norms))
 
@@ -98,8 +132,26 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> tor
     return x * cos + torch.roll(x, x.shape[-1] // 2, -1) * signed_sin
 
 
-def _weights(module: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
-    return module.weight, module.bias
+def _projection(module) -> tuple:
+    """(weight, bias) of an nn.Linear; of a LoRA Linear, also its dropout, (A's weight, bias),
+    (B's weight, bias) and scaling."""
+    if type(module) is nn.Linear:
+        return module.weight, module.bias
+    name = module.active_adapters[0]
+    lora_a, lora_b = module.lora_A[name], module.lora_B[name]
+    return (module.base_layer.weight, module.base_layer.bias, module.lora_dropout[name],
+            (lora_a.weight, lora_a.bias), (lora_b.weight, lora_b.bias), module.scaling[name])
+
+
+def _project(x: torch.Tensor, projection: tuple) -> torch.Tensor:
+    """nn.Linear.forward, or peft's `lora.Linear.forward` operation for operation."""
+    result = F.linear(x, projection[0], projection[1])
+    if len(projection) == 2:
+        return result
+    dropout, lora_a, lora_b, scaling = projection[2:]
+    if type(dropout) is nn.Dropout:
+        x = F.dropout(x, dropout.p, dropout.training, dropout.inplace)
+    return result + F.linear(F.linear(x, *lora_a), *lora_b) * scaling
 
 
 class LeanLlamaDecode:
@@ -107,7 +159,7 @@ class LeanLlamaDecode:
     the cache's `update` and the split attention called as the model's layers call them. The
     weights are looked up once (a new one per sampler call: `lean_decode`)."""
 
-    def __init__(self, model: LlamaForCausalLM):
+    def __init__(self, model: LlamaForCausalLM):  # the Llama itself (under LoRA: its inner model)
         inner = model.model
         self.embed, self.rotary, self.head = inner.embed_tokens, inner.rotary_emb, model.lm_head
         self.norm = (inner.norm.weight, inner.norm.variance_epsilon)
@@ -118,10 +170,10 @@ class LeanLlamaDecode:
     def _layer(layer: LlamaDecoderLayer) -> tuple:
         attention, mlp = layer.self_attn, layer.mlp
         return ((layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon),
-                attention, [_weights(getattr(attention, n)) for n in LINEARS],
+                attention, [_projection(getattr(attention, n)) for n in LINEARS],
                 (layer.post_attention_layernorm.weight,
                  layer.post_attention_layernorm.variance_epsilon),
-                [_weights(getattr(mlp, n)) for n in MLP_LINEARS])
+                [_projection(getattr(mlp, n)) for n in MLP_LINEARS])
 
     def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor,
                  cache) -> torch.Tensor:
@@ -150,19 +202,19 @@ class LeanLlamaDecode:
                    cache) -> torch.Tensor:
         input_shape = hidden.shape[:-1]
         hidden_shape = (*input_shape, -1, attention.head_dim)
-        (wq, bq), (wk, bk), (wv, bv), (wo, bo) = linears
-        q = _rotate(F.linear(hidden, wq, bq).view(hidden_shape).transpose(1, 2), cos,
+        q_proj, k_proj, v_proj, o_proj = linears
+        q = _rotate(_project(hidden, q_proj).view(hidden_shape).transpose(1, 2), cos,
                     signed_sin)  # [S, H, 1, D]
-        k = _rotate(F.linear(hidden, wk, bk).view(hidden_shape).transpose(1, 2), cos,
+        k = _rotate(_project(hidden, k_proj).view(hidden_shape).transpose(1, 2), cos,
                     signed_sin)  # [S, H_kv, 1, D]
-        v = F.linear(hidden, wv, bv).view(hidden_shape).transpose(1, 2)
+        v = _project(hidden, v_proj).view(hidden_shape).transpose(1, 2)
         k, v = cache.update(k, v, attention.layer_idx)
         out, _ = split_attention_forward(attention, q, k, v, mask, dropout=0.0,
                                          scaling=attention.scaling)
         out = out.reshape(*input_shape, -1).contiguous()  # [S, 1, H * D]
-        return F.linear(out, wo, bo)
+        return _project(out, o_proj)
 
     @staticmethod
     def _mlp(linears: list, hidden: torch.Tensor) -> torch.Tensor:
-        (wg, bg), (wu, bu), (wd, bd) = linears
-        return F.linear(F.silu(F.linear(hidden, wg, bg)) * F.linear(hidden, wu, bu), wd, bd)
+        gate, up, down = linears
+        return _project(F.silu(_project(hidden, gate)) * _project(hidden, up), down)
