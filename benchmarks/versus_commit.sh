@@ -8,6 +8,8 @@
 #   e.g. benchmarks/versus_commit.sh /tmp/base runs/vs-base \
 #          examples/smollm2_reasoning_gym.yaml --training.max_steps 2 --checkpointing.save_every 2
 #
+# BASE_ARGS / HEAD_ARGS: more arguments for one side only (words), after the shared ones; e.g.
+# HEAD_ARGS="--sampling.micro_group 32" for this side at a setting the base did not have.
 # Both sides use this checkout's .venv (the same libraries); each side's own sources come first
 # on PYTHONPATH. CPU seconds (user + sys) are reported beside wall time (GNU time).
 set -euo pipefail
@@ -25,7 +27,9 @@ for i in "${!ARGS[@]}"; do  # a config file given relative to this checkout
     [[ -f "${ARGS[$i]}" ]] && ARGS[$i]=$(cd "$(dirname "${ARGS[$i]}")" && pwd)/$(basename "${ARGS[$i]}")
 done
 OUT=$(cd "$OUT" && pwd)
-run_side base "$BASE" 0 "${ARGS[@]}" & BASE_PID=$!
-run_side head "$HEAD" 1 "${ARGS[@]}" & HEAD_PID=$!
+# shellcheck disable=SC2086  # the one-side arguments are words
+run_side base "$BASE" 0 "${ARGS[@]}" ${BASE_ARGS:-} & BASE_PID=$!
+# shellcheck disable=SC2086
+run_side head "$HEAD" 1 "${ARGS[@]}" ${HEAD_ARGS:-} & HEAD_PID=$!
 wait $BASE_PID; wait $HEAD_PID
 "$PY" "$HEAD/benchmarks/versus_commit.py" "$OUT"
