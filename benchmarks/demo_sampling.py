@@ -18,7 +18,8 @@ import time
 
 import torch
 
-from infsamp.config import ModelConfig, SamplingConfig
+from infsamp.config import ModelConfig
+from infsamp.config_algorithm import SamplingConfig
 from infsamp.models.loading import load_model_and_tokenizer
 from infsamp.sampling.sampler import GroupSampler
 from infsamp.tasks.arithmetic import generate_problems

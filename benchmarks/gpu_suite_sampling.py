@@ -174,7 +174,7 @@ def slots_row(model, prompt: list[int], batch: int, new_tokens: int, deadline: f
 def chunked_head_switch():
     """(field name, on, off) of a TrainingConfig switch for the chunked LM head, by feature
     detection; None when no such field exists (issue 20 not landed)."""
-    from infsamp.config import TrainingConfig
+    from infsamp.config_algorithm import TrainingConfig
 
     for spec in dataclasses.fields(TrainingConfig):
         if "chunk" in spec.name or "lm_head" in spec.name:
@@ -215,7 +215,7 @@ def micro_batch_peak(model, profile, cfg, tokens: int) -> dict:
 
 
 def lm_head_cells(part: Part, shape) -> list:
-    from infsamp.config import TrainingConfig
+    from infsamp.config_algorithm import TrainingConfig
 
     profile = part.profile
     switch = chunked_head_switch()

@@ -76,7 +76,7 @@ def whole_step(model, plan, profile, prompt: list[int], deadline: float) -> dict
     """Warm-up step, then one measured GRPO step (sample G, train) at the plan's sizes."""
     from infsamp.algorithm.grpo_step import GRPOStep
     from infsamp.algorithm.optim import build_optimizer
-    from infsamp.config import TrainingConfig
+    from infsamp.config_algorithm import TrainingConfig
     from infsamp.planner import PRECISIONS
     from infsamp.planner.kv_budget import auto_budget_tokens
 

@@ -111,7 +111,7 @@ def child_step(model_dir: str) -> None:
 
     from infsamp.algorithm.grpo_step import GRPOStep
     from infsamp.algorithm.rollout import Rollout
-    from infsamp.config import TrainingConfig
+    from infsamp.config_algorithm import TrainingConfig
 
     torch.manual_seed(0)
     torch.set_num_threads(2)

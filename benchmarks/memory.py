@@ -182,7 +182,7 @@ def measure_sampling(model, case: Case) -> None:
     """G completions of one prompt, g at a time, through the project's sampler."""
     import torch
 
-    from infsamp.config import SamplingConfig
+    from infsamp.config_algorithm import SamplingConfig
     from infsamp.sampling.sampler import GroupSampler
 
     prompt = torch.randint(1, model.config.vocab_size, (case.max_prompt,)).tolist()
@@ -260,7 +260,7 @@ def train_phase(model, case: Case, meter: PeakMeter, precision: str) -> None:
     """A warm-up step on one short sequence creates the optimizer states (and compiles torchao's
     step); then the measured step."""
     from infsamp.algorithm.optim import build_optimizer
-    from infsamp.config import TrainingConfig
+    from infsamp.config_algorithm import TrainingConfig
     from infsamp.planner import PRECISIONS
 
     model.train()

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from infsamp.cli import main
-from infsamp.config import ModelConfig, SamplingConfig
+from infsamp.config import ModelConfig
+from infsamp.config_algorithm import SamplingConfig
 from infsamp.config_io import load_config
 from infsamp.models.loading import load_model_and_tokenizer, stop_token_ids
 from infsamp.rewards.builtin import format_reward

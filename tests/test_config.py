@@ -4,8 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from infsamp.config import Config, ConfigError, parse_size
+from infsamp.config import Config
 from infsamp.config_io import load_config, save_config
+from infsamp.options import ConfigError, parse_size
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 

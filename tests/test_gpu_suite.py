@@ -182,7 +182,7 @@ def test_cpu_smoke_runs_the_whole_plan(tmp_path):
 def test_the_chunked_lm_head_is_found_by_its_config_switch(monkeypatch):
     import dataclasses
 
-    import infsamp.config
+    import infsamp.config_algorithm
 
     from gpu_suite_sampling import chunked_head_switch
 
@@ -201,5 +201,5 @@ def test_the_chunked_lm_head_is_found_by_its_config_switch(monkeypatch):
 
     for config, found in ((WithBool, ("chunked_lm_head", True, False)),
                           (WithRows, ("logits_chunk_rows", 1024, 0)), (Without, None)):
-        monkeypatch.setattr(infsamp.config, "TrainingConfig", config)
+        monkeypatch.setattr(infsamp.config_algorithm, "TrainingConfig", config)
         assert chunked_head_switch() == found

@@ -2,7 +2,8 @@
 itself back through others. Every import counts, including those inside functions (they run
 later, but they are still a dependency).
 
-    errors, hub, files, console, timing, checkpoint_folders < choices < config
+    errors, hub, files, console, timing, checkpoint_folders, options < choices
+      < config, config_algorithm
       < config_io, planner, tasks, models < sampling, rewards < tools < distributed < algorithm
       < run
       < commands, integrations, cli
@@ -19,9 +20,10 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "infsamp"
 
 LAYERS = [
-    {"errors", "hub", "files", "console", "timing", "checkpoint_folders", "__init__"},
+    {"errors", "hub", "files", "console", "timing", "checkpoint_folders", "options",
+     "__init__"},
     {"choices"},
-    {"config"},
+    {"config", "config_algorithm"},
     {"config_io", "planner", "tasks", "models"},
     {"sampling", "rewards"},
     {"tools"},

@@ -12,8 +12,8 @@ import importlib
 import os
 import sys
 
-from infsamp.config import ConfigError
 from infsamp.errors import InfsampError, RunStopped
+from infsamp.options import ConfigError
 
 SUBCOMMANDS = {
     "train": "GRPO training (no arguments: the embedded demo)",

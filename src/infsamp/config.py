@@ -1,13 +1,14 @@
 """The single source of configuration: a tree of dataclasses.
 
 YAML files and command-line flags (`--training.learning_rate 1e-5`) are both derived from this tree;
-each option's help text lives in its field's metadata and nowhere else. `Config.validate` checks
-values and raises `ConfigError` with one line that names the offending key; reading YAML files and
-flags into the tree is `config_io.py`. Validation looks at the settings alone: a choice is checked
-against the names in `infsamp.choices` (the registries' code is never imported here), and what
-needs this machine (a CUDA device, an installed library, the model's layer names, the precision a
-device computes) is checked by the code that uses it, before anything loads
-(`infsamp.run.setup.check_environment`).
+each option's help text and bounds live in its field's metadata and nowhere else (`opt`,
+`options.py`, which also checks them). `Config.validate` checks values and raises `ConfigError`
+with one line that names the offending key. The sampling and training sections are
+`config_algorithm.py`; reading YAML files and flags into the tree is `config_io.py`.
+Validation looks at the settings alone: a choice is checked against the names in
+`infsamp.choices` (the registries' code is never imported here), and what needs this machine (a
+CUDA device, an installed library, the model's layer names, the precision a device computes) is
+checked by the code that uses it, before anything loads (`infsamp.run.setup.check_environment`).
 
 Deliberately simple: no interpolation, no includes; lists are given in YAML or as comma-separated
 strings on the command line.
@@ -16,8 +17,6 @@ strings on the command line.
 from __future__ import annotations
 
 import dataclasses
-import math
-import operator
 import os
 import re
 from dataclasses import dataclass, field
@@ -25,24 +24,21 @@ from pathlib import Path
 from typing import Any
 
 from infsamp import choices
-from infsamp.errors import InfsampError
+from infsamp.config_algorithm import SamplingConfig, TrainingConfig
 from infsamp.hub import looks_like_path
+from infsamp.options import (
+    MAX_GENERATED_EXAMPLES,
+    ConfigError,
+    opt,
+    require,
+    require_bounded,
+    require_finite,
+    require_limits,
+)
 
 EMBEDDED_MODEL = "embedded"
 EMBEDDED_TASK = "embedded:arithmetic"
 REASONING_GYM_PREFIX = "reasoning_gym:"
-DYNAMIC_CAP_FACTOR = 4  # sampling.max_num_generations 0: this many times num_generations
-
-
-class ConfigError(InfsampError, ValueError):
-    """A configuration problem, reported as one line naming the key."""
-
-
-def opt(default: Any, help: str, **kw: Any) -> Any:
-    """A config field with its help text (the one place the help lives)."""
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda d=default: type(d)(d), metadata={"help": help, **kw})
-    return field(default=default, metadata={"help": help, **kw})
 
 
 @dataclass
@@ -71,20 +67,20 @@ class ModelConfig:
                                   "read (false: such a folder is refused in one line)")
 
     def validate(self) -> None:
-        _require_limits("model", self)
-        _require(not self.load_in_4bit or self.lora_rank > 0, "model.load_in_4bit",
+        require_limits("model", self)
+        require(not self.load_in_4bit or self.lora_rank > 0, "model.load_in_4bit",
                  self.load_in_4bit, "trains LoRA adapters over the 4-bit base: set "
                  "model.lora_rank (e.g. 16)")
-        _require(len(self.lora_target_modules) > 0, "model.lora_target_modules",
+        require(len(self.lora_target_modules) > 0, "model.lora_target_modules",
                  self.lora_target_modules, "needs at least one module name (or all-linear)")
         attn = self.attn_implementation
-        _require(attn in ATTN_IMPLEMENTATIONS or ("/" in attn and not looks_like_path(attn)),
+        require(attn in ATTN_IMPLEMENTATIONS or ("/" in attn and not looks_like_path(attn)),
                  "model.attn_implementation", attn,
                  f"must be one of {', '.join(ATTN_IMPLEMENTATIONS)} (or a kernels hub id)")
-        _require(DEVICE_PATTERN.fullmatch(self.device) is not None, "model.device", self.device,
+        require(DEVICE_PATTERN.fullmatch(self.device) is not None, "model.device", self.device,
                  "must be auto, cpu or cuda[:N]")
         if self.name_or_path != EMBEDDED_MODEL and looks_like_path(self.name_or_path):
-            _require(Path(self.name_or_path).expanduser().exists(), "model.name_or_path",
+            require(Path(self.name_or_path).expanduser().exists(), "model.name_or_path",
                      self.name_or_path, "path does not exist")
 
 
@@ -131,27 +127,27 @@ class DataConfig:
                                at_least=0, below=1)
 
     def validate(self) -> None:
-        _require_limits("data", self)
+        require_limits("data", self)
         reserved = set(self.chat_template_kwargs) & TEMPLATE_ARGUMENTS
-        _require(not reserved, "data.chat_template_kwargs", self.chat_template_kwargs,
+        require(not reserved, "data.chat_template_kwargs", self.chat_template_kwargs,
                  f"{', '.join(sorted(reserved))} is set by infsamp, not by the recipe")
-        _require(0 <= self.num_eval_examples <= MAX_GENERATED_EXAMPLES, "data.num_eval_examples",
+        require(0 <= self.num_eval_examples <= MAX_GENERATED_EXAMPLES, "data.num_eval_examples",
                  self.num_eval_examples, f"must be between 0 and {MAX_GENERATED_EXAMPLES:,}")
-        _require(0 < self.num_train_examples <= MAX_GENERATED_EXAMPLES,
+        require(0 < self.num_train_examples <= MAX_GENERATED_EXAMPLES,
                  "data.num_train_examples", self.num_train_examples,
                  f"must be between 1 and {MAX_GENERATED_EXAMPLES:,}")
-        _require(0 <= self.seed < 2**32, "data.seed", self.seed, "must be in [0, 2**32)")
+        require(0 <= self.seed < 2**32, "data.seed", self.seed, "must be in [0, 2**32)")
         _check_example_turns(self.example_turns)
         task_source = self.dataset.startswith(("embedded:", REASONING_GYM_PREFIX))
         if not task_source and looks_like_path(self.dataset):
-            _require(Path(self.dataset).expanduser().exists(), "data.dataset", self.dataset,
+            require(Path(self.dataset).expanduser().exists(), "data.dataset", self.dataset,
                      "path does not exist")
         if self.dataset.startswith(REASONING_GYM_PREFIX):
-            _require(isinstance(self.dataset_config, dict) or not self.dataset_config,
+            require(isinstance(self.dataset_config, dict) or not self.dataset_config,
                      "data.dataset_config", self.dataset_config, "reasoning_gym tasks take a "
                      "mapping of the task's options, e.g. {min_terms: 2, max_terms: 2}")
         else:
-            _require(not isinstance(self.dataset_config, dict), "data.dataset_config",
+            require(not isinstance(self.dataset_config, dict), "data.dataset_config",
                      self.dataset_config, "a mapping is for reasoning_gym:NAME tasks; a datasets "
                      "source takes a config name")
 
@@ -164,17 +160,17 @@ def _check_example_turns(turns: list[dict[str, Any]]) -> None:
     only after an assistant or tool turn."""
     key = "data.example_turns"
     for index, turn in enumerate(turns):
-        _require(set(turn) == {"role", "content"}, f"{key}[{index}]", turn,
+        require(set(turn) == {"role", "content"}, f"{key}[{index}]", turn,
                  "a turn is {role: ..., content: ...}")
-        _require(turn["role"] in EXAMPLE_ROLES, f"{key}[{index}].role", turn["role"],
+        require(turn["role"] in EXAMPLE_ROLES, f"{key}[{index}].role", turn["role"],
                  f"must be one of {', '.join(EXAMPLE_ROLES)}")
-        _require(isinstance(turn["content"], str), f"{key}[{index}].content", turn["content"],
+        require(isinstance(turn["content"], str), f"{key}[{index}].content", turn["content"],
                  "must be text")
         after = turns[index - 1]["role"] if index else ""
-        _require(turn["role"] != "tool" or after in ("assistant", "tool"), f"{key}[{index}]",
+        require(turn["role"] != "tool" or after in ("assistant", "tool"), f"{key}[{index}]",
                  turn, "a tool turn answers the assistant turn before it")
     roles = [turn["role"] for turn in turns]
-    _require(not roles or (roles[0] == "user" and roles[-1] == "assistant"), key, roles,
+    require(not roles or (roles[0] == "user" and roles[-1] == "assistant"), key, roles,
              "starts with a user turn and ends with an assistant turn (the question follows)")
 
 
@@ -207,10 +203,10 @@ class RewardsConfig:
                                  choices=choices.ANSWER_EXTRACTIONS)
 
     def validate(self) -> None:
-        _require_limits("rewards", self)
-        _require(len(self.functions) > 0, "rewards.functions", self.functions,
+        require_limits("rewards", self)
+        require(len(self.functions) > 0, "rewards.functions", self.functions,
                  "needs at least one function")
-        _require(not self.weights or len(self.weights) == len(self.functions), "rewards.weights",
+        require(not self.weights or len(self.weights) == len(self.functions), "rewards.weights",
                  self.weights, f"needs {len(self.functions)} values, one per function")
 
 
@@ -235,192 +231,11 @@ class ToolsConfig:
         return bool(self.functions or self.environment_factory)
 
     def validate(self) -> None:
-        _require_limits("tools", self)
+        require_limits("tools", self)
         named = [("tools.functions", spec) for spec in self.functions]
         for key, spec in [*named, ("tools.environment_factory", self.environment_factory)]:
-            _require(not spec or ":" in spec.strip(":"), key, spec,
+            require(not spec or ":" in spec.strip(":"), key, spec,
                      "give 'module:name' or 'file.py:name'")
-
-
-@dataclass
-class SamplingConfig:
-    num_generations: int = opt(8, "G: completions sampled per prompt (the group size)")
-    policy: str = opt("continuous", "full, rounds, continuous, length_aware or probe (more "
-                      "samples than g start as short probes inside the same KV budget)")
-    micro_group: int = opt(16, "g: samples decoded at once (slots); 0 derives it from kv_budget",
-                           at_least=0)
-    kv_budget: str = opt("auto", "KV-cache budget: tokens (8192), bytes ('2GiB') or auto")
-    max_new_tokens: int = opt(256, "maximum completion length in tokens", above=0)
-    temperature: float = opt(0.7, "sampling temperature (0 = greedy)", at_least=0)
-    top_p: float = opt(1.0, "nucleus sampling threshold", above=0, at_most=1)
-    top_k: int = opt(0, "top-k sampling (0 = off)", at_least=0)
-    predictor: str = opt("online", "length predictor for length_aware and probe: online (prompt "
-                                   "features and the first tokens), hidden (a probe on the "
-                                   "policy's own hidden states; slot engine) or none")
-    predictor_prefix_tokens: int = opt(8, "k: a running sample's remaining length is re-predicted "
-                                          "every k generated tokens", at_least=0)
-    preempt: bool = opt(True, "length_aware: after a sample's first k tokens, park it (tokens "
-                              "kept, KV kept or recomputed) when it is predicted much shorter "
-                              "than a waiting one, which takes its slot")
-    max_turns: int = opt(4, "tool calls (turns that end in one) an episode may make; the "
-                         "episode's tokens, the model's and the tools' answers, stay within "
-                         "max_new_tokens (TRL's max_tool_calling_iterations)", at_least=0)
-    probe_tokens: int = opt(12, "probe: KV tokens a new sample first reserves; at that many "
-                            "tokens it is given its whole reservation, or parked (KV dropped)",
-                            at_least=1)
-    refill: str = opt("auto",
-                      "runtime refill order for length_aware: auto (= "
-                      "ljf, measured best), sjf, ljf")
-    grouping_epsilon: float = opt(0.1,
-                                  "FPTAS epsilon of the global grouping "
-                                  "(smaller: closer to optimal)", above=0)
-    engine: str = opt(
-        "auto", "decoding engine: slots (infsamp's slot engine over the transformers model), vllm "
-        "(vLLM in the trainer's process), auto (vllm where it is installed and the model is on a "
-        "CUDA GPU, else slots)", choices=("auto", *choices.ENGINES))
-    vllm_sleep: str = opt(
-        "auto", "vllm engine: free GPU memory while training (vLLM sleep mode): off, offload "
-        "(weights to CPU, KV pool freed), discard (weights and KV pool freed; the weights are "
-        "pushed again after the optimizer step), auto (discard on CUDA, off on CPU)",
-        choices=("auto", "off", "offload", "discard"))
-    vllm_importance_sampling: str = opt(
-        "token_truncate", "vllm engine: correct the loss for vLLM's log-prob mismatch with "
-        "capped weights exp(old - vllm): token_truncate, token_mask, sequence_truncate, "
-        "sequence_mask (as TRL) or off",
-        choices=("token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "off"))
-    vllm_importance_sampling_cap: float = opt(
-        3.0, "vllm engine: the cap of those weights (TRL's C_max)", at_least=1,
-        hint="a weight of 1: no correction")
-    dynamic: bool = opt(False, "dynamic sampling: a prompt whose G rewards all tie gets more "
-                        "completions, a chunk per sampler call, up to max_num_generations; one "
-                        "still without spread there is dropped from the update and replaced by "
-                        "the next prompt of the stream (run/dynamic_sampling.py). The KV budget "
-                        "and g do not change")
-    max_num_generations: int = opt(0, "dynamic: the most completions one prompt gets (0: "
-                                   f"{DYNAMIC_CAP_FACTOR} x num_generations)", at_least=0,
-                                   hint=f"0: {DYNAMIC_CAP_FACTOR} x num_generations")
-    dynamic_chunk: int = opt(0, "dynamic: completions added to an undecided prompt per round "
-                             "(0: num_generations)", at_least=0, hint="0: num_generations")
-    max_replaced_prompts: int = opt(-1, "dynamic: prompts dropped without spread that are "
-                                    "replaced per step (-1: training.prompts_per_step; 0: none)",
-                                    at_least=-1, hint="-1: training.prompts_per_step")
-
-    def validate(self) -> None:
-        _require_limits("sampling", self)
-        _require(self.num_generations >= 2, "sampling.num_generations", self.num_generations,
-                 "must be >= 2 (GRPO compares samples within a group)")
-        _require(self.engine != "vllm" or self.temperature <= VLLM_MAX_TEMPERATURE,
-                 "sampling.temperature", self.temperature,
-                 f"must be <= {VLLM_MAX_TEMPERATURE:g} with sampling.engine vllm (vLLM's limit); "
-                 "sampling.engine slots samples at any temperature")
-        _check_choice("sampling.policy", self.policy, choices.POLICIES)
-        _require(self.predictor in choices.TRAINING_PREDICTORS, "sampling.predictor",
-                 self.predictor, f"must be {' or '.join(choices.TRAINING_PREDICTORS)} (oracle "
-                 "and noisy know the true lengths: bench and simulate only)")
-        _check_choice("sampling.refill", self.refill, ("auto", *choices.REFILL_ORDERS))
-        for name in ("engine", "vllm_sleep", "vllm_importance_sampling"):
-            allowed = _field(SamplingConfig, name).metadata["choices"]
-            _require(getattr(self, name) in allowed, f"sampling.{name}", getattr(self, name),
-                     f"must be one of {', '.join(allowed)}")
-        if self.kv_budget != "auto":
-            try:
-                parse_size(self.kv_budget)
-            except ValueError as err:
-                raise ConfigError(f"sampling.kv_budget: {err}") from None
-        self._validate_dynamic()
-
-    def _validate_dynamic(self) -> None:
-        _require(not self.dynamic or self.generations_cap >= self.num_generations,
-                 "sampling.max_num_generations", self.max_num_generations,
-                 f"must be >= sampling.num_generations ({self.num_generations}) with "
-                 "sampling.dynamic")
-
-    @property
-    def generations_cap(self) -> int:
-        """dynamic: the most completions one prompt gets (`max_num_generations`, resolved)."""
-        return self.max_num_generations or DYNAMIC_CAP_FACTOR * self.num_generations
-
-    @property
-    def chunk_generations(self) -> int:
-        """dynamic: completions one round adds to an undecided prompt (resolved)."""
-        return self.dynamic_chunk or self.num_generations
-
-
-@dataclass
-class TrainingConfig:
-    max_steps: int = opt(90, "optimizer steps to run", above=0)
-    prompts_per_step: int = opt(4, "prompts per step; each is sampled G times", above=0)
-    learning_rate: float = opt(5e-5, "peak learning rate", at_least=0)
-    lr_scheduler: str = opt("constant_with_warmup",
-                            "transformers scheduler name (cosine, linear, constant...)")
-    warmup_ratio: float = opt(0.05, "fraction of steps spent warming up", at_least=0, below=1)
-    weight_decay: float = opt(0.0, "AdamW weight decay", at_least=0)
-    adam_beta1: float = opt(0.9, "AdamW beta1", at_least=0, below=1)
-    adam_beta2: float = opt(0.99, "AdamW beta2", at_least=0, below=1)
-    optimizer: str = opt("adamw", "adamw, adamw8bit (8-bit states: bitsandbytes on CUDA, torchao "
-                         "elsewhere and for bf16 weights) or sgd")
-    max_grad_norm: float = opt(1.0, "gradient clipping norm (0 = off)", at_least=0)
-    loss_type: str = opt("dapo", "loss: grpo, dr_grpo, dapo, bnpo, gspo, cispo "
-                                 "(README: when to use which)")
-    scale_rewards: str = opt("group", "advantage scaling: group, batch, none")
-    beta: float = opt(0.0, "KL coefficient to the reference model (0: no reference)", at_least=0)
-    epsilon: float = opt(0.0, "lower clip range of the ratio (0: the loss type's default, "
-                              "0.2; gspo 3e-4)", at_least=0)
-    epsilon_high: float = opt(0.0, "upper clip range (0: the loss type's default: gspo 4e-4, "
-                                   "cispo 5.0 (cispo caps the ratio itself), others = epsilon)",
-                               at_least=0)
-    mask_truncated_completions: bool = opt(False, "completions cut at sampling.max_new_tokens "
-                                                  "carry no loss (DAPO)")
-    top_entropy_quantile: float = opt(1.0, "only this top fraction of the step's tokens by "
-                                           "entropy carries policy loss (0.2 in 'Beyond the "
-                                           "80/20 Rule'; 1.0: all)", above=0, at_most=1,
-                                      hint="1.0: every token")
-    num_iterations: int = opt(1, "optimisation passes over each sampled batch (mu)", at_least=1)
-    train_micro_batch_tokens: int = opt(0,
-                                        "tokens per training "
-                                        "micro-batch; 0 = auto from the planner", at_least=0)
-    chunked_lm_head: bool = opt(True, "log-probs from the final hidden states with the LM head "
-                                "applied per chunk (no [tokens x vocabulary] logits); false: the "
-                                "model's full logits, as before (more memory; the planner "
-                                "assumes true)")
-    share_prompt: bool = opt(True, "training forwards each group's prompt once, its completions "
-                             "packed behind it with a block attention mask "
-                             "(algorithm/shared_prompt.py); same log-probs and gradients. Runs "
-                             "unshared where the model's attention takes no custom 4D mask "
-                             "(flash_attention_2, kernels hub ids, models without a transformers "
-                             "config)")
-    seed: int = opt(0, "seed for sampling, shuffling and initialisation")
-    num_threads: int = opt(0,
-                           "torch CPU threads (0: auto, 1 on CPU for models under 50M parameters)",
-                           at_least=0, at_most=4096)
-    nonfinite: str = opt("stop", "a NaN/inf loss, gradient norm or reward: stop (one line naming "
-                         "step and quantity, nothing applied or saved) or skip the update "
-                         "(counted as train/skipped_updates)", choices=("stop", "skip"))
-    completions_per_step: int = opt(0, "a fixed sampling budget (needs sampling.dynamic): the "
-                                    "step samples at most this many completions, G per prompt "
-                                    "first, the rest in chunks to the prompts whose rewards still "
-                                    "tie (none to decided ones), so runs compare at equal "
-                                    "sampling cost (0: off)", at_least=0, hint="0: off")
-    micro_batch_memory: str = opt("total", "memory the planner sizes the training micro-batch "
-                                  "for: total (the device's total memory: the same command gives "
-                                  "the same weights) or auto (memory free at start: results vary "
-                                  "with the machine's load)", choices=("total", "auto"))
-    precision: str = opt("auto", "fp32; mixed (fp32 master weights and states, bf16 autocast); "
-                         "bf16 (bf16 weights, stochastically rounded updates); bf16_lossy (plain "
-                         "AdamW on bf16: loses updates); auto: fp32 on CPU, bf16 on GPU. LoRA "
-                         "adapters are fp32 in every mode")
-
-    def validate(self) -> None:
-        _require_limits("training", self)
-        _check_choice("training.loss_type", self.loss_type, choices.LOSS_TYPES)
-        # epsilon / epsilon_high 0 -> the loss type's defaults, written back (config.yaml)
-        self.epsilon, self.epsilon_high = choices.clip_range(self.loss_type, self.epsilon,
-                                                             self.epsilon_high)
-        _check_choice("training.scale_rewards", self.scale_rewards, choices.REWARD_SCALERS)
-        _check_choice("training.optimizer", self.optimizer, choices.OPTIMIZERS)
-        _require(0 <= self.seed < 2**32, "training.seed", self.seed, "must be in [0, 2**32)")
-        _check_choice("training.lr_scheduler", self.lr_scheduler, tuple(choices.LR_SCHEDULERS))
-        _check_choice("training.precision", self.precision, choices.PRECISION_CHOICES)
 
 
 @dataclass
@@ -446,7 +261,7 @@ class EvalConfig:
                                       "solved), for per-problem comparisons between steps")
 
     def validate(self) -> None:
-        _require_limits("eval", self)
+        require_limits("eval", self)
 
 
 @dataclass
@@ -465,12 +280,12 @@ class LoggingConfig:
                                  at_least=0, hint="0: never")
 
     def validate(self) -> None:
-        _require_limits("logging", self)
+        require_limits("logging", self)
         _check_output_dir(self.output_dir)
-        _require(bool(self.project.strip()), "logging.project", self.project,
+        require(bool(self.project.strip()), "logging.project", self.project,
                  "must name a tracker project")
         problem = choices.tracker_problem(self.report_to)
-        _require(problem is None, "logging.report_to", self.report_to, problem or "")
+        require(problem is None, "logging.report_to", self.report_to, problem or "")
 
 
 @dataclass
@@ -490,13 +305,13 @@ class CheckpointConfig:
                          "metric_for_best_model); empty: off")
 
     def validate(self) -> None:
-        _require_limits("checkpointing", self)
-        _require(not self.keep_best or self.keep_best.startswith("eval/"),
+        require_limits("checkpointing", self)
+        require(not self.keep_best or self.keep_best.startswith("eval/"),
                  "checkpointing.keep_best", self.keep_best,
                  "must name an eval.jsonl metric: eval/accuracy, eval/reward or "
                  "eval/rewards/NAME/mean")
         if self.resume not in ("", "latest", "auto"):
-            _require(Path(self.resume).is_dir(), "checkpointing.resume", self.resume,
+            require(Path(self.resume).is_dir(), "checkpointing.resume", self.resume,
                      "must be latest, auto or a checkpoint folder that exists")
 
 
@@ -520,7 +335,7 @@ class DistributedConfig:
                                      "config, else true", choices=("auto", "true", "false"))
 
     def validate(self) -> None:
-        _require_limits("distributed", self)
+        require_limits("distributed", self)
 
 
 @dataclass
@@ -538,17 +353,17 @@ class Config:
 
     def validate(self) -> Config:
         for section in dataclasses.fields(self):
-            _require_finite(section.name, getattr(self, section.name))
-            _require_bounded(section.name, getattr(self, section.name))
+            require_finite(section.name, getattr(self, section.name))
+            require_bounded(section.name, getattr(self, section.name))
             getattr(self, section.name).validate()
-        _require(not self.checkpointing.keep_best or self.eval.num_problems > 0,
+        require(not self.checkpointing.keep_best or self.eval.num_problems > 0,
                  "checkpointing.keep_best", self.checkpointing.keep_best,
                  "needs evaluations (eval.num_problems > 0)")
         self._validate_sample_budget()
-        _require(not (self.distributed.strategy == "fsdp" and self.model.lora_rank > 0),
+        require(not (self.distributed.strategy == "fsdp" and self.model.lora_rank > 0),
                  "distributed.strategy", self.distributed.strategy,
                  "fsdp shards full fine-tuning; with LoRA (model.lora_rank > 0) use ddp")
-        _require(not (self.sampling.dynamic and self.tools.enabled), "sampling.dynamic",
+        require(not (self.sampling.dynamic and self.tools.enabled), "sampling.dynamic",
                  self.sampling.dynamic, "is not yet combined with tools (tools.functions / "
                  "tools.environment_factory): an episode's chunks would need their own "
                  "environments; use one or the other")
@@ -559,9 +374,9 @@ class Config:
                                                              * self.sampling.num_generations)
         if not budget:
             return
-        _require(self.sampling.dynamic, "training.completions_per_step", budget,
+        require(self.sampling.dynamic, "training.completions_per_step", budget,
                  "spreads completions by observed spread: set sampling.dynamic true")
-        _require(budget >= first, "training.completions_per_step", budget,
+        require(budget >= first, "training.completions_per_step", budget,
                  f"must be >= prompts_per_step x num_generations ({first}): every prompt's "
                  "first chunk")
 
@@ -571,111 +386,20 @@ class Config:
 
 # ---------------------------------------------------------------- helpers
 
-
-def _require(ok: bool, key: str, value: Any, why: str) -> None:
-    if not ok:
-        raise ConfigError(f"{key}: {why} (got {value!r})")
-
-
-MAX_INTEGER = 2**32 - 1  # every integer option: sizes, counts, steps and seeds fit 32 bits
-# problems a task generates per split: 1e5 embedded ones take 1.8 CPU s, 1e4 of reasoning-gym's
-# basic_arithmetic 0.9 s (2026-12-02); a million is a minute or two, more never starts
-MAX_GENERATED_EXAMPLES = 1_000_000
-MAX_DURATION_S = 7 * 24 * 3600.0  # every option in seconds (*_s): the OS's waits take a week
-
-
-LIMITS = {"at_least": (operator.ge, ">=", "["), "above": (operator.gt, ">", "("),
-          "at_most": (operator.le, "<=", "]"), "below": (operator.lt, "<", ")")}
-
-
-def _require_limits(section_name: str, section: Any) -> None:
-    """Each option's own bounds, given beside its help (`opt(..., at_least=0, below=1)`): one
-    reads 'must be >= 0', two 'must be in [0, 1)'; `hint` says what a bound value means."""
-    for f in dataclasses.fields(section):
-        bounds = {name: f.metadata[name] for name in LIMITS if name in f.metadata}
-        if not bounds:
-            continue
-        value, hint = getattr(section, f.name), f.metadata.get("hint")
-        if len(bounds) == 2:
-            (low_name, low), (high_name, high) = bounds.items()
-            why = f"must be in {LIMITS[low_name][2]}{low}, {high}{LIMITS[high_name][2]}"
-        else:
-            ((name, limit),) = bounds.items()
-            why = f"must be {LIMITS[name][1]} {limit}"
-        _require(all(LIMITS[name][0](value, limit) for name, limit in bounds.items()),
-                 f"{section_name}.{f.name}", value, f"{why} ({hint})" if hint else why)
-
-
-def _require_bounded(section_name: str, section: Any) -> None:
-    """Every integer option within +-MAX_INTEGER, every duration within MAX_DURATION_S: beyond
-    them a value is a typo, and the libraries below would overflow or never end."""
-    for f in dataclasses.fields(section):
-        value, key = getattr(section, f.name), f"{section_name}.{f.name}"
-        if isinstance(value, int) and not isinstance(value, bool):
-            _require(abs(value) <= MAX_INTEGER, key, value,
-                     f"must be between -{MAX_INTEGER} and {MAX_INTEGER}")
-        if f.name.endswith("_s") and isinstance(value, (int, float)):
-            _require(value <= MAX_DURATION_S, key, value,
-                     f"must be at most {MAX_DURATION_S:.0f} seconds (a week)")
-
-
-def _require_finite(section_name: str, section: Any) -> None:
-    """Every float option (and float list item) is finite: NaN and inf are never settings."""
-    for f in dataclasses.fields(section):
-        value = getattr(section, f.name)
-        for item in value if isinstance(value, list) else [value]:
-            if isinstance(item, float):
-                _require(math.isfinite(item), f"{section_name}.{f.name}", value,
-                         "must be a finite number")
-
-
-VLLM_MAX_TEMPERATURE = 2.0  # vLLM's SamplingParams refuses more (checked with the config)
-
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(?::\d+)?")
 
 
 def _check_output_dir(output_dir: str) -> None:
     """The run folder is a folder (or can become one) that we may write."""
-    _require(output_dir.strip() != "", "logging.output_dir", output_dir, "must name a folder")
+    require(output_dir.strip() != "", "logging.output_dir", output_dir, "must name a folder")
     path = Path(output_dir)
     for link in (p for p in [*reversed(path.parents), path] if p.is_symlink() and not p.exists()):
         raise ConfigError(f"logging.output_dir: {link} is a symbolic link to "
                           f"{os.readlink(link)}, which does not exist (create that folder, or "
                           f"remove the link) (got {output_dir!r})")
     existing = next(p for p in [path, *path.parents] if p.exists())
-    _require(existing.is_dir(), "logging.output_dir", output_dir,
+    require(existing.is_dir(), "logging.output_dir", output_dir,
              "is a file, not a folder" if existing == path else f"{existing} is a file")
-    _require(os.access(existing, os.W_OK | os.X_OK), "logging.output_dir", output_dir,
+    require(os.access(existing, os.W_OK | os.X_OK), "logging.output_dir", output_dir,
              f"{existing} is not writable")
-
-
-def _check_choice(key: str, value: str, names: tuple[str, ...]) -> None:
-    _require(value in names, key, value, f"must be one of {', '.join(sorted(names))}")
-
-
-_SIZE_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9,
-               "t": 1e12, "tb": 1e12, "p": 1e15, "pb": 1e15, "kib": 2**10, "mib": 2**20,
-               "gib": 2**30, "tib": 2**40, "pib": 2**50}
-
-
-def parse_size(text: str | int) -> int:
-    """'2GiB' -> bytes; a bare number stays a number (tokens or bytes, as the caller decides)."""
-    if isinstance(text, int):
-        return text
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
-    if not match or match.group(2).lower() not in _SIZE_UNITS:
-        raise ValueError(f"cannot read size {text!r} (use e.g. 8192, 512MiB, 2GiB, 24GB)")
-    value = float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()]
-    if value <= 0:
-        raise ValueError(f"size must be positive (got {text!r})")
-    return int(value)
-
-
-def size_is_bytes(text: str) -> bool:
-    """True when a size string carries a unit ('2GiB'), False for a bare token count ('8192')."""
-    return bool(re.search(r"[A-Za-z]", str(text)))
-
-
-def _field(cls: type, name: str) -> dataclasses.Field:
-    return next(f for f in dataclasses.fields(cls) if f.name == name)

@@ -15,8 +15,9 @@ from typing import Any
 
 import yaml
 
-from infsamp.config import Config, ConfigError, _field
+from infsamp.config import Config
 from infsamp.files import write_text
+from infsamp.options import ConfigError, option_field
 
 
 def _coerce(value: Any, annotation: Any, key: str) -> Any:
@@ -105,7 +106,7 @@ def apply_overrides(cfg: Config, overrides: dict[str, Any]) -> Config:
         hints = typing.get_type_hints(type(section))
         if name not in hints:
             raise ConfigError(f"{key}: unknown key (known in {section_name}: {', '.join(hints)})")
-        choices = _field(type(section), name).metadata.get("choices")
+        choices = option_field(type(section), name).metadata.get("choices")
         converted = _coerce(value, hints[name], key)
         if choices and converted not in choices:
             raise ConfigError(f"{key}: must be one of {', '.join(choices)} (got {converted!r})")

@@ -8,7 +8,7 @@ from infsamp.algorithm.grpo_step import GRPOStep
 from infsamp.algorithm.logprobs import plan_sequence_batches, sequence_logprobs_and_entropy
 from infsamp.algorithm.losses import LOSS_TYPES
 from infsamp.algorithm.rollout import Rollout
-from infsamp.config import TrainingConfig
+from infsamp.config_algorithm import TrainingConfig
 
 from test_logprobs import PAD, random_batch, tiny_model
 

@@ -11,7 +11,7 @@ from infsamp.algorithm.grpo_step import GRPOStep
 from infsamp.algorithm.importance import IS_MODES, MismatchStats, engine_importance_weights
 from infsamp.algorithm.logprobs import sequence_logprobs
 from infsamp.algorithm.rollout import Rollout
-from infsamp.config import TrainingConfig
+from infsamp.config_algorithm import TrainingConfig
 
 OLD = torch.tensor([[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
 ENGINE = torch.tensor([[0.0, -0.5, -2.0], [0.1, 0.0, -3.0]])  # old - engine: 0 .5 2 | -.1 0 3

@@ -13,7 +13,8 @@ from infsamp.algorithm.grpo_step import GRPOStep
 from infsamp.algorithm.logprobs import completion_logprobs, make_micro_batch
 from infsamp.algorithm.losses import LOSS_TYPES
 from infsamp.algorithm.rollout import Rollout
-from infsamp.config import ModelConfig, TrainingConfig
+from infsamp.config import ModelConfig
+from infsamp.config_algorithm import TrainingConfig
 
 from test_logprobs import PAD, VOCAB, random_batch, tiny_model
 

@@ -11,7 +11,7 @@ from infsamp.algorithm.grpo_step import GRPOStep
 from infsamp.algorithm.losses import LOSS_TYPES
 from infsamp.algorithm.rollout import Rollout
 from infsamp.algorithm.shared_prompt import LAYOUTS, plan_shared_batches
-from infsamp.config import TrainingConfig
+from infsamp.config_algorithm import TrainingConfig
 
 from test_logprobs import PAD, random_batch, tiny_model
 

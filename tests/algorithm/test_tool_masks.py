@@ -20,7 +20,7 @@ from infsamp.algorithm.losses import (
 from infsamp.algorithm.rollout import Rollout
 from infsamp.algorithm.shared_prompt import LAYOUTS
 from infsamp.choices import clip_range
-from infsamp.config import TrainingConfig
+from infsamp.config_algorithm import TrainingConfig
 
 from test_logprobs import PAD, random_batch, tiny_model
 

@@ -9,8 +9,9 @@ import sys
 import pytest
 
 from infsamp import cli
-from infsamp.config import Config, ConfigError
+from infsamp.config import Config
 from infsamp.distributed.ranks import init_ranks, launch_strategy, reshard_after_forward
+from infsamp.options import ConfigError
 
 from launching import SRC
 

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from infsamp.config import MAX_DURATION_S, MAX_INTEGER, ConfigError, parse_size
 from infsamp.config_io import MAX_CONFIG_BYTES, load_config
+from infsamp.options import MAX_DURATION_S, MAX_INTEGER, ConfigError, parse_size
 
 
 @pytest.mark.parametrize("text", ["1e30", "10.0", "1.5", "three", "nan", "0x10"])

@@ -23,8 +23,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from infsamp import cli
-from infsamp.config import MAX_DURATION_S, Config, parse_size
+from infsamp.config import Config
 from infsamp.config_io import iter_options
+from infsamp.options import MAX_DURATION_S, parse_size
 
 OPTIONS = {key: (annotation, default) for key, annotation, default, _ in iter_options()}
 CHARACTERS = st.characters(min_codepoint=33, max_codepoint=126, exclude_characters="/:,")

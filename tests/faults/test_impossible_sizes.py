@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from infsamp.config import Config, ConfigError
+from infsamp.config import Config
+from infsamp.options import ConfigError
 from infsamp.sampling import sizes as run_sizes
 
 from test_config_property import run_train

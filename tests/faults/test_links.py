@@ -16,10 +16,11 @@ import time
 import pytest
 
 from infsamp.commands.output_files import check_output_files
-from infsamp.config import Config, ConfigError
+from infsamp.config import Config
 from infsamp.config_io import save_config
 from infsamp.errors import RunFolderError
 from infsamp.files import create_text, write_text
+from infsamp.options import ConfigError
 from infsamp.run.logs import append_jsonl
 from infsamp.run.ownership import LOCK_NAME, claim_run_folder, release_run_folder
 

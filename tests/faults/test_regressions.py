@@ -39,7 +39,7 @@ def test_one_token_prompts_sample_in_one_step(tiny_model_dir, tmp_path):
 
 
 def test_one_token_prompt_completions_match_alone_and_together(tiny_model_dir):
-    from infsamp.config import SamplingConfig
+    from infsamp.config_algorithm import SamplingConfig
     from infsamp.models.loading import ModelConfig, load_model_and_tokenizer
     from infsamp.sampling.sampler import GroupSampler
 

@@ -9,11 +9,12 @@ import pytest
 import torch
 
 from infsamp.algorithm.optim import build_optimizer
-from infsamp.config import ConfigError, ModelConfig
+from infsamp.config import ModelConfig
 from infsamp.config_io import load_config
 from infsamp.models import precision as precision_module
 from infsamp.models.loading import load_model_and_tokenizer
 from infsamp.models.precision import resolve_precision
+from infsamp.options import ConfigError
 from infsamp.planner.precisions import PRECISIONS, resolve_precision_name
 
 CPU = torch.device("cpu")

@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from infsamp.config import ConfigError
+from infsamp.options import ConfigError
 from infsamp.planner import PRESETS, count_lora_parameters, kv_bytes_per_token, plan_memory
 from infsamp.planner.activations import (
     LOGITS_CHUNK_BUFFERS,
@@ -152,7 +152,7 @@ def test_embedding_grad_helper():
 
 
 def test_invalid_inputs_raise_config_error():
-    from infsamp.config import ConfigError
+    from infsamp.options import ConfigError
 
     for bad in (dict(max_new_tokens=0), dict(num_generations=-1), dict(optimizer="adam"),
                 dict(precision="fp16"), dict(beta=-1.0), dict(micro_group=-1),

@@ -10,8 +10,9 @@ import pytest
 import torch
 from tiny_sampling import eos_boost, tiny_llama
 
-from infsamp.config import ConfigError, SamplingConfig
+from infsamp.config_algorithm import SamplingConfig
 from infsamp.config_io import load_config
+from infsamp.options import ConfigError
 from infsamp.rewards.compute import RewardResult
 from infsamp.run.dynamic_sampling import DynamicSampler
 from infsamp.run.logs import read_jsonl

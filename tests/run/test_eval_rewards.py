@@ -4,7 +4,7 @@ reasoning-gym task through the trainer, and checkpointing.keep_best through prun
 
 import pytest
 
-from infsamp.config import ConfigError
+from infsamp.options import ConfigError
 from infsamp.rewards.compute import RewardResult
 from infsamp.run import trainer as trainer_module
 from infsamp.run.checkpoint import list_checkpoints

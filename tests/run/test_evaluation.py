@@ -2,7 +2,7 @@
 
 import pytest
 
-from infsamp.run.evaluation import evaluate_accuracy, left_padded, until_stop
+from infsamp.run.evaluation import held_out_completions, left_padded, until_stop
 
 
 def test_left_padded_right_aligns_prompts():
@@ -16,7 +16,7 @@ def test_until_stop_cuts_at_the_first_of_any_stop_token():
     assert until_stop([2, 3], [2]) == []
 
 
-def test_evaluate_accuracy_feeds_the_given_ids(tiny_model_dir, monkeypatch):
+def test_held_out_completions_feed_the_given_ids(tiny_model_dir, monkeypatch):
     from infsamp.config import ModelConfig
     from infsamp.models.loading import load_model_and_tokenizer, stop_token_ids
     from infsamp.run import evaluation
@@ -31,9 +31,10 @@ def test_evaluate_accuracy_feeds_the_given_ids(tiny_model_dir, monkeypatch):
 
     monkeypatch.setattr(evaluation, "generate_completions", scripted)
     model.train()
-    accuracy = evaluate_accuracy(model, tokenizer, [[5, 6], [7]], ["7", "8"],
-                                 stop_token_ids=stop_token_ids(model, tokenizer))
-    assert seen == [[5, 6], [7]] and accuracy == 0.5
+    ids, texts = held_out_completions(model, tokenizer, [[5, 6], [7]],
+                                      stop_token_ids=stop_token_ids(model, tokenizer))
+    assert seen == [[5, 6], [7]] and ids == [answer_ids, []]
+    assert texts == ["<answer>\n7\n</answer>", ""]
     assert model.training  # restored after evaluating in eval mode
 
 
@@ -46,7 +47,8 @@ def _engine_and_generate(model_name: str, num_prompts: int, max_new_tokens: int,
     sampler's slot engine (one call, under `kv_budget`) and through `generate` (the reference).
     `system`: text put before every prompt (a prefix the engine forwards and holds once)."""
     from infsamp.commands.bench_sampling import bench_prompts
-    from infsamp.config import ModelConfig, SamplingConfig
+    from infsamp.config import ModelConfig
+    from infsamp.config_algorithm import SamplingConfig
     from infsamp.models.loading import load_model_and_tokenizer, stop_token_ids
     from infsamp.run.evaluation import held_out_completions
     from infsamp.sampling.sampler import GroupSampler, shared_prefix_tokens

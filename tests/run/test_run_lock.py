@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from infsamp.config import ConfigError
 from infsamp.errors import RunFolderError
+from infsamp.options import ConfigError
 from infsamp.run.ownership import LOCK_NAME, check_still_held, claim_run_folder, live_holder
 
 SRC = Path(__file__).resolve().parents[2] / "src"

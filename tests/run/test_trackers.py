@@ -11,8 +11,8 @@ import struct
 import pytest
 
 from infsamp.cli import main
-from infsamp.config import ConfigError
 from infsamp.config_io import load_config
+from infsamp.options import ConfigError
 from infsamp.run import trackers
 from infsamp.run.trainer import GRPOTrainer
 

@@ -137,7 +137,7 @@ def test_sampling_oom_halves_micro_group(tiny_config, monkeypatch):
 
     monkeypatch.setattr(trainer.sampler, "sample", flaky)
     trainer.train()
-    assert trainer.num_sampling_oom_retries == 1
+    assert trainer.sizes.oom_retries["sampling"] == 1
     assert trainer.sizes.micro_group == 2  # halved in the run's sizes, not in the config
 
 
@@ -186,7 +186,7 @@ def write_rows(path, num):
 
 def test_more_prompts_per_step_than_the_dataset_holds_is_refused_before_loading(
         tiny_config, tmp_path, no_weights):
-    from infsamp.config import ConfigError
+    from infsamp.options import ConfigError
 
     data = write_rows(tmp_path / "d.jsonl", 3)
     cfg = tiny_config(**{"data.dataset": data, "eval.num_problems": 0,

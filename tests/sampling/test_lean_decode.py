@@ -11,7 +11,7 @@ import torch
 from tiny_sampling import RecordLogits, eos_boost, run_steps, tiny_llama
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from infsamp.config import SamplingConfig
+from infsamp.config_algorithm import SamplingConfig
 from infsamp.sampling.engines.base import DecodeOptions
 from infsamp.sampling.engines.lean_decode import lean_decode
 from infsamp.sampling.engines.slots import SlotEngine

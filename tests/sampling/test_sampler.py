@@ -9,7 +9,7 @@ import pytest
 import torch
 from tiny_sampling import EOS, eos_boost, tiny_llama
 
-from infsamp.config import SamplingConfig
+from infsamp.config_algorithm import SamplingConfig
 from infsamp.errors import SamplingError
 from infsamp.models.device import model_kv_bytes_per_token
 from infsamp.sampling import sizes as run_sizes

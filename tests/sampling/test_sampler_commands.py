@@ -10,7 +10,7 @@ import pytest
 from infsamp.cli import main
 from infsamp.commands import bench_sampling as bench
 from infsamp.commands import bench_sampling_report as bench_report
-from infsamp.config import SamplingConfig
+from infsamp.config_algorithm import SamplingConfig
 from infsamp.sampling.engines.base import vllm_installed
 from infsamp.sampling.sampler import GroupSampler
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from tiny_sampling import eos_boost, tiny_llama
 
-from infsamp.config import SamplingConfig
+from infsamp.config_algorithm import SamplingConfig
 from infsamp.sampling.engines import slots
 from infsamp.sampling.sampler import GroupSampler, shared_prefix_tokens
 from infsamp.sampling.scheduler import SlotScheduler

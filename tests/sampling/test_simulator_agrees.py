@@ -10,7 +10,7 @@ import pytest
 import torch
 from tiny_sampling import eos_boost
 
-from infsamp.config import SamplingConfig
+from infsamp.config_algorithm import SamplingConfig
 from infsamp.models.tiny import build_model, build_tokenizer
 from infsamp.sampling.length_predictor import OraclePredictor
 from infsamp.sampling.predictors import make_predictor

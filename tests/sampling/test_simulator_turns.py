@@ -14,7 +14,7 @@ import torch
 from tiny_sampling import eos_boost
 
 from infsamp.cli import main
-from infsamp.config import SamplingConfig
+from infsamp.config_algorithm import SamplingConfig
 from infsamp.errors import DataError
 from infsamp.models.tiny import build_model, build_tokenizer
 from infsamp.sampling.length_predictor import OraclePredictor

@@ -11,7 +11,7 @@ import pytest
 import torch
 from tiny_sampling import EOS, eos_boost, tiny_llama
 
-from infsamp.config import SamplingConfig
+from infsamp.config_algorithm import SamplingConfig
 from infsamp.sampling.sampler import GroupSampler
 from infsamp.sampling.types import model_token_mask
 

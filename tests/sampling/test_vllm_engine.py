@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from infsamp.algorithm.logprobs import sequence_logprobs
-from infsamp.config import ModelConfig, SamplingConfig
+from infsamp.config import ModelConfig
+from infsamp.config_algorithm import SamplingConfig
 from infsamp.errors import SamplingError
 from infsamp.models.loading import load_model_and_tokenizer
 from infsamp.planner.sizes import RunSizes

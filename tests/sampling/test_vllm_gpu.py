@@ -9,7 +9,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from infsamp.algorithm.logprobs import sequence_logprobs
-from infsamp.config import SamplingConfig
+from infsamp.config_algorithm import SamplingConfig
 from infsamp.planner.sizes import RunSizes
 from infsamp.sampling.engines.base import make_engine, resolve_engine_name, vllm_installed
 from infsamp.sampling.sampler import GroupSampler

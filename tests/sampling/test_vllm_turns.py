@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from infsamp.config import ModelConfig, SamplingConfig
+from infsamp.config import ModelConfig
+from infsamp.config_algorithm import SamplingConfig
 from infsamp.models.loading import load_model_and_tokenizer
 from infsamp.planner.sizes import RunSizes
 from infsamp.sampling.engines.base import make_engine, vllm_installed

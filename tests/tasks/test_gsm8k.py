@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from infsamp.config import ConfigError
 from infsamp.config_io import load_config
+from infsamp.options import ConfigError
 from infsamp.rewards.compute import compute_rewards
 from infsamp.rewards.loading import load_reward_functions
 from infsamp.tasks.gsm8k import (

@@ -5,9 +5,9 @@ reasoning_gym reward; data.answer_instruction in the prompt."""
 import pytest
 import reasoning_gym
 
-from infsamp.config import ConfigError
 from infsamp.config_io import load_config
 from infsamp.errors import DataError
+from infsamp.options import ConfigError
 from infsamp.rewards.builtin import reasoning_gym_reward
 from infsamp.rewards.compute import compute_rewards
 from infsamp.rewards.loading import load_reward_functions

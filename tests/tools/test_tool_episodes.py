@@ -15,7 +15,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from infsamp.config import DataConfig, SamplingConfig
+from infsamp.config import DataConfig
+from infsamp.config_algorithm import SamplingConfig
 from infsamp.models.tiny import build_tokenizer
 from infsamp.run.logs import read_jsonl
 from infsamp.run.trainer import GRPOTrainer

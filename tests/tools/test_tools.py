@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from infsamp.config import ConfigError, DataConfig, ToolsConfig
+from infsamp.config import DataConfig, ToolsConfig
 from infsamp.errors import ToolError
+from infsamp.options import ConfigError
 from infsamp.tasks.prompts import build_prompt, encode_prompt
 from infsamp.tasks.tool_format import (
     ToolCall,

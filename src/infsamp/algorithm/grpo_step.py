@@ -65,7 +65,7 @@ from infsamp.algorithm.losses import (
 from infsamp.algorithm.rollout import Rollout, StepInputs, model_lengths
 from infsamp.algorithm.shared_prompt import LAYOUTS, supports_shared_prompt
 from infsamp.choices import clip_range
-from infsamp.config import TrainingConfig
+from infsamp.config_algorithm import TrainingConfig
 from infsamp.distributed.ranks import Ranks
 from infsamp.distributed.strategies import Strategy
 from infsamp.errors import NonFiniteError, first_non_finite

@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 import torch
 
-from infsamp.config import TrainingConfig
+from infsamp.config_algorithm import TrainingConfig
 from infsamp.errors import InfsampError
 from infsamp.planner.precisions import PRECISIONS, PrecisionMode
 

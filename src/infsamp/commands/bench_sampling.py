@@ -53,7 +53,8 @@ from infsamp.commands.engine_choice import (
     start_engines,
 )
 from infsamp.commands.sample import read_prompts
-from infsamp.config import DataConfig, ModelConfig, SamplingConfig
+from infsamp.config import DataConfig, ModelConfig
+from infsamp.config_algorithm import SamplingConfig
 from infsamp.errors import SamplingError
 from infsamp.planner.kv_budget import VLLM_BLOCK_SIZE, kv_tokens_needed
 

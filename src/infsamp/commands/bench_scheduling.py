@@ -47,7 +47,8 @@ from infsamp.commands.engine_choice import (
     parse_engines,
     start_engines,
 )
-from infsamp.config import DataConfig, ModelConfig, SamplingConfig
+from infsamp.config import DataConfig, ModelConfig
+from infsamp.config_algorithm import SamplingConfig
 from infsamp.config_io import load_config
 from infsamp.errors import SamplingError
 from infsamp.planner.kv_budget import VLLM_BLOCK_SIZE, kv_tokens_needed

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from infsamp.config import ConfigError
+from infsamp.options import ConfigError
 
 
 def _same_or_inside(path: Path, source: Path) -> bool:

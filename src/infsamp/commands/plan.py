@@ -17,7 +17,8 @@ import argparse
 from dataclasses import replace
 
 from infsamp.choices import OPTIMIZERS, POLICIES, PRECISION_CHOICES, STRATEGIES
-from infsamp.config import Config, ConfigError, parse_size, size_is_bytes
+from infsamp.config import Config
+from infsamp.options import ConfigError, parse_size, size_is_bytes
 from infsamp.planner import PRESETS, load_shape
 from infsamp.planner.estimate import DEVICES
 from infsamp.planner.report import format_plan

@@ -28,9 +28,10 @@ import json
 
 from infsamp.commands.output_files import check_output_files
 from infsamp.commands.train import add_config_flags, check_sources, config_overrides
-from infsamp.config import ConfigError, DataConfig
+from infsamp.config import DataConfig
 from infsamp.config_io import load_config
 from infsamp.files import create_text
+from infsamp.options import ConfigError
 from infsamp.tasks.loading import load_examples
 from infsamp.tasks.prompts import encode_examples
 

@@ -31,9 +31,9 @@ from pathlib import Path
 
 from infsamp.choices import REFILL_ORDERS
 from infsamp.commands.output_files import check_output_files, check_plot_format, plot_name
-from infsamp.config import MAX_INTEGER
 from infsamp.errors import SamplingError
 from infsamp.files import replace_with
+from infsamp.options import MAX_INTEGER
 from infsamp.sampling.policies import POLICIES
 from infsamp.sampling.policies.length_aware import PARK_RATIO
 from infsamp.sampling.policies.probe import PROBE_TOKENS

@@ -17,8 +17,9 @@ import hashlib
 import json
 from typing import Any
 
-from infsamp.config import Config, ConfigError
+from infsamp.config import Config
 from infsamp.config_io import flatten
+from infsamp.options import ConfigError
 
 MAX_SHOWN = 4
 

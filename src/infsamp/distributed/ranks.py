@@ -31,10 +31,11 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from infsamp.config import Config, ConfigError
+from infsamp.config import Config
 from infsamp.distributed.one_config import check_one_config
 from infsamp.distributed.rank_watch import PEER_FAILED_EXIT, RankWatch
 from infsamp.errors import InfsampError, NonFiniteError, RunStopped, first_line
+from infsamp.options import ConfigError
 
 AGREED_ERRORS = (NonFiniteError, RunStopped)  # raised on every rank after a collective decision
 

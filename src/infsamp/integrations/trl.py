@@ -45,7 +45,8 @@ from typing import Any
 
 import torch
 
-from infsamp.config import SamplingConfig, ToolsConfig
+from infsamp.config import ToolsConfig
+from infsamp.config_algorithm import SamplingConfig
 from infsamp.console import Notices
 from infsamp.errors import InfsampError
 from infsamp.integrations.trl_tools import env_mask, load_rollout_tools

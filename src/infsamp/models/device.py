@@ -12,7 +12,8 @@ import re
 
 import torch
 
-from infsamp.config import ConfigError, ModelConfig
+from infsamp.config import ModelConfig
+from infsamp.options import ConfigError
 from infsamp.planner.estimate import kv_bytes_per_token
 from infsamp.planner.presets import shape_from_config
 

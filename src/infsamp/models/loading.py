@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from infsamp.config import ConfigError, ModelConfig
+from infsamp.config import ModelConfig
 from infsamp.errors import ModelError, first_line
 from infsamp.models.device import DTYPES, resolve_device  # noqa: F401  (callers import them here)
 from infsamp.models.gguf import ensure_converted
@@ -36,6 +36,7 @@ from infsamp.models.source import (  # noqa: F401
     load_error,
     resolve_model_source,
 )
+from infsamp.options import ConfigError
 
 
 def quiet_transformers() -> None:

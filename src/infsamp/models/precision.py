@@ -30,8 +30,9 @@ import types
 import torch
 
 from infsamp.choices import PRECISION_CHOICES
-from infsamp.config import Config, ConfigError
+from infsamp.config import Config
 from infsamp.models.device import DTYPES, base_model, resolve_device
+from infsamp.options import ConfigError
 from infsamp.planner.precisions import PRECISIONS, PrecisionMode, base_dtype, resolve_precision_name
 
 COMPUTE_DTYPE = torch.bfloat16

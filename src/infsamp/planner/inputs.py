@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from infsamp.config import SamplingConfig
+from infsamp.config_algorithm import SamplingConfig
 from infsamp.planner.kv_budget import VLLM_BLOCK_SIZE
 from infsamp.planner.precisions import PRECISIONS, PrecisionMode, base_dtype
 from infsamp.planner.presets import (

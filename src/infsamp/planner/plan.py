@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infsamp.choices import POLICIES, PRECISION_CHOICES, STRATEGIES
-from infsamp.config import ConfigError
+from infsamp.options import ConfigError
 from infsamp.planner.estimate import (
     DEVICES,
     GIB,

@@ -26,8 +26,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from infsamp.choices import ENGINES, WIDE_POLICIES
-from infsamp.config import VLLM_MAX_TEMPERATURE, Config, ConfigError, parse_size, size_is_bytes
+from infsamp.config import Config
+from infsamp.config_algorithm import VLLM_MAX_TEMPERATURE
 from infsamp.errors import SamplingError
+from infsamp.options import ConfigError, parse_size, size_is_bytes
 from infsamp.planner.estimate import kv_bytes_per_token
 from infsamp.planner.kv_budget import (
     VLLM_BLOCK_SIZE,

@@ -44,7 +44,7 @@ from typing import Any
 import torch
 
 from infsamp.algorithm.advantages import group_ties
-from infsamp.config import SamplingConfig, TrainingConfig
+from infsamp.config_algorithm import SamplingConfig, TrainingConfig
 from infsamp.rewards.compute import RewardResult
 from infsamp.sampling.types import Completion, SampleResult, SamplerStats
 from infsamp.tasks.prompts import EncodedPrompt

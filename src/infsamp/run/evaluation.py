@@ -21,7 +21,6 @@ function's score, solved), so two evaluations can be compared problem by problem
 `tally` gives the sums behind them as one list of numbers, so several ranks add theirs up
 (`Ranks.sum`). `BestEvaluation` follows `checkpointing.keep_best`'s metric over the evaluations
 after training began (each of those has a checkpoint; the base model's does not).
-`evaluate_accuracy` scores with the built-in accuracy alone (the SFT script).
 
 Deliberately simple: one completion per problem (pass@1), no self-consistency; a problem the chosen
 function returns None for counts as unsolved.
@@ -35,8 +34,8 @@ from dataclasses import dataclass
 
 import torch
 
-from infsamp.config import ConfigError
-from infsamp.rewards.builtin import ACCURACY_LIKE, accuracy_reward
+from infsamp.options import ConfigError
+from infsamp.rewards.builtin import ACCURACY_LIKE
 from infsamp.rewards.compute import RewardResult
 
 EVAL_METRICS = ("eval/accuracy", "eval/reward")
@@ -120,19 +119,6 @@ def held_out_completions(model, tokenizer, prompt_ids: Sequence[Sequence[int]], 
     finally:
         model.train(was_training)
     return completions, tokenizer.batch_decode(completions, skip_special_tokens=True)
-
-
-def evaluate_accuracy(model, tokenizer, prompt_ids: Sequence[Sequence[int]],
-                      answers: Sequence[str], *, stop_token_ids: Sequence[int],
-                      max_new_tokens: int = 256, temperature: float = 0.0) -> float:
-    """Fraction of prompts whose completion the built-in accuracy reward scores as correct (NaN
-    for none)."""
-    if not prompt_ids:
-        return float("nan")
-    _, texts = held_out_completions(model, tokenizer, prompt_ids, stop_token_ids=stop_token_ids,
-                                    max_new_tokens=max_new_tokens, temperature=temperature)
-    scores = accuracy_reward(texts, answer=list(answers))
-    return sum(score > 0 for score in scores) / len(prompt_ids)
 
 
 # ---------------------------------------------------------------- scoring with the run's rewards

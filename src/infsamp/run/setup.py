@@ -16,11 +16,12 @@ import numpy as np
 import torch
 
 from infsamp.algorithm.grpo_step import DEFAULT_MICRO_BATCH_TOKENS
-from infsamp.config import Config, ConfigError
+from infsamp.config import Config
 from infsamp.errors import RewardError
 from infsamp.models.device import check_device
 from infsamp.models.loading import check_lora_targets, resolve_device, resolve_dtype
 from infsamp.models.precision import resolve_precision
+from infsamp.options import ConfigError
 from infsamp.planner.precisions import PrecisionMode
 from infsamp.rewards.loading import load_reward_functions
 from infsamp.run.trackers import check_trackers_installed

@@ -28,7 +28,8 @@ from typing import Any
 import numpy as np
 import torch
 
-MAX_INTEGER = 2**32 - 1  # config.MAX_INTEGER: every integer size of a run fits 32 bits
+from infsamp.options import MAX_INTEGER
+
 MARKERS = ("__tensor__", "__tuple__", "__items__", "__ndarray__", "__subclass__", "__dtype__")
 QUANTIZED_STATES = ("torchao.optim.subclass_8bit.OptimState8bit",
                     "torchao.optim.subclass_4bit.OptimState4bit",

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from infsamp.config import ConfigError
 from infsamp.files import write_text
+from infsamp.options import ConfigError
 
 TRACKING_EXTRA = "pip install 'infsamp[tracking]'"
 STATE_FILE = "trackers.json"

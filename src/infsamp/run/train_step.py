@@ -35,7 +35,7 @@ import torch
 from infsamp.algorithm.advantages import compute_advantages, compute_group_advantages
 from infsamp.algorithm.grpo_step import GRPOStep, is_out_of_memory
 from infsamp.algorithm.rollout import Rollout
-from infsamp.config import TrainingConfig
+from infsamp.config_algorithm import TrainingConfig
 from infsamp.distributed.rank_step import RankSteps
 from infsamp.distributed.strategies import Strategy
 from infsamp.errors import NonFiniteError, RewardError

@@ -246,10 +246,6 @@ class GRPOTrainer:
         """The optimizer steps taken (the run's state holds it)."""
         return self.train_state.step
 
-    @property
-    def num_sampling_oom_retries(self) -> int:
-        return self.sizes.oom_retries["sampling"]
-
     def train_step(self, logger: RunLogger | None = None) -> dict[str, Any]:
         """One step: `TrainStep.run` (run/train_step.py)."""
         return self.steps.run(logger)

@@ -36,7 +36,7 @@ from dataclasses import replace
 
 import torch
 
-from infsamp.config import SamplingConfig
+from infsamp.config_algorithm import SamplingConfig
 from infsamp.console import Notices
 from infsamp.errors import SamplingError
 from infsamp.models.loading import stop_token_ids

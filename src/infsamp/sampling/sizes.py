@@ -31,9 +31,11 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from infsamp.config import Config, ConfigError, SamplingConfig
+from infsamp.config import Config
+from infsamp.config_algorithm import SamplingConfig
 from infsamp.models.device import base_model, is_4bit, memory_bytes, runtime_bytes
 from infsamp.models.loading import config_before_loading
+from infsamp.options import ConfigError
 from infsamp.planner import shape_from_config
 from infsamp.planner.estimate import DEVICES
 from infsamp.planner.kv_budget import tokens_within_or_refuse

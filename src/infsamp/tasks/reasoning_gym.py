@@ -37,9 +37,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from infsamp.config import MAX_GENERATED_EXAMPLES, MAX_INTEGER, DataConfig
 from infsamp.config import REASONING_GYM_PREFIX as PREFIX
+from infsamp.config import DataConfig
 from infsamp.errors import DataError
+from infsamp.options import MAX_GENERATED_EXAMPLES, MAX_INTEGER
 
 INSTALL = "pip install reasoning-gym==0.1.25, or pip install 'infsamp[real]'"
 SPLIT_KEYS = ("seed", "size")  # decided here per split, from data.* when not given

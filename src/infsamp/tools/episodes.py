@@ -59,7 +59,6 @@ class Toolbox:
         self.tokenizer, self.data_cfg = tokenizer, data_cfg
         self.chat = uses_chat_template(tokenizer, data_cfg)
         self.native = self.chat and supports_tools(tokenizer)
-        self.stop_ids = set(stop_token_ids)
         self.stop_texts = [tokenizer.decode([i]) for i in stop_token_ids]
         self.runner = ToolRunner(functions, timeout_s, max_workers)
         self.counters = ToolCounters()

@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from infsamp.config import ConfigError
 from infsamp.errors import SamplingError
 from infsamp.models.device import is_4bit
+from infsamp.options import ConfigError
 from infsamp.planner.sizes import (
     RunSizes,
     resolve_engine,
@@ -34,7 +34,7 @@ from infsamp.planner.sizes import (
 from infsamp.sampling.types import Sample, SamplerStats
 
 if TYPE_CHECKING:
-    from infsamp.config import SamplingConfig
+    from infsamp.config_algorithm import SamplingConfig
 
 
 class SlotLogitsProcessor(Protocol):

@@ -52,7 +52,7 @@ from collections.abc import Sequence
 
 import torch
 
-from infsamp.config import SamplingConfig
+from infsamp.config_algorithm import SamplingConfig
 from infsamp.errors import SamplingError, first_line
 from infsamp.models.device import base_model, model_kv_bytes_per_token
 from infsamp.planner.estimate import vllm_step_tokens

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import torch
 
-from infsamp.config import SamplingConfig
+from infsamp.config_algorithm import SamplingConfig
 from infsamp.errors import SamplingError
 from infsamp.models.device import base_model, memory_bytes
 from infsamp.sampling.engines.base import vllm_installed
