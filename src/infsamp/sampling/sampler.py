@@ -79,6 +79,19 @@ def shared_prefix_tokens(prompt_ids: Sequence[Sequence[int]]) -> int:
     return length
 
 
+def _sample_keys(samples: Sequence[Sample], global_group_ids: Sequence[int] | None,
+                 key_stride: int, most: int) -> tuple[int, ...]:
+    """Each sample's random-stream key when the call samples part of a step (`global_group_ids`)
+    or chunks of groups (`key_stride`): global id x stride + index in its group, so a group drawn
+    at once or in chunks, in one process or several, gets the same numbers; () otherwise (the
+    sample's id is its key)."""
+    if global_group_ids is None and not key_stride:
+        return ()
+    stride = key_stride or most
+    return tuple((global_group_ids[s.group_id] if global_group_ids is not None else s.group_id)
+                 * stride + s.index_in_group for s in samples)
+
+
 def draw_seed(generator: torch.Generator | None) -> int:
     """A sampler call's seed (the base of every sample's random stream), drawn from `generator`."""
     return int(torch.randint(0, 2**31 - 1, (1,), generator=generator).item())
@@ -163,17 +176,10 @@ class GroupSampler:
         options = self._decode_options(temperature, generator, seed)
         if target_lengths is not None:
             options.target_lengths = tuple(int(n) for n in target_lengths)
-        if global_group_ids is not None or key_stride:
-            ids, stride = global_group_ids or range(len(prompt_ids)), key_stride or max(counts)
-            options.sample_keys = tuple(ids[s.group_id] * stride + s.index_in_group
-                                        for s in samples)
+        options.sample_keys = _sample_keys(samples, global_group_ids, key_stride, max(counts))
         options.hidden_states = getattr(self.predictor, "uses_hidden", False) and \
             self.engine.hands_hidden_states
-        sched = SlotScheduler(samples, policy, micro_group, max_kv_tokens=budget,
-                              predictor=self.predictor, kv_block_size=self.engine.kv_block_size,
-                              keep_parked_kv=self.engine.keeps_parked_kv,
-                              max_micro_group=self.engine.max_micro_group,
-                              shared_prefix_tokens=prefix, **policy_options(self.cfg, policy))
+        sched = self._scheduler(samples, policy, micro_group, budget, prefix)
         processor = logits_processor_factory(samples) if logits_processor_factory else None
         stats = sched.stats
         stats.kv_budget_tokens, stats.engine = budget, self.engine.name
@@ -183,6 +189,15 @@ class GroupSampler:
                                pool_tokens=sched.max_running_tokens, shared_prefix=prefix)
         stats.wall_time_s = self._run(sched, progress, loop)
         return SampleResult(self._completions(samples, len(prompt_ids)), stats)
+
+    def _scheduler(self, samples: list[Sample], policy: str, micro_group: int, budget: int,
+                   prefix: int) -> SlotScheduler:
+        """The call's scheduler over this sampler's predictor and what its engine can do."""
+        return SlotScheduler(samples, policy, micro_group, max_kv_tokens=budget,
+                             predictor=self.predictor, kv_block_size=self.engine.kv_block_size,
+                             keep_parked_kv=self.engine.keeps_parked_kv,
+                             max_micro_group=self.engine.max_micro_group,
+                             shared_prefix_tokens=prefix, **policy_options(self.cfg, policy))
 
     def call_sizes(self, prompt_ids: list[list[int]], num_generations: int,
                    max_new: int) -> RunSizes:
