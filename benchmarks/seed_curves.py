@@ -5,7 +5,8 @@ and prints, per run, the accuracy at each evaluation, the start, best and final 
 exact McNemar test of the final evaluation against the start (the same held-out problems), the
 completions sampled, the training time (sum of step times) and the arm's mean final accuracy.
 The plot puts every run's curve against the completions it sampled (the budget, which a loaded
-machine does not distort), one colour per arm.
+machine does not distort) or, with `--x seconds`, against its training seconds (the wall-clock
+budget), one colour per arm.
 
     python benchmarks/seed_curves.py recipe=runs/r0,runs/r1 dynamic=runs/d0,runs/d1 --plot out.png
     (--start RUN: the step-0 evaluation of RUN is the start of runs made without one)
@@ -104,7 +105,13 @@ def print_table(arms: dict[str, list[dict]]) -> None:
               f"{100 * sum(gains) / len(gains):+.1f} points | | | | |")
 
 
-def plot(arms: dict[str, list[dict]], path: str) -> None:
+AXES = {"completions": "completions sampled (the sampling budget)",
+        "seconds": "training seconds (sum of step times, evaluations excluded)"}
+
+
+def plot(arms: dict[str, list[dict]], path: str, x: str = "completions") -> None:
+    if x not in AXES:
+        raise ValueError(f"x axis {x!r}: choose {' or '.join(AXES)}")
     import matplotlib
 
     matplotlib.use("Agg")
@@ -114,10 +121,10 @@ def plot(arms: dict[str, list[dict]], path: str) -> None:
     for colour, (arm, runs) in zip(plt.rcParams["axes.prop_cycle"].by_key()["color"],
                                    arms.items()):
         for i, r in enumerate(runs):
-            xs = [r["completions"][s] for s in r["steps"]]
+            xs = [r[x][s] for s in r["steps"]]
             ys = [r["accuracy"][s] for s in r["steps"]]
             ax.plot(xs, ys, marker="o", color=colour, alpha=0.8, label=arm if i == 0 else None)
-    ax.set_xlabel("completions sampled (the sampling budget)")
+    ax.set_xlabel(AXES[x])
     ax.set_ylabel("held-out accuracy")
     ax.grid(alpha=0.3)
     ax.legend()
@@ -129,6 +136,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("arms", nargs="+", help="ARM=FOLDER,FOLDER,...")
     parser.add_argument("--plot", help="write the curves to this PNG")
+    parser.add_argument("--x", choices=tuple(AXES), default="completions",
+                        help="the plot's x axis: completions sampled or training seconds")
     parser.add_argument("--start", help="a run folder whose step-0 evaluation is every run's "
                                         "start (runs made with eval.on_start false)")
     args = parser.parse_args()
@@ -139,7 +148,7 @@ def main() -> None:
         arms[label] = [summarise(Path(f), start) for f in folders.split(",") if f]
     print_table(arms)
     if args.plot:
-        plot(arms, args.plot)
+        plot(arms, args.plot, args.x)
 
 
 if __name__ == "__main__":

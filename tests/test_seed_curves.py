@@ -45,3 +45,13 @@ def test_a_run_without_a_start_takes_it_from_the_start_run(bench, tmp_path, caps
     bench.print_table({"arm": [summary]})
     out = capsys.readouterr().out
     assert "0.250 -> 0.500 -> 0.750" in out and "gain +50.0 points" in out
+
+
+def test_the_plot_takes_either_budget_as_its_x_axis(bench, tmp_path):
+    write_run(tmp_path / "a", {0: [True, False], 2: [True, True]}, [1.0, 2.0])
+    summary = bench.summarise(tmp_path / "a", None)
+    for axis in ("completions", "seconds"):
+        bench.plot({"arm": [summary]}, str(tmp_path / f"{axis}.png"), axis)
+        assert (tmp_path / f"{axis}.png").read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(ValueError, match="x axis 'steps'"):
+        bench.plot({"arm": [summary]}, str(tmp_path / "no.png"), "steps")
