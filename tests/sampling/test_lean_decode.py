@@ -145,3 +145,20 @@ def test_completions_are_mains_before_the_lean_forward(policy, micro_group, temp
     CPU's matrix kernels could round differently; the bit-for-bit test above is the strict one)."""
     assert _golden_completions(policy, micro_group, temperature) == GOLDEN[
         policy, micro_group, temperature]
+
+
+def test_a_model_without_lora_takes_the_lean_path_without_importing_peft():
+    """A run without LoRA never imports peft for the decode path (peft imports torchao too)."""
+    import subprocess
+    import sys
+
+    script = ("import sys; from transformers import LlamaConfig, LlamaForCausalLM; "
+              "from infsamp.sampling.engines.lean_decode import lean_decode; "
+              "config = LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=64, "
+              "num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, "
+              "attn_implementation='sdpa'); "
+              "print(lean_decode(LlamaForCausalLM(config).eval()) is not None, "
+              "'peft' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == ["True", "False"]

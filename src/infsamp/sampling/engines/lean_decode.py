@@ -23,6 +23,8 @@ states handed out (the engine calls the model when a predictor asks for them).
 
 from __future__ import annotations
 
+import sys
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -62,9 +64,17 @@ def lean_decode(model) -> LeanLlamaDecode | None:
     return LeanLlamaDecode(model)
 
 
+def _peft_loaded() -> bool:
+    """Whether peft was imported: a model holds peft modules only then, so a run without LoRA
+    never pays peft's import (and torchao's below it) here."""
+    return "peft" in sys.modules
+
+
 def _llama_under_lora(model):
     """A peft LoRA model's inner model (what its forward calls, `LoraModel.forward`); any other
     model as it is."""
+    if not _peft_loaded():
+        return model
     from peft import LoraConfig, PeftModel
     from peft.tuners.lora import LoraModel
 
@@ -78,10 +88,12 @@ def _llama_under_lora(model):
 
 def _plain_linear(module) -> bool:
     """nn.Linear, or peft's LoRA Linear computing base(x) + B(A(dropout(x))) * scaling exactly."""
-    from peft.tuners.lora.layer import Linear as LoraLinear
-
     if type(module) is nn.Linear:
         return True
+    if not _peft_loaded():
+        return False
+    from peft.tuners.lora.layer import Linear as LoraLinear
+
     if type(module) is not LoraLinear or module.merged or module.disable_adapters or \
             module.lora_variant or len(module.active_adapters) != 1:
         return False
