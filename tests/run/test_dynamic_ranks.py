@@ -69,13 +69,13 @@ SPREAD_AT = {0: 2, 1: 6, 2: None, 3: None, 4: 3, 5: None, 6: None, 7: 5, 8: 1, 9
 BATCH, STREAM = [0, 1, 2, 3], [4, 5, 1, 6, 7, 8, 9]
 
 
-def rounds(load_config, rank_steps=None, **overrides):
+def rounds(load_config, rank_steps=None, in_call=False, **overrides):
     cfg = load_config(overrides={"sampling.dynamic": True, "sampling.num_generations": 4,
                                  "sampling.max_num_generations": 12,
                                  "training.prompts_per_step": len(BATCH), **overrides})
     sample, calls = fake_sample(lambda p, j: [int(SPREAD_AT[p.index] is not None
                                                   and j >= SPREAD_AT[p.index])])
-    step = DynamicSampler(cfg.sampling, cfg.training).run(
+    step = DynamicSampler(cfg.sampling, cfg.training, in_call).run(
         [(i, Prompt(i)) for i in BATCH], stream_of(STREAM), sample, score, len(SPREAD_AT),
         rank_steps)
     return step, calls
@@ -91,6 +91,8 @@ def test_two_ranks_take_one_process_decisions_sampling_their_own_groups(override
     from infsamp.config_io import load_config
 
     one, one_calls = rounds(load_config, **overrides)
+    in_call, _ = rounds(load_config, in_call=True, **overrides)  # one call, where it applies
+    assert decisions(in_call) == decisions(one) and in_call.metrics() == one.metrics()
     two = on_ranks(2, lambda rank_steps: rounds(load_config, rank_steps, **overrides))
     assert len(one.groups) > len(BATCH) and one.dropped  # replacements were needed
     for step, _ in two:

@@ -5,6 +5,7 @@ the tiny model, and a resume in the middle of a dynamic run."""
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 import torch
@@ -19,7 +20,7 @@ from infsamp.run.logs import read_jsonl
 from infsamp.run.trainer import GRPOTrainer
 from infsamp.sampling.predictors import make_predictor
 from infsamp.sampling.sampler import GroupSampler
-from infsamp.sampling.types import Completion, SampleResult, SamplerStats
+from infsamp.sampling.types import Completion, SampleResult, SamplerStats, make_samples
 
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11, 12], [13], [20, 21, 22, 23, 24, 25, 26]]
 POLICIES = ("full", "rounds", "continuous", "length_aware", "probe")
@@ -69,19 +70,92 @@ def test_chunks_draw_the_completions_of_one_call_of_the_final_size(model, policy
     assert by_index(unstrided, more) != by_index(second, more)  # the key stride matters
 
 
+class TokenPrompt:  # a prompt of the step with real token ids
+    def __init__(self, index):
+        self.index, self.example, self.text = index, {"i": index}, ""
+        self.token_ids = PROMPTS[index % len(PROMPTS)] + [30 + index]
+
+
+class TokenStream:
+    def __init__(self):
+        self.position = 0
+
+    def next_prompt(self):
+        self.position += 1
+        return 3 + self.position, TokenPrompt(3 + self.position)
+
+    def state_dict(self):
+        return {"position": self.position}
+
+    def load_state_dict(self, state):
+        self.position = state["position"]
+
+
+def length_score(examples, texts, ids):
+    """Ties for every third prompt; else the completion's length mod 3 (EosBoost varies it)."""
+    values = [0.0 if e["i"] % 3 == 0 else float(len(t) % 3) for e, t in zip(examples, ids)]
+    return RewardResult(values, {"r": values})
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("policy", POLICIES)
+def test_one_call_deciding_inside_samples_what_the_rounds_sample(model, policy):
+    """On the tiny model, each policy: one gated call gives the rounds' groups, completions and
+    decisions, in fewer decode steps."""
+    cfg = load_config(overrides={"sampling.dynamic": True, "sampling.num_generations": 4,
+                                 "sampling.max_num_generations": 12,
+                                 "training.prompts_per_step": 4})
+    steps = []
+    for in_call in (False, True):
+        chunks, stats = sampler(model, policy), []
+
+        def sample(prompts, counts, first_index, positions, gate=None, chunks=chunks, stats=stats):
+            result = chunks.sample([p.token_ids for p in prompts], counts, first_index=first_index,
+                                   global_group_ids=positions, seed=99, key_stride=12, gate=gate,
+                                   logits_processor_factory=EosBoost)
+            stats.append(result.stats)
+            return result
+        stream = TokenStream()
+        steps.append((DynamicSampler(cfg.sampling, cfg.training, in_call).run(
+            [(i, TokenPrompt(i)) for i in range(4)], stream, sample, length_score, 1000),
+            stream.position, stats))
+    (rounds_step, rounds_position, rounds_stats), (step, position, stats) = steps
+    assert decided(step) == decided(rounds_step) and position == rounds_position
+    assert rounds_step.dropped and len(rounds_step.groups) > 4  # chunks and replacements ran
+    assert step.metrics() == rounds_step.metrics() and len(stats) == 1
+    assert stats[0].num_samples == rounds_step.num_sampled
+    if policy == "continuous":  # the default (length_aware plans, probe sizes for all declared)
+        assert stats[0].decode_steps < sum(s.decode_steps for s in rounds_stats)
+
+
 # ---- the rounds, on a fake sampler (no model)
 
 
-def fake_sample(tokens_of):
-    """A sampler stand-in: completion j of prompt p is `tokens_of(p, j)`."""
+def fake_sample(tokens_of, seed=0):
+    """A sampler stand-in: completion j of prompt p is `tokens_of(p, j)`. With a gate, the
+    released samples end one per decode step, in an order drawn from `seed`."""
     calls = []
 
-    def sample(prompts, counts, first_index, positions):
+    def completion(p, k, j):
+        return Completion(tokens_of(p, j), str(tokens_of(p, j)), 1, "eos", k, j)
+
+    def sample(prompts, counts, first_index, positions, gate=None):
         calls.append((list(positions), list(counts), list(first_index)))
-        groups = [[Completion(tokens_of(p, j), str(tokens_of(p, j)), 1, "eos", k, j)
-                   for j in range(start, start + n)]
-                  for k, (p, n, start) in enumerate(zip(prompts, counts, first_index))]
-        return SampleResult(groups, SamplerStats(num_samples=sum(counts)))
+        if gate is None:
+            groups = [[completion(p, k, j) for j in range(start, start + n)]
+                      for k, (p, n, start) in enumerate(zip(prompts, counts, first_index))]
+            return SampleResult(groups, SamplerStats(num_samples=sum(counts)))
+        samples = make_samples([1] * len(prompts), counts, 1, first_index=first_index)
+        running = [s for s in samples if s.sample_id not in gate.begin(samples)]
+        order, ended = random.Random(seed), []
+        while running:
+            s = running.pop(order.randrange(len(running)))
+            ended.append(completion(prompts[s.group_id], s.group_id, s.index_in_group))
+            released, _ = gate.after_step([ended[-1]])
+            running += [samples[i] for i in released]
+        groups = [sorted((c for c in ended if c.group_id == k), key=lambda c: c.index_in_group)
+                  for k in range(len(prompts))]
+        return SampleResult(groups, SamplerStats(num_samples=len(ended)))
     return sample, calls
 
 
@@ -90,33 +164,42 @@ class Prompt:
         self.index, self.example, self.token_ids, self.text = index, {"i": index}, [index], ""
 
 
-def stream_of(indices):
-    it = iter(indices)
+class stream_of:  # noqa: N801 (a prompt stream over these indices, with a resumable position)
+    def __init__(self, indices):
+        self.indices, self.position = list(indices), 0
 
-    def next_prompt():
-        index = next(it)
+    def next_prompt(self):
+        self.position += 1
+        index = self.indices[(self.position - 1) % len(self.indices)]  # cyclic, as epochs
         return index, Prompt(index)
-    return next_prompt
+
+    def state_dict(self):
+        return {"position": self.position}
+
+    def load_state_dict(self, state):
+        self.position = state["position"]
 
 
 def score(examples, texts, ids):
     return RewardResult([float(t[0]) for t in ids], {"r": [float(t[0]) for t in ids]})
 
 
-def rounds(overrides, batch, stream, spread_at):
-    """`spread_at[i]`: the completion index from which prompt i's rewards differ (None: never)."""
+def rounds(overrides, batch, stream, spread_at, in_call=False, seed=0):
+    """`spread_at[i]`: the completion index from which prompt i's rewards differ (None: never).
+    `in_call`: the decisions inside one call (their fake call ends samples in `seed`'s order)."""
     cfg = load_config(overrides={"sampling.dynamic": True, "sampling.num_generations": 4,
                                  "training.prompts_per_step": len(batch), **overrides})
     sample, calls = fake_sample(lambda p, j: [int(spread_at[p.index] is not None
-                                                  and j >= spread_at[p.index])])
-    step = DynamicSampler(cfg.sampling, cfg.training).run(
-        [(i, Prompt(i)) for i in batch], stream_of(stream), sample, score, len(spread_at))
-    return step, calls
+                                                  and j >= spread_at[p.index])], seed)
+    source = stream_of(stream)
+    step = DynamicSampler(cfg.sampling, cfg.training, in_call).run(
+        [(i, Prompt(i)) for i in batch], source, sample, score, len(spread_at))
+    return step, calls, source.position
 
 
 def test_undecided_prompts_get_chunks_and_dropped_ones_are_replaced_and_logged():
     spread_at = {0: 2, 1: 6, 2: None, 3: None, 4: 3, 5: None}
-    step, calls = rounds({"sampling.max_num_generations": 12}, [0, 1, 2], [0, 1, 3, 3, 4, 5],
+    step, calls, _ = rounds({"sampling.max_num_generations": 12}, [0, 1, 2], [0, 1, 3, 3, 4, 5],
                          spread_at)
     # round 1: G each; 1 and 2 tie -> +4; 1 decided at 8; 2 needs 12 -> dropped -> replaced by
     # 3 (0 and 1 are in the step already: skipped); 3 dropped -> the next fresh one, 4
@@ -139,21 +222,59 @@ def test_undecided_prompts_get_chunks_and_dropped_ones_are_replaced_and_logged()
 
 def test_replacements_stop_at_the_limit_and_at_an_epoch_of_repeats():
     spread_at = {0: None, 1: None, 2: None}
-    step, _ = rounds({"sampling.max_replaced_prompts": 1}, [0, 1], [2, 0, 1], spread_at)
+    step, _, _ = rounds({"sampling.max_replaced_prompts": 1}, [0, 1], [2, 0, 1], spread_at)
     assert [g.index for g in step.groups] == [0, 1, 2]  # one replacement only
-    step, _ = rounds({}, [0, 1], [0, 1, 0], spread_at | {2: 0})  # only repeats left
+    step, _, _ = rounds({}, [0, 1], [0, 1, 0], spread_at | {2: 0})  # only repeats left
     assert [g.index for g in step.groups] == [0, 1]
     assert step.trained == step.dropped  # nothing with spread: the dropped groups, all tied
 
 
 def test_a_fixed_budget_spreads_chunks_to_undecided_prompts_only():
     spread_at = {0: 2, 1: None, 2: None, 3: 1}
-    step, calls = rounds({"training.completions_per_step": 22, "sampling.dynamic_chunk": 2},
+    step, calls, _ = rounds({"training.completions_per_step": 22, "sampling.dynamic_chunk": 2},
                          [0, 1, 2], [3], spread_at)
     assert calls[0][1] == [4, 4, 4] and calls[1] == ([1, 2], [2, 2], [4, 4])
     assert sum(n for _, counts, _ in calls for n in counts) <= 22
     assert step.metrics()["sampling/completions"] == 22
     assert len(step.groups[0].completions) == 4  # decided after its first chunk: nothing more
+
+
+IN_CALL_CASES = [  # (overrides, batch, stream, spread_at)
+    ({"sampling.max_num_generations": 12}, [0, 1, 2], [0, 1, 3, 3, 4, 5],
+     {0: 2, 1: 6, 2: None, 3: None, 4: 3, 5: None}),
+    ({"sampling.max_replaced_prompts": 1}, [0, 1], [2, 0, 1], {0: None, 1: None, 2: None}),
+    ({}, [0, 1], [0, 1, 0], {0: None, 1: None, 2: 0}),  # only repeats left to replace with
+    ({"sampling.dynamic_chunk": 2, "sampling.max_replaced_prompts": 3}, [0, 1, 2, 3],
+     [4, 5, 6, 7, 8, 9], {0: None, 1: 5, 2: 9, 3: None, 4: None, 5: 13, 6: None, 7: 1, 8: None,
+                          9: None}),  # a replacement dropped and replaced in turn
+]
+
+
+def decided(step):
+    return [(g.position, g.index, g.size, g.status, g.tied_first, g.total,
+             [c.token_ids for c in g.completions]) for g in step.groups]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("case", range(len(IN_CALL_CASES)))
+def test_decisions_inside_one_call_are_the_rounds(case, seed):
+    """One call deciding as its samples end (in three orders) leaves the step as the rounds do:
+    the same groups, completions, rewards, decisions, drops, metrics and stream position."""
+    expected, round_calls, position = rounds(*IN_CALL_CASES[case])
+    got, calls, got_position = rounds(*IN_CALL_CASES[case], in_call=True, seed=seed)
+    assert len(calls) == 1 and len(round_calls) > 1
+    assert decided(got) == decided(expected)
+    assert [g.position for g in got.drops] == [g.position for g in expected.drops]
+    assert got.metrics() == expected.metrics()  # sampling/dynamic_rounds too
+    assert sorted(got.rewarded) == sorted(expected.rewarded)
+    assert got_position == position
+
+
+def test_a_budget_keeps_the_rounds():
+    spread_at = {0: 2, 1: None, 2: None, 3: 1}
+    _, calls, _ = rounds({"training.completions_per_step": 22}, [0, 1, 2], [3], spread_at,
+                         in_call=True)
+    assert len(calls) > 1  # its chunks go in step order: round by round
 
 
 def test_budget_and_cap_are_validated_in_one_line():

@@ -364,3 +364,41 @@ def test_the_docs_diagram():
     steps = {policy: checked_run(specs, lengths, policy, 3, predictor=oracle).decode_steps
              for policy in ("rounds", "continuous", "length_aware")}
     assert steps == {"rounds": 15, "continuous": 9, "length_aware": 8}
+
+
+@pytest.mark.parametrize("policy", ["full", "rounds", "continuous", "length_aware", "probe"])
+def test_held_samples_start_only_once_released_and_cancelled_ones_close_their_group(policy):
+    """A gate's samples (dynamic sampling inside one call): held ones never start before
+    `release`; cancelled ones never start, and the books end empty, a group never opened too."""
+    specs, lengths = specs_for([[3, 5, 2, 4], [4, 4], [2, 6, 3]], prompt_tokens=10, max_new=8)
+    specs = fresh(specs)
+    held = {2, 3, 5, 6, 7, 8}
+    options = {"probe_tokens": 3} if policy == "probe" else {}
+    predictor = make_predictor("online") if policy in ("length_aware", "probe") else None
+    sched = SlotScheduler(specs, policy, 2, 60, predictor, held=held, **options)
+    assert sched.stats.num_samples == 3
+    started, actions = set(), {0: [2, 3], 1: None}  # after sample k ends: release these
+    while not sched.done:
+        started |= {s.sample_id for _, s in sched.admit()}
+        assert not started & held
+        finished = []
+        for sample in sched.active().values():
+            sample.token_ids.append(7)
+            if sample.num_tokens == lengths[sample.sample_id]:
+                sample.finish_reason = "length"
+                finished.append(sample)
+        sched.step(finished)
+        for sample in finished:
+            if actions.get(sample.sample_id):
+                sched.release(actions[sample.sample_id])
+                held -= set(actions[sample.sample_id])
+        if not sched.active() and held:  # nothing runs: the rest will never run
+            cancelled = sched.cancel(sorted(held))
+            assert [s.status for s in cancelled] == ["cancelled"] * len(held)
+            held = set()
+    assert started == {0, 1, 2, 3, 4}
+    assert sched.stats.num_samples == 5
+    assert sched.stats.generated_tokens == sum(lengths[i] for i in started)
+    assert sched._held_prompt_tokens == 0 and sched._unopened_prompt_tokens == 0
+    with pytest.raises(ValueError, match="not held"):
+        sched.release([0])

@@ -85,6 +85,10 @@ class RankSteps:
     def rank(self) -> int:
         return self.ranks.rank
 
+    @property
+    def distributed(self) -> bool:
+        return self.ranks.distributed
+
     # ---- before sampling
     def share(self, batch: list[tuple[int, Any]]) -> list[int]:
         """This rank's prompts: indices into `batch`, ascending."""

@@ -27,9 +27,14 @@ Every chunk of a prompt draws from the step's one seed with the key global id x
 max_num_generations + index in the group, so a group sampled in chunks has exactly the
 completions one call of its final size would give (any policy, either engine).
 
-Deliberately simple: decisions are taken at chunk boundaries, each round one sampler call that
-runs to its end (continuous refill inside it), not while a call is running; rewards are scored
-per round, as the reward functions are called today; a rank sits a round out when none of its
+In one process without `training.completions_per_step` the rounds are not run as calls: one
+sampler call takes the same decisions as its samples end, each chunk scored as soon as it has
+ended, to the rounds' very result (`dynamic_in_call.py`), so freed rows take the next chunk at
+once instead of waiting for the round's longest completion.
+
+Deliberately simple: with several processes (or a completions budget) decisions are taken at
+chunk boundaries, each round one sampler call that runs to its end (continuous refill inside
+it); rewards are scored per round; a rank sits a round out when none of its
 groups needs a chunk (it still joins the round's gather); when no group of the step has spread the
 step trains on the dropped groups (all advantages 0), as a step without dynamic sampling would.
 """
@@ -37,145 +42,55 @@ step trains on the dropped groups (all advantages 0), as a step without dynamic 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Sequence
 
-import torch
-
-from infsamp.algorithm.advantages import group_ties
 from infsamp.config_algorithm import SamplingConfig, TrainingConfig
-from infsamp.rewards.compute import RewardResult
-from infsamp.sampling.types import Completion, SampleResult, SamplerStats
+from infsamp.run.dynamic_groups import (
+    ChunkRules,
+    DynamicResult,
+    Group,
+    OneProcess,
+    PromptSource,
+    SampleChunks,
+    Score,
+    fresh_prompt,
+)
+from infsamp.run.dynamic_in_call import sample_in_call
 from infsamp.tasks.prompts import EncodedPrompt
-
-# (prompts, completions per prompt, index of each prompt's first one, global ids) -> result
-SampleChunks = Callable[[list[EncodedPrompt], list[int], list[int], list[int]], SampleResult]
-Score = Callable[[list[Any], list[str], list[list[int]]], RewardResult]
-
-
-class OneProcess:
-    """The rounds' view of the ranks in one process (`RankSteps` offers the same three)."""
-
-    rank = 0
-
-    def shares(self, batch: Sequence[Any]) -> list[list[int]]:
-        return [list(range(len(batch)))]
-
-    def gather(self, value: Any) -> list[Any]:
-        return [value]
-
-
-@dataclass
-class Group:
-    """One prompt of the step and what it has so far."""
-
-    position: int  # its place in the step (its global id: the base of its sample keys)
-    index: int  # the example's index in the training split
-    prompt: EncodedPrompt
-    owner: int = 0  # the rank that samples it (the completions and per-function rewards: there)
-    completions: list[Completion] = field(default_factory=list)
-    total: list[float] = field(default_factory=list)  # every rank: one per completion so far
-    per_function: dict[str, list[float]] = field(default_factory=dict)
-    tied_first: bool = False  # no spread after its first chunk
-    status: str = "open"  # open, decided (spread), dropped (none at its end)
-
-    def add(self, completions: list[Completion], rewards: RewardResult, rows: slice) -> None:
-        """Its chunk's completions and rewards per function (on its owner)."""
-        self.completions += completions
-        for name, values in rewards.per_function.items():
-            self.per_function.setdefault(name, []).extend(values[rows])
-
-    @property
-    def size(self) -> int:
-        return len(self.total)
-
-    @property
-    def tied(self) -> bool:
-        return bool(group_ties(torch.tensor([self.total], dtype=torch.float32))[0])
-
-
-@dataclass
-class DynamicResult:
-    """What a step's rounds sampled and decided; `metrics` are its `sampling/*` lines."""
-
-    groups: list[Group]  # every group begun, step order (the step's B first, then replacements)
-    num_prompts: int  # the step's B
-    num_generations: int  # G
-    calls: list[SamplerStats] = field(default_factory=list)  # this rank's, one per round
-    num_rounds: int = 0
-    timeouts: dict[str, int] = field(default_factory=dict)  # every rank's
-    rewarded: list[float] = field(default_factory=list)  # every sampled completion's reward
-    drops: list[Group] = field(default_factory=list)  # in the order they were dropped
-
-    @property
-    def trained(self) -> list[Group]:
-        """The groups the update uses: those with spread (none: the dropped ones, all 0)."""
-        return [g for g in self.groups if g.status == "decided"] or self.dropped
-
-    def drop(self, group: Group) -> None:
-        group.status = "dropped"
-        self.drops.append(group)
-
-    @property
-    def dropped(self) -> list[Group]:
-        return [g for g in self.groups if g.status == "dropped"]
-
-    @property
-    def num_sampled(self) -> int:
-        return sum(g.size for g in self.groups)
-
-    def rewards(self, groups: list[Group], names: Sequence[str]) -> RewardResult:
-        """These groups' rewards (this rank's), group-major; `names`: the reward functions."""
-        return RewardResult([r for g in groups for r in g.total],
-                            {n: [v for g in groups for v in g.per_function[n]] for n in names},
-                            dict(self.timeouts))
-
-    def sampler_metrics(self) -> dict[str, float]:
-        """This rank's rounds' sampler statistics, merged (`RankSteps.combine` merges ranks)."""
-        return SamplerStats.merge(self.calls).to_metrics()
-
-    def metrics(self) -> dict[str, float]:
-        """The step's `sampling/*` decisions, the same on every rank."""
-        sampled, first = self.num_sampled, self.num_prompts * self.num_generations
-        scored = [r for r in self.rewarded if not math.isnan(r)]
-        return {"sampling/completions": sampled,
-                "sampling/dropped_prompts": len(self.dropped),
-                "sampling/trained_groups": len(self.trained),
-                "sampling/replaced_prompts": len(self.groups) - self.num_prompts,
-                "sampling/zero_std_groups_before":
-                    sum(g.tied_first for g in self.groups) / len(self.groups),
-                "sampling/extra_completions_frac": max(sampled - first, 0) / max(sampled, 1),
-                "sampling/dynamic_rounds": self.num_rounds,
-                "sampling/reward_sampled": sum(scored) / len(scored) if scored else math.nan}
 
 
 class DynamicSampler:
     """The step's rounds (module docstring), over the sampler and the reward functions the step
     hands it (`run`)."""
 
-    def __init__(self, sampling: SamplingConfig, training: TrainingConfig):
-        self.G, self.cap, self.chunk = (sampling.num_generations, sampling.generations_cap,
-                                        sampling.chunk_generations)
-        self.max_replaced = max_replaced_prompts(sampling, training)
+    def __init__(self, sampling: SamplingConfig, training: TrainingConfig, in_call: bool = True):
+        self.rules = ChunkRules(sampling.num_generations, sampling.generations_cap,
+                                sampling.chunk_generations,
+                                max_replaced_prompts(sampling, training))
         self.budget = training.completions_per_step or math.inf  # completions per step
+        # the decisions inside one sampler call, where they are the rounds' (`dynamic_in_call`)
+        self.in_call = in_call and self.budget == math.inf
 
-    def run(self, batch: Sequence[tuple[int, EncodedPrompt]],
-            next_prompt: Callable[[], tuple[int, EncodedPrompt]], sample: SampleChunks,
-            score: Score, num_examples: int, ranks=None) -> DynamicResult:
+    def run(self, batch: Sequence[tuple[int, EncodedPrompt]], stream: PromptSource,
+            sample: SampleChunks, score: Score, num_examples: int, ranks=None) -> DynamicResult:
         """Sample, score and decide until every group of the step is decided or dropped
-        (`num_examples`: the stream's, the most draws a replacement takes; `ranks`: the step's
-        `RankSteps`, None in one process)."""
+        (`stream`: the prompt stream, replacements drawn from it; `num_examples`: the stream's,
+        the most draws a replacement takes; `ranks`: the step's `RankSteps`, None in one
+        process). In one process without a completions budget, one sampler call decides as it
+        goes (`dynamic_in_call.py`), to the rounds' very result."""
         ranks = ranks or OneProcess()
         owners = {i: rank for rank, share in enumerate(ranks.shares(batch)) for i in share}
         step = DynamicResult([Group(k, index, prompt, owners[k])
-                              for k, (index, prompt) in enumerate(batch)], len(batch), self.G)
-        requests = [(g, self.G) for g in step.groups]
+                              for k, (index, prompt) in enumerate(batch)], len(batch),
+                             self.rules.G)
+        if self.in_call and not ranks.distributed:
+            return sample_in_call(self.rules, step, stream, sample, score, num_examples)
+        requests = [(g, self.rules.G) for g in step.groups]
         while requests:
             self._round(requests, sample, score, step, ranks)
             requests = self._within_budget(self._next_chunks(requests, step), step)
             reserved = step.num_sampled + sum(n for _, n in requests)
-            requests += self._replacements(step, next_prompt, reserved, num_examples)
+            requests += self._replacements(step, stream.next_prompt, reserved, num_examples)
         return step
 
     def _round(self, requests: list[tuple[Group, int]], sample: SampleChunks, score: Score,
@@ -223,10 +138,10 @@ class DynamicSampler:
         for group, _ in requests:
             if not group.tied:
                 group.status = "decided"
-            elif group.size >= self.cap:
+            elif group.size >= self.rules.cap:
                 step.drop(group)
             else:
-                more.append((group, min(self.chunk, self.cap - group.size)))
+                more.append((group, min(self.rules.chunk, self.rules.cap - group.size)))
         return more
 
     def _within_budget(self, requests: list[tuple[Group, int]],
@@ -254,26 +169,17 @@ class DynamicSampler:
         def replaced() -> int:
             return len(step.groups) - step.num_prompts
 
-        while (len(step.drops) > replaced() and replaced() < self.max_replaced
-               and self.budget - reserved >= self.G):
-            found = self._fresh_prompt(next_prompt, in_step, num_examples)
+        while (len(step.drops) > replaced() and replaced() < self.rules.max_replaced
+               and self.budget - reserved >= self.rules.G):
+            found = fresh_prompt(next_prompt, in_step, num_examples)
             if found is None:
                 break
             group = Group(len(step.groups), *found, owner=step.drops[replaced()].owner)
             step.groups.append(group)
             in_step.add(group.index)
-            added.append((group, self.G))
-            reserved += self.G
+            added.append((group, self.rules.G))
+            reserved += self.rules.G
         return added
-
-    @staticmethod
-    def _fresh_prompt(next_prompt, in_step: set[int], num_examples: int):
-        """The stream's next prompt not yet in the step (None after a whole epoch of them)."""
-        for _ in range(num_examples):
-            index, prompt = next_prompt()
-            if index not in in_step:
-                return index, prompt
-        return None
 
 
 def max_replaced_prompts(sampling: SamplingConfig, training: TrainingConfig) -> int:

@@ -155,7 +155,7 @@ class TrainStep:
         """`rollout` with dynamic sampling: the step's rounds (each rank samples its own groups,
         every rank takes the same decisions), then the groups with spread, each of its own size,
         normalised over the whole step and laid out as `rollout`'s."""
-        found = self.dynamic.run(batch, self.stream.next_prompt, *self.chunk_calls(progress),
+        found = self.dynamic.run(batch, self.stream, *self.chunk_calls(progress),
                                  len(self.stream.examples), self.rank_steps)
         trained, rank = found.trained, self.rank_steps.rank
         share = [k for k, g in enumerate(trained) if g.owner == rank]  # indices into trained
@@ -179,22 +179,33 @@ class TrainStep:
 
     def chunk_calls(self, progress: RunProgress):
         """Dynamic sampling's (sample, score) for this step: every chunk draws from one seed
-        (keys: place in the step x the cap + index in the group)."""
-        seed, stride = draw_seed(self.generator), self.dynamic.cap
+        (keys: place in the step x the cap + index in the group). With a gate (decisions inside
+        the call) scoring runs inside sampling: its time counts to time/rewards only."""
+        seed, stride = draw_seed(self.generator), self.dynamic.rules.cap
+        inside: list[bool] = [False]  # a gated call is running (its scoring draws no bar)
 
-        def sample(prompts, counts, first_index, positions):
-            progress.phase("sampling", sum(counts), "samples")
-            with self.step_timer.phase("sampling"):
+        def sample(prompts, counts, first_index, positions, gate=None):
+            progress.phase("sampling", len(prompts) * self.dynamic.rules.G if gate else
+                           sum(counts), "samples")
+            rewards_before, start = self.step_timer.seconds.get("rewards", 0.0), time.perf_counter()
+            inside[0] = gate is not None
+            try:
                 return self.sample_with_retry(
                     [p.token_ids for p in prompts], counts, [str(p.index) for p in prompts],
                     [p.text for p in prompts], positions, progress, first_index=first_index,
-                    seed=seed, key_stride=stride)[0]
+                    seed=seed, key_stride=stride, gate=gate)[0]
+            finally:
+                inside[0] = False
+                scored = self.step_timer.seconds.get("rewards", 0.0) - rewards_before
+                self.step_timer.add("sampling", time.perf_counter() - start - scored)
 
         def score(examples, texts, ids):
-            progress.phase("scoring", len(texts), "completions")
+            if not inside[0]:
+                progress.phase("scoring", len(texts), "completions")
             with self.step_timer.phase("rewards"):
                 rewards = self.score(examples, texts, ids)
-            progress.advance(len(texts))
+            if not inside[0]:
+                progress.advance(len(texts))
             return rewards
 
         return sample, score

@@ -47,7 +47,14 @@ from infsamp.sampling.engines.slots import SlotEngine
 from infsamp.sampling.scheduler import SlotScheduler
 from infsamp.sampling.sizes import sampler_run_sizes
 from infsamp.sampling.turns import TurnHandler, TurnLoop
-from infsamp.sampling.types import Completion, Sample, SampleResult, SamplerStats, make_samples
+from infsamp.sampling.types import (
+    Completion,
+    Sample,
+    SampleGate,
+    SampleResult,
+    SamplerStats,
+    make_samples,
+)
 
 # told after each decode step: the call's statistics so far, samples finished, samples running
 ProgressCallback = Callable[[SamplerStats, int, int], None]
@@ -141,7 +148,8 @@ class GroupSampler:
                progress: ProgressCallback | None = None,
                first_index: Sequence[int] | None = None, seed: int | None = None,
                key_stride: int = 0, turns: TurnHandler | None = None,
-               share_prefix: bool = False, fill_budget: bool = False) -> SampleResult:
+               share_prefix: bool = False, fill_budget: bool = False,
+               gate: SampleGate | None = None) -> SampleResult:
         """Every completion of every prompt, grouped by prompt, plus the sampler's statistics.
 
         `target_lengths` (one per sample, group-major) makes each sample end after exactly that
@@ -158,6 +166,9 @@ class GroupSampler:
         `share_prefix`: the prompts' common prefix forwarded and held once (where the engine can;
         the numbers then differ from unshared ones in the last bits); `fill_budget`: as many
         samples at once as the KV budget holds, the run's g aside (evaluation).
+        `gate`: decisions inside the call (dynamic sampling, `types.SampleGate`): it holds back
+        some samples at the start, and after each decode step, shown the completions that
+        ended, releases or cancels held ones; cancelled samples are not in the result.
         """
         max_new = max_new_tokens or self.cfg.max_new_tokens
         counts = ([num_generations] * len(prompt_ids) if isinstance(num_generations, int)
@@ -179,7 +190,8 @@ class GroupSampler:
         options.sample_keys = _sample_keys(samples, global_group_ids, key_stride, max(counts))
         options.hidden_states = getattr(self.predictor, "uses_hidden", False) and \
             self.engine.hands_hidden_states
-        sched = self._scheduler(samples, policy, micro_group, budget, prefix)
+        held = gate.begin(samples) if gate is not None else ()
+        sched = self._scheduler(samples, policy, micro_group, budget, prefix, held)
         processor = logits_processor_factory(samples) if logits_processor_factory else None
         stats = sched.stats
         stats.kv_budget_tokens, stats.engine = budget, self.engine.name
@@ -187,17 +199,18 @@ class GroupSampler:
         options.turn_ends = loop.continues if loop is not None else None
         self.engine.begin_call(prompt_ids, samples, sched.num_slots, options, stats, processor,
                                pool_tokens=sched.max_running_tokens, shared_prefix=prefix)
-        stats.wall_time_s = self._run(sched, progress, loop)
+        stats.wall_time_s = self._run(sched, progress, loop, gate)
         return SampleResult(self._completions(samples, len(prompt_ids)), stats)
 
     def _scheduler(self, samples: list[Sample], policy: str, micro_group: int, budget: int,
-                   prefix: int) -> SlotScheduler:
+                   prefix: int, held=()) -> SlotScheduler:
         """The call's scheduler over this sampler's predictor and what its engine can do."""
         return SlotScheduler(samples, policy, micro_group, max_kv_tokens=budget,
                              predictor=self.predictor, kv_block_size=self.engine.kv_block_size,
                              keep_parked_kv=self.engine.keeps_parked_kv,
                              max_micro_group=self.engine.max_micro_group,
-                             shared_prefix_tokens=prefix, **policy_options(self.cfg, policy))
+                             shared_prefix_tokens=prefix, held=held,
+                             **policy_options(self.cfg, policy))
 
     def call_sizes(self, prompt_ids: list[list[int]], num_generations: int,
                    max_new: int) -> RunSizes:
@@ -287,7 +300,7 @@ class GroupSampler:
 
     # ---- the loop
     def _run(self, sched: SlotScheduler, progress: ProgressCallback | None = None,
-             turns: TurnLoop | None = None) -> float:
+             turns: TurnLoop | None = None, gate: SampleGate | None = None) -> float:
         start = time.perf_counter()
         try:
             while not sched.done:
@@ -303,6 +316,8 @@ class GroupSampler:
                 _timed(sched, sched.step, [s for s in finished if s.finish_reason != "tool_call"])
                 if turns is not None:
                     turns.park_calls(finished)
+                if gate is not None:
+                    self._ask_gate(sched, gate, finished)
                 if progress is not None:
                     sched.stats.wall_time_s = time.perf_counter() - start  # so far
                     progress(sched.stats, sched.num_finished, len(running))
@@ -312,16 +327,29 @@ class GroupSampler:
         self.engine.end_call()
         return time.perf_counter() - start
 
+    def _ask_gate(self, sched: SlotScheduler, gate: SampleGate,
+                  finished: Sequence[Sample]) -> None:
+        """The gate's decisions after a decode step, over the completions that ended in it."""
+        ended = [self._completion(s) for s in sorted(finished, key=lambda s: s.sample_id)
+                 if s.status == "finished"]
+        release, cancel = gate.after_step(ended)
+        sched.release(release)
+        self.engine.cancel(sched.cancel(cancel))
+
     # ---- results
     def _completions(self, samples: list[Sample], num_groups: int) -> list[list[Completion]]:
+        """Every finished sample's completion by group (a gate's cancelled samples left out)."""
         groups: list[list[Completion]] = [[] for _ in range(num_groups)]
         for sample in samples:
-            ids = sample.token_ids
-            text_ids = ids[:-1] if sample.finish_reason == "eos" else ids
-            text = (self.tokenizer.decode(text_ids, skip_special_tokens=True)
-                    if self.tokenizer else "")
-            groups[sample.group_id].append(Completion(
-                list(ids), text, len(ids), sample.finish_reason, sample.group_id,
-                sample.index_in_group, sample.logprobs, list(sample.context_spans),
-                sample.num_turns, sample.num_context_tokens, list(sample.tool_latencies_s)))
+            if sample.status == "finished":
+                groups[sample.group_id].append(self._completion(sample))
         return groups
+
+    def _completion(self, sample: Sample) -> Completion:
+        ids = sample.token_ids
+        text_ids = ids[:-1] if sample.finish_reason == "eos" else ids
+        text = self.tokenizer.decode(text_ids, skip_special_tokens=True) if self.tokenizer else ""
+        return Completion(list(ids), text, len(ids), sample.finish_reason, sample.group_id,
+                          sample.index_in_group, sample.logprobs, list(sample.context_spans),
+                          sample.num_turns, sample.num_context_tokens,
+                          list(sample.tool_latencies_s))

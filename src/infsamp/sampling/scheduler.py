@@ -44,6 +44,12 @@ starts again ahead of the policy's picks, with its whole reservation (`max_new_t
 whole episode, tool tokens included, so the reservation still holds it to its end); a policy that
 re-predicts (`on_tokens`) sees it at once, its remaining turns predicted anew.
 
+Held samples (a gate's, `types.SampleGate`: dynamic sampling decides inside the call). Samples
+given in `held` are counted in the books from the start (their group's prompt stays open while
+any is held) but the policy sees them only once `release`d; `cancel` takes held samples out for
+good (a group whose samples all ended or were cancelled gives its prompt back). The sampler asks
+the gate after each step, so a call never stalls on held samples.
+
 Simplifications: one call = one training step (every sample of the call finishes before `done`);
 slots are identical; the reservation is the worst case (`max_new_tokens`, or a probe's k), not the
 predicted length.
@@ -53,7 +59,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from infsamp.errors import SamplingError
 from infsamp.planner.kv_budget import (
@@ -72,13 +78,20 @@ class SlotScheduler:
     def __init__(self, samples: Sequence[Sample], policy: str, micro_group: int,
                  max_kv_tokens: int = 0, predictor: LengthPredictor | None = None,
                  kv_block_size: int = 1, keep_parked_kv: bool = True,
-                 max_micro_group: int = 0, shared_prefix_tokens: int = 0, **policy_options):
+                 max_micro_group: int = 0, shared_prefix_tokens: int = 0,
+                 held: Collection[int] = (), **policy_options):
         self._samples = list(samples)
         _check_samples(self._samples, micro_group)
         if shared_prefix_tokens and kv_block_size != 1:
             raise ValueError("a shared prefix is held by the slot engine only (block size 1)")
         self.predictor = predictor
         self._policy = make_policy(policy, self._samples, micro_group, predictor, **policy_options)
+        self._held = set(held)
+        for sample_id in self._held:
+            self._samples[sample_id].status = "held"
+        if self._held:
+            self._policy.hold(self._held)
+        self._num_cancelled = 0
         self.micro_group = self._policy.micro_group
         self.max_kv_tokens = max_kv_tokens if self._policy.uses_budget else 0  # 0: no budget
         if self._policy.probe_tokens and not max_kv_tokens:
@@ -118,7 +131,8 @@ class SlotScheduler:
         self._active_tokens = 0  # tokens generated so far by running samples
         self._num_finished = 0
         self._predicted: dict[int, float] = {}
-        self.stats = SamplerStats(num_samples=len(self._samples), micro_group=self.micro_group,
+        self.stats = SamplerStats(num_samples=len(self._samples) - len(self._held),
+                                  micro_group=self.micro_group,
                                   policy=policy, kv_block_size=kv_block_size)
 
     # ---- the loop -------------------------------------------------------------------------------
@@ -213,7 +227,43 @@ class SlotScheduler:
 
     @property
     def done(self) -> bool:
-        return self._num_finished == len(self._samples)
+        return self._num_finished + self._num_cancelled == len(self._samples)
+
+    # ---- held samples (a gate's) ----------------------------------------------------------------
+    def release(self, sample_ids: Sequence[int]) -> None:
+        """Held samples become pending: the policy may start them from the next `admit`."""
+        released = [self._take_held(i) for i in sample_ids]
+        for sample in released:
+            sample.status = "pending"
+        self.stats.num_samples += len(released)
+        self._policy.release(released)
+
+    def cancel(self, sample_ids: Sequence[int]) -> list[Sample]:
+        """Held samples that will never run; returns them (the engine forgets them too)."""
+        cancelled = [self._take_held(i) for i in sample_ids]
+        for sample in cancelled:
+            sample.status = "cancelled"
+            self._num_cancelled += 1
+            self._end_in_group(sample)
+        if cancelled and self.done:
+            self._finish_call()
+        return cancelled
+
+    def _take_held(self, sample_id: int) -> Sample:
+        if sample_id not in self._held:
+            raise ValueError(f"sample {sample_id} is not held")
+        self._held.discard(sample_id)
+        return self._samples[sample_id]
+
+    def _end_in_group(self, sample: Sample) -> None:
+        """A sample of its group ended (or was cancelled): the last gives the prompt back."""
+        self._group_unfinished[sample.group_id] -= 1
+        if self._group_unfinished[sample.group_id]:
+            return
+        if self._group_open[sample.group_id]:
+            self._held_prompt_tokens -= self._shared[sample.sample_id]
+        else:  # never opened: every sample of it was cancelled
+            self._unopened_prompt_tokens -= self._shared[sample.sample_id]
 
     # ---- KV books -------------------------------------------------------------------------------
     def can_allocate(self, sample: Sample, instead_of: Sample | None = None) -> bool:
@@ -320,9 +370,7 @@ class SlotScheduler:
         sample.status = "finished"
         self._active_tokens -= length
         self._reserved_tokens -= self._running_reserve.pop(sample.sample_id)
-        self._group_unfinished[sample.group_id] -= 1
-        if self._group_unfinished[sample.group_id] == 0:
-            self._held_prompt_tokens -= self._shared[sample.sample_id]
+        self._end_in_group(sample)
         self._num_finished += 1
         if self.predictor is not None:
             self.predictor.observe_finished(sample, length)
@@ -353,12 +401,13 @@ class SlotScheduler:
             self._policy.on_tokens(sample)
 
     def _finish_call(self) -> None:
-        lengths = [s.num_tokens - s.num_context_tokens for s in self._samples]  # decoded
+        ran = [s for s in self._samples if s.status == "finished"]
+        lengths = [s.num_tokens - s.num_context_tokens for s in ran]  # decoded
         self.stats.generated_tokens = sum(lengths)
         self.stats.lower_bound = lower_bound(lengths, self.micro_group)
         self.stats.opt_lower_bound = pigeonhole_bound(lengths, self.micro_group)
         if self.predictor is not None:
-            predicted = [self._predicted[s.sample_id] for s in self._samples]
+            predicted = [self._predicted[s.sample_id] for s in ran]
             quality = prediction_quality(predicted, lengths)
             self.stats.predictor_kendall_tau, self.stats.predictor_mae = quality
             self.predictor.end_call()

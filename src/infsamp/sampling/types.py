@@ -8,7 +8,9 @@ sample (running -> parked -> running: its tokens are kept, its KV kept or recomp
 only appends tokens (and, when asked, the hidden state of the latest one). In a multi-turn
 episode (`turns.py`) a sample whose turn ended in a tool call waits (running -> waiting -> parked
 -> running) and gets the tool's answer as context tokens (`context_spans`: not the model's, so
-they carry no loss; `max_new_tokens` counts them). `SamplerStats` is the
+they carry no loss; `max_new_tokens` counts them). A call with a gate (`SampleGate`: dynamic
+sampling's decisions inside the call) declares samples it may not need: they are held
+(held -> pending) until the gate releases them, or cancelled, never run. `SamplerStats` is the
 one statistics type: the scheduler, the engine and the sampler each fill their own fields;
 `COMBINED` says how each one adds up over calls (`merge`: the simulator, the benchmarks) and over
 ranks.
@@ -27,12 +29,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 # "tool_call": a turn that ended in a tool call (the sample waits for it, then resumes); a
 # finished episode ends by "eos" or "length" only
 FinishReason = Literal["eos", "length", "tool_call"]
-SampleStatus = Literal["pending", "running", "parked", "waiting", "finished"]
+# "held": declared but not admissible until a gate releases it; "cancelled": will never run
+SampleStatus = Literal["pending", "held", "running", "parked", "waiting", "finished",
+                       "cancelled"]
 
 
 @dataclass(eq=False)
@@ -246,3 +250,16 @@ class SampleResult:
     @property
     def completions(self) -> list[Completion]:
         return [c for group in self.groups for c in group]
+
+
+class SampleGate(Protocol):
+    """Decisions taken while a sampler call runs (dynamic sampling, `run/dynamic_sampling.py`):
+    which of the call's declared samples may start, and which will never run."""
+
+    def begin(self, samples: Sequence[Sample]) -> set[int]:
+        """The call's samples, before any starts (again on a retried call); returns the ids held
+        back until released."""
+
+    def after_step(self, finished: Sequence[Completion]) -> tuple[list[int], list[int]]:
+        """The completions that ended in the latest decode step; returns the sample ids to
+        release and those to cancel. While nothing runs it must release or cancel something."""

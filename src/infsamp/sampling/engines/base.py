@@ -97,6 +97,10 @@ class Engine(Protocol):
         sample that was running and is missing from `active` (not finished) was parked: it
         keeps its tokens, and its KV only if `Sample.parked_kv`."""
 
+    def cancel(self, samples: Sequence[Sample]) -> None:
+        """Samples of the call that never started and never will (a gate cancelled them): a
+        group whose other samples all ended gives its prompt back."""
+
     def end_call(self) -> None:
         """The call is over (every sample finished)."""
 

@@ -165,6 +165,10 @@ class SlotEngine(SharedPrefixPrefill):
                                   time.process_time() - cpu_start, [p + 1 for p in positions]))
         return ended
 
+    def cancel(self, samples: Sequence[Sample]) -> None:
+        for sample in samples:
+            self._release_group(sample.group_id)
+
     def end_call(self) -> None:
         self.model.train(self.was_training)
         self.cache = None
@@ -278,7 +282,7 @@ class SlotEngine(SharedPrefixPrefill):
 
     def _release_group(self, group_id: int) -> None:
         self.remaining[group_id] -= 1
-        if self.remaining[group_id] == 0:
+        if self.remaining[group_id] == 0 and group_id in self.cache.group_rows:
             self.cache.drop_prompt(group_id)
 
     def _drop_taken_back(self, active: dict[int, Sample]) -> None:

@@ -259,6 +259,9 @@ class VLLMEngine:
         self._track_peak()
         return finished
 
+    def cancel(self, samples: Sequence[Sample]) -> None:
+        pass  # a sample is a request only once started; prompts live in the prefix cache
+
     def end_call(self) -> None:
         self.running = {}
 

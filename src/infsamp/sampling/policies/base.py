@@ -74,6 +74,15 @@ class AdmissionPolicy:
     def on_parked(self, sample: Sample) -> None:
         pass
 
+    def hold(self, held: set[int]) -> None:
+        """Samples not to start until `release`d (a gate's: dynamic sampling). Policies keep
+        their waiting samples in `_pending` in arrival order; `length_aware` overrides both."""
+        self._pending = deque(s for s in self._pending if s.sample_id not in held)
+
+    def release(self, samples: Sequence[Sample]) -> None:
+        """Held samples become pending, after those already waiting."""
+        self._pending.extend(samples)
+
     def on_waiting(self, sample: Sample) -> None:
         """A running sample left its slot to wait on a tool call (the scheduler resumes it)."""
 

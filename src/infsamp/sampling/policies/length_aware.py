@@ -137,6 +137,19 @@ class LengthAwarePolicy(AdmissionPolicy):
         self._parked.add(sample.sample_id)
         self._off_plan = True  # the plan assumed samples keep their slots
 
+    def hold(self, held):
+        self._pending -= held
+
+    def release(self, samples):
+        """Released samples join the pending ones; the plan is stale (list scheduling)."""
+        for sample in samples:  # a re-plan weighed only the pending samples of its time
+            weight = max(1.0, float(self.predictor.predict(sample)))
+            self._weight.setdefault(sample.sample_id, weight)
+            self._first_weight.setdefault(sample.sample_id, weight)
+        self._pending |= {s.sample_id for s in samples}
+        self._order = sorted(self._pending, key=self._refill_key)
+        self._off_plan = True
+
     # ---- planning -------------------------------------------------------------------------------
     def _plan(self, max_states: int) -> list[list[int]]:
         pending = sorted(self._pending)
