@@ -195,6 +195,8 @@ def plan_note(sampling: SamplingConfig, training: TrainingConfig) -> str:
         return ""
     budget = (f", at most {training.completions_per_step} per step"
               if training.completions_per_step else "")
+    calls = ("rounds of sampler calls" if training.completions_per_step else
+             "decided inside one sampler call (rounds of calls with several processes)")
     return (f"; dynamic sampling: up to {sampling.generations_cap} completions per prompt in "
-            f"chunks of {sampling.chunk_generations}{budget}, each round one sampler call under "
-            "the same KV budget and g (memory unchanged)")
+            f"chunks of {sampling.chunk_generations}{budget}, {calls}, under the same KV budget "
+            "and g (memory unchanged)")
