@@ -402,3 +402,17 @@ def test_held_samples_start_only_once_released_and_cancelled_ones_close_their_gr
     assert sched._held_prompt_tokens == 0 and sched._unopened_prompt_tokens == 0
     with pytest.raises(ValueError, match="not held"):
         sched.release([0])
+
+
+def test_pending_samples_cancelled_and_a_stopped_call_drops_what_runs():
+    specs, _ = specs_for([[3, 3, 3], [3, 3]], prompt_tokens=4, max_new=8)
+    sched = SlotScheduler(fresh(specs), "continuous", 2, 100)
+    running = [s.sample_id for _, s in sched.admit()]
+    assert running == [0, 1]
+    assert [s.sample_id for s in sched.cancel([1, 2, 3])] == [2, 3]  # 1 runs on; 2, 3 pending
+    assert sched.stats.num_samples == 3
+    for sample in sched.active().values():
+        sample.token_ids.append(7)
+    sched.step([])
+    assert sched.stop() is True and sched.done  # 0 and 1 were running: the engine drops them
+    assert sched.stats.num_samples == 0 and sched.stats.generated_tokens == 0

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from infsamp.rewards.compute import RewardResult
 from infsamp.run.dynamic_groups import (
     ChunkRules,
     DynamicResult,
@@ -41,6 +42,10 @@ from infsamp.run.dynamic_groups import (
     fresh_prompt,
 )
 from infsamp.sampling.types import Completion, Sample
+
+# a chunk with at least this share of its samples ended, every reward so far tied: what the
+# group likely needs next starts (measured on the recipe: docs/training_step.md)
+RUN_AHEAD_ENDED = 0.5
 
 
 class ChunkGate:
@@ -57,8 +62,9 @@ class ChunkGate:
         self.ids: list[list[int]] = [[] for _ in self.groups]  # call group -> ids by index
         for sample in samples:
             self.ids[sample.group_id].append(sample.sample_id)
-        self.released = [0] * len(self.groups)  # samples of each group released so far
-        self.ended: list[list[Completion]] = [[] for _ in self.groups]  # its chunk's, so far
+        # call group -> index -> its completion and (total, reward per function), once ended
+        self.ended: list[dict[int, tuple[Completion, float, dict]]] = [{} for _ in self.groups]
+        self.released = [0] * len(self.groups)  # each group's samples released, by index
         self.held = {s.sample_id for s in samples}
         self.num_started, self.drops = self.step.num_prompts, []
         self.rewarded: list[float] = []
@@ -66,62 +72,109 @@ class ChunkGate:
         self.to_release: list[int] = []
         self.to_cancel: list[int] = []
         for k in range(self.num_started):
-            self._release(k, self.rules.G)
+            self._release_to(k, self.rules.G)
         return set(self.held)
 
-    def after_step(self, finished: Sequence[Completion]) -> tuple[list[int], list[int]]:
+    def after_step(self, finished: Sequence[Completion]) -> tuple[list[int], list[int], bool]:
         self.to_release, self.to_cancel = [], []
-        for completion in finished:
-            self.ended[completion.group_id].append(completion)
-        for k in sorted({c.group_id for c in finished}):
-            if len(self.ended[k]) == self.released[k] - self.groups[k].size:  # chunk ended
-                self._decide(k)
-        if not any(g.status == "open" for g in self.groups[:self.num_started]):
-            self.to_cancel += sorted(self.held)
-            self.held.clear()
-        return self.to_release, self.to_cancel
+        if finished:
+            self._score(finished)
+        for k in sorted({c.group_id for c in finished if c.group_id < self.num_started}):
+            self._settle(k)
+        stop = not any(g.status == "open" for g in self.groups[:self.num_started])
+        if not stop:
+            self._run_ahead()
+        return self.to_release, self.to_cancel, stop
 
-    def _decide(self, k: int) -> None:
-        """Group k's chunk ended: scored, then decided (module docstring)."""
-        group = self.groups[k]
-        self._score(k)
-        if not group.tied:
-            group.status = "decided"
-        elif group.size >= self.rules.cap:
-            group.status = "dropped"
-            self.drops.append(group)
-            while len(self.drops) > self.num_started - self.step.num_prompts and \
-                    self.num_started < len(self.groups):
-                self.num_started += 1
-                self._release(self.num_started - 1, self.rules.G)
-        else:
-            self._release(k, min(self.rules.chunk, self.rules.cap - group.size))
-            return
-        self._cancel(self.ids[k][self.released[k]:])
-
-    def _score(self, k: int) -> None:
-        """Group k's ended chunk, in index order, scored and added to it."""
-        group = self.groups[k]
-        chunk = sorted(self.ended[k], key=lambda c: c.index_in_group)
-        self.ended[k] = []
-        rewards = self.score([group.prompt.example] * len(chunk), [c.text for c in chunk],
-                             [c.token_ids for c in chunk])
-        first = group.size == 0
-        group.add(chunk, rewards, slice(0, len(chunk)))
-        group.total += rewards.total
-        self.rewarded += rewards.total
-        group.tied_first = group.tied if first else group.tied_first
+    def _score(self, finished: Sequence[Completion]) -> None:
+        """The step's ended completions scored at once (one reward call), kept by index."""
+        rewards = self.score([self.groups[c.group_id].prompt.example for c in finished],
+                             [c.text for c in finished], [c.token_ids for c in finished])
+        for row, c in enumerate(finished):
+            values = {name: column[row] for name, column in rewards.per_function.items()}
+            self.ended[c.group_id][c.index_in_group] = (c, rewards.total[row], values)
         for name, count in rewards.timeouts.items():
             self.timeouts[name] = self.timeouts.get(name, 0) + count
 
-    def _release(self, k: int, count: int) -> None:
-        start = self.released[k]
-        ids = self.ids[k][start:start + count]
-        self.released[k] = start + len(ids)
-        self.held.difference_update(ids)
+    def _chunk(self, k: int) -> range:
+        """Group k's chunk now undecided: its first G, else the next up to the cap."""
+        size = self.groups[k].size
+        return range(size, size + (self.rules.G if size == 0 else
+                                   min(self.rules.chunk, self.rules.cap - size)))
+
+    def _settle(self, k: int) -> None:
+        """Group k's chunks that have ended, decided in order (module docstring)."""
+        group = self.groups[k]
+        while group.status == "open":
+            chunk = self._chunk(k)
+            if any(i not in self.ended[k] for i in chunk):
+                return
+            self._add(k, chunk)
+            if not group.tied:
+                group.status = "decided"
+            elif group.size >= self.rules.cap:
+                group.status = "dropped"
+                self.drops.append(group)
+                self._replace()
+            else:
+                self._release_to(k, self._chunk(k).stop)
+        self._cancel(self.ids[k][group.size:])
+
+    def _add(self, k: int, chunk: range) -> None:
+        """Group k's ended chunk added to it, in index order, with its rewards."""
+        group, rows = self.groups[k], [self.ended[k][i] for i in chunk]
+        totals = [total for _, total, _ in rows]
+        per_function = {name: [values[name] for _, _, values in rows] for name in rows[0][2]}
+        first = group.size == 0
+        group.add([c for c, _, _ in rows], RewardResult(totals, per_function), slice(0, len(rows)))
+        group.total += totals
+        self.rewarded += totals
+        group.tied_first = group.tied if first else group.tied_first
+
+    def _replace(self) -> None:
+        """A replacement started for each drop not yet replaced, while there are any left."""
+        while len(self.drops) > self.num_started - self.step.num_prompts and \
+                self.num_started < len(self.groups):
+            self.num_started += 1
+            self._release_to(self.num_started - 1, self.rules.G)
+            self._settle(self.num_started - 1)  # it may have run ahead
+
+    def _run_ahead(self) -> None:
+        """An open group whose undecided chunk has `RUN_AHEAD_ENDED` of its samples ended,
+        every reward so far tied, likely needs more: its next chunk starts now, or, at the cap,
+        the next replacement's first G (as many as such groups). Used only if the decision asks
+        for them; else cancelled if not started, or dropped with the call when it stops."""
+        likely_drops = 0
+        for k in range(self.num_started):
+            chunk = self._chunk(k)
+            if self.groups[k].status != "open" or not self._tied_so_far(k, chunk):
+                continue
+            if chunk.stop < self.rules.cap:
+                self._release_to(k, chunk.stop + min(self.rules.chunk,
+                                                     self.rules.cap - chunk.stop))
+            else:
+                likely_drops += 1
+        replaced = self.num_started - self.step.num_prompts
+        wanted = min(len(self.drops) + likely_drops - replaced, len(self.groups) - self.num_started)
+        for k in range(self.num_started, self.num_started + max(wanted, 0)):
+            self._release_to(k, self.rules.G)
+
+    def _tied_so_far(self, k: int, chunk: range) -> bool:
+        """`RUN_AHEAD_ENDED` of the chunk ended, and every reward so far equal."""
+        ended = [self.ended[k][i][1] for i in chunk if i in self.ended[k]]
+        values = self.groups[k].total + ended
+        return len(ended) >= RUN_AHEAD_ENDED * len(chunk) and len(set(values)) <= 1
+
+    def _release_to(self, k: int, end: int) -> None:
+        """Group k's samples up to index `end` released."""
+        ids = self.ids[k][self.released[k]:end]
+        self.released[k] = max(self.released[k], end)
         self.to_release += ids
+        self.held.difference_update(ids)
 
     def _cancel(self, ids: list[int]) -> None:
+        """The samples a decided or dropped group will not use: those not started are
+        cancelled (a running one runs on, ignored)."""
         self.held.difference_update(ids)
         self.to_cancel += ids
 

@@ -168,7 +168,8 @@ class GroupSampler:
         samples at once as the KV budget holds, the run's g aside (evaluation).
         `gate`: decisions inside the call (dynamic sampling, `types.SampleGate`): it holds back
         some samples at the start, and after each decode step, shown the completions that
-        ended, releases or cancels held ones; cancelled samples are not in the result.
+        ended, releases held ones, cancels waiting ones, or stops the call (what still runs is
+        dropped); cancelled samples are not in the result.
         """
         max_new = max_new_tokens or self.cfg.max_new_tokens
         counts = ([num_generations] * len(prompt_ids) if isinstance(num_generations, int)
@@ -316,8 +317,9 @@ class GroupSampler:
                 _timed(sched, sched.step, [s for s in finished if s.finish_reason != "tool_call"])
                 if turns is not None:
                     turns.park_calls(finished)
-                if gate is not None:
-                    self._ask_gate(sched, gate, finished)
+                if gate is not None and self._ask_gate(sched, gate, finished):
+                    self.engine.reset()  # stopped with samples running: the engine drops them
+                    return time.perf_counter() - start
                 if progress is not None:
                     sched.stats.wall_time_s = time.perf_counter() - start  # so far
                     progress(sched.stats, sched.num_finished, len(running))
@@ -328,13 +330,17 @@ class GroupSampler:
         return time.perf_counter() - start
 
     def _ask_gate(self, sched: SlotScheduler, gate: SampleGate,
-                  finished: Sequence[Sample]) -> None:
-        """The gate's decisions after a decode step, over the completions that ended in it."""
+                  finished: Sequence[Sample]) -> bool:
+        """The gate's decisions after a decode step, over the completions that ended in it;
+        True when it stopped the call with samples still running."""
         ended = [self._completion(s) for s in sorted(finished, key=lambda s: s.sample_id)
                  if s.status == "finished"]
-        release, cancel = gate.after_step(ended)
+        release, cancel, stop = gate.after_step(ended)
+        if stop:
+            return sched.stop()
         sched.release(release)
         self.engine.cancel(sched.cancel(cancel))
+        return False
 
     # ---- results
     def _completions(self, samples: list[Sample], num_groups: int) -> list[list[Completion]]:

@@ -239,15 +239,36 @@ class SlotScheduler:
         self._policy.release(released)
 
     def cancel(self, sample_ids: Sequence[int]) -> list[Sample]:
-        """Held samples that will never run; returns them (the engine forgets them too)."""
-        cancelled = [self._take_held(i) for i in sample_ids]
-        for sample in cancelled:
+        """Samples that will never start, held or pending (a running one runs to its end);
+        returns those cancelled (the engine forgets them too)."""
+        waiting = [self._samples[i] for i in sample_ids
+                   if self._samples[i].status in ("held", "pending")]
+        pending = {s.sample_id for s in waiting if s.status == "pending"}
+        if pending:
+            self._policy.hold(pending)  # out of the policy's queue
+        for sample in waiting:
+            self._held.discard(sample.sample_id)
+            self.stats.num_samples -= sample.status == "pending"
             sample.status = "cancelled"
             self._num_cancelled += 1
             self._end_in_group(sample)
-        if cancelled and self.done:
+        if waiting and self.done:
             self._finish_call()
-        return cancelled
+        return waiting
+
+    def stop(self) -> bool:
+        """The call ends now (its gate has what it needs): every sample not finished is
+        cancelled; returns whether one was running or parked (the engine must drop it)."""
+        left = [s for s in self._samples if s.status not in ("finished", "cancelled")]
+        started = any(s.status not in ("held", "pending") for s in left)
+        for sample in left:
+            self.stats.num_samples -= sample.status != "held"
+            sample.status = "cancelled"
+        self._num_cancelled += len(left)
+        self._active, self._held = {}, set()
+        if left:
+            self._finish_call()
+        return started
 
     def _take_held(self, sample_id: int) -> Sample:
         if sample_id not in self._held:

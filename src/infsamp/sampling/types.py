@@ -260,6 +260,8 @@ class SampleGate(Protocol):
         """The call's samples, before any starts (again on a retried call); returns the ids held
         back until released."""
 
-    def after_step(self, finished: Sequence[Completion]) -> tuple[list[int], list[int]]:
+    def after_step(self, finished: Sequence[Completion]) -> tuple[list[int], list[int], bool]:
         """The completions that ended in the latest decode step; returns the sample ids to
-        release and those to cancel. While nothing runs it must release or cancel something."""
+        release, those to cancel (held or not started; a running one runs on) and whether the
+        call stops now (every sample not finished dropped). While nothing runs it must release
+        something or stop."""
