@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from infsamp.errors import DataError, RunFolderError
-from infsamp.files import open_for_writing, replace_with, write_text
+from infsamp.files import headless_pyplot, open_for_writing, replace_with, write_text
 from infsamp.run.ownership import check_still_held
 from infsamp.run.progress import RunProgress, format_value
 from infsamp.run.trackers import Trackers, open_trackers
@@ -228,10 +228,7 @@ def moving_average(values: list[float | None], window: int) -> list[float]:
 
 def plot_run(output_dir: Path) -> Path | None:
     """reward and held-out accuracy against step -> plots/training.png."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = headless_pyplot()
 
     metrics, evals = read_jsonl(output_dir / "metrics.jsonl"), read_jsonl(output_dir / "eval.jsonl")
     if not metrics:
