@@ -107,9 +107,6 @@ class SamplingConfig:
                 parse_size(self.kv_budget)
             except ValueError as err:
                 raise ConfigError(f"sampling.kv_budget: {err}") from None
-        self._validate_dynamic()
-
-    def _validate_dynamic(self) -> None:
         require(not self.dynamic or self.generations_cap >= self.num_generations,
                  "sampling.max_num_generations", self.max_num_generations,
                  f"must be >= sampling.num_generations ({self.num_generations}) with "
