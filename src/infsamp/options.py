@@ -53,13 +53,13 @@ def require_limits(section_name: str, section: Any) -> None:
     reads 'must be >= 0', two 'must be in [0, 1)'; `hint` says what a bound value means. An
     option with `choices` must be one of them."""
     for f in dataclasses.fields(section):
-        names = f.metadata.get("choices")
-        if names:
-            check_choice(f"{section_name}.{f.name}", getattr(section, f.name), names)
+        names, value = f.metadata.get("choices"), getattr(section, f.name)
+        require(not names or value in names, f"{section_name}.{f.name}", value,
+                 f"must be one of {', '.join(names or ())}")
         bounds = {name: f.metadata[name] for name in LIMITS if name in f.metadata}
         if not bounds:
             continue
-        value, hint = getattr(section, f.name), f.metadata.get("hint")
+        hint = f.metadata.get("hint")
         if len(bounds) == 2:
             (low_name, low), (high_name, high) = bounds.items()
             why = f"must be in {LIMITS[low_name][2]}{low}, {high}{LIMITS[high_name][2]}"
