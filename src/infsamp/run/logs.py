@@ -71,18 +71,12 @@ def append_jsonl(path: Path, records: dict[str, Any] | list[dict[str, Any]]) -> 
         raise RunFolderError(f"cannot append to {path}: {err.strerror or err}") from None
 
 
-def _complete_lines(path: Path) -> list[str]:
-    """The file's lines without a torn last one (no newline: a write cut short by a kill)."""
-    text = path.read_text(errors="replace")
-    lines = text.split("\n")
-    return lines[:-1]  # the part after the last newline is '' or a torn line
-
-
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     records = []
-    for number, line in enumerate(_complete_lines(path), 1):
+    # the part after the last newline is '' or a torn line (a write cut short by a kill)
+    for number, line in enumerate(path.read_text(errors="replace").split("\n")[:-1], 1):
         if line.strip():
             try:
                 records.append(json.loads(line))

@@ -260,10 +260,8 @@ class Trackers:
         self.active: dict[str, Tracker] = {}
         self.failed: dict[str, str] = {}
         for name in chosen(names):
-            self._call(name, "start", lambda name=name: self._start(name, run))
-
-    def _start(self, name: str, run: RunInfo) -> None:
-        self.active[name] = TRACKERS[name](run)
+            self._call(name, "start",
+                       lambda name=name: self.active.update({name: TRACKERS[name](run)}))
 
     def describe(self) -> str:
         """`trackers: tensorboard -> runs/demo/tensorboard, ...`"""
