@@ -12,7 +12,6 @@ from infsamp.options import (
     ConfigError,
     check_choice,
     opt,
-    option_field,
     parse_size,
     require,
     require_limits,
@@ -98,18 +97,11 @@ class SamplingConfig:
                  self.predictor, f"must be {' or '.join(choices.TRAINING_PREDICTORS)} (oracle "
                  "and noisy know the true lengths: bench and simulate only)")
         check_choice("sampling.refill", self.refill, ("auto", *choices.REFILL_ORDERS))
-        for name in ("engine", "vllm_sleep", "vllm_importance_sampling"):
-            allowed = option_field(SamplingConfig, name).metadata["choices"]
-            require(getattr(self, name) in allowed, f"sampling.{name}", getattr(self, name),
-                     f"must be one of {', '.join(allowed)}")
         if self.kv_budget != "auto":
             try:
                 parse_size(self.kv_budget)
             except ValueError as err:
                 raise ConfigError(f"sampling.kv_budget: {err}") from None
-        self._validate_dynamic()
-
-    def _validate_dynamic(self) -> None:
         require(not self.dynamic or self.generations_cap >= self.num_generations,
                  "sampling.max_num_generations", self.max_num_generations,
                  f"must be >= sampling.num_generations ({self.num_generations}) with "

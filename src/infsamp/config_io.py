@@ -17,7 +17,7 @@ import yaml
 
 from infsamp.config import Config
 from infsamp.files import write_text
-from infsamp.options import ConfigError, option_field
+from infsamp.options import ConfigError
 
 
 def _coerce(value: Any, annotation: Any, key: str) -> Any:
@@ -106,11 +106,7 @@ def apply_overrides(cfg: Config, overrides: dict[str, Any]) -> Config:
         hints = typing.get_type_hints(type(section))
         if name not in hints:
             raise ConfigError(f"{key}: unknown key (known in {section_name}: {', '.join(hints)})")
-        choices = option_field(type(section), name).metadata.get("choices")
-        converted = _coerce(value, hints[name], key)
-        if choices and converted not in choices:
-            raise ConfigError(f"{key}: must be one of {', '.join(choices)} (got {converted!r})")
-        setattr(section, name, converted)
+        setattr(section, name, _coerce(value, hints[name], key))
     return cfg
 
 

@@ -75,3 +75,14 @@ def create_text(path: str | Path):
     """A text file opened for writing at `path` (created, or truncated if it is a regular file;
     refused if it is a link or not a file): `with create_text(path) as handle: ...`."""
     return os.fdopen(open_for_writing(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "w")
+
+
+def headless_pyplot():
+    """matplotlib.pyplot on the Agg backend (no display needed), imported only when a plot is
+    drawn."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt

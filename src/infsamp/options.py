@@ -50,12 +50,16 @@ LIMITS = {"at_least": (operator.ge, ">=", "["), "above": (operator.gt, ">", "(")
 
 def require_limits(section_name: str, section: Any) -> None:
     """Each option's own bounds, given beside its help (`opt(..., at_least=0, below=1)`): one
-    reads 'must be >= 0', two 'must be in [0, 1)'; `hint` says what a bound value means."""
+    reads 'must be >= 0', two 'must be in [0, 1)'; `hint` says what a bound value means. An
+    option with `choices` must be one of them."""
     for f in dataclasses.fields(section):
+        names, value = f.metadata.get("choices"), getattr(section, f.name)
+        require(not names or value in names, f"{section_name}.{f.name}", value,
+                 f"must be one of {', '.join(names or ())}")
         bounds = {name: f.metadata[name] for name in LIMITS if name in f.metadata}
         if not bounds:
             continue
-        value, hint = getattr(section, f.name), f.metadata.get("hint")
+        hint = f.metadata.get("hint")
         if len(bounds) == 2:
             (low_name, low), (high_name, high) = bounds.items()
             why = f"must be in {LIMITS[low_name][2]}{low}, {high}{LIMITS[high_name][2]}"
@@ -115,6 +119,3 @@ def size_is_bytes(text: str) -> bool:
     """True when a size string carries a unit ('2GiB'), False for a bare token count ('8192')."""
     return bool(re.search(r"[A-Za-z]", str(text)))
 
-
-def option_field(cls: type, name: str) -> dataclasses.Field:
-    return next(f for f in dataclasses.fields(cls) if f.name == name)

@@ -46,4 +46,4 @@ def test_plan_command_engine_flags(capsys):
     data = json.loads(capsys.readouterr().out)
     assert data["settings"]["engine"] == "vllm" and data["training"]["vllm_weights"] > 0
     assert main(args + ["--engine", "sglang"]) == 2
-    assert "--engine: must be one of slots, vllm (got 'sglang')" in capsys.readouterr().err
+    assert "--engine: must be one of auto, slots, vllm (got 'sglang')" in capsys.readouterr().err

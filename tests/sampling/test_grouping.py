@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from infsamp.sampling.grouping import balance, fptas, lower_bound, lpt, makespan, search
+from infsamp.sampling.grouping import balance, lower_bound, lpt, makespan, search
 
 
 def brute_force_makespan(weights, micro_group):
@@ -33,8 +33,8 @@ def test_lower_bound():
 def test_lpt_known_bad_case_and_fptas_fixes_it():
     weights = [3, 3, 2, 2, 2]  # LPT: {3,2,2} {3,2} -> 7; optimum {3,3} {2,2,2} -> 6
     assert makespan(lpt(weights, 2), weights) == 7
-    exact = fptas(weights, 2, epsilon=0.01)
-    assert exact is not None and makespan(exact, weights) == 6
+    exact, complete = search(weights, 2, epsilon=0.01)
+    assert complete and makespan(exact, weights) == 6
     assert balance(weights, 2, epsilon=0.01).method == "fptas"
 
 
@@ -48,7 +48,7 @@ def test_search_gives_up_and_keeps_the_lpt_plan():
     rng = random.Random(0)
     weights = [rng.randint(16, 1024) for _ in range(64)]
     slots, complete = search(weights, 16, epsilon=0.01, max_states=10)
-    assert not complete and fptas(weights, 16, 0.01, max_states=10) is None
+    assert not complete
     assert_partition(slots, 64)
     assert makespan(slots, weights) <= makespan(lpt(weights, 16), weights)
 
@@ -62,8 +62,8 @@ def test_balance_uses_lpt_for_few_jobs_or_many():
 @given(weights=st.lists(st.integers(1, 60), min_size=1, max_size=8), micro_group=st.integers(1, 3),
        epsilon=st.sampled_from([0.05, 0.2, 0.5]))
 def test_fptas_is_within_epsilon_of_optimal(weights, micro_group, epsilon):
-    slots = fptas(weights, micro_group, epsilon, max_states=10**6)
-    assert slots is not None
+    slots, complete = search(weights, micro_group, epsilon, max_states=10**6)
+    assert complete
     assert_partition(slots, len(weights))
     optimum = brute_force_makespan(weights, micro_group)
     assert makespan(slots, weights) <= (1 + epsilon) * optimum + 1e-9

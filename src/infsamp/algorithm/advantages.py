@@ -49,23 +49,11 @@ def nanstd(values: Tensor, dim: int | None = None) -> Tensor:
     return torch.where(count > 1, variance.sqrt(), torch.zeros_like(variance))
 
 
-def _scale_by_group(grouped: Tensor, group_std: Tensor) -> Tensor:
-    return group_std.unsqueeze(1) + STD_EPS  # [P, 1]
-
-
-def _scale_by_batch(grouped: Tensor, group_std: Tensor) -> Tensor:
-    return nanstd(grouped.reshape(-1)) + STD_EPS  # []
-
-
-def _no_scale(grouped: Tensor, group_std: Tensor) -> Tensor:
-    return torch.ones((), dtype=grouped.dtype, device=grouped.device)  # []
-
-
 # name -> divisor(grouped rewards [P, G], group std [P]) broadcastable to [P, G]
 REWARD_SCALERS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
-    "group": _scale_by_group,
-    "batch": _scale_by_batch,
-    "none": _no_scale,
+    "group": lambda grouped, group_std: group_std.unsqueeze(1) + STD_EPS,  # [P, 1]
+    "batch": lambda grouped, group_std: nanstd(grouped.reshape(-1)) + STD_EPS,  # []
+    "none": lambda grouped, group_std: torch.ones((), dtype=grouped.dtype, device=grouped.device),
 }
 
 

@@ -87,18 +87,15 @@ class HeadSpec:
 # --- the model's own post-head transforms -------------------------------------------------------
 
 
-def _soft_cap(cap: float) -> Transform:
-    return lambda logits: torch.tanh(logits / cap) * cap  # Gemma 2/3/4, nanochat, VaultGemma
-
-
 def logit_transform(config) -> Transform | None:
     """What the model's forward does to its head's output before returning logits, or None."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     if text is None:
         return None
     cap = getattr(text, "final_logit_softcapping", None)
-    if cap:
-        return _soft_cap(float(cap))
+    if cap:  # Gemma 2/3/4, nanochat, VaultGemma
+        cap = float(cap)
+        return lambda logits: torch.tanh(logits / cap) * cap
     if str(getattr(text, "model_type", "")).startswith("cohere") and \
             getattr(text, "logit_scale", None) is not None:
         scale = text.logit_scale
@@ -146,10 +143,6 @@ def logits_log_softmax(logits: Tensor, index: Tensor, chunk_rows: int = GIVEN_LO
 # --- the chunked head ----------------------------------------------------------------------------
 
 
-def _autocast_state(device_type: str) -> tuple[bool, torch.dtype]:
-    return torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)
-
-
 class ChunkedLinearLogProbs(torch.autograd.Function):
     """(log-probs [n], entropy [n] or [0]) of targets [n] under logits = linear(hidden, W, b)
     through `spec`, without [n, V] logits: row chunks forward, vocabulary chunks backward."""
@@ -167,7 +160,9 @@ class ChunkedLinearLogProbs(torch.autograd.Function):
                            logps[part], normaliser[part], entropy[part] if entropy.numel()
                            else None)
         ctx.save_for_backward(hidden, weight, bias, targets, normaliser)
-        ctx.spec, ctx.autocast = spec, _autocast_state(hidden.device.type)
+        device = hidden.device.type
+        ctx.spec, ctx.autocast = spec, (torch.is_autocast_enabled(device),
+                                        torch.get_autocast_dtype(device))
         ctx.mark_non_differentiable(entropy)
         return logps, entropy  # [n] each ([0] without entropy)
 
@@ -238,15 +233,11 @@ def _module_log_probs(head: torch.nn.Module, hidden: Tensor, targets: Tensor,
         chosen, _, entropy = _rows_log_softmax(spec.logits(head.forward(h)), t, spec.with_entropy)
         return chosen, entropy if entropy is not None else chosen.detach()[:0]
 
-    rows = logits_chunk_rows(_vocab_size(head))
+    rows = logits_chunk_rows(int(getattr(head, "out_features", 0) or head.weight.shape[0]))
     recompute = torch.is_grad_enabled()
     pieces = [checkpoint(chunk, h, t, use_reentrant=False) if recompute else chunk(h, t)
               for h, t in zip(hidden.split(rows), targets.split(rows))]
     return torch.cat([p[0] for p in pieces]), torch.cat([p[1] for p in pieces])
-
-
-def _vocab_size(head: torch.nn.Module) -> int:
-    return int(getattr(head, "out_features", 0) or head.weight.shape[0])
 
 
 def head_log_probs(head: torch.nn.Module, hidden: Tensor, targets: Tensor,

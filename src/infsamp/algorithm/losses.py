@@ -138,10 +138,6 @@ def kl_penalty(logps: Tensor, ref_logps: Tensor) -> Tensor:
 # --- token aggregation: sum over micro-batches == value on the full batch ------------------------
 
 
-def _masked_sum(loss: Tensor, mask: Tensor) -> Tensor:
-    return (loss * mask).sum()  # []
-
-
 def aggregate_grpo(loss: Tensor, mask: Tensor, totals: BatchTotals) -> Tensor:
     """Mean over the step's sequences of each sequence's token mean (GRPO paper; TRL 'grpo')."""
     per_sequence = (loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)  # [b]
@@ -151,22 +147,12 @@ def aggregate_grpo(loss: Tensor, mask: Tensor, totals: BatchTotals) -> Tensor:
 def aggregate_dr_grpo(loss: Tensor, mask: Tensor, totals: BatchTotals) -> Tensor:
     """Token sum over (num_sequences * max_new_tokens), a constant (Dr. GRPO; TRL
     'dr_grpo')."""
-    return _masked_sum(loss, mask) / max(totals.num_sequences * totals.max_new_tokens, 1)
+    return (loss * mask).sum() / max(totals.num_sequences * totals.max_new_tokens, 1)
 
 
 def aggregate_dapo(loss: Tensor, mask: Tensor, totals: BatchTotals) -> Tensor:
     """Token sum over the step's completion-token count (DAPO; TRL 'dapo', its default)."""
-    return _masked_sum(loss, mask) / max(totals.num_tokens, 1)
-
-
-def aggregate_bnpo(loss: Tensor, mask: Tensor, totals: BatchTotals) -> Tensor:
-    """Batch-normalised token mean, the batch being the optimizer step's (see module docstring).
-
-    TRL's bnpo divides by the local micro-batch's tokens and averages micro-batches; ours divides
-    by the step's tokens, so it does not depend on how the token budget split the batch (and
-    equals dapo here).
-    """
-    return _masked_sum(loss, mask) / max(totals.num_tokens, 1)
+    return (loss * mask).sum() / max(totals.num_tokens, 1)
 
 
 # --- the registry --------------------------------------------------------------------------------
@@ -191,7 +177,7 @@ LOSS_TYPES: dict[str, LossType] = {
                         "(Dr. GRPO)"),
     "dapo": LossType(clipped_surrogate, aggregate_dapo,
                      "the default: token mean over the step, no length bias (DAPO, TRL)"),
-    "bnpo": LossType(clipped_surrogate, aggregate_bnpo,
+    "bnpo": LossType(clipped_surrogate, aggregate_dapo,
                      "TRL's bnpo name for a token mean over the batch; identical to dapo here"),
     "gspo": LossType(sequence_clipped_surrogate, aggregate_grpo,
                      "sequence-level ratio: steadier off-policy updates (num_iterations > 1, "

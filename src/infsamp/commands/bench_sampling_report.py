@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from infsamp.commands.engine_choice import print_startup
+from infsamp.files import headless_pyplot
 
 POLICIES = ("full", "rounds", "continuous")
 
@@ -107,10 +108,7 @@ def print_report(rows: list[dict], report: dict) -> None:
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = headless_pyplot()
 
     names = sorted({r["workload"] for r in rows})
     fig, axes = plt.subplots(len(names), 2, figsize=(10, 3.6 * len(names)), squeeze=False)

@@ -19,7 +19,7 @@ from infsamp.commands.output_files import check_output_files, check_plot_format,
 from infsamp.commands.train import add_config_flags, check_sources, config_overrides
 from infsamp.config_io import load_config
 from infsamp.distributed.ranks import init_ranks
-from infsamp.files import replace_with
+from infsamp.files import headless_pyplot, replace_with
 from infsamp.timing import PHASES
 
 COLUMNS = [f"time/{p}" for p in PHASES if p != "eval"] + ["step_time", "train/forwarded_tokens",
@@ -63,10 +63,7 @@ def run(args: argparse.Namespace) -> int:
 
 def plot_split(rows: list[dict], labels: list[str], path: str, title: str) -> None:
     """One horizontal stacked bar per row: the seconds of each timed phase."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = headless_pyplot()
 
     phases = [c for c in COLUMNS if c.startswith("time/")]
     fig, ax = plt.subplots(figsize=(8, 0.5 * len(rows) + 1.4))

@@ -16,16 +16,15 @@ from infsamp.planner.sizes import ENGINE_CHOICES
 ENGINE_HELP = "sampling engine(s), comma-separated: slots, vllm, auto"
 
 
-def parse_engines(text: str, single: bool = False) -> list[str]:
+def parse_engines(text: str) -> list[str]:
     """`slots,vllm` -> ['slots', 'vllm']; an unknown or repeated name is one error line."""
     names = [name.strip() for name in text.split(",") if name.strip()]
     bad = next((n for n in names if n not in ENGINE_CHOICES), None)
     if bad is not None or not names:
         raise SamplingError(f"--engine: unknown engine {bad!r}; choose from "
                             f"{', '.join(ENGINE_CHOICES)}")
-    if len(set(names)) != len(names) or (single and len(names) > 1):
-        wanted = "one engine" if single else "each engine once"
-        raise SamplingError(f"--engine: give {wanted}, got {text!r}")
+    if len(set(names)) != len(names):
+        raise SamplingError(f"--engine: give each engine once, got {text!r}")
     return names
 
 

@@ -179,7 +179,9 @@ def export_checkpoint(checkpoint: Path, out: Path, *, adapters_only: bool = Fals
             out.rmdir()  # empty, checked above
         os.replace(tmp, out)
     except Exception:
-        if not _still_there(checkpoint):
+        from infsamp.run.checkpoint import MANIFEST, MODEL_DIR
+
+        if not ((checkpoint / MANIFEST).is_file() and (checkpoint / MODEL_DIR).is_dir()):
             raise ExportError(f"{checkpoint}: the checkpoint vanished while it was being exported "
                               "(a live run's checkpointing.keep_last pruned it); nothing was "
                               f"written to {out}: export again, or once the run has "
@@ -189,12 +191,6 @@ def export_checkpoint(checkpoint: Path, out: Path, *, adapters_only: bool = Fals
         shutil.rmtree(tmp, ignore_errors=True)
     return (f"exported {checkpoint} ({what}) to {out}: load it with "
             f"AutoModelForCausalLM.from_pretrained({str(out)!r}) or vllm.LLM({str(out)!r})")
-
-
-def _still_there(checkpoint: Path) -> bool:
-    from infsamp.run.checkpoint import MANIFEST, MODEL_DIR
-
-    return (checkpoint / MANIFEST).is_file() and (checkpoint / MODEL_DIR).is_dir()
 
 
 def _run_section(run_dir: Path, section: str) -> dict:

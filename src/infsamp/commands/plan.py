@@ -145,15 +145,6 @@ def _read_4bit(args: argparse.Namespace, lora_rank: int) -> bool:
     return bool(args.load_in_4bit)
 
 
-def _read_engine(text: str) -> str:
-    """--engine, `sampling.engine`: resolved as `infsamp train` resolves it, by
-    `plan_run_sizes` (auto: vllm where installed, on cuda, at a temperature vLLM serves)."""
-    if text not in ENGINE_CHOICES:
-        raise ConfigError(f"--engine: must be one of slots, vllm (got {text!r}); or auto "
-                          "(the default)")
-    return text
-
-
 def _read_kv_budget(text: str) -> str:
     if text != "auto":
         try:
@@ -174,7 +165,7 @@ def run_config(args: argparse.Namespace, ints: dict[str, int]) -> Config:
                        max_new_tokens=ints["max_completion"], micro_group=micro_group,
                        kv_budget=_read_kv_budget(args.kv_budget),
                        policy=_read_choice(args.policy, "policy", POLICIES),
-                       engine=_read_engine(args.engine),
+                       engine=_read_choice(args.engine, "engine", ENGINE_CHOICES),
                        temperature=_read_non_negative(args.temperature, "temperature"),
                        vllm_sleep="auto" if args.vllm_sleep == "on" else "off")
     sampling.validate()  # as train refuses it: e.g. --engine vllm past vLLM's temperature limit

@@ -68,14 +68,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_flags(parser)
 
 
-def _check_arguments(args: argparse.Namespace) -> None:
-    """Bad flags end here, before anything loads or samples."""
-    if args.num_prompts < 0:
-        raise ConfigError(f"--num-prompts: must be >= 0 (0: all) (got {args.num_prompts})")
-
-
 def run(args: argparse.Namespace) -> int:
-    _check_arguments(args)
+    if args.num_prompts < 0:  # before anything loads or samples
+        raise ConfigError(f"--num-prompts: must be >= 0 (0: all) (got {args.num_prompts})")
     shortcuts = {key[6:]: value for key, value in vars(args).items()
                  if key.startswith("short:") and value is not None}
     cfg = load_config(args.config, {**config_overrides(args), **shortcuts})

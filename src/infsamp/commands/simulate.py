@@ -32,7 +32,7 @@ from pathlib import Path
 from infsamp.choices import REFILL_ORDERS
 from infsamp.commands.output_files import check_output_files, check_plot_format, plot_name
 from infsamp.errors import SamplingError
-from infsamp.files import replace_with
+from infsamp.files import headless_pyplot, replace_with
 from infsamp.options import MAX_INTEGER
 from infsamp.sampling.policies import POLICIES
 from infsamp.sampling.policies.length_aware import PARK_RATIO
@@ -229,10 +229,7 @@ def _print(result: SamplerStats, args) -> None:
 
 
 def _plot(groups, args, progress: Progress) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = headless_pyplot()
 
     def run_one(policy, predictor, refill="auto"):
         options = {**_policy_options(args), "refill": refill} if policy == "length_aware" else {}

@@ -24,14 +24,10 @@ from infsamp.options import ConfigError
 MAX_SHOWN = 4
 
 
-def config_digest(cfg: Config) -> str:
-    return hashlib.sha256(json.dumps(cfg.to_dict(), sort_keys=True, default=str).encode()) \
-        .hexdigest()
-
-
 def check_one_config(ranks, cfg: Config) -> None:
     """ConfigError on every rank when the ranks' configurations differ."""
-    if len(set(ranks.gather_json(config_digest(cfg)))) == 1:
+    digest = hashlib.sha256(json.dumps(cfg.to_dict(), sort_keys=True, default=str).encode())
+    if len(set(ranks.gather_json(digest.hexdigest()))) == 1:
         return
     settings = ranks.gather_json(flatten(json.loads(json.dumps(cfg.to_dict(), default=str))))
     differing = [key for key in settings[0] if any(s.get(key) != settings[0][key]

@@ -52,10 +52,6 @@ def agreed(err: BaseException) -> BaseException:
     return err
 
 
-def is_agreed(err: BaseException) -> bool:
-    return bool(getattr(err, "agreed", False)) or isinstance(err, AGREED_ERRORS)
-
-
 def launched() -> bool:
     """True under torchrun / accelerate launch (they set RANK and WORLD_SIZE)."""
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
@@ -205,8 +201,8 @@ class ProcessRanks(Ranks):
         try:
             yield
         except BaseException as err:
-            if is_agreed(err):  # every rank stops here: their exits are not failures
-                self.watch.finished()
+            if getattr(err, "agreed", False) or isinstance(err, AGREED_ERRORS):
+                self.watch.finished()  # every rank stops here: their exits are not failures
                 raise agreed(err)  # noqa: B904  (err itself, marked: a re-raise)
             if isinstance(err, PeerFailed):
                 raise

@@ -60,7 +60,7 @@ class RolloutTools:
         return [with_fallback_tools(p, self.schemas) for p in prompts], {}
 
     def metrics(self) -> dict[str, float]:
-        return self.box.take_metrics() if self.box is not None else {}
+        return self.box.take_counters().metrics() if self.box is not None else {}
 
     def close(self) -> None:
         if self.box is not None:

@@ -177,7 +177,8 @@ def ensure_converted(path: Path) -> Path:
             print(f"converting {path.name} {what}: {target}", flush=True)
             shutil.rmtree(tmp, ignore_errors=True)
             _convert(path, tmp)
-            _publish(tmp, target)
+            shutil.rmtree(target, ignore_errors=True)  # an incomplete or damaged one
+            os.replace(tmp, target)
     except Exception as err:  # noqa: BLE001 - safetensors' own error type for a full disk
         if not isinstance(err, OSError) and type(err).__name__ != "SafetensorError":
             raise
@@ -266,10 +267,3 @@ def _no_dequantising_bar():
         yield
     finally:
         gguf_utils.tqdm = bar
-
-
-def _publish(tmp: Path, target: Path) -> None:
-    """Rename the finished folder into place (under the conversion lock), over an incomplete or
-    damaged one."""
-    shutil.rmtree(target, ignore_errors=True)
-    os.replace(tmp, target)

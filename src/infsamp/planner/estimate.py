@@ -260,11 +260,6 @@ def generation_breakdown(p: PlanInputs, micro_group: int) -> dict[str, int]:
     return _with_overhead(per_device_parts(p, parts, "generation"), p)
 
 
-def embedding_grad_bytes(p: PlanInputs) -> int:
-    """One embedding-sized gradient (V x H), the largest tensor autograd creates; none with LoRA."""
-    return 0 if p.lora_rank > 0 else embedding_parameters(p.shape) * p.trainable_bytes
-
-
 def training_moments(p: PlanInputs, micro_batch_tokens: int) -> dict[str, dict[str, int]]:
     """Dynamic bytes at the three candidate peak moments of a step (static parts excluded).
 
@@ -273,7 +268,8 @@ def training_moments(p: PlanInputs, micro_batch_tokens: int) -> dict[str, dict[s
     gradient waits for the embedding's, then both are summed (3 x V x H), untied only the
     embedding's own (1 x); optimizer step: step() temporaries.
     """
-    vocab_grad = embedding_grad_bytes(p)
+    # one embedding-sized gradient (V x H), the largest tensor autograd creates; none with LoRA
+    vocab_grad = 0 if p.lora_rank > 0 else embedding_parameters(p.shape) * p.trainable_bytes
     tied_factor = 3 if p.shape.tie_word_embeddings else 1
     return {
         "backward": dict(activations=micro_batch_tokens * activation_bytes_per_token(p)

@@ -31,16 +31,12 @@ def _padded(count: int, widths: Widths) -> int:
     return count * sum(widths)
 
 
-def _grown(widths: Widths, other: Widths) -> Widths:
-    return tuple(max(a, b) for a, b in zip(widths, other))
-
-
 def _greedy(order: Sequence[int], widths: Sequence[Widths], max_tokens: int) -> list[list[int]]:
     """Consecutive groups of `order` whose padded size stays <= max_tokens."""
     batches: list[list[int]] = []
     batch_widths: Widths = ()
     for index in order:
-        grown = _grown(batch_widths, widths[index]) if batches else widths[index]
+        grown = tuple(map(max, batch_widths, widths[index])) if batches else widths[index]
         if batches and _padded(len(batches[-1]) + 1, grown) <= max_tokens:
             batches[-1].append(index)
             batch_widths = grown

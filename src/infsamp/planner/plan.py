@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infsamp.choices import POLICIES, PRECISION_CHOICES, STRATEGIES
-from infsamp.options import ConfigError
+from infsamp.options import require
 from infsamp.planner.estimate import (
     DEVICES,
     GIB,
@@ -83,36 +83,32 @@ class MemoryPlan:
 # --- validation -----------------------------------------------------------------------------------
 
 
-def _check(ok: bool, key: str, value: Any, why: str) -> None:
-    if not ok:
-        raise ConfigError(f"{key}: {why} (got {value!r})")
-
-
 def validate_inputs(p: PlanInputs) -> None:
     """One ConfigError line naming the first bad setting."""
-    _check(p.gpu_memory_bytes > 0, "gpu_memory", p.gpu_memory_bytes, "must be > 0")
+    require(p.gpu_memory_bytes > 0, "gpu_memory", p.gpu_memory_bytes, "must be > 0")
     for key in ("num_generations", "num_prompts", "max_prompt_tokens", "max_new_tokens"):
-        _check(getattr(p, key) > 0, key, getattr(p, key), "must be > 0")
+        require(getattr(p, key) > 0, key, getattr(p, key), "must be > 0")
     for key in ("lora_rank", "micro_group", "train_micro_batch_tokens", "kv_budget_tokens"):
-        _check(getattr(p, key) >= 0, key, getattr(p, key), "must be >= 0")
-    _check(p.micro_group <= p.num_samples, "micro_group", p.micro_group,
-           f"must be <= the step's {p.num_samples} samples")
-    _check(p.beta >= 0, "beta", p.beta, "must be >= 0")
+        require(getattr(p, key) >= 0, key, getattr(p, key), "must be >= 0")
+    require(p.micro_group <= p.num_samples, "micro_group", p.micro_group,
+            f"must be <= the step's {p.num_samples} samples")
+    require(p.beta >= 0, "beta", p.beta, "must be >= 0")
     for key, names in (("optimizer", OPTIMIZERS), ("precision", PRECISIONS), ("device", DEVICES),
                        ("engine", ("slots", "vllm")), ("policy", POLICIES),
                        ("strategy", STRATEGIES)):
         shown = PRECISION_CHOICES if key == "precision" else names
-        _check(getattr(p, key) in names, key, getattr(p, key), f"must be one of {', '.join(shown)}")
-    _check(p.probe_tokens >= 1, "probe_tokens", p.probe_tokens, "must be >= 1")
+        require(getattr(p, key) in names, key, getattr(p, key),
+                f"must be one of {', '.join(shown)}")
+    require(p.probe_tokens >= 1, "probe_tokens", p.probe_tokens, "must be >= 1")
     if p.load_in_4bit:
-        _check(p.lora_rank > 0, "load_in_4bit", True,
-               "trains LoRA adapters over the 4-bit base: set a LoRA rank")
-        _check(p.device == "cuda", "load_in_4bit", True, "bitsandbytes 4-bit needs a CUDA GPU")
-    _check(p.num_devices >= 1, "num_gpus", p.num_devices, "must be >= 1")
-    _check(p.runtime_bytes is None or p.runtime_bytes >= 0, "runtime_bytes", p.runtime_bytes,
-           "must be >= 0")
-    _check(p.strategy != "fsdp" or p.lora_rank == 0, "strategy", p.strategy,
-           "fsdp shards full fine-tuning; with LoRA use ddp")
+        require(p.lora_rank > 0, "load_in_4bit", True,
+                "trains LoRA adapters over the 4-bit base: set a LoRA rank")
+        require(p.device == "cuda", "load_in_4bit", True, "bitsandbytes 4-bit needs a CUDA GPU")
+    require(p.num_devices >= 1, "num_gpus", p.num_devices, "must be >= 1")
+    require(p.runtime_bytes is None or p.runtime_bytes >= 0, "runtime_bytes", p.runtime_bytes,
+            "must be >= 0")
+    require(p.strategy != "fsdp" or p.lora_rank == 0, "strategy", p.strategy,
+            "fsdp shards full fine-tuning; with LoRA use ddp")
 
 
 # --- the plan -------------------------------------------------------------------------------------

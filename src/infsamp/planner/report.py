@@ -39,10 +39,6 @@ def _kib(num_bytes: float) -> str:
     return f"{num_bytes / 1024:,.1f} KiB"
 
 
-def _mib(num_bytes: float) -> str:
-    return f"{num_bytes / 2**20:,.1f} MiB"
-
-
 def format_count(count: int) -> str:
     """A parameter count in the unit that fits: 1.236B, 187.0M, 12.5K, 950."""
     for unit, scale, digits in (("B", 1e9, 3), ("M", 1e6, 1), ("K", 1e3, 1)):
@@ -109,8 +105,8 @@ def sizes_lines(plan: MemoryPlan) -> list[str]:
     kv = f"KV cache {_kib(kv_token)}/token: {kv_allocation(p, plan.micro_group or 1)}"
     per_token = _kib(activation_bytes_per_token(p))
     logits_row = _kib(train_logits_bytes_per_row(p))
-    chunks = _mib(LOGITS_CHUNK_BUFFERS * train_logits_chunk_bytes(
-        p, completion_rows(p, plan.train_micro_batch_tokens or p.seq_len)))
+    chunks = LOGITS_CHUNK_BUFFERS * train_logits_chunk_bytes(
+        p, completion_rows(p, plan.train_micro_batch_tokens or p.seq_len))
     if plan.train_micro_batch_tokens:
         sequences = plan.train_micro_batch_sequences
         batch = (f"training micro-batch = {plan.train_micro_batch_tokens:,} tokens ({sequences} x "
@@ -124,7 +120,8 @@ def sizes_lines(plan: MemoryPlan) -> list[str]:
         batch,
         f"  per token: activations {per_token} "
         f"({'with' if p.gradient_checkpointing else 'without'} "
-        f"checkpointing), LM head {chunks} of logits chunks + {logits_row} per completion token; "
+        f"checkpointing), LM head {chunks / 2**20:,.1f} MiB of logits chunks + {logits_row} per "
+        "completion token; "
         f"peak at: {plan.training_peak_moment}",
     ]
 

@@ -63,16 +63,13 @@ def _row_error(who: str, row: int, prompts: Sequence[Any], why: str) -> RewardEr
     return RewardError(f"{who}, row {row}{preview}: {why}")
 
 
-def _is_per_row(values: Any, completions: Sequence[Any]) -> bool:
-    return isinstance(values, (list, tuple)) and len(values) == len(completions)
-
-
 def _find_failing_row(runner, name: str, func: RewardFunction, prompts: Sequence[Any],
                       completions: Sequence[Any], columns: dict[str, list],
                       extra: dict[str, Any]) -> int | None:
     """Re-run `func` row by row to locate the row that made the batched call raise."""
     for row in range(len(completions)):
-        one_columns = {key: values[row:row + 1] if _is_per_row(values, completions) else values
+        one_columns = {key: values[row:row + 1] if isinstance(values, (list, tuple))
+                       and len(values) == len(completions) else values
                        for key, values in {**columns, **extra}.items()}
         kwargs = {"prompts": prompts[row:row + 1], "completions": completions[row:row + 1],
                   **one_columns}

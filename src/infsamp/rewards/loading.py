@@ -98,9 +98,9 @@ def load_reward_function(spec: str, **model_options: Any) -> tuple[str, RewardFu
     `load_reward_model`."""
     if spec in BUILTIN_REWARDS:
         return spec, BUILTIN_REWARDS[spec]
-    from infsamp.rewards.reward_model import load_reward_model, looks_like_model_dir
+    if Path(spec).is_dir():
+        from infsamp.rewards.reward_model import load_reward_model
 
-    if looks_like_model_dir(spec):
         return Path(spec).resolve().name, load_reward_model(spec, **model_options)
     source, sep, attr = spec.rpartition(":")
     if not sep or not source or not attr:

@@ -76,10 +76,6 @@ class RewardModel:
         return scores
 
 
-def looks_like_model_dir(spec: str) -> bool:
-    return Path(spec).is_dir()
-
-
 def load_reward_model(path: str, *, device: torch.device | str = "cpu",
                       dtype: torch.dtype | None = None, max_tokens: int = DEFAULT_MAX_TOKENS,
                       trust_remote_code: bool = False) -> RewardModel:

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from infsamp.errors import DataError, RunFolderError
-from infsamp.files import open_for_writing, replace_with, write_text
+from infsamp.files import headless_pyplot, open_for_writing, replace_with, write_text
 from infsamp.run.ownership import check_still_held
 from infsamp.run.progress import RunProgress, format_value
 from infsamp.run.trackers import Trackers, open_trackers
@@ -71,18 +71,12 @@ def append_jsonl(path: Path, records: dict[str, Any] | list[dict[str, Any]]) -> 
         raise RunFolderError(f"cannot append to {path}: {err.strerror or err}") from None
 
 
-def _complete_lines(path: Path) -> list[str]:
-    """The file's lines without a torn last one (no newline: a write cut short by a kill)."""
-    text = path.read_text(errors="replace")
-    lines = text.split("\n")
-    return lines[:-1]  # the part after the last newline is '' or a torn line
-
-
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     records = []
-    for number, line in enumerate(_complete_lines(path), 1):
+    # the part after the last newline is '' or a torn line (a write cut short by a kill)
+    for number, line in enumerate(path.read_text(errors="replace").split("\n")[:-1], 1):
         if line.strip():
             try:
                 records.append(json.loads(line))
@@ -228,10 +222,7 @@ def moving_average(values: list[float | None], window: int) -> list[float]:
 
 def plot_run(output_dir: Path) -> Path | None:
     """reward and held-out accuracy against step -> plots/training.png."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = headless_pyplot()
 
     metrics, evals = read_jsonl(output_dir / "metrics.jsonl"), read_jsonl(output_dir / "eval.jsonl")
     if not metrics:

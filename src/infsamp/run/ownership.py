@@ -32,6 +32,7 @@ and the run goes on unlocked.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import functools
@@ -66,22 +67,24 @@ class RunFolderLock:
             return
         path = self.folder / LOCK_NAME
         if undo and self.created_file:
-            _quietly(path.unlink)  # still locked: nobody can have taken it meanwhile
+            with contextlib.suppress(OSError):
+                path.unlink()  # still locked: nobody can have taken it meanwhile
         elif undo:
             _write(self.fd, self.previous)
         os.close(self.fd)
         self.fd = None
         if undo and self.created_folder:
-            _quietly(self.folder.rmdir)  # only if still empty
+            with contextlib.suppress(OSError):
+                self.folder.rmdir()  # only if still empty
 
 
 _held: dict[str, RunFolderLock] = {}  # this process's claims, by resolved folder
 
 
-def claim_run_folder(folder: Path, what: str = "logging.output_dir",
-                     command: str = "infsamp train") -> RunFolderLock:
+def claim_run_folder(folder: Path) -> RunFolderLock:
     """Create `folder` if needed and hold its lock for this process; a folder that another
     process holds is one line naming that process (RunFolderError: exit 2, nothing changed)."""
+    what = "logging.output_dir"
     if _key(folder) in _held:
         raise RunFolderError(f"{what} {folder}: in use by this process (an earlier run on it "
                              "has not ended: call its close())")
@@ -93,7 +96,7 @@ def claim_run_folder(folder: Path, what: str = "logging.output_dir",
     created_folder = not folder.exists()
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        lock = _lock(folder, created_folder, command)
+        lock = _lock(folder, created_folder)
     except OSError as err:
         raise RunFolderError(f"{what} {folder}: cannot create or lock it: "
                              f"{err.strerror or err}") from None
@@ -112,7 +115,7 @@ def release_run_folder(folder: str | Path) -> None:
         lock.release()
 
 
-def check_still_held(folder: str | Path, what: str = "logging.output_dir") -> None:
+def check_still_held(folder: str | Path) -> None:
     """Before this process writes into a folder it holds: the lock file it locked must still be
     the one at `folder/LOCK_NAME`. A folder removed (or removed and made again, perhaps by
     another run) while the run went is one line (RunFolderError), so nothing more is written or
@@ -121,9 +124,9 @@ def check_still_held(folder: str | Path, what: str = "logging.output_dir") -> No
     if lock is None or lock.fd is None:
         return
     if not _is_at(lock.fd, lock.folder / LOCK_NAME):
-        raise RunFolderError(f"{what} {folder}: removed or replaced while this run was going "
-                             "(its lock file is not the one this run holds); stopping without "
-                             "writing anything more into it")
+        raise RunFolderError(f"logging.output_dir {folder}: removed or replaced while this run "
+                             "was going (its lock file is not the one this run holds); stopping "
+                             "without writing anything more into it")
 
 
 def released_on_failure(init):
@@ -190,7 +193,7 @@ def describe(holder: dict | None) -> str:
 # ---------------------------------------------------------------- the lock file
 
 
-def _lock(folder: Path, created_folder: bool, command: str) -> RunFolderLock | None:
+def _lock(folder: Path, created_folder: bool) -> RunFolderLock | None:
     """Lock folder/LOCK_NAME (None: another process holds it). Retries when the file was
     replaced between opening and locking (a refused claim removed the one it created)."""
     path = folder / LOCK_NAME
@@ -209,7 +212,11 @@ def _lock(folder: Path, created_folder: bool, command: str) -> RunFolderLock | N
             break
         os.close(fd)
     previous = b"" if created else os.pread(fd, 1 << 16, 0)
-    _write(fd, json.dumps(_holder_record(command)).encode())
+    holder = {"command": "infsamp train", "pid": os.getpid(), "host": socket.gethostname(),
+              "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+              "rank": int(os.environ.get("RANK", "0")),
+              "world_size": int(os.environ.get("WORLD_SIZE", "1"))}
+    _write(fd, json.dumps(holder).encode())
     return RunFolderLock(folder, fd, created, created_folder, previous)
 
 
@@ -240,13 +247,6 @@ def _try_lock(fd: int, path: Path) -> bool:
             return True
 
 
-def _holder_record(command: str) -> dict:
-    return {"command": command, "pid": os.getpid(), "host": socket.gethostname(),
-            "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-            "rank": int(os.environ.get("RANK", "0")),
-            "world_size": int(os.environ.get("WORLD_SIZE", "1"))}
-
-
 def _read_holder(path: Path, wait_s: float) -> dict | None:
     """The holder's record; it writes it right after locking, so wait a moment for it."""
     deadline = time.monotonic() + wait_s
@@ -270,9 +270,3 @@ def _write(fd: int, data: bytes) -> None:
 def _key(folder: Path) -> str:
     return str(folder.expanduser().resolve())
 
-
-def _quietly(action) -> None:
-    try:
-        action()
-    except OSError:
-        pass

@@ -72,13 +72,9 @@ def _encode(value: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
                     "(checkpoints hold tensors, numbers and strings)")
 
 
-def _class_name(value: Any) -> str:
-    return f"{type(value).__module__}.{type(value).__qualname__}"
-
-
 def _encode_quantized(value: torch.Tensor, path: str, tensors: dict[str, torch.Tensor]) -> Any:
     """A quantized optimizer state as its plain inner tensors and its (data) attributes."""
-    name = _class_name(value)
+    name = f"{type(value).__module__}.{type(value).__qualname__}"
     if name not in QUANTIZED_STATES:
         raise TypeError(f"{path}: {name} is not data (checkpoints hold tensors, numbers and "
                         "strings)")

@@ -127,13 +127,23 @@ def _wandb_has_api_key() -> bool:
     return netrc.exists() and "api.wandb.ai" in netrc.read_text(errors="ignore")
 
 
-class WandbTracker(Tracker):
+class _RunLogTracker(Tracker):
+    """A backend whose run logs dicts of scalars and images (wandb, trackio: `self.client`)."""
+
+    def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        self.run.log(metrics, step=step)
+
+    def log_image(self, step: int, name: str, path: Path) -> None:
+        self.run.log({name: self.client.Image(str(path))}, step=step)
+
+
+class WandbTracker(_RunLogTracker):
     package = "wandb"
 
     def __init__(self, run: RunInfo):
         import wandb
 
-        self.wandb = wandb
+        self.client = wandb
         mode = os.environ.get("WANDB_MODE") or ("online" if _wandb_has_api_key() else "offline")
         directory = Path(os.environ.get("WANDB_DIR") or run.output_dir)
         directory.mkdir(parents=True, exist_ok=True)
@@ -143,33 +153,21 @@ class WandbTracker(Tracker):
         offline = f"offline in {directory / 'wandb'} (upload: wandb sync)"
         self.where = offline if mode == "offline" else mode
 
-    def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
-        self.run.log(metrics, step=step)
-
-    def log_image(self, step: int, name: str, path: Path) -> None:
-        self.run.log({name: self.wandb.Image(str(path))}, step=step)
-
     def finish(self, ok: bool) -> None:
         self.run.finish(exit_code=0 if ok else 1)
 
 
-class TrackioTracker(Tracker):
+class TrackioTracker(_RunLogTracker):
     package = "trackio"
 
     def __init__(self, run: RunInfo):
         import trackio
         from trackio.utils import TRACKIO_DIR
 
-        self.trackio, self.where = trackio, f"local store {TRACKIO_DIR}"
+        self.client, self.where = trackio, f"local store {TRACKIO_DIR}"
         self.run = trackio.init(project=run.project, name=run.run_name, config=run.config,
                                 resume="allow" if run.resumed else "never", embed=False,
                                 auto_log_cpu=False, auto_log_gpu=False)
-
-    def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
-        self.run.log(metrics, step=step)
-
-    def log_image(self, step: int, name: str, path: Path) -> None:
-        self.run.log({name: self.trackio.Image(str(path))}, step=step)
 
     def finish(self, ok: bool) -> None:
         self.run.finish()
@@ -188,7 +186,6 @@ class MlflowTracker(Tracker):
         uri = os.environ.get("MLFLOW_TRACKING_URI") or local
         if uri.startswith("file:"):  # MLflow 3 refuses its file store unless told it is wanted
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-        self.mlflow = mlflow
         self.client = mlflow.MlflowClient(tracking_uri=uri)
         self.run_id = run.state.get("mlflow_run_id") if run.resumed else None
         if self.run_id is None:
@@ -263,10 +260,8 @@ class Trackers:
         self.active: dict[str, Tracker] = {}
         self.failed: dict[str, str] = {}
         for name in chosen(names):
-            self._call(name, "start", lambda name=name: self._start(name, run))
-
-    def _start(self, name: str, run: RunInfo) -> None:
-        self.active[name] = TRACKERS[name](run)
+            self._call(name, "start",
+                       lambda name=name: self.active.update({name: TRACKERS[name](run)}))
 
     def describe(self) -> str:
         """`trackers: tensorboard -> runs/demo/tensorboard, ...`"""

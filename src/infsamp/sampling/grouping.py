@@ -1,12 +1,12 @@
 """Global grouping: assign samples (jobs of predicted length) to g identical slots, minimising the
 busiest slot (makespan, P||Cmax). Pure Python, no torch.
 
-- `fptas` / `search`: the classic FPTAS for fixed g: every length is rounded down to a grid of
+- `search`: the classic FPTAS for fixed g: every length is rounded down to a grid of
   `delta = epsilon * LB / n`, and the dynamic program over slot-load vectors of the rounded instance
   is solved exactly, so the plan is within (1 + epsilon) of the optimum. The DP states (job, sorted
   loads) are walked depth first from the LPT plan with memoisation and bound cuts, which visits a
   small part of the table; past `max_states` visited states the search keeps its best plan so far
-  (never worse than LPT) and reports that it was cut short (`fptas` then returns None).
+  (never worse than LPT) and reports that it was cut short.
 - `lpt`: longest processing time first onto the least loaded slot (a 4/3-approximation, O(n log n)).
 - `lower_bound`: max(ceil(sum / g), max): no schedule of these lengths on g slots finishes sooner.
 - `pigeonhole_bound`: a tighter bound for lumpy lengths: of the k*g+1 longest samples, some slot
@@ -70,15 +70,6 @@ def lpt(weights: Sequence[float], micro_group: int,
         slots[slot].append(job)
         heapq.heappush(loads, (load + weights[job], slot))
     return slots
-
-
-def fptas(weights: Sequence[float], micro_group: int, epsilon: float,
-          initial_loads: Sequence[float] | None = None,
-          max_states: int = DEFAULT_MAX_STATES) -> list[list[int]] | None:
-    """(1 + epsilon)-optimal assignment, or None when the search would exceed `max_states`
-    states."""
-    slots, complete = search(weights, micro_group, epsilon, initial_loads, max_states)
-    return slots if complete else None
 
 
 def search(weights: Sequence[float], micro_group: int, epsilon: float,

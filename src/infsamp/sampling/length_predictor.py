@@ -186,14 +186,15 @@ class OnlinePredictor(LengthPredictor):
         self._run_mean: float | None = None
         # (group, key) -> prediction; cleared on news
         self._cache: dict[tuple[int, str], float] = {}
-        self._model = _Ridge(len(self._features(_probe_spec())), l2, decay)
+        self._model = _Ridge(len(self.prompt_features(_probe_spec())), l2, decay)
         num_prefix = len(self._prefix_features(_probe_spec(), []))
         self._prefix_model = _Ridge(num_prefix, l2, decay)
 
     def predict(self, spec):
         cache_key = (spec.group_id, spec.prompt_key)  # siblings look alike until a prefix is seen
         if cache_key not in self._cache:
-            self._cache[cache_key] = self._from_log(self._model.predict(self._features(spec)), spec)
+            log_length = self._model.predict(self.prompt_features(spec))
+            self._cache[cache_key] = self._from_log(log_length, spec)
         return self._cache[cache_key]
 
     def predict_remaining(self, spec, prefix_token_ids):
@@ -243,7 +244,7 @@ class OnlinePredictor(LengthPredictor):
         turns = model_turn_lengths(length, spec.context_spans)  # the model's tokens per turn
         self._turns.add(_memory_key(spec), turns)
         log_length = math.log(max(1, sum(turns)))
-        self._model.add(self._features(spec), log_length)
+        self._model.add(self.prompt_features(spec), log_length)
         x, num_prefix, counts = self._prefixes.pop(spec.sample_id, (None, 0, None))
         self._totals.pop(spec.sample_id, None)
         if x is not None and length > num_prefix:
@@ -308,9 +309,6 @@ class OnlinePredictor(LengthPredictor):
 
     def prompt_features(self, spec) -> np.ndarray:
         """What is known of a sample before it starts (its prompt, history, siblings, the run)."""
-        return self._features(spec)
-
-    def _features(self, spec) -> np.ndarray:
         prompt = self._prompt_features.get(spec.prompt_text)
         if prompt is None:
             prompt = self._prompt_features[spec.prompt_text] = _text_features(spec.prompt_text)
@@ -324,7 +322,7 @@ class OnlinePredictor(LengthPredictor):
 
     def _prefix_features(self, spec, token_ids: Sequence[int]) -> np.ndarray:
         """Base features plus a hashed bag of the first k token ids."""
-        return np.concatenate([self._features(spec), self._bag(token_ids)])
+        return np.concatenate([self.prompt_features(spec), self._bag(token_ids)])
 
     def _bag(self, token_ids: Sequence[int]) -> np.ndarray:
         bag = np.zeros(self.NUM_BUCKETS + 1)

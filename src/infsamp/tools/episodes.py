@@ -82,9 +82,6 @@ class Toolbox:
         counters, self.counters = self.counters, ToolCounters()
         return counters
 
-    def take_metrics(self) -> dict[str, float]:
-        return self.take_counters().metrics()
-
     def close(self) -> None:
         self.runner.close()
 

@@ -174,10 +174,9 @@ class VLLMEngine:
         """One token through the engine now, so that a kernel vLLM lacks for this model (e.g. an
         unsupported head size on CPU) fails here, before any training step."""
         from vllm import SamplingParams
-        from vllm.inputs import tokens_input
 
         try:
-            self.engine.add_request("probe", tokens_input([0, 0]),
+            self.engine.add_request("probe", self._tokens_input([0, 0]),
                                     SamplingParams(max_tokens=1))
             while self.engine.has_unfinished_requests():
                 self.engine.step()

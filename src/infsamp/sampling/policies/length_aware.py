@@ -30,7 +30,7 @@ import heapq
 
 from infsamp.choices import REFILL_ORDERS
 from infsamp.errors import SamplingError
-from infsamp.sampling.grouping import DEFAULT_MAX_STATES, balance, lpt
+from infsamp.sampling.grouping import DEFAULT_MAX_STATES, balance
 from infsamp.sampling.length_predictor import ConstantPredictor
 from infsamp.sampling.policies.base import AdmissionPolicy, CanAllocate
 from infsamp.sampling.types import Sample
@@ -65,7 +65,6 @@ class LengthAwarePolicy(AdmissionPolicy):
         self._events_since_plan = 0
         self.tolerance = 0.02  # a sample ending this far off its prediction puts the call off plan
         self._off_plan = False
-        self.plan_method = ""
         self._queues = self._plan(max_states)
         self._first_weight = dict(self._weight)
 
@@ -156,11 +155,7 @@ class LengthAwarePolicy(AdmissionPolicy):
         weights = [max(1.0, float(self.predictor.predict(self.samples[i]))) for i in pending]
         loads = [self._remaining(self._running[s]) if s in self._running else 0.0
                  for s in range(self.micro_group)]
-        if max_states > 0:
-            grouping = balance(weights, self.micro_group, self.epsilon, loads, max_states)
-            slots, self.plan_method = grouping.slots, grouping.method
-        else:
-            slots, self.plan_method = lpt(weights, self.micro_group, loads), "lpt"
+        slots = balance(weights, self.micro_group, self.epsilon, loads, max_states).slots
         self._weight = dict(zip(pending, weights))
         self._events_since_plan = 0
         self._order = sorted(pending, key=self._refill_key)
