@@ -27,12 +27,12 @@ def model():
 
 
 def sample(model, share: bool, num_generations: int = 1, temperature: float = 0.0,
-           prompts=PROMPTS, **overrides):
+           prompts=PROMPTS, engine=None, **overrides):
     """Greedy: lengths forced to differ (a random model's greedy EOS is never or always)."""
     options = dict(policy="continuous", micro_group=3, kv_budget="100000", max_new_tokens=12,
                    temperature=temperature, predictor="none")
     options.update(overrides)
-    sampler = GroupSampler(model, None, SamplingConfig(**options))
+    sampler = GroupSampler(model, None, SamplingConfig(**options), engine=engine)
     lengths = [3 + i % 7 for i in range(len(prompts) * num_generations)]
     return sampler.sample(prompts, num_generations, generator=torch.Generator().manual_seed(5),
                           logits_processor_factory=EosBoost if temperature else None,
@@ -131,6 +131,28 @@ def test_suffixes_computed_inside_the_decode_step_equal_a_prefill_apart(model, m
     calls.clear()
     monkeypatch.setattr(slots, "supports_packed", lambda model: False)
     assert token_ids(sample(model, True, num_generations, 1.0, prompts=prompts)) == packed and calls
+
+
+def test_a_run_that_plans_longer_prompts_packs_every_suffix_into_the_decode_step(model,
+                                                                                 monkeypatch):
+    """The engine told the run's longest prompt (`RunSizes.max_prompt_tokens`, what the planner
+    counts a forward's working set at) packs up to that many tokens per step: LONG's suffixes of
+    9, which beside the call's own longest prompt (12) go one per step, are all computed inside
+    the first step, with the same completions."""
+    from infsamp.planner.sizes import RunSizes
+
+    calls = []
+    original = slots.SlotEngine._prefill_batch
+    monkeypatch.setattr(slots.SlotEngine, "_prefill_batch",
+                        lambda self, groups: calls.append(groups) or original(self, groups))
+    apart = token_ids(sample(model, True, 4, 1.0, prompts=LONG))
+    assert calls
+    calls.clear()
+    sizes = RunSizes(kv_budget_tokens=100000, micro_group=3, max_micro_group=0,
+                     max_prompt_tokens=64, max_new_tokens=12)
+    engine = slots.SlotEngine(model, sizes=sizes)
+    assert token_ids(sample(model, True, 4, 1.0, prompts=LONG, engine=engine)) == apart
+    assert not calls
 
 
 def _logits_by_token(model, monkeypatch, share: bool, prompts) -> dict:

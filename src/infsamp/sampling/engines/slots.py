@@ -74,6 +74,9 @@ class SlotEngine(SharedPrefixPrefill):
         self.eager_mask = getattr(model.config, "_attn_implementation", "sdpa") == "eager"
         self.cache_kwarg = _cache_kwarg_name(model)
         self.cache: SlotKVCache | SlotRowCache | None = None
+        # the longest prompt the run serves, as the planner sized a forward's working set
+        # (`max(max_prompt_tokens, g)` tokens, planner/estimate.py); 0: unknown
+        self.planned_prompt_tokens = sizes.max_prompt_tokens if sizes is not None else 0
         # when a list: (wall seconds, CPU seconds, KV length of each row) of every decode step
         # (the bound's replay, `decode_bound.py`)
         self.step_log: list[tuple[float, float, list[int]]] | None = None
