@@ -184,3 +184,21 @@ def test_every_logit_equals_unshared_within_float_rounding(model, monkeypatch, p
     assert shared.keys() == unshared.keys()
     for key, logits in unshared.items():
         torch.testing.assert_close(shared[key], logits, rtol=1e-5, atol=1e-5, msg=str(key))
+
+
+def test_packed_steps_through_the_lean_forward_give_the_models_logits_bit_for_bit(model,
+                                                                                   monkeypatch):
+    """A packed step (new rows' suffixes, then one token per slot) goes through `lean_decode`
+    too: every draw's logits equal the model's own forward's."""
+    from infsamp.sampling.engines.lean_decode import LeanLlamaDecode
+
+    packed_calls = []
+    original = LeanLlamaDecode.__call__
+    monkeypatch.setattr(LeanLlamaDecode, "__call__", lambda self, *args: packed_calls.append(
+        args[4] if len(args) > 4 else 0) or original(self, *args))  # keep: S when packed
+    lean = _logits_by_token(model, monkeypatch, True, PROMPTS)
+    assert any(packed_calls)  # some steps were packed, through the lean forward
+    monkeypatch.setattr(slots, "lean_decode", lambda model: None)  # the model's own forward
+    own = _logits_by_token(model, monkeypatch, True, PROMPTS)
+    assert lean.keys() == own.keys()
+    assert all(torch.equal(lean[key], own[key]) for key in own)

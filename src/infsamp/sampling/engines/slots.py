@@ -208,25 +208,18 @@ class SlotEngine(SharedPrefixPrefill):
                  packed: Sequence[int] = ()):
         """Logits [S, V] (and the last hidden states [S, H] if asked) of inputs [S] at positions
         [S], as a batch of S one-token rows; with `packed` groups, as one sequence [1, T]: their
-        suffixes, then the S tokens (their rows' KV computed on the way); one-token rows of a
-        plain Llama go through `lean_decode` (bit for bit the model's forward)."""
-        if self.lean is not None and not packed:  # one-token rows: the lean forward
-            with reading_in_place(self.cache, self.model.config._attn_implementation):
-                return self.lean(inputs[:, None], positions[:, None], mask, self.cache), None
-        kwargs = {}
+        suffixes, then the S tokens (their rows' KV computed on the way); a plain Llama goes
+        through `lean_decode` (bit for bit the model's forward)."""
         if packed:
-            suffixes = [self.prompts[g][self.shared_prefix:-1] for g in packed]
-            tokens = [t for suffix in suffixes for t in suffix]
-            places = [self.shared_prefix + i for suffix in suffixes for i in range(len(suffix))]
-            inputs = torch.cat([torch.tensor(tokens, dtype=torch.long, device=self.device),
-                                inputs])[None]  # [1, T]
-            positions = torch.cat([torch.tensor(places, dtype=torch.long, device=self.device),
-                                   positions])[None]  # [1, T]
-            kwargs["logits_to_keep"] = len(mask)
-            self.stats.prefill_tokens += len(tokens)
+            inputs, positions = self._packed_inputs(inputs, positions, packed)  # [1, T]
         else:
             inputs, positions = inputs[:, None], positions[:, None]  # [S, 1]
         try:
+            if self.lean is not None:
+                with reading_in_place(self.cache, self.model.config._attn_implementation):
+                    return self.lean(inputs, positions, mask, self.cache,
+                                     len(mask) if packed else 0), None
+            kwargs = {"logits_to_keep": len(mask)} if packed else {}
             with slot_attention(self.model, self.cache) if self.split else \
                     contextlib.nullcontext():
                 out = self.model(input_ids=inputs, position_ids=positions, attention_mask=mask,
@@ -237,6 +230,19 @@ class SlotEngine(SharedPrefixPrefill):
         last = (lambda t: t[0]) if packed else (lambda t: t[:, -1])  # [S, *]: the S tokens'
         hidden = last(out.hidden_states[-1])[-len(mask):] if self.options.hidden_states else None
         return last(out.logits).float(), hidden  # [S, V]
+
+    def _packed_inputs(self, inputs: torch.Tensor, positions: torch.Tensor,
+                       packed: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """A packed step's one sequence: the `packed` groups' suffixes, then the S tokens
+        (inputs and positions [S]): both [1, T]."""
+        suffixes = [self.prompts[g][self.shared_prefix:-1] for g in packed]
+        tokens = [t for suffix in suffixes for t in suffix]
+        places = [self.shared_prefix + i for suffix in suffixes for i in range(len(suffix))]
+        self.stats.prefill_tokens += len(tokens)
+        return (torch.cat([torch.tensor(tokens, dtype=torch.long, device=self.device),
+                           inputs])[None],  # [1, T]
+                torch.cat([torch.tensor(places, dtype=torch.long, device=self.device),
+                           positions])[None])  # [1, T]
 
     def _select(self, logits: torch.Tensor, sample_ids: torch.Tensor,
                 num_generated: torch.Tensor) -> torch.Tensor:  # [S, V], [S], [S] -> [S]
