@@ -89,9 +89,9 @@ class SharedPrefixPrefill:
         suffixes = [list(self.prompts[g][self.shared_prefix:-1]) for g in group_ids]
         start = time.perf_counter()
         keys, values = self._suffix_kv(suffixes)  # per layer [B, H, w, D]
-        for index, (group_id, suffix) in enumerate(zip(group_ids, suffixes)):
-            self.cache.add_prompt(group_id, [k[index:index + 1, :, :len(suffix)] for k in keys],
-                                  [v[index:index + 1, :, :len(suffix)] for v in values])
+        rows = list(enumerate(map(len, suffixes)))
+        self.cache.add_prompts(group_ids, [[k[i:i + 1, :, :n] for k in keys] for i, n in rows],
+                               [[v[i:i + 1, :, :n] for v in values] for i, n in rows])
         self.stats.model_time_s += time.perf_counter() - start
         self.stats.prefill_tokens += sum(len(s) for s in suffixes)
         self._track_peak()

@@ -251,7 +251,7 @@ class SlotEngine(SharedPrefixPrefill):
         return select_tokens(logits, sample_ids, num_generated, self.options, self.warpers)
 
     def _record(self, running: list[Sample], tokens: list[int]) -> list[Sample]:
-        ended = []
+        ended, done_groups = [], []
         for sample, token in zip(running, tokens):
             sample.token_ids.append(token)
             if token in self.eos_ids and self.turn_ends is not None and self.turn_ends(sample):
@@ -262,7 +262,8 @@ class SlotEngine(SharedPrefixPrefill):
                 sample.finish_reason = "eos" if token in self.eos_ids else "length"
                 ended.append(sample)
                 self.cache.release(sample.sample_id)
-                self._release_group(sample.group_id)
+                done_groups += self._release_group(sample.group_id)
+        self.cache.drop_prompts(done_groups)  # the rows of groups whose last sample ended
         return ended
 
     def _prefill(self, group_id: int) -> None:
@@ -285,10 +286,10 @@ class SlotEngine(SharedPrefixPrefill):
         self.stats.prefill_tokens += len(prompt_kv)
         self._track_peak()
 
-    def _release_group(self, group_id: int) -> None:
+    def _release_group(self, group_id: int) -> list[int]:
+        """A sample of the group ended: [the group] if it was its last (its row to drop)."""
         self.remaining[group_id] -= 1
-        if self.remaining[group_id] == 0:
-            self.cache.drop_prompt(group_id)
+        return [group_id] if self.remaining[group_id] == 0 else []
 
     def _drop_taken_back(self, active: dict[int, Sample]) -> None:
         for slot, sample in enumerate(self.slot_sample):
