@@ -319,3 +319,31 @@ def test_the_bounds_ready_cache_is_a_real_cache(model):
         whole = model(input_ids=torch.tensor([prompt + [token]])).logits[0, -1]
     assert inputs["position_ids"].tolist() == [[len(prompt)]]
     assert torch.allclose(step, whole, atol=1e-5)
+
+
+def test_prefill_forwards_skip_the_lm_head_and_keep_the_completions(model, monkeypatch):
+    """A prompt's prefill (and a parked sample's recompute) computes KV only: the LM head sees
+    no position there (`no_logits`), and the tokens are those of keeping one row's logits."""
+    from infsamp.sampling.engines import slot_prefix, slots
+
+    def run() -> tuple[list[list[int]], list[int]]:
+        rows = []
+        handle = model.lm_head.register_forward_hook(
+            lambda module, args, out: rows.append(args[0].shape[-2]))  # positions it saw
+        try:
+            options = DecodeOptions(temperature=1.0, seed=11, eos_token_ids=())
+            samples = [_spec(0), _spec(1, group_id=1)]
+            engine, _ = engine_for(model, [[4, 5, 6], [7, 8, 9, 10]], samples, 2, options)
+            engine.start(0, samples[0])
+            engine.start(1, samples[1])
+            for _ in range(5):
+                engine.decode_step({0: samples[0], 1: samples[1]})
+        finally:
+            handle.remove()
+        return [s.token_ids for s in samples], rows
+
+    tokens, rows = run()
+    assert rows.count(0) == 2 and rows.count(1) == 5  # two prefills; five decode steps
+    for module in (slots, slot_prefix):
+        monkeypatch.setattr(module, "no_logits", lambda device: 1)  # the last position's
+    assert run()[0] == tokens

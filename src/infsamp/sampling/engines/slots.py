@@ -50,7 +50,7 @@ from infsamp.sampling.engines.slot_attention import (
     supports_split,
 )
 from infsamp.sampling.engines.slot_cache import SlotKVCache, SlotRowCache
-from infsamp.sampling.engines.slot_prefix import SharedPrefixPrefill
+from infsamp.sampling.engines.slot_prefix import SharedPrefixPrefill, no_logits
 from infsamp.sampling.types import Sample, SamplerStats
 
 
@@ -273,8 +273,8 @@ class SlotEngine(SharedPrefixPrefill):
         if prompt_kv:
             input_ids = torch.tensor([prompt_kv], device=self.device)  # [1, P-1]
             with torch.inference_mode():
-                self.model(input_ids=input_ids, use_cache=True, logits_to_keep=1,  # logits unused
-                           **{self.cache_kwarg: cache})
+                self.model(input_ids=input_ids, use_cache=True,
+                           logits_to_keep=no_logits(self.device), **{self.cache_kwarg: cache})
             keys = [layer.keys for layer in cache.layers]
             values = [layer.values for layer in cache.layers]
         else:  # a one-token prompt: a row of zero width (the table may have no row to copy yet)
@@ -346,8 +346,8 @@ class SlotEngine(SharedPrefixPrefill):
                                  device=self.device)[None, :]  # [1, n]
         start = time.perf_counter()
         with torch.inference_mode():
-            self.model(input_ids=inputs, position_ids=positions, use_cache=True, logits_to_keep=1,
-                       **{self.cache_kwarg: cache})
+            self.model(input_ids=inputs, position_ids=positions, use_cache=True,
+                       logits_to_keep=no_logits(self.device), **{self.cache_kwarg: cache})
         self.stats.model_time_s += time.perf_counter() - start
         self.cache.write(sample.sample_id,
                          [c.keys[0, :, width + held:] for c in cache.layers],  # [H, n, D]
