@@ -2,9 +2,11 @@
 evaluation's prompts share their chat template and system prompt): the call's first L prompt
 tokens are forwarded once at `begin_call` and held once (`PromptTable.set_prefix`); each group's
 row holds the rest of its prompt (its suffix, minus the last token), computed at the next decode
-step. No forward takes more than the call's longest prompt (or its slots) in tokens, what the
-planner counts a forward's working set at. The numbers differ from a whole-prompt forward in the
-last bits (other matmul shapes), so the sampler shares a prefix only where it is asked to.
+step. No forward takes more than the run's longest prompt (`RunSizes.max_prompt_tokens`, where
+the engine was given the run's sizes), the call's longest prompt or its slots in tokens, whichever
+is most: what the planner counts a forward's working set at. The numbers differ from a
+whole-prompt forward in the last bits (other matmul shapes), so the sampler shares a prefix only
+where it is asked to.
 
 Prefill paths: `_packed_groups` (the rows a decode step's one packed forward computes, the cache's
 `update` writing them and `slot_attention` attending them) and `_prefill_suffixes` (right-padded
@@ -74,8 +76,8 @@ class SharedPrefixPrefill:
 
     def _prefill_suffixes(self, group_ids: list[int]) -> None:
         """These groups' rows: each prompt after the shared prefix (minus its last token), in
-        right-padded batches of at most the call's longest prompt (or its slots) in padded
-        tokens, attending to the prefix."""
+        right-padded batches of at most `_most_tokens` padded tokens, attending to the
+        prefix."""
         most = self._most_tokens()
         batch: list[int] = []
         for group_id in group_ids:
