@@ -66,6 +66,36 @@ def test_prompt_table_add_and_drop():
     assert cache.prompt_keys[0][1, 0, :2].eq(12).all() and cache.prompt_keys[0][0].eq(10).all()
 
 
+def _table_of(steps) -> SlotKVCache:
+    """A prompt table after `steps`: ("add", [(group, length), ...]) adds those rows at once,
+    ("open", [...]) opens zero rows, ("drop", [group, ...]) drops those rows at once."""
+    cache = SlotKVCache(num_layers=2, pool_tokens=8, kv_heads=1, head_dim=2,
+                        dtype=torch.float32, device=torch.device("cpu"))
+    for kind, items in steps:
+        if kind == "add":
+            kv = [[torch.full((1, 1, n, 2), float(g + layer)) for layer in range(2)]
+                  for g, n in items]
+            cache.add_prompts([g for g, _ in items], kv, kv)
+        elif kind == "open":
+            cache.open_rows([g for g, _ in items], [n for _, n in items])
+        else:
+            cache.drop_prompts(items)
+    return cache
+
+
+def test_rows_added_or_dropped_at_once_make_the_table_of_one_by_one():
+    """The batched table updates (one copy per layer) give exactly the one-by-one tables."""
+    added, opened, dropped = [(10, 3), (11, 5), (12, 2), (13, 4)], [(14, 6), (15, 1)], [11, 14]
+    at_once = _table_of([("add", added), ("open", opened), ("drop", dropped)])
+    one_by_one = _table_of([*(("add", [row]) for row in added),
+                            *(("open", [row]) for row in opened),
+                            *(("drop", [g]) for g in dropped)])
+    assert at_once.group_rows == one_by_one.group_rows == {10: 0, 12: 1, 13: 2, 15: 3}
+    assert at_once.prompt_lengths == one_by_one.prompt_lengths == [3, 2, 4, 1]
+    for mine, theirs in zip(at_once.prompt_tensors(), one_by_one.prompt_tensors(), strict=True):
+        assert mine.shape == theirs.shape and torch.equal(mine, theirs) and mine.is_contiguous()
+    assert at_once.prompt_keys[0].shape == (4, 1, 4, 2)  # trimmed to the longest row left
+
 def _spec(sample_id, group_id=0, max_new=5, prompt_tokens=3):
     return Sample(sample_id, group_id, sample_id, prompt_tokens=prompt_tokens,
                   max_new_tokens=max_new)
@@ -289,3 +319,31 @@ def test_the_bounds_ready_cache_is_a_real_cache(model):
         whole = model(input_ids=torch.tensor([prompt + [token]])).logits[0, -1]
     assert inputs["position_ids"].tolist() == [[len(prompt)]]
     assert torch.allclose(step, whole, atol=1e-5)
+
+
+def test_prefill_forwards_skip_the_lm_head_and_keep_the_completions(model, monkeypatch):
+    """A prompt's prefill (and a parked sample's recompute) computes KV only: the LM head sees
+    no position there (`no_logits`), and the tokens are those of keeping one row's logits."""
+    from infsamp.sampling.engines import slot_prefix, slots
+
+    def run() -> tuple[list[list[int]], list[int]]:
+        rows = []
+        handle = model.lm_head.register_forward_hook(
+            lambda module, args, out: rows.append(args[0].shape[-2]))  # positions it saw
+        try:
+            options = DecodeOptions(temperature=1.0, seed=11, eos_token_ids=())
+            samples = [_spec(0), _spec(1, group_id=1)]
+            engine, _ = engine_for(model, [[4, 5, 6], [7, 8, 9, 10]], samples, 2, options)
+            engine.start(0, samples[0])
+            engine.start(1, samples[1])
+            for _ in range(5):
+                engine.decode_step({0: samples[0], 1: samples[1]})
+        finally:
+            handle.remove()
+        return [s.token_ids for s in samples], rows
+
+    tokens, rows = run()
+    assert rows.count(0) == 2 and rows.count(1) == 5  # two prefills; five decode steps
+    for module in (slots, slot_prefix):
+        monkeypatch.setattr(module, "no_logits", lambda device: 1)  # the last position's
+    assert run()[0] == tokens

@@ -27,12 +27,12 @@ def model():
 
 
 def sample(model, share: bool, num_generations: int = 1, temperature: float = 0.0,
-           prompts=PROMPTS, **overrides):
+           prompts=PROMPTS, engine=None, **overrides):
     """Greedy: lengths forced to differ (a random model's greedy EOS is never or always)."""
     options = dict(policy="continuous", micro_group=3, kv_budget="100000", max_new_tokens=12,
                    temperature=temperature, predictor="none")
     options.update(overrides)
-    sampler = GroupSampler(model, None, SamplingConfig(**options))
+    sampler = GroupSampler(model, None, SamplingConfig(**options), engine=engine)
     lengths = [3 + i % 7 for i in range(len(prompts) * num_generations)]
     return sampler.sample(prompts, num_generations, generator=torch.Generator().manual_seed(5),
                           logits_processor_factory=EosBoost if temperature else None,
@@ -133,6 +133,28 @@ def test_suffixes_computed_inside_the_decode_step_equal_a_prefill_apart(model, m
     assert token_ids(sample(model, True, num_generations, 1.0, prompts=prompts)) == packed and calls
 
 
+def test_a_run_that_plans_longer_prompts_packs_every_suffix_into_the_decode_step(model,
+                                                                                 monkeypatch):
+    """The engine told the run's longest prompt (`RunSizes.max_prompt_tokens`, what the planner
+    counts a forward's working set at) packs up to that many tokens per step: LONG's suffixes of
+    9, which beside the call's own longest prompt (12) go one per step, are all computed inside
+    the first step, with the same completions."""
+    from infsamp.planner.sizes import RunSizes
+
+    calls = []
+    original = slots.SlotEngine._prefill_batch
+    monkeypatch.setattr(slots.SlotEngine, "_prefill_batch",
+                        lambda self, groups: calls.append(groups) or original(self, groups))
+    apart = token_ids(sample(model, True, 4, 1.0, prompts=LONG))
+    assert calls
+    calls.clear()
+    sizes = RunSizes(kv_budget_tokens=100000, micro_group=3, max_micro_group=0,
+                     max_prompt_tokens=64, max_new_tokens=12)
+    engine = slots.SlotEngine(model, sizes=sizes)
+    assert token_ids(sample(model, True, 4, 1.0, prompts=LONG, engine=engine)) == apart
+    assert not calls
+
+
 def _logits_by_token(model, monkeypatch, share: bool, prompts) -> dict:
     """(sample id, tokens generated) -> the logits it was drawn from, greedy, the run's g."""
     seen = {}
@@ -162,3 +184,21 @@ def test_every_logit_equals_unshared_within_float_rounding(model, monkeypatch, p
     assert shared.keys() == unshared.keys()
     for key, logits in unshared.items():
         torch.testing.assert_close(shared[key], logits, rtol=1e-5, atol=1e-5, msg=str(key))
+
+
+def test_packed_steps_through_the_lean_forward_give_the_models_logits_bit_for_bit(model,
+                                                                                   monkeypatch):
+    """A packed step (new rows' suffixes, then one token per slot) goes through `lean_decode`
+    too: every draw's logits equal the model's own forward's."""
+    from infsamp.sampling.engines.lean_decode import LeanLlamaDecode
+
+    packed_calls = []
+    original = LeanLlamaDecode.__call__
+    monkeypatch.setattr(LeanLlamaDecode, "__call__", lambda self, *args: packed_calls.append(
+        args[4] if len(args) > 4 else 0) or original(self, *args))  # keep: S when packed
+    lean = _logits_by_token(model, monkeypatch, True, PROMPTS)
+    assert any(packed_calls)  # some steps were packed, through the lean forward
+    monkeypatch.setattr(slots, "lean_decode", lambda model: None)  # the model's own forward
+    own = _logits_by_token(model, monkeypatch, True, PROMPTS)
+    assert lean.keys() == own.keys()
+    assert all(torch.equal(lean[key], own[key]) for key in own)

@@ -91,7 +91,8 @@ def decode_logits_bytes_per_row(p: PlanInputs) -> int:
 
 
 def prefill_logits_bytes(p: PlanInputs) -> int:
-    """Logits of a prompt's prefill: the sampler keeps one row (logits_to_keep=1)."""
+    """Logits of a prompt's prefill: at most one row (the slot engine keeps none:
+    `slot_prefix.no_logits`)."""
     return p.shape.vocab_size * p.compute_bytes
 
 

@@ -168,8 +168,10 @@ def _project(x: torch.Tensor, projection: tuple) -> torch.Tensor:
 
 class LeanLlamaDecode:
     """`__call__(input_ids [S, 1], position_ids [S, 1], mask, cache)` -> logits [S, V] (float32),
-    the cache's `update` and the split attention called as the model's layers call them. The
-    weights are looked up once (a new one per sampler call: `lean_decode`)."""
+    the cache's `update` and the split attention called as the model's layers call them; a
+    packed step's one sequence ([1, T], `keep` = S: new prompt rows' suffixes, then the S
+    tokens) -> the last S tokens' logits. The weights are looked up once (a new one per sampler
+    call: `lean_decode`)."""
 
     def __init__(self, model: LlamaForCausalLM):  # the Llama itself (under LoRA: its inner model)
         inner = model.model
@@ -188,7 +190,7 @@ class LeanLlamaDecode:
                 [_projection(getattr(mlp, n)) for n in MLP_LINEARS])
 
     def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor,
-                 cache) -> torch.Tensor:
+                 cache, keep: int = 0) -> torch.Tensor:
         embed = self.embed
         hidden = F.embedding(input_ids, embed.weight, embed.padding_idx, embed.max_norm,
                              embed.norm_type, embed.scale_grad_by_freq, embed.sparse)  # [S, 1, H]
@@ -206,6 +208,8 @@ class LeanLlamaDecode:
             residual = hidden
             hidden = residual + self._mlp(mlp, _rms_norm(*second_norm, hidden))
         hidden = _rms_norm(*self.norm, hidden)
+        if keep:  # a packed step [1, T]: the last `keep` tokens' logits, as logits_to_keep's
+            return F.linear(hidden[:, -keep:], self.head.weight, self.head.bias)[0].float()
         return F.linear(hidden, self.head.weight, self.head.bias)[:, -1].float()  # [S, V]
 
     @staticmethod

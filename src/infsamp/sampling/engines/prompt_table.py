@@ -63,22 +63,33 @@ class PromptTable:
     def add_prompt(self, group_id: int, keys: Sequence[torch.Tensor],
                    values: Sequence[torch.Tensor]) -> None:
         """Append a group's prompt KV (per layer [1, H, P-1, D]) as a new row of the table."""
-        self.group_rows[group_id] = len(self.prompt_lengths)
-        self.kept_rows, self.kept_for = {}, None
-        self.prompt_lengths.append(keys[0].shape[2])
-        self.prompt_keys = [_append_row(t, k.to(t.dtype)) for t, k in zip(self.prompt_keys, keys)]
-        self.prompt_values = [_append_row(t, v.to(t.dtype))
-                              for t, v in zip(self.prompt_values, values)]
+        self.add_prompts([group_id], [keys], [values])
+
+    def add_prompts(self, group_ids: Sequence[int], keys: Sequence[Sequence[torch.Tensor]],
+                    values: Sequence[Sequence[torch.Tensor]]) -> None:
+        """Append groups' prompt KV (per group, per layer [1, H, P-1, D]) as new rows, in order:
+        one copy of each layer's table, the same table as adding them one by one."""
+        self._new_rows(group_ids, [k[0].shape[2] for k in keys])
+        self.prompt_keys = [_append_rows(t, [k[layer].to(t.dtype) for k in keys])
+                            for layer, t in enumerate(self.prompt_keys)]
+        self.prompt_values = [_append_rows(t, [v[layer].to(t.dtype) for v in values])
+                              for layer, t in enumerate(self.prompt_values)]
 
     def open_rows(self, group_ids: Sequence[int], widths: Sequence[int]) -> None:
         """Rows of zeros for groups whose suffixes the next step computes, packed ahead of the
         running samples' tokens (`update` writes them; `slot_attention` reads them)."""
-        empty = [self.prompt_keys[0].new_zeros((1, t.shape[1], 0, t.shape[3]))
-                 for t in self.prompt_keys]
-        for group_id, width in zip(group_ids, widths):
-            zeros = [torch.nn.functional.pad(e, (0, 0, 0, width)) for e in empty]  # [1, H, w, D]
-            self.add_prompt(group_id, zeros, zeros)
+        width = max(self.prompt_keys[0].shape[2], *widths)
+        self._new_rows(group_ids, widths)
+        self.prompt_keys = [_append_zeros(t, len(group_ids), width) for t in self.prompt_keys]
+        self.prompt_values = [_append_zeros(t, len(group_ids), width)
+                              for t in self.prompt_values]
         self.packed_rows = [(self.group_rows[g], w) for g, w in zip(group_ids, widths)]
+
+    def _new_rows(self, group_ids: Sequence[int], widths: Sequence[int]) -> None:
+        for group_id, width in zip(group_ids, widths):
+            self.group_rows[group_id] = len(self.prompt_lengths)
+            self.prompt_lengths.append(width)
+        self.kept_rows, self.kept_for = {}, None
 
     def _take_suffixes(self, layer_idx: int, key_states: torch.Tensor,
                        value_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -96,12 +107,20 @@ class PromptTable:
                 value_states[:, :, start:].transpose(0, 2))  # [S, H, 1, D]
 
     def drop_prompt(self, group_id: int) -> None:
-        row = self.group_rows.pop(group_id)
-        del self.prompt_lengths[row]
+        self.drop_prompts([group_id])
+
+    def drop_prompts(self, group_ids: Sequence[int]) -> None:
+        """Remove groups' rows (the others keep their order; the table narrows to its widest
+        row): one copy of each layer's table, the same table as dropping them one by one."""
+        if not group_ids:
+            return
+        dropped = {self.group_rows.pop(g) for g in group_ids}
+        keep = [r for r in range(len(self.prompt_lengths)) if r not in dropped]
+        new_row = {old: new for new, old in enumerate(keep)}
+        self.group_rows = {g: new_row[r] for g, r in self.group_rows.items()}
+        self.prompt_lengths = [self.prompt_lengths[r] for r in keep]
         self.kept_rows, self.kept_for = {}, None
-        self.group_rows = {g: r - (r > row) for g, r in self.group_rows.items()}
         width = max(self.prompt_lengths, default=0)
-        keep = [r for r in range(len(self.prompt_lengths) + 1) if r != row]
         self.prompt_keys = [t[keep, :, :width].contiguous() for t in self.prompt_keys]
         self.prompt_values = [t[keep, :, :width].contiguous() for t in self.prompt_values]
 
@@ -193,8 +212,16 @@ class PromptTable:
     is_sliding = is_linear = is_dummy = ()
 
 
-def _append_row(table: torch.Tensor, row: torch.Tensor) -> torch.Tensor:
-    width = max(table.shape[2], row.shape[2])
-    table = torch.nn.functional.pad(table, (0, 0, 0, width - table.shape[2]))
-    row = torch.nn.functional.pad(row, (0, 0, 0, width - row.shape[2]))
-    return torch.cat([table, row], dim=0)
+def _append_rows(table: torch.Tensor, rows: Sequence[torch.Tensor]) -> torch.Tensor:
+    """`table` [R, H, P, D] and `rows` (each [1, H, w, D]) as one table, zero-padded to the
+    widest."""
+    width = max(table.shape[2], *(row.shape[2] for row in rows))
+    return torch.cat([torch.nn.functional.pad(t, (0, 0, 0, width - t.shape[2]))
+                      for t in (table, *rows)], dim=0)
+
+
+def _append_zeros(table: torch.Tensor, num_rows: int, width: int) -> torch.Tensor:
+    """`table` [R, H, P, D] with `num_rows` rows of zeros after it, `width` (>= P) wide."""
+    _, kv_heads, _, head_dim = table.shape
+    padded = torch.nn.functional.pad(table, (0, 0, 0, width - table.shape[2]))
+    return torch.cat([padded, table.new_zeros((num_rows, kv_heads, width, head_dim))], dim=0)

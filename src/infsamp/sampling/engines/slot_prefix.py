@@ -2,9 +2,11 @@
 evaluation's prompts share their chat template and system prompt): the call's first L prompt
 tokens are forwarded once at `begin_call` and held once (`PromptTable.set_prefix`); each group's
 row holds the rest of its prompt (its suffix, minus the last token), computed at the next decode
-step. No forward takes more than the call's longest prompt (or its slots) in tokens, what the
-planner counts a forward's working set at. The numbers differ from a whole-prompt forward in the
-last bits (other matmul shapes), so the sampler shares a prefix only where it is asked to.
+step. No forward takes more than the run's longest prompt (`RunSizes.max_prompt_tokens`, where
+the engine was given the run's sizes), the call's longest prompt or its slots in tokens, whichever
+is most: what the planner counts a forward's working set at. The numbers differ from a
+whole-prompt forward in the last bits (other matmul shapes), so the sampler shares a prefix only
+where it is asked to.
 
 Prefill paths: `_packed_groups` (the rows a decode step's one packed forward computes, the cache's
 `update` writing them and `slot_attention` attending them) and `_prefill_suffixes` (right-padded
@@ -22,6 +24,12 @@ import torch
 from transformers import DynamicCache
 
 
+def no_logits(device) -> torch.Tensor:
+    """`logits_to_keep` selecting no position: a prefill forward computes its KV and skips the
+    LM head (on a small model's prompt rows a tenth of the forward or more)."""
+    return torch.empty(0, dtype=torch.long, device=device)
+
+
 class SharedPrefixPrefill:
     """The slot engine's prefill of a shared prefix and of its groups' suffixes (a mixin: reads
     the engine's model, cache, prompts, stats and `shared_prefix`)."""
@@ -31,7 +39,8 @@ class SharedPrefixPrefill:
         start = time.perf_counter()
         with torch.inference_mode():
             self.model(input_ids=torch.tensor([list(prefix)], device=self.device),  # [1, L]
-                       use_cache=True, logits_to_keep=1, **{self.cache_kwarg: cache})
+                       use_cache=True, logits_to_keep=no_logits(self.device),
+                       **{self.cache_kwarg: cache})
         self.cache.set_prefix([c.keys for c in cache.layers], [c.values for c in cache.layers])
         self.stats.model_time_s += time.perf_counter() - start
         self.stats.prefill_tokens += len(prefix)
@@ -59,14 +68,16 @@ class SharedPrefixPrefill:
         return packed
 
     def _most_tokens(self) -> int:
-        """The most tokens one prefill forward takes: the call's longest prompt, or its slots
-        (what the planner counts a forward's working set at)."""
-        return max(max(len(p) for p in self.prompts), len(self.slot_sample))
+        """The most tokens one prefill forward takes: the run's longest prompt where the engine
+        knows it (`planned_prompt_tokens`), the call's longest prompt, or its slots (what the
+        planner counts a forward's working set at)."""
+        return max(max(len(p) for p in self.prompts), len(self.slot_sample),
+                   self.planned_prompt_tokens)
 
     def _prefill_suffixes(self, group_ids: list[int]) -> None:
         """These groups' rows: each prompt after the shared prefix (minus its last token), in
-        right-padded batches of at most the call's longest prompt (or its slots) in padded
-        tokens, attending to the prefix."""
+        right-padded batches of at most `_most_tokens` padded tokens, attending to the
+        prefix."""
         most = self._most_tokens()
         batch: list[int] = []
         for group_id in group_ids:
@@ -87,9 +98,9 @@ class SharedPrefixPrefill:
         suffixes = [list(self.prompts[g][self.shared_prefix:-1]) for g in group_ids]
         start = time.perf_counter()
         keys, values = self._suffix_kv(suffixes)  # per layer [B, H, w, D]
-        for index, (group_id, suffix) in enumerate(zip(group_ids, suffixes)):
-            self.cache.add_prompt(group_id, [k[index:index + 1, :, :len(suffix)] for k in keys],
-                                  [v[index:index + 1, :, :len(suffix)] for v in values])
+        rows = list(enumerate(map(len, suffixes)))
+        self.cache.add_prompts(group_ids, [[k[i:i + 1, :, :n] for k in keys] for i, n in rows],
+                               [[v[i:i + 1, :, :n] for v in values] for i, n in rows])
         self.stats.model_time_s += time.perf_counter() - start
         self.stats.prefill_tokens += sum(len(s) for s in suffixes)
         self._track_peak()
@@ -111,6 +122,7 @@ class SharedPrefixPrefill:
         positions = torch.arange(prefix, prefix + width, device=self.device)  # [w]
         with torch.inference_mode():
             self.model(input_ids=input_ids, position_ids=positions.expand(num_rows, -1),
-                       use_cache=True, logits_to_keep=1, **{self.cache_kwarg: cache})
+                       use_cache=True, logits_to_keep=no_logits(self.device),
+                       **{self.cache_kwarg: cache})
         return ([c.keys[:, :, prefix:] for c in cache.layers],
                 [c.values[:, :, prefix:] for c in cache.layers])

@@ -50,7 +50,7 @@ from infsamp.sampling.engines.slot_attention import (
     supports_split,
 )
 from infsamp.sampling.engines.slot_cache import SlotKVCache, SlotRowCache
-from infsamp.sampling.engines.slot_prefix import SharedPrefixPrefill
+from infsamp.sampling.engines.slot_prefix import SharedPrefixPrefill, no_logits
 from infsamp.sampling.types import Sample, SamplerStats
 
 
@@ -74,6 +74,9 @@ class SlotEngine(SharedPrefixPrefill):
         self.eager_mask = getattr(model.config, "_attn_implementation", "sdpa") == "eager"
         self.cache_kwarg = _cache_kwarg_name(model)
         self.cache: SlotKVCache | SlotRowCache | None = None
+        # the longest prompt the run serves, as the planner sized a forward's working set
+        # (`max(max_prompt_tokens, g)` tokens, planner/estimate.py); 0: unknown
+        self.planned_prompt_tokens = sizes.max_prompt_tokens if sizes is not None else 0
         # when a list: (wall seconds, CPU seconds, KV length of each row) of every decode step
         # (the bound's replay, `decode_bound.py`)
         self.step_log: list[tuple[float, float, list[int]]] | None = None
@@ -166,8 +169,7 @@ class SlotEngine(SharedPrefixPrefill):
         return ended
 
     def cancel(self, samples: Sequence[Sample]) -> None:
-        for sample in samples:
-            self._release_group(sample.group_id)
+        self.cache.drop_prompts([g for s in samples for g in self._release_group(s.group_id)])
 
     def end_call(self) -> None:
         self.model.train(self.was_training)
@@ -209,25 +211,18 @@ class SlotEngine(SharedPrefixPrefill):
                  packed: Sequence[int] = ()):
         """Logits [S, V] (and the last hidden states [S, H] if asked) of inputs [S] at positions
         [S], as a batch of S one-token rows; with `packed` groups, as one sequence [1, T]: their
-        suffixes, then the S tokens (their rows' KV computed on the way); one-token rows of a
-        plain Llama go through `lean_decode` (bit for bit the model's forward)."""
-        if self.lean is not None and not packed:  # one-token rows: the lean forward
-            with reading_in_place(self.cache, self.model.config._attn_implementation):
-                return self.lean(inputs[:, None], positions[:, None], mask, self.cache), None
-        kwargs = {}
+        suffixes, then the S tokens (their rows' KV computed on the way); a plain Llama goes
+        through `lean_decode` (bit for bit the model's forward)."""
         if packed:
-            suffixes = [self.prompts[g][self.shared_prefix:-1] for g in packed]
-            tokens = [t for suffix in suffixes for t in suffix]
-            places = [self.shared_prefix + i for suffix in suffixes for i in range(len(suffix))]
-            inputs = torch.cat([torch.tensor(tokens, dtype=torch.long, device=self.device),
-                                inputs])[None]  # [1, T]
-            positions = torch.cat([torch.tensor(places, dtype=torch.long, device=self.device),
-                                   positions])[None]  # [1, T]
-            kwargs["logits_to_keep"] = len(mask)
-            self.stats.prefill_tokens += len(tokens)
+            inputs, positions = self._packed_inputs(inputs, positions, packed)  # [1, T]
         else:
             inputs, positions = inputs[:, None], positions[:, None]  # [S, 1]
         try:
+            if self.lean is not None:
+                with reading_in_place(self.cache, self.model.config._attn_implementation):
+                    return self.lean(inputs, positions, mask, self.cache,
+                                     len(mask) if packed else 0), None
+            kwargs = {"logits_to_keep": len(mask)} if packed else {}
             with slot_attention(self.model, self.cache) if self.split else \
                     contextlib.nullcontext():
                 out = self.model(input_ids=inputs, position_ids=positions, attention_mask=mask,
@@ -239,6 +234,19 @@ class SlotEngine(SharedPrefixPrefill):
         hidden = last(out.hidden_states[-1])[-len(mask):] if self.options.hidden_states else None
         return last(out.logits).float(), hidden  # [S, V]
 
+    def _packed_inputs(self, inputs: torch.Tensor, positions: torch.Tensor,
+                       packed: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """A packed step's one sequence: the `packed` groups' suffixes, then the S tokens
+        (inputs and positions [S]): both [1, T]."""
+        suffixes = [self.prompts[g][self.shared_prefix:-1] for g in packed]
+        tokens = [t for suffix in suffixes for t in suffix]
+        places = [self.shared_prefix + i for suffix in suffixes for i in range(len(suffix))]
+        self.stats.prefill_tokens += len(tokens)
+        return (torch.cat([torch.tensor(tokens, dtype=torch.long, device=self.device),
+                           inputs])[None],  # [1, T]
+                torch.cat([torch.tensor(places, dtype=torch.long, device=self.device),
+                           positions])[None])  # [1, T]
+
     def _select(self, logits: torch.Tensor, sample_ids: torch.Tensor,
                 num_generated: torch.Tensor) -> torch.Tensor:  # [S, V], [S], [S] -> [S]
         if self.processor is not None:
@@ -246,7 +254,7 @@ class SlotEngine(SharedPrefixPrefill):
         return select_tokens(logits, sample_ids, num_generated, self.options, self.warpers)
 
     def _record(self, running: list[Sample], tokens: list[int]) -> list[Sample]:
-        ended = []
+        ended, done_groups = [], []
         for sample, token in zip(running, tokens):
             sample.token_ids.append(token)
             if token in self.eos_ids and self.turn_ends is not None and self.turn_ends(sample):
@@ -257,7 +265,8 @@ class SlotEngine(SharedPrefixPrefill):
                 sample.finish_reason = "eos" if token in self.eos_ids else "length"
                 ended.append(sample)
                 self.cache.release(sample.sample_id)
-                self._release_group(sample.group_id)
+                done_groups += self._release_group(sample.group_id)
+        self.cache.drop_prompts(done_groups)  # the rows of groups whose last sample ended
         return ended
 
     def _prefill(self, group_id: int) -> None:
@@ -267,8 +276,8 @@ class SlotEngine(SharedPrefixPrefill):
         if prompt_kv:
             input_ids = torch.tensor([prompt_kv], device=self.device)  # [1, P-1]
             with torch.inference_mode():
-                self.model(input_ids=input_ids, use_cache=True, logits_to_keep=1,  # logits unused
-                           **{self.cache_kwarg: cache})
+                self.model(input_ids=input_ids, use_cache=True,
+                           logits_to_keep=no_logits(self.device), **{self.cache_kwarg: cache})
             keys = [layer.keys for layer in cache.layers]
             values = [layer.values for layer in cache.layers]
         else:  # a one-token prompt: a row of zero width (the table may have no row to copy yet)
@@ -280,10 +289,12 @@ class SlotEngine(SharedPrefixPrefill):
         self.stats.prefill_tokens += len(prompt_kv)
         self._track_peak()
 
-    def _release_group(self, group_id: int) -> None:
+    def _release_group(self, group_id: int) -> list[int]:
+        """A sample of the group ended (or was cancelled): [the group] if it was its last and
+        its row is in the table (its row to drop)."""
         self.remaining[group_id] -= 1
-        if self.remaining[group_id] == 0 and group_id in self.cache.group_rows:
-            self.cache.drop_prompt(group_id)
+        ended = self.remaining[group_id] == 0 and group_id in self.cache.group_rows
+        return [group_id] if ended else []
 
     def _drop_taken_back(self, active: dict[int, Sample]) -> None:
         for slot, sample in enumerate(self.slot_sample):
@@ -340,8 +351,8 @@ class SlotEngine(SharedPrefixPrefill):
                                  device=self.device)[None, :]  # [1, n]
         start = time.perf_counter()
         with torch.inference_mode():
-            self.model(input_ids=inputs, position_ids=positions, use_cache=True, logits_to_keep=1,
-                       **{self.cache_kwarg: cache})
+            self.model(input_ids=inputs, position_ids=positions, use_cache=True,
+                       logits_to_keep=no_logits(self.device), **{self.cache_kwarg: cache})
         self.stats.model_time_s += time.perf_counter() - start
         self.cache.write(sample.sample_id,
                          [c.keys[0, :, width + held:] for c in cache.layers],  # [H, n, D]
