@@ -185,12 +185,8 @@ class GroupSampler:
             self.engine.shares_prefix else 0
         micro_group = self.micro_group(policy, sizes, budget, lengths, max_new, len(samples),
                                        prefix, fill_budget)
-        options = self._decode_options(temperature, generator, seed)
-        if target_lengths is not None:
-            options.target_lengths = tuple(int(n) for n in target_lengths)
+        options = self._decode_options(temperature, generator, seed, target_lengths)
         options.sample_keys = _sample_keys(samples, global_group_ids, key_stride, max(counts))
-        options.hidden_states = getattr(self.predictor, "uses_hidden", False) and \
-            self.engine.hands_hidden_states
         held = gate.begin(samples) if gate is not None else ()
         sched = self._scheduler(samples, policy, micro_group, budget, prefix, held)
         processor = logits_processor_factory(samples) if logits_processor_factory else None
@@ -292,12 +288,18 @@ class GroupSampler:
         return samples
 
     def _decode_options(self, temperature: float | None, generator: torch.Generator | None,
-                        seed: int | None = None) -> DecodeOptions:
+                        seed: int | None = None,
+                        target_lengths: Sequence[int] | None = None) -> DecodeOptions:
         if seed is None:
             seed = draw_seed(generator)
         temp = self.cfg.temperature if temperature is None else temperature
-        return DecodeOptions(temperature=temp, top_p=self.cfg.top_p, top_k=self.cfg.top_k,
-                             seed=seed, eos_token_ids=stop_token_ids(self.model, self.tokenizer))
+        options = DecodeOptions(temperature=temp, top_p=self.cfg.top_p, top_k=self.cfg.top_k,
+                                seed=seed, eos_token_ids=stop_token_ids(self.model, self.tokenizer))
+        if target_lengths is not None:
+            options.target_lengths = tuple(int(n) for n in target_lengths)
+        options.hidden_states = getattr(self.predictor, "uses_hidden", False) and \
+            self.engine.hands_hidden_states
+        return options
 
     # ---- the loop
     def _run(self, sched: SlotScheduler, progress: ProgressCallback | None = None,
