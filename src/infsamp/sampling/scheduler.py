@@ -21,36 +21,13 @@ block size 1) holds that prefix for the whole call and each group only the rest.
 pending sample goes next, and what it reserves, is the admission policy's (`policies.py`); this
 class only keeps the books.
 
-Parking (decisions after the first tokens). A policy may take running samples out of their slots at
-the start of `admit()` (`policy.to_park`): a parked sample keeps its tokens and its group's prompt
-open, and resumes later through the same `admit()` as any pending sample. Its KV is kept by the
-engine (`Sample.parked_kv`, counted in the books like any held token) when the engine can keep it
-(`keep_parked_kv`) and the budget still holds it beside a reservation for every slot; else the
-engine drops it and recomputes it when the sample resumes (`recomputed_tokens`). The engine sees a
-parked sample as one missing from `active()`; `start` on a sample that has tokens resumes it.
-Every `prefix_tokens_wanted` generated tokens (k, 2k, ...) a running sample is shown to the policy
-(`on_tokens`), which re-predicts its remaining length.
+Beyond plain admission the books handle parking (`policy.to_park`, kept or dropped KV),
+probes (`policies/probe.py`: short first reservations that grow or park), turns (a sample
+waiting on a tool call) and held samples (a gate's: `release`, `cancel`, `stop`); each rule is
+told in docs/scheduling.md, "The scheduler's books".
 
-Probes (`policies/probe.py`, k > 0). The policy says what a new sample reserves
-(`start_tokens`: k) and which running probes are due their whole reservation (`to_grow`); the
-books grow each that the budget holds and park the rest (KV dropped). Slots and the running pool
-are the planner's rule (`kv_budget.slot_pool`): more than g run at once, so the budget still holds
-every running sample to its end and nothing has to be preempted by the engine.
-
-Turns (multi-turn episodes, `turns.py`). A running sample whose turn ended in a tool call
-leaves its slot like a parked one (`wait`: its KV kept or dropped by the same rule), but the
-policy never sees it; once its call answered and the answer's tokens are on it (`resume`), it
-starts again ahead of the policy's picks, with its whole reservation (`max_new_tokens` counts the
-whole episode, tool tokens included, so the reservation still holds it to its end); a policy that
-re-predicts (`on_tokens`) sees it at once, its remaining turns predicted anew.
-
-Held samples (a gate's, `types.SampleGate`: dynamic sampling decides inside the call). Samples
-given in `held` are counted in the books from the start (their group's prompt stays open while
-any is held) but the policy sees them only once `release`d; `cancel` takes held samples out for
-good (a group whose samples all ended or were cancelled gives its prompt back). The sampler asks
-the gate after each step, so a call never stalls on held samples.
-
-Simplifications: one call = one training step (every sample of the call finishes before `done`);
+Simplifications: one call = one training step (every sample of the call finishes, or a gate
+cancels it, before `done`);
 slots are identical; the reservation is the worst case (`max_new_tokens`, or a probe's k), not the
 predicted length.
 """
@@ -232,7 +209,10 @@ class SlotScheduler:
     # ---- held samples (a gate's) ----------------------------------------------------------------
     def release(self, sample_ids: Sequence[int]) -> None:
         """Held samples become pending: the policy may start them from the next `admit`."""
-        released = [self._take_held(i) for i in sample_ids]
+        if not self._held.issuperset(sample_ids):
+            raise ValueError(f"release: samples {sorted(set(sample_ids) - self._held)} not held")
+        self._held.difference_update(sample_ids)
+        released = [self._samples[i] for i in sample_ids]
         for sample in released:
             sample.status = "pending"
         self.stats.num_samples += len(released)
@@ -269,12 +249,6 @@ class SlotScheduler:
         if left:
             self._finish_call()
         return started
-
-    def _take_held(self, sample_id: int) -> Sample:
-        if sample_id not in self._held:
-            raise ValueError(f"sample {sample_id} is not held")
-        self._held.discard(sample_id)
-        return self._samples[sample_id]
 
     def _end_in_group(self, sample: Sample) -> None:
         """A sample of its group ended (or was cancelled): the last gives the prompt back."""
