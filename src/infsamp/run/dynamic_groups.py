@@ -47,6 +47,11 @@ class ChunkRules:
     chunk: int
     max_replaced: int
 
+    def next_chunk(self, size: int) -> int:
+        """How many completions a group of `size` gets next: G first, then a chunk, up to the
+        cap (0 at the cap)."""
+        return self.G if size == 0 else min(self.chunk, self.cap - size)
+
 
 def fresh_prompt(next_prompt: Callable[[], tuple[int, EncodedPrompt]], in_step: set[int],
                  num_examples: int) -> tuple[int, EncodedPrompt] | None:

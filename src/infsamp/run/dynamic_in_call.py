@@ -99,8 +99,7 @@ class ChunkGate:
     def _chunk(self, k: int) -> range:
         """Group k's chunk now undecided: its first G, else the next up to the cap."""
         size = self.groups[k].size
-        return range(size, size + (self.rules.G if size == 0 else
-                                   min(self.rules.chunk, self.rules.cap - size)))
+        return range(size, size + self.rules.next_chunk(size))
 
     def _settle(self, k: int) -> None:
         """Group k's chunks that have ended, decided in order (module docstring)."""
@@ -150,8 +149,7 @@ class ChunkGate:
             if self.groups[k].status != "open" or not self._tied_so_far(k, chunk):
                 continue
             if chunk.stop < self.rules.cap:
-                self._release_to(k, chunk.stop + min(self.rules.chunk,
-                                                     self.rules.cap - chunk.stop))
+                self._release_to(k, chunk.stop + self.rules.next_chunk(chunk.stop))
             else:
                 likely_drops += 1
         replaced = self.num_started - self.step.num_prompts

@@ -141,7 +141,7 @@ class DynamicSampler:
             elif group.size >= self.rules.cap:
                 step.drop(group)
             else:
-                more.append((group, min(self.rules.chunk, self.rules.cap - group.size)))
+                more.append((group, self.rules.next_chunk(group.size)))
         return more
 
     def _within_budget(self, requests: list[tuple[Group, int]],

@@ -182,29 +182,30 @@ class TrainStep:
         (keys: place in the step x the cap + index in the group). With a gate (decisions inside
         the call) scoring runs inside sampling: its time counts to time/rewards only."""
         seed, stride = draw_seed(self.generator), self.dynamic.rules.cap
-        inside: list[bool] = [False]  # a gated call is running (its scoring draws no bar)
+        inside = False  # a gated call is running (its scoring draws no bar)
 
         def sample(prompts, counts, first_index, positions, gate=None):
+            nonlocal inside
             progress.phase("sampling", len(prompts) * self.dynamic.rules.G if gate else
                            sum(counts), "samples")
             rewards_before, start = self.step_timer.seconds.get("rewards", 0.0), time.perf_counter()
-            inside[0] = gate is not None
+            inside = gate is not None
             try:
                 return self.sample_with_retry(
                     [p.token_ids for p in prompts], counts, [str(p.index) for p in prompts],
                     [p.text for p in prompts], positions, progress, first_index=first_index,
                     seed=seed, key_stride=stride, gate=gate)[0]
             finally:
-                inside[0] = False
+                inside = False
                 scored = self.step_timer.seconds.get("rewards", 0.0) - rewards_before
                 self.step_timer.add("sampling", time.perf_counter() - start - scored)
 
         def score(examples, texts, ids):
-            if not inside[0]:
+            if not inside:
                 progress.phase("scoring", len(texts), "completions")
             with self.step_timer.phase("rewards"):
                 rewards = self.score(examples, texts, ids)
-            if not inside[0]:
+            if not inside:
                 progress.advance(len(texts))
             return rewards
 

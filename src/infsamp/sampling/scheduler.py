@@ -63,11 +63,10 @@ class SlotScheduler:
             raise ValueError("a shared prefix is held by the slot engine only (block size 1)")
         self.predictor = predictor
         self._policy = make_policy(policy, self._samples, micro_group, predictor, **policy_options)
-        self._held = set(held)
-        for sample_id in self._held:
+        for sample_id in held:
             self._samples[sample_id].status = "held"
-        if self._held:
-            self._policy.hold(self._held)
+        if held:
+            self._policy.hold(set(held))
         self._num_cancelled = 0
         self.micro_group = self._policy.micro_group
         self.max_kv_tokens = max_kv_tokens if self._policy.uses_budget else 0  # 0: no budget
@@ -108,7 +107,7 @@ class SlotScheduler:
         self._active_tokens = 0  # tokens generated so far by running samples
         self._num_finished = 0
         self._predicted: dict[int, float] = {}
-        self.stats = SamplerStats(num_samples=len(self._samples) - len(self._held),
+        self.stats = SamplerStats(num_samples=len(self._samples) - len(set(held)),
                                   micro_group=self.micro_group,
                                   policy=policy, kv_block_size=kv_block_size)
 
@@ -209,10 +208,10 @@ class SlotScheduler:
     # ---- held samples (a gate's) ----------------------------------------------------------------
     def release(self, sample_ids: Sequence[int]) -> None:
         """Held samples become pending: the policy may start them from the next `admit`."""
-        if not self._held.issuperset(sample_ids):
-            raise ValueError(f"release: samples {sorted(set(sample_ids) - self._held)} not held")
-        self._held.difference_update(sample_ids)
         released = [self._samples[i] for i in sample_ids]
+        not_held = sorted(s.sample_id for s in released if s.status != "held")
+        if not_held:
+            raise ValueError(f"release: samples {not_held} not held")
         for sample in released:
             sample.status = "pending"
         self.stats.num_samples += len(released)
@@ -227,7 +226,6 @@ class SlotScheduler:
         if pending:
             self._policy.hold(pending)  # out of the policy's queue
         for sample in waiting:
-            self._held.discard(sample.sample_id)
             self.stats.num_samples -= sample.status == "pending"
             sample.status = "cancelled"
             self._num_cancelled += 1
@@ -245,7 +243,7 @@ class SlotScheduler:
             self.stats.num_samples -= sample.status != "held"
             sample.status = "cancelled"
         self._num_cancelled += len(left)
-        self._active, self._held = {}, set()
+        self._active = {}
         if left:
             self._finish_call()
         return started
