@@ -169,6 +169,3 @@ BUILTIN_REWARDS: dict[str, RewardFunction] = {
     "format": format_reward, "accuracy": accuracy_reward, "math_verify": math_verify_reward,
     "reasoning_gym": reasoning_gym_reward}
 ACCURACY_LIKE = ("accuracy", "math_verify", "reasoning_gym")
-
-
-# ---------------------------------------------------------------- loading

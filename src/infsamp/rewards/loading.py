@@ -130,6 +130,3 @@ def load_reward_functions(names: list[str],
         seen.add(unique)
         loaded.append((unique, func))
     return loaded
-
-
-# ---------------------------------------------------------------- computing

@@ -99,6 +99,4 @@ def _reap_all() -> dict[int, int]:
             pid, status = os.waitpid(-1, 0)
         except ChildProcessError:
             return codes
-        except InterruptedError:  # pragma: no cover - retried by Python itself (PEP 475)
-            continue
         codes[pid] = os.waitstatus_to_exitcode(status)

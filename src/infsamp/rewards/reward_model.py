@@ -25,16 +25,13 @@ import torch
 from infsamp.errors import RewardError
 from infsamp.models.source import load_error
 from infsamp.planner.micro_batches import plan_micro_batches
+from infsamp.rewards.builtin import completion_text
 
 DEFAULT_MAX_TOKENS = 8192
 
 
 def _messages(turn: Any, role: str) -> list[dict[str, Any]]:
     return [{"role": role, "content": turn}] if isinstance(turn, str) else list(turn)
-
-
-def _plain(turn: Any) -> str:
-    return turn if isinstance(turn, str) else "".join(str(m.get("content") or "") for m in turn)
 
 
 class RewardModel:
@@ -53,7 +50,7 @@ class RewardModel:
         if getattr(self.tokenizer, "chat_template", None):
             messages = _messages(prompt, "user") + _messages(completion, "assistant")
             return self.tokenizer.apply_chat_template(messages, tokenize=False)
-        return _plain(prompt) + _plain(completion)
+        return completion_text(prompt) + completion_text(completion)
 
     @torch.inference_mode()
     def __call__(self, prompts: Sequence[Any], completions: Sequence[Any],
