@@ -22,9 +22,8 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from infsamp.errors import RewardError, ToolError
-from infsamp.rewards.loading import load_reference
-from infsamp.tools.loading import Tool, tool_schema
+from infsamp.errors import ToolError
+from infsamp.tools.loading import Tool, load_callable, tool_schema
 
 NOT_TOOLS = ("reset", "get_reward")
 
@@ -72,12 +71,7 @@ class Environment:
 
 
 def load_environment(spec: str | Callable[[], Any]) -> Environment:
-    if callable(spec):
-        return Environment(spec, getattr(spec, "__name__", type(spec).__name__))
-    try:
-        name, factory = load_reference(spec, kind="tools.environment_factory")
-    except RewardError as err:
-        raise ToolError(str(err)) from None
+    name, factory = load_callable(spec, "tools.environment_factory")
     return Environment(factory, name)
 
 

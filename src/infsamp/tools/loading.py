@@ -39,15 +39,20 @@ def tool_schema(name: str, func: Callable[..., Any], what: str = "tool") -> dict
                         "give it type hints and a docstring with an Args: section") from None
 
 
+def load_callable(spec: str | Callable[..., Any], kind: str) -> tuple[str, Callable[..., Any]]:
+    """A reference ('module:name', 'file.py:name') or a callable -> (its name, the callable);
+    ToolError (one line, naming `kind` and the spec) for a bad reference."""
+    if callable(spec):
+        return getattr(spec, "__name__", type(spec).__name__), spec
+    try:
+        return load_reference(spec, kind=kind)
+    except RewardError as err:
+        raise ToolError(str(err)) from None
+
+
 def load_tool(spec: str | Callable[..., Any]) -> Tool:
     """A reference ('module:function', 'file.py:function') or a callable -> Tool."""
-    if callable(spec):
-        name, func = getattr(spec, "__name__", type(spec).__name__), spec
-    else:
-        try:
-            name, func = load_reference(spec, kind="tool")
-        except RewardError as err:
-            raise ToolError(str(err)) from None
+    name, func = load_callable(spec, "tool")
     return Tool(name, func, tool_schema(name, func))
 
 
