@@ -1,18 +1,10 @@
 """Dataset loading: from `data.*` settings to examples (`tasks.prompts` turns them into token ids).
 
-`load_examples(data_cfg, split)` reads one of five sources (`data.dataset`; `tasks.sources`):
-- `embedded:<task>`: a generator in `infsamp.tasks` (the default, `embedded:arithmetic`);
-- `reasoning_gym:<task>`: a reasoning-gym task, its splits from disjoint seeds
-  (`infsamp.tasks.reasoning_gym`);
-- a local `.jsonl` / `.json` / `.txt` file (one prompt per line; every split reads the same file),
-  or `.csv` / `.tsv` / `.parquet` (read by `datasets`; every split reads the file),
-  or a folder with `<split>.jsonl` / `<split>.json` (else any folder `datasets.load_dataset` reads,
-  such as a downloaded hub snapshot with parquet files);
-- anything else: a `datasets` hub id, `datasets.load_dataset(name, data.dataset_config, split)`,
-  tried only when the hub can be asked (`infsamp.hub`).
-Each example is a dict with 'prompt' (the question text, or a list of chat messages when the dataset
-stores conversations), 'answer' (reference as a string, parsed by `data.answer_parser`) and every
-other column of the row, which reward functions receive as keyword arguments.
+`load_examples(data_cfg, split)` reads the rows of one split of `data.dataset` (the sources:
+`tasks.sources`). Each example is a dict with 'prompt' (the question text, or a list of chat
+messages when the dataset stores conversations), 'answer' (reference as a string, parsed by
+`data.answer_parser`) and every other column of the row, which reward functions receive as
+keyword arguments.
 
 `load_splits(data_cfg, num_eval)` gives the training and held-out examples of a run: the eval
 split, or with `data.eval_fraction` a seeded share of the training split; a source whose splits
@@ -35,7 +27,7 @@ from typing import Any
 from infsamp.config import DataConfig
 from infsamp.errors import DataError
 from infsamp.tasks import reasoning_gym
-from infsamp.tasks.gsm8k import read_hash_answer
+from infsamp.tasks.gsm8k import extract_hash_answer, read_hash_answer
 from infsamp.tasks.sources import Row, same_rows, source_reader
 
 # ---------------------------------------------------------------- rows -> examples
@@ -82,11 +74,12 @@ def _answer(row: dict[str, Any], data_cfg: DataConfig, where: str,
     if not need_answer and data_cfg.answer_column not in row:
         return {}
     raw_answer = _column(row, data_cfg.answer_column, "data.answer_column", where)
-    answer = ANSWER_PARSERS[data_cfg.answer_parser]("" if raw_answer is None else str(raw_answer))
+    text = "" if raw_answer is None else str(raw_answer)
+    answer = ANSWER_PARSERS[data_cfg.answer_parser](text)
     if answer is None and need_answer:
-        text = "" if raw_answer is None else str(raw_answer)
-        why = "answer has no '#### <answer>'" if "####" not in text else \
-            f"answer {text.split('####')[1].strip()[:40]!r} after '####' is not a number"
+        hashed = extract_hash_answer(text)
+        why = "answer has no '#### <answer>'" if hashed is None else \
+            f"answer {hashed[:40]!r} after '####' is not a number"
         raise UnreadableAnswer(f"{where}: {why} (data.answer_parser: {data_cfg.answer_parser})")
     return {"answer": answer}
 

@@ -103,14 +103,8 @@ def _read_table_file(path: Path) -> list[Row]:
     builder, options = DATASETS_FORMATS[path.suffix]
     if builder == "csv":
         read_text(path)  # a byte that is not UTF-8 is named with its line
-    try:
-        import datasets
-
-        datasets.disable_progress_bars()
-        table = datasets.load_dataset(builder, data_files=str(path), split="train", **options)
-    except Exception as err:  # noqa: BLE001 - pandas / pyarrow raise many types
-        why = f"{type(err).__name__}: {err}".splitlines()[0]
-        raise DataError(f"data.dataset: cannot read {path} ({why})") from None
+    table = _load_dataset(f"cannot read {path}", builder, data_files=str(path), split="train",
+                          **options)
     first = 2 if builder == "csv" else 0  # a csv's line 1 is its header
     where = "line" if builder == "csv" else "row"
     return [(f"{path} {where} {i + first}", row) for i, row in enumerate(table.to_list())]
@@ -141,16 +135,22 @@ def _read_local(data_cfg: DataConfig, split: str) -> list[Row]:
     return _read_jsonl(path) if path.suffix == ".jsonl" else _read_json(path, split)
 
 
-def _read_with_datasets(data_cfg: DataConfig, split: str) -> list[Row]:
-    name = data_cfg.dataset
+def _load_dataset(failure: str, *args: Any, **options: Any) -> Any:
+    """`datasets.load_dataset(*args, **options)`; whatever it raises is one DataError line."""
     try:
         import datasets
 
         datasets.disable_progress_bars()  # no bars between the run's own log lines
-        table = datasets.load_dataset(name, data_cfg.dataset_config or None, split=split)
-    except Exception as err:  # noqa: BLE001 - network, missing split, unknown id: all one line
+        return datasets.load_dataset(*args, **options)
+    except Exception as err:  # noqa: BLE001 - network, missing split, unknown id, pandas, pyarrow
         why = f"{type(err).__name__}: {err}".splitlines()[0]
-        raise DataError(f"data.dataset: could not load {name!r} split {split!r} ({why})") from None
+        raise DataError(f"data.dataset: {failure} ({why})") from None
+
+
+def _read_with_datasets(data_cfg: DataConfig, split: str) -> list[Row]:
+    name = data_cfg.dataset
+    table = _load_dataset(f"could not load {name!r} split {split!r}", name,
+                          data_cfg.dataset_config or None, split=split)
     return [(f"{name} {split} row {i}", row) for i, row in enumerate(table.to_list())]
 
 
