@@ -25,7 +25,7 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
     if value is None:  # YAML `key:` with nothing after it
         raise ConfigError(f"{key}: expected {type_name(annotation)}, got an empty value")
     origin = typing.get_origin(annotation)
-    if origin in (list, list):
+    if origin is list:
         (item_type,) = typing.get_args(annotation)
         if isinstance(value, str) and value.lstrip()[:1] == "[":  # flow YAML: '[{role: user}]'
             value = _flow_list(value, key)
@@ -239,12 +239,10 @@ def iter_options() -> typing.Iterator[tuple[str, Any, Any, str]]:
 
 
 def type_name(annotation: Any) -> str:
-    if typing.get_origin(annotation) in (list, list):
+    if typing.get_origin(annotation) is list:
         return f"list[{type_name(typing.get_args(annotation)[0])}]"
     if typing.get_origin(annotation) is dict:
         return "mapping"
     if typing.get_origin(annotation) in (types.UnionType, typing.Union):
         return " or ".join(type_name(a) for a in typing.get_args(annotation))
-    if isinstance(annotation, types.GenericAlias):
-        return str(annotation)
     return getattr(annotation, "__name__", str(annotation))

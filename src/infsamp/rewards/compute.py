@@ -84,14 +84,14 @@ FLOAT32_MAX = 3.4028234663852886e38  # rewards become float32 tensors
 def _checked_value(value: Any, name: str, row: int, prompts: Sequence[Any]) -> float:
     if value is None:
         return math.nan
-    if isinstance(value, numbers.Real) and math.isfinite(value) and abs(value) <= FLOAT32_MAX:
+    if not isinstance(value, numbers.Real):
+        why = f"returned {type(value).__name__} {value!r}, expected a number or None"
+    elif not math.isfinite(value):
+        why = f"returned {value!r}"
+    elif abs(value) > FLOAT32_MAX:
+        why = f"returned {value!r}, beyond float32 range (|reward| <= {FLOAT32_MAX:.3g})"
+    else:
         return float(value)
-    if isinstance(value, numbers.Real) and math.isfinite(value):
-        raise _row_error(f"reward function {name!r}", row, prompts,
-                         f"returned {value!r}, beyond float32 range "
-                         f"(|reward| <= {FLOAT32_MAX:.3g})")
-    why = f"returned {value!r}" if isinstance(value, numbers.Real) else \
-        f"returned {type(value).__name__} {value!r}, expected a number or None"
     raise _row_error(f"reward function {name!r}", row, prompts, why)
 
 
