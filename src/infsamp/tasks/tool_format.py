@@ -6,16 +6,12 @@ with `tool_calls` -> tool, rendered with `tools=[...]`, shows the call's name, i
 the tool's answer, as TRL checks) is used as it is: the prompt is rendered with
 `apply_chat_template(..., tools=schemas)` and a tool's answer as its `tool` message. A template
 without that support (SmolLM2's ChatML, most small models), or plain-text mode, gets the fallback
-format, documented in docs/usage.md:
-
-- the tools are described at the end of the system prompt (`fallback_instructions`): their JSON
-  schemas and the rule "write <tool_call>{"name": ..., "arguments": {...}}</tool_call>";
-- a tool's answer comes back as a user turn holding one `<tool_response>...</tool_response>`
-  block per call (plain-text mode: the blocks alone, each on its own lines).
+format (docs/usage.md, "Formats"): the tools' schemas at the end of the system prompt
+(`fallback_instructions`), the answers as `<tool_response>` blocks in a user turn.
 
 Either way a turn ends at the model's stop token; its calls are the `<tool_call>` blocks of the
 turn (without any, JSON objects with "name" and "arguments" or "parameters", as Llama 3.1
-writes them). The answer's tokens are the difference of two renderings (`answer_token_ids`):
+writes them). The answer's tokens are the difference of two renderings (`answer_text`):
 the conversation with a stand-in assistant turn, cut after its last stop token, and the same
 with the tool messages and the next generation prompt. The model's own turn, its stop token
 included, is what it sampled; everything after that stop token up to the next assistant turn's

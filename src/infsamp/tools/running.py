@@ -3,15 +3,14 @@ sampler polls `collect`), isolated as reward functions are (`rewards/workers.py`
 
 With `tools.timeout_s` > 0 a tool function runs in a worker process: a pool per function of up to
 `tools.max_workers` workers (each forked from a loader process of its own, made when the calls
-running at once first need it); a call past its time has its worker (and everything it
-started) killed and replaced by a new fork. An environment's
-methods run in this process (the instance lives here), on a thread joined with the timeout.
-With 0 every call runs in this process without a limit (TRL's way).
+running at once first need it); a call past its time has its worker (and everything it started)
+killed and replaced by a new fork. An environment's methods run in this process (the instance
+lives here), on a thread joined with the timeout. With 0 every call runs in this process without
+a limit (TRL's way).
 
-Whatever goes wrong becomes the answer the model reads, never the end of the run, rendered as
-TRL renders a tool's failure, `{"error": "..."}` (JSON): an exception (its first line), a call
-past its time, a result that is not text or a number (a number or a bool is shown as `str()`,
-as TRL does), a text over MAX_ANSWER_BYTES, a worker that died. Each answer carries its time.
+Whatever goes wrong (`answer_of`; the list is in docs/usage.md) becomes the answer the model
+reads, never the end of the run, rendered as TRL renders a tool's failure: `{"error": "..."}`.
+Each answer carries its time.
 
 Deliberately simple: a thread per call (cheap next to a decode step); an abandoned in-process
 call keeps its thread until it returns.
