@@ -41,9 +41,7 @@ def _module(name: str):
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv:
-        argv = ["train"]
+    argv = list(sys.argv[1:] if argv is None else argv) or ["train"]
     parser = build_parser(argv)
     args = parser.parse_args(argv)
     if args.command is None:

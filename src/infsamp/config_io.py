@@ -8,6 +8,7 @@ Deliberately simple: defaults <- one YAML file <- overrides, in that order; no i
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import types
 import typing
 from pathlib import Path
@@ -222,8 +223,6 @@ def config_edits(path: Path, cfg: Config) -> list[tuple[str, Any, Any]] | None:
 
 
 def _sha256(text: str) -> str:
-    import hashlib
-
     return hashlib.sha256(text.encode()).hexdigest()
 
 

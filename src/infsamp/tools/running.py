@@ -61,9 +61,9 @@ def answer_of(outcome: Outcome, timeout_s: float, seconds: float) -> Answer:
         why = f"returned {type(value).__name__}; a tool returns text or a number"
         return Answer(error_text(why), True, seconds)
     text = str(value)
-    if len(text.encode("utf-8", "replace")) > MAX_ANSWER_BYTES:
-        why = f"returned {len(text.encode('utf-8', 'replace'))} bytes of text (at most " \
-              f"{MAX_ANSWER_BYTES})"
+    size = len(text.encode("utf-8", "replace"))
+    if size > MAX_ANSWER_BYTES:
+        why = f"returned {size} bytes of text (at most {MAX_ANSWER_BYTES})"
         return Answer(error_text(why), True, seconds)
     return Answer(text, False, seconds)
 
