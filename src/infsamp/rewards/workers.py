@@ -18,11 +18,9 @@ per step and never more (`tests/faults`). The processes' side, and what crosses 
 (JSON only), is `worker_process.py`. Workers and loaders ignore SIGINT, SIGTERM and SIGHUP (the
 trainer decides how a run stops) and die with their parent (Linux `PR_SET_PDEATHSIG`).
 
-A killed call takes its whole process tree with it: the loader kills the worker's process group
-and every process below itself (`process_tree.py`: the loader is a child subreaper, so a child
-in a session of its own or a double-forked daemon is still below it), and a loader that ends
-(closed by the trainer, or its trainer died) ends everything below it first. A loader runs in a
-process group of its own, so a `kill -9` of the trainer's group leaves it the time to do so.
+A killed call takes its whole process tree with it, and a loader that ends (closed by the
+trainer, or its trainer died) ends everything below it first (`process_tree.py`). A loader runs
+in a process group of its own, so a `kill -9` of the trainer's group leaves it the time to do so.
 
 Deliberately simple: one loader and one worker per function, even for cheap built-ins (a
 reward-model folder, our own code over a model on the run's device, stays in the trainer's

@@ -16,12 +16,8 @@ prompt is never cut through its template): the count is reported (`data/dropped_
 `prompt_for_rewards` / `completion_for_rewards` give reward functions TRL's shapes: chat messages in
 chat mode, strings otherwise.
 
-With tools (`tools=` schemas, `tasks/tool_format.py`): a chat template that renders tools gets
-them (`apply_chat_template(..., tools=...)`); otherwise the fallback format's instructions end
-the system prompt (plain-text mode: they open the prompt).
-
-`data.example_turns` (a worked example, few-shot) go between the system prompt and the question,
-in the tool format of the prompt (`tool_format.example_messages`).
+Tools (`tools=` schemas) and `data.example_turns` (a worked example between the system prompt
+and the question) are rendered in the prompt's tool format (`tasks/tool_format.py`).
 
 Deliberately simple: a prompt is one turn (system + user) unless the dataset stores conversations;
 the example turns are the same for every question.
