@@ -48,9 +48,8 @@ class ModelConfig:
     dtype: str = opt("auto", "weights dtype: auto (training: follows training.precision; sample "
                      "and bench: bf16 on GPU, fp32 on CPU), fp32, bf16 (must agree with "
                      "training.precision)", choices=("auto", "fp32", "bf16"))
-    attn_implementation: str = opt("sdpa",
-                                   "attention kernel passed to transformers (sdpa, eager, "
-                                   "flash_attention_2)")
+    attn_implementation: str = opt("sdpa", "attention kernel passed to transformers (sdpa, "
+                                   "eager, flash_attention_2)")
     lora_rank: int = opt(0, "LoRA rank through peft; 0 trains all weights", at_least=0)
     lora_alpha: int = opt(32, "LoRA alpha", above=0)
     lora_dropout: float = opt(0.0, "LoRA dropout", at_least=0, below=1)

@@ -47,12 +47,10 @@ class SamplingConfig:
     probe_tokens: int = opt(12, "probe: KV tokens a new sample first reserves; at that many "
                             "tokens it is given its whole reservation, or parked (KV dropped)",
                             at_least=1)
-    refill: str = opt("auto",
-                      "runtime refill order for length_aware: auto (= "
-                      "ljf, measured best), sjf, ljf")
-    grouping_epsilon: float = opt(0.1,
-                                  "FPTAS epsilon of the global grouping "
-                                  "(smaller: closer to optimal)", above=0)
+    refill: str = opt("auto", "runtime refill order for length_aware: auto (= ljf, measured "
+                      "best), sjf, ljf")
+    grouping_epsilon: float = opt(0.1, "FPTAS epsilon of the global grouping (smaller: closer to "
+                                  "optimal)", above=0)
     engine: str = opt(
         "auto", "decoding engine: slots (infsamp's slot engine over the transformers model), vllm "
         "(vLLM in the trainer's process), auto (vllm where it is installed and the model is on a "
@@ -148,9 +146,8 @@ class TrainingConfig:
                                            "80/20 Rule'; 1.0: all)", above=0, at_most=1,
                                       hint="1.0: every token")
     num_iterations: int = opt(1, "optimisation passes over each sampled batch (mu)", at_least=1)
-    train_micro_batch_tokens: int = opt(0,
-                                        "tokens per training "
-                                        "micro-batch; 0 = auto from the planner", at_least=0)
+    train_micro_batch_tokens: int = opt(0, "tokens per training micro-batch; 0 = auto from the "
+                                        "planner", at_least=0)
     chunked_lm_head: bool = opt(True, "log-probs from the final hidden states with the LM head "
                                 "applied per chunk (no [tokens x vocabulary] logits); false: the "
                                 "model's full logits, as before (more memory; the planner "
@@ -162,9 +159,8 @@ class TrainingConfig:
                              "(flash_attention_2, kernels hub ids, models without a transformers "
                              "config)")
     seed: int = opt(0, "seed for sampling, shuffling and initialisation")
-    num_threads: int = opt(0,
-                           "torch CPU threads (0: auto, 1 on CPU for models under 50M parameters)",
-                           at_least=0, at_most=4096)
+    num_threads: int = opt(0, "torch CPU threads (0: auto, 1 on CPU for models under 50M "
+                           "parameters)", at_least=0, at_most=4096)
     nonfinite: str = opt("stop", "a NaN/inf loss, gradient norm or reward: stop (one line naming "
                          "step and quantity, nothing applied or saved) or skip the update "
                          "(counted as train/skipped_updates)", choices=("stop", "skip"))
