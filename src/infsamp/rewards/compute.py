@@ -44,8 +44,8 @@ class RewardResult:
             mean = sum(scored) / len(scored) if scored else float("nan")
             squares = sum((v - mean) ** 2 for v in scored)
             logged[f"rewards/{name}/mean"] = mean
-            logged[f"rewards/{name}/std"] = math.sqrt(squares / (len(scored)
-                                                                 - 1)) if len(scored) > 1 else 0.0
+            logged[f"rewards/{name}/std"] = (math.sqrt(squares / (len(scored) - 1))
+                                             if len(scored) > 1 else 0.0)
         for name, count in self.timeouts.items():
             logged[f"rewards/{name}/timeouts"] = count
         return logged

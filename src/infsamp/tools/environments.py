@@ -1,10 +1,7 @@
 """Environments, TRL's `environment_factory`: a class (or any callable returning an instance)
-instantiated once per episode. `reset(**row)` starts the episode from its dataset row and may
-return the first observation (text appended to the prompt's last user turn, as TRL does); the
-instance's public methods (not `reset`, not `get_reward`, no leading underscore) are the
-episode's tools, with the schemas of their type hints and docstrings; a `get_reward()` method
-makes the environment own a reward, called once per finished episode and added to the reward
-functions' (weight 1, named after the class).
+instantiated once per episode. `reset(**row)` starts the episode and may return the first
+observation, the public methods are the episode's tools and `get_reward()` an extra reward of
+the finished episode (docs/usage.md, "Environments").
 
 One instance is probed at start-up (its methods and schemas, before the model loads). The
 methods run in the trainer's process (the instance lives there) on a thread per call, with
