@@ -46,7 +46,12 @@ from infsamp.planner.activations import (
     train_logits_bytes,
 )
 from infsamp.planner.inputs import ADAPTER_BYTES, DTYPE_BYTES, PlanInputs
-from infsamp.planner.kv_budget import auto_budget_tokens, paged_pool_blocks, slot_pool
+from infsamp.planner.kv_budget import (
+    auto_budget_tokens,
+    largest_fitting,
+    paged_pool_blocks,
+    slot_pool,
+)
 from infsamp.planner.parallel import per_device_parts, shard_fraction
 from infsamp.planner.presets import ModelShape, embedding_parameters
 
@@ -306,25 +311,14 @@ def training_breakdown(p: PlanInputs, micro_batch_tokens: int) -> dict[str, int]
 # --- choosing g and the micro-batch ---------------------------------------------------------------
 
 
-def _largest_fitting(low: int, high: int, fits: Callable[[int], bool]) -> int:
-    """Largest n in [low, high] with fits(n) (fits is monotone: true then false); low - 1 if
-    none."""
-    if high < low or not fits(low):
-        return low - 1
-    while low < high:
-        mid = (low + high + 1) // 2
-        low, high = (mid, high) if fits(mid) else (low, mid - 1)
-    return low
-
-
 def largest_micro_group(p: PlanInputs) -> int:
     """The most samples decoded at once within the memory (0 if not even one fits)."""
-    return _largest_fitting(1, p.num_samples,
-                            lambda g: generation_breakdown(p, g)["peak"] <= p.gpu_memory_bytes)
+    return largest_fitting(p.num_samples,
+                           lambda g: generation_breakdown(p, g)["peak"] <= p.gpu_memory_bytes)
 
 
 def largest_micro_batch_sequences(p: PlanInputs) -> int:
     """The most full-length sequences one training micro-batch can hold (0 if not even one)."""
-    return _largest_fitting(1, p.num_samples,
-                            lambda n: (training_breakdown(p, n * p.seq_len)["peak"]
-                                       <= p.gpu_memory_bytes))
+    return largest_fitting(p.num_samples,
+                           lambda n: (training_breakdown(p, n * p.seq_len)["peak"]
+                                      <= p.gpu_memory_bytes))
