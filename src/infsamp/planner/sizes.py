@@ -32,8 +32,8 @@ from infsamp.errors import SamplingError
 from infsamp.options import ConfigError, parse_size, size_is_bytes
 from infsamp.planner.estimate import kv_bytes_per_token
 from infsamp.planner.kv_budget import (
-    VLLM_BLOCK_SIZE,
     auto_budget_tokens,
+    kv_block_size,
     kv_tokens_needed,
     max_new_tokens_within,
     micro_group_within,
@@ -127,11 +127,6 @@ def run_engine(cfg: Config, device: str, quantized: bool = False) -> str:
     base): `sampling.engine` resolved with the run's sampling temperature. `plan_run_sizes` calls
     it, so `infsamp plan` and `infsamp train` size a config with the same engine."""
     return resolve_engine(cfg.sampling.engine, device, quantized, cfg.sampling.temperature)
-
-
-def kv_block_size(engine: str, device: str) -> int:
-    """Tokens per KV allocation unit: 1 on the slot engine, vLLM's block on vLLM."""
-    return VLLM_BLOCK_SIZE[device] if engine == "vllm" else 1
 
 
 def pool_holding(budget_tokens: int, block_size: int) -> int:
