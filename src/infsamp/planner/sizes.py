@@ -4,16 +4,11 @@
                runs at once, the training micro-batch in tokens, and the out-of-memory retries
 
 `plan_run_sizes` is the one function that decides them, from the config, the model's shape and
-the device's memory: `infsamp train` and every sampler outside a run (`sampling/sizes.py`, for
-the loaded model) and `infsamp plan` (for a preset or a config.json), with the config's defaults.
-Its sampling half (`sampling_sizes`) sizes the KV budget with the sampler's own rule
-(`kv_budget.kv_tokens_needed`: g samples at their reservation plus each of the step's B prompts
-that can be open at once, min(B, g), held once), so the g the start-up line prints is the g every
-sampler call runs.
-
-Afterwards only the out-of-memory retry path changes them (`halve`): g after a failed sampling
-call, the micro-batch after a failed backward, each counted in `oom_retries`; the checkpoint stores
-them (`state_dict`) and a resumed run continues with them.
+the device's memory, for `infsamp train`, every sampler outside a run (`sampling/sizes.py`) and
+`infsamp plan`; its sampling half (`sampling_sizes`) sizes the KV budget by the sampler's own
+rule (`kv_budget.kv_tokens_needed`), so the g the start-up line prints is the g every sampler
+call runs. Afterwards only the out-of-memory retry changes them (`halve`); the checkpoint stores
+them (`state_dict`). See docs/planner.md ("The run's sizes, decided once").
 
 Pure Python (no torch). Deliberately simple: sized for the longest prompt the run allows
 (`data.max_prompt_length`), not for each step's prompts.
