@@ -52,15 +52,12 @@ class OptimizerSpec:
     # parameter-sized temporaries during step() when run as one foreach kernel
     step_temporaries: float
     kahan: bool  # keeps bf16 updates in a Kahan buffer of the parameter dtype (else: rounding)
-    summary: str
 
 
 OPTIMIZERS: dict[str, OptimizerSpec] = {
-    "adamw": OptimizerSpec(lambda p: 2 * p, 1.0, False,
-                           "AdamW: exp_avg + exp_avg_sq in the parameter dtype"),
-    "adamw8bit": OptimizerSpec(lambda p: 2 + 2 * 4 / 256, 0.0, False,
-                               "8-bit AdamW: 2 uint8 states + fp32 scale per 256 values"),
-    "sgd": OptimizerSpec(lambda p: 0, 0.0, True, "SGD without momentum: no state"),
+    "adamw": OptimizerSpec(lambda p: 2 * p, 1.0, False),  # exp_avg + exp_avg_sq, parameter dtype
+    "adamw8bit": OptimizerSpec(lambda p: 2 + 2 * 4 / 256, 0.0, False),  # 2 uint8 + fp32 per 256
+    "sgd": OptimizerSpec(lambda p: 0, 0.0, True),  # without momentum: no state
 }
 
 
