@@ -138,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     model, tokenizer = load_model_and_tokenizer(ModelConfig(name_or_path=model_name))
     seeds = parse_seeds(args)
-    prompts = {seed: bench_prompts(tokenizer, args.prompts, seed, args, data_cfg) for seed in seeds}
+    prompts = {seed: bench_prompts(tokenizer, args.prompts, seed, data_cfg) for seed in seeds}
     sizes = engine_sizes_for(model, names, [p for chunk in prompts.values() for p in chunk], args)
     cfg = sampling_config(Variant("continuous"), args, sizes.kv_budget_tokens)
     engines, startup = start_engines(names, model, cfg, sizes, prompts[seeds[0]][0][1])
@@ -206,13 +206,10 @@ def bench_sources(args):
     return data, model
 
 
-def bench_prompts(tokenizer, num: int, seed: int, args=None,
+def bench_prompts(tokenizer, num: int, seed: int,
                   data_cfg=None) -> list[tuple[str, list[int]]]:
-    """(text, token ids) of `num` training prompts: the embedded task's, or `data_cfg`'s (default:
-    `--dataset`'s)."""
-    dataset = getattr(args, "dataset", "")
-    if data_cfg is None and dataset:
-        data_cfg = DataConfig(dataset=dataset, prompt_column=args.prompt_column)
+    """(text, token ids) of `num` training prompts: the embedded task's, or `data_cfg`'s
+    (`bench_sources`')."""
     prompts = bench_encoded_prompts(tokenizer, num, seed, split="train", data_cfg=data_cfg)
     return [(p.text, p.token_ids) for p in prompts]
 
