@@ -251,9 +251,8 @@ def plan_run_sizes(cfg: Config, shape: ModelShape, memory_bytes: int, *, device:
         budget_is_pool=budget_is_pool)
     plan = plan_memory(shape, micro_group=sizes.micro_group,
                        kv_budget_tokens=sizes.kv_budget_tokens, **settings)
-    seq_len = data.max_prompt_length + sampling.max_new_tokens
     sizes.train_micro_batch_tokens = (training.train_micro_batch_tokens
-                                      or max(plan.train_micro_batch_tokens, seq_len))
+                                      or max(plan.train_micro_batch_tokens, plan.inputs.seq_len))
     return plan, sizes
 
 
