@@ -151,8 +151,7 @@ def run(args: argparse.Namespace) -> int:
     report["engine_startup_s"] = startup
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    for name, path in write_traces(rows, out).items():
-        report.setdefault("traces", {})[name] = str(path)
+    report["traces"] = {name: str(path) for name, path in write_traces(rows, out).items()}
     kept = [{k: v for k, v in r.items() if k not in TRACE_ONLY} for r in rows]  # in the traces
     (out / "scheduling.json").write_text(json.dumps({**report, "rows": kept}, indent=1))
     print_report(report)
@@ -254,7 +253,7 @@ class Runner:
     """One predictor per variant, alive across calls: an online predictor learns only from its own
     variant's calls (two variants sharing one would see each other's identical completions)."""
 
-    def __init__(self, model, tokenizer, args, engine=None):
+    def __init__(self, model, tokenizer, args, engine):
         self.model, self.tokenizer, self.args, self.engine = model, tokenizer, args, engine
         self._predictors: dict = {}
 
@@ -281,8 +280,7 @@ class Runner:
 
         from infsamp.sampling.sampler import GroupSampler
 
-        block = self.engine.kv_block_size if self.engine else 1
-        budget = call_budget(self.args, max(len(p[1]) for p in prompts), block)
+        budget = call_budget(self.args, max(len(p[1]) for p in prompts), self.engine.kv_block_size)
         cfg = sampling_config(variant, self.args, budget)
         sampler = GroupSampler(self.model, self.tokenizer, cfg, predictor=self.predictor(variant),
                                engine=self.engine)
