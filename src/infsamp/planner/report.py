@@ -115,15 +115,11 @@ def sizes_lines(plan: MemoryPlan) -> list[str]:
     else:
         batch = (f"training micro-batch: not even one sequence of {p.seq_len} tokens fits "
                  f"(breakdown shows one)")
-    return [
-        g_text, f"  {kv}",
-        batch,
-        f"  per token: activations {per_token} "
-        f"({'with' if p.gradient_checkpointing else 'without'} "
-        f"checkpointing), LM head {chunks / 2**20:,.1f} MiB of logits chunks + {logits_row} per "
-        "completion token; "
-        f"peak at: {plan.training_peak_moment}",
-    ]
+    checkpointing = "with" if p.gradient_checkpointing else "without"
+    return [g_text, f"  {kv}", batch,
+            f"  per token: activations {per_token} ({checkpointing} checkpointing), LM head "
+            f"{chunks / 2**20:,.1f} MiB of logits chunks + {logits_row} per completion token; "
+            f"peak at: {plan.training_peak_moment}"]
 
 
 def verdict_lines(plan: MemoryPlan) -> list[str]:
