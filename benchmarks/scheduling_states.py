@@ -83,7 +83,7 @@ def collect(args: argparse.Namespace) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for seed in parse_seeds(args.seeds):
-        prompts = bench.bench_prompts(tokenizer, args.prompts, seed, bench_args, data_cfg)
+        prompts = bench.bench_prompts(tokenizer, args.prompts, seed, data_cfg)
         runner = bench.Runner(model, tokenizer, bench_args, RecordingEngine(model))
         rows, states = [], {}
         for epoch in range(1, args.epochs + 1):

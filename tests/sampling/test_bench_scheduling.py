@@ -168,7 +168,7 @@ def test_config_gives_the_prompts_and_the_model(tiny_model_dir, tmp_path):
     assert model_name == str(tiny_model_dir) and data.dataset == "reasoning_gym:basic_arithmetic"
     assert data.dataset_config["max_digits"] == 1
     _, tokenizer = load_model_and_tokenizer(ModelConfig(name_or_path=model_name))
-    prompts = bench.bench_prompts(tokenizer, 3, 0, args, data)
+    prompts = bench.bench_prompts(tokenizer, 3, 0, data)
     assert len(prompts) == 3 and all("Calculate" in text or "=" in text for text, _ in prompts)
     assert bench.bench_sources(argparse.Namespace(**{**vars(args), "model": "embedded"}))[1] \
         == "embedded"

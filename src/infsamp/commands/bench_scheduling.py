@@ -138,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     model, tokenizer = load_model_and_tokenizer(ModelConfig(name_or_path=model_name))
     seeds = parse_seeds(args)
-    prompts = {seed: bench_prompts(tokenizer, args.prompts, seed, args, data_cfg) for seed in seeds}
+    prompts = {seed: bench_prompts(tokenizer, args.prompts, seed, data_cfg) for seed in seeds}
     sizes = engine_sizes_for(model, names, [p for chunk in prompts.values() for p in chunk], args)
     cfg = sampling_config(Variant("continuous"), args, sizes.kv_budget_tokens)
     engines, startup = start_engines(names, model, cfg, sizes, prompts[seeds[0]][0][1])
@@ -151,8 +151,7 @@ def run(args: argparse.Namespace) -> int:
     report["engine_startup_s"] = startup
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    for name, path in write_traces(rows, out).items():
-        report.setdefault("traces", {})[name] = str(path)
+    report["traces"] = {name: str(path) for name, path in write_traces(rows, out).items()}
     kept = [{k: v for k, v in r.items() if k not in TRACE_ONLY} for r in rows]  # in the traces
     (out / "scheduling.json").write_text(json.dumps({**report, "rows": kept}, indent=1))
     print_report(report)
@@ -206,13 +205,10 @@ def bench_sources(args):
     return data, model
 
 
-def bench_prompts(tokenizer, num: int, seed: int, args=None,
+def bench_prompts(tokenizer, num: int, seed: int,
                   data_cfg=None) -> list[tuple[str, list[int]]]:
-    """(text, token ids) of `num` training prompts: the embedded task's, or `data_cfg`'s (default:
-    `--dataset`'s)."""
-    dataset = getattr(args, "dataset", "")
-    if data_cfg is None and dataset:
-        data_cfg = DataConfig(dataset=dataset, prompt_column=args.prompt_column)
+    """(text, token ids) of `num` training prompts: the embedded task's, or `data_cfg`'s
+    (`bench_sources`')."""
     prompts = bench_encoded_prompts(tokenizer, num, seed, split="train", data_cfg=data_cfg)
     return [(p.text, p.token_ids) for p in prompts]
 
@@ -257,7 +253,7 @@ class Runner:
     """One predictor per variant, alive across calls: an online predictor learns only from its own
     variant's calls (two variants sharing one would see each other's identical completions)."""
 
-    def __init__(self, model, tokenizer, args, engine=None):
+    def __init__(self, model, tokenizer, args, engine):
         self.model, self.tokenizer, self.args, self.engine = model, tokenizer, args, engine
         self._predictors: dict = {}
 
@@ -284,8 +280,7 @@ class Runner:
 
         from infsamp.sampling.sampler import GroupSampler
 
-        block = self.engine.kv_block_size if self.engine else 1
-        budget = call_budget(self.args, max(len(p[1]) for p in prompts), block)
+        budget = call_budget(self.args, max(len(p[1]) for p in prompts), self.engine.kv_block_size)
         cfg = sampling_config(variant, self.args, budget)
         sampler = GroupSampler(self.model, self.tokenizer, cfg, predictor=self.predictor(variant),
                                engine=self.engine)

@@ -48,7 +48,6 @@ def check_output_files(outputs: dict[str, str | None], inputs: list[str | None],
                               "replace it")
 
 
-
 def plot_name(name: str) -> str:
     """A plot's file name as written: `.png` added when it has none (what matplotlib writes)."""
     return name if Path(name).suffix else name + ".png"

@@ -27,6 +27,7 @@ import json
 import math
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 from infsamp.choices import REFILL_ORDERS
@@ -110,14 +111,13 @@ def run(args: argparse.Namespace) -> int:
     _check_arguments(args)
     groups = _load(args)
     replays = 1 + (PLOT_REPLAYS if args.plot else 0)
-    progress = Progress(replays * sum(sum(g.lengths) for g in groups))
-    result = simulate(groups, args.policy, args.micro_group, args.kv_budget, args.predictor,
-                      args.prompts_per_step, args.max_new_tokens, warmup_steps=args.warmup_steps,
-                      on_tokens=progress, step_seconds=args.step_seconds,
-                      **_policy_options(args))
-    _print(result, args)
+    replay = partial(simulate, groups, micro_group=args.micro_group, kv_budget=args.kv_budget,
+                     prompts_per_step=args.prompts_per_step, max_new_tokens=args.max_new_tokens,
+                     warmup_steps=args.warmup_steps, step_seconds=args.step_seconds,
+                     on_tokens=Progress(replays * sum(sum(g.lengths) for g in groups)))
+    _print(replay(args.policy, predictor=args.predictor, **_policy_options(args)), args)
     if args.plot:
-        _plot(groups, args, progress)
+        _plot(replay, groups, args)
         print(f"wrote {args.plot}")
     return 0
 
@@ -228,14 +228,13 @@ def _print(result: SamplerStats, args) -> None:
               f"MAE {result.predictor_mae:.1f} tokens")
 
 
-def _plot(groups, args, progress: Progress) -> None:
+def _plot(replay, groups, args) -> None:
+    """`--plot`: each `replay(policy, predictor=..., **options)` is one point or line."""
     plt = headless_pyplot()
 
     def run_one(policy, predictor, refill="auto"):
         options = {**_policy_options(args), "refill": refill} if policy == "length_aware" else {}
-        return simulate(groups, policy, args.micro_group, args.kv_budget, predictor,
-                        args.prompts_per_step, args.max_new_tokens, warmup_steps=args.warmup_steps,
-                        on_tokens=progress, step_seconds=args.step_seconds, **options)
+        return replay(policy, predictor=predictor, **options)
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for refill, marker in (("sjf", "o"), ("ljf", "s")):

@@ -1,28 +1,11 @@
 """The memory estimate: bytes of each part of the generation and training phases, and what fits.
 
 Built on the second seed's rule of thumb (bytes per parameter: weights 2, reference 2, gradients 2,
-AdamW 8, 8-bit AdamW 4) with these refinements, each stated in docs/planner.md:
-- the precision mode (`planner/precisions.py`) sets the dtypes of weights, gradients, states and
-  compute; `mixed` adds autocast's bf16 copies of every matmul weight (alive until the backward);
-- optimizer states follow what the code allocates: AdamW keeps exp_avg and exp_avg_sq in the
-  parameter's dtype (2 x 2 B in bf16, 2 x 4 B in fp32; bf16's stochastic rounding needs no more);
-  8-bit AdamW (bitsandbytes or torchao) keeps two uint8 states plus one fp32 scale per 256 values
-  (~2.03 B); SGD (no momentum) keeps none (with bf16 weights: a 2 B Kahan buffer, torch-optimi);
-- LoRA adapters (peft casts them to fp32) are the only trainable parameters; the reference model is
-  the base with adapters disabled, so it costs nothing; a 4-bit base (QLoRA) stores its decoder
-  linears in NF4 with double-quantised scales (~0.516 B), the rest in bf16;
-- the training step computes log-probs in micro-batches of `train_micro_batch_tokens` padded tokens,
-  the LM head per chunk on the completion positions' hidden states (`algorithm/lm_head.py`):
-  activations scale with the micro-batch, never with G, and the logits are a few fixed-size chunks
-  whatever the micro-batch. Activations are counted tensor by tensor from what autograd saves per
-  layer;
-- optimizer states stay resident during generation (zero_grad frees the gradients);
-- KV cache: what the engine allocates for the run's sizes (`kv_cache_tokens`): vLLM's pool, or the
-  slot engine's pool of running KV and one prompt row per group open at once (min(B, g) of the
-  step's B prompts, every one under `probe`), each shared by its samples.
-- the runtime (Python, torch, the CUDA context: what the process holds outside the tensors) is
-  one part of both phases, the caller's measurement (a run measures it at start-up) or the
-  device's default; CUDA adds 10% of the tensors for its caching allocator's slack.
+AdamW 8, 8-bit AdamW 4), refined part by part as docs/planner.md ("How the estimate is built")
+states: the precision mode's dtypes (`planner/precisions.py`), optimizer states as the code
+allocates them, LoRA adapters and a 4-bit base, activations counted per micro-batch token from
+what autograd saves, the chunked LM head's logits, the KV cache the engine allocates
+(`kv_cache_tokens`), the runtime outside the tensors and the allocator's slack.
 
 Several devices: data parallel only (`planner/parallel.py`: DDP replicas or FSDP2 shards, per
 device, every precision mode's bytes sharded alike). Deliberately simplified: no tensor/pipeline
@@ -46,7 +29,12 @@ from infsamp.planner.activations import (
     train_logits_bytes,
 )
 from infsamp.planner.inputs import ADAPTER_BYTES, DTYPE_BYTES, PlanInputs
-from infsamp.planner.kv_budget import auto_budget_tokens, paged_pool_blocks, slot_pool
+from infsamp.planner.kv_budget import (
+    auto_budget_tokens,
+    largest_fitting,
+    paged_pool_blocks,
+    slot_pool,
+)
 from infsamp.planner.parallel import per_device_parts, shard_fraction
 from infsamp.planner.presets import ModelShape, embedding_parameters
 
@@ -64,15 +52,12 @@ class OptimizerSpec:
     # parameter-sized temporaries during step() when run as one foreach kernel
     step_temporaries: float
     kahan: bool  # keeps bf16 updates in a Kahan buffer of the parameter dtype (else: rounding)
-    summary: str
 
 
 OPTIMIZERS: dict[str, OptimizerSpec] = {
-    "adamw": OptimizerSpec(lambda p: 2 * p, 1.0, False,
-                           "AdamW: exp_avg + exp_avg_sq in the parameter dtype"),
-    "adamw8bit": OptimizerSpec(lambda p: 2 + 2 * 4 / 256, 0.0, False,
-                               "8-bit AdamW: 2 uint8 states + fp32 scale per 256 values"),
-    "sgd": OptimizerSpec(lambda p: 0, 0.0, True, "SGD without momentum: no state"),
+    "adamw": OptimizerSpec(lambda p: 2 * p, 1.0, False),  # exp_avg + exp_avg_sq, parameter dtype
+    "adamw8bit": OptimizerSpec(lambda p: 2 + 2 * 4 / 256, 0.0, False),  # 2 uint8 + fp32 per 256
+    "sgd": OptimizerSpec(lambda p: 0, 0.0, True),  # without momentum: no state
 }
 
 
@@ -281,7 +266,6 @@ def training_moments(p: PlanInputs, micro_batch_tokens: int) -> dict[str, dict[s
     }
 
 
-
 def peak_training_moment(p: PlanInputs, micro_batch_tokens: int) -> tuple[str, dict[str, int]]:
     moments = training_moments(p, micro_batch_tokens)
     name = max(moments, key=lambda m: sum(moments[m].values()))  # first wins ties: backward
@@ -306,25 +290,14 @@ def training_breakdown(p: PlanInputs, micro_batch_tokens: int) -> dict[str, int]
 # --- choosing g and the micro-batch ---------------------------------------------------------------
 
 
-def _largest_fitting(low: int, high: int, fits: Callable[[int], bool]) -> int:
-    """Largest n in [low, high] with fits(n) (fits is monotone: true then false); low - 1 if
-    none."""
-    if high < low or not fits(low):
-        return low - 1
-    while low < high:
-        mid = (low + high + 1) // 2
-        low, high = (mid, high) if fits(mid) else (low, mid - 1)
-    return low
-
-
 def largest_micro_group(p: PlanInputs) -> int:
     """The most samples decoded at once within the memory (0 if not even one fits)."""
-    return _largest_fitting(1, p.num_samples,
-                            lambda g: generation_breakdown(p, g)["peak"] <= p.gpu_memory_bytes)
+    return largest_fitting(p.num_samples,
+                           lambda g: generation_breakdown(p, g)["peak"] <= p.gpu_memory_bytes)
 
 
 def largest_micro_batch_sequences(p: PlanInputs) -> int:
     """The most full-length sequences one training micro-batch can hold (0 if not even one)."""
-    return _largest_fitting(1, p.num_samples,
-                            lambda n: (training_breakdown(p, n * p.seq_len)["peak"]
-                                       <= p.gpu_memory_bytes))
+    return largest_fitting(p.num_samples,
+                           lambda n: (training_breakdown(p, n * p.seq_len)["peak"]
+                                      <= p.gpu_memory_bytes))

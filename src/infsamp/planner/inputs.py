@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from infsamp.config_algorithm import SamplingConfig
-from infsamp.planner.kv_budget import VLLM_BLOCK_SIZE
+from infsamp.planner.kv_budget import kv_block_size
 from infsamp.planner.precisions import PRECISIONS, PrecisionMode, base_dtype
 from infsamp.planner.presets import (
     LORA_TARGETS_ALL_LINEAR,
@@ -59,8 +59,8 @@ class PlanInputs:
 
     @property
     def kv_block_size(self) -> int:
-        """Tokens per KV allocation unit: 1 on the slot engine, vLLM's block on vLLM."""
-        return VLLM_BLOCK_SIZE[self.device] if self.engine == "vllm" else 1
+        """Tokens per KV allocation unit (`kv_budget.kv_block_size`)."""
+        return kv_block_size(self.engine, self.device)
 
     @property
     def num_samples(self) -> int:

@@ -22,6 +22,11 @@ from infsamp.errors import SamplingError
 VLLM_BLOCK_SIZE = {"cpu": 32, "cuda": 16}  # tokens per vLLM KV block (CPU kernels want 32s)
 
 
+def kv_block_size(engine: str, device: str) -> int:
+    """Tokens per KV allocation unit: 1 on the slot engine, vLLM's block on vLLM."""
+    return VLLM_BLOCK_SIZE[device] if engine == "vllm" else 1
+
+
 def shared_prompt_tokens(prompt_tokens: int, block_size: int = 1) -> int:
     """KV of a group's prompt held once for all its samples. Paged (block_size > 1): the full
     prompt blocks a prefix cache can share (never the block holding the last prompt token, which

@@ -26,18 +26,13 @@ from collections.abc import Sequence
 Widths = tuple[int, ...]  # a sequence's padded dimensions: (length,) or (prompt, completion)
 
 
-def _padded(count: int, widths: Widths) -> int:
-    """Padded tokens of `count` rows padded to `widths` in each dimension."""
-    return count * sum(widths)
-
-
 def _greedy(order: Sequence[int], widths: Sequence[Widths], max_tokens: int) -> list[list[int]]:
     """Consecutive groups of `order` whose padded size stays <= max_tokens."""
     batches: list[list[int]] = []
     batch_widths: Widths = ()
     for index in order:
         grown = tuple(map(max, batch_widths, widths[index])) if batches else widths[index]
-        if batches and _padded(len(batches[-1]) + 1, grown) <= max_tokens:
+        if batches and (len(batches[-1]) + 1) * sum(grown) <= max_tokens:  # padded tokens
             batches[-1].append(index)
             batch_widths = grown
         else:

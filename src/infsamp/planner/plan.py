@@ -76,8 +76,8 @@ class MemoryPlan:
                     bytes_per_parameter=bytes_per_parameter(self.inputs),
                     model=dataclasses.asdict(self.inputs.shape), settings=settings, **extra)
 
-    def to_json(self, indent: int | None = 2, sizes: Any = None) -> str:
-        return json.dumps(self.to_dict(sizes), indent=indent)
+    def to_json(self, sizes: Any = None) -> str:
+        return json.dumps(self.to_dict(sizes), indent=2)
 
 
 # --- validation -----------------------------------------------------------------------------------
@@ -90,8 +90,6 @@ def validate_inputs(p: PlanInputs) -> None:
         require(getattr(p, key) > 0, key, getattr(p, key), "must be > 0")
     for key in ("lora_rank", "micro_group", "train_micro_batch_tokens", "kv_budget_tokens"):
         require(getattr(p, key) >= 0, key, getattr(p, key), "must be >= 0")
-    require(p.micro_group <= p.num_samples, "micro_group", p.micro_group,
-            f"must be <= the step's {p.num_samples} samples")
     require(p.beta >= 0, "beta", p.beta, "must be >= 0")
     for key, names in (("optimizer", OPTIMIZERS), ("precision", PRECISIONS), ("device", DEVICES),
                        ("engine", ("slots", "vllm")), ("policy", POLICIES),
@@ -127,12 +125,6 @@ def _choose(p: PlanInputs) -> tuple[int, int]:
         fits = training_breakdown(p, tokens)["peak"] <= p.gpu_memory_bytes
         return g, tokens if fits else 0
     return g, largest_micro_batch_sequences(p) * p.seq_len
-
-
-def _shown_sizes(p: PlanInputs, g: int, tokens: int) -> tuple[int, int]:
-    """The g and micro-batch whose breakdown is shown: the chosen ones, or the smallest when none
-    fits."""
-    return g or p.micro_group or 1, tokens or max(p.train_micro_batch_tokens, p.seq_len)
 
 
 def plan_memory(shape: ModelShape, *, gpu_memory_bytes: int, num_generations: int,
@@ -171,7 +163,9 @@ def plan_memory(shape: ModelShape, *, gpu_memory_bytes: int, num_generations: in
         share_prompt=share_prompt)
     validate_inputs(p)
     g, tokens = _choose(p)
-    shown_g, shown_tokens = _shown_sizes(p, g, tokens)
+    # the breakdown shown: of the chosen sizes, or of the smallest when none fits
+    shown_g = g or p.micro_group or 1
+    shown_tokens = tokens or max(p.train_micro_batch_tokens, p.seq_len)
     generation, training = generation_breakdown(p, shown_g), training_breakdown(p, shown_tokens)
     fits = g > 0 and tokens > 0
     return MemoryPlan(fits=fits, micro_group=g, train_micro_batch_tokens=tokens,

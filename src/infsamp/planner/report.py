@@ -115,27 +115,20 @@ def sizes_lines(plan: MemoryPlan) -> list[str]:
     else:
         batch = (f"training micro-batch: not even one sequence of {p.seq_len} tokens fits "
                  f"(breakdown shows one)")
-    return [
-        g_text, f"  {kv}",
-        batch,
-        f"  per token: activations {per_token} "
-        f"({'with' if p.gradient_checkpointing else 'without'} "
-        f"checkpointing), LM head {chunks / 2**20:,.1f} MiB of logits chunks + {logits_row} per "
-        "completion token; "
-        f"peak at: {plan.training_peak_moment}",
-    ]
+    checkpointing = "with" if p.gradient_checkpointing else "without"
+    return [g_text, f"  {kv}", batch,
+            f"  per token: activations {per_token} ({checkpointing} checkpointing), LM head "
+            f"{chunks / 2**20:,.1f} MiB of logits chunks + {logits_row} per completion token; "
+            f"peak at: {plan.training_peak_moment}"]
 
 
 def verdict_lines(plan: MemoryPlan) -> list[str]:
     share = plan.peak_bytes / plan.inputs.gpu_memory_bytes
-    if plan.fits:
-        tight = " (tight: allocator behaviour may push it over)" if share > TIGHT_FRACTION else ""
-        lines = [f"FITS: peak {plan.peak_bytes / GIB:.2f} GiB = {100 * share:.0f}% "
-                 f"of the memory{tight}"]
-    else:
-        lines = [f"DOES NOT FIT: peak {plan.peak_bytes / GIB:.2f} GiB = {100 * share:.0f}% "
-                 f"of the memory"]
-    return lines + [f"  advice: {line}" for line in plan.advice]
+    verdict = "FITS" if plan.fits else "DOES NOT FIT"
+    tight = (" (tight: allocator behaviour may push it over)"
+             if plan.fits and share > TIGHT_FRACTION else "")
+    return [f"{verdict}: peak {plan.peak_bytes / GIB:.2f} GiB = {100 * share:.0f}% of the "
+            f"memory{tight}"] + [f"  advice: {line}" for line in plan.advice]
 
 
 def format_plan(plan: MemoryPlan, sizes: RunSizes | None = None) -> str:

@@ -4,16 +4,11 @@
                runs at once, the training micro-batch in tokens, and the out-of-memory retries
 
 `plan_run_sizes` is the one function that decides them, from the config, the model's shape and
-the device's memory: `infsamp train` and every sampler outside a run (`sampling/sizes.py`, for
-the loaded model) and `infsamp plan` (for a preset or a config.json), with the config's defaults.
-Its sampling half (`sampling_sizes`) sizes the KV budget with the sampler's own rule
-(`kv_budget.kv_tokens_needed`: g samples at their reservation plus each of the step's B prompts
-that can be open at once, min(B, g), held once), so the g the start-up line prints is the g every
-sampler call runs.
-
-Afterwards only the out-of-memory retry path changes them (`halve`): g after a failed sampling
-call, the micro-batch after a failed backward, each counted in `oom_retries`; the checkpoint stores
-them (`state_dict`) and a resumed run continues with them.
+the device's memory, for `infsamp train`, every sampler outside a run (`sampling/sizes.py`) and
+`infsamp plan`; its sampling half (`sampling_sizes`) sizes the KV budget by the sampler's own
+rule (`kv_budget.kv_tokens_needed`), so the g the start-up line prints is the g every sampler
+call runs. Afterwards only the out-of-memory retry changes them (`halve`); the checkpoint stores
+them (`state_dict`). See docs/planner.md ("The run's sizes, decided once").
 
 Pure Python (no torch). Deliberately simple: sized for the longest prompt the run allows
 (`data.max_prompt_length`), not for each step's prompts.
@@ -32,8 +27,8 @@ from infsamp.errors import SamplingError
 from infsamp.options import ConfigError, parse_size, size_is_bytes
 from infsamp.planner.estimate import kv_bytes_per_token
 from infsamp.planner.kv_budget import (
-    VLLM_BLOCK_SIZE,
     auto_budget_tokens,
+    kv_block_size,
     kv_tokens_needed,
     max_new_tokens_within,
     micro_group_within,
@@ -127,11 +122,6 @@ def run_engine(cfg: Config, device: str, quantized: bool = False) -> str:
     base): `sampling.engine` resolved with the run's sampling temperature. `plan_run_sizes` calls
     it, so `infsamp plan` and `infsamp train` size a config with the same engine."""
     return resolve_engine(cfg.sampling.engine, device, quantized, cfg.sampling.temperature)
-
-
-def kv_block_size(engine: str, device: str) -> int:
-    """Tokens per KV allocation unit: 1 on the slot engine, vLLM's block on vLLM."""
-    return VLLM_BLOCK_SIZE[device] if engine == "vllm" else 1
 
 
 def pool_holding(budget_tokens: int, block_size: int) -> int:
@@ -261,9 +251,8 @@ def plan_run_sizes(cfg: Config, shape: ModelShape, memory_bytes: int, *, device:
         budget_is_pool=budget_is_pool)
     plan = plan_memory(shape, micro_group=sizes.micro_group,
                        kv_budget_tokens=sizes.kv_budget_tokens, **settings)
-    seq_len = data.max_prompt_length + sampling.max_new_tokens
     sizes.train_micro_batch_tokens = (training.train_micro_batch_tokens
-                                      or max(plan.train_micro_batch_tokens, seq_len))
+                                      or max(plan.train_micro_batch_tokens, plan.inputs.seq_len))
     return plan, sizes
 
 
