@@ -60,11 +60,6 @@ class PromptTable:
                 [torch.cat([p, t[row:row + 1, :, :width]], dim=2)
                  for p, t in zip(self.prefix_values, self.prompt_values)])
 
-    def add_prompt(self, group_id: int, keys: Sequence[torch.Tensor],
-                   values: Sequence[torch.Tensor]) -> None:
-        """Append a group's prompt KV (per layer [1, H, P-1, D]) as a new row of the table."""
-        self.add_prompts([group_id], [keys], [values])
-
     def add_prompts(self, group_ids: Sequence[int], keys: Sequence[Sequence[torch.Tensor]],
                     values: Sequence[Sequence[torch.Tensor]]) -> None:
         """Append groups' prompt KV (per group, per layer [1, H, P-1, D]) as new rows, in order:
@@ -106,9 +101,6 @@ class PromptTable:
         return (key_states[:, :, start:].transpose(0, 2),
                 value_states[:, :, start:].transpose(0, 2))  # [S, H, 1, D]
 
-    def drop_prompt(self, group_id: int) -> None:
-        self.drop_prompts([group_id])
-
     def drop_prompts(self, group_ids: Sequence[int]) -> None:
         """Remove groups' rows (the others keep their order; the table narrows to its widest
         row): one copy of each layer's table, the same table as dropping them one by one."""
@@ -141,12 +133,10 @@ class PromptTable:
         self.parked[sample_id] = self.columns(sample_id)
         self.release(sample_id)
 
-    def unpark(self, sample_id: int) -> bool:
-        """A parked sample's kept columns back in; False if none were kept."""
-        if sample_id not in self.parked:
-            return False
-        self.write(sample_id, *self.parked.pop(sample_id))
-        return True
+    def unpark(self, sample_id: int) -> None:
+        """A parked sample's kept columns back in, if any were kept."""
+        if sample_id in self.parked:
+            self.write(sample_id, *self.parked.pop(sample_id))
 
     # ---- per step
     def step_mask(self, slot_rows: list[int], write_index: list[int], is_causal_eager: bool,

@@ -284,7 +284,7 @@ class SlotEngine(SharedPrefixPrefill):
             _, kv_heads, _, head_dim = self.cache.prompt_keys[0].shape
             empty = self.cache.prompt_keys[0].new_zeros((1, kv_heads, 0, head_dim))  # [1, H, 0, D]
             keys = values = [empty] * len(self.cache.prompt_keys)
-        self.cache.add_prompt(group_id, keys, values)
+        self.cache.add_prompts([group_id], [keys], [values])
         self.stats.model_time_s += time.perf_counter() - start
         self.stats.prefill_tokens += len(prompt_kv)
         self._track_peak()
