@@ -31,17 +31,22 @@ def no_logits(device) -> torch.Tensor:
 
 
 class SharedPrefixPrefill:
-    """The slot engine's prefill of a shared prefix and of its groups' suffixes (a mixin: reads
-    the engine's model, cache, prompts, stats and `shared_prefix`)."""
+    """The slot engine's prefill of prompts, of a shared prefix and of its groups' suffixes (a
+    mixin: reads the engine's model, cache, prompts, stats and `shared_prefix`)."""
 
-    def _prefill_prefix(self, prefix: Sequence[int]) -> None:
+    def _prompt_kv(self, token_ids: Sequence[int]) -> tuple[list, list]:
+        """KV of these tokens from position 0 (a prompt's, or the shared prefix), per layer
+        [1, H, n, D]."""
         cache = DynamicCache(config=self.model.config)
-        start = time.perf_counter()
         with torch.inference_mode():
-            self.model(input_ids=torch.tensor([list(prefix)], device=self.device),  # [1, L]
+            self.model(input_ids=torch.tensor([list(token_ids)], device=self.device),  # [1, n]
                        use_cache=True, logits_to_keep=no_logits(self.device),
                        **{self.cache_kwarg: cache})
-        self.cache.set_prefix([c.keys for c in cache.layers], [c.values for c in cache.layers])
+        return [c.keys for c in cache.layers], [c.values for c in cache.layers]
+
+    def _prefill_prefix(self, prefix: Sequence[int]) -> None:
+        start = time.perf_counter()
+        self.cache.set_prefix(*self._prompt_kv(prefix))
         self.stats.model_time_s += time.perf_counter() - start
         self.stats.prefill_tokens += len(prefix)
 

@@ -271,15 +271,9 @@ class SlotEngine(SharedPrefixPrefill):
 
     def _prefill(self, group_id: int) -> None:
         prompt_kv = self.prompts[group_id][:-1]
-        cache = DynamicCache(config=self.model.config)
         start = time.perf_counter()
         if prompt_kv:
-            input_ids = torch.tensor([prompt_kv], device=self.device)  # [1, P-1]
-            with torch.inference_mode():
-                self.model(input_ids=input_ids, use_cache=True,
-                           logits_to_keep=no_logits(self.device), **{self.cache_kwarg: cache})
-            keys = [layer.keys for layer in cache.layers]
-            values = [layer.values for layer in cache.layers]
+            keys, values = self._prompt_kv(prompt_kv)  # per layer [1, H, P-1, D]
         else:  # a one-token prompt: a row of zero width (the table may have no row to copy yet)
             _, kv_heads, _, head_dim = self.cache.prompt_keys[0].shape
             empty = self.cache.prompt_keys[0].new_zeros((1, kv_heads, 0, head_dim))  # [1, H, 0, D]
