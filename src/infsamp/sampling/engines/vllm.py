@@ -77,13 +77,6 @@ FINISH_REASONS = {"stop": "eos", "length": "length"}
 _live: weakref.ref | None = None  # vLLM keeps its parallel state per process: one engine at a time
 
 
-def check_no_live_engine() -> None:
-    other = _live() if _live is not None else None
-    if other is not None and other.engine is not None:
-        raise SamplingError("sampling.engine vllm: another vLLM engine is running in this process "
-                            "(vLLM keeps one per process); close() it first")
-
-
 def sample_seed(seed: int, sample_id: int) -> int:
     """Each sample's own random stream (a vLLM per-request seed), whatever the schedule."""
     return (seed * 1_000_003 + sample_id * 0x9E3779B1) & 0x7FFFFFFF
@@ -106,7 +99,7 @@ class VLLMEngine:
         check_architecture(vllm, config)
         param = next(model.parameters())
         self.device = param.device
-        self._check_device(vllm)
+        self._check_device()
         self.kv_block_size = VLLM_BLOCK_SIZE.get(self.device.type, 16)
         self.max_context = min(sizes.max_prompt_tokens + sizes.max_new_tokens,
                                int(getattr(config, "max_position_embeddings", 1 << 30)))
@@ -114,12 +107,15 @@ class VLLMEngine:
         self.kv_bytes_per_token = model_kv_bytes_per_token(base_model(model))
         num_blocks, self.kv_capacity_tokens = vllm_pool(sizes, self.kv_block_size, cfg.kv_budget)
         self.sleep_level = sleep_level(cfg, self.device)
-        check_no_live_engine()
+        other = _live() if _live is not None else None
+        if other is not None and other.engine is not None:
+            raise SamplingError("sampling.engine vllm: another vLLM engine is running in this "
+                                "process (vLLM keeps one per process); close() it first")
         self._config_dir = tempfile.mkdtemp(prefix="infsamp-vllm-")
         self._remove_config = weakref.finalize(self, shutil.rmtree, self._config_dir,
                                                ignore_errors=True)
         config.save_pretrained(self._config_dir)
-        self.engine = self._start(vllm, param.dtype, num_blocks)
+        self.engine = self._start(param.dtype, num_blocks)
         _live = weakref.ref(self)
         core = self.engine.engine_core.engine_core
         self._scheduler = core.scheduler
@@ -131,7 +127,7 @@ class VLLMEngine:
         self._probe()
 
     # ---- start-up
-    def _check_device(self, vllm) -> None:
+    def _check_device(self) -> None:
         from vllm.platforms import current_platform
 
         built_for = current_platform.device_type
@@ -141,7 +137,7 @@ class VLLMEngine:
                                 "('infsamp[gpu]' for CUDA, 'infsamp[cpu-vllm]' for CPU) or use "
                                 "--sampling.engine slots")
 
-    def _start(self, vllm, dtype: torch.dtype, num_blocks: int):
+    def _start(self, dtype: torch.dtype, num_blocks: int):
         from vllm.engine.arg_utils import EngineArgs
         from vllm.v1.engine.llm_engine import LLMEngine
 
@@ -249,7 +245,7 @@ class VLLMEngine:
                 continue
             if output.outputs[0].token_ids:
                 advanced.add(output.request_id)
-            self._record(sample, output, output.request_id)
+            self._record(sample, output)
             if output.finished:
                 del self.running[output.request_id]
                 finished.append(sample)
@@ -330,9 +326,9 @@ class VLLMEngine:
         self.running[request_id] = sample
 
     # ---- internals
-    def _record(self, sample: Sample, output, request_id: str) -> None:
+    def _record(self, sample: Sample, output) -> None:
         completion = output.outputs[0]
-        prompt_tokens = self._prompt_tokens.pop(request_id, None)  # its first output only
+        prompt_tokens = self._prompt_tokens.pop(output.request_id, None)  # its first output only
         if prompt_tokens is not None and output.num_cached_tokens is not None:
             self.stats.prefill_tokens += prompt_tokens - output.num_cached_tokens
         sample.token_ids.extend(completion.token_ids)
