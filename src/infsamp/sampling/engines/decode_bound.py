@@ -33,6 +33,8 @@ from typing import Any
 import torch
 
 from infsamp.models.device import base_model
+from infsamp.planner.presets import shape_from_config
+from infsamp.sampling.engines.slots import _cache_kwarg_name
 
 
 class ReadyCache:
@@ -40,16 +42,12 @@ class ReadyCache:
     row i holding `lengths[i]` columns (its last one written by the step)."""
 
     def __init__(self, model, lengths: Sequence[int], generator: torch.Generator):
-        config, param = base_model(model).config, next(model.parameters())
-        head_dim = getattr(config, "head_dim",
-                           None) or config.hidden_size // config.num_attention_heads
-        kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-        width = max(lengths)
-        shape = (len(lengths), kv_heads, width, head_dim)
-        self.keys = [torch.randn(shape, generator=generator).to(param.dtype)
-                     for _ in range(config.num_hidden_layers)]
-        self.values = [torch.randn(shape, generator=generator).to(param.dtype)
-                       for _ in range(config.num_hidden_layers)]
+        shape, param = shape_from_config(base_model(model).config), next(model.parameters())
+        size = (len(lengths), shape.num_key_value_heads, max(lengths), shape.head_dim)
+        self.keys = [torch.randn(size, generator=generator).to(param.dtype)
+                     for _ in range(shape.num_hidden_layers)]
+        self.values = [torch.randn(size, generator=generator).to(param.dtype)
+                       for _ in range(shape.num_hidden_layers)]
         self.write_index = torch.tensor(lengths) - 1  # [S] the column the step writes
         self.rows = torch.arange(len(lengths))  # [S]
 
@@ -81,7 +79,7 @@ def ready_step_inputs(model, lengths: Sequence[int], seed: int = 0) -> dict:
     return {"input_ids": input_ids.to(device),  # [S, 1]
             "position_ids": (lengths_t - 1)[:, None],  # [S, 1]
             "attention_mask": mask, "use_cache": True,
-            _cache_kwarg(model): ReadyCache(model, lengths, generator)}
+            _cache_kwarg_name(model): ReadyCache(model, lengths, generator)}
 
 
 def bound_seconds(model, lengths: Sequence[int]) -> tuple[float, float]:
@@ -133,9 +131,3 @@ def step_figures(model, step_log: list[tuple[float, float, list[int]]]) -> dict:
         figures[f"step_over_{name}_cpu"] = (figures["step_cpu_ms"]
                                             / max(figures[f"{name}_cpu_ms"], 1e-9))
     return figures
-
-
-def _cache_kwarg(model) -> str:
-    from infsamp.sampling.engines.slots import _cache_kwarg_name
-
-    return _cache_kwarg_name(model)

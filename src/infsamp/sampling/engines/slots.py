@@ -40,6 +40,7 @@ import torch
 from transformers import DynamicCache
 
 from infsamp.models.device import base_model
+from infsamp.planner.presets import shape_from_config
 from infsamp.sampling.engines.base import DecodeOptions, SlotLogitsProcessor
 from infsamp.sampling.engines.lean_decode import lean_decode
 from infsamp.sampling.engines.select import ForcedLengths, build_warpers, select_tokens
@@ -93,17 +94,14 @@ class SlotEngine(SharedPrefixPrefill):
         """`pool_tokens`: the KV positions running samples may hold at once (the scheduler's
         `max_running_tokens`); None: a whole completion per slot. `shared_prefix`: the first
         tokens every prompt shares, forwarded and held once (shorter than every prompt)."""
-        config, param = self.model.config, next(self.model.parameters())
-        head_dim = getattr(config, "head_dim",
-                           None) or config.hidden_size // config.num_attention_heads
-        kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        shape, param = shape_from_config(self.model.config), next(self.model.parameters())
+        layout = (shape.num_key_value_heads, shape.head_dim, param.dtype, param.device)
         max_new = max(s.max_new_tokens for s in samples)
         if pool_tokens is None or pool_tokens >= num_slots * max_new:  # a whole row per slot
-            self.cache = SlotRowCache(config.num_hidden_layers, num_slots, max_new, kv_heads,
-                                      head_dim, param.dtype, param.device)
+            self.cache = SlotRowCache(shape.num_hidden_layers, num_slots, max_new, *layout)
         else:
-            self.cache = SlotKVCache(config.num_hidden_layers, pool_tokens, kv_heads, head_dim,
-                                     param.dtype, param.device, len(samples), max_new)
+            self.cache = SlotKVCache(shape.num_hidden_layers, pool_tokens, *layout, len(samples),
+                                     max_new)
         self.device, self.prompts, self.options, self.stats = param.device, prompts, options, stats
         if processor is None and options.target_lengths is not None:
             processor = ForcedLengths(options.target_lengths, options.eos_token_ids[0])
