@@ -9,13 +9,9 @@ pool of token positions gathered per layer and step (`SlotKVCache`). Each step r
 samples only, in the cache's row order (`arrange`: a row's numbers do not depend on its place in
 the batch), with explicit rotary positions (`position_ids = prompt_len - 1 + n`).
 
-Why not transformers' continuous batching (checked on 5.24): its loop runs in a background thread,
-draws tokens with one global `torch.multinomial` (no per-sample random streams, so policies could
-not agree sample for sample), accepts only its fixed temperature/top-k/top-p processors (no
-per-sample forced lengths), and forks the `num_return_sequences` children of a request all at
-prefill time, so a slot refilled later with the 20th sample of a group has no parent whose prompt
-blocks it can share. This file is the missing piece: a few hundred lines over the model's ordinary
-forward.
+Why not transformers' continuous batching: no per-sample random streams or logits rules, and no
+prompt blocks for a slot refilled later to share (docs/sampler.md). This file is the missing piece:
+a few hundred lines over the model's ordinary forward.
 
 Parking: a sample the scheduler takes out of its slot keeps its tokens; with `Sample.parked_kv` its
 columns are copied out (`parked` store, counted in the held KV) and back into fresh positions when
