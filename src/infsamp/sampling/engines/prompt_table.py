@@ -33,8 +33,7 @@ class PromptTable:
         self.num_columns: dict[int, int] = {}  # sample id -> KV columns it holds
         self.device, self.dtype = device, dtype
         self.step_rows: torch.Tensor | None = None  # [S] prompt row of each sample; None: one row
-        # each slot's prompt row gathered per (layer, values?), kept while the steps' rows and
-        # the table stay the same (`slot_prompt_rows`); at most MAX_KEPT_ROWS_BYTES
+        # `slot_prompt_rows`' gathers per (layer, values?), and the step rows they were made for
         self.kept_rows: dict[tuple[int, bool], torch.Tensor] = {}
         self.kept_for: tuple[int, ...] | None = None
         self.split_from: str | None = None  # set while slot_attention reads the cache in place

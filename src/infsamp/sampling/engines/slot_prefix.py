@@ -73,9 +73,7 @@ class SharedPrefixPrefill:
         return packed
 
     def _most_tokens(self) -> int:
-        """The most tokens one prefill forward takes: the run's longest prompt where the engine
-        knows it (`planned_prompt_tokens`), the call's longest prompt, or its slots (what the
-        planner counts a forward's working set at)."""
+        """The most tokens one prefill forward takes (the module docstring says why)."""
         return max(max(len(p) for p in self.prompts), len(self.slot_sample),
                    self.planned_prompt_tokens)
 

@@ -28,6 +28,7 @@ Deliberately simple: two layouts, chosen per call; the token pool gathers per to
 from __future__ import annotations
 
 import contextlib
+import inspect
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -356,7 +357,5 @@ class SlotEngine(SharedPrefixPrefill):
 def _cache_kwarg_name(model) -> str:
     """transformers renamed `past_key_values` to `cache` (5.2x); use whichever this version
     takes."""
-    import inspect
-
     base = base_model(model)
     return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
