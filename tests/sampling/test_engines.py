@@ -324,7 +324,7 @@ def test_the_bounds_ready_cache_is_a_real_cache(model):
 def test_prefill_forwards_skip_the_lm_head_and_keep_the_completions(model, monkeypatch):
     """A prompt's prefill (and a parked sample's recompute) computes KV only: the LM head sees
     no position there (`no_logits`), and the tokens are those of keeping one row's logits."""
-    from infsamp.sampling.engines import slot_prefix, slots
+    from infsamp.sampling.engines import slot_prefix
 
     def run() -> tuple[list[list[int]], list[int]]:
         rows = []
@@ -344,6 +344,5 @@ def test_prefill_forwards_skip_the_lm_head_and_keep_the_completions(model, monke
 
     tokens, rows = run()
     assert rows.count(0) == 2 and rows.count(1) == 5  # two prefills; five decode steps
-    for module in (slots, slot_prefix):
-        monkeypatch.setattr(module, "no_logits", lambda device: 1)  # the last position's
+    monkeypatch.setattr(slot_prefix, "no_logits", lambda device: 1)  # the last position's
     assert run()[0] == tokens

@@ -34,7 +34,6 @@ from collections import Counter
 from collections.abc import Sequence
 
 import torch
-from transformers import DynamicCache
 
 from infsamp.models.device import base_model
 from infsamp.planner.presets import shape_from_config
@@ -48,7 +47,7 @@ from infsamp.sampling.engines.slot_attention import (
     supports_split,
 )
 from infsamp.sampling.engines.slot_cache import SlotKVCache, SlotRowCache
-from infsamp.sampling.engines.slot_prefix import SharedPrefixPrefill, no_logits
+from infsamp.sampling.engines.slot_prefix import SharedPrefixPrefill
 from infsamp.sampling.types import Sample, SamplerStats
 
 
@@ -268,7 +267,8 @@ class SlotEngine(SharedPrefixPrefill):
         prompt_kv = self.prompts[group_id][:-1]
         start = time.perf_counter()
         if prompt_kv:
-            keys, values = self._prompt_kv(prompt_kv)  # per layer [1, H, P-1, D]
+            input_ids = torch.tensor([prompt_kv], device=self.device)  # [1, P-1]
+            keys, values = self._forward_kv(input_ids)  # per layer [1, H, P-1, D]
         else:  # a one-token prompt: a row of zero width (the table may have no row to copy yet)
             _, kv_heads, _, head_dim = self.cache.prompt_keys[0].shape
             empty = self.cache.prompt_keys[0].new_zeros((1, kv_heads, 0, head_dim))  # [1, H, 0, D]
@@ -328,24 +328,20 @@ class SlotEngine(SharedPrefixPrefill):
         prompt_keys, prompt_values = self.cache.prompt_row(row)  # per layer [1, H, L + w, D]
         width = prompt_keys[0].shape[2]
         kept_keys, kept_values = self.cache.columns(sample.sample_id)  # per layer [H, held, D]
-        cache = DynamicCache(config=self.model.config)
-        if width or held:
-            for layer, (k, v) in enumerate(zip(prompt_keys, prompt_values)):
-                own_k, own_v = kept_keys[layer][None], kept_values[layer][None]  # [1, H, held, D]
-                cache.update(torch.cat([k, own_k.to(k.dtype)], dim=2),
-                             torch.cat([v, own_v.to(v.dtype)], dim=2), layer)
+        past = ((), ())
+        if width or held:  # per layer [1, H, L + w + held, D]
+            past = ([torch.cat([k, own[None].to(k.dtype)], dim=2)
+                     for k, own in zip(prompt_keys, kept_keys)],
+                    [torch.cat([v, own[None].to(v.dtype)], dim=2)
+                     for v, own in zip(prompt_values, kept_values)])
         inputs = torch.tensor([[prompt[-1], *sample.token_ids[:-1]][held:]],
                               device=self.device)  # [1, n]
         positions = torch.arange(len(prompt) - 1 + held, len(prompt) - 1 + num_tokens,
                                  device=self.device)[None, :]  # [1, n]
         start = time.perf_counter()
-        with torch.inference_mode():
-            self.model(input_ids=inputs, position_ids=positions, use_cache=True,
-                       logits_to_keep=no_logits(self.device), **{self.cache_kwarg: cache})
+        keys, values = self._forward_kv(inputs, positions, past)  # per layer [1, H, n, D]
         self.stats.model_time_s += time.perf_counter() - start
-        self.cache.write(sample.sample_id,
-                         [c.keys[0, :, width + held:] for c in cache.layers],  # [H, n, D]
-                         [c.values[0, :, width + held:] for c in cache.layers])
+        self.cache.write(sample.sample_id, [k[0] for k in keys], [v[0] for v in values])
 
     def _track_peak(self) -> None:
         held = sum(t.numel() * t.element_size() for t in self.cache.held_tensors())
