@@ -269,10 +269,8 @@ class SlotEngine(SharedPrefixPrefill):
         if prompt_kv:
             input_ids = torch.tensor([prompt_kv], device=self.device)  # [1, P-1]
             keys, values = self._forward_kv(input_ids)  # per layer [1, H, P-1, D]
-        else:  # a one-token prompt: a row of zero width (the table may have no row to copy yet)
-            _, kv_heads, _, head_dim = self.cache.prompt_keys[0].shape
-            empty = self.cache.prompt_keys[0].new_zeros((1, kv_heads, 0, head_dim))  # [1, H, 0, D]
-            keys = values = [empty] * len(self.cache.prompt_keys)
+        else:  # a one-token prompt: a row of zero width (the prefix has a row, maybe empty)
+            keys = values = [p[:, :, :0] for p in self.cache.prefix_keys]  # [1, H, 0, D]
         self.cache.add_prompts([group_id], [keys], [values])
         self.stats.model_time_s += time.perf_counter() - start
         self.stats.prefill_tokens += len(prompt_kv)
