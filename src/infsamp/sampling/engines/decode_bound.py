@@ -1,26 +1,18 @@
 """The decode step's bound: the model's own forward of the same rows over a ready cache.
 
-A slot engine step does more than the model's forward: it lays the step out (which samples run,
-where each writes), gathers or views each sample's KV, builds the mask and selects tokens. The
-bound is what is left when none of that is needed: the same rows (one query token each, each row
-attending to as many KV columns as it does in the engine: its prompt plus its own tokens) run
-through the model's own forward and its own attention (sdpa or eager) over a contiguous cache that
-is already laid out, `ReadyCache`: each layer's keys and values are one [S, H_kv, W, D] tensor per
-call, the step's new column written in place, the rest a view. No scheduling, no gather, no token
-selection; the LM head is included (it is part of the forward).
+The bound is a slot engine step without what the engine adds (laying the step out, gathering or
+viewing each sample's KV, the mask, token selection): the same rows (one query token each, each
+attending to as many KV columns as in the engine) through the model's own forward and attention
+over `ReadyCache`, contiguous K/V already laid out ([S, H_kv, W, D] per layer, the step's new
+column written in place); the LM head included. A tighter floor beside it, `matmul_seconds`:
+every linear layer of the model applied to S rows once, nothing else.
 
-A tighter floor beside it, `matmul_seconds`: the step's matrix products alone, every linear layer
-of the model (the LM head included) applied to S rows once, nothing else: what any engine running
-these weights in this precision must at least do.
+`bound_seconds` replays a step of `SlotEngine.step_log` here, so `infsamp bench sampling --bound`
+prints the engine's decode-step time beside the bound of the very same steps (docs/decoding.md).
 
-`SlotEngine.step_log` records each decode step's wall time and the KV length of each row;
-`bound_seconds` replays a step's rows here, so `infsamp bench sampling --bound` prints the engine's
-decode-step time beside the bound of the very same steps, measured in the same run.
-
-Deliberately simple: the prompt is held per row (a plain batch: what transformers' generate holds;
-the engine shares it per group, so its attention reads less); random cache contents (the time of
-a forward does not depend on them); one timing per step, as the
-engine's (wall and CPU seconds: the machine may be shared).
+Deliberately simple: the prompt is held per row (a plain batch, as transformers' generate holds
+it); random cache contents (a forward's time does not depend on them); one timing per step, wall
+and CPU seconds (the machine may be shared).
 """
 
 from __future__ import annotations
