@@ -72,11 +72,11 @@ class PromptTable:
     def open_rows(self, group_ids: Sequence[int], widths: Sequence[int]) -> None:
         """Rows of zeros for groups whose suffixes the next step computes, packed ahead of the
         running samples' tokens (`update` writes them; `slot_attention` reads them)."""
-        width = max(self.prompt_keys[0].shape[2], *widths)
         self._new_rows(group_ids, widths)
-        self.prompt_keys = [_append_zeros(t, len(group_ids), width) for t in self.prompt_keys]
-        self.prompt_values = [_append_zeros(t, len(group_ids), width)
-                              for t in self.prompt_values]
+        _, kv_heads, _, head_dim = self.prompt_keys[0].shape
+        zeros = [self.prompt_keys[0].new_zeros((1, kv_heads, w, head_dim)) for w in widths]
+        self.prompt_keys = [_append_rows(t, zeros) for t in self.prompt_keys]
+        self.prompt_values = [_append_rows(t, zeros) for t in self.prompt_values]
         self.packed_rows = [(self.group_rows[g], w) for g, w in zip(group_ids, widths)]
 
     def _new_rows(self, group_ids: Sequence[int], widths: Sequence[int]) -> None:
@@ -207,10 +207,3 @@ def _append_rows(table: torch.Tensor, rows: Sequence[torch.Tensor]) -> torch.Ten
     width = max(table.shape[2], *(row.shape[2] for row in rows))
     return torch.cat([torch.nn.functional.pad(t, (0, 0, 0, width - t.shape[2]))
                       for t in (table, *rows)], dim=0)
-
-
-def _append_zeros(table: torch.Tensor, num_rows: int, width: int) -> torch.Tensor:
-    """`table` [R, H, P, D] with `num_rows` rows of zeros after it, `width` (>= P) wide."""
-    _, kv_heads, _, head_dim = table.shape
-    padded = torch.nn.functional.pad(table, (0, 0, 0, width - table.shape[2]))
-    return torch.cat([padded, table.new_zeros((num_rows, kv_heads, width, head_dim))], dim=0)
