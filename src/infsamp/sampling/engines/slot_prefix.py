@@ -69,9 +69,7 @@ class SharedPrefixPrefill:
                 if self._suffix_width(group_id) <= room:
                     packed.append(group_id)
                     room -= self._suffix_width(group_id)
-        apart = [g for g in groups if g not in packed]
-        if apart:
-            self._prefill_suffixes(apart)
+        self._prefill_suffixes([g for g in groups if g not in packed])
         if packed:
             self.cache.open_rows(packed, [self._suffix_width(g) for g in packed])
             self._track_peak()
