@@ -58,9 +58,9 @@ def test_prompt_table_add_and_drop():
                         dtype=torch.float32, device=torch.device("cpu"))
     for group_id, length in ((10, 3), (11, 5), (12, 2)):
         kv = [torch.full((1, 1, length, 2), float(group_id))]
-        cache.add_prompt(group_id, kv, kv)
+        cache.add_prompts([group_id], [kv], [kv])
     assert cache.prompt_keys[0].shape == (3, 1, 5, 2) and cache.held_tokens() == 2 * 4 + 3 * 5
-    cache.drop_prompt(11)
+    cache.drop_prompts([11])
     assert cache.group_rows == {10: 0, 12: 1} and cache.prompt_lengths == [3, 2]
     assert cache.prompt_keys[0].shape == (2, 1, 3, 2)  # trimmed to the longest prompt left
     assert cache.prompt_keys[0][1, 0, :2].eq(12).all() and cache.prompt_keys[0][0].eq(10).all()
@@ -324,7 +324,7 @@ def test_the_bounds_ready_cache_is_a_real_cache(model):
 def test_prefill_forwards_skip_the_lm_head_and_keep_the_completions(model, monkeypatch):
     """A prompt's prefill (and a parked sample's recompute) computes KV only: the LM head sees
     no position there (`no_logits`), and the tokens are those of keeping one row's logits."""
-    from infsamp.sampling.engines import slot_prefix, slots
+    from infsamp.sampling.engines import slot_prefix
 
     def run() -> tuple[list[list[int]], list[int]]:
         rows = []
@@ -344,6 +344,5 @@ def test_prefill_forwards_skip_the_lm_head_and_keep_the_completions(model, monke
 
     tokens, rows = run()
     assert rows.count(0) == 2 and rows.count(1) == 5  # two prefills; five decode steps
-    for module in (slots, slot_prefix):
-        monkeypatch.setattr(module, "no_logits", lambda device: 1)  # the last position's
+    monkeypatch.setattr(slot_prefix, "no_logits", lambda device: 1)  # the last position's
     assert run()[0] == tokens

@@ -1,2 +1,2 @@
-"""Decoding engines behind the sampler: `slots` (transformers model forward, CPU/GPU) and, later,
-vLLM."""
+"""Decoding engines behind the sampler: `slots` (transformers model forward, CPU/GPU) and `vllm`
+(`base.py` lists them)."""

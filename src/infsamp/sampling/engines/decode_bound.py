@@ -1,26 +1,18 @@
 """The decode step's bound: the model's own forward of the same rows over a ready cache.
 
-A slot engine step does more than the model's forward: it lays the step out (which samples run,
-where each writes), gathers or views each sample's KV, builds the mask and selects tokens. The
-bound is what is left when none of that is needed: the same rows (one query token each, each row
-attending to as many KV columns as it does in the engine: its prompt plus its own tokens) run
-through the model's own forward and its own attention (sdpa or eager) over a contiguous cache that
-is already laid out, `ReadyCache`: each layer's keys and values are one [S, H_kv, W, D] tensor per
-call, the step's new column written in place, the rest a view. No scheduling, no gather, no token
-selection; the LM head is included (it is part of the forward).
+The bound is a slot engine step without what the engine adds (laying the step out, gathering or
+viewing each sample's KV, the mask, token selection): the same rows (one query token each, each
+attending to as many KV columns as in the engine) through the model's own forward and attention
+over `ReadyCache`, contiguous K/V already laid out ([S, H_kv, W, D] per layer, the step's new
+column written in place); the LM head included. A tighter floor beside it, `matmul_seconds`:
+every linear layer of the model applied to S rows once, nothing else.
 
-A tighter floor beside it, `matmul_seconds`: the step's matrix products alone, every linear layer
-of the model (the LM head included) applied to S rows once, nothing else: what any engine running
-these weights in this precision must at least do.
+`bound_seconds` replays a step of `SlotEngine.step_log` here, so `infsamp bench sampling --bound`
+prints the engine's decode-step time beside the bound of the very same steps (docs/decoding.md).
 
-`SlotEngine.step_log` records each decode step's wall time and the KV length of each row;
-`bound_seconds` replays a step's rows here, so `infsamp bench sampling --bound` prints the engine's
-decode-step time beside the bound of the very same steps, measured in the same run.
-
-Deliberately simple: the prompt is held per row (a plain batch: what transformers' generate holds;
-the engine shares it per group, so its attention reads less); random cache contents (the time of
-a forward does not depend on them); one timing per step, as the
-engine's (wall and CPU seconds: the machine may be shared).
+Deliberately simple: the prompt is held per row (a plain batch, as transformers' generate holds
+it); random cache contents (a forward's time does not depend on them); one timing per step, wall
+and CPU seconds (the machine may be shared).
 """
 
 from __future__ import annotations
@@ -33,6 +25,8 @@ from typing import Any
 import torch
 
 from infsamp.models.device import base_model
+from infsamp.planner.presets import shape_from_config
+from infsamp.sampling.engines.slots import _cache_kwarg_name
 
 
 class ReadyCache:
@@ -40,16 +34,12 @@ class ReadyCache:
     row i holding `lengths[i]` columns (its last one written by the step)."""
 
     def __init__(self, model, lengths: Sequence[int], generator: torch.Generator):
-        config, param = base_model(model).config, next(model.parameters())
-        head_dim = getattr(config, "head_dim",
-                           None) or config.hidden_size // config.num_attention_heads
-        kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-        width = max(lengths)
-        shape = (len(lengths), kv_heads, width, head_dim)
-        self.keys = [torch.randn(shape, generator=generator).to(param.dtype)
-                     for _ in range(config.num_hidden_layers)]
-        self.values = [torch.randn(shape, generator=generator).to(param.dtype)
-                       for _ in range(config.num_hidden_layers)]
+        shape, param = shape_from_config(base_model(model).config), next(model.parameters())
+        size = (len(lengths), shape.num_key_value_heads, max(lengths), shape.head_dim)
+        self.keys = [torch.randn(size, generator=generator).to(param.dtype)
+                     for _ in range(shape.num_hidden_layers)]
+        self.values = [torch.randn(size, generator=generator).to(param.dtype)
+                       for _ in range(shape.num_hidden_layers)]
         self.write_index = torch.tensor(lengths) - 1  # [S] the column the step writes
         self.rows = torch.arange(len(lengths))  # [S]
 
@@ -81,7 +71,7 @@ def ready_step_inputs(model, lengths: Sequence[int], seed: int = 0) -> dict:
     return {"input_ids": input_ids.to(device),  # [S, 1]
             "position_ids": (lengths_t - 1)[:, None],  # [S, 1]
             "attention_mask": mask, "use_cache": True,
-            _cache_kwarg(model): ReadyCache(model, lengths, generator)}
+            _cache_kwarg_name(model): ReadyCache(model, lengths, generator)}
 
 
 def bound_seconds(model, lengths: Sequence[int]) -> tuple[float, float]:
@@ -133,9 +123,3 @@ def step_figures(model, step_log: list[tuple[float, float, list[int]]]) -> dict:
         figures[f"step_over_{name}_cpu"] = (figures["step_cpu_ms"]
                                             / max(figures[f"{name}_cpu_ms"], 1e-9))
     return figures
-
-
-def _cache_kwarg(model) -> str:
-    from infsamp.sampling.engines.slots import _cache_kwarg_name
-
-    return _cache_kwarg_name(model)

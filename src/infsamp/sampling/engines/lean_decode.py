@@ -28,6 +28,7 @@ import sys
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.modules import module as torch_module
 from transformers.activations import SiLUActivation
 from transformers.models.llama.modeling_llama import (
     LlamaAttention,
@@ -45,9 +46,10 @@ MLP_LINEARS = ("gate_proj", "up_proj", "down_proj")
 
 def lean_decode(model) -> LeanLlamaDecode | None:
     """The lean decode forward of `model`, or None where it would not be bit-exact."""
-    if any(_hooked(module) for module in model.modules()) or _global_hooks():
+    if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
         return None
-    if any("forward" in vars(module) for module in model.modules()):  # a wrapped forward
+    if any(m._forward_hooks or m._forward_pre_hooks or "forward" in vars(m)  # or a wrapped forward
+           for m in model.modules()):
         return None
     model = _llama_under_lora(model)
     if type(model) is not LlamaForCausalLM or not supports_split(model):
@@ -116,16 +118,6 @@ def _plain_layer(layer) -> bool:
             and all(_plain_linear(getattr(mlp, n)) for n in MLP_LINEARS)
             and type(mlp.act_fn) in (nn.SiLU, SiLUActivation)
             and all(type(n) is LlamaRMSNorm for n in norms))
-
-
-def _hooked(module: nn.Module) -> bool:
-    return bool(module._forward_hooks or module._forward_pre_hooks)
-
-
-def _global_hooks() -> bool:
-    from torch.nn.modules import module as torch_module
-
-    return bool(torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks)
 
 
 def _rms_norm(weight: torch.Tensor, eps: float, hidden: torch.Tensor) -> torch.Tensor:

@@ -33,8 +33,7 @@ class PromptTable:
         self.num_columns: dict[int, int] = {}  # sample id -> KV columns it holds
         self.device, self.dtype = device, dtype
         self.step_rows: torch.Tensor | None = None  # [S] prompt row of each sample; None: one row
-        # each slot's prompt row gathered per (layer, values?), kept while the steps' rows and
-        # the table stay the same (`slot_prompt_rows`); at most MAX_KEPT_ROWS_BYTES
+        # `slot_prompt_rows`' gathers per (layer, values?), and the step rows they were made for
         self.kept_rows: dict[tuple[int, bool], torch.Tensor] = {}
         self.kept_for: tuple[int, ...] | None = None
         self.split_from: str | None = None  # set while slot_attention reads the cache in place
@@ -60,11 +59,6 @@ class PromptTable:
                 [torch.cat([p, t[row:row + 1, :, :width]], dim=2)
                  for p, t in zip(self.prefix_values, self.prompt_values)])
 
-    def add_prompt(self, group_id: int, keys: Sequence[torch.Tensor],
-                   values: Sequence[torch.Tensor]) -> None:
-        """Append a group's prompt KV (per layer [1, H, P-1, D]) as a new row of the table."""
-        self.add_prompts([group_id], [keys], [values])
-
     def add_prompts(self, group_ids: Sequence[int], keys: Sequence[Sequence[torch.Tensor]],
                     values: Sequence[Sequence[torch.Tensor]]) -> None:
         """Append groups' prompt KV (per group, per layer [1, H, P-1, D]) as new rows, in order:
@@ -78,11 +72,11 @@ class PromptTable:
     def open_rows(self, group_ids: Sequence[int], widths: Sequence[int]) -> None:
         """Rows of zeros for groups whose suffixes the next step computes, packed ahead of the
         running samples' tokens (`update` writes them; `slot_attention` reads them)."""
-        width = max(self.prompt_keys[0].shape[2], *widths)
         self._new_rows(group_ids, widths)
-        self.prompt_keys = [_append_zeros(t, len(group_ids), width) for t in self.prompt_keys]
-        self.prompt_values = [_append_zeros(t, len(group_ids), width)
-                              for t in self.prompt_values]
+        _, kv_heads, _, head_dim = self.prompt_keys[0].shape
+        zeros = [self.prompt_keys[0].new_zeros((1, kv_heads, w, head_dim)) for w in widths]
+        self.prompt_keys = [_append_rows(t, zeros) for t in self.prompt_keys]
+        self.prompt_values = [_append_rows(t, zeros) for t in self.prompt_values]
         self.packed_rows = [(self.group_rows[g], w) for g, w in zip(group_ids, widths)]
 
     def _new_rows(self, group_ids: Sequence[int], widths: Sequence[int]) -> None:
@@ -105,9 +99,6 @@ class PromptTable:
             start += width
         return (key_states[:, :, start:].transpose(0, 2),
                 value_states[:, :, start:].transpose(0, 2))  # [S, H, 1, D]
-
-    def drop_prompt(self, group_id: int) -> None:
-        self.drop_prompts([group_id])
 
     def drop_prompts(self, group_ids: Sequence[int]) -> None:
         """Remove groups' rows (the others keep their order; the table narrows to its widest
@@ -141,12 +132,10 @@ class PromptTable:
         self.parked[sample_id] = self.columns(sample_id)
         self.release(sample_id)
 
-    def unpark(self, sample_id: int) -> bool:
-        """A parked sample's kept columns back in; False if none were kept."""
-        if sample_id not in self.parked:
-            return False
-        self.write(sample_id, *self.parked.pop(sample_id))
-        return True
+    def unpark(self, sample_id: int) -> None:
+        """A parked sample's kept columns back in, if any were kept."""
+        if sample_id in self.parked:
+            self.write(sample_id, *self.parked.pop(sample_id))
 
     # ---- per step
     def step_mask(self, slot_rows: list[int], write_index: list[int], is_causal_eager: bool,
@@ -218,10 +207,3 @@ def _append_rows(table: torch.Tensor, rows: Sequence[torch.Tensor]) -> torch.Ten
     width = max(table.shape[2], *(row.shape[2] for row in rows))
     return torch.cat([torch.nn.functional.pad(t, (0, 0, 0, width - t.shape[2]))
                       for t in (table, *rows)], dim=0)
-
-
-def _append_zeros(table: torch.Tensor, num_rows: int, width: int) -> torch.Tensor:
-    """`table` [R, H, P, D] with `num_rows` rows of zeros after it, `width` (>= P) wide."""
-    _, kv_heads, _, head_dim = table.shape
-    padded = torch.nn.functional.pad(table, (0, 0, 0, width - table.shape[2]))
-    return torch.cat([padded, table.new_zeros((num_rows, kv_heads, width, head_dim))], dim=0)

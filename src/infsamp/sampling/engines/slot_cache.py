@@ -146,12 +146,8 @@ class SlotRowCache(PromptTable):
         for table, states in ((keys, key_states), (values, value_states)):  # [S, H, 1, D]
             table.view(-1, head_dim).index_copy_(0, self.write_flat,
                                                  states.reshape(-1, head_dim).to(self.dtype))
-        if self.read_rows is None:
-            running = slice(0, self.num_running)
-            return self._attended(layer_idx, keys[running, :, :self.width],
-                                  values[running, :, :self.width])
-        return self._attended(layer_idx, keys[self.read_rows, :, :self.width],
-                              values[self.read_rows, :, :self.width])
+        rows = slice(0, self.num_running) if self.read_rows is None else self.read_rows
+        return self._attended(layer_idx, keys[rows, :, :self.width], values[rows, :, :self.width])
 
 
 class SlotKVCache(PromptTable):
@@ -220,9 +216,7 @@ class SlotKVCache(PromptTable):
 
     def prepare_step(self, sample_ids: list[int], slot_rows: list[int], write_index: list[int],
                      is_causal_eager: bool, written: torch.Tensor | None = None) -> torch.Tensor:
-        """Set this step's layout for the running samples (each has its column `write_index`
-        allocated, `written` the same as a tensor if at hand); returns the attention mask
-        [S, 1, 1, L + P_max + W]."""
+        """As `SlotRowCache.prepare_step`."""
         ids = torch.tensor(sample_ids, device=self.device)  # [S]
         written = _as_tensor(written, write_index, self.device)  # [S]
         self.write_positions = self.table[ids, written]  # [S]

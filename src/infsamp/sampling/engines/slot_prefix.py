@@ -31,17 +31,27 @@ def no_logits(device) -> torch.Tensor:
 
 
 class SharedPrefixPrefill:
-    """The slot engine's prefill of a shared prefix and of its groups' suffixes (a mixin: reads
-    the engine's model, cache, prompts, stats and `shared_prefix`)."""
+    """The slot engine's prefill of prompts, of a shared prefix and of its groups' suffixes (a
+    mixin: reads the engine's model, cache, prompts, stats and `shared_prefix`)."""
+
+    def _forward_kv(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None,
+                    past: tuple[Sequence, Sequence] = ((), ())) -> tuple[list, list]:
+        """KV of `input_ids` [B, n] at `positions` [B, n] (None: from 0) after the `past` KV (per
+        layer [B, H, p, D]), per layer [B, H, n, D]; the LM head skipped."""
+        cache = DynamicCache(config=self.model.config)
+        for layer, (k, v) in enumerate(zip(*past)):
+            cache.update(k, v, layer)
+        with torch.inference_mode():
+            self.model(input_ids=input_ids, position_ids=positions, use_cache=True,
+                       logits_to_keep=no_logits(self.device), **{self.cache_kwarg: cache})
+        width = past[0][0].shape[2] if past[0] else 0
+        return ([c.keys[:, :, width:] for c in cache.layers],
+                [c.values[:, :, width:] for c in cache.layers])
 
     def _prefill_prefix(self, prefix: Sequence[int]) -> None:
-        cache = DynamicCache(config=self.model.config)
         start = time.perf_counter()
-        with torch.inference_mode():
-            self.model(input_ids=torch.tensor([list(prefix)], device=self.device),  # [1, L]
-                       use_cache=True, logits_to_keep=no_logits(self.device),
-                       **{self.cache_kwarg: cache})
-        self.cache.set_prefix([c.keys for c in cache.layers], [c.values for c in cache.layers])
+        input_ids = torch.tensor([list(prefix)], device=self.device)  # [1, L]
+        self.cache.set_prefix(*self._forward_kv(input_ids))
         self.stats.model_time_s += time.perf_counter() - start
         self.stats.prefill_tokens += len(prefix)
 
@@ -59,18 +69,14 @@ class SharedPrefixPrefill:
                 if self._suffix_width(group_id) <= room:
                     packed.append(group_id)
                     room -= self._suffix_width(group_id)
-        apart = [g for g in groups if g not in packed]
-        if apart:
-            self._prefill_suffixes(apart)
+        self._prefill_suffixes([g for g in groups if g not in packed])
         if packed:
             self.cache.open_rows(packed, [self._suffix_width(g) for g in packed])
             self._track_peak()
         return packed
 
     def _most_tokens(self) -> int:
-        """The most tokens one prefill forward takes: the run's longest prompt where the engine
-        knows it (`planned_prompt_tokens`), the call's longest prompt, or its slots (what the
-        planner counts a forward's working set at)."""
+        """The most tokens one prefill forward takes (the module docstring says why)."""
         return max(max(len(p) for p in self.prompts), len(self.slot_sample),
                    self.planned_prompt_tokens)
 
@@ -113,16 +119,9 @@ class SharedPrefixPrefill:
         if not width:
             return ([k[:, :, :0].expand(num_rows, -1, -1, -1) for k in self.cache.prefix_keys],
                     [v[:, :, :0].expand(num_rows, -1, -1, -1) for v in self.cache.prefix_values])
-        cache = DynamicCache(config=self.model.config)
-        for layer, (k, v) in enumerate(zip(self.cache.prefix_keys, self.cache.prefix_values)):
-            cache.update(k.expand(num_rows, -1, -1, -1), v.expand(num_rows, -1, -1, -1),
-                         layer)  # [B, H, L, D]
+        past = ([k.expand(num_rows, -1, -1, -1) for k in self.cache.prefix_keys],
+                [v.expand(num_rows, -1, -1, -1) for v in self.cache.prefix_values])  # [B, H, L, D]
         input_ids = torch.tensor([s + [0] * (width - len(s)) for s in suffixes],
                                  device=self.device)  # [B, w]
         positions = torch.arange(prefix, prefix + width, device=self.device)  # [w]
-        with torch.inference_mode():
-            self.model(input_ids=input_ids, position_ids=positions.expand(num_rows, -1),
-                       use_cache=True, logits_to_keep=no_logits(self.device),
-                       **{self.cache_kwarg: cache})
-        return ([c.keys[:, :, prefix:] for c in cache.layers],
-                [c.values[:, :, prefix:] for c in cache.layers])
+        return self._forward_kv(input_ids, positions.expand(num_rows, -1), past)

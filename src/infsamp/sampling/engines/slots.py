@@ -9,13 +9,9 @@ pool of token positions gathered per layer and step (`SlotKVCache`). Each step r
 samples only, in the cache's row order (`arrange`: a row's numbers do not depend on its place in
 the batch), with explicit rotary positions (`position_ids = prompt_len - 1 + n`).
 
-Why not transformers' continuous batching (checked on 5.24): its loop runs in a background thread,
-draws tokens with one global `torch.multinomial` (no per-sample random streams, so policies could
-not agree sample for sample), accepts only its fixed temperature/top-k/top-p processors (no
-per-sample forced lengths), and forks the `num_return_sequences` children of a request all at
-prefill time, so a slot refilled later with the 20th sample of a group has no parent whose prompt
-blocks it can share. This file is the missing piece: a few hundred lines over the model's ordinary
-forward.
+Why not transformers' continuous batching: no per-sample random streams or logits rules, and no
+prompt blocks for a slot refilled later to share (docs/sampler.md). This file is the missing piece:
+a few hundred lines over the model's ordinary forward.
 
 Parking: a sample the scheduler takes out of its slot keeps its tokens; with `Sample.parked_kv` its
 columns are copied out (`parked` store, counted in the held KV) and back into fresh positions when
@@ -32,14 +28,15 @@ Deliberately simple: two layouts, chosen per call; the token pool gathers per to
 from __future__ import annotations
 
 import contextlib
+import inspect
 import time
 from collections import Counter
 from collections.abc import Sequence
 
 import torch
-from transformers import DynamicCache
 
 from infsamp.models.device import base_model
+from infsamp.planner.presets import shape_from_config
 from infsamp.sampling.engines.base import DecodeOptions, SlotLogitsProcessor
 from infsamp.sampling.engines.lean_decode import lean_decode
 from infsamp.sampling.engines.select import ForcedLengths, build_warpers, select_tokens
@@ -50,7 +47,7 @@ from infsamp.sampling.engines.slot_attention import (
     supports_split,
 )
 from infsamp.sampling.engines.slot_cache import SlotKVCache, SlotRowCache
-from infsamp.sampling.engines.slot_prefix import SharedPrefixPrefill, no_logits
+from infsamp.sampling.engines.slot_prefix import SharedPrefixPrefill
 from infsamp.sampling.types import Sample, SamplerStats
 
 
@@ -93,17 +90,14 @@ class SlotEngine(SharedPrefixPrefill):
         """`pool_tokens`: the KV positions running samples may hold at once (the scheduler's
         `max_running_tokens`); None: a whole completion per slot. `shared_prefix`: the first
         tokens every prompt shares, forwarded and held once (shorter than every prompt)."""
-        config, param = self.model.config, next(self.model.parameters())
-        head_dim = getattr(config, "head_dim",
-                           None) or config.hidden_size // config.num_attention_heads
-        kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        shape, param = shape_from_config(self.model.config), next(self.model.parameters())
+        layout = (shape.num_key_value_heads, shape.head_dim, param.dtype, param.device)
         max_new = max(s.max_new_tokens for s in samples)
         if pool_tokens is None or pool_tokens >= num_slots * max_new:  # a whole row per slot
-            self.cache = SlotRowCache(config.num_hidden_layers, num_slots, max_new, kv_heads,
-                                      head_dim, param.dtype, param.device)
+            self.cache = SlotRowCache(shape.num_hidden_layers, num_slots, max_new, *layout)
         else:
-            self.cache = SlotKVCache(config.num_hidden_layers, pool_tokens, kv_heads, head_dim,
-                                     param.dtype, param.device, len(samples), max_new)
+            self.cache = SlotKVCache(shape.num_hidden_layers, pool_tokens, *layout, len(samples),
+                                     max_new)
         self.device, self.prompts, self.options, self.stats = param.device, prompts, options, stats
         if processor is None and options.target_lengths is not None:
             processor = ForcedLengths(options.target_lengths, options.eos_token_ids[0])
@@ -271,20 +265,13 @@ class SlotEngine(SharedPrefixPrefill):
 
     def _prefill(self, group_id: int) -> None:
         prompt_kv = self.prompts[group_id][:-1]
-        cache = DynamicCache(config=self.model.config)
         start = time.perf_counter()
         if prompt_kv:
             input_ids = torch.tensor([prompt_kv], device=self.device)  # [1, P-1]
-            with torch.inference_mode():
-                self.model(input_ids=input_ids, use_cache=True,
-                           logits_to_keep=no_logits(self.device), **{self.cache_kwarg: cache})
-            keys = [layer.keys for layer in cache.layers]
-            values = [layer.values for layer in cache.layers]
-        else:  # a one-token prompt: a row of zero width (the table may have no row to copy yet)
-            _, kv_heads, _, head_dim = self.cache.prompt_keys[0].shape
-            empty = self.cache.prompt_keys[0].new_zeros((1, kv_heads, 0, head_dim))  # [1, H, 0, D]
-            keys = values = [empty] * len(self.cache.prompt_keys)
-        self.cache.add_prompt(group_id, keys, values)
+            keys, values = self._forward_kv(input_ids)  # per layer [1, H, P-1, D]
+        else:  # a one-token prompt: a row of zero width (the prefix has a row, maybe empty)
+            keys = values = [p[:, :, :0] for p in self.cache.prefix_keys]  # [1, H, 0, D]
+        self.cache.add_prompts([group_id], [keys], [values])
         self.stats.model_time_s += time.perf_counter() - start
         self.stats.prefill_tokens += len(prompt_kv)
         self._track_peak()
@@ -339,24 +326,20 @@ class SlotEngine(SharedPrefixPrefill):
         prompt_keys, prompt_values = self.cache.prompt_row(row)  # per layer [1, H, L + w, D]
         width = prompt_keys[0].shape[2]
         kept_keys, kept_values = self.cache.columns(sample.sample_id)  # per layer [H, held, D]
-        cache = DynamicCache(config=self.model.config)
-        if width or held:
-            for layer, (k, v) in enumerate(zip(prompt_keys, prompt_values)):
-                own_k, own_v = kept_keys[layer][None], kept_values[layer][None]  # [1, H, held, D]
-                cache.update(torch.cat([k, own_k.to(k.dtype)], dim=2),
-                             torch.cat([v, own_v.to(v.dtype)], dim=2), layer)
+        past = ((), ())
+        if width or held:  # per layer [1, H, L + w + held, D]
+            past = ([torch.cat([k, own[None].to(k.dtype)], dim=2)
+                     for k, own in zip(prompt_keys, kept_keys)],
+                    [torch.cat([v, own[None].to(v.dtype)], dim=2)
+                     for v, own in zip(prompt_values, kept_values)])
         inputs = torch.tensor([[prompt[-1], *sample.token_ids[:-1]][held:]],
                               device=self.device)  # [1, n]
         positions = torch.arange(len(prompt) - 1 + held, len(prompt) - 1 + num_tokens,
                                  device=self.device)[None, :]  # [1, n]
         start = time.perf_counter()
-        with torch.inference_mode():
-            self.model(input_ids=inputs, position_ids=positions, use_cache=True,
-                       logits_to_keep=no_logits(self.device), **{self.cache_kwarg: cache})
+        keys, values = self._forward_kv(inputs, positions, past)  # per layer [1, H, n, D]
         self.stats.model_time_s += time.perf_counter() - start
-        self.cache.write(sample.sample_id,
-                         [c.keys[0, :, width + held:] for c in cache.layers],  # [H, n, D]
-                         [c.values[0, :, width + held:] for c in cache.layers])
+        self.cache.write(sample.sample_id, [k[0] for k in keys], [v[0] for v in values])
 
     def _track_peak(self) -> None:
         held = sum(t.numel() * t.element_size() for t in self.cache.held_tensors())
@@ -368,7 +351,5 @@ class SlotEngine(SharedPrefixPrefill):
 def _cache_kwarg_name(model) -> str:
     """transformers renamed `past_key_values` to `cache` (5.2x); use whichever this version
     takes."""
-    import inspect
-
     base = base_model(model)
     return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"

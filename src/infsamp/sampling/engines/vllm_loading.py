@@ -50,7 +50,6 @@ def check_architecture(vllm, config) -> None:
                             f"supported by vLLM {vllm.__version__}; use --sampling.engine slots")
 
 
-
 def engine_weights(model) -> Iterator[tuple[str, torch.Tensor]]:
     """(checkpoint name, tensor) of every weight vLLM holds; a peft model's LoRA layers are merged
     into a new tensor (base + delta), leaving the trainer's own weights untouched."""
