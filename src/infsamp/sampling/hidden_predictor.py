@@ -40,9 +40,8 @@ class HiddenPredictor(LengthPredictor):
     uses_hidden = True  # asks the engine for Sample.hidden_state
     adaptive = True
 
-    def __init__(self, l2: float = 1.0, decay: float = 0.999):
-        self.l2, self.decay = l2, decay
-        self._tokens = OnlinePredictor(l2, decay)  # the prior, and the fallback without states
+    def __init__(self):
+        self._tokens = OnlinePredictor()  # the prior, and the fallback without states
         self._probe: _Ridge | None = None  # sized by the first hidden state
         self._points: dict[int, list[tuple[np.ndarray, int]]] = {}  # sample -> (features, tokens)
 
@@ -87,7 +86,7 @@ class HiddenPredictor(LengthPredictor):
         self._points.clear()
         self._probe = None
         if state["probe"] is not None:
-            self._probe = _Ridge(len(state["probe"]["b"]), self.l2, self.decay)
+            self._probe = _Ridge(len(state["probe"]["b"]))
             self._probe.load_state_dict(state["probe"])
 
     def _features(self, spec: Sample, hidden, num_tokens: int) -> np.ndarray:
@@ -95,7 +94,7 @@ class HiddenPredictor(LengthPredictor):
         state = state / (math.sqrt(float(state @ state) / max(1, state.size)) + 1e-9)
         x = np.concatenate([self._tokens.prompt_features(spec), [math.log1p(num_tokens)], state])
         if self._probe is None:
-            self._probe = _Ridge(x.size, self.l2, self.decay)
+            self._probe = _Ridge(x.size)
         if x.size != self._probe.b.size:
             raise ValueError(f"hidden predictor: a hidden state of {state.size} values, the probe "
                              f"was built for {self._probe.b.size - x.size + state.size}")

@@ -124,22 +124,23 @@ class NoisyOraclePredictor(OraclePredictor):
 class _Ridge:
     """Ridge regression with exponential forgetting, refit lazily; silent until MIN_SEEN samples."""
     MIN_SEEN = 16
+    DECAY = 0.999  # per sample added
+    REFIT_EVERY = 32
 
-    def __init__(self, num_features: int, l2: float = 1.0, decay: float = 0.999,
-                 refit_every: int = 32):
-        self.a = np.eye(num_features) * l2
+    def __init__(self, num_features: int):
+        self.a = np.eye(num_features)  # the ridge: l2 = 1
         self.b = np.zeros(num_features)
         self.weights: np.ndarray | None = None
-        self.decay, self.refit_every, self.num_unfit, self.num_seen = decay, refit_every, 0, 0
+        self.num_unfit, self.num_seen = 0, 0
 
     def add(self, x: np.ndarray, y: float) -> None:
-        self.a *= self.decay
-        self.b *= self.decay
+        self.a *= self.DECAY
+        self.b *= self.DECAY
         self.a += np.outer(x, x)
         self.b += y * x
         self.num_unfit += 1
         self.num_seen += 1
-        if (self.num_unfit >= self.refit_every
+        if (self.num_unfit >= self.REFIT_EVERY
                 or self.weights is None and self.num_seen >= self.MIN_SEEN):
             self.fit()
 
@@ -170,7 +171,7 @@ class OnlinePredictor(LengthPredictor):
     adaptive = True
     NUM_BUCKETS = 32
 
-    def __init__(self, l2: float = 1.0, decay: float = 0.999):
+    def __init__(self):
         self._prompt_features: dict[str, list[float]] = {}
         # key -> [sum log L, n]
         self._history: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
@@ -186,9 +187,8 @@ class OnlinePredictor(LengthPredictor):
         self._run_mean: float | None = None
         # (group, key) -> prediction; cleared on news
         self._cache: dict[tuple[int, str], float] = {}
-        self._model = _Ridge(len(self.prompt_features(_probe_spec())), l2, decay)
-        num_prefix = len(self._prefix_features(_probe_spec(), []))
-        self._prefix_model = _Ridge(num_prefix, l2, decay)
+        self._model = _Ridge(len(self.prompt_features(_probe_spec())))
+        self._prefix_model = _Ridge(len(self._prefix_features(_probe_spec(), [])))
 
     def predict(self, spec):
         cache_key = (spec.group_id, spec.prompt_key)  # siblings look alike until a prefix is seen
