@@ -3,21 +3,12 @@
 `GroupSampler.sample` checks the request (before any work), reads g and the KV budget from the
 run's sizes (`planner.sizes.RunSizes`, decided once at start-up), caps g by what the budget holds
 for this call's prompts (`kv_budget.micro_group_within`: with the run's sizes it never binds), then
-runs the one loop shared with the simulator, on the engine it was given (`engines/`: `slots` or
-`vllm`):
-
-    while not sched.done:
-        for slot, sample in sched.admit(): engine.start(slot, sample)
-        finished = engine.decode_step(sched.active())
-        sched.step(finished)
-
-The scheduler (`scheduler.py`, `policies.py`) decides who runs; the engine runs them and appends
-their tokens. With a `TurnHandler` (tools, `turns.py`) the loop also resumes answered tool
-calls before each admission and parks the samples whose turn ended in a call after each step.
-Policies differ only in admission: `full` (all samples at once), `rounds`,
-`continuous`, `length_aware`, `probe` (more than g at once, as short probes). Each sample draws
-its random numbers from its own seed, so every policy and every engine schedule return the same
-completions.
+runs the one loop shared with the simulator (told in `scheduler.py`) on the engine it was given
+(`engines/`: `slots` or `vllm`). The scheduler (`scheduler.py`, `policies/`) decides who runs; the
+engine runs them and appends their tokens. With a `TurnHandler` (tools, `turns.py`) the loop also
+resumes answered tool calls before each admission and parks the samples whose turn ended in a call
+after each step. Each sample draws its random numbers from its own seed, so every policy and every
+engine schedule return the same completions.
 
 A call may ask for its prompts' common prefix to be held once (`share_prefix`, evaluation does:
 its problems share the chat template and system prompt) on an engine that can (`shares_prefix`:
@@ -288,8 +279,7 @@ class GroupSampler:
         return samples
 
     def _decode_options(self, temperature: float | None, generator: torch.Generator | None,
-                        seed: int | None = None,
-                        target_lengths: Sequence[int] | None = None) -> DecodeOptions:
+                        seed: int | None, target_lengths: Sequence[int] | None) -> DecodeOptions:
         if seed is None:
             seed = draw_seed(generator)
         temp = self.cfg.temperature if temperature is None else temperature
