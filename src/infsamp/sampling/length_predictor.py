@@ -6,19 +6,14 @@ prefix)` remaining length after the generated tokens so far (every k of them);
 `end_call()` the call (training step) is over, learn from it. `SlotScheduler` makes these calls
 itself; the engine only hands the predictor in.
 
-Predictors (registered in `predictors.py`, `make_predictor`): `none` (a constant: no
-information), `oracle` (the true lengths, for measurement only), `noisy:SIGMA` (the true length
-times a log-normal error of that sigma, to show what a predictor of a given quality buys) and
-`online`: a ridge regression on log length, learned inside the
-run from its own completions (exponentially forgotten, so it follows the policy as it changes), over
-cheap features: prompt length and digit counts, the same prompt's mean length in earlier calls, the
-mean of siblings already finished in this call, the run's recent mean; and, token-conditioned, a
-second ridge over the same features plus a hashed bag of the first k generated token ids, overruled
-by a per-prompt memory of finished samples' first k tokens (`PrefixMemory`: the same prompt started
-the same way runs about as long; it learns from this call's siblings and from earlier epochs).
-O(features^2) per observation, a d x d solve every few dozen observations (d < 50).
-
-`hidden` (in `hidden_predictor.py`) adds a probe on the policy's own hidden states.
+Predictors (registered in `predictors.py`, `make_predictor`): `none` (a constant), `oracle` (the
+true lengths, for measurement only), `noisy:SIGMA` (the true length times a log-normal error) and
+`online`: a ridge regression on log length over cheap prompt features, learned inside the run from
+its own completions (exponentially forgotten, so it follows the policy), and, token-conditioned, a
+second ridge that adds a hashed bag of the first k generated token ids, overruled by a per-prompt
+memory of finished samples' first k tokens (`PrefixMemory`); its features and rules are told in
+docs/scheduling.md, "Length predictors". `hidden` (`hidden_predictor.py`) adds a probe on the
+policy's own hidden states.
 
 Multi-turn episodes (tool calls): a length is the model's tokens, the decode work (a tool's
 answer is prefilled context, `Sample.context_spans`, and never counted); `online` also keeps a
