@@ -88,7 +88,7 @@ class SlotScheduler:
         self._free_slots = list(range(min(self.num_slots, len(self._samples))))
         self._active: dict[int, Sample] = {}
         self._running_reserve: dict[int, int] = {}  # sample_id -> what it reserves now
-        self._seen_tokens: dict[int, int] = {}  # sample_id -> tokens counted so far
+        self._seen_tokens: dict[int, int] = {}  # sample_id -> tokens at its last step or parking
         self._last_point: dict[int, int] = {}  # sample_id -> tokens at its latest prediction point
         self._group_open = [0] * (max((s.group_id for s in self._samples), default=-1) + 1)
         self._group_unfinished = list(self._group_open)
@@ -99,7 +99,6 @@ class SlotScheduler:
                                             for s in self._samples}.values())
         self.keep_parked_kv = keep_parked_kv and self._policy.keeps_parked_kv
         self._parked_kv_tokens = 0  # KV the engine keeps for parked samples
-        self._parked_tokens: dict[int, int] = {}  # sample_id -> its tokens when it was parked
         self._returning: deque[Sample] = deque()  # answered tool calls, waiting for a slot
         self._num_waiting = 0  # samples waiting on a tool call
         self._reserved_tokens = 0  # reservations of running samples
@@ -266,7 +265,7 @@ class SlotScheduler:
             return True
         opens_group = not self._group_open[sample.group_id]
         held = self._held_prompt_tokens + (self._shared[sample.sample_id] if opens_group else 0)
-        own = self._parked_tokens[sample.sample_id] if sample.parked_kv and \
+        own = self._seen_tokens[sample.sample_id] if sample.parked_kv and \
             sample.status == "parked" else 0
         held += self._parked_kv_tokens - own
         freed = self._running_reserve[instead_of.sample_id] if instead_of is not None else 0
@@ -327,7 +326,7 @@ class SlotScheduler:
         self._free_slot(sample)
         sample.status, sample.slot = status, -1
         sample.parked_kv = self.keep_parked_kv and self._can_keep(sample.num_tokens)
-        self._parked_tokens[sample.sample_id] = sample.num_tokens
+        self._seen_tokens[sample.sample_id] = sample.num_tokens
         if sample.parked_kv:
             self._parked_kv_tokens += sample.num_tokens
 
@@ -349,7 +348,7 @@ class SlotScheduler:
 
     def _resume(self, sample: Sample) -> None:
         """A parked sample starts again: its kept KV becomes running KV, or is recomputed."""
-        parked_with = self._parked_tokens.pop(sample.sample_id)  # tool tokens came after
+        parked_with = self._seen_tokens[sample.sample_id]  # tool tokens came after
         if sample.parked_kv:
             self._parked_kv_tokens -= parked_with
         else:
