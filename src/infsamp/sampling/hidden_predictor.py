@@ -43,10 +43,9 @@ class HiddenPredictor(LengthPredictor):
 
     def predict_remaining(self, spec: Sample, prefix_token_ids: Sequence[int]) -> float:
         fallback = self._tokens.predict_remaining(spec, prefix_token_ids)
-        if spec.hidden_state is None or \
-                self._tokens.after_answer(spec, len(prefix_token_ids)) is not None:
-            return fallback  # past a tool's answer: the turn memory (the state predates it)
         num_tokens = len(prefix_token_ids)
+        if spec.hidden_state is None or self._tokens.after_answer(spec, num_tokens) is not None:
+            return fallback  # past a tool's answer: the turn memory (the state predates it)
         x = self._features(spec, spec.hidden_state, num_tokens)
         first_point = spec.sample_id not in self._points
         self._points.setdefault(spec.sample_id, []).append((x, num_tokens))

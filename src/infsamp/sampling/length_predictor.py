@@ -308,8 +308,7 @@ class OnlinePredictor(LengthPredictor):
         if prompt is None:
             prompt = self._prompt_features[spec.prompt_text] = _text_features(spec.prompt_text)
         sib_total, sib_count = self._siblings.get(spec.group_id, (0.0, 0))
-        hist_total, hist_count = self._history.get(spec.prompt_key,
-                                                   (0.0, 0)) if spec.prompt_key else (0.0, 0)
+        hist_total, hist_count = self._history.get(spec.prompt_key, (0.0, 0))  # no "" key: end_call
         run = self._run_mean if self._run_mean is not None else 0.0
         return np.array([1.0, math.log1p(spec.prompt_tokens), *prompt, run,
                          float(sib_count > 0), sib_total / sib_count if sib_count else 0.0,
