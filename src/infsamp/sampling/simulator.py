@@ -44,11 +44,10 @@ class TraceEngine:
     `continues`, over a `TraceTurns`), a turn ends with finish reason "tool_call" where the
     trace's did, as an engine's turn ends at a stop token when `DecodeOptions.turn_ends` says so."""
 
-    def __init__(self, lengths: Sequence[int], first_tokens: Sequence[Sequence[int]] = (),
-                 turn_ends: Callable[[Sample], bool] | None = None):
+    def __init__(self, lengths: Sequence[int], first_tokens: Sequence[Sequence[int]] = ()):
         self.lengths = lengths
         self.first_tokens = first_tokens  # per sample id; () when the trace has none
-        self.turn_ends = turn_ends
+        self.turn_ends: Callable[[Sample], bool] | None = None  # set by `run_call` with turns
 
     def start(self, slot: int, sample: Sample) -> None:
         pass
