@@ -2,22 +2,15 @@
 
 At each prediction point (every k generated tokens) the engine has handed the sample the last
 layer's hidden state at its latest token (`Sample.hidden_state`, a vector it computed anyway); a
-ridge probe maps it, with the prompt-level features of the `online` predictor (prompt length and
-digits, the prompt's mean length in earlier calls, finished siblings, the run's mean) and the log
-of the tokens so far, to the log of the remaining length. The probe is trained online from the
-run's finished samples: every point a sample passed becomes one example (its features, the log of
-what it still ran), exponentially forgotten as the policy changes (as in TRAIL and in the
-remaining-length probes of arXiv 2602.11812, which re-predict from the serving model's own states).
+ridge probe maps it, with the `online` predictor's prompt-level features and the log of the tokens
+so far, to the log of the remaining length, trained online from the run's finished samples (every
+point a sample passed is one example), exponentially forgotten as the policy changes.
 
-Before a sample starts, and whenever no hidden state is there (the vLLM engine hands none out, or
-the probe has seen too few examples yet), it predicts what `online` predicts: the prompt-level
-prior, then the first tokens. At a sample's first point it also defers to `online` when the
-prompt's prefix memory knows similar starts of the same prompt (a per-prompt nearest neighbour
-is sharper than one linear probe over all prompts: on the embedded bench's traces this took
-`hidden` from 57/94/47% to 84/93/65% of the oracle's gain, commit f6a7894); the probe
-predicts the first point of starts the memory does not know, and every later point. Past a tool's
-answer it defers to `online`'s turn memory when that knows the turn (the hidden state at hand
-predates the answer).
+It predicts what `online` predicts before a sample starts, whenever no hidden state is there (the
+vLLM engine hands none out, or the probe has seen too few examples yet), at a first point whose
+start the prompt's prefix memory knows, and past a tool's answer that the turn memory knows (the
+state at hand predates the answer). The measurements and the papers behind it: docs/scheduling.md,
+"Length predictors".
 
 Simplifications: the hidden state of the current token only (no pooling over the tokens so far);
 a linear probe on a fixed scaling (each vector to unit RMS), refit every 32 examples.
@@ -40,9 +33,8 @@ class HiddenPredictor(LengthPredictor):
     uses_hidden = True  # asks the engine for Sample.hidden_state
     adaptive = True
 
-    def __init__(self, l2: float = 1.0, decay: float = 0.999):
-        self.l2, self.decay = l2, decay
-        self._tokens = OnlinePredictor(l2, decay)  # the prior, and the fallback without states
+    def __init__(self):
+        self._tokens = OnlinePredictor()  # the prior, and the fallback without states
         self._probe: _Ridge | None = None  # sized by the first hidden state
         self._points: dict[int, list[tuple[np.ndarray, int]]] = {}  # sample -> (features, tokens)
 
@@ -51,10 +43,9 @@ class HiddenPredictor(LengthPredictor):
 
     def predict_remaining(self, spec: Sample, prefix_token_ids: Sequence[int]) -> float:
         fallback = self._tokens.predict_remaining(spec, prefix_token_ids)
-        if spec.hidden_state is None or \
-                self._tokens.after_answer(spec, len(prefix_token_ids)) is not None:
-            return fallback  # past a tool's answer: the turn memory (the state predates it)
         num_tokens = len(prefix_token_ids)
+        if spec.hidden_state is None or self._tokens.after_answer(spec, num_tokens) is not None:
+            return fallback  # past a tool's answer: the turn memory (the state predates it)
         x = self._features(spec, spec.hidden_state, num_tokens)
         first_point = spec.sample_id not in self._points
         self._points.setdefault(spec.sample_id, []).append((x, num_tokens))
@@ -87,7 +78,7 @@ class HiddenPredictor(LengthPredictor):
         self._points.clear()
         self._probe = None
         if state["probe"] is not None:
-            self._probe = _Ridge(len(state["probe"]["b"]), self.l2, self.decay)
+            self._probe = _Ridge(len(state["probe"]["b"]))
             self._probe.load_state_dict(state["probe"])
 
     def _features(self, spec: Sample, hidden, num_tokens: int) -> np.ndarray:
@@ -95,7 +86,7 @@ class HiddenPredictor(LengthPredictor):
         state = state / (math.sqrt(float(state @ state) / max(1, state.size)) + 1e-9)
         x = np.concatenate([self._tokens.prompt_features(spec), [math.log1p(num_tokens)], state])
         if self._probe is None:
-            self._probe = _Ridge(x.size, self.l2, self.decay)
+            self._probe = _Ridge(x.size)
         if x.size != self._probe.b.size:
             raise ValueError(f"hidden predictor: a hidden state of {state.size} values, the probe "
                              f"was built for {self._probe.b.size - x.size + state.size}")

@@ -6,19 +6,14 @@ prefix)` remaining length after the generated tokens so far (every k of them);
 `end_call()` the call (training step) is over, learn from it. `SlotScheduler` makes these calls
 itself; the engine only hands the predictor in.
 
-Predictors (registered in `predictors.py`, `make_predictor`): `none` (a constant: no
-information), `oracle` (the true lengths, for measurement only), `noisy:SIGMA` (the true length
-times a log-normal error of that sigma, to show what a predictor of a given quality buys) and
-`online`: a ridge regression on log length, learned inside the
-run from its own completions (exponentially forgotten, so it follows the policy as it changes), over
-cheap features: prompt length and digit counts, the same prompt's mean length in earlier calls, the
-mean of siblings already finished in this call, the run's recent mean; and, token-conditioned, a
-second ridge over the same features plus a hashed bag of the first k generated token ids, overruled
-by a per-prompt memory of finished samples' first k tokens (`PrefixMemory`: the same prompt started
-the same way runs about as long; it learns from this call's siblings and from earlier epochs).
-O(features^2) per observation, a d x d solve every few dozen observations (d < 50).
-
-`hidden` (in `hidden_predictor.py`) adds a probe on the policy's own hidden states.
+Predictors (registered in `predictors.py`, `make_predictor`): `none` (a constant), `oracle` (the
+true lengths, for measurement only), `noisy:SIGMA` (the true length times a log-normal error) and
+`online`: a ridge regression on log length over cheap prompt features, learned inside the run from
+its own completions (exponentially forgotten, so it follows the policy), and, token-conditioned, a
+second ridge that adds a hashed bag of the first k generated token ids, overruled by a per-prompt
+memory of finished samples' first k tokens (`PrefixMemory`); its features and rules are told in
+docs/scheduling.md, "Length predictors". `hidden` (`hidden_predictor.py`) adds a probe on the
+policy's own hidden states.
 
 Multi-turn episodes (tool calls): a length is the model's tokens, the decode work (a tool's
 answer is prefilled context, `Sample.context_spans`, and never counted); `online` also keeps a
@@ -124,22 +119,23 @@ class NoisyOraclePredictor(OraclePredictor):
 class _Ridge:
     """Ridge regression with exponential forgetting, refit lazily; silent until MIN_SEEN samples."""
     MIN_SEEN = 16
+    DECAY = 0.999  # per sample added
+    REFIT_EVERY = 32
 
-    def __init__(self, num_features: int, l2: float = 1.0, decay: float = 0.999,
-                 refit_every: int = 32):
-        self.a = np.eye(num_features) * l2
+    def __init__(self, num_features: int):
+        self.a = np.eye(num_features)  # the ridge: l2 = 1
         self.b = np.zeros(num_features)
         self.weights: np.ndarray | None = None
-        self.decay, self.refit_every, self.num_unfit, self.num_seen = decay, refit_every, 0, 0
+        self.num_unfit, self.num_seen = 0, 0
 
     def add(self, x: np.ndarray, y: float) -> None:
-        self.a *= self.decay
-        self.b *= self.decay
+        self.a *= self.DECAY
+        self.b *= self.DECAY
         self.a += np.outer(x, x)
         self.b += y * x
         self.num_unfit += 1
         self.num_seen += 1
-        if (self.num_unfit >= self.refit_every
+        if (self.num_unfit >= self.REFIT_EVERY
                 or self.weights is None and self.num_seen >= self.MIN_SEEN):
             self.fit()
 
@@ -170,7 +166,7 @@ class OnlinePredictor(LengthPredictor):
     adaptive = True
     NUM_BUCKETS = 32
 
-    def __init__(self, l2: float = 1.0, decay: float = 0.999):
+    def __init__(self):
         self._prompt_features: dict[str, list[float]] = {}
         # key -> [sum log L, n]
         self._history: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
@@ -186,9 +182,8 @@ class OnlinePredictor(LengthPredictor):
         self._run_mean: float | None = None
         # (group, key) -> prediction; cleared on news
         self._cache: dict[tuple[int, str], float] = {}
-        self._model = _Ridge(len(self.prompt_features(_probe_spec())), l2, decay)
-        num_prefix = len(self._prefix_features(_probe_spec(), []))
-        self._prefix_model = _Ridge(num_prefix, l2, decay)
+        self._model = _Ridge(len(self.prompt_features(_probe_spec())))
+        self._prefix_model = _Ridge(len(self._prefix_features(_probe_spec(), [])))
 
     def predict(self, spec):
         cache_key = (spec.group_id, spec.prompt_key)  # siblings look alike until a prefix is seen
@@ -313,8 +308,7 @@ class OnlinePredictor(LengthPredictor):
         if prompt is None:
             prompt = self._prompt_features[spec.prompt_text] = _text_features(spec.prompt_text)
         sib_total, sib_count = self._siblings.get(spec.group_id, (0.0, 0))
-        hist_total, hist_count = self._history.get(spec.prompt_key,
-                                                   (0.0, 0)) if spec.prompt_key else (0.0, 0)
+        hist_total, hist_count = self._history.get(spec.prompt_key, (0.0, 0))  # no "" key: end_call
         run = self._run_mean if self._run_mean is not None else 0.0
         return np.array([1.0, math.log1p(spec.prompt_tokens), *prompt, run,
                          float(sib_count > 0), sib_total / sib_count if sib_count else 0.0,

@@ -3,21 +3,12 @@
 `GroupSampler.sample` checks the request (before any work), reads g and the KV budget from the
 run's sizes (`planner.sizes.RunSizes`, decided once at start-up), caps g by what the budget holds
 for this call's prompts (`kv_budget.micro_group_within`: with the run's sizes it never binds), then
-runs the one loop shared with the simulator, on the engine it was given (`engines/`: `slots` or
-`vllm`):
-
-    while not sched.done:
-        for slot, sample in sched.admit(): engine.start(slot, sample)
-        finished = engine.decode_step(sched.active())
-        sched.step(finished)
-
-The scheduler (`scheduler.py`, `policies.py`) decides who runs; the engine runs them and appends
-their tokens. With a `TurnHandler` (tools, `turns.py`) the loop also resumes answered tool
-calls before each admission and parks the samples whose turn ended in a call after each step.
-Policies differ only in admission: `full` (all samples at once), `rounds`,
-`continuous`, `length_aware`, `probe` (more than g at once, as short probes). Each sample draws
-its random numbers from its own seed, so every policy and every engine schedule return the same
-completions.
+runs the one loop shared with the simulator (told in `scheduler.py`) on the engine it was given
+(`engines/`: `slots` or `vllm`). The scheduler (`scheduler.py`, `policies/`) decides who runs; the
+engine runs them and appends their tokens. With a `TurnHandler` (tools, `turns.py`) the loop also
+resumes answered tool calls before each admission and parks the samples whose turn ended in a call
+after each step. Each sample draws its random numbers from its own seed, so every policy and every
+engine schedule return the same completions.
 
 A call may ask for its prompts' common prefix to be held once (`share_prefix`, evaluation does:
 its problems share the chat template and system prompt) on an engine that can (`shares_prefix`:
@@ -133,10 +124,6 @@ class GroupSampler:
                              "token-level part (as online) predicts instead")
         self.sizes = sizes
 
-    @property
-    def max_context(self) -> int:
-        return self.engine.max_context
-
     def sample(self, prompt_ids: list[list[int]], num_generations: int | Sequence[int],
                prompt_keys: list[str] | None = None,
                prompt_texts: list[str] | None = None, max_new_tokens: int | None = None,
@@ -179,8 +166,8 @@ class GroupSampler:
         policy = policy or sizes.sampling_policy(self.cfg.policy)
         budget = self.budget_tokens(sizes)
         max_new = self._fit_budget(prompt_ids, max_new, budget)
-        samples = self._samples(prompt_ids, counts, max_new, prompt_keys, prompt_texts, first_index)
         lengths = [len(p) for p in prompt_ids]
+        samples = self._samples(lengths, counts, max_new, prompt_keys, prompt_texts, first_index)
         prefix = shared_prefix_tokens(prompt_ids) if share_prefix and \
             self.engine.shares_prefix else 0
         micro_group = self.micro_group(policy, sizes, budget, lengths, max_new, len(samples),
@@ -250,12 +237,13 @@ class GroupSampler:
             raise SamplingError(f"a logits processor runs on the slot engine only (sampling.engine"
                                 f" is {self.engine.name}); use target_lengths or --sampling.engine"
                                 " slots")
+        context = self.engine.max_context
         for index, prompt in enumerate(prompt_ids):
             if len(prompt) == 0:
                 raise SamplingError(f"prompt {index} is empty (0 tokens)")
-            if len(prompt) > self.max_context - 1:
+            if len(prompt) > context - 1:
                 raise SamplingError(f"prompt {index} has {len(prompt)} tokens; the model context "
-                                    f"is {self.max_context}, so at most {self.max_context - 1} fit")
+                                    f"is {context}, so at most {context - 1} fit")
 
     def check_budget(self, prompt_ids: list[list[int]]) -> None:
         """A run's start: the KV budget holds its longest prompt plus one token (SamplingError,
@@ -278,18 +266,16 @@ class GroupSampler:
                              f"lowered from {max_new} (said once)")
         return fits
 
-    def _samples(self, prompt_ids, counts, max_new, prompt_keys, prompt_texts,
-                 first_index=None) -> list[Sample]:
-        samples = make_samples([len(p) for p in prompt_ids], counts, max_new, prompt_keys,
-                               prompt_texts, first_index)
+    def _samples(self, lengths, counts, max_new, prompt_keys, prompt_texts,
+                 first_index) -> list[Sample]:
+        samples = make_samples(lengths, counts, max_new, prompt_keys, prompt_texts, first_index)
         for sample in samples:  # a sample stops at the context: prompt + completion <= max_context
             sample.max_new_tokens = min(sample.max_new_tokens,
-                                        self.max_context - sample.prompt_tokens)
+                                        self.engine.max_context - sample.prompt_tokens)
         return samples
 
     def _decode_options(self, temperature: float | None, generator: torch.Generator | None,
-                        seed: int | None = None,
-                        target_lengths: Sequence[int] | None = None) -> DecodeOptions:
+                        seed: int | None, target_lengths: Sequence[int] | None) -> DecodeOptions:
         if seed is None:
             seed = draw_seed(generator)
         temp = self.cfg.temperature if temperature is None else temperature

@@ -17,9 +17,9 @@ the reservation of every running sample (itself included) fit `max_kv_tokens`, s
 never exceeded and nothing has to be preempted. Prompts and reservations are whole blocks of
 `kv_block_size` tokens (`kv_budget.shared_prompt_tokens`, `kv_budget.reserved_tokens`). A call
 whose prompts share their first `shared_prefix_tokens` (held once by the engine: the slot engine,
-block size 1) holds that prefix for the whole call and each group only the rest. Which
-pending sample goes next, and what it reserves, is the admission policy's (`policies.py`); this
-class only keeps the books.
+block size 1) holds that prefix for the whole call and each group only the rest. Which pending
+sample goes next, and what it reserves, is the admission policy's (`policies/`); this class only
+keeps the books.
 
 Beyond plain admission the books handle parking (`policy.to_park`, kept or dropped KV),
 probes (`policies/probe.py`: short first reservations that grow or park), turns (a sample
@@ -27,9 +27,8 @@ waiting on a tool call) and held samples (a gate's: `release`, `cancel`, `stop`)
 told in docs/scheduling.md, "The scheduler's books".
 
 Simplifications: one call = one training step (every sample of the call finishes, or a gate
-cancels it, before `done`);
-slots are identical; the reservation is the worst case (`max_new_tokens`, or a probe's k), not the
-predicted length.
+cancels it, before `done`); slots are identical; the reservation is the worst case
+(`max_new_tokens`, or a probe's k), not the predicted length.
 """
 
 from __future__ import annotations
@@ -89,7 +88,7 @@ class SlotScheduler:
         self._free_slots = list(range(min(self.num_slots, len(self._samples))))
         self._active: dict[int, Sample] = {}
         self._running_reserve: dict[int, int] = {}  # sample_id -> what it reserves now
-        self._seen_tokens: dict[int, int] = {}  # sample_id -> tokens counted so far
+        self._seen_tokens: dict[int, int] = {}  # sample_id -> tokens at its last step or parking
         self._last_point: dict[int, int] = {}  # sample_id -> tokens at its latest prediction point
         self._group_open = [0] * (max((s.group_id for s in self._samples), default=-1) + 1)
         self._group_unfinished = list(self._group_open)
@@ -100,7 +99,6 @@ class SlotScheduler:
                                             for s in self._samples}.values())
         self.keep_parked_kv = keep_parked_kv and self._policy.keeps_parked_kv
         self._parked_kv_tokens = 0  # KV the engine keeps for parked samples
-        self._parked_tokens: dict[int, int] = {}  # sample_id -> its tokens when it was parked
         self._returning: deque[Sample] = deque()  # answered tool calls, waiting for a slot
         self._num_waiting = 0  # samples waiting on a tool call
         self._reserved_tokens = 0  # reservations of running samples
@@ -132,7 +130,8 @@ class SlotScheduler:
             slot = heapq.heappop(self._free_slots)
             self._allocate(slot, self._returning.popleft())
             started.append((slot, self._active[slot]))
-            self._repredict(self._active[slot])
+            if self.prefix_tokens_wanted:  # after a tool's answer: now, not at its next k
+                self._show_point(self._active[slot])
         while self._free_slots:
             sample = self._policy.pick(self._free_slots[0], self.can_allocate)
             if sample is None:
@@ -266,7 +265,7 @@ class SlotScheduler:
             return True
         opens_group = not self._group_open[sample.group_id]
         held = self._held_prompt_tokens + (self._shared[sample.sample_id] if opens_group else 0)
-        own = self._parked_tokens[sample.sample_id] if sample.parked_kv and \
+        own = self._seen_tokens[sample.sample_id] if sample.parked_kv and \
             sample.status == "parked" else 0
         held += self._parked_kv_tokens - own
         freed = self._running_reserve[instead_of.sample_id] if instead_of is not None else 0
@@ -324,15 +323,19 @@ class SlotScheduler:
         """Out of its slot (parked, or waiting on a tool call), its tokens and maybe its KV kept."""
         if sample.status != "running" or self._active.get(sample.slot) is not sample:
             raise ValueError(f"{status}: sample {sample.sample_id} is not running")
-        del self._active[sample.slot]
-        heapq.heappush(self._free_slots, sample.slot)
+        self._free_slot(sample)
         sample.status, sample.slot = status, -1
-        self._active_tokens -= sample.num_tokens
-        self._reserved_tokens -= self._running_reserve.pop(sample.sample_id)
         sample.parked_kv = self.keep_parked_kv and self._can_keep(sample.num_tokens)
-        self._parked_tokens[sample.sample_id] = sample.num_tokens
+        self._seen_tokens[sample.sample_id] = sample.num_tokens
         if sample.parked_kv:
             self._parked_kv_tokens += sample.num_tokens
+
+    def _free_slot(self, sample: Sample) -> None:
+        """A running sample leaves its slot: its tokens and reservation leave the books."""
+        del self._active[sample.slot]
+        heapq.heappush(self._free_slots, sample.slot)
+        self._active_tokens -= sample.num_tokens
+        self._reserved_tokens -= self._running_reserve.pop(sample.sample_id)
 
     def _can_keep(self, num_tokens: int) -> bool:
         """Whether `num_tokens` more held KV still leave room for every slot's reservation and
@@ -345,7 +348,7 @@ class SlotScheduler:
 
     def _resume(self, sample: Sample) -> None:
         """A parked sample starts again: its kept KV becomes running KV, or is recomputed."""
-        parked_with = self._parked_tokens.pop(sample.sample_id)  # tool tokens came after
+        parked_with = self._seen_tokens[sample.sample_id]  # tool tokens came after
         if sample.parked_kv:
             self._parked_kv_tokens -= parked_with
         else:
@@ -358,11 +361,8 @@ class SlotScheduler:
         if not 1 <= length <= sample.max_new_tokens:
             raise ValueError(f"step: sample {sample.sample_id} finished with {length} tokens "
                              f"(max_new_tokens {sample.max_new_tokens})")
-        del self._active[sample.slot]
-        heapq.heappush(self._free_slots, sample.slot)
+        self._free_slot(sample)
         sample.status = "finished"
-        self._active_tokens -= length
-        self._reserved_tokens -= self._running_reserve.pop(sample.sample_id)
         self._end_in_group(sample)
         self._num_finished += 1
         if self.predictor is not None:
@@ -375,23 +375,19 @@ class SlotScheduler:
         ended = {s.sample_id for s in finished}
         every = self.prefix_tokens_wanted
         for sample in self._active.values():
-            sample_id, num_tokens = sample.sample_id, sample.num_tokens
-            if num_tokens % every or sample_id in ended:
+            if sample.num_tokens % every or sample.sample_id in ended:
                 continue
-            if self._last_point.get(sample_id, 0) >= num_tokens:
-                continue
-            self._last_point[sample_id] = num_tokens
-            total = self._policy.on_tokens(sample)
-            if total is not None and num_tokens == every:
-                self._predicted[sample_id] = float(total)
+            total = self._show_point(sample)
+            if total is not None and sample.num_tokens == every:
+                self._predicted[sample.sample_id] = float(total)
 
-    def _repredict(self, sample: Sample) -> None:
-        """A sample resumed after a tool's answer is shown to the policy at once (its remaining
-        turns re-predicted, the turn memory's), not at its next multiple of k."""
-        if self.prefix_tokens_wanted and self._last_point.get(sample.sample_id, 0) < \
-                sample.num_tokens:
-            self._last_point[sample.sample_id] = sample.num_tokens
-            self._policy.on_tokens(sample)
+    def _show_point(self, sample: Sample) -> float | None:
+        """A running sample shown to the policy at its tokens now, unless already shown there;
+        its re-predicted total, if any."""
+        if self._last_point.get(sample.sample_id, 0) >= sample.num_tokens:
+            return None
+        self._last_point[sample.sample_id] = sample.num_tokens
+        return self._policy.on_tokens(sample)
 
     def _finish_call(self) -> None:
         ran = [s for s in self._samples if s.status == "finished"]

@@ -40,16 +40,14 @@ from infsamp.sampling.types import Sample, SamplerStats
 class TraceEngine:
     """Stands in for the model: a sample ends after exactly its traced length of decode steps.
     Its tokens are the traced first tokens, then placeholders (id 0). A parked sample keeps its
-    tokens and resumes where it stopped, as on an engine. With `turns` (a `TraceTurns`), a turn
-    ends with finish reason "tool_call" where the trace's did, as an engine's turn ends at a
-    stop token when `DecodeOptions.turn_ends` says so."""
+    tokens and resumes where it stopped, as on an engine. With `turn_ends` (the turn loop's
+    `continues`, over a `TraceTurns`), a turn ends with finish reason "tool_call" where the
+    trace's did, as an engine's turn ends at a stop token when `DecodeOptions.turn_ends` says so."""
 
-    def __init__(self, lengths: Sequence[int], first_tokens: Sequence[Sequence[int]] = (),
-                 turns: TraceTurns | None = None,
-                 turn_ends: Callable[[Sample], bool] | None = None):
+    def __init__(self, lengths: Sequence[int], first_tokens: Sequence[Sequence[int]] = ()):
         self.lengths = lengths
         self.first_tokens = first_tokens  # per sample id; () when the trace has none
-        self.turns, self.turn_ends = turns, turn_ends
+        self.turn_ends: Callable[[Sample], bool] | None = None  # set by `run_call` with turns
 
     def start(self, slot: int, sample: Sample) -> None:
         pass
@@ -61,8 +59,7 @@ class TraceEngine:
             if sample.num_tokens >= self.lengths[sample.sample_id]:
                 sample.finish_reason = "length"
                 finished.append(sample)
-            elif (self.turns is not None and self.turns.ends_turn(sample)
-                  and self.turn_ends(sample)):
+            elif self.turn_ends is not None and self.turn_ends(sample):
                 sample.finish_reason = "tool_call"
                 finished.append(sample)
         return finished
@@ -94,11 +91,8 @@ class TraceTurns:
             position += context_tokens
         return calls
 
-    def ends_turn(self, sample: Sample) -> bool:
-        return sample.num_tokens in self.calls[sample.sample_id]
-
     def continues(self, sample: Sample) -> bool:
-        return self.ends_turn(sample)
+        return sample.num_tokens in self.calls[sample.sample_id]
 
     def submit(self, sample: Sample) -> None:
         context_tokens, latency_s = self.calls[sample.sample_id][sample.num_tokens]
@@ -137,7 +131,7 @@ def run_call(samples: Sequence[Sample], lengths: Sequence[int], policy: str, mic
     if turns is not None:
         handler = TraceTurns(turns, engine, step_seconds)
         loop = TurnLoop(handler, scheduler, scheduler.stats, max_turns=MAX_TRACE_TOKENS)
-        engine.turns, engine.turn_ends = handler, loop.continues
+        engine.turn_ends = loop.continues
     while not scheduler.done:
         if loop is not None:
             loop.resume_answered()
@@ -155,19 +149,6 @@ def run_call(samples: Sequence[Sample], lengths: Sequence[int], policy: str, mic
         if on_tokens is not None:
             on_tokens(len(active))
     return scheduler.stats
-
-
-def micro_group_for_budget(kv_budget: int, groups: Sequence[TraceGroup], max_new_tokens: int,
-                           prompts_per_step: int = 1) -> int:
-    """g that a token budget allows, as the sampler computes it (`micro_group_within`)."""
-    largest_prompt = max(g.prompt_tokens for g in groups)
-    if max_new_tokens_within(kv_budget, largest_prompt, max_new_tokens) < max_new_tokens:
-        raise SamplingError(f"--kv-budget {kv_budget} is too small for one prompt "
-                            f"({largest_prompt} tokens) "
-                            f"plus max_new_tokens {max_new_tokens}")
-    most_samples = max(len(g.lengths) for g in groups) * prompts_per_step
-    return micro_group_within(kv_budget, max_new_tokens, largest_prompt, prompts_per_step,
-                                  most_samples)
 
 
 def simulate(groups: Sequence[TraceGroup], policy: str, micro_group: int | None = None,
@@ -208,14 +189,22 @@ def simulate(groups: Sequence[TraceGroup], policy: str, micro_group: int | None 
 
 
 def _micro_group(micro_group, kv_budget, groups, max_new, prompts_per_step) -> int:
-    """g: the one given, capped at what the budget holds."""
+    """g: the one given, capped at what the budget holds, as the sampler computes it
+    (`micro_group_within`)."""
     if micro_group is None and kv_budget is None:
         raise SamplingError("give --micro-group or --kv-budget (or both)")
-    budget_holds = (micro_group_for_budget(kv_budget, groups, max_new, prompts_per_step)
-                    if kv_budget is not None else None)
+    sizes = [] if micro_group is None else [micro_group]
+    if kv_budget is not None:
+        largest_prompt = max(g.prompt_tokens for g in groups)
+        if max_new_tokens_within(kv_budget, largest_prompt, max_new) < max_new:
+            raise SamplingError(f"--kv-budget {kv_budget} is too small for one prompt "
+                                f"({largest_prompt} tokens) plus max_new_tokens {max_new}")
+        most_samples = max(len(g.lengths) for g in groups) * prompts_per_step
+        sizes.append(micro_group_within(kv_budget, max_new, largest_prompt, prompts_per_step,
+                                        most_samples))
     if micro_group is not None and micro_group < 1:
         raise SamplingError(f"--micro-group must be >= 1, got {micro_group}")
-    return min(size for size in (micro_group, budget_holds) if size is not None)
+    return min(sizes)
 
 
 def _call_samples(step_groups: Sequence[TraceGroup],

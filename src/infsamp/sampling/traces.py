@@ -41,7 +41,6 @@ class TraceGroup:
     turns: list[list[list]] | None = None
 
 
-
 MAX_TRACE_TOKENS = 10_000_000  # beyond any context: a longer length is damage (and would hang)
 
 

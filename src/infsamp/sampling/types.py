@@ -16,11 +16,7 @@ one statistics type: the scheduler, the engine and the sampler each fill their o
 ranks.
 
 The budget arithmetic that turns a KV budget into concurrency lives with the planner
-(`planner/kv_budget.py`, below sampling in the layers); the sampler, the engines, the simulator
-and both benchmarks import it from there. An engine allocates KV in blocks of
-`block_size` tokens: 1 for the slot engine (a group's prompt held once, each slot
-`max_new_tokens`), vLLM's block size for its paged pool with prefix caching (a group's full prompt
-blocks shared, the rest private).
+(`planner/kv_budget.py`, below sampling in the layers).
 
 Deliberately simple: the reservation is the worst case (`max_new_tokens` per running sample).
 """
@@ -90,7 +86,6 @@ def model_token_mask(length: int, context_spans: list[tuple[int, int]]) -> list[
     for start, end in context_spans:
         mask[start:end] = [False] * (end - start)
     return mask
-
 
 
 def make_samples(prompt_tokens: list[int], group_size: int | Sequence[int], max_new_tokens: int,
@@ -230,10 +225,8 @@ class SamplerStats:
         first = calls[0] if calls else cls()
         total = cls(num_calls=0, policy=first.policy, engine=first.engine)
         for name, (over_calls, _) in COMBINED.items():
-            if over_calls:
-                values = [getattr(call, name) for call in calls]
-                if values:
-                    setattr(total, name, COMBINE[over_calls](values))
+            if over_calls and calls:
+                setattr(total, name, COMBINE[over_calls]([getattr(call, name) for call in calls]))
         rated = [c for c in calls if c.predictor_kendall_tau is not None]
         if rated:
             total.predictor_kendall_tau = sum(c.predictor_kendall_tau for c in rated) / len(rated)

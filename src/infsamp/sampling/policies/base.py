@@ -26,8 +26,8 @@ from infsamp.sampling.types import Sample
 CanAllocate = Callable[[Sample], bool]
 
 # options any policy accepts (so callers may pass the config uniformly); unknown names are an error
-KNOWN_OPTIONS = {"refill", "epsilon", "prefix_tokens", "length_sorted", "max_states", "preempt",
-                 "park_ratio", "probe_tokens"}
+KNOWN_OPTIONS = {"refill", "epsilon", "prefix_tokens", "length_sorted", "preempt", "park_ratio",
+                 "probe_tokens"}
 
 
 class AdmissionPolicy:
@@ -48,6 +48,7 @@ class AdmissionPolicy:
         self.samples = samples
         self.micro_group = micro_group
         self.predictor = predictor
+        self._total: dict[int, float] = {}  # sample_id -> re-predicted total length (`on_tokens`)
 
     def begin_admit(self, all_free: bool) -> None:
         """Called once per `admit()`, before the picks."""
@@ -61,10 +62,12 @@ class AdmissionPolicy:
     def on_finished(self, sample: Sample, length: int) -> None:
         pass
 
-    def on_tokens(self, sample: Sample) -> float | None:
-        """A running sample reached a prediction point (k, 2k, ... tokens, on it); returns its
-        re-predicted total length, if any."""
-        return None
+    def on_tokens(self, sample: Sample) -> float:
+        """A running sample reached a prediction point (k, 2k, ... tokens, on it; only asked of a
+        policy with `prefix_tokens_wanted`); returns its re-predicted total length."""
+        remaining = self.predictor.predict_remaining(sample, sample.token_ids)
+        self._total[sample.sample_id] = sample.num_tokens + max(1.0, float(remaining))
+        return self._total[sample.sample_id]
 
     def to_park(self, running: dict[int, Sample], num_free: int,
                 can_allocate: Callable[..., bool]) -> list[Sample]:

@@ -44,8 +44,8 @@ class LengthAwarePolicy(AdmissionPolicy):
     uses_predictor = True
 
     def __init__(self, samples, micro_group, predictor, refill: str = "auto", epsilon: float = 0.1,
-                 prefix_tokens: int = 8, max_states: int = DEFAULT_MAX_STATES,
-                 preempt: bool = True, park_ratio: float = PARK_RATIO, **options):
+                 prefix_tokens: int = 8, preempt: bool = True, park_ratio: float = PARK_RATIO,
+                 **options):
         super().__init__(samples, micro_group, predictor, **options)
         if predictor is None:
             self.predictor = ConstantPredictor()
@@ -53,19 +53,18 @@ class LengthAwarePolicy(AdmissionPolicy):
         if self.refill not in REFILL_ORDERS:
             raise SamplingError(f"policy length_aware: refill must be auto, "
                                 f"sjf or ljf, got {refill!r}")
-        self.epsilon, self.max_states = epsilon, max_states
+        self.epsilon = epsilon
         self.prefix_tokens_wanted = prefix_tokens if self.predictor.uses_prefix else 0
         self.preempt = bool(preempt) and self.prefix_tokens_wanted > 0 and self.refill == "ljf"
         self.park_ratio = park_ratio
         self._running: dict[int, int] = {}          # slot -> sample_id
-        self._prefix_total: dict[int, float] = {}   # sample_id -> re-predicted total length
         self._pending = {s.sample_id for s in samples}
         self._parked: set[int] = set()
         self._at_point: set[int] = set()  # running samples re-predicted since the last admission
         self._events_since_plan = 0
         self.tolerance = 0.02  # a sample ending this far off its prediction puts the call off plan
         self._off_plan = False
-        self._queues = self._plan(max_states)
+        self._queues = self._plan(DEFAULT_MAX_STATES)
         self._first_weight = dict(self._weight)
 
     def pick(self, slot, can_allocate):
@@ -90,18 +89,16 @@ class LengthAwarePolicy(AdmissionPolicy):
         self._drop_running(sample.sample_id)
         self._at_point.discard(sample.sample_id)
         self._events_since_plan += 1
-        planned = (self._prefix_total.get(sample.sample_id)
+        planned = (self._total.get(sample.sample_id)
                    or self._weight.get(sample.sample_id, length))
         if abs(length - planned) > self.tolerance * planned:
             self._off_plan = True
 
     def on_tokens(self, sample):
-        remaining = self.predictor.predict_remaining(sample, sample.token_ids)
-        self._prefix_total[sample.sample_id] = sample.num_tokens + max(1.0, float(remaining))
         if sample.num_tokens == self.prefix_tokens_wanted:
             self._events_since_plan += 1
         self._at_point.add(sample.sample_id)
-        return self._prefix_total[sample.sample_id]
+        return super().on_tokens(sample)
 
     def to_park(self, running, num_free, can_allocate):
         """Samples at their first point whose predicted remaining work, times `park_ratio`, is
@@ -115,7 +112,8 @@ class LengthAwarePolicy(AdmissionPolicy):
                             key=lambda s: self._priority(s.sample_id))
         if not candidates:  # most steps: no sample at its first point (sorting G waiting costs)
             return []
-        waiting = sorted(self._waiting(), key=lambda i: -self._priority(i))[num_free:]
+        waiting = sorted([*self._pending, *self._parked], key=self._priority,
+                         reverse=True)[num_free:]
         parks = []
         for sample in candidates:
             mine = self._priority(sample.sample_id)
@@ -167,7 +165,7 @@ class LengthAwarePolicy(AdmissionPolicy):
 
     def _remaining(self, sample_id: int) -> float:
         sample = self.samples[sample_id]
-        total = self._prefix_total.get(sample_id) or float(self.predictor.predict(sample))
+        total = self._total.get(sample_id) or float(self.predictor.predict(sample))
         return max(1.0, total - sample.num_tokens)
 
     def _priority(self, sample_id: int) -> float:
@@ -177,9 +175,6 @@ class LengthAwarePolicy(AdmissionPolicy):
         if sample_id in self._pending:
             return max(self._weight[sample_id], self._first_weight[sample_id])
         return self._remaining(sample_id)
-
-    def _waiting(self) -> list[int]:
-        return [*self._pending, *self._parked]
 
     def _drop_running(self, sample_id: int) -> None:
         self._running = {s: i for s, i in self._running.items() if i != sample_id}

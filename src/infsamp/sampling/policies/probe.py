@@ -15,16 +15,14 @@ Deliberately simple: a probe is parked whole (no partial reservations) and never
 
 from __future__ import annotations
 
-from collections import deque
-
 from infsamp.errors import SamplingError
-from infsamp.sampling.policies.base import AdmissionPolicy
+from infsamp.sampling.policies.base import ContinuousPolicy
 from infsamp.sampling.types import Sample
 
 PROBE_TOKENS = 12  # the probe policy's k: the smallest that took the oracle's whole gain (measured)
 
 
-class ProbePolicy(AdmissionPolicy):
+class ProbePolicy(ContinuousPolicy):
     name = "probe"
     uses_predictor = True  # optional: without one, arrival order
     keeps_parked_kv = False  # measured: kept probes crowd new ones out (docs/scheduling.md)
@@ -37,21 +35,13 @@ class ProbePolicy(AdmissionPolicy):
         self.probe_tokens = int(probe_tokens)
         uses_prefix = predictor is not None and predictor.uses_prefix
         self.prefix_tokens_wanted = self.probe_tokens if uses_prefix else 0
-        self._pending = deque(samples)  # arrival order
         self._parked: list[Sample] = []  # in the order they resume
-        self._total: dict[int, float] = {}  # sample_id -> re-predicted total length
 
     def pick(self, slot, can_allocate):
         """A parked sample first (it runs to its end), else the next new probe."""
-        for waiting in (self._parked, self._pending):
-            if waiting and can_allocate(waiting[0]):
-                return self._parked.pop(0) if waiting is self._parked else waiting.popleft()
-        return None
-
-    def on_tokens(self, sample):
-        remaining = self.predictor.predict_remaining(sample, sample.token_ids)
-        self._total[sample.sample_id] = sample.num_tokens + max(1.0, float(remaining))
-        return self._total[sample.sample_id]
+        if self._parked and can_allocate(self._parked[0]):
+            return self._parked.pop(0)
+        return super().pick(slot, can_allocate)  # new probes in arrival order
 
     def start_tokens(self, sample):
         return min(self.probe_tokens, sample.max_new_tokens)
