@@ -131,9 +131,8 @@ class GRPOStep:
     def _logprobs(self, model, rollout: Rollout) -> list[Tensor]:
         return sequence_logprobs(model, rollout.prompt_ids, rollout.completion_ids,
                                  max_tokens=self.micro_batch_tokens, pad_token_id=self.pad_token_id,
-                                 temperature=self.temperature, grad=False,
-                                 chunked=self.cfg.chunked_lm_head, build=self.layout.build,
-                                 model_masks=rollout.model_masks)
+                                 temperature=self.temperature, chunked=self.cfg.chunked_lm_head,
+                                 build=self.layout.build, model_masks=rollout.model_masks)
 
     def reference_logprobs(self, rollout: Rollout, model) -> list[Tensor] | None:
         """The KL reference's log-probs: a separate model, or `model` with its adapters off."""
