@@ -229,7 +229,7 @@ class GRPOStep:
 
     def _summed(self, loss: float, stats: LossStats) -> tuple[float, LossStats]:
         """The loss and its token statistics over every rank (one process: as they are)."""
-        values = self.parallel.sum([loss, *(getattr(stats, f.name) for f in fields(stats))])
+        values = self.parallel.ranks.sum([loss, *(getattr(stats, f.name) for f in fields(stats))])
         return values[0], LossStats(*values[1:])
 
     def _mismatch_metrics(self) -> dict[str, float]:
@@ -351,21 +351,15 @@ class GRPOStep:
                             measured: MismatchStats) -> Tensor | None:
         """Per-token weights [b, T_c] on the policy loss: the rollout's own, times the truncated
         importance weights exp(old - engine) when another engine (vLLM) sampled the completions
-        (`algorithm/importance.py`); None when there are neither."""
+        (`algorithm/importance.py`; the mismatch is measured into `measured` on the first pass);
+        None when there are neither."""
         given = mb.gather(rollout.importance_weights)  # [b, T_c] or None
         if rollout.engine_logprobs is None:
             return given
-        weights = self._engine_weights(mb, rollout, logps, old, measured)  # [b, T_c]
-        return weights if given is None else weights * given
-
-    def _engine_weights(self, mb, rollout: Rollout, logps: Tensor, old: list[Tensor] | None,
-                        measured: MismatchStats) -> Tensor:
-        """Truncated importance weights exp(old - engine); the mismatch is measured (into
-        `measured`) on the first pass."""
         old_logps = logps.detach() if old is None else mb.gather(old)  # [b, T_c]
         engine_logps = mb.gather(rollout.engine_logprobs)  # [b, T_c]
         weights = engine_importance_weights(old_logps, engine_logps, mb.completion_mask,
                                             self.importance_sampling, self.importance_sampling_cap)
         if self._first_pass:
             measured.add(old_logps, engine_logps, mb.completion_mask, weights)
-        return weights
+        return weights if given is None else weights * given
