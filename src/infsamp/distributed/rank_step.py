@@ -34,11 +34,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any
 
 from infsamp.distributed.rank_assignment import assign, imbalance, rank_loads
 from infsamp.distributed.ranks import Ranks
 from infsamp.rewards.compute import RewardResult
+from infsamp.sampling.length_predictor import OnlinePredictor
 from infsamp.sampling.traces import group_turns
 from infsamp.sampling.types import COMBINE, COMBINED, Completion, make_samples
 
@@ -56,14 +58,13 @@ class StepData:
     groups: list[dict[str, Any]]  # lengths.jsonl lines, step order
 
 
-def combine_metrics(per_rank: list[dict[str, float]],
-                    prefix: str = "sampling/") -> dict[str, float]:
+def combine_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
     """One dict from every rank's, by the statistics' one table (`COMBINED`, its ranks column):
     sums, maxima, else means."""
     out: dict[str, float] = {}
     for key in per_rank[0]:
         values = [m[key] for m in per_rank if key in m]
-        name = key[len(prefix):] if key.startswith(prefix) else key
+        name = key.removeprefix("sampling/")
         out[key] = COMBINE[COMBINED.get(name, ("", "mean"))[1]](values)
     return out
 
@@ -77,17 +78,13 @@ class RankSteps:
         self.ranks, self.G, self.method = ranks, num_generations, method
         self.max_new = max_new_tokens
         self.trace_prefix_tokens = trace_prefix_tokens  # first tokens kept in lengths.jsonl
-        self.costs = _make_cost_predictor() if ranks.distributed and ranks.is_main else None
+        self.costs = OnlinePredictor() if ranks.distributed and ranks.is_main else None
         self.wait_s = 0.0
         self._predicted = 1.0
 
     @property
     def rank(self) -> int:
         return self.ranks.rank
-
-    @property
-    def distributed(self) -> bool:
-        return self.ranks.distributed
 
     # ---- before sampling
     def share(self, batch: list[tuple[int, Any]]) -> list[int]:
@@ -151,7 +148,7 @@ class RankSteps:
         total = [r for g in groups for r in g["total"]]
         per_function = {name: [v for g in groups for v in g["per_function"][name]]
                         for name in everyone[0]["functions"]}
-        starts = _starts([len(g["lengths"]) for g in groups])  # groups of any sizes
+        starts = list(accumulate((len(g["lengths"]) for g in groups), initial=0))  # first rows
         rows = [starts[i] + j for i in share for j in range(len(groups[i]["lengths"]))]
         return StepData(RewardResult(total, per_function), completions, rows,
                         self._sampler_metrics(everyone), [_line(g) for g in groups])
@@ -182,7 +179,7 @@ class RankSteps:
         sizes = [self.G] * len(share) if sizes is None else sizes
         by_prompt: dict[int, list[Any]] = {}
         for their_share, theirs, counts in self.gather([share, records, sizes]):
-            for position, start, count in zip(their_share, _starts(counts), counts):
+            for position, start, count in zip(their_share, accumulate(counts, initial=0), counts):
                 by_prompt[position] = theirs[start:start + count]
         return [r for position in sorted(by_prompt) for r in by_prompt[position]]
 
@@ -217,14 +214,8 @@ class RankSteps:
             self.costs.load_state_dict(state)
 
 
-def _make_cost_predictor():
-    from infsamp.sampling.length_predictor import OnlinePredictor
-
-    return OnlinePredictor()
-
-
 def _records(batch, share: list[int], groups, rewards: RewardResult,
-             sampler_metrics: dict[str, float], prefix_tokens: int = 0) -> dict[str, Any]:
+             sampler_metrics: dict[str, float], prefix_tokens: int) -> dict[str, Any]:
     """This rank's groups as JSON-able records (a lengths.jsonl line + what the metrics need)."""
     records, start = [], 0
     for position, group in zip(share, groups):  # groups of any sizes (dynamic sampling)
@@ -253,15 +244,6 @@ def _in_step_order(everyone: list[dict[str, Any]], num_prompts: int) -> list[dic
         for position, group in zip(record["share"], record["groups"]):
             by_prompt[position] = group
     return [by_prompt[i] for i in range(num_prompts)]
-
-
-def _starts(sizes: list[int]) -> list[int]:
-    """Each group's first row when groups of `sizes` lie one after the other."""
-    starts, row = [], 0
-    for size in sizes:
-        starts.append(row)
-        row += size
-    return starts
 
 
 def _line(record: dict[str, Any]) -> dict[str, Any]:
