@@ -100,12 +100,12 @@ class InfsampRollout:
             raise RolloutError(f"infsamp_rollout: unknown sampling option(s) {', '.join(unknown)} "
                                "(G is GRPOConfig.num_generations)")
         self.sampling = {"engine": "slots", **sampling}
+        given = replace(SamplingConfig(), **self.sampling)
         try:  # bad values are refused now, not at TRL's first step
-            replace(SamplingConfig(), **self.sampling).validate()
+            given.validate()
         except InfsampError as err:
             raise RolloutError(f"infsamp_rollout: {err}") from None
-        max_turns = replace(SamplingConfig(), **self.sampling).max_turns
-        self.tools = load_rollout_tools(tools, tool_timeout_s, tool_max_workers, max_turns,
+        self.tools = load_rollout_tools(tools, tool_timeout_s, tool_max_workers, given.max_turns,
                                         RolloutError)
         self.want_logprobs, self.max_prompt_tokens = logprobs, max_prompt_tokens
         self.logprob_tokens = logprob_micro_batch_tokens  # 0: the KV budget, in tokens
