@@ -1,7 +1,7 @@
 """One training step over several ranks: who samples which prompts, and what is gathered after.
 
     share(batch)        rank 0 predicts each prompt's sampling cost and assigns the step's prompts
-                        to ranks (`sampling.rank_assignment`: lpt or round_robin); every rank
+                        to ranks (`rank_assignment.py`: lpt or round_robin); every rank
                         learns its share (one small broadcast)
     combine(...)        after sampling and scoring its own groups, every rank sends what the
                         step's statistics need (lengths, finish reasons, rewards per function,
@@ -12,18 +12,10 @@
                         on the same values as in one process (`scale_rewards: batch` included)
                         and its loss normaliser (`BatchTotals`) counts the whole step's tokens.
 
-The cost predictor is kept for the assignment alone, on rank 0: an `OnlinePredictor` fed every
-group's lengths after each step, so it predicts from the prompt (its length, its digits), the same
-prompt's lengths in earlier epochs and the run's recent mean; it works with every sampling policy
-(with `length_aware` each rank's sampler keeps its own predictor for its slots). A group's cost is
-G x its predicted length: the tokens it decodes.
-
-Metrics: `sampling/rank_imbalance` is the slowest rank's sampling time over the mean;
-`sampling/rank_imbalance_steps` the same for decode steps (deterministic); `sampling/
-predicted_imbalance` what the assignment expected; `distributed/wait_s` the time a rank spent in
-the step's gathers waiting for the others (mean over ranks; where a fast sampler waits for the
-slowest; the wait inside DDP's gradient all-reduce is not in it), `distributed/wait_fraction` that
-over the step time.
+The cost predictor (an `OnlinePredictor` on rank 0 for the assignment alone, fed every group's
+lengths after each step; a group's cost is G x its predicted length: the tokens it decodes) and
+the metrics (`sampling/rank_imbalance`, `distributed/wait_s`, ...): docs/distributed.md, "Ranks
+finish sampling together".
 
 Deliberately simple: one process keeps the same code path with a share of every prompt; the
 sampler's statistics are combined by their one table (`sampling.types.COMBINED`: sums, maxima,
