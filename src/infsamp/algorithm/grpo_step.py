@@ -113,9 +113,9 @@ class GRPOStep:
         self.importance_sampling_cap = importance_sampling_cap
         self.mismatch = MismatchStats()
         self._first_pass = True
-        # the prompt once per group where the model's attention takes the block mask
         self.skipped_sequences = 0  # not forwarded in a training pass (zero gradient), summed
         self.forwarded_tokens = 0  # the training passes' real tokens, summed over the run
+        # the prompt once per group where the model's attention takes the block mask
         self.layout = LAYOUTS[cfg.share_prompt and supports_shared_prompt(model)]
 
     @property
@@ -317,7 +317,7 @@ class GRPOStep:
         (logps.sum() * 0.0).backward()
 
     def _retry_smaller(self, mb, rollout: Rollout, inputs: StepInputs,
-                       sync_last: bool = True) -> tuple[float, LossStats]:
+                       sync_last: bool) -> tuple[float, LossStats]:
         """Split the failed micro-batch in two (halving the token budget for the rest of the run:
         `RunSizes.halve`, which counts the retry)."""
         self.sizes.halve("training")

@@ -119,7 +119,10 @@ class ProcessRanks(Ranks):
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
         self.strategy = strategy
-        self.watch = _start_watch(self, failure_timeout_s, output_dir)
+        # rank 0's random token, on every rank: this launch's prefix in the rendezvous store
+        token = self.broadcast_json(os.urandom(8).hex() if self.is_main else None)
+        self.watch = RankWatch(self.rank, self.world_size, failure_timeout_s, output_dir,
+                               token).start()
 
     # ---- collectives
     def _gather_varying(self, data) -> list:
@@ -246,11 +249,6 @@ def _signals_held() -> Iterator[None]:
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)
-
-
-def _start_watch(ranks: ProcessRanks, timeout_s: float, output_dir: str):
-    token = ranks.broadcast_json(os.urandom(8).hex() if ranks.is_main else None)
-    return RankWatch(ranks.rank, ranks.world_size, timeout_s, output_dir, token).start()
 
 
 # ---------------------------------------------------------------- the launch
