@@ -275,12 +275,12 @@ class HeadCall:
 
 
 @contextlib.contextmanager
-def head_hook(model: torch.nn.Module, call: HeadCall) -> Iterator[bool]:
+def head_hook(model: torch.nn.Module, call: HeadCall) -> Iterator[None]:
     """Within the context, the model's head runs `call.compute(head, hidden [b, t, H])` and then
-    itself on an empty input ([b, 0, H]). Yields False (and hooks nothing) without a head."""
+    itself on an empty input ([b, 0, H]); without a head nothing is hooked."""
     head = output_head(model)
     if head is None:
-        yield False
+        yield
         return
 
     def pre_hook(module: torch.nn.Module, args: tuple):
@@ -291,6 +291,6 @@ def head_hook(model: torch.nn.Module, call: HeadCall) -> Iterator[bool]:
 
     handle = head.register_forward_pre_hook(pre_hook)
     try:
-        yield True
+        yield
     finally:
         handle.remove()
