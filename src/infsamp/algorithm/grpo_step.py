@@ -13,16 +13,12 @@
 
 Because each micro-batch's loss is normalised by totals of the whole batch and every mask is fixed
 per step, the accumulated gradient equals the full-batch gradient (tested). Over several ranks
-`totals` is the whole step's (every rank's: sequences and loss tokens after the truncation mask),
-the high-entropy threshold is a quantile over every rank's tokens (so the masks are those of one
-process), and `parallel` (distributed/strategies.py) reduces the gradients: each rank's last
-backward only (DDP), or every backward with the ranks running equally many micro-batches (FSDP); the
-logged loss, token and importance-weight statistics are reduced over ranks. An out-of-memory error
-in a micro-batch splits that micro-batch in two and retries it; gradients of the micro-batches
-already done are kept.
-A NaN or inf loss or gradient norm is never applied: the gradients are dropped and
-`NonFiniteError` raised (`training.nonfinite: stop`), or the update is skipped and counted
-(`skip`).
+`totals`, the high-entropy threshold and the logged loss, token and importance-weight statistics
+are every rank's, and `parallel` (distributed/strategies.py) reduces the gradients
+(docs/distributed.md, "Same gradient as one process"). An out-of-memory error in a micro-batch
+splits that micro-batch in two and retries it; gradients of the micro-batches already done are
+kept. A NaN or inf loss or gradient norm is never applied: the gradients are dropped and
+`NonFiniteError` raised (`training.nonfinite: stop`), or the update is skipped and counted (`skip`).
 
 Multi-turn completions (`Rollout.model_masks`): a tool's answer inside a completion is context,
 not an action; every micro-batch's `completion_mask` holds the model's tokens only

@@ -153,23 +153,19 @@ class ProcessRanks(Ranks):
     def broadcast_json(self, value: Any) -> Any:
         return self.gather_json(value if self.is_main else None)[0]
 
-    def _reduce(self, values: Sequence[float], op) -> list[float]:
+    def _reduce(self, values: Sequence[float], op: str) -> list[float]:
         import torch
         import torch.distributed as dist
 
         tensor = torch.tensor([float(v) for v in values], dtype=torch.float64)  # [n]
-        dist.all_reduce(tensor, op=op)
+        dist.all_reduce(tensor, op=getattr(dist.ReduceOp, op))
         return tensor.tolist()
 
     def sum(self, values: Sequence[float]) -> list[float]:
-        import torch.distributed as dist
-
-        return self._reduce(values, dist.ReduceOp.SUM)
+        return self._reduce(values, "SUM")
 
     def max(self, values: Sequence[float]) -> list[float]:
-        import torch.distributed as dist
-
-        return self._reduce(values, dist.ReduceOp.MAX)
+        return self._reduce(values, "MAX")
 
     def barrier(self) -> None:
         self.sum([0.0])  # a gloo all-reduce: works whatever the device backend is

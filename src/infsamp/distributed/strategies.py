@@ -168,8 +168,7 @@ def _meta_copy(model: torch.nn.Module) -> torch.nn.Module:
     """A deep copy whose parameters live on the meta device (no memory); buffers are copied."""
     memo = {id(p): torch.nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device="meta"),
                                       requires_grad=False) for p in model.parameters()}
-    skeleton = copy.deepcopy(model, memo)
-    return skeleton.eval()
+    return copy.deepcopy(model, memo).eval()
 
 
 def _parameter_aliases(model: torch.nn.Module) -> dict[str, list[str]]:
