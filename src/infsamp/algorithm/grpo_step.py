@@ -124,11 +124,13 @@ class GRPOStep:
 
     # ------------------------------------------------------------------ no-grad passes
 
-    def _logprobs(self, model, rollout: Rollout) -> list[Tensor]:
-        return sequence_logprobs(model, rollout.prompt_ids, rollout.completion_ids,
-                                 max_tokens=self.micro_batch_tokens, pad_token_id=self.pad_token_id,
-                                 temperature=self.temperature, chunked=self.cfg.chunked_lm_head,
-                                 build=self.layout.build, model_masks=rollout.model_masks)
+    def _logprobs(self, model, rollout: Rollout, run: Callable = sequence_logprobs):
+        """A no-grad pass over the rollout in the step's layout: `run` is `sequence_logprobs` or
+        `sequence_logprobs_and_entropy`."""
+        return run(model, rollout.prompt_ids, rollout.completion_ids,
+                   max_tokens=self.micro_batch_tokens, pad_token_id=self.pad_token_id,
+                   temperature=self.temperature, chunked=self.cfg.chunked_lm_head,
+                   build=self.layout.build, model_masks=rollout.model_masks)
 
     def reference_logprobs(self, rollout: Rollout, model) -> list[Tensor] | None:
         """The KL reference's log-probs: a separate model, or `model` with its adapters off."""
@@ -160,11 +162,7 @@ class GRPOStep:
         old = token_masks = None
         with self.parallel.inference_model() as model:
             if self.cfg.top_entropy_quantile < 1.0:  # one pass: entropies and old log-probs
-                logps, entropies = sequence_logprobs_and_entropy(
-                    model, rollout.prompt_ids, rollout.completion_ids,
-                    max_tokens=self.micro_batch_tokens, pad_token_id=self.pad_token_id,
-                    temperature=self.temperature, chunked=self.cfg.chunked_lm_head,
-                    build=self.layout.build, model_masks=rollout.model_masks)
+                logps, entropies = self._logprobs(model, rollout, sequence_logprobs_and_entropy)
                 token_masks = high_entropy_masks(entropies, keep, self.cfg.top_entropy_quantile,
                                                  gather=self.parallel.ranks.gather_values,
                                                  model_masks=rollout.model_masks)
