@@ -96,12 +96,16 @@ class MicroBatch:
         T_c]."""
         if per_sequence is None:
             return None
-        out = torch.zeros(self.completion_mask.shape, dtype=torch.float32,
-                          device=self.completion_mask.device)
-        for row, index in enumerate(self.indices):
-            values = per_sequence[index]
-            out[row, : values.shape[0]] = values.to(out.device, torch.float32)
-        return out  # [b, T_c]
+        return right_padded(per_sequence, self.indices, self.completion_mask)  # [b, T_c]
+
+
+def right_padded(per_sequence: Sequence[Tensor], indices: Sequence[int], like: Tensor) -> Tensor:
+    """Entries `indices` of a per-sequence list, right-padded with 0 to `like` [b, T_c] (fp32)."""
+    out = torch.zeros(like.shape, dtype=torch.float32, device=like.device)  # [b, T_c]
+    for row, index in enumerate(indices):
+        values = torch.as_tensor(per_sequence[index])
+        out[row, : values.shape[0]] = values.to(out.device, torch.float32)
+    return out
 
 
 def pad_rows(rows: list[Sequence[int]], width: int, pad: int, left: bool) -> Tensor:
@@ -124,11 +128,7 @@ def model_token_rows(completion_mask: Tensor, indices: Sequence[int],
     tokens the model sampled, 0 on tool answers); as it is without masks."""
     if model_masks is None:
         return completion_mask
-    own = torch.zeros(completion_mask.shape, dtype=completion_mask.dtype)  # [b, T_c]
-    for row, index in enumerate(indices):
-        mask = torch.as_tensor(model_masks[index])
-        own[row, : mask.shape[0]] = mask.to(own.dtype)
-    return completion_mask * own.to(completion_mask.device)
+    return completion_mask * right_padded(model_masks, indices, completion_mask)  # [b, T_c]
 
 
 def make_micro_batch(prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]],
