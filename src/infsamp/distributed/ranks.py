@@ -103,7 +103,7 @@ class Ranks:
         return decide_on_main()
 
     def device(self, name: str):
-        from infsamp.models.loading import resolve_device
+        from infsamp.models.device import resolve_device
 
         return resolve_device(name)
 
