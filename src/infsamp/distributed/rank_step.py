@@ -115,7 +115,7 @@ class RankSteps:
             completions = [c for group in groups for c in group]
             return StepData(rewards, completions, list(range(len(completions))),
                             sampler_metrics, [_line(r) for r in mine["groups"]])
-        everyone = self._timed(self.ranks.gather_json, mine)
+        everyone = self.gather(mine)
         data = self._merge(everyone, len(batch), share)
         if self.costs is not None:
             lengths = [length for g in data.groups for length in g["lengths"]]
@@ -127,7 +127,7 @@ class RankSteps:
         """The lengths.jsonl lines of `batch`'s groups (this rank's: `share`, `groups`), step
         order, on every rank: one gather (dynamic sampling's dropped groups)."""
         mine = _records(batch, share, groups, RewardResult([], {}), {}, self.trace_prefix_tokens)
-        everyone = self.gather(mine) if self.ranks.distributed else [mine]
+        everyone = self.gather(mine)  # one process: [mine]
         return [_line(g) for g in _in_step_order(everyone, len(batch))]
 
     def _merge(self, everyone: list[dict[str, Any]], num_prompts: int,

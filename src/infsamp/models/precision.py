@@ -97,7 +97,7 @@ def resolve_precision(cfg: Config, device: torch.device | None = None) -> Precis
     mode = PRECISIONS[resolve_precision_name(cfg.training.precision, device.type)]
     lora = cfg.model.lora_rank > 0
     _check_model_dtype(cfg, mode, lora)
-    _check_device(cfg, mode, device)
+    _check_device(cfg, mode, lora, device)
     _check_libraries(cfg, mode, lora, device)
     if mode.warning:
         _say(mode.warning)
@@ -113,14 +113,14 @@ def _check_model_dtype(cfg: Config, mode: PrecisionMode, lora: bool) -> None:
                           "training.precision)")
 
 
-def _check_device(cfg: Config, mode: PrecisionMode, device: torch.device) -> None:
+def _check_device(cfg: Config, mode: PrecisionMode, lora: bool, device: torch.device) -> None:
     if cfg.model.load_in_4bit and device.type != "cuda":
         raise ConfigError("model.load_in_4bit: bitsandbytes NF4 needs a CUDA GPU; on a CPU train "
                           "LoRA without it (model.load_in_4bit false)")
     if cfg.model.load_in_4bit and cfg.sampling.engine == "vllm":
         raise ConfigError("sampling.engine vllm: vLLM cannot load a bitsandbytes 4-bit base; with "
                           "model.load_in_4bit use sampling.engine slots (auto picks it)")
-    uses_bf16 = "bf16" in (mode.compute, base_dtype(mode, cfg.model.lora_rank > 0))
+    uses_bf16 = "bf16" in (mode.compute, base_dtype(mode, lora))
     if device.type == "cpu" and uses_bf16:
         if not cpu_computes_bf16():
             raise ConfigError(f"training.precision {mode.name}: this CPU / torch build cannot "
