@@ -21,6 +21,10 @@ from infsamp.config import DataConfig, ToolsConfig
 from infsamp.errors import InfsampError
 
 
+class RolloutError(InfsampError):
+    """A TRL setting the infsamp rollout cannot honour."""
+
+
 class RolloutTools:
     """The rollout's tools: loaded at once (a bad reference: one line), started at the first
     call (the tokenizer and the model's stop tokens known then)."""
@@ -70,15 +74,15 @@ def env_mask(completions) -> list[list[int]]:
     return [[int(own) for own in c.model_mask()] for c in completions]
 
 
-def load_rollout_tools(tools, timeout_s: float, max_workers: int, max_turns: int,
-                       error: type[InfsampError]) -> RolloutTools | None:
-    """None without tools; a bad tool, or max_turns 0, is one `error` line."""
+def load_rollout_tools(tools, timeout_s: float, max_workers: int,
+                       max_turns: int) -> RolloutTools | None:
+    """None without tools; a bad tool, or max_turns 0, is one `RolloutError` line."""
     if not tools:
         return None
     if max_turns < 1:
-        raise error("infsamp_rollout: tools are given but max_turns is 0: the model could "
-                    "never call one (set it to 1 or more)")
+        raise RolloutError("infsamp_rollout: tools are given but max_turns is 0: the model "
+                           "could never call one (set it to 1 or more)")
     try:
         return RolloutTools(tools, timeout_s, max_workers)
     except InfsampError as err:
-        raise error(f"infsamp_rollout: {err}") from None
+        raise RolloutError(f"infsamp_rollout: {err}") from None
