@@ -78,6 +78,10 @@ class RankSteps:
     def rank(self) -> int:
         return self.ranks.rank
 
+    @property
+    def distributed(self) -> bool:  # dynamic sampling reads it (as OneProcess's)
+        return self.ranks.distributed
+
     # ---- before sampling
     def share(self, batch: list[tuple[int, Any]]) -> list[int]:
         """This rank's prompts: indices into `batch`, ascending."""
