@@ -13,16 +13,12 @@
 
 Because each micro-batch's loss is normalised by totals of the whole batch and every mask is fixed
 per step, the accumulated gradient equals the full-batch gradient (tested). Over several ranks
-`totals` is the whole step's (every rank's: sequences and loss tokens after the truncation mask),
-the high-entropy threshold is a quantile over every rank's tokens (so the masks are those of one
-process), and `parallel` (distributed/strategies.py) reduces the gradients: each rank's last
-backward only (DDP), or every backward with the ranks running equally many micro-batches (FSDP); the
-logged loss, token and importance-weight statistics are reduced over ranks. An out-of-memory error
-in a micro-batch splits that micro-batch in two and retries it; gradients of the micro-batches
-already done are kept.
-A NaN or inf loss or gradient norm is never applied: the gradients are dropped and
-`NonFiniteError` raised (`training.nonfinite: stop`), or the update is skipped and counted
-(`skip`).
+`totals`, the high-entropy threshold and the logged loss, token and importance-weight statistics
+are every rank's, and `parallel` (distributed/strategies.py) reduces the gradients
+(docs/distributed.md, "Same gradient as one process"). An out-of-memory error in a micro-batch
+splits that micro-batch in two and retries it; gradients of the micro-batches already done are
+kept. A NaN or inf loss or gradient norm is never applied: the gradients are dropped and
+`NonFiniteError` raised (`training.nonfinite: stop`), or the update is skipped and counted (`skip`).
 
 Multi-turn completions (`Rollout.model_masks`): a tool's answer inside a completion is context,
 not an action; every micro-batch's `completion_mask` holds the model's tokens only
@@ -113,9 +109,9 @@ class GRPOStep:
         self.importance_sampling_cap = importance_sampling_cap
         self.mismatch = MismatchStats()
         self._first_pass = True
-        # the prompt once per group where the model's attention takes the block mask
         self.skipped_sequences = 0  # not forwarded in a training pass (zero gradient), summed
         self.forwarded_tokens = 0  # the training passes' real tokens, summed over the run
+        # the prompt once per group where the model's attention takes the block mask
         self.layout = LAYOUTS[cfg.share_prompt and supports_shared_prompt(model)]
 
     @property
@@ -128,12 +124,13 @@ class GRPOStep:
 
     # ------------------------------------------------------------------ no-grad passes
 
-    def _logprobs(self, model, rollout: Rollout) -> list[Tensor]:
-        return sequence_logprobs(model, rollout.prompt_ids, rollout.completion_ids,
-                                 max_tokens=self.micro_batch_tokens, pad_token_id=self.pad_token_id,
-                                 temperature=self.temperature, grad=False,
-                                 chunked=self.cfg.chunked_lm_head, build=self.layout.build,
-                                 model_masks=rollout.model_masks)
+    def _logprobs(self, model, rollout: Rollout, run: Callable = sequence_logprobs):
+        """A no-grad pass over the rollout in the step's layout: `run` is `sequence_logprobs` or
+        `sequence_logprobs_and_entropy`."""
+        return run(model, rollout.prompt_ids, rollout.completion_ids,
+                   max_tokens=self.micro_batch_tokens, pad_token_id=self.pad_token_id,
+                   temperature=self.temperature, chunked=self.cfg.chunked_lm_head,
+                   build=self.layout.build, model_masks=rollout.model_masks)
 
     def reference_logprobs(self, rollout: Rollout, model) -> list[Tensor] | None:
         """The KL reference's log-probs: a separate model, or `model` with its adapters off."""
@@ -165,11 +162,7 @@ class GRPOStep:
         old = token_masks = None
         with self.parallel.inference_model() as model:
             if self.cfg.top_entropy_quantile < 1.0:  # one pass: entropies and old log-probs
-                logps, entropies = sequence_logprobs_and_entropy(
-                    model, rollout.prompt_ids, rollout.completion_ids,
-                    max_tokens=self.micro_batch_tokens, pad_token_id=self.pad_token_id,
-                    temperature=self.temperature, chunked=self.cfg.chunked_lm_head,
-                    build=self.layout.build, model_masks=rollout.model_masks)
+                logps, entropies = self._logprobs(model, rollout, sequence_logprobs_and_entropy)
                 token_masks = high_entropy_masks(entropies, keep, self.cfg.top_entropy_quantile,
                                                  gather=self.parallel.ranks.gather_values,
                                                  model_masks=rollout.model_masks)
@@ -230,7 +223,7 @@ class GRPOStep:
 
     def _summed(self, loss: float, stats: LossStats) -> tuple[float, LossStats]:
         """The loss and its token statistics over every rank (one process: as they are)."""
-        values = self.parallel.sum([loss, *(getattr(stats, f.name) for f in fields(stats))])
+        values = self.parallel.ranks.sum([loss, *(getattr(stats, f.name) for f in fields(stats))])
         return values[0], LossStats(*values[1:])
 
     def _mismatch_metrics(self) -> dict[str, float]:
@@ -318,7 +311,7 @@ class GRPOStep:
         (logps.sum() * 0.0).backward()
 
     def _retry_smaller(self, mb, rollout: Rollout, inputs: StepInputs,
-                       sync_last: bool = True) -> tuple[float, LossStats]:
+                       sync_last: bool) -> tuple[float, LossStats]:
         """Split the failed micro-batch in two (halving the token budget for the rest of the run:
         `RunSizes.halve`, which counts the retry)."""
         self.sizes.halve("training")
@@ -352,21 +345,15 @@ class GRPOStep:
                             measured: MismatchStats) -> Tensor | None:
         """Per-token weights [b, T_c] on the policy loss: the rollout's own, times the truncated
         importance weights exp(old - engine) when another engine (vLLM) sampled the completions
-        (`algorithm/importance.py`); None when there are neither."""
+        (`algorithm/importance.py`; the mismatch is measured into `measured` on the first pass);
+        None when there are neither."""
         given = mb.gather(rollout.importance_weights)  # [b, T_c] or None
         if rollout.engine_logprobs is None:
             return given
-        weights = self._engine_weights(mb, rollout, logps, old, measured)  # [b, T_c]
-        return weights if given is None else weights * given
-
-    def _engine_weights(self, mb, rollout: Rollout, logps: Tensor, old: list[Tensor] | None,
-                        measured: MismatchStats) -> Tensor:
-        """Truncated importance weights exp(old - engine); the mismatch is measured (into
-        `measured`) on the first pass."""
         old_logps = logps.detach() if old is None else mb.gather(old)  # [b, T_c]
         engine_logps = mb.gather(rollout.engine_logprobs)  # [b, T_c]
         weights = engine_importance_weights(old_logps, engine_logps, mb.completion_mask,
                                             self.importance_sampling, self.importance_sampling_cap)
         if self._first_pass:
             measured.add(old_logps, engine_logps, mb.completion_mask, weights)
-        return weights
+        return weights if given is None else weights * given

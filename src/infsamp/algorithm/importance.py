@@ -73,14 +73,10 @@ class MismatchStats:
         valid = mask.bool()  # [b, T]
         diff = (old_logps - engine_logps).abs()[valid]  # [n]
         per_token = weights.expand_as(old_logps)[valid]  # [n]
-        if diff.numel() == 0:
-            return
-        self.num_tokens += diff.numel()
-        self.abs_diff_sum += float(diff.sum())
-        self.abs_diff_max = max(self.abs_diff_max, float(diff.max()))
-        self.weight_sum += float(per_token.sum())
-        self.weight_min = min(self.weight_min, float(per_token.min()))
-        self.weight_max = max(self.weight_max, float(per_token.max()))
+        if diff.numel():
+            self.merge(MismatchStats(diff.numel(), float(diff.sum()), float(diff.max()),
+                                     float(per_token.sum()), float(per_token.min()),
+                                     float(per_token.max())))
 
     def merge(self, other: MismatchStats) -> None:
         """Add another micro-batch's figures (sums add, extremes combine)."""

@@ -117,11 +117,11 @@ def token_entropy(logits: Tensor, normaliser: Tensor) -> Tensor:
 
 
 def _rows_log_softmax(logits: Tensor, index: Tensor, with_entropy: bool):
-    """(chosen log-probs, normaliser, entropy or None) of fp32 logits [r, V] and targets [r]."""
+    """(chosen log-probs, entropy or None) of fp32 logits [r, V] and targets [r]."""
     normaliser = torch.logsumexp(logits, dim=-1)  # [r]
     chosen = logits.gather(-1, index.unsqueeze(-1)).squeeze(-1)  # [r]
     entropy = token_entropy(logits.detach(), normaliser.detach()) if with_entropy else None
-    return chosen - normaliser, normaliser, entropy
+    return chosen - normaliser, entropy
 
 
 def logits_log_softmax(logits: Tensor, index: Tensor, chunk_rows: int = GIVEN_LOGITS_CHUNK_ROWS,
@@ -133,7 +133,7 @@ def logits_log_softmax(logits: Tensor, index: Tensor, chunk_rows: int = GIVEN_LO
     pieces, entropies = [], []
     for chunk, chunk_index in zip(flat_logits.split(chunk_rows),
                                   index.reshape(-1).split(chunk_rows)):
-        logps, _, entropy = _rows_log_softmax(chunk.float(), chunk_index, with_entropy)
+        logps, entropy = _rows_log_softmax(chunk.float(), chunk_index, with_entropy)
         pieces.append(logps)
         entropies.append(entropy)
     logps = torch.cat(pieces).reshape(index.shape)  # [...]
@@ -230,7 +230,7 @@ def _module_log_probs(head: torch.nn.Module, hidden: Tensor, targets: Tensor,
                       spec: HeadSpec) -> tuple[Tensor, Tensor]:
     """Any head module, per chunk of rows; with grad each chunk is recomputed in the backward."""
     def chunk(h: Tensor, t: Tensor):
-        chosen, _, entropy = _rows_log_softmax(spec.logits(head.forward(h)), t, spec.with_entropy)
+        chosen, entropy = _rows_log_softmax(spec.logits(head.forward(h)), t, spec.with_entropy)
         return chosen, entropy if entropy is not None else chosen.detach()[:0]
 
     rows = logits_chunk_rows(int(getattr(head, "out_features", 0) or head.weight.shape[0]))
@@ -275,12 +275,12 @@ class HeadCall:
 
 
 @contextlib.contextmanager
-def head_hook(model: torch.nn.Module, call: HeadCall) -> Iterator[bool]:
+def head_hook(model: torch.nn.Module, call: HeadCall) -> Iterator[None]:
     """Within the context, the model's head runs `call.compute(head, hidden [b, t, H])` and then
-    itself on an empty input ([b, 0, H]). Yields False (and hooks nothing) without a head."""
+    itself on an empty input ([b, 0, H]); without a head nothing is hooked."""
     head = output_head(model)
     if head is None:
-        yield False
+        yield
         return
 
     def pre_hook(module: torch.nn.Module, args: tuple):
@@ -291,6 +291,6 @@ def head_hook(model: torch.nn.Module, call: HeadCall) -> Iterator[bool]:
 
     handle = head.register_forward_pre_hook(pre_hook)
     try:
-        yield True
+        yield
     finally:
         handle.remove()

@@ -66,13 +66,9 @@ class MicroBatch:
     completion_mask: Tensor  # [b, T_c] float, 1 on real completion tokens the model sampled
 
     @property
-    def num_completion_positions(self) -> int:
-        return self.completion_ids.shape[1]
-
-    @property
     def logits_to_keep(self) -> int:
         """The last T_c + 1 positions: every completion token's predictor (and one more)."""
-        return self.num_completion_positions + 1
+        return self.completion_ids.shape[1] + 1
 
     @property
     def num_tokens(self) -> int:
@@ -100,15 +96,19 @@ class MicroBatch:
         T_c]."""
         if per_sequence is None:
             return None
-        out = torch.zeros(self.completion_mask.shape, dtype=torch.float32,
-                          device=self.completion_mask.device)
-        for row, index in enumerate(self.indices):
-            values = per_sequence[index]
-            out[row, : values.shape[0]] = values.to(out.device, torch.float32)
-        return out  # [b, T_c]
+        return right_padded(per_sequence, self.indices, self.completion_mask)  # [b, T_c]
 
 
-def _pad_rows(rows: list[Sequence[int]], width: int, pad: int, left: bool) -> Tensor:
+def right_padded(per_sequence: Sequence[Tensor], indices: Sequence[int], like: Tensor) -> Tensor:
+    """Entries `indices` of a per-sequence list, right-padded with 0 to `like` [b, T_c] (fp32)."""
+    out = torch.zeros(like.shape, dtype=torch.float32, device=like.device)  # [b, T_c]
+    for row, index in enumerate(indices):
+        values = torch.as_tensor(per_sequence[index])
+        out[row, : values.shape[0]] = values.to(out.device, torch.float32)
+    return out
+
+
+def pad_rows(rows: list[Sequence[int]], width: int, pad: int, left: bool) -> Tensor:
     out = torch.full((len(rows), width), pad, dtype=torch.long)  # [b, width]
     for i, row in enumerate(rows):
         span = slice(width - len(row), width) if left else slice(0, len(row))
@@ -116,7 +116,7 @@ def _pad_rows(rows: list[Sequence[int]], width: int, pad: int, left: bool) -> Te
     return out
 
 
-def _lengths_mask(lengths: list[int], width: int, left: bool) -> Tensor:
+def lengths_mask(lengths: list[int], width: int, left: bool) -> Tensor:
     positions = torch.arange(width).unsqueeze(0)  # [1, width]
     sizes = torch.as_tensor(lengths).unsqueeze(1)  # [b, 1]
     return (positions >= width - sizes) if left else (positions < sizes)  # [b, width] bool
@@ -128,11 +128,7 @@ def model_token_rows(completion_mask: Tensor, indices: Sequence[int],
     tokens the model sampled, 0 on tool answers); as it is without masks."""
     if model_masks is None:
         return completion_mask
-    own = torch.zeros(completion_mask.shape, dtype=completion_mask.dtype)  # [b, T_c]
-    for row, index in enumerate(indices):
-        mask = torch.as_tensor(model_masks[index])
-        own[row, : mask.shape[0]] = mask.to(own.dtype)
-    return completion_mask * own.to(completion_mask.device)
+    return completion_mask * right_padded(model_masks, indices, completion_mask)  # [b, T_c]
 
 
 def make_micro_batch(prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]],
@@ -147,11 +143,11 @@ def make_micro_batch(prompt_ids: Sequence[Sequence[int]], completion_ids: Sequen
         raise ValueError("make_micro_batch: an empty prompt has no token to predict the completion "
                          "from")
     width_p, width_c = max(map(len, prompts)), max(1, max(map(len, completions)))
-    prompt_mask = _lengths_mask([len(p) for p in prompts], width_p, left=True)  # [b, T_p]
-    completion_mask = _lengths_mask([len(c) for c in completions], width_c, left=False)  # [b, T_c]
+    prompt_mask = lengths_mask([len(p) for p in prompts], width_p, left=True)  # [b, T_p]
+    completion_mask = lengths_mask([len(c) for c in completions], width_c, left=False)  # [b, T_c]
     attention_mask = torch.cat([prompt_mask, completion_mask], dim=1).long()  # [b, T_p + T_c]
-    completion_tensor = _pad_rows(completions, width_c, pad_token_id, left=False)  # [b, T_c]
-    input_ids = torch.cat([_pad_rows(prompts, width_p, pad_token_id, left=True), completion_tensor],
+    completion_tensor = pad_rows(completions, width_c, pad_token_id, left=False)  # [b, T_c]
+    input_ids = torch.cat([pad_rows(prompts, width_p, pad_token_id, left=True), completion_tensor],
                           dim=1)
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # [b, T_p + T_c]
     own = model_token_rows(completion_mask.float(), indices, model_masks)  # [b, T_c]
@@ -252,24 +248,22 @@ def micro_batch_logprobs_and_entropy(model: torch.nn.Module, mb: MicroBatch,
                                      temperature: float = 1.0,
                                      chunked: bool = True) -> tuple[Tensor, Tensor]:
     """As micro_batch_logprobs, plus each completion position's token entropy [b, T_c], no grad."""
-    logps, entropy = completion_logprobs(model, mb, temperature, True, chunked)
-    return logps, entropy  # type: ignore[return-value]
+    return completion_logprobs(model, mb, temperature, True, chunked)  # type: ignore[return-value]
 
 
 def sequence_logprobs(model: torch.nn.Module, prompt_ids: Sequence[Sequence[int]],
                       completion_ids: Sequence[Sequence[int]], *, max_tokens: int,
-                      pad_token_id: int, temperature: float = 1.0, grad: bool = False,
-                      chunked: bool = True, build: Callable | None = None,
+                      pad_token_id: int, temperature: float = 1.0, chunked: bool = True,
+                      build: Callable | None = None,
                       model_masks: Sequence[Tensor] | None = None) -> list[Tensor]:
-    """Log-probs of every completion token, one 1-D fp32 tensor per sequence, in the input order.
+    """Log-probs of every completion token, one 1-D fp32 tensor per sequence, in the input order;
+    no grad (old / reference log-probs; training runs the loop in the module docstring).
 
-    For old / reference log-probs (grad=False). With grad=True every micro-batch's graph stays
-    alive; for training use the build_micro_batches loop in the module docstring instead.
     `build`: the layout's micro-batch builder (`shared_prompt.LAYOUTS`; default: unshared).
     `model_masks`: tool answers' tokens get 0 (no log-prob computed for them).
     """
     return _sequence_pass(model, prompt_ids, completion_ids, max_tokens, pad_token_id, temperature,
-                          grad=grad, with_entropy=False, chunked=chunked, build=build,
+                          with_entropy=False, chunked=chunked, build=build,
                           model_masks=model_masks)[0]
 
 
@@ -281,20 +275,18 @@ def sequence_logprobs_and_entropy(model: torch.nn.Module, prompt_ids: Sequence[S
                                   model_masks: Sequence[Tensor] | None = None,
                                   ) -> tuple[list[Tensor], list[Tensor]]:
     """(log-probs, token entropies) of every completion, 1-D fp32 tensors per sequence; no grad."""
-    logps, entropies = _sequence_pass(model, prompt_ids, completion_ids, max_tokens, pad_token_id,
-                                      temperature, grad=False, with_entropy=True, chunked=chunked,
-                                      build=build, model_masks=model_masks)
-    return logps, entropies  # type: ignore[return-value]
+    return _sequence_pass(model, prompt_ids, completion_ids, max_tokens, pad_token_id, temperature,
+                          with_entropy=True, chunked=chunked, build=build, model_masks=model_masks)
 
 
 def _sequence_pass(model, prompt_ids, completion_ids, max_tokens: int, pad_token_id: int,
-                   temperature: float, *, grad: bool, with_entropy: bool, chunked: bool,
+                   temperature: float, *, with_entropy: bool, chunked: bool,
                    build: Callable | None, model_masks: Sequence[Tensor] | None = None):
     """Per-sequence log-probs (and entropies) over token-budget micro-batches, in input order."""
     device = next(model.parameters()).device
     logps_out: list[Tensor] = [torch.empty(0)] * len(completion_ids)
     entropy_out: list[Tensor] = [torch.empty(0)] * len(completion_ids)
-    with torch.set_grad_enabled(grad):
+    with torch.no_grad():
         for mb in (build or build_micro_batches)(prompt_ids, completion_ids, max_tokens=max_tokens,
                                                  pad_token_id=pad_token_id, device=device,
                                                  model_masks=model_masks):

@@ -1,6 +1,6 @@
 """The GRPO loss family as small pure functions: per-token objectives, k3 KL, token aggregation.
 
-A loss type (`LOSS_TYPES`) is a pair of pure functions plus its default clip range:
+A loss type (`LOSS_TYPES`) is a pair of pure functions (default clip ranges: `choices.py`):
 - an objective `(logps, old_logps, advantages, epsilon_low, epsilon_high, mask) -> Surrogate`,
   the per-token loss [B, T] (token-level PPO clip, GSPO's sequence-level clip, or CISPO's
   clipped weight);
@@ -165,26 +165,15 @@ Aggregator = Callable[[Tensor, Tensor, BatchTotals], Tensor]
 class LossType:
     objective: Objective  # per-token loss
     aggregate: Aggregator  # tokens -> scalar, normalised by the step's totals
-    when: str  # one line: when to use it (README table)
 
 
-LOSS_TYPES: dict[str, LossType] = {
-    "grpo": LossType(clipped_surrogate, aggregate_grpo,
-                     "the original GRPO recipe; per-sequence means favour short right and long "
-                     "wrong answers"),
-    "dr_grpo": LossType(clipped_surrogate, aggregate_dr_grpo,
-                        "no length bias, constant normaliser; pair with scale_rewards none "
-                        "(Dr. GRPO)"),
-    "dapo": LossType(clipped_surrogate, aggregate_dapo,
-                     "the default: token mean over the step, no length bias (DAPO, TRL)"),
-    "bnpo": LossType(clipped_surrogate, aggregate_dapo,
-                     "TRL's bnpo name for a token mean over the batch; identical to dapo here"),
-    "gspo": LossType(sequence_clipped_surrogate, aggregate_grpo,
-                     "sequence-level ratio: steadier off-policy updates (num_iterations > 1, "
-                     "MoE models)"),
-    "cispo": LossType(cispo_surrogate, aggregate_dapo,
-                      "clipped weights instead of clipped tokens: rare, high-ratio tokens keep "
-                      "a gradient"),
+LOSS_TYPES: dict[str, LossType] = {  # when to use which: docs/usage.md
+    "grpo": LossType(clipped_surrogate, aggregate_grpo),
+    "dr_grpo": LossType(clipped_surrogate, aggregate_dr_grpo),
+    "dapo": LossType(clipped_surrogate, aggregate_dapo),
+    "bnpo": LossType(clipped_surrogate, aggregate_dapo),  # TRL's name; identical to dapo here
+    "gspo": LossType(sequence_clipped_surrogate, aggregate_grpo),
+    "cispo": LossType(cispo_surrogate, aggregate_dapo),
 }
 
 

@@ -35,8 +35,10 @@ from torch import Tensor
 from infsamp.algorithm.lm_head import unwrapped
 from infsamp.algorithm.logprobs import (
     MicroBatch,
+    lengths_mask,
     make_micro_batch,
     model_token_rows,
+    pad_rows,
     plan_sequence_batches,
 )
 from infsamp.planner.micro_batches import plan_shared_prompt_batches
@@ -126,11 +128,8 @@ def make_shared_micro_batch(prompt_ids: Sequence[Sequence[int]],
     indices = [i for row in rows for i in row]
     completions = [completion_ids[i] for i in indices]
     width_c = max(1, max(map(len, completions)))
-    completion_tensor = torch.full((len(indices), width_c), pad_token_id, dtype=torch.long)
-    for b, completion in enumerate(completions):
-        completion_tensor[b, : len(completion)] = torch.as_tensor(list(completion))
-    lengths = torch.as_tensor([len(c) for c in completions]).unsqueeze(1)  # [b, 1]
-    real = (torch.arange(width_c).unsqueeze(0) < lengths).float()  # [b, T_c]
+    completion_tensor = pad_rows(completions, width_c, pad_token_id, left=False)  # [b, T_c]
+    real = lengths_mask([len(c) for c in completions], width_c, left=False).float()  # [b, T_c]
     completion_mask = model_token_rows(real, indices, model_masks)  # [b, T_c]
     own = completion_mask[real.bool()].bool()  # [n] per real token in predictor order
     kept = torch.as_tensor(predictors, dtype=torch.long)[own]  # [n_model]

@@ -1,7 +1,7 @@
 """One training step over several ranks: who samples which prompts, and what is gathered after.
 
     share(batch)        rank 0 predicts each prompt's sampling cost and assigns the step's prompts
-                        to ranks (`sampling.rank_assignment`: lpt or round_robin); every rank
+                        to ranks (`rank_assignment.py`: lpt or round_robin); every rank
                         learns its share (one small broadcast)
     combine(...)        after sampling and scoring its own groups, every rank sends what the
                         step's statistics need (lengths, finish reasons, rewards per function,
@@ -12,18 +12,10 @@
                         on the same values as in one process (`scale_rewards: batch` included)
                         and its loss normaliser (`BatchTotals`) counts the whole step's tokens.
 
-The cost predictor is kept for the assignment alone, on rank 0: an `OnlinePredictor` fed every
-group's lengths after each step, so it predicts from the prompt (its length, its digits), the same
-prompt's lengths in earlier epochs and the run's recent mean; it works with every sampling policy
-(with `length_aware` each rank's sampler keeps its own predictor for its slots). A group's cost is
-G x its predicted length: the tokens it decodes.
-
-Metrics: `sampling/rank_imbalance` is the slowest rank's sampling time over the mean;
-`sampling/rank_imbalance_steps` the same for decode steps (deterministic); `sampling/
-predicted_imbalance` what the assignment expected; `distributed/wait_s` the time a rank spent in
-the step's gathers waiting for the others (mean over ranks; where a fast sampler waits for the
-slowest; the wait inside DDP's gradient all-reduce is not in it), `distributed/wait_fraction` that
-over the step time.
+The cost predictor (an `OnlinePredictor` on rank 0 for the assignment alone, fed every group's
+lengths after each step; a group's cost is G x its predicted length: the tokens it decodes) and
+the metrics (`sampling/rank_imbalance`, `distributed/wait_s`, ...): docs/distributed.md, "Ranks
+finish sampling together".
 
 Deliberately simple: one process keeps the same code path with a share of every prompt; the
 sampler's statistics are combined by their one table (`sampling.types.COMBINED`: sums, maxima,
@@ -34,11 +26,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any
 
 from infsamp.distributed.rank_assignment import assign, imbalance, rank_loads
 from infsamp.distributed.ranks import Ranks
 from infsamp.rewards.compute import RewardResult
+from infsamp.sampling.length_predictor import OnlinePredictor
 from infsamp.sampling.traces import group_turns
 from infsamp.sampling.types import COMBINE, COMBINED, Completion, make_samples
 
@@ -56,14 +50,13 @@ class StepData:
     groups: list[dict[str, Any]]  # lengths.jsonl lines, step order
 
 
-def combine_metrics(per_rank: list[dict[str, float]],
-                    prefix: str = "sampling/") -> dict[str, float]:
+def combine_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
     """One dict from every rank's, by the statistics' one table (`COMBINED`, its ranks column):
     sums, maxima, else means."""
     out: dict[str, float] = {}
     for key in per_rank[0]:
         values = [m[key] for m in per_rank if key in m]
-        name = key[len(prefix):] if key.startswith(prefix) else key
+        name = key.removeprefix("sampling/")
         out[key] = COMBINE[COMBINED.get(name, ("", "mean"))[1]](values)
     return out
 
@@ -77,7 +70,7 @@ class RankSteps:
         self.ranks, self.G, self.method = ranks, num_generations, method
         self.max_new = max_new_tokens
         self.trace_prefix_tokens = trace_prefix_tokens  # first tokens kept in lengths.jsonl
-        self.costs = _make_cost_predictor() if ranks.distributed and ranks.is_main else None
+        self.costs = OnlinePredictor() if ranks.distributed and ranks.is_main else None
         self.wait_s = 0.0
         self._predicted = 1.0
 
@@ -86,7 +79,7 @@ class RankSteps:
         return self.ranks.rank
 
     @property
-    def distributed(self) -> bool:
+    def distributed(self) -> bool:  # dynamic sampling reads it (as OneProcess's)
         return self.ranks.distributed
 
     # ---- before sampling
@@ -126,7 +119,7 @@ class RankSteps:
             completions = [c for group in groups for c in group]
             return StepData(rewards, completions, list(range(len(completions))),
                             sampler_metrics, [_line(r) for r in mine["groups"]])
-        everyone = self._timed(self.ranks.gather_json, mine)
+        everyone = self.gather(mine)
         data = self._merge(everyone, len(batch), share)
         if self.costs is not None:
             lengths = [length for g in data.groups for length in g["lengths"]]
@@ -138,7 +131,7 @@ class RankSteps:
         """The lengths.jsonl lines of `batch`'s groups (this rank's: `share`, `groups`), step
         order, on every rank: one gather (dynamic sampling's dropped groups)."""
         mine = _records(batch, share, groups, RewardResult([], {}), {}, self.trace_prefix_tokens)
-        everyone = self.gather(mine) if self.ranks.distributed else [mine]
+        everyone = self.gather(mine)  # one process: [mine]
         return [_line(g) for g in _in_step_order(everyone, len(batch))]
 
     def _merge(self, everyone: list[dict[str, Any]], num_prompts: int,
@@ -151,7 +144,7 @@ class RankSteps:
         total = [r for g in groups for r in g["total"]]
         per_function = {name: [v for g in groups for v in g["per_function"][name]]
                         for name in everyone[0]["functions"]}
-        starts = _starts([len(g["lengths"]) for g in groups])  # groups of any sizes
+        starts = list(accumulate((len(g["lengths"]) for g in groups), initial=0))  # first rows
         rows = [starts[i] + j for i in share for j in range(len(groups[i]["lengths"]))]
         return StepData(RewardResult(total, per_function), completions, rows,
                         self._sampler_metrics(everyone), [_line(g) for g in groups])
@@ -182,7 +175,7 @@ class RankSteps:
         sizes = [self.G] * len(share) if sizes is None else sizes
         by_prompt: dict[int, list[Any]] = {}
         for their_share, theirs, counts in self.gather([share, records, sizes]):
-            for position, start, count in zip(their_share, _starts(counts), counts):
+            for position, start, count in zip(their_share, accumulate(counts, initial=0), counts):
                 by_prompt[position] = theirs[start:start + count]
         return [r for position in sorted(by_prompt) for r in by_prompt[position]]
 
@@ -217,14 +210,8 @@ class RankSteps:
             self.costs.load_state_dict(state)
 
 
-def _make_cost_predictor():
-    from infsamp.sampling.length_predictor import OnlinePredictor
-
-    return OnlinePredictor()
-
-
 def _records(batch, share: list[int], groups, rewards: RewardResult,
-             sampler_metrics: dict[str, float], prefix_tokens: int = 0) -> dict[str, Any]:
+             sampler_metrics: dict[str, float], prefix_tokens: int) -> dict[str, Any]:
     """This rank's groups as JSON-able records (a lengths.jsonl line + what the metrics need)."""
     records, start = [], 0
     for position, group in zip(share, groups):  # groups of any sizes (dynamic sampling)
@@ -253,15 +240,6 @@ def _in_step_order(everyone: list[dict[str, Any]], num_prompts: int) -> list[dic
         for position, group in zip(record["share"], record["groups"]):
             by_prompt[position] = group
     return [by_prompt[i] for i in range(num_prompts)]
-
-
-def _starts(sizes: list[int]) -> list[int]:
-    """Each group's first row when groups of `sizes` lie one after the other."""
-    starts, row = [], 0
-    for size in sizes:
-        starts.append(row)
-        row += size
-    return starts
 
 
 def _line(record: dict[str, Any]) -> dict[str, Any]:

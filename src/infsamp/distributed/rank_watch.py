@@ -27,6 +27,7 @@ kill the rank without a word); the parent is watched only under torchrun's agent
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
@@ -73,18 +74,14 @@ class RankWatch:
         return self
 
     def report_failure(self, message: str) -> None:
-        try:
+        with contextlib.suppress(Exception):  # the store may be gone with rank 0: nothing to tell
             self.store.set(f"failed/{self.rank}", message)
             self.store.add("num_failed", 1)
-        except Exception:  # noqa: BLE001 - the store may be gone with rank 0; nothing to tell
-            pass
 
     def finished(self) -> None:
         self._stop.set()
-        try:
+        with contextlib.suppress(Exception):
             self.store.set(f"done/{self.rank}", "1")
-        except Exception:  # noqa: BLE001
-            pass
 
     # ---- the others
     def peer_failure(self, wait_s: float = 0.0) -> tuple[int | None, str] | None:

@@ -103,7 +103,7 @@ class Ranks:
         return decide_on_main()
 
     def device(self, name: str):
-        from infsamp.models.loading import resolve_device
+        from infsamp.models.device import resolve_device
 
         return resolve_device(name)
 
@@ -119,7 +119,10 @@ class ProcessRanks(Ranks):
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
         self.strategy = strategy
-        self.watch = _start_watch(self, failure_timeout_s, output_dir)
+        # rank 0's random token, on every rank: this launch's prefix in the rendezvous store
+        token = self.broadcast_json(os.urandom(8).hex() if self.is_main else None)
+        self.watch = RankWatch(self.rank, self.world_size, failure_timeout_s, output_dir,
+                               token).start()
 
     # ---- collectives
     def _gather_varying(self, data) -> list:
@@ -150,23 +153,19 @@ class ProcessRanks(Ranks):
     def broadcast_json(self, value: Any) -> Any:
         return self.gather_json(value if self.is_main else None)[0]
 
-    def _reduce(self, values: Sequence[float], op) -> list[float]:
+    def _reduce(self, values: Sequence[float], op: str) -> list[float]:
         import torch
         import torch.distributed as dist
 
         tensor = torch.tensor([float(v) for v in values], dtype=torch.float64)  # [n]
-        dist.all_reduce(tensor, op=op)
+        dist.all_reduce(tensor, op=getattr(dist.ReduceOp, op))
         return tensor.tolist()
 
     def sum(self, values: Sequence[float]) -> list[float]:
-        import torch.distributed as dist
-
-        return self._reduce(values, dist.ReduceOp.SUM)
+        return self._reduce(values, "SUM")
 
     def max(self, values: Sequence[float]) -> list[float]:
-        import torch.distributed as dist
-
-        return self._reduce(values, dist.ReduceOp.MAX)
+        return self._reduce(values, "MAX")
 
     def barrier(self) -> None:
         self.sum([0.0])  # a gloo all-reduce: works whatever the device backend is
@@ -246,11 +245,6 @@ def _signals_held() -> Iterator[None]:
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)
-
-
-def _start_watch(ranks: ProcessRanks, timeout_s: float, output_dir: str):
-    token = ranks.broadcast_json(os.urandom(8).hex() if ranks.is_main else None)
-    return RankWatch(ranks.rank, ranks.world_size, timeout_s, output_dir, token).start()
 
 
 # ---------------------------------------------------------------- the launch

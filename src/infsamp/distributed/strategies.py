@@ -7,7 +7,6 @@ A strategy answers the few questions the trainer and the GRPO step ask:
                            and the no-grad log-prob passes (it runs on this rank alone)
     backward_sync(last)    a context around one micro-batch's backward: gradients reduced or not
     padding_batches(n)     extra zero-weight micro-batches so every rank runs as many as the others
-    sum(values)            a sum over ranks (loss and its token statistics)
 
 - `single`: the model itself; nothing to reduce.
 - `ddp`: torch DistributedDataParallel over the model (buffers are not re-broadcast: the sampler's
@@ -31,7 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 import torch
 
@@ -67,9 +66,6 @@ class Strategy:
 
     def padding_batches(self, num_local: int) -> int:
         return 0
-
-    def sum(self, values: Sequence[float]) -> list[float]:
-        return self.ranks.sum(values)
 
 
 def _sum_hook(_state, bucket):  # DDP checks annotations literally: none given
@@ -172,8 +168,7 @@ def _meta_copy(model: torch.nn.Module) -> torch.nn.Module:
     """A deep copy whose parameters live on the meta device (no memory); buffers are copied."""
     memo = {id(p): torch.nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device="meta"),
                                       requires_grad=False) for p in model.parameters()}
-    skeleton = copy.deepcopy(model, memo)
-    return skeleton.eval()
+    return copy.deepcopy(model, memo).eval()
 
 
 def _parameter_aliases(model: torch.nn.Module) -> dict[str, list[str]]:

@@ -49,15 +49,11 @@ from infsamp.config import ToolsConfig
 from infsamp.config_algorithm import SamplingConfig
 from infsamp.console import Notices
 from infsamp.errors import InfsampError
-from infsamp.integrations.trl_tools import env_mask, load_rollout_tools
+from infsamp.integrations.trl_tools import RolloutError, env_mask, load_rollout_tools
 
 # sampling.* options of `infsamp train`'s dynamic sampling, refused here (one line)
 DYNAMIC_OPTIONS = ("dynamic", "max_num_generations", "dynamic_chunk", "max_replaced_prompts")
 LOGGED_STATS = ("decode_steps", "micro_group", "peak_kv_bytes", "tokens_per_second", "wall_time_s")
-
-
-class RolloutError(InfsampError):
-    """A TRL setting the infsamp rollout cannot honour."""
 
 
 def infsamp_rollout(logprobs: bool = True, **sampling: Any) -> InfsampRollout:
@@ -100,13 +96,12 @@ class InfsampRollout:
             raise RolloutError(f"infsamp_rollout: unknown sampling option(s) {', '.join(unknown)} "
                                "(G is GRPOConfig.num_generations)")
         self.sampling = {"engine": "slots", **sampling}
+        given = replace(SamplingConfig(), **self.sampling)
         try:  # bad values are refused now, not at TRL's first step
-            replace(SamplingConfig(), **self.sampling).validate()
+            given.validate()
         except InfsampError as err:
             raise RolloutError(f"infsamp_rollout: {err}") from None
-        max_turns = replace(SamplingConfig(), **self.sampling).max_turns
-        self.tools = load_rollout_tools(tools, tool_timeout_s, tool_max_workers, max_turns,
-                                        RolloutError)
+        self.tools = load_rollout_tools(tools, tool_timeout_s, tool_max_workers, given.max_turns)
         self.want_logprobs, self.max_prompt_tokens = logprobs, max_prompt_tokens
         self.logprob_tokens = logprob_micro_batch_tokens  # 0: the KV budget, in tokens
         self.share_prompt = share_prompt  # each group's prompt forwarded once for the log-probs

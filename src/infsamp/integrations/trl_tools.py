@@ -1,15 +1,12 @@
 """Tools inside the TRL rollout: `infsamp_rollout(tools=[...])` runs multi-turn episodes with
-infsamp's sampler and returns TRL's `env_mask`.
+infsamp's sampler and returns TRL's `env_mask` (why the tools go to the rollout and not to the
+trainer, and what TRL does with the mask: docs/usage.md, "Tools and environments").
 
-TRL 1.x runs its own tool loop (`GRPOTrainer._tool_call_loop`) whenever the trainer has
-`tools`: after a `rollout_func` it would generate every turn after the first itself, with its own
-generation. So the tools go to the rollout instead, and the trainer gets none: infsamp's turn
-loop runs the calls (as in `infsamp train`: worker processes, timeout, errors as the model's tool
-error message), appends the chat template's tool messages (or the fallback format for a template
-without tool support) and decodes on, every turn inside the KV budget. The rollout returns, next
-to TRL's three keys, `env_mask` per completion (1 on the model's tokens, 0 on the tools'
-answers), which TRL 1.x reads as its tool mask: answers are out of the loss and out of the
-completion lengths it logs. The log-probs returned are 0 on the answers' tokens.
+infsamp's turn loop runs the calls (as in `infsamp train`: worker processes, timeout, errors as
+the model's tool error message), appends the chat template's tool messages (or the fallback
+format for a template without tool support) and decodes on, every turn inside the KV budget.
+`env_mask` is per completion 1 on the model's tokens, 0 on the tools' answers; the log-probs
+returned are 0 on the answers' tokens.
 
 Deliberately simple: tools only, no `environment_factory` (TRL resets an environment with the
 dataset row, which a rollout_func never receives); the tools are offered in every prompt.
@@ -22,6 +19,10 @@ from typing import Any
 
 from infsamp.config import DataConfig, ToolsConfig
 from infsamp.errors import InfsampError
+
+
+class RolloutError(InfsampError):
+    """A TRL setting the infsamp rollout cannot honour."""
 
 
 class RolloutTools:
@@ -73,15 +74,15 @@ def env_mask(completions) -> list[list[int]]:
     return [[int(own) for own in c.model_mask()] for c in completions]
 
 
-def load_rollout_tools(tools, timeout_s: float, max_workers: int, max_turns: int,
-                       error: type[InfsampError]) -> RolloutTools | None:
-    """None without tools; a bad tool, or max_turns 0, is one `error` line."""
+def load_rollout_tools(tools, timeout_s: float, max_workers: int,
+                       max_turns: int) -> RolloutTools | None:
+    """None without tools; a bad tool, or max_turns 0, is one `RolloutError` line."""
     if not tools:
         return None
     if max_turns < 1:
-        raise error("infsamp_rollout: tools are given but max_turns is 0: the model could "
-                    "never call one (set it to 1 or more)")
+        raise RolloutError("infsamp_rollout: tools are given but max_turns is 0: the model "
+                           "could never call one (set it to 1 or more)")
     try:
         return RolloutTools(tools, timeout_s, max_workers)
     except InfsampError as err:
-        raise error(f"infsamp_rollout: {err}") from None
+        raise RolloutError(f"infsamp_rollout: {err}") from None

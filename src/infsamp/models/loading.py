@@ -138,12 +138,11 @@ def load_model_and_tokenizer(cfg: ModelConfig, device: torch.device | None = Non
     data before loading weights)."""
     device = device or resolve_device(cfg.device)
     source = local_source(cfg.name_or_path)
-    path = source.path
     tokenizer = tokenizer or load_tokenizer(cfg.name_or_path, cfg.trust_remote_code)
     weights = weight_kwargs(cfg, device, precision)
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            path, attn_implementation=cfg.attn_implementation,
+            source.path, attn_implementation=cfg.attn_implementation,
             trust_remote_code=cfg.trust_remote_code, **weights)
     except Exception as err:
         raise _load_failure(source, "model", err) from None

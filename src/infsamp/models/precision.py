@@ -3,9 +3,9 @@
 The modes themselves (names, dtypes, bytes) are the registry in `infsamp.planner.precisions`; this
 module adds what needs torch:
 
-- `resolve_precision(cfg, device)`: 'auto' -> the device's default, then every check a bad setting
-  needs, as one `ConfigError` line naming the option and the fix (called by `Config.validate` and
-  again by the trainer before the model loads);
+- `resolve_precision(cfg, device)`: 'auto' -> the device's default, then every check against this
+  machine a bad setting needs, as one `ConfigError` line naming the option and the fix (the trainer
+  calls it before the model loads; `Config.validate` has checked the name);
 - `weights_dtype(mode, lora)`: the dtype the model is loaded in (`model.dtype` is derived from the
   precision: `auto`, or the same dtype spelled out; anything else is refused);
 - `compute_context(mode, device)`: THE context manager for compute (bf16 autocast in `mixed`,
@@ -29,7 +29,6 @@ import types
 
 import torch
 
-from infsamp.choices import PRECISION_CHOICES
 from infsamp.config import Config
 from infsamp.models.device import DTYPES, base_model, resolve_device
 from infsamp.options import ConfigError
@@ -92,16 +91,13 @@ def has_module(name: str) -> bool:
 
 
 def resolve_precision(cfg: Config, device: torch.device | None = None) -> PrecisionMode:
-    """The run's precision mode, after every check (one ConfigError line each)."""
+    """The run's precision mode of a validated config, after every check (one ConfigError line
+    each)."""
     device = device or resolve_device(cfg.model.device)
-    name = cfg.training.precision
-    if name not in PRECISION_CHOICES:
-        raise ConfigError(f"training.precision: must be one of {', '.join(PRECISION_CHOICES)} "
-                          f"(got {name!r})")
-    mode = PRECISIONS[resolve_precision_name(name, device.type)]
+    mode = PRECISIONS[resolve_precision_name(cfg.training.precision, device.type)]
     lora = cfg.model.lora_rank > 0
     _check_model_dtype(cfg, mode, lora)
-    _check_device(cfg, mode, device)
+    _check_device(cfg, mode, lora, device)
     _check_libraries(cfg, mode, lora, device)
     if mode.warning:
         _say(mode.warning)
@@ -117,14 +113,14 @@ def _check_model_dtype(cfg: Config, mode: PrecisionMode, lora: bool) -> None:
                           "training.precision)")
 
 
-def _check_device(cfg: Config, mode: PrecisionMode, device: torch.device) -> None:
+def _check_device(cfg: Config, mode: PrecisionMode, lora: bool, device: torch.device) -> None:
     if cfg.model.load_in_4bit and device.type != "cuda":
         raise ConfigError("model.load_in_4bit: bitsandbytes NF4 needs a CUDA GPU; on a CPU train "
                           "LoRA without it (model.load_in_4bit false)")
     if cfg.model.load_in_4bit and cfg.sampling.engine == "vllm":
         raise ConfigError("sampling.engine vllm: vLLM cannot load a bitsandbytes 4-bit base; with "
                           "model.load_in_4bit use sampling.engine slots (auto picks it)")
-    uses_bf16 = "bf16" in (mode.compute, base_dtype(mode, cfg.model.lora_rank > 0))
+    uses_bf16 = "bf16" in (mode.compute, base_dtype(mode, lora))
     if device.type == "cpu" and uses_bf16:
         if not cpu_computes_bf16():
             raise ConfigError(f"training.precision {mode.name}: this CPU / torch build cannot "
