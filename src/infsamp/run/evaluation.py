@@ -39,6 +39,7 @@ from infsamp.rewards.builtin import ACCURACY_LIKE
 from infsamp.rewards.compute import RewardResult
 
 EVAL_METRICS = ("eval/accuracy", "eval/reward")
+GENERATE_BATCH = 64  # prompts per `generate` call (generate_completions)
 
 
 def left_padded(prompt_ids: Sequence[Sequence[int]],
@@ -62,16 +63,16 @@ def until_stop(ids: Sequence[int], stop_token_ids: Sequence[int]) -> list[int]:
 @torch.no_grad()
 def generate_completions(model, prompt_ids: Sequence[Sequence[int]], *, pad_token_id: int,
                          stop_token_ids: Sequence[int], max_new_tokens: int,
-                         temperature: float = 0.0, batch_size: int = 64) -> list[list[int]]:
+                         temperature: float = 0.0) -> list[list[int]]:
     """Each prompt's completion ids, cut before its first stop token."""
     device = next(model.parameters()).device
     completions: list[list[int]] = []
-    for start in range(0, len(prompt_ids), batch_size):
-        input_ids, mask = left_padded(prompt_ids[start: start + batch_size], pad_token_id)
+    for start in range(0, len(prompt_ids), GENERATE_BATCH):
+        input_ids, mask = left_padded(prompt_ids[start: start + GENERATE_BATCH], pad_token_id)
         out = model.generate(input_ids=input_ids.to(device), attention_mask=mask.to(device),
                              max_new_tokens=max_new_tokens, do_sample=temperature > 0,
-                             temperature=temperature if temperature > 0 else None, top_p=None,
-                             top_k=None,
+                             temperature=temperature if temperature > 0 else None,
+                             top_p=None, top_k=None,
                              pad_token_id=pad_token_id, eos_token_id=list(stop_token_ids) or None)
         new_tokens = out[:, input_ids.shape[1]:].tolist()  # [b, T_new]
         completions.extend(until_stop(row, stop_token_ids) for row in new_tokens)
@@ -147,12 +148,11 @@ def tally(result: RewardResult | None, names: Sequence[str], chosen: str,
     """[solved, problems, then per function: sum of its scores, rows it scored] (zeros for none)."""
     if result is None:
         return [0.0] * (2 + 2 * len(names))
-    values = [result.per_function[name] for name in names]
     chosen_values = result.per_function[chosen]
     sums = [float(sum(v >= threshold for v in chosen_values if not math.isnan(v))),
             float(len(chosen_values))]
-    for scores in values:
-        scored = [v for v in scores if not math.isnan(v)]
+    for name in names:
+        scored = [v for v in result.per_function[name] if not math.isnan(v)]
         sums += [float(sum(scored)), float(len(scored))]
     return sums
 
