@@ -10,15 +10,11 @@ One step, laid out in time:
 Everything configurable comes from `infsamp.config.Config`; loss types, advantage scaling and
 sampling policies are registries in their own modules. The trainer only wires them together, logs,
 evaluates and checkpoints (one step's work: `TrainStep` in `train_step.py`, built once with the
-parts it reads). Start-up is `__init__`, one named
-step a line: the reward functions and the run folder (`run/folder.py`, `run/identity.py`) before
-anything loads, then the data (encoded once by `tasks.prompts`, checked against the resumed
-checkpoint's rows), a run that cannot fit refused from the model's config (`sampling/sizes.py`),
-the weights, the run's sizes (`sampling/sizes.py`), the sampler, the update, and
-the resumable state (`run/train_state.py`), which the one save path (`run/rank_checkpoint.py`,
-several ranks or one) writes and a resume reads. While it runs, SIGTERM/SIGINT end the step and
-save (`signals.py`), and a non-finite loss, gradient norm or reward stops the run before it is
-applied (or skips it: `training.nonfinite`).
+parts it reads). Start-up is `__init__`, one named step a line, the run folder and the data
+checked before the weights load; the resumable state (`run/train_state.py`) is what the one save
+path (`run/rank_checkpoint.py`, several ranks or one) writes and a resume reads. While it runs,
+SIGTERM/SIGINT end the step and save (`signals.py`), and a non-finite loss, gradient norm or
+reward stops the run before it is applied (or skips it: `training.nonfinite`).
 
 Several processes (torchrun / accelerate launch): `distributed/strategies.py` wraps the model (DDP
 or FSDP2), `distributed/rank_step.py` divides each step's prompts between the ranks and gathers what
@@ -259,8 +255,9 @@ class GRPOTrainer:
                   f"{cfg.training.max_steps}): nothing to do")
             self.ranks.finish()
             self.close()
+            eval_after = self.train_state.last_eval if self._evaluated_at(self.step) else None
             return TrainResult(self.output_dir, self.step, self.train_state.eval_before,
-                               self._eval_at(self.step), self.eval_reward)
+                               eval_after, self.eval_reward)
         logger = RunLogger(self.output_dir, cfg.training.max_steps, self.step,
                            cfg.logging.log_every,
                            cfg.logging.progress_bar) if self.ranks.is_main else NullLogger()
@@ -327,9 +324,6 @@ class GRPOTrainer:
         that lacks it (resumed from a periodic checkpoint with max_steps lowered to its step)
         runs it and saves it, then stops."""
         return self._evaluated_at(self.step) or not self.eval_prompts.prompts
-
-    def _eval_at(self, step: int) -> float | None:
-        return self.train_state.last_eval if self._evaluated_at(step) else None
 
     def _evaluate(self, logger: RunLogger) -> float | None:
         prompts = self.eval_prompts.prompts
