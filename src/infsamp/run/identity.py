@@ -97,19 +97,14 @@ def run_settings(cfg: Config) -> dict[str, Any]:
         cfg.training.precision, resolve_device(cfg.model.device).type)
     if cfg.model.lora_rank > 0:
         settings.update({key: flat[key] for key in LORA_SETTINGS})
-    if cfg.sampling.dynamic:
-        settings.update(dynamic_settings(cfg))
+    if cfg.sampling.dynamic:  # as the run uses them (0 and -1 resolved to what they stand for)
+        sampling, training = cfg.sampling, cfg.training
+        settings.update(zip(DYNAMIC_SETTINGS, (sampling.generations_cap, sampling.chunk_generations,
+                                               max_replaced_prompts(sampling, training),
+                                               training.completions_per_step)))
     settings.update({f"training.{key}": value for key, value in
                      schedule_horizon(cfg.training).items() if key in SCHEDULE_SETTINGS})
     return settings
-
-
-def dynamic_settings(cfg: Config) -> dict[str, Any]:
-    """`DYNAMIC_SETTINGS` as the run uses them (0 and -1 resolved to what they stand for)."""
-    sampling, training = cfg.sampling, cfg.training
-    return dict(zip(DYNAMIC_SETTINGS, (sampling.generations_cap, sampling.chunk_generations,
-                                       max_replaced_prompts(sampling, training),
-                                       training.completions_per_step)))
 
 
 def data_fingerprint(train, held_out) -> dict[str, Any]:
