@@ -4,13 +4,11 @@ reward functions.
 Takes the prompts as token ids, the same ids the sampler gets for the same example
 (`infsamp.tasks.prompts.encode_prompt`), and stops on the same tokens (`stop_token_ids`). Given the
 run's sampler, `held_out_completions` decodes every problem as one completion of one sampler call
-through the run's engine (`engine_completions`: the scheduler keeps the call under the run's KV
-budget, as in sampling, the prompts' common prefix held once and as many problems running at once
-as the budget holds); without one it runs transformers `generate` in batches left-padded with the
-pad token (`generate_completions`, never re-tokenising text; the reference the tests compare the
-engine with). Each completion is cut at its first stop token. The trainer scores them with
-the run's own reward functions, as in training (`eval.reward` picks the one that says "solved":
-`eval_reward_name`), and logs to eval.jsonl (`eval_metrics`):
+through the run's engine (`engine_completions`; docs/decoding.md); without one it runs
+transformers `generate` in left-padded batches (`generate_completions`, the reference the tests
+compare the engine with). Each completion is cut at its first stop token. The trainer scores them
+with the run's own reward functions, as in training (`eval.reward` picks the one that says
+"solved": `eval_reward_name`), and logs to eval.jsonl (`eval_metrics`):
 
     eval/accuracy             share of problems eval.reward scores >= eval.accuracy_threshold
     eval/reward               eval.reward's mean over the problems it scored
@@ -83,10 +81,9 @@ def engine_completions(sampler, prompt_ids: Sequence[Sequence[int]], *,
                        stop_token_ids: Sequence[int], max_new_tokens: int,
                        temperature: float = 0.0, turns=None) -> list[list[int]]:
     """Each prompt's completion ids, cut before its first stop token: one sampler call of one
-    completion per prompt on the run's engine (greedy at temperature 0, as `generate`), the
-    prompts' common prefix (chat template, system prompt) forwarded and held once, as many
-    problems at once as the KV budget then holds. With `turns` (tools) an episode holds the stop
-    tokens of its tool turns: only its last goes."""
+    completion per prompt on the run's engine (greedy at temperature 0, as `generate`), their
+    common prefix held once. With `turns` (tools) an episode holds the stop tokens of its tool
+    turns: only its last goes."""
     groups = sampler.sample([list(p) for p in prompt_ids], 1, max_new_tokens=max_new_tokens,
                             temperature=temperature, generator=torch.Generator().manual_seed(0),
                             turns=turns, share_prefix=True, fill_budget=True).groups
