@@ -348,9 +348,11 @@ class GRPOTrainer:
         sums = self.ranks.sum(tally(scores, self.rewards.names, self.eval_reward,
                                     cfg.accuracy_threshold))
         metrics = eval_metrics(sums, self.rewards.names, self.eval_reward)
-        if cfg.log_completions:
-            self._log_problems(logger, problem_records(
-                mine, texts, ids, scores, self.eval_reward, cfg.accuracy_threshold) if mine else [])
+        if cfg.log_completions:  # every rank's rows, written by rank 0's logger
+            rows = problem_records(mine, texts, ids, scores, self.eval_reward,
+                                   cfg.accuracy_threshold) if mine else []
+            rows = [row for part in self.ranks.gather_json(rows) for row in part]
+            logger.log_completions(self.step, rows, "eval_completions.jsonl")
         logger.progress.advance(len(prompts))
         logger.log_eval(self.step, {**metrics, **tool_metrics, "eval/num_problems": len(prompts),
                                     "eval/dropped_prompts": self.eval_prompts.num_dropped,
@@ -360,11 +362,6 @@ class GRPOTrainer:
         state.last_eval, state.last_eval_step = metrics["eval/accuracy"], self.step
         state.saved_step = -1  # the state changed since its checkpoint: the next save writes it
         return state.last_eval
-
-    def _log_problems(self, logger: RunLogger, rows: list[dict[str, Any]]) -> None:
-        """eval_completions.jsonl: every rank's rows, written by rank 0's logger."""
-        rows = [row for part in self.ranks.gather_json(rows) for row in part]
-        logger.log_completions(self.step, rows, "eval_completions.jsonl")
 
     def _save(self) -> Path:
         """checkpoint-<step>, once per step: `rank_checkpoint.save_checkpoint`."""
