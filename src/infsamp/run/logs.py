@@ -139,7 +139,7 @@ class RunLogger:
         shown = " ".join(f"{k}={format_value(v)}" for k, v in metrics.items())
         self.progress.write(f"eval @ step {step}: {shown}")
 
-    def log_plot(self, step: int) -> Path | None:
+    def log_plot(self, step: int) -> None:
         """Write plots/training.png and send it to the trackers; a failed write is a warning (the
         run and its checkpoint are complete: say so, do not fail)."""
         check_still_held(self.dir)
@@ -148,10 +148,9 @@ class RunLogger:
         except OSError as err:
             print(f"warning: plots/training.png not written ({err.strerror or err})",
                   file=sys.stderr)
-            return None
+            return
         if path is not None and self.trackers:
             self.trackers.log_image(step, path)
-        return path
 
     def log_lengths(self, step: int, groups: list[dict[str, Any]]) -> None:
         self._append("lengths.jsonl", [{"step": step, **group} for group in groups])
