@@ -41,7 +41,7 @@ from infsamp.distributed.strategies import Strategy
 from infsamp.errors import NonFiniteError, RewardError
 from infsamp.planner.sizes import RunSizes
 from infsamp.run.dynamic_sampling import DynamicSampler
-from infsamp.run.logs import RunLogger, completion_records
+from infsamp.run.logs import NullLogger, RunLogger, completion_records
 from infsamp.run.progress import RunProgress
 from infsamp.run.prompt_stream import PromptStream
 from infsamp.run.scoring import RunRewards
@@ -77,14 +77,14 @@ class TrainStep:
 
     def run(self, logger: RunLogger | None = None) -> dict[str, Any]:
         start = time.perf_counter()
-        progress = logger.progress if logger is not None else RunProgress(0, 0, enabled=False)
+        logger = logger if logger is not None else NullLogger()  # no logs, no progress bars
+        progress = logger.progress
         batch = self.stream.next_batch()
         rollout_of = self.rollout if self.dynamic is None else self.dynamic_rollout
         rollout, sample_metrics, groups, records = rollout_of(batch, progress)
         sample_metrics.update(self.step_timer.metrics())  # time/sampling, time/rewards
-        if logger is not None:
-            logger.log_lengths(self.state.step + 1, groups)
-            logger.log_completions(self.state.step + 1, records)
+        logger.log_lengths(self.state.step + 1, groups)
+        logger.log_completions(self.state.step + 1, records)
         try:
             check_finite(sample_metrics, rollout.advantages)
             self.engine.sleep()  # vLLM on CUDA: free its KV pool and weights while training
