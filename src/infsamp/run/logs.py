@@ -171,10 +171,7 @@ def completion_records(prompt_ids: list[str], prompts: list[str], completions: l
                        rewards: dict[str, list[float]], totals: list[float],
                        advantages: Any) -> list[dict[str, Any]]:
     """One record per completion (group-major, the same number per prompt): what the policy wrote
-    and its score.
-
-    `completions` carry `.text`, `.length`, `.finish_reason`; NaN rewards (None) become null.
-    """
+    and its score (NaN rewards become null)."""
     group_size = len(completions) // max(len(prompts), 1)
     return [{"prompt_id": prompt_ids[row // group_size], "prompt": prompts[row // group_size],
              "completion": c.text, "length": c.length, "finish_reason": c.finish_reason,

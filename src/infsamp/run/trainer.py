@@ -183,8 +183,7 @@ class GRPOTrainer:
         self.grpo = GRPOStep(self.train_model, cfg.training,
                              pad_token_id=self.tokenizer.pad_token_id,
                              temperature=cfg.sampling.temperature or 1.0, ref_model=self.ref_model,
-                             max_new_tokens=cfg.sampling.max_new_tokens,
-                             sizes=self.sizes,
+                             max_new_tokens=cfg.sampling.max_new_tokens, sizes=self.sizes,
                              importance_sampling=cfg.sampling.vllm_importance_sampling,
                              importance_sampling_cap=cfg.sampling.vllm_importance_sampling_cap,
                              parallel=self.strategy)
