@@ -12,14 +12,11 @@
       push_weights                     the engine samples the next step from the new policy
       rank_steps.finish_metrics        the step's metrics, over every rank
 
-With `sampling.dynamic` the rollout is `dynamic_rollout`: rounds of sampler calls and scoring
-(`run/dynamic_sampling.py`; each rank its own groups, the rewards gathered after each round) until
-each prompt's rewards differ or it reaches its cap, then the same combine -> advantages (groups of
-their own sizes) -> Rollout; the dropped groups are logged too, marked.
-
-`TrainStep` receives in its constructor everything it reads (the trainer builds these parts once
-and hands them over); it keeps no state of its own beyond them: the step counter is the run's
-`TrainState.step`.
+With `sampling.dynamic` the rollout is `dynamic_rollout` (`run/dynamic_sampling.py`: groups
+sampled until their rewards differ or reach their cap), then the same combine -> advantages
+(groups of their own sizes) -> Rollout; the dropped groups are logged too, marked. `TrainStep`
+receives everything it reads in its constructor and keeps no state of its own beyond them
+(docs/architecture.md, "One training step").
 
 Deliberately simple: one step samples every group of its prompts before any update.
 """
