@@ -14,6 +14,7 @@ every metrics and eval record after it is on disk, the config and the plot.
 Deliberately simple: trackers see the same flat records as the JSONL files, nothing more; a power
 cut can lose the last lines (nothing written is lost to a kill).
 """
+
 from __future__ import annotations
 
 import json

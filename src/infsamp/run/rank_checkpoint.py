@@ -17,6 +17,7 @@ the saved number); FSDP shards need the same number of ranks.
 
 Deliberately simple: every rank verifies the whole checkpoint it resumes (sha256 of every file).
 """
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -12,6 +12,7 @@ run still saves (docs/reliability.md, "Signals save").
 Deliberately simple: only the main thread can install handlers; elsewhere signals keep their
 defaults.
 """
+
 from __future__ import annotations
 
 import signal
