@@ -146,11 +146,8 @@ def _write_failure(output_dir: Path, name: str, err: BaseException) -> str:
 
 
 def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
     with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 # ---------------------------------------------------------------- finding and pruning

@@ -12,20 +12,14 @@
                 (every prompt's first G, then chunks to undecided prompts in step order, then
                 replacements while a whole first chunk still fits)
 
-Several processes: each rank samples and scores its own whole groups (the step's B shared by
-`RankSteps.shares`, as without dynamic sampling), and after each round one gather hands every rank
-every group's new rewards (`RankSteps.gather`), so every rank takes the same decisions, draws the
-same replacements from its copy of the stream and numbers them alike; a replacement is sampled by
-the rank whose dropped group it replaces (in the order they were dropped). Sample keys are by
-place in the step, so the completions do not depend on the process count. A rank whose groups
-were all dropped trains on nothing that step: it runs one zero backward, so the gradient
-reduction still meets the other ranks' (`GRPOStep._padding_backward`).
-
-Memory stays flat: each round is one ordinary sampler call under the run's sizes (`RunSizes`:
-the same KV budget and g), so a group of 32 costs no more KV than a group of 8, only more calls.
-Every chunk of a prompt draws from the step's one seed with the key global id x
-max_num_generations + index in the group, so a group sampled in chunks has exactly the
-completions one call of its final size would give (any policy, either engine).
+Several processes: each rank samples and scores its own whole groups, and after each round one
+gather hands every rank every group's new rewards (`RankSteps.gather`), so every rank takes the
+same decisions and draws the same replacements; a replacement is sampled by the rank whose
+dropped group it replaces. Each round is one ordinary sampler call under the run's `RunSizes`
+(memory stays flat), and every chunk of a prompt draws from the step's one seed with the key
+global id x max_num_generations + index in the group, so a group sampled in chunks has exactly
+the completions one call of its final size would give (docs/training_step.md, "Dynamic
+sampling").
 
 In one process without `training.completions_per_step` the rounds are not run as calls: one
 sampler call takes the same decisions as its samples end, each chunk scored as soon as it has
@@ -76,8 +70,7 @@ class DynamicSampler:
         """Sample, score and decide until every group of the step is decided or dropped
         (`stream`: the prompt stream, replacements drawn from it; `num_examples`: the stream's,
         the most draws a replacement takes; `ranks`: the step's `RankSteps`, None in one
-        process). In one process without a completions budget, one sampler call decides as it
-        goes (`dynamic_in_call.py`), to the rounds' very result."""
+        process)."""
         ranks = ranks or OneProcess()
         owners = {i: rank for rank, share in enumerate(ranks.shares(batch)) for i in share}
         step = DynamicResult([Group(k, index, prompt, owners[k])

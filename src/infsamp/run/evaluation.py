@@ -4,13 +4,11 @@ reward functions.
 Takes the prompts as token ids, the same ids the sampler gets for the same example
 (`infsamp.tasks.prompts.encode_prompt`), and stops on the same tokens (`stop_token_ids`). Given the
 run's sampler, `held_out_completions` decodes every problem as one completion of one sampler call
-through the run's engine (`engine_completions`: the scheduler keeps the call under the run's KV
-budget, as in sampling, the prompts' common prefix held once and as many problems running at once
-as the budget holds); without one it runs transformers `generate` in batches left-padded with the
-pad token (`generate_completions`, never re-tokenising text; the reference the tests compare the
-engine with). Each completion is cut at its first stop token. The trainer scores them with
-the run's own reward functions, as in training (`eval.reward` picks the one that says "solved":
-`eval_reward_name`), and logs to eval.jsonl (`eval_metrics`):
+through the run's engine (`engine_completions`; docs/decoding.md); without one it runs
+transformers `generate` in left-padded batches (`generate_completions`, the reference the tests
+compare the engine with). Each completion is cut at its first stop token. The trainer scores them
+with the run's own reward functions, as in training (`eval.reward` picks the one that says
+"solved": `eval_reward_name`), and logs to eval.jsonl (`eval_metrics`):
 
     eval/accuracy             share of problems eval.reward scores >= eval.accuracy_threshold
     eval/reward               eval.reward's mean over the problems it scored
@@ -39,6 +37,7 @@ from infsamp.rewards.builtin import ACCURACY_LIKE
 from infsamp.rewards.compute import RewardResult
 
 EVAL_METRICS = ("eval/accuracy", "eval/reward")
+GENERATE_BATCH = 64  # prompts per `generate` call (generate_completions)
 
 
 def left_padded(prompt_ids: Sequence[Sequence[int]],
@@ -62,16 +61,16 @@ def until_stop(ids: Sequence[int], stop_token_ids: Sequence[int]) -> list[int]:
 @torch.no_grad()
 def generate_completions(model, prompt_ids: Sequence[Sequence[int]], *, pad_token_id: int,
                          stop_token_ids: Sequence[int], max_new_tokens: int,
-                         temperature: float = 0.0, batch_size: int = 64) -> list[list[int]]:
+                         temperature: float = 0.0) -> list[list[int]]:
     """Each prompt's completion ids, cut before its first stop token."""
     device = next(model.parameters()).device
     completions: list[list[int]] = []
-    for start in range(0, len(prompt_ids), batch_size):
-        input_ids, mask = left_padded(prompt_ids[start: start + batch_size], pad_token_id)
+    for start in range(0, len(prompt_ids), GENERATE_BATCH):
+        input_ids, mask = left_padded(prompt_ids[start: start + GENERATE_BATCH], pad_token_id)
         out = model.generate(input_ids=input_ids.to(device), attention_mask=mask.to(device),
                              max_new_tokens=max_new_tokens, do_sample=temperature > 0,
-                             temperature=temperature if temperature > 0 else None, top_p=None,
-                             top_k=None,
+                             temperature=temperature if temperature > 0 else None,
+                             top_p=None, top_k=None,
                              pad_token_id=pad_token_id, eos_token_id=list(stop_token_ids) or None)
         new_tokens = out[:, input_ids.shape[1]:].tolist()  # [b, T_new]
         completions.extend(until_stop(row, stop_token_ids) for row in new_tokens)
@@ -82,10 +81,9 @@ def engine_completions(sampler, prompt_ids: Sequence[Sequence[int]], *,
                        stop_token_ids: Sequence[int], max_new_tokens: int,
                        temperature: float = 0.0, turns=None) -> list[list[int]]:
     """Each prompt's completion ids, cut before its first stop token: one sampler call of one
-    completion per prompt on the run's engine (greedy at temperature 0, as `generate`), the
-    prompts' common prefix (chat template, system prompt) forwarded and held once, as many
-    problems at once as the KV budget then holds. With `turns` (tools) an episode holds the stop
-    tokens of its tool turns: only its last goes."""
+    completion per prompt on the run's engine (greedy at temperature 0, as `generate`), their
+    common prefix held once. With `turns` (tools) an episode holds the stop tokens of its tool
+    turns: only its last goes."""
     groups = sampler.sample([list(p) for p in prompt_ids], 1, max_new_tokens=max_new_tokens,
                             temperature=temperature, generator=torch.Generator().manual_seed(0),
                             turns=turns, share_prefix=True, fill_budget=True).groups
@@ -147,12 +145,11 @@ def tally(result: RewardResult | None, names: Sequence[str], chosen: str,
     """[solved, problems, then per function: sum of its scores, rows it scored] (zeros for none)."""
     if result is None:
         return [0.0] * (2 + 2 * len(names))
-    values = [result.per_function[name] for name in names]
     chosen_values = result.per_function[chosen]
     sums = [float(sum(v >= threshold for v in chosen_values if not math.isnan(v))),
             float(len(chosen_values))]
-    for scores in values:
-        scored = [v for v in scores if not math.isnan(v)]
+    for name in names:
+        scored = [v for v in result.per_function[name] if not math.isnan(v)]
         sums += [float(sum(scored)), float(len(scored))]
     return sums
 

@@ -13,14 +13,9 @@ A checkpoint's `training_state.json` holds `run`:
                and micro group (free to change: a resume needs to know whether they did)
 
 A resume that changes a setting or the rows ends in one line naming each change and the way out
-(a new run from `checkpoint-N/model`). Everything else may change on resume: the sampling policy
-and predictor, the engine, the micro group and KV budget, the micro-batch, logging, evaluation
-cadence, checkpointing, `training.max_steps` (see `check_schedule`). The settings are compared
-before anything loads; the rows once the data is encoded, before the weights load (and before
-the run's logs are rewound, so a refused resume changes nothing).
-
-A checkpoint written before these records existed resumes after one line saying what it cannot
-check (it records the model, LoRA, precision and schedule, which are still compared).
+(a new run from `checkpoint-N/model`); everything else may change (docs/reliability.md, "A resume
+continues the same run"). The settings are compared before anything loads; the rows once the
+data is encoded, before the weights load and before the run's logs are rewound.
 
 Deliberately simple: a reward function is identified by its name or `file.py:function` as
 configured, not by its code; a model by its configured name or path, not by a weights hash.
@@ -97,19 +92,14 @@ def run_settings(cfg: Config) -> dict[str, Any]:
         cfg.training.precision, resolve_device(cfg.model.device).type)
     if cfg.model.lora_rank > 0:
         settings.update({key: flat[key] for key in LORA_SETTINGS})
-    if cfg.sampling.dynamic:
-        settings.update(dynamic_settings(cfg))
+    if cfg.sampling.dynamic:  # as the run uses them (0 and -1 resolved to what they stand for)
+        sampling, training = cfg.sampling, cfg.training
+        settings.update(zip(DYNAMIC_SETTINGS, (sampling.generations_cap, sampling.chunk_generations,
+                                               max_replaced_prompts(sampling, training),
+                                               training.completions_per_step)))
     settings.update({f"training.{key}": value for key, value in
                      schedule_horizon(cfg.training).items() if key in SCHEDULE_SETTINGS})
     return settings
-
-
-def dynamic_settings(cfg: Config) -> dict[str, Any]:
-    """`DYNAMIC_SETTINGS` as the run uses them (0 and -1 resolved to what they stand for)."""
-    sampling, training = cfg.sampling, cfg.training
-    return dict(zip(DYNAMIC_SETTINGS, (sampling.generations_cap, sampling.chunk_generations,
-                                       max_replaced_prompts(sampling, training),
-                                       training.completions_per_step)))
 
 
 def data_fingerprint(train, held_out) -> dict[str, Any]:

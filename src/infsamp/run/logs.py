@@ -1,27 +1,18 @@
 """Run outputs: per-step JSONL metrics, progress and summary lines, trackers, lengths trace, plots.
 
-Files in the run folder: `metrics.jsonl` (one object per step, TRL metric names where they exist),
-`eval.jsonl` (held-out accuracy and each reward function's mean by step), `lengths.jsonl` (one line
-per sampled group, the trace that `infsamp simulate` replays: lengths, and each completion's first
-`sampling.predictor_prefix_tokens` token ids for token-conditioned predictors; with
-`sampling.dynamic`, a group of its own size each, and the groups dropped from the update too,
-marked `"dropped": true`),
-`completions.jsonl` (with `logging.completions_every`: one line per completion of the logged
-steps: prompt, completion, per-function rewards, advantage; TRL's `log_completions`;
-`completion_records`; dynamic sampling's dropped groups marked alike, advantage 0),
-`eval_completions.jsonl` (with `eval.log_completions`: one line per held-out problem of each
-evaluation: its completion, each function's score and whether it counted as solved;
-`problem_records`),
-`plots/training.png`. Every JSONL file is written by
-`append_jsonl`: whole lines in one `write` on an append-only descriptor, so a killed process leaves
-at most a torn last line. Readers skip a torn last line; a resumed run `rewind`s each file to its
-checkpoint's step (the torn line and the rows after the checkpoint go; the run writes them again),
-atomically. (A killed process loses nothing written; a power cut can lose the last lines.)
-Progress bars and summary lines come from `progress.py`; the experiment trackers chosen in
-`logging.report_to` (`trackers.py`) get every metrics and eval record after it is on disk, the
-config and the plot.
+Files in the run folder (docs/usage.md describes each): `metrics.jsonl`, `eval.jsonl`,
+`lengths.jsonl` (one line per sampled group, the trace that `infsamp simulate` replays; with
+`sampling.dynamic` the groups dropped from the update too, marked `"dropped": true`),
+`completions.jsonl` (`completion_records`), `eval_completions.jsonl` (`problem_records`) and
+`plots/training.png`. Every JSONL file is written by `append_jsonl`: whole lines in one `write` on
+an append-only descriptor, so a killed process leaves at most a torn last line. Readers skip a
+torn last line; a resumed run `rewind`s each file to its checkpoint's step (the torn line and the
+rows after the checkpoint go; the run writes them again), atomically. Progress bars and summary
+lines come from `progress.py`; the trackers chosen in `logging.report_to` (`trackers.py`) get
+every metrics and eval record after it is on disk, the config and the plot.
 
-Deliberately simple: trackers see the same flat records as the JSONL files, nothing more.
+Deliberately simple: trackers see the same flat records as the JSONL files, nothing more; a power
+cut can lose the last lines (nothing written is lost to a kill).
 """
 
 from __future__ import annotations
@@ -149,7 +140,7 @@ class RunLogger:
         shown = " ".join(f"{k}={format_value(v)}" for k, v in metrics.items())
         self.progress.write(f"eval @ step {step}: {shown}")
 
-    def log_plot(self, step: int) -> Path | None:
+    def log_plot(self, step: int) -> None:
         """Write plots/training.png and send it to the trackers; a failed write is a warning (the
         run and its checkpoint are complete: say so, do not fail)."""
         check_still_held(self.dir)
@@ -158,10 +149,9 @@ class RunLogger:
         except OSError as err:
             print(f"warning: plots/training.png not written ({err.strerror or err})",
                   file=sys.stderr)
-            return None
+            return
         if path is not None and self.trackers:
             self.trackers.log_image(step, path)
-        return path
 
     def log_lengths(self, step: int, groups: list[dict[str, Any]]) -> None:
         self._append("lengths.jsonl", [{"step": step, **group} for group in groups])
@@ -182,10 +172,7 @@ def completion_records(prompt_ids: list[str], prompts: list[str], completions: l
                        rewards: dict[str, list[float]], totals: list[float],
                        advantages: Any) -> list[dict[str, Any]]:
     """One record per completion (group-major, the same number per prompt): what the policy wrote
-    and its score.
-
-    `completions` carry `.text`, `.length`, `.finish_reason`; NaN rewards (None) become null.
-    """
+    and its score (NaN rewards become null)."""
     group_size = len(completions) // max(len(prompts), 1)
     return [{"prompt_id": prompt_ids[row // group_size], "prompt": prompts[row // group_size],
              "completion": c.text, "length": c.length, "finish_reason": c.finish_reason,

@@ -10,20 +10,11 @@
     check_still_held(folder)      before each write: the folder is still the one claimed (not
                                   removed, nor removed and made again by another run)
 
-The lock is taken before the run folder's rules are applied (`run/folder.py`: empty for a new
-run, a checkpoint to resume), so two runs started together cannot both find the folder empty, and
-a `--resume` of a run that is still going cannot rewind its logs. The OS releases the lock when
-the process ends, however it ends (`kill -9` included): a stale lock file never blocks anyone.
-Under torchrun or accelerate launch rank 0 claims the folder (it alone decides and writes the
-run's shared files); the other ranks follow its decision, and a launch that loses the claim stops
-on every rank with rank 0's line.
-
-The lock file holds the holder's PID, host, start time and rank (JSON), so a refused run names
-it. Its bytes are written only once the lock is held; a refused claim restores them (or removes
-the file and folder it created).
-
-The descriptor is not inheritable (PEP 446): a child that execs never holds the lock; a child
-forked without exec holds it until it exits.
+The lock is taken before the run folder's rules are applied (`run/folder.py`), so two runs
+started together cannot both find the folder empty; the OS releases it however the process ends
+(docs/reliability.md, "A run folder has one owner at a time"). The lock file holds the holder's
+PID, host, start time and rank (JSON), written only once the lock is held, so a refused run names
+it. The descriptor is not inheritable (PEP 446): a child that execs never holds the lock.
 
 Deliberately simple: `flock` locks are advisory and per machine (on NFS they are emulated and work
 between machines on recent Linux kernels); a filesystem that refuses locks gets one warning line
@@ -135,7 +126,7 @@ def released_on_failure(init):
     with the folder the claim created, when still empty), and a notebook can start again."""
     @functools.wraps(init)
     def wrapper(self, cfg, *args, **kwargs):
-        held_before = holds(cfg.logging.output_dir)
+        held_before = _key(Path(cfg.logging.output_dir)) in _held
         try:
             init(self, cfg, *args, **kwargs)
         except BaseException:
@@ -144,11 +135,6 @@ def released_on_failure(init):
                 lock.release(undo=True)
             raise
     return wrapper
-
-
-def holds(folder: str | Path) -> bool:
-    """True while this process holds `folder`'s lock."""
-    return _key(Path(folder)) in _held
 
 
 def live_holder(folder: Path) -> dict | None:

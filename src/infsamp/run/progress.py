@@ -81,12 +81,6 @@ class RunProgress:
         self.phase_bar.set_postfix_str(f"{stats.tokens_per_second:,.0f} tok/s, {slots}",
                                        refresh=True)
 
-    def eta_seconds(self, step: int) -> float | None:
-        done = step - self.start_step
-        if done <= 0:
-            return None
-        return (time.perf_counter() - self.started) / done * (self.max_steps - step)
-
     def end_step(self, step: int) -> None:
         self.run_bar.update(step - self.run_bar.n)
         if self.bars_shown:
@@ -95,9 +89,10 @@ class RunProgress:
     def summary(self, step: int, metrics: dict[str, Any]) -> str:
         """`step 21/90: reward=0.41 ... | eta 3:34`"""
         shown = " ".join(f"{k}={format_value(metrics[k])}" for k in SUMMARY_KEYS if k in metrics)
-        eta = self.eta_seconds(step)
-        running = eta is not None and step < self.max_steps
-        tail = f" | eta {format_duration(eta)}" if running else ""
+        done, tail = step - self.start_step, ""
+        if done > 0 and step < self.max_steps:
+            eta = (time.perf_counter() - self.started) / done * (self.max_steps - step)
+            tail = f" | eta {format_duration(eta)}"
         return f"step {step}/{self.max_steps}: {shown}{tail}"
 
     def write(self, line: str) -> None:

@@ -1,29 +1,19 @@
-"""One run folder and one checkpoint for all the ranks of a launch.
+"""One run folder and one checkpoint for all the ranks of a launch (docs/distributed.md, "Logs
+and checkpoints").
 
 Run folder: rank 0 applies the rules of `run/folder.py` (new run, resume, damaged checkpoints),
 holds the folder's lock for the run, and tells the others which checkpoint to resume, or its
 error; they then verify and read it themselves (the run folder must be on a filesystem every rank
 sees: one machine, or a shared one).
 
-Checkpoint (`save_checkpoint`, the one save path, one process included), one folder written
-atomically by rank 0 from the trainer's `TrainState`:
-
-    checkpoint-N/
-      model/, training_state.*     as in one process (rank 0; with FSDP `model/` is consolidated
-                                   from the gathered weights, loadable by transformers)
-      ranks/rank-R-of-W.json       FSDP only: rank R's shard of every parameter and of the
-      ranks/rank-R-of-W.safetensors   optimizer state (`rank_shards.py`)
-      manifest.json                every file above, written last
-
-With several ranks `training_state.json` gains `distributed` (strategy, number of ranks), `ranks`
-(each rank's own sampler state: its length predictor and out-of-memory counters) and `rank_costs`
-(the assignment's cost predictor). The ranks agree three times (folder ready, shards written,
-folder renamed), each time exchanging success or the error, so a failure on any rank (a full
-disk) is one error on every rank, the `.tmp` folder is removed and the previous checkpoint stays
-intact.
-
-Resume: DDP (and one process) checkpoints resume on any number of ranks (rank r takes the sampler
-state of rank r mod the saved number); FSDP shards need the same number of ranks.
+Checkpoint (`save_checkpoint`, the one save path, one process included): one folder written
+atomically by rank 0 from the trainer's `TrainState`; with several ranks `training_state.json`
+gains `distributed`, `ranks` (each rank's own sampler state) and `rank_costs`, and with FSDP each
+rank adds its shard files (`ranks/rank-R-of-W.*`: `rank_shards.py`) before the manifest. The ranks
+agree `NUM_AGREEMENTS` times, each time exchanging success or the error, so a failure on any rank
+(a full disk) is one error on every rank and the previous checkpoint stays intact. DDP (and one
+process) checkpoints resume on any number of ranks (rank r takes the sampler state of rank r mod
+the saved number); FSDP shards need the same number of ranks.
 
 Deliberately simple: every rank verifies the whole checkpoint it resumes (sha256 of every file).
 """
@@ -154,7 +144,6 @@ def _write_together(tmp: Path, steps: _Agreements, shards, ranks: Ranks) -> None
 
 def _follow(output_dir: Path, step: int, steps: _Agreements, shards, ranks: Ranks) -> Path:
     final, tmp = ckpt.checkpoint_dirs(output_dir, step)
-    steps.agree(None)
-    steps.agree(write_shard(tmp, shards, ranks.rank, ranks.world_size))
+    _write_together(tmp, steps, shards, ranks)  # while rank 0 writes the folder
     steps.agree(None)  # rank 0 renamed the folder (or says why not)
     return final

@@ -44,16 +44,14 @@ def load_rewards(cfg: Config):
     """The reward functions (reward models on the run's device), before anything else loads."""
     device = resolve_device(cfg.model.device)
     try:
-        funcs = load_reward_functions(
+        return load_reward_functions(
             cfg.rewards.functions, cfg.rewards.format_think_block, cfg.rewards.answer_extraction,
-            device=device,
-            dtype=resolve_dtype(cfg.model.dtype, device),
+            device=device, dtype=resolve_dtype(cfg.model.dtype, device),
             max_tokens=cfg.training.train_micro_batch_tokens or DEFAULT_MICRO_BATCH_TOKENS,
             trust_remote_code=cfg.model.trust_remote_code)
     except RewardError as err:
         named = str(err).startswith("rewards.functions")
         raise (err if named else RewardError(f"rewards.functions: {err}")) from None
-    return funcs
 
 
 def warn_about_settings(cfg: Config) -> None:

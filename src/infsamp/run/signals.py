@@ -1,20 +1,13 @@
 """SIGTERM, SIGINT and SIGHUP during training: finish the step, save, stop; a second signal stops
 at once.
 
-Schedulers send SIGTERM some seconds before they kill a job, Ctrl-C sends SIGINT, and a closed
-terminal (or an ssh session that drops) sends SIGHUP. torchrun and accelerate launch pass each of
-them on to every rank (SIGTERM / SIGINT / SIGHUP to the launcher: the ranks save once, together).
 Inside `StopSignals` the first of any only records the request and says so; the training loop checks
 `received` between steps, saves a checkpoint (`checkpointing.save_on_signal`) and raises
 `RunStopped` (exit code 128 + the signal number). A second signal raises `StopNow` where the
-program is: the step in flight is abandoned and nothing more is saved (a checkpoint being written
-is removed, earlier ones stay).
-
-Inside `StopSignals` stdout and stderr ignore write errors: a terminal that closes (SIGHUP, then
-EIO on every write) or a log pipe whose reader went away must not end a run in the middle of a
-line it prints, before the handler could ask it to save (the run's files keep everything). After a
-SIGHUP they stay so for good (the stop's own last lines go to the same lost terminal). A SIGHUP
-is never a "second signal" (a closed terminal can send it twice).
+program is: the step in flight is abandoned and nothing more is saved. A SIGHUP is never a "second
+signal" (a closed terminal can send it twice). Inside `StopSignals` stdout and stderr ignore write
+errors (a closed terminal, a pipe whose reader went away), and after a SIGHUP they stay so: the
+run still saves (docs/reliability.md, "Signals save").
 
 Deliberately simple: only the main thread can install handlers; elsewhere signals keep their
 defaults.

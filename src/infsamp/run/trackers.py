@@ -38,14 +38,9 @@ PLOT_NAME = "plots/training"
 
 
 def numeric_metrics(metrics: dict[str, Any]) -> dict[str, float]:
-    """The finite numbers of a metrics record (what every tracker plots)."""
-    out = {}
-    for key, value in metrics.items():
-        if isinstance(value, bool):
-            value = int(value)
-        if isinstance(value, (int, float)) and math.isfinite(value):
-            out[key] = float(value)
-    return out
+    """The finite numbers of a metrics record (what every tracker plots; a bool as 0.0 or 1.0)."""
+    return {key: float(value) for key, value in metrics.items()
+            if isinstance(value, (int, float)) and math.isfinite(value)}
 
 
 def flatten_config(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -7,10 +7,9 @@
     TrainState.rank_state_dict()               this rank's own part (several ranks)
 
 The trainer builds it once at start-up and changes only its fields (`step`, the last evaluation,
-the step last saved); the objects it holds (optimizer, scheduler, generator, prompt stream, best
-evaluation, run sizes, GRPO step, length predictor, rank steps) change themselves. Everything
-written is data (tensors, numbers, strings: `state_data.py` writes it); the counters are the run's
-sizes (`RunSizes`, which the out-of-memory retries halve) and the skipped updates, so a resumed run
+the step last saved); the objects it holds change themselves. Everything written is data
+(tensors, numbers, strings: `state_data.py` writes it); the counters are the run's sizes
+(`RunSizes`, which the out-of-memory retries halve) and the skipped updates, so a resumed run
 continues with the same g and micro-batch and logs the same rows.
 
 Deliberately simple: the on-disk layout is the one checkpoints have always had (flat keys).
@@ -106,7 +105,9 @@ class TrainState:
 
     def _load_sampler_state(self, found: Checkpoint, counters: dict[str, Any],
                             predictor: dict | None) -> None:
-        set_sampler_counters(self, restored_counters(self.cfg, found, counters))
+        counters = restored_counters(self.cfg, found, counters)
+        self.sizes.load_state_dict(counters["sizes"])
+        self.grpo.num_skipped_updates = counters["skipped_updates"]
         restore_predictor(self.predictor, predictor, found)
 
 
@@ -135,8 +136,3 @@ def sampler_counters(state: TrainState) -> dict[str, Any]:
     return {"sizes": state.sizes.state_dict(), "policy": sampling.policy,
             "micro_group": sampling.micro_group,
             "skipped_updates": state.grpo.num_skipped_updates}
-
-
-def set_sampler_counters(state: TrainState, counters: dict[str, Any]) -> None:
-    state.sizes.load_state_dict(counters["sizes"])
-    state.grpo.num_skipped_updates = counters["skipped_updates"]

@@ -12,14 +12,11 @@
       push_weights                     the engine samples the next step from the new policy
       rank_steps.finish_metrics        the step's metrics, over every rank
 
-With `sampling.dynamic` the rollout is `dynamic_rollout`: rounds of sampler calls and scoring
-(`run/dynamic_sampling.py`; each rank its own groups, the rewards gathered after each round) until
-each prompt's rewards differ or it reaches its cap, then the same combine -> advantages (groups of
-their own sizes) -> Rollout; the dropped groups are logged too, marked.
-
-`TrainStep` receives in its constructor everything it reads (the trainer builds these parts once
-and hands them over); it keeps no state of its own beyond them: the step counter is the run's
-`TrainState.step`.
+With `sampling.dynamic` the rollout is `dynamic_rollout` (`run/dynamic_sampling.py`: groups
+sampled until their rewards differ or reach their cap), then the same combine -> advantages
+(groups of their own sizes) -> Rollout; the dropped groups are logged too, marked. `TrainStep`
+receives everything it reads in its constructor and keeps no state of its own beyond them
+(docs/architecture.md, "One training step").
 
 Deliberately simple: one step samples every group of its prompts before any update.
 """
@@ -41,7 +38,7 @@ from infsamp.distributed.strategies import Strategy
 from infsamp.errors import NonFiniteError, RewardError
 from infsamp.planner.sizes import RunSizes
 from infsamp.run.dynamic_sampling import DynamicSampler
-from infsamp.run.logs import RunLogger, completion_records
+from infsamp.run.logs import NullLogger, RunLogger, completion_records
 from infsamp.run.progress import RunProgress
 from infsamp.run.prompt_stream import PromptStream
 from infsamp.run.scoring import RunRewards
@@ -77,14 +74,14 @@ class TrainStep:
 
     def run(self, logger: RunLogger | None = None) -> dict[str, Any]:
         start = time.perf_counter()
-        progress = logger.progress if logger is not None else RunProgress(0, 0, enabled=False)
+        logger = logger if logger is not None else NullLogger()  # no logs, no progress bars
+        progress = logger.progress
         batch = self.stream.next_batch()
         rollout_of = self.rollout if self.dynamic is None else self.dynamic_rollout
         rollout, sample_metrics, groups, records = rollout_of(batch, progress)
         sample_metrics.update(self.step_timer.metrics())  # time/sampling, time/rewards
-        if logger is not None:
-            logger.log_lengths(self.state.step + 1, groups)
-            logger.log_completions(self.state.step + 1, records)
+        logger.log_lengths(self.state.step + 1, groups)
+        logger.log_completions(self.state.step + 1, records)
         try:
             check_finite(sample_metrics, rollout.advantages)
             self.engine.sleep()  # vLLM on CUDA: free its KV pool and weights while training

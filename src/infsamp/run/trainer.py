@@ -10,15 +10,11 @@ One step, laid out in time:
 Everything configurable comes from `infsamp.config.Config`; loss types, advantage scaling and
 sampling policies are registries in their own modules. The trainer only wires them together, logs,
 evaluates and checkpoints (one step's work: `TrainStep` in `train_step.py`, built once with the
-parts it reads). Start-up is `__init__`, one named
-step a line: the reward functions and the run folder (`run/folder.py`, `run/identity.py`) before
-anything loads, then the data (encoded once by `tasks.prompts`, checked against the resumed
-checkpoint's rows), a run that cannot fit refused from the model's config (`sampling/sizes.py`),
-the weights, the run's sizes (`sampling/sizes.py`), the sampler, the update, and
-the resumable state (`run/train_state.py`), which the one save path (`run/rank_checkpoint.py`,
-several ranks or one) writes and a resume reads. While it runs, SIGTERM/SIGINT end the step and
-save (`signals.py`), and a non-finite loss, gradient norm or reward stops the run before it is
-applied (or skips it: `training.nonfinite`).
+parts it reads). Start-up is `__init__`, one named step a line, the run folder and the data
+checked before the weights load; the resumable state (`run/train_state.py`) is what the one save
+path (`run/rank_checkpoint.py`, several ranks or one) writes and a resume reads. While it runs,
+SIGTERM/SIGINT end the step and save (`signals.py`), and a non-finite loss, gradient norm or
+reward stops the run before it is applied (or skips it: `training.nonfinite`).
 
 Several processes (torchrun / accelerate launch): `distributed/strategies.py` wraps the model (DDP
 or FSDP2), `distributed/rank_step.py` divides each step's prompts between the ranks and gathers what
@@ -187,8 +183,7 @@ class GRPOTrainer:
         self.grpo = GRPOStep(self.train_model, cfg.training,
                              pad_token_id=self.tokenizer.pad_token_id,
                              temperature=cfg.sampling.temperature or 1.0, ref_model=self.ref_model,
-                             max_new_tokens=cfg.sampling.max_new_tokens,
-                             sizes=self.sizes,
+                             max_new_tokens=cfg.sampling.max_new_tokens, sizes=self.sizes,
                              importance_sampling=cfg.sampling.vllm_importance_sampling,
                              importance_sampling_cap=cfg.sampling.vllm_importance_sampling_cap,
                              parallel=self.strategy)
@@ -259,8 +254,9 @@ class GRPOTrainer:
                   f"{cfg.training.max_steps}): nothing to do")
             self.ranks.finish()
             self.close()
+            eval_after = self.train_state.last_eval if self._evaluated_at(self.step) else None
             return TrainResult(self.output_dir, self.step, self.train_state.eval_before,
-                               self._eval_at(self.step), self.eval_reward)
+                               eval_after, self.eval_reward)
         logger = RunLogger(self.output_dir, cfg.training.max_steps, self.step,
                            cfg.logging.log_every,
                            cfg.logging.progress_bar) if self.ranks.is_main else NullLogger()
@@ -328,9 +324,6 @@ class GRPOTrainer:
         runs it and saves it, then stops."""
         return self._evaluated_at(self.step) or not self.eval_prompts.prompts
 
-    def _eval_at(self, step: int) -> float | None:
-        return self.train_state.last_eval if self._evaluated_at(step) else None
-
     def _evaluate(self, logger: RunLogger) -> float | None:
         prompts = self.eval_prompts.prompts
         if not prompts:
@@ -354,9 +347,11 @@ class GRPOTrainer:
         sums = self.ranks.sum(tally(scores, self.rewards.names, self.eval_reward,
                                     cfg.accuracy_threshold))
         metrics = eval_metrics(sums, self.rewards.names, self.eval_reward)
-        if cfg.log_completions:
-            self._log_problems(logger, problem_records(
-                mine, texts, ids, scores, self.eval_reward, cfg.accuracy_threshold) if mine else [])
+        if cfg.log_completions:  # every rank's rows, written by rank 0's logger
+            rows = problem_records(mine, texts, ids, scores, self.eval_reward,
+                                   cfg.accuracy_threshold) if mine else []
+            rows = [row for part in self.ranks.gather_json(rows) for row in part]
+            logger.log_completions(self.step, rows, "eval_completions.jsonl")
         logger.progress.advance(len(prompts))
         logger.log_eval(self.step, {**metrics, **tool_metrics, "eval/num_problems": len(prompts),
                                     "eval/dropped_prompts": self.eval_prompts.num_dropped,
@@ -366,11 +361,6 @@ class GRPOTrainer:
         state.last_eval, state.last_eval_step = metrics["eval/accuracy"], self.step
         state.saved_step = -1  # the state changed since its checkpoint: the next save writes it
         return state.last_eval
-
-    def _log_problems(self, logger: RunLogger, rows: list[dict[str, Any]]) -> None:
-        """eval_completions.jsonl: every rank's rows, written by rank 0's logger."""
-        rows = [row for part in self.ranks.gather_json(rows) for row in part]
-        logger.log_completions(self.step, rows, "eval_completions.jsonl")
 
     def _save(self) -> Path:
         """checkpoint-<step>, once per step: `rank_checkpoint.save_checkpoint`."""
