@@ -43,8 +43,9 @@ def check_device(cfg: ModelConfig) -> None:
 
 def model_kv_bytes_per_token(model) -> int:
     """KV bytes of one token for a transformers model (its shape, its parameters' dtype)."""
+    model = base_model(model)
     dtype_bytes = next(model.parameters()).element_size()
-    return kv_bytes_per_token(shape_from_config(base_model(model).config), dtype_bytes)
+    return kv_bytes_per_token(shape_from_config(model.config), dtype_bytes)
 
 
 def is_4bit(model) -> bool:

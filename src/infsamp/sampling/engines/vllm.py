@@ -37,7 +37,7 @@ import torch
 
 from infsamp.config_algorithm import SamplingConfig
 from infsamp.errors import SamplingError, first_line
-from infsamp.models.device import base_model, model_kv_bytes_per_token
+from infsamp.models.device import model_kv_bytes_per_token
 from infsamp.planner.estimate import vllm_step_tokens
 from infsamp.planner.kv_budget import VLLM_BLOCK_SIZE
 from infsamp.planner.sizes import RunSizes, vllm_pool
@@ -87,7 +87,7 @@ class VLLMEngine:
         self.max_context = min(sizes.max_prompt_tokens + sizes.max_new_tokens,
                                int(getattr(config, "max_position_embeddings", 1 << 30)))
         self.max_micro_group = max(1, sizes.max_micro_group)
-        self.kv_bytes_per_token = model_kv_bytes_per_token(base_model(model))
+        self.kv_bytes_per_token = model_kv_bytes_per_token(model)
         num_blocks, self.kv_capacity_tokens = vllm_pool(sizes, self.kv_block_size, cfg.kv_budget)
         self.sleep_level = sleep_level(cfg, self.device)
         other = _live() if _live is not None else None
