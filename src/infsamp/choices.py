@@ -33,17 +33,20 @@ LR_SCHEDULERS: dict[str, bool] = {
 PRECISIONS = ("fp32", "mixed", "bf16", "bf16_lossy")  # planner/precisions.py
 PRECISION_CHOICES = ("auto", *PRECISIONS)
 
-POLICIES = ("full", "rounds", "continuous", "length_aware", "probe")  # sampling/policies.py
+POLICIES = ("full", "rounds", "continuous", "length_aware", "probe")  # sampling/policies/
 WIDE_POLICIES = ("probe",)  # may run more samples than g at once (each reserving less)
+PROBE_TOKENS = 12  # the probe policy's k: the smallest that took the oracle's whole gain (measured)
 PREDICTORS = ("none", "oracle", "online", "hidden", "noisy")  # sampling/predictors.py
 # oracle and noisy know the true lengths: bench and simulate only
 TRAINING_PREDICTORS = ("online", "hidden", "none")
-REFILL_ORDERS = ("sjf", "ljf")  # sampling/policies.py; `auto` means the measured best
+REFILL_ORDERS = ("sjf", "ljf")  # sampling/policies/; `auto` means the measured best
 ENGINES = ("slots", "vllm")  # sampling/engines/base.py
 STRATEGIES = ("single", "ddp", "fsdp")  # distributed/strategies.py and planner/parallel.py
 TRACKERS = ("tensorboard", "wandb", "trackio", "mlflow")  # run/trackers.py
 # tasks/answers.py
 ANSWER_EXTRACTIONS = ("answer_tag", "boxed", "last_number", "last_line", "whole")
+# tasks/gsm8k.py: a completion must not / may / must open with a <think> block
+THINK_BLOCK_RULES = ("forbid", "allow", "require")
 
 
 def clip_range(loss_type: str, epsilon: float, epsilon_high: float) -> tuple[float, float]:

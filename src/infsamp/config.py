@@ -188,7 +188,7 @@ class RewardsConfig:
     format_think_block: str = opt("forbid", "the format reward and a leading <think>...</think> "
                                             "block: forbid (the completion opens with <reasoning>, "
                                             "as the seed), allow (skipped when present), require",
-                                  choices=("forbid", "allow", "require"))
+                                  choices=choices.THINK_BLOCK_RULES)
     timeout_s: float = opt(0.0, "seconds one reward function may take per step; past it the call "
                                 "is stopped (each function then runs in a worker process of its "
                                 "own), its rows get None, counted in rewards/<name>/timeouts, and "

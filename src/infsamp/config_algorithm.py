@@ -44,9 +44,9 @@ class SamplingConfig:
     max_turns: int = opt(4, "tool calls (turns that end in one) an episode may make; the "
                          "episode's tokens, the model's and the tools' answers, stay within "
                          "max_new_tokens (TRL's max_tool_calling_iterations)", at_least=0)
-    probe_tokens: int = opt(12, "probe: KV tokens a new sample first reserves; at that many "
-                            "tokens it is given its whole reservation, or parked (KV dropped)",
-                            at_least=1)
+    probe_tokens: int = opt(choices.PROBE_TOKENS, "probe: KV tokens a new sample first "
+                            "reserves; at that many tokens it is given its whole reservation, "
+                            "or parked (KV dropped)", at_least=1)
     refill: str = opt("auto", "runtime refill order for length_aware: auto (= ljf, measured "
                       "best), sjf, ljf")
     grouping_epsilon: float = opt(0.1, "FPTAS epsilon of the global grouping (smaller: closer to "

@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from infsamp.choices import WIDE_POLICIES
+from infsamp.choices import PROBE_TOKENS, WIDE_POLICIES
 from infsamp.commands.bench_sampling import bench_encoded_prompts
 from infsamp.commands.bench_scheduling_report import LEARNING, print_report, summarise
 from infsamp.commands.engine_choice import (
@@ -52,7 +52,6 @@ from infsamp.config_algorithm import SamplingConfig
 from infsamp.config_io import load_config
 from infsamp.errors import SamplingError
 from infsamp.planner.kv_budget import VLLM_BLOCK_SIZE, kv_tokens_needed
-from infsamp.sampling.policies.probe import PROBE_TOKENS
 from infsamp.tasks.sources import check_dataset_source
 
 VARIANTS = ("continuous", "rounds", "length_aware:online", "length_aware:hidden",

@@ -30,14 +30,13 @@ import time
 from functools import partial
 from pathlib import Path
 
-from infsamp.choices import REFILL_ORDERS
+from infsamp.choices import PROBE_TOKENS, REFILL_ORDERS
 from infsamp.commands.output_files import check_output_files, check_plot_format, plot_name
 from infsamp.errors import SamplingError
 from infsamp.files import headless_pyplot, replace_with
 from infsamp.options import MAX_INTEGER
 from infsamp.sampling.policies import POLICIES
 from infsamp.sampling.policies.length_aware import PARK_RATIO
-from infsamp.sampling.policies.probe import PROBE_TOKENS
 from infsamp.sampling.simulator import simulate
 from infsamp.sampling.traces import arithmetic_trace, read_trace, synthetic_trace, write_trace
 from infsamp.sampling.types import SamplerStats

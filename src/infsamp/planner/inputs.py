@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from infsamp.config_algorithm import SamplingConfig
+from infsamp.choices import PROBE_TOKENS
 from infsamp.planner.kv_budget import kv_block_size
 from infsamp.planner.precisions import PRECISIONS, PrecisionMode, base_dtype
 from infsamp.planner.presets import (
@@ -21,7 +21,6 @@ from infsamp.planner.presets import (
 )
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
-PROBE_TOKENS = SamplingConfig.probe_tokens
 ADAPTER_BYTES = 4  # peft keeps LoRA weights in fp32 (autocast_adapter_dtype)
 
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from infsamp.choices import POLICIES, PRECISION_CHOICES, STRATEGIES
+from infsamp.choices import POLICIES, PRECISION_CHOICES, PROBE_TOKENS, STRATEGIES
 from infsamp.options import require
 from infsamp.planner.estimate import (
     DEVICES,
@@ -32,7 +32,7 @@ from infsamp.planner.estimate import (
     peak_training_moment,
     training_breakdown,
 )
-from infsamp.planner.inputs import PROBE_TOKENS, PlanInputs
+from infsamp.planner.inputs import PlanInputs
 from infsamp.planner.precisions import PRECISIONS, resolve_precision_name
 from infsamp.planner.presets import LORA_TARGETS_ALL_LINEAR, ModelShape
 

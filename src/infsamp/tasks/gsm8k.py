@@ -19,6 +19,8 @@ from __future__ import annotations
 import re
 from decimal import Decimal, InvalidOperation
 
+from infsamp.choices import THINK_BLOCK_RULES
+
 SYSTEM_PROMPT = """Respond in the following format:
 <reasoning>
 ...
@@ -31,7 +33,6 @@ SYSTEM_PROMPT = """Respond in the following format:
 XML_FORMAT_PATTERN = re.compile(r"^<reasoning>\n.*?\n</reasoning>\n<answer>\n.*?\n</answer>\n?$",
                                 re.DOTALL)
 THINK_BLOCK = re.compile(r"^\s*<think>.*?</think>\s*", re.DOTALL)
-THINK_BLOCK_RULES = ("forbid", "allow", "require")  # must not / may / must open with a think block
 
 
 def extract_hash_answer(text: str) -> str | None:

@@ -15,11 +15,10 @@ Deliberately simple: a probe is parked whole (no partial reservations) and never
 
 from __future__ import annotations
 
+from infsamp.choices import PROBE_TOKENS
 from infsamp.errors import SamplingError
 from infsamp.sampling.policies.base import ContinuousPolicy
 from infsamp.sampling.types import Sample
-
-PROBE_TOKENS = 12  # the probe policy's k: the smallest that took the oracle's whole gain (measured)
 
 
 class ProbePolicy(ContinuousPolicy):
