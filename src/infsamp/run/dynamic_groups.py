@@ -96,6 +96,13 @@ class Group:
         for name, values in rewards.per_function.items():
             self.per_function.setdefault(name, []).extend(values[rows])
 
+    def add_totals(self, totals: list[float]) -> None:
+        """Its chunk's total rewards (on every rank); its first chunk's decide `tied_first`."""
+        first = self.size == 0
+        self.total += totals
+        if first:
+            self.tied_first = self.tied
+
     @property
     def size(self) -> int:
         return len(self.total)

@@ -124,11 +124,9 @@ class ChunkGate:
         group, rows = self.groups[k], [self.ended[k][i] for i in chunk]
         totals = [total for _, total, _ in rows]
         per_function = {name: [values[name] for _, _, values in rows] for name in rows[0][2]}
-        first = group.size == 0
         group.add([c for c, _, _ in rows], RewardResult(totals, per_function), slice(0, len(rows)))
-        group.total += totals
+        group.add_totals(totals)
         self.rewarded += totals
-        group.tied_first = group.tied if first else group.tied_first
 
     def _replace(self) -> None:
         """A replacement started for each drop not yet replaced, while there are any left."""

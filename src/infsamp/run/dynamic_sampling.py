@@ -98,10 +98,8 @@ class DynamicSampler:
             for name, count in theirs["timeouts"].items():
                 step.timeouts[name] = step.timeouts.get(name, 0) + count
         for group, _ in requests:  # request order: one process's order of the rewards
-            first = group.size == 0
-            group.total += found[group.position]
+            group.add_totals(found[group.position])
             step.rewarded += found[group.position]
-            group.tied_first = group.tied if first else group.tied_first
         step.num_rounds += 1
 
     def _sample_mine(self, mine: list[tuple[Group, int]], sample: SampleChunks, score: Score,
