@@ -132,11 +132,16 @@ class TrainStep:
         metrics = self.sample_metrics(step.rewards, adv, step.completions, step.sampler_metrics)
         if self.tools is not None:
             metrics.update(self.tools.metrics(completions))
-        every, step_no = self.completions_every, self.state.step + 1
-        records = [] if not every or step_no % every else self.rank_steps.gather_records(
-            share, completion_records(keys, texts, completions, rewards.per_function,
-                                      rewards.total, advantages))
+        records = []
+        if self.logs_completions:
+            records = self.rank_steps.gather_records(share, completion_records(
+                keys, texts, completions, rewards.per_function, rewards.total, advantages))
         return rollout, metrics, step.groups, records
+
+    @property
+    def logs_completions(self) -> bool:
+        """This step's completions go to completions.jsonl (`logging.completions_every`)."""
+        return bool(self.completions_every) and (self.state.step + 1) % self.completions_every == 0
 
     def on_non_finite(self, err: NonFiniteError) -> dict[str, Any]:
         """training.nonfinite: stop with one line naming step and quantity, or skip the update."""
@@ -169,9 +174,10 @@ class TrainStep:
                                     completions, advantages, step)
         metrics = self.sample_metrics(step.rewards, adv, step.completions,
                                       {**step.sampler_metrics, **found.metrics()})
-        every, step_no = self.completions_every, self.state.step + 1
-        records = [] if not every or step_no % every else self.dynamic_records(
-            found, dict(zip([g.position for g in mine], advantages.split([g.size for g in mine]))))
+        records = []
+        if self.logs_completions:
+            records = self.dynamic_records(found, dict(zip(
+                [g.position for g in mine], advantages.split([g.size for g in mine]))))
         return rollout, metrics, self.dynamic_lines(found, step.groups), records
 
     def chunk_calls(self, progress: RunProgress):
