@@ -139,24 +139,23 @@ class GroupSampler:
                gate: SampleGate | None = None) -> SampleResult:
         """Every completion of every prompt, grouped by prompt, plus the sampler's statistics.
 
-        `target_lengths` (one per sample, group-major) makes each sample end after exactly that
-        many tokens: the benchmarks' controlled workload.
-        `global_group_ids`: each prompt's place in the whole step when this call samples a rank's
-        share of it; sample j of prompt i then draws the random stream a single process gives it
-        (key `global_group_ids[i] * G + j`), so the completions do not depend on the process count.
-        `progress`, if given, is called after every decode step (see `ProgressCallback`).
-        Chunks of a group (dynamic sampling): `num_generations` one count per prompt,
-        `first_index` the index in its group of each prompt's first sample, `seed` the step's
-        seed (else one is drawn from `generator`) and `key_stride` the keys' G (global id *
-        key_stride + index); chunks then draw exactly what one call of the whole group does.
+        `target_lengths` (one per sample, group-major): each sample ends after exactly that many
+        tokens (the benchmarks' controlled workload). `global_group_ids`: each prompt's place in
+        the whole step when this call samples a rank's share of it; sample j of prompt i then
+        draws the stream a single process gives it (key `global_group_ids[i] * G + j`), so the
+        completions do not depend on the process count. `progress` (a `ProgressCallback`): called
+        after every decode step. Chunks of a group (dynamic sampling): `num_generations` one
+        count per prompt, `first_index` the index in its group of each prompt's first sample,
+        `seed` the step's seed (else one is drawn from `generator`) and `key_stride` the keys' G
+        (global id * key_stride + index); chunks then draw exactly what one call of the whole
+        group does.
         `turns`: multi-turn episodes (tool calls, `turns.py`), up to `sampling.max_turns` each.
         `share_prefix`: the prompts' common prefix forwarded and held once (where the engine can;
         the numbers then differ from unshared ones in the last bits); `fill_budget`: as many
         samples at once as the KV budget holds, the run's g aside (evaluation).
-        `gate`: decisions inside the call (dynamic sampling, `types.SampleGate`): it holds back
-        some samples at the start, and after each decode step, shown the completions that
-        ended, releases held ones, cancels waiting ones, or stops the call (what still runs is
-        dropped); cancelled samples are not in the result.
+        `gate`: decisions inside the call (dynamic sampling, `types.SampleGate`: held samples
+        released, waiting ones cancelled, the call stopped); cancelled samples are not in the
+        result.
         """
         max_new = max_new_tokens or self.cfg.max_new_tokens
         counts = ([num_generations] * len(prompt_ids) if isinstance(num_generations, int)
