@@ -124,9 +124,10 @@ def test_kv_kept_or_recomputed_while_waiting_gives_the_same_episodes(model):
 
 
 def test_slow_tools_let_the_others_decode(model):
-    """While calls run (20 ms each) the engine decodes the other samples; it idles only when
-    every sample left waits."""
-    slow = run(model, turns=ScriptedTurns(delay_s=0.02), micro_group=4)
+    """While calls run (200 ms each: longer than a decode step even on a loaded machine, where
+    20 ms calls could all end inside decode steps) the engine decodes the other samples; it
+    idles only when every sample left waits."""
+    slow = run(model, turns=ScriptedTurns(delay_s=0.2), micro_group=4)
     assert episodes(slow) == episodes(run(model, micro_group=4))
     stats = slow.stats
     assert 0 < stats.engine_idle_s < stats.wall_time_s
