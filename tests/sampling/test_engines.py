@@ -303,14 +303,14 @@ def test_the_bounds_ready_cache_is_a_real_cache(model):
     from transformers import DynamicCache
 
     from infsamp.sampling.engines.decode_bound import ready_step_inputs
-    from infsamp.sampling.engines.slots import _cache_kwarg_name
+    from infsamp.sampling.engines.slots import cache_kwarg_name
 
     prompt, token = [4, 5, 6, 7], 9
     prefix = DynamicCache(config=model.config)
     with torch.inference_mode():
         model(input_ids=torch.tensor([prompt]), past_key_values=prefix, use_cache=True)
         inputs = ready_step_inputs(model, [len(prompt) + 1])
-        cache = inputs[_cache_kwarg_name(model)]
+        cache = inputs[cache_kwarg_name(model)]
         for layer, kv in enumerate(prefix.layers):
             cache.keys[layer][0, :, :len(prompt)] = kv.keys[0]
             cache.values[layer][0, :, :len(prompt)] = kv.values[0]

@@ -26,7 +26,7 @@ import torch
 
 from infsamp.models.device import base_model
 from infsamp.planner.presets import shape_from_config
-from infsamp.sampling.engines.slots import _cache_kwarg_name
+from infsamp.sampling.engines.slots import cache_kwarg_name
 
 
 class ReadyCache:
@@ -71,7 +71,7 @@ def ready_step_inputs(model, lengths: Sequence[int], seed: int = 0) -> dict:
     return {"input_ids": input_ids.to(device),  # [S, 1]
             "position_ids": (lengths_t - 1)[:, None],  # [S, 1]
             "attention_mask": mask, "use_cache": True,
-            _cache_kwarg_name(model): ReadyCache(model, lengths, generator)}
+            cache_kwarg_name(model): ReadyCache(model, lengths, generator)}
 
 
 def bound_seconds(model, lengths: Sequence[int]) -> tuple[float, float]:

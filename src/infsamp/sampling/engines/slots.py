@@ -69,7 +69,7 @@ class SlotEngine(SharedPrefixPrefill):
     def __init__(self, model, cfg=None, sizes=None):
         self.model = model
         self.eager_mask = getattr(model.config, "_attn_implementation", "sdpa") == "eager"
-        self.cache_kwarg = _cache_kwarg_name(model)
+        self.cache_kwarg = cache_kwarg_name(model)
         self.cache: SlotKVCache | SlotRowCache | None = None
         # the longest prompt the run serves, as the planner sized a forward's working set
         # (`max(max_prompt_tokens, g)` tokens, planner/estimate.py); 0: unknown
@@ -348,7 +348,7 @@ class SlotEngine(SharedPrefixPrefill):
         self.stats.peak_kv_blocks = self.stats.peak_kv_tokens
 
 
-def _cache_kwarg_name(model) -> str:
+def cache_kwarg_name(model) -> str:
     """transformers renamed `past_key_values` to `cache` (5.2x); use whichever this version
     takes."""
     base = base_model(model)
