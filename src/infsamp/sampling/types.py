@@ -246,7 +246,7 @@ class SampleResult:
 
 
 class SampleGate(Protocol):
-    """Decisions taken while a sampler call runs (dynamic sampling, `run/dynamic_sampling.py`):
+    """Decisions taken while a sampler call runs (dynamic sampling, `run/dynamic_in_call.py`):
     which of the call's declared samples may start, and which will never run."""
 
     def begin(self, samples: Sequence[Sample]) -> set[int]:
