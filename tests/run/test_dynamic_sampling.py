@@ -5,6 +5,7 @@ the tiny model, and a resume in the middle of a dynamic run."""
 from __future__ import annotations
 
 import json
+import math
 import random
 
 import pytest
@@ -15,6 +16,8 @@ from infsamp.config_algorithm import SamplingConfig
 from infsamp.config_io import load_config
 from infsamp.options import ConfigError
 from infsamp.rewards.compute import RewardResult
+from infsamp.run.dynamic_groups import ChunkRules, DynamicResult, Group, tied
+from infsamp.run.dynamic_in_call import ChunkGate
 from infsamp.run.dynamic_sampling import DynamicSampler
 from infsamp.run.logs import read_jsonl
 from infsamp.run.trainer import GRPOTrainer
@@ -272,6 +275,20 @@ def test_decisions_inside_one_call_are_the_rounds(case, seed):
     assert got.metrics() == expected.metrics()  # sampling/dynamic_rounds too
     assert sorted(got.rewarded) == sorted(expected.rewarded)
     assert got_position == position
+
+
+def test_a_nan_reward_is_no_spread_for_the_decisions_and_the_run_ahead_alike():
+    """A reward function's None (NaN) is left out of a tie: a group's decision and the in-call
+    run-ahead read the one rule (`dynamic_groups.tied`, `group_ties`)."""
+    assert tied([1.0, math.nan, 1.0]) and tied([math.nan]) and not tied([1.0, math.nan, 0.0])
+    assert Group(0, 0, None, total=[1.0, math.nan]).tied
+    gate = ChunkGate(ChunkRules(G=4, cap=8, chunk=4, max_replaced=0),
+                     DynamicResult([Group(0, 0, None)], 1, 4), [], score)
+    gate.groups = [Group(0, 0, None)]
+    gate.ended = [{0: (None, 1.0, {}), 1: (None, math.nan, {})}]  # half the first chunk ended
+    assert gate._tied_so_far(0, range(0, 4))
+    gate.ended = [{0: (None, 1.0, {}), 1: (None, 0.0, {})}]
+    assert not gate._tied_so_far(0, range(0, 4))
 
 
 def test_a_budget_keeps_the_rounds():

@@ -53,6 +53,11 @@ class ChunkRules:
         return self.G if size == 0 else min(self.chunk, self.cap - size)
 
 
+def tied(rewards: Sequence[float]) -> bool:
+    """Whether a group's rewards so far have no spread (`group_ties`: NaN rewards left out)."""
+    return bool(group_ties(torch.tensor([list(rewards)], dtype=torch.float32))[0])
+
+
 def fresh_prompt(next_prompt: Callable[[], tuple[int, EncodedPrompt]], in_step: set[int],
                  num_examples: int) -> tuple[int, EncodedPrompt] | None:
     """The stream's next prompt not yet in the step (None after a whole epoch of them)."""
@@ -109,7 +114,7 @@ class Group:
 
     @property
     def tied(self) -> bool:
-        return bool(group_ties(torch.tensor([self.total], dtype=torch.float32))[0])
+        return tied(self.total)
 
 
 @dataclass

@@ -40,6 +40,7 @@ from infsamp.run.dynamic_groups import (
     SampleChunks,
     Score,
     fresh_prompt,
+    tied,
 )
 from infsamp.sampling.types import Completion, Sample
 
@@ -156,10 +157,9 @@ class ChunkGate:
             self._release_to(k, self.rules.G)
 
     def _tied_so_far(self, k: int, chunk: range) -> bool:
-        """`RUN_AHEAD_ENDED` of the chunk ended, and every reward so far equal."""
+        """`RUN_AHEAD_ENDED` of the chunk ended, and every reward so far tied (`tied`)."""
         ended = [self.ended[k][i][1] for i in chunk if i in self.ended[k]]
-        values = self.groups[k].total + ended
-        return len(ended) >= RUN_AHEAD_ENDED * len(chunk) and len(set(values)) <= 1
+        return len(ended) >= RUN_AHEAD_ENDED * len(chunk) and tied(self.groups[k].total + ended)
 
     def _release_to(self, k: int, end: int) -> None:
         """Group k's samples up to index `end` released."""
